@@ -1,0 +1,120 @@
+"""The device side of one generation, for the images on one device: noise -> denoising loop -> VAE decode -> uint8.
+
+Everything here runs inside one compiled program (see `generator.py`), so only uint8 pixels leave the device.
+The maths is diffusers' `FlaxStableDiffusionXLPipeline._generate`, with three changes that matter for serving:
+the prompt and negative prompt are encoded in one batch, the noise of image i comes from its own seed (so an
+image does not depend on how many devices share the batch), and an empty negative prompt is a traced flag
+(zero embeddings, as the reference does for `neg_prompt_ids=None`) instead of a different program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .text import encode_prompts
+
+LATENT_CHANNELS = 4
+
+
+@dataclass(frozen=True)
+class Modules:
+    """diffusers' stateless module objects; the weights travel separately as `params`."""
+
+    text_encoder: Any  # FlaxCLIPTextModel
+    text_encoder_2: Any  # FlaxCLIPTextModelWithProjection
+    unet: Any  # FlaxUNet2DConditionModel
+    vae: Any  # FlaxAutoencoderKL
+    scheduler: Any  # FlaxEulerDiscreteScheduler (its state lives in params["scheduler"])
+    vae_scale_factor: int  # 8 for SDXL: pixels per latent
+
+    @classmethod
+    def of(cls, pipeline) -> Modules:
+        return cls(
+            text_encoder=pipeline.text_encoder,
+            text_encoder_2=pipeline.text_encoder_2,
+            unet=pipeline.unet,
+            vae=pipeline.vae,
+            scheduler=pipeline.scheduler,
+            vae_scale_factor=pipeline.vae_scale_factor,
+        )
+
+
+def initial_latents(seeds, height: int, width: int, vae_scale_factor: int):
+    """Standard-normal noise, one independent draw per seed: uint32 [b] -> float32 [b, 4, h/8, w/8]."""
+    shape = (LATENT_CHANNELS, height // vae_scale_factor, width // vae_scale_factor)
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    return jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
+
+
+def conditioning(modules: Modules, params, prompt_ids, negative_ids, has_negative, height: int, width: int):
+    """UNet conditioning for classifier-free guidance, unconditional half first: ([2b, 77, D], added_cond_kwargs)."""
+    batch = prompt_ids.shape[0]
+    both_ids = jnp.concatenate([negative_ids, prompt_ids], axis=0)  # [2b, 2, 77]
+    hidden, pooled = encode_prompts(modules.text_encoder, modules.text_encoder_2, params, both_ids)
+    # An empty negative prompt means "no negative": zero embeddings, as SDXL's reference does.
+    keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)])  # [2b]
+    hidden = jnp.where(keep[:, None, None], hidden, 0)  # [2b, 77, D]
+    pooled = jnp.where(keep[:, None], pooled, 0)  # [2b, P]
+    time_ids = jnp.array([[height, width, 0, 0, height, width]] * (2 * batch), dtype=hidden.dtype)  # [2b, 6]
+    return hidden, {"text_embeds": pooled, "time_ids": time_ids}
+
+
+def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, steps: int):
+    """Euler sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised latents."""
+    scheduler = modules.scheduler
+    state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=steps, shape=latents.shape)
+    latents = latents * state.init_noise_sigma
+    guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
+
+    def step(index, carry):
+        latents, state = carry
+        t = state.timesteps[index]  # the scheduler's own value, so its index lookup always matches
+        model_input = scheduler.scale_model_input(state, jnp.concatenate([latents, latents]), t)  # [2b, 4, h, w]
+        timestep = jnp.broadcast_to(t.astype(jnp.int32), model_input.shape[:1])
+        noise = modules.unet.apply(
+            {"params": params["unet"]},
+            model_input,
+            timestep,
+            encoder_hidden_states=hidden,
+            added_cond_kwargs=added_cond,
+        ).sample
+        uncond, cond = jnp.split(noise, 2, axis=0)
+        noise = uncond + guidance * (cond - uncond)
+        latents, state = scheduler.step(state, noise, t, latents).to_tuple()
+        return latents, state
+
+    latents, _ = jax.lax.fori_loop(0, steps, step, (latents, state))
+    return latents
+
+
+def decode(modules: Modules, params, latents):
+    """VAE decode to pixels in [0, 1]: float32 [b, H, W, 3]."""
+    latents = latents / modules.vae.config.scaling_factor
+    image = modules.vae.apply({"params": params["vae"]}, latents, method=modules.vae.decode).sample
+    return (image / 2 + 0.5).clip(0, 1).transpose(0, 2, 3, 1).astype(jnp.float32)
+
+
+def to_uint8(image):
+    """[0, 1] floats -> uint8, rounding to nearest (4x fewer bytes to bring back to the host)."""
+    return jnp.round(image * 255).astype(jnp.uint8)
+
+
+def generate_from_latents(modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int):
+    """Images in [0, 1] for given initial latents: text encoders -> denoising loop -> VAE decode."""
+    height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
+    hidden, added_cond = conditioning(modules, params, prompt_ids, negative_ids, has_negative, height, width)
+    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps)
+    return decode(modules, params, latents)
+
+
+def generate_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps):
+    """The per-device program: seeds uint32 [b] (+ ids [b, 2, 77], flags [b], guidance [b]) -> uint8 [b, H, W, 3]."""
+    latents = initial_latents(seeds, height, width, modules.vae_scale_factor)
+    image = generate_from_latents(
+        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps
+    )
+    return to_uint8(image)

@@ -1,0 +1,270 @@
+"""The generation engine: load once, replicate once, compile once, then serve calls that never recompile.
+
+    gen = Generator.from_pretrained("tiny", height=128, width=128, steps=4)
+    gen.warmup()                                  # compile + first run, timed apart
+    result = gen.generate("a photo of a cat", seed=7)
+    result.images                                 # one PIL image per device x per-device batch
+
+Static settings (size, steps, per-device batch, dtype, device count) select one compiled program, built ahead of
+time with `jit(...).lower(...).compile()`. Prompts, negative prompts, guidance and seeds are traced arguments of
+that program, so no request can trigger a compilation.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from PIL import Image
+
+from . import images as image_io
+from .compilation import CompileCounter, configure_compilation_cache
+from .diffusion import Modules, generate_local
+from .loading import LoadedModel, load_model
+from .settings import DTYPES, SDXL_BASE, EngineConfig
+from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
+from .text import dropped_text, tokenize
+from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, clean_text, resolve_seed
+
+logger = logging.getLogger(__name__)
+
+SEED_MODULUS = 2**32
+#: The engine takes prompts after a style template was applied, which adds a few hundred characters.
+STYLED_MAX_CHARS = 2 * MAX_PROMPT_CHARS
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What one call produced, and how."""
+
+    images: list[Image.Image]  # one per device x per-device batch, each with .info["parameters"]
+    seeds: list[int]  # seed of each image: image i alone is image 0 of a call with seeds[i]
+    prompt: str  # the prompt as used (cleaned)
+    negative_prompt: str  # the negative prompt as used (cleaned; "" = none)
+    truncated: str  # "" or a sentence naming the words past CLIP's 77-token limit
+    parameters: list[str]  # the PNG `parameters` text of each image
+    timings: dict[str, float] = field(default_factory=dict)  # total_s, host_s (tokenize, transfer), device_s
+
+    def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
+        """Write the images as `<stem>-00.png`, ... with their `parameters` text chunks."""
+        return image_io.save_pngs(self.images, directory, stem)
+
+
+def default_dtype(platform: str | None = None) -> str:
+    """bfloat16 where the hardware has it (TPU, GPU); float32 on CPU, where bfloat16 is emulated and slow."""
+    platform = platform or jax.default_backend()
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
+class Generator:
+    """SDXL on every device of a 1-D mesh: one compiled program, one image per device (x per-device batch)."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, devices: list | None = None):
+        self.config = config
+        self.source = loaded.source
+        self.mesh = data_mesh(devices)
+        self.device_count = self.mesh.devices.size
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.num_images = self.device_count * config.per_device_batch
+        self._tokenizers = (loaded.pipeline.tokenizer, loaded.pipeline.tokenizer_2)
+        self._max_tokens = self._tokenizers[0].model_max_length  # 77 for CLIP
+        self._modules = Modules.of(loaded.pipeline)
+        self._check_shape()
+        started = time.perf_counter()
+        self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
+        self.load_timings = {
+            "load_s": loaded.load_s,
+            "cast_s": loaded.cast_s,
+            "replicate_s": time.perf_counter() - started,
+        }
+        self._batch_sharding = batch_sharded(self.mesh)
+        self._compiled: dict[tuple[int, int, int], jax.stages.Compiled] = {}
+        self._compiles_at_start = CompileCounter.compiles()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str = SDXL_BASE,
+        *,
+        height: int = 1024,
+        width: int = 1024,
+        steps: int = 25,
+        dtype: str | None = None,
+        per_device_batch: int = 1,
+        revision: str | None = None,
+        compilation_cache: bool = True,
+        devices: list | None = None,
+    ) -> Generator:
+        """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all)."""
+        dtype = dtype or default_dtype()
+        if dtype not in DTYPES:
+            raise InvalidInput(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
+        config = EngineConfig(
+            model=model,
+            revision=revision,
+            height=height,
+            width=width,
+            steps=steps,
+            dtype=dtype,
+            per_device_batch=per_device_batch,
+            compilation_cache=compilation_cache,
+        )
+        CompileCounter.install()
+        configure_compilation_cache(compilation_cache)
+        _check_static(config)
+        loaded = load_model(model, dtype=dtype, revision=revision)
+        return cls(loaded, config, devices)
+
+    # ---- static shapes -------------------------------------------------------------------------------------------
+
+    def supported_shapes(self) -> list[tuple[int, int, int]]:
+        """The (height, width, steps) combinations this generator serves."""
+        return [self.config.shape]
+
+    @property
+    def device_summary(self) -> str:
+        """What runs where, e.g. "8 × cpu" or "4 × TPU v5 lite"."""
+        return f"{self.device_count} × {self.device_kind}"
+
+    @property
+    def compile_count(self) -> int:
+        """XLA compilations in this process since this generator was created."""
+        return CompileCounter.compiles() - self._compiles_at_start
+
+    def _check_shape(self) -> None:
+        latent_multiple = self._modules.vae_scale_factor
+        if self.config.height % latent_multiple or self.config.width % latent_multiple:
+            raise InvalidInput(
+                f"Height and width must be multiples of {latent_multiple}; "
+                f"got {self.config.height}×{self.config.width}."
+            )
+
+    def _program(self):
+        """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
+        height, width, steps = self.config.shape
+        local = functools.partial(generate_local, self._modules, height=height, width=width, steps=steps)
+        batch = P(DATA_AXIS)
+        sharded = jax.shard_map(
+            local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False
+        )
+        return jax.jit(sharded)
+
+    def _abstract_inputs(self):
+        """Shapes and shardings of the program's arguments (no data): what `lower` compiles for."""
+        n = self.num_images
+
+        def spec(shape, dtype):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=self._batch_sharding)
+
+        params = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._params
+        )
+        ids = spec((n, 2, self._max_tokens), np.int32)  # [B, 2, 77]
+        return params, ids, ids, spec((n,), np.bool_), spec((n,), np.float32), spec((n,), np.uint32)
+
+    def compiled(self, shape: tuple[int, int, int] | None = None) -> jax.stages.Compiled:
+        """The compiled program for `shape` (default: the configured one), compiling it if not done yet."""
+        shape = shape or self.config.shape
+        if shape not in self.supported_shapes():
+            raise InvalidInput(_shape_message(shape, self.supported_shapes()))
+        if shape not in self._compiled:
+            self._compiled[shape] = self._program().lower(*self._abstract_inputs()).compile()
+        return self._compiled[shape]
+
+    def warmup(self) -> dict[str, float]:
+        """Compile every configured shape and run it once, timing the two apart."""
+        timings = {}
+        for shape in self.supported_shapes():
+            started = time.perf_counter()
+            self.compiled(shape)
+            timings["compile_s"] = time.perf_counter() - started
+            started = time.perf_counter()
+            self.generate("warm-up", seed=0)
+            timings["first_run_s"] = time.perf_counter() - started
+            logger.info(
+                "compiled %dx%d, %d steps in %.1f s; first run %.2f s",
+                *shape,
+                timings["compile_s"],
+                timings["first_run_s"],
+            )
+        return timings
+
+    # ---- one call ------------------------------------------------------------------------------------------------
+
+    def generate(
+        self, prompt: str, *, negative_prompt: str = "", seed: int = 0, guidance_scale: float = 5.0
+    ) -> GenerationResult:
+        """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32."""
+        started = time.perf_counter()
+        prompt = clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS)
+        negative_prompt = clean_text(negative_prompt, field="negative prompt", max_chars=STYLED_MAX_CHARS)
+        guidance_scale = check_guidance(guidance_scale)
+        seed = resolve_seed(seed)
+        seeds = [(seed + i) % SEED_MODULUS for i in range(self.num_images)]
+
+        n = self.num_images
+        prompt_ids = np.broadcast_to(tokenize(self._tokenizers, prompt), (n, 2, self._max_tokens))  # [B, 2, 77]
+        negative_ids = np.broadcast_to(tokenize(self._tokenizers, negative_prompt), (n, 2, self._max_tokens))
+        has_negative = np.full((n,), bool(negative_prompt))  # [B]
+        guidance = np.full((n,), guidance_scale, np.float32)  # [B]
+        seed_array = np.asarray(seeds, np.uint32)  # [B]
+        program = self.compiled()
+        inputs = jax.device_put((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
+        on_device = time.perf_counter()
+        pixels = np.asarray(program(self._params, *inputs))  # uint8 [B, H, W, 3]
+        off_device = time.perf_counter()
+
+        dropped = dropped_text(self._tokenizers[0], prompt)
+        truncated = (
+            f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{dropped}”." if dropped else ""
+        )
+        parameters = [
+            image_io.describe(
+                prompt=prompt,
+                negative_prompt=negative_prompt,
+                seed=s,
+                steps=self.config.steps,
+                guidance_scale=guidance_scale,
+                height=self.config.height,
+                width=self.config.width,
+                model=self.config.model,
+                dtype=self.config.dtype,
+            )
+            for s in seeds
+        ]
+        images = image_io.to_pil(pixels, parameters)
+        finished = time.perf_counter()
+        timings = {
+            "total_s": finished - started,
+            "device_s": off_device - on_device,
+            "host_s": (finished - started) - (off_device - on_device),
+        }
+        return GenerationResult(
+            images=images,
+            seeds=seeds,
+            prompt=prompt,
+            negative_prompt=negative_prompt,
+            truncated=truncated,
+            parameters=parameters,
+            timings=timings,
+        )
+
+
+def _check_static(config: EngineConfig) -> None:
+    for name in ("height", "width", "steps", "per_device_batch"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInput(f"{name.replace('_', ' ').capitalize()} must be a positive whole number; got {value!r}.")
+    if config.height > 4096 or config.width > 4096 or config.steps > 1000:
+        raise InvalidInput("Height and width must be at most 4096 and steps at most 1000.")
+
+
+def _shape_message(shape, supported) -> str:
+    listed = ", ".join(f"{h}×{w} at {s} steps" for h, w, s in supported)
+    return f"This server compiled {listed} only; got {shape[0]}×{shape[1]} at {shape[2]} steps."

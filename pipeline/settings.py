@@ -1,0 +1,39 @@
+"""Settings of the generation engine.
+
+Every field marked *static* is baked into the compiled program: changing it means compiling again, so it is
+fixed when the server starts and never comes from a user's request. Everything a user may change per request
+(prompt, negative prompt, seed, guidance scale) is a traced argument of the compiled function instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The model the product serves, and the Hub revision where its Flax weights live.
+SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"
+SDXL_BASE_FLAX_REVISION = "refs/pr/95"
+
+#: `model` value that selects the project's own tiny random-weight checkpoint (built once into a cache dir).
+TINY_MODEL = "tiny"
+
+#: Dtypes the engine can run its networks in.
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What `Generator.from_pretrained` was asked for, after defaults were resolved."""
+
+    model: str = SDXL_BASE  # Hub id, local directory in diffusers' Flax layout, or "tiny"
+    revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
+    height: int = 1024  # static: image height in pixels, a multiple of 8
+    width: int = 1024  # static: image width in pixels, a multiple of 8
+    steps: int = 25  # static: Euler denoising steps
+    dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
+    per_device_batch: int = 1  # static: images per device per call
+    compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The static (height, width, steps) triple that selects a compiled program."""
+        return (self.height, self.width, self.steps)

@@ -1,0 +1,36 @@
+"""Where arrays live: one 1-D mesh over every device, named `data`.
+
+Parameters are replicated (each device holds a full copy, placed once at start-up); batch arrays are split over
+`data` so each device denoises its own images. This is what `flax.jax_utils.replicate` + `pmap` did in the seed
+documents, in the `jax.sharding` form that also spans several hosts (`jax.distributed`) unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+def data_mesh(devices: list | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: all of them)."""
+    devices = jax.devices() if devices is None else devices
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Sharding of arrays every device holds in full (weights, scalars)."""
+    return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh: Mesh) -> NamedSharding:
+    """Sharding of arrays whose leading (batch) axis is split over the devices."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicate_tree(tree, mesh: Mesh):
+    """Place a pytree of host arrays on every device of `mesh`, once."""
+    return jax.device_put(tree, replicated(mesh))

@@ -1,0 +1,59 @@
+"""Text: tokenize prompts on the host for both CLIP encoders, and encode them on the device.
+
+SDXL conditions on two text encoders. Their token ids travel together as `[B, 2, 77]` int32 (encoder 1, encoder 2),
+exactly as diffusers' `prepare_inputs` builds them, so the compiled program has one fixed input shape whatever the
+prompt. A prompt longer than 77 tokens is cut as CLIP cuts it; `dropped_text` says what the model never saw.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def tokenize(tokenizers, prompt: str) -> np.ndarray:
+    """Token ids of one prompt for each tokenizer, padded/truncated to its max length: int32 [2, 77]."""
+    rows = [
+        tokenizer(
+            prompt,
+            padding="max_length",
+            max_length=tokenizers[0].model_max_length,
+            truncation=True,
+            return_tensors="np",
+        ).input_ids[0]
+        for tokenizer in tokenizers
+    ]
+    return np.stack(rows).astype(np.int32)  # [2, 77]
+
+
+def dropped_text(tokenizer, prompt: str) -> str:
+    """The words of `prompt` past CLIP's token limit, as the user wrote them (empty when the prompt fits).
+
+    A word cut in the middle counts as dropped. Found by bisecting on whole words, since decoded tokens do not
+    give back the user's spelling (CLIP lower-cases and splits numbers into digits).
+    """
+    room = tokenizer.model_max_length - 2  # the begin and end tokens take two places
+
+    def fits(text: str) -> bool:
+        return len(tokenizer(text, truncation=False, verbose=False).input_ids) - 2 <= room
+
+    if fits(prompt):
+        return ""
+    words = prompt.split()
+    low, high = 0, len(words)  # words[:low] fits, words[:high] does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(" ".join(words[:middle])) else (low, middle)
+    return " ".join(words[low:])
+
+
+def encode_prompts(text_encoder, text_encoder_2, params: dict, prompt_ids):
+    """Embeddings SDXL's UNet is conditioned on, computed as diffusers' reference pipeline computes them.
+
+    prompt_ids: int32 [N, 2, 77]. Returns (hidden states [N, 77, D1 + D2] from the penultimate layers, pooled
+    projection of encoder 2 [N, P]).
+    """
+    out_1 = text_encoder(prompt_ids[:, 0, :], params=params["text_encoder"], output_hidden_states=True)
+    out_2 = text_encoder_2(prompt_ids[:, 1, :], params=params["text_encoder_2"], output_hidden_states=True)
+    hidden = jnp.concatenate([out_1["hidden_states"][-2], out_2["hidden_states"][-2]], axis=-1)  # [N, 77, D1+D2]
+    return hidden, out_2["text_embeds"]  # [N, 77, D], [N, P]

@@ -1,0 +1,448 @@
+"""A tiny, random-weight checkpoint with SDXL's architecture, built offline.
+
+The real SDXL checkpoint is ~7 GB and needs a download; tests, CI and the CLI's ``make-tiny`` need something that
+exercises exactly the same code path (``FlaxStableDiffusionXLPipeline.from_pretrained(dir, split_head_dim=True)``,
+two CLIP tokenizers and text encoders, the text-time conditioned UNet, an 8x VAE, the Euler scheduler) but builds in
+seconds and runs a whole generation in about a second on CPU. The weights are random, so the images are noise; what
+matters is that every shape, config field and file name matches SDXL's Flax layout.
+
+The checkpoint is written with diffusers' and transformers' own ``save_pretrained``, so it loads with no special
+handling. The tokenizers' vocabulary comes from a small byte-level BPE learned here from a built-in corpus (same
+alphabet and file format as CLIP's), so ordinary prompts tokenize to a realistic number of tokens and long prompts
+overflow the 77-token window, as they do with the real model.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["GEOMETRY", "TINY_CHECKPOINT_NAME", "TinyGeometry", "make_tiny", "tiny_checkpoint", "train_bpe"]
+
+# Subfolder of the cache directory; bump the suffix whenever the geometry or the corpus changes.
+TINY_CHECKPOINT_NAME = "tiny-sdxl-v1"
+# Written last into a finished checkpoint: its presence means "complete".
+COMPLETE_MARKER = "tiny_checkpoint.json"
+
+START_TOKEN = "<|startoftext|>"
+END_TOKEN = "<|endoftext|>"
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyGeometry:
+    """Sizes of the tiny checkpoint. Each field notes what the real SDXL base 1.0 uses."""
+
+    # Tokenizers: CLIP's window of 77 tokens (same as SDXL).
+    model_max_length: int = 77
+    # BPE merges learned from the built-in corpus (SDXL: 48894); the vocab is 512 byte symbols + merges + 2 specials.
+    bpe_merges: int = 1500
+
+    # text_encoder (FlaxCLIPTextModel; SDXL: CLIP ViT-L, hidden 768, 12 layers, 12 heads, MLP 3072, quick_gelu).
+    text_hidden_size: int = 32
+    text_layers: int = 2
+    text_heads: int = 2
+    text_intermediate_size: int = 128
+    text_hidden_act: str = "quick_gelu"
+
+    # text_encoder_2 (FlaxCLIPTextModelWithProjection; SDXL: OpenCLIP bigG, hidden 1280, 32 layers, 20 heads,
+    # MLP 5120, gelu, projection 1280). Kept a different width from text_encoder so a swapped encoder fails loudly.
+    text_2_hidden_size: int = 64
+    text_2_layers: int = 2
+    text_2_heads: int = 4
+    text_2_intermediate_size: int = 256
+    text_2_hidden_act: str = "gelu"
+    text_2_projection_dim: int = 64
+
+    # UNet (SDXL: (320, 640, 1280) channels, (5, 10, 20) heads of 64, transformer depth (1, 2, 10), 2 resnets per
+    # block, sample_size 128). Channels must be multiples of 32: diffusers' Flax UNet hard-codes GroupNorm(32).
+    unet_block_out_channels: tuple[int, ...] = (32, 64, 64)
+    # Number of attention heads per block (diffusers' Flax UNet calls this attention_head_dim); head size 16 here.
+    unet_attention_heads: tuple[int, ...] = (2, 4, 4)
+    # Transformer blocks per down/up block, SDXL's (1, 2, 10) scaled down; the mid block uses the last entry.
+    unet_transformer_layers_per_block: tuple[int, ...] = (1, 1, 2)
+    unet_layers_per_block: int = 2
+    # Latent side length; 16 latents * 8 (VAE) = 128 px default image (SDXL: 128 -> 1024 px).
+    unet_sample_size: int = 16
+    # Sinusoidal size of each of the 6 micro-conditioning numbers (original size, crop, target size; SDXL: 256).
+    addition_time_embed_dim: int = 8
+
+    # VAE (SDXL: (128, 256, 512, 512), 2 resnets per block, 32 groups, scaling_factor 0.13025). Four blocks give
+    # the same 8x latent downscale.
+    vae_block_out_channels: tuple[int, ...] = (16, 32, 32, 32)
+    vae_layers_per_block: int = 1
+    vae_norm_num_groups: int = 8
+    vae_latent_channels: int = 4
+    vae_scaling_factor: float = 0.13025
+
+    @property
+    def cross_attention_dim(self) -> int:
+        """The UNet attends to both encoders' hidden states, concatenated (SDXL: 768 + 1280 = 2048)."""
+        return self.text_hidden_size + self.text_2_hidden_size
+
+    @property
+    def projection_class_embeddings_input_dim(self) -> int:
+        """Pooled text embedding plus 6 time ids, each embedded sinusoidally (SDXL: 1280 + 6 * 256 = 2816)."""
+        return self.text_2_projection_dim + 6 * self.addition_time_embed_dim
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae_block_out_channels) - 1)
+
+
+GEOMETRY = TinyGeometry()
+
+# SDXL's scheduler (EulerDiscreteScheduler in the real repo's scheduler_config.json), in its Flax form.
+SCHEDULER_CONFIG = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "prediction_type": "epsilon",
+    "timestep_spacing": "leading",
+}
+
+# Corpus for the BPE learner: common English words plus the vocabulary of image prompts. Each word counts once,
+# so the learner ends up with most of these words as single tokens and anything else split into pieces.
+CORPUS = """
+the of and to in is was for on that with as by at from it his an were are which this be or has had not
+but their first one its new after who they have her she two been other when there all also into during
+time more can only would about up out over some such made many then most him than may these years where
+three through world between used because before under people while well however year city known both
+day part could later being life man same work back each like long large around down since state school
+until another against own name high several end found number place still early series de area high
+good great small little old big young right left light dark night morning evening sun moon star sky
+water fire earth air wind rain snow ice cloud storm sea ocean river lake mountain hill forest tree
+flower grass garden field road street house home room window door wall floor table chair bed book
+car train ship boat plane bird dog cat horse fish lion tiger wolf bear fox dragon butterfly animal
+woman girl boy child children family friend king queen knight warrior wizard witch robot alien
+face eye eyes hair hand hands head body smile portrait person people figure character hero
+red orange yellow green blue purple pink black white gray grey brown gold golden silver color colors
+colorful bright soft warm cold beautiful pretty cute happy sad calm quiet loud strong fast slow
+deep tall short wide open closed full empty clear clean wet dry fresh rich simple perfect ancient
+modern future futuristic vintage retro classic natural wild magic magical mystical epic dramatic
+photo photograph photography photographic photorealistic realistic cinematic film movie still shot
+camera lens bokeh depth focus sharp blur blurry exposure lighting light lights shadow shadows glow
+glowing neon volumetric studio ambient sunlight sunset sunrise golden hour render rendered rendering
+anime manga cartoon comic illustration drawing sketch painting painted oil watercolor acrylic canvas
+digital art artwork artist artstation concept fantasy science fiction cyberpunk steampunk surreal
+abstract minimal minimalist detailed detail details intricate highly ultra quality resolution high
+masterpiece best trending award winning professional stunning gorgeous elegant dynamic pose close
+view wide angle aerial landscape cityscape skyline architecture building castle temple tower bridge
+interior exterior background foreground scene composition style styled texture pattern shape
+pixel voxel isometric low poly model sculpture statue clay paper origami glass metal wood stone
+octane unreal engine ray tracing hdr uhd dslr macro telephoto portrait headshot fashion editorial
+and with of in on at by a an the very much more most less few some any every all no not
+is are was were be been being have has had do does did will would shall should can could may might
+make makes made take takes took see sees saw look looks looking come comes came go goes went
+walk walking run running stand standing sit sitting fly flying swim swimming hold holding wear
+wearing dress dressed shirt jacket coat hat helmet armor sword shield crown cape mask glasses
+spring summer autumn winter weather fog mist smoke dust sand desert jungle island beach coast valley
+village town market cafe restaurant kitchen library museum station harbor farm park playground
+music song dance dancer singer guitar piano violin drum painter writer scientist doctor soldier
+pirate samurai ninja princess prince monster creature ghost spirit angel demon giant elf dwarf
+apple banana cherry lemon bread cake coffee tea wine cup bottle plate bowl basket candle lamp
+mirror clock phone computer screen keyboard bicycle motorcycle truck bus rocket spaceship planet
+galaxy universe nebula crystal diamond jewel pearl feather leaf leaves branch root seed petal
+smiling laughing crying sleeping dreaming thinking reading writing painting singing playing
+beneath above behind beside inside outside across along among toward without within beyond
+"""
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's reversible map from the 256 byte values to printable unicode characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    byte_values = printable[:]
+    code_points = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in byte_values:
+            byte_values.append(byte)
+            code_points.append(256 + extra)
+            extra += 1
+    return dict(zip(byte_values, (chr(code) for code in code_points), strict=True))
+
+
+def _word_symbols(word: str, byte_encoder: dict[int, str]) -> tuple[str, ...]:
+    """A word as CLIP's BPE sees it before merging: byte symbols, the last one marked with ``</w>``."""
+    chars = [byte_encoder[byte] for byte in word.encode("utf-8")]
+    return (*chars[:-1], chars[-1] + "</w>")
+
+
+def train_bpe(words: Iterable[str], num_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Learn a CLIP-style byte-level BPE from ``words``; returns (vocab token -> id, merges in rank order).
+
+    Deterministic: at each step the most frequent adjacent pair is merged, ties broken by the pair's text. Stops
+    early when every word is a single symbol. The vocab follows CLIP's layout: 256 byte symbols, the same with
+    ``</w>``, one token per merge, then ``<|startoftext|>`` and ``<|endoftext|>`` (so end-of-text has the largest id,
+    which the Flax CLIP text model relies on to find the pooled token).
+    """
+    byte_encoder = bytes_to_unicode()
+    word_counts = collections.Counter(word.lower() for word in words if word)
+    segmented = {_word_symbols(word, byte_encoder): count for word, count in sorted(word_counts.items())}
+
+    merges: list[tuple[str, str]] = []
+    while len(merges) < num_merges:
+        pair_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        for symbols, count in segmented.items():
+            for pair in itertools.pairwise(symbols):
+                pair_counts[pair] += count
+        if not pair_counts:
+            break
+        best = min(pair_counts, key=lambda pair: (-pair_counts[pair], pair))
+        merges.append(best)
+        merged_segmentation: dict[tuple[str, ...], int] = {}
+        for symbols, count in segmented.items():
+            merged: list[str] = []
+            index = 0
+            while index < len(symbols):
+                if index + 1 < len(symbols) and (symbols[index], symbols[index + 1]) == best:
+                    merged.append(symbols[index] + symbols[index + 1])
+                    index += 2
+                else:
+                    merged.append(symbols[index])
+                    index += 1
+            key = tuple(merged)
+            merged_segmentation[key] = merged_segmentation.get(key, 0) + count
+        segmented = merged_segmentation
+
+    tokens = list(byte_encoder.values())
+    tokens += [token + "</w>" for token in tokens]
+    tokens += ["".join(pair) for pair in merges]
+    tokens += [START_TOKEN, END_TOKEN]
+    vocab: dict[str, int] = {}
+    for token in tokens:
+        vocab.setdefault(token, len(vocab))
+    return vocab, merges
+
+
+def _write_bpe_files(directory: pathlib.Path, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    lines = ["#version: 0.2", *(f"{left} {right}" for left, right in merges)]
+    (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _random_params(init_weights: Callable[[Any], Any], seed: int, component: str) -> Any:
+    """Random float32 parameters with exactly the tree ``init_weights(PRNGKey)`` would return.
+
+    The tree (names and shapes) comes from the model's own ``init_weights`` traced with ``jax.eval_shape``, so
+    nothing runs; running the real initialisers op by op costs ~20 s per model on a busy 2-core CPU, versus
+    milliseconds here. Values follow Flax's default initialisers: ``kernel`` LeCun normal (std 1/sqrt(fan_in),
+    truncated at 2 sigma), ``bias`` zeros, norm ``scale`` ones, ``embedding`` normal(0.02) as in CLIP. Each leaf
+    draws from its own NumPy generator seeded by (seed, hash of component and path), so the bytes depend only on
+    ``seed`` and the geometry.
+    """
+    import jax
+    import numpy as np
+
+    shapes = jax.eval_shape(init_weights, jax.random.PRNGKey(seed))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    values = []
+    for path, spec in leaves:
+        leaf_name = "/".join(str(getattr(entry, "key", entry)) for entry in path)
+        kind = leaf_name.rsplit("/", 1)[-1]
+        generator = np.random.default_rng([seed, zlib.crc32(f"{component}/{leaf_name}".encode())])
+        if kind == "bias":
+            value = np.zeros(spec.shape, np.float32)
+        elif kind == "scale":
+            value = np.ones(spec.shape, np.float32)
+        elif kind == "embedding":
+            value = generator.standard_normal(spec.shape) * 0.02
+        elif kind == "kernel":
+            fan_in = math.prod(spec.shape[:-1])
+            value = np.clip(generator.standard_normal(spec.shape), -2.0, 2.0) / math.sqrt(fan_in)
+        else:
+            raise ValueError(f"no initialiser for parameter {component}/{leaf_name}")
+        values.append(np.asarray(value, dtype=np.float32))
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -> None:
+    """Build every component and save the pipeline into the (existing, empty) ``directory``."""
+    from diffusers import (
+        FlaxAutoencoderKL,
+        FlaxEulerDiscreteScheduler,
+        FlaxStableDiffusionXLPipeline,
+        FlaxUNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
+    vocab, merges = train_bpe(CORPUS.split(), geometry.bpe_merges)
+    with tempfile.TemporaryDirectory(prefix="tiny-bpe-") as bpe_dir:
+        bpe_path = pathlib.Path(bpe_dir)
+        _write_bpe_files(bpe_path, vocab, merges)
+        files = {"vocab_file": str(bpe_path / "vocab.json"), "merges_file": str(bpe_path / "merges.txt")}
+        tokenizer = CLIPTokenizer(**files, pad_token=END_TOKEN, model_max_length=geometry.model_max_length)
+        tokenizer_2 = CLIPTokenizer(**files, pad_token="!", model_max_length=geometry.model_max_length)
+
+    special_ids = {
+        "bos_token_id": vocab[START_TOKEN],
+        "eos_token_id": vocab[END_TOKEN],
+        "pad_token_id": vocab[END_TOKEN],
+        "vocab_size": len(vocab),
+        "max_position_embeddings": geometry.model_max_length,
+    }
+    text_config = CLIPTextConfig(
+        hidden_size=geometry.text_hidden_size,
+        intermediate_size=geometry.text_intermediate_size,
+        num_hidden_layers=geometry.text_layers,
+        num_attention_heads=geometry.text_heads,
+        hidden_act=geometry.text_hidden_act,
+        projection_dim=geometry.text_hidden_size,
+        **special_ids,
+    )
+    text_2_config = CLIPTextConfig(
+        hidden_size=geometry.text_2_hidden_size,
+        intermediate_size=geometry.text_2_intermediate_size,
+        num_hidden_layers=geometry.text_2_layers,
+        num_attention_heads=geometry.text_2_heads,
+        hidden_act=geometry.text_2_hidden_act,
+        projection_dim=geometry.text_2_projection_dim,
+        **special_ids,
+    )
+    text_encoder = FlaxCLIPTextModel(text_config, _do_init=False)
+    text_encoder_2 = FlaxCLIPTextModelWithProjection(text_2_config, _do_init=False)
+
+    unet = FlaxUNet2DConditionModel(
+        sample_size=geometry.unet_sample_size,
+        in_channels=geometry.vae_latent_channels,
+        out_channels=geometry.vae_latent_channels,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=geometry.unet_block_out_channels,
+        layers_per_block=geometry.unet_layers_per_block,
+        attention_head_dim=geometry.unet_attention_heads,
+        cross_attention_dim=geometry.cross_attention_dim,
+        use_linear_projection=True,
+        transformer_layers_per_block=geometry.unet_transformer_layers_per_block,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=geometry.addition_time_embed_dim,
+        projection_class_embeddings_input_dim=geometry.projection_class_embeddings_input_dim,
+    )
+    vae = FlaxAutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * len(geometry.vae_block_out_channels),
+        up_block_types=("UpDecoderBlock2D",) * len(geometry.vae_block_out_channels),
+        block_out_channels=geometry.vae_block_out_channels,
+        layers_per_block=geometry.vae_layers_per_block,
+        norm_num_groups=geometry.vae_norm_num_groups,
+        latent_channels=geometry.vae_latent_channels,
+        sample_size=geometry.unet_sample_size * geometry.vae_scale_factor,
+        scaling_factor=geometry.vae_scaling_factor,
+    )
+    scheduler = FlaxEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+
+    text_input_shape = (1, geometry.model_max_length)
+    params = {
+        "text_encoder": _random_params(
+            lambda key: text_encoder.init_weights(key, text_input_shape), seed, "text_encoder"
+        ),
+        "text_encoder_2": _random_params(
+            lambda key: text_encoder_2.init_weights(key, text_input_shape), seed, "text_encoder_2"
+        ),
+        "unet": _random_params(unet.init_weights, seed, "unet"),
+        "vae": _random_params(vae.init_weights, seed, "vae"),
+    }
+
+    pipeline = FlaxStableDiffusionXLPipeline(
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        vae=vae,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+    )
+    pipeline.save_pretrained(directory, params=params)
+    marker = {"name": TINY_CHECKPOINT_NAME, "seed": seed, "geometry": dataclasses.asdict(geometry)}
+    (directory / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _is_complete(directory: pathlib.Path) -> bool:
+    return (directory / COMPLETE_MARKER).is_file()
+
+
+def _staging_dir(target: pathlib.Path) -> pathlib.Path:
+    """An empty directory beside ``target`` (same filesystem, so the final rename is atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+
+
+def _build_staged(target: pathlib.Path, *, seed: int, geometry: TinyGeometry) -> pathlib.Path:
+    staging = _staging_dir(target)
+    try:
+        _build_into(staging, seed=seed, geometry=geometry)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def make_tiny(directory: str | os.PathLike, *, seed: int = 0, geometry: TinyGeometry = GEOMETRY) -> pathlib.Path:
+    """Write a tiny random SDXL checkpoint (diffusers Flax layout) to ``directory`` and return its path.
+
+    Loads with ``FlaxStableDiffusionXLPipeline.from_pretrained(directory, split_head_dim=True)``. The same ``seed``
+    gives byte-identical weights. Built in a temporary directory beside the target and renamed into place, so a
+    crash never leaves a half-written checkpoint; an existing ``directory`` is replaced.
+    """
+    target = pathlib.Path(directory).absolute()
+    staging = _build_staged(target, seed=seed, geometry=geometry)
+    try:
+        os.replace(staging, target)  # atomic when target is absent or an empty directory
+    except OSError:
+        # target is a non-empty directory: swap it out, move the new one in, then delete the old one.
+        retired = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, retired / "checkpoint")
+        os.replace(staging, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    return target
+
+
+def default_cache_dir() -> pathlib.Path:
+    """$SDXL_JAX_CACHE, else $XDG_CACHE_HOME/sdxl-jax, else ~/.cache/sdxl-jax."""
+    if explicit := os.environ.get("SDXL_JAX_CACHE"):
+        return pathlib.Path(explicit)
+    xdg_cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(xdg_cache) / "sdxl-jax"
+
+
+def tiny_checkpoint(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """Path of the cached tiny checkpoint (seed 0), building it on first use.
+
+    Safe when several processes call it at once: each builds into its own temporary directory and renames it into
+    place; whoever loses the race discards its copy and uses the winner's.
+    """
+    target = (pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()) / TINY_CHECKPOINT_NAME
+    target = target.absolute()
+    if _is_complete(target):
+        return target
+    staging = _build_staged(target, seed=0, geometry=GEOMETRY)
+    try:
+        os.replace(staging, target)
+        return target
+    except OSError:
+        if not _is_complete(target):
+            # Something that is not one of our finished checkpoints is in the way; move it aside and retry once.
+            retired = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(target, retired / "checkpoint")
+            with contextlib.suppress(OSError):
+                os.replace(staging, target)
+            shutil.rmtree(retired, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # no-op when it was renamed into place
+    if not _is_complete(target):
+        raise RuntimeError(f"could not place the tiny checkpoint at {target}")
+    return target

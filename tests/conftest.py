@@ -1,0 +1,37 @@
+"""Test set-up: 8 virtual CPU devices stand in for a TPU v5e-8. Set before anything imports JAX."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiled programs are shared between the tests of a run (and reruns) through JAX's persistent cache.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax")
+)
+
+import pytest  # noqa: E402
+
+#: Small enough for 2 CPU cores, large enough to exercise every block: 8x8 latents, 2 Euler steps.
+TEST_SIZE = 64
+TEST_STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    """The tiny random-weight SDXL checkpoint, built once per machine."""
+    from pipeline.tiny import tiny_checkpoint
+
+    return tiny_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_dir):
+    """A warmed-up float32 generator on all 8 devices."""
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32"
+    )
+    generator.warmup()
+    return generator

@@ -1,0 +1,117 @@
+"""Engine tests on the tiny SDXL-shaped checkpoint, 8 virtual CPU devices."""
+
+from __future__ import annotations
+
+import random
+
+import jax
+import numpy as np
+import pytest
+from conftest import TEST_SIZE, TEST_STEPS
+from PIL import Image
+
+from pipeline.generator import Generator
+from pipeline.loading import load_model
+from pipeline.validation import InvalidInput
+
+
+def pixels(result) -> np.ndarray:
+    return np.stack([np.asarray(image) for image in result.images])  # [B, H, W, 3]
+
+
+def test_weights_bfloat16_scheduler_float32(tiny_dir):
+    loaded = load_model(str(tiny_dir), dtype="bfloat16")
+    assert loaded.pipeline.unet.split_head_dim is True
+    for component in ("text_encoder", "text_encoder_2", "unet", "vae"):
+        leaves = jax.tree_util.tree_leaves(loaded.params[component])
+        assert leaves, component
+        assert {str(leaf.dtype) for leaf in leaves} == {"bfloat16"}, component
+    scheduler_leaves = jax.tree_util.tree_leaves(loaded.params["scheduler"])
+    assert scheduler_leaves and {str(leaf.dtype) for leaf in scheduler_leaves} == {"float32"}
+
+
+def test_one_image_per_device_params_replicated(engine):
+    assert engine.device_count == len(jax.devices()) == 8
+    assert engine.num_images == 8
+    assert engine.device_summary == "8 × cpu"
+    for leaf in jax.tree_util.tree_leaves(engine._params):
+        assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 8
+    result = engine.generate("a red apple on a table", seed=3)
+    assert len(result.images) == 8 and result.seeds == list(range(3, 11))
+    assert all(image.size == (TEST_SIZE, TEST_SIZE) and image.mode == "RGB" for image in result.images)
+    assert set(result.timings) == {"total_s", "device_s", "host_s"}
+
+
+def test_same_seed_same_pixels_other_seed_other_pixels(engine):
+    first = engine.generate("a lighthouse at dusk", seed=42, guidance_scale=6.0)
+    again = engine.generate("a lighthouse at dusk", seed=42, guidance_scale=6.0)
+    other = engine.generate("a lighthouse at dusk", seed=43, guidance_scale=6.0)
+    np.testing.assert_array_equal(pixels(first), pixels(again))
+    assert not np.array_equal(pixels(first)[0], pixels(other)[0])
+    # Image i is seeded by seed + i alone: image 1 of seed 42 is image 0 of seed 43.
+    np.testing.assert_array_equal(pixels(first)[1], pixels(other)[0])
+    # Images of one call differ from each other (each device has its own noise).
+    assert len({pixels(first)[i].tobytes() for i in range(8)}) == 8
+
+
+def test_traced_inputs_change_the_image(engine):
+    base = pixels(engine.generate("a cat", seed=5, guidance_scale=5.0))
+    assert not np.array_equal(base, pixels(engine.generate("a dog", seed=5, guidance_scale=5.0)))
+    assert not np.array_equal(base, pixels(engine.generate("a cat", seed=5, guidance_scale=9.0)))
+    assert not np.array_equal(base, pixels(engine.generate("a cat", negative_prompt="blurry", seed=5)))
+
+
+def test_twenty_random_calls_add_no_compilation(engine):
+    rng = random.Random(0)
+    words = ["cat", "dog", "castle", "neon", "forest", "portrait", "ocean", "city", "robot", "flower"]
+    before = engine.compile_count
+    for _ in range(20):
+        prompt = " ".join(rng.choices(words, k=rng.randint(1, 30)))
+        negative = " ".join(rng.choices(words, k=rng.randint(0, 5)))
+        engine.generate(prompt, negative_prompt=negative, seed=rng.randrange(2**32), guidance_scale=rng.uniform(0, 20))
+    assert engine.compile_count == before
+    assert engine.supported_shapes() == [(TEST_SIZE, TEST_SIZE, TEST_STEPS)]
+
+
+def test_same_pixels_whatever_the_device_count(tiny_dir, engine):
+    four = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:4]
+    )
+    assert four.num_images == 4 and four.device_summary == "4 × cpu"
+    on_four = pixels(four.generate("a windmill in a field of tulips", seed=11, guidance_scale=7.0))
+    on_eight = pixels(engine.generate("a windmill in a field of tulips", seed=11, guidance_scale=7.0))
+    np.testing.assert_array_equal(on_four, on_eight[:4])
+
+
+def test_long_prompt_is_truncated_and_reported(engine):
+    words = [f"Word{i}" for i in range(60)]
+    result = engine.generate(" ".join(words), seed=1)
+    dropped = result.truncated.split("“")[1].rstrip("”.").split()
+    assert dropped and dropped == words[-len(dropped) :] and len(dropped) < 60
+    assert engine.generate("a short prompt", seed=1).truncated == ""
+
+
+def test_png_parameters_chunk(engine, tmp_path):
+    result = engine.generate("an owl", negative_prompt="blurry", seed=9, guidance_scale=4.5)
+    paths = result.save_pngs(tmp_path)
+    assert [p.name for p in paths] == sorted(p.name for p in paths) and len(paths) == 8
+    text = Image.open(paths[2]).info["parameters"]
+    assert text.splitlines()[0] == "an owl" and "Negative prompt: blurry" in text
+    assert "Seed: 11" in text and f"Size: {TEST_SIZE}x{TEST_SIZE}" in text and "CFG scale: 4.5" in text
+    assert f"Steps: {TEST_STEPS}" in text and "Model: " in text
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"seed": -1}, {"seed": 2**32}, {"guidance_scale": float("nan")}, {"guidance_scale": 1e9}, {"negative_prompt": 3}],
+)
+def test_bad_input_is_one_clear_sentence_and_next_call_works(engine, kwargs):
+    with pytest.raises(InvalidInput) as error:
+        engine.generate("a cat", **kwargs)
+    assert "\n" not in str(error.value) and str(error.value).endswith(".")
+    assert len(engine.generate("a cat", seed=0).images) == 8
+
+
+def test_unsupported_shape_lists_the_compiled_ones(engine):
+    with pytest.raises(InvalidInput, match=f"{TEST_SIZE}×{TEST_SIZE} at {TEST_STEPS} steps"):
+        engine.compiled((512, 512, 25))

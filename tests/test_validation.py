@@ -1,0 +1,373 @@
+"""Tests for pipeline.validation: properties (hypothesis) plus one example per user-facing message."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import unicodedata
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.styles import load_styles
+from pipeline.validation import (
+    GUIDANCE_MAX,
+    GUIDANCE_MIN,
+    MAX_PROMPT_CHARS,
+    SEED_MAX,
+    InvalidInput,
+    PromptFilter,
+    Request,
+    check_guidance,
+    check_shape,
+    check_style,
+    clean_text,
+    resolve_seed,
+    validate_request,
+)
+
+FAST = settings(max_examples=200, deadline=None)
+STYLES = load_styles()
+
+
+def assert_one_line(error: InvalidInput) -> str:
+    """Every message is a single readable sentence: no newline, ends with a full stop, bounded length."""
+    message = str(error)
+    assert "\n" not in message and "\r" not in message
+    assert message.endswith(".")
+    assert message[:1].isupper()
+    assert len(message) < 400
+    return message
+
+
+# ---------------------------------------------------------------------------------------------------- clean_text
+
+
+@FAST
+@given(st.text(max_size=300), st.integers(min_value=1, max_value=300))
+def test_clean_text_never_returns_controls_or_exceeds_cap(text, cap):
+    try:
+        cleaned = clean_text(text, max_chars=cap)
+    except InvalidInput as error:
+        assert "too long" in assert_one_line(error)
+        return
+    assert len(cleaned) <= cap
+    assert cleaned == cleaned.strip()
+    assert "  " not in cleaned
+    for char in cleaned:
+        assert unicodedata.category(char) not in {"Cc", "Cf", "Cs"}
+        assert char == " " or not char.isspace()
+
+
+@FAST
+@given(st.text(alphabet=st.characters(categories=["L", "N", "P", "S"]), max_size=200))
+def test_clean_text_keeps_ordinary_text(text):
+    assert clean_text(text) == " ".join(text.split())
+
+
+def test_clean_text_examples():
+    assert clean_text(None) == ""
+    assert clean_text("  a\tb\r\n\nc  ") == "a b c"
+    assert clean_text("zero\u200bwidth\x00 bell\x07") == "zerowidth bell"
+    assert clean_text("emoji 🐱 and accents é") == "emoji 🐱 and accents é"
+    assert clean_text("a{b}c") == "a{b}c"
+
+
+@pytest.mark.parametrize("value", [b"bytes", 12, 1.5, ["a"], {"a": 1}])
+def test_clean_text_rejects_non_text(value):
+    with pytest.raises(InvalidInput) as info:
+        clean_text(value, field="negative prompt")
+    message = assert_one_line(info.value)
+    assert message.startswith("Negative prompt must be text")
+    assert type(value).__name__ in message
+
+
+def test_clean_text_too_long_message():
+    with pytest.raises(InvalidInput) as info:
+        clean_text("x" * 2345)
+    assert str(info.value) == "Prompt is too long: 2,345 characters; the limit is 2,000."
+
+
+def test_clean_text_counts_after_cleaning_and_rejects_huge_raw_input():
+    assert clean_text("a" + " " * 5000 + "b") == "a b"
+    with pytest.raises(InvalidInput, match="too long"):
+        clean_text(" " * (MAX_PROMPT_CHARS * 10 + 1))
+
+
+# ------------------------------------------------------------------------------------------------------ guidance
+
+
+@FAST
+@given(st.floats(min_value=GUIDANCE_MIN, max_value=GUIDANCE_MAX) | st.integers(0, 20))
+def test_guidance_in_range_round_trips(value):
+    result = check_guidance(value)
+    assert isinstance(result, float)
+    assert result == value
+
+
+@FAST
+@given(
+    st.floats().filter(lambda x: not (GUIDANCE_MIN <= x <= GUIDANCE_MAX))
+    | st.integers().filter(lambda x: not 0 <= x <= 20)
+    | st.text(max_size=100)
+    | st.booleans()
+    | st.none()
+    | st.binary(max_size=10)
+    | st.lists(st.floats(0, 1), max_size=3)
+)
+def test_guidance_anything_else_is_rejected_with_one_line(value):
+    with pytest.raises(InvalidInput) as info:
+        check_guidance(value)
+    message = assert_one_line(info.value)
+    assert message.startswith("Guidance scale must be a number between 0 and 20; got ")
+    assert len(message) < 120
+
+
+def test_guidance_messages():
+    with pytest.raises(InvalidInput) as info:
+        check_guidance("abc")
+    assert str(info.value) == "Guidance scale must be a number between 0 and 20; got 'abc'."
+    for bad in ("5", True, math.nan, math.inf, -0.1, 20.5):
+        with pytest.raises(InvalidInput):
+            check_guidance(bad)
+    assert check_guidance(Fraction(15, 2)) == 7.5
+    with pytest.raises(InvalidInput):
+        check_guidance(10**400)  # too big for a float: still InvalidInput, not OverflowError
+
+
+# --------------------------------------------------------------------------------------------------------- seeds
+
+
+@FAST
+@given(st.integers(min_value=0, max_value=SEED_MAX))
+def test_any_seed_in_range_is_accepted(seed):
+    assert resolve_seed(seed) == seed
+    assert resolve_seed(float(seed)) == int(float(seed))
+    assert resolve_seed(str(seed)) == seed
+
+
+@FAST
+@given(
+    st.integers().filter(lambda x: not 0 <= x <= SEED_MAX)
+    | st.floats().filter(lambda x: not (math.isfinite(x) and x.is_integer() and 0 <= x <= SEED_MAX))
+    | st.text(max_size=60).filter(lambda s: not (s.strip().isascii() and s.strip().isdigit()))
+    | st.booleans()
+    | st.none()
+)
+def test_bad_seeds_are_rejected(seed):
+    with pytest.raises(InvalidInput) as info:
+        resolve_seed(seed)
+    message = assert_one_line(info.value)
+    assert message.startswith(f"Seed must be a whole number from 0 to {SEED_MAX}; got ")
+
+
+@FAST
+@given(st.one_of(st.none(), st.text(max_size=5), st.integers()))
+def test_randomize_ignores_seed_and_stays_in_range(seed):
+    value = resolve_seed(seed, randomize=True)
+    assert isinstance(value, int) and 0 <= value <= SEED_MAX
+
+
+def test_seed_examples():
+    assert resolve_seed(SEED_MAX) == SEED_MAX
+    assert resolve_seed(" 42 ") == 42
+    assert resolve_seed(7.0) == 7
+    with pytest.raises(InvalidInput) as info:
+        resolve_seed(-1)
+    assert str(info.value) == "Seed must be a whole number from 0 to 4294967295; got -1."
+    for bad in (True, 1.5, "1e3", "-3", "٣", "²", SEED_MAX + 1, 2**64, math.nan):
+        with pytest.raises(InvalidInput):
+            resolve_seed(bad)
+    old = sys.get_int_max_str_digits()
+    with pytest.raises(InvalidInput) as info:
+        resolve_seed(10 ** (old + 10))  # repr() of this int would raise ValueError; the message must not
+    assert_one_line(info.value)
+    assert len({resolve_seed(0, randomize=True) for _ in range(20)}) > 1
+
+
+# ------------------------------------------------------------------------------------------------ style & shape
+
+
+def test_check_style():
+    assert check_style("Cinematic", STYLES) == "Cinematic"
+    assert check_style(None, STYLES) == "No style"
+    with pytest.raises(InvalidInput) as info:
+        check_style("Foo", STYLES)
+    assert str(info.value) == (
+        "Unknown style 'Foo'; choose one of: No style, Cinematic, Photographic, Anime, Manga, Digital Art, "
+        "Pixel art, Fantasy art, Neonpunk, 3D Model."
+    )
+    with pytest.raises(InvalidInput):
+        check_style("cinematic", STYLES)  # names are exact, as the dropdown sends them
+
+
+def test_messages_truncate_echoed_input():
+    with pytest.raises(InvalidInput) as info:
+        check_style("y" * 500 + "\nsecond line", STYLES)
+    message = assert_one_line(info.value)
+    assert "y" * 40 not in message and "y" * 39 + "…" in message
+
+
+@FAST
+@given(st.text(max_size=200))
+def test_echo_never_exceeds_forty_characters(text):
+    with pytest.raises(InvalidInput) as info:
+        check_guidance(text)
+    message = assert_one_line(info.value)
+    echoed = message.removeprefix("Guidance scale must be a number between 0 and 20; got ").removesuffix(".")
+    assert len(echoed) <= 42  # 40 characters plus the quotes
+
+
+def test_check_shape():
+    check_shape(1024, 1024, 25, [(1024, 1024, 25)])
+    check_shape(768, 1024, 25, [(1024, 1024, 25), (768, 1024, 25)])
+    with pytest.raises(InvalidInput) as info:
+        check_shape(512, 512, 25, [(1024, 1024, 25)])
+    assert str(info.value) == "This server compiled 1024×1024 at 25 steps only; got 512×512 at 25 steps."
+    with pytest.raises(InvalidInput) as info:
+        check_shape(64, 128, 2, [(64, 64, 2), (128, 128, 4)])
+    assert str(info.value) == (
+        "This server compiled 64×64 at 2 steps or 128×128 at 4 steps only; got 128×64 at 2 steps."
+    )
+    with pytest.raises(InvalidInput):
+        check_shape("1024", 1024, 25, [(1024, 1024, 25)])
+    with pytest.raises(InvalidInput):
+        check_shape(True, 1, 1, [(1, 1, 1)])
+    with pytest.raises(InvalidInput) as info:
+        check_shape(64, 64, 2, [])
+    assert_one_line(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- validate_request
+
+
+def test_validate_request_defaults_and_style():
+    request = validate_request("  a {cat}\n on a mat ", "blurry", style="Cinematic", guidance_scale=7, seed=3.0)
+    assert isinstance(request, Request)
+    assert request.prompt == "a {cat} on a mat"
+    assert request.negative_prompt == "blurry"
+    assert request.style == "Cinematic"
+    assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
+    assert request.seed == 3
+    assert request.styled_prompt.startswith("cinematic still a {cat} on a mat . emotional")
+    assert request.styled_negative_prompt.startswith("anime, cartoon")
+    assert request.styled_negative_prompt.endswith(", blurry")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.seed = 4  # type: ignore[misc]
+
+    plain = validate_request("a dog")
+    assert (plain.prompt, plain.negative_prompt, plain.style, plain.guidance_scale, plain.seed) == (
+        "a dog",
+        "",
+        "No style",
+        5.0,
+        0,
+    )
+    assert (plain.styled_prompt, plain.styled_negative_prompt) == ("a dog", "")
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", None, "\x00\u200b\n"])
+def test_validate_request_empty_prompt(prompt):
+    with pytest.raises(InvalidInput) as info:
+        validate_request(prompt)
+    assert str(info.value) == "Please enter a prompt."
+
+
+def test_validate_request_randomize_and_errors():
+    request = validate_request("a dog", seed="not a number", randomize_seed=True)
+    assert 0 <= request.seed <= SEED_MAX
+    with pytest.raises(InvalidInput, match="^Guidance scale"):
+        validate_request("a dog", guidance_scale=99)
+    with pytest.raises(InvalidInput, match="^Unknown style"):
+        validate_request("a dog", style="Nope")
+    with pytest.raises(InvalidInput, match="^Negative prompt is too long"):
+        validate_request("a dog", negative_prompt="n" * 2001)
+    with pytest.raises(InvalidInput, match="^Seed must be"):
+        validate_request("a dog", seed=-5)
+
+
+def test_validate_request_uses_filter_on_prompt_only():
+    prompt_filter = PromptFilter(["spam"])
+    with pytest.raises(InvalidInput) as info:
+        validate_request("Lovely SPAM, wonderful spam", prompt_filter=prompt_filter)
+    assert str(info.value) == "This prompt contains a blocked word; please rephrase it."
+    request = validate_request("a tin can", negative_prompt="spam", prompt_filter=prompt_filter)
+    assert request.negative_prompt == "spam"
+    # zero-width characters are removed before the filter runs, so they cannot split a word to dodge it
+    with pytest.raises(InvalidInput):
+        validate_request("sp\u200bam", prompt_filter=prompt_filter)
+
+
+# -------------------------------------------------------------------------------------------------- PromptFilter
+
+
+def test_prompt_filter_word_boundaries_and_case():
+    prompt_filter = PromptFilter(["ass", "Bad Word", "c++"])
+    assert prompt_filter.blocks("ASS")
+    assert prompt_filter.blocks("what an ass.")
+    assert not prompt_filter.blocks("a class of glass and assets")
+    assert prompt_filter.blocks("a BAD   word here")
+    assert not prompt_filter.blocks("badword")
+    assert prompt_filter.blocks("I like c++ code")
+    assert not prompt_filter.blocks("")
+    prompt_filter.check("a classic glass")  # no raise
+
+
+def test_prompt_filter_from_file(tmp_path):
+    path = tmp_path / "blocked.txt"
+    path.write_text("\ufeff# a comment line\n\n  Spam  \n#eggs\nham sandwich\n", encoding="utf-8")
+    prompt_filter = PromptFilter.from_file(path)
+    assert prompt_filter.words == ("ham sandwich", "spam")
+    assert len(prompt_filter) == 2
+    assert prompt_filter.blocks("spam")
+    assert not prompt_filter.blocks("eggs")
+    assert not prompt_filter.blocks("# a comment line")
+    assert prompt_filter.blocks("one Ham\tSandwich please")
+    assert not prompt_filter.blocks("ham")
+
+
+def test_empty_prompt_filter_blocks_nothing():
+    assert not PromptFilter([]).blocks("anything at all")
+    assert not PromptFilter(["", "   "]).blocks("anything at all")
+
+
+def test_example_block_list_ships_and_loads():
+    from pipeline.styles import ASSETS_DIR
+
+    path = ASSETS_DIR / "blocked_words.example.txt"
+    assert path.read_text(encoding="utf-8").startswith("#")
+    prompt_filter = PromptFilter.from_file(path)
+    assert len(prompt_filter) >= 1
+    assert not prompt_filter.blocks("A serious capybara at work, wearing a suit")
+
+
+@FAST
+@given(st.text(max_size=100), st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
+def test_prompt_filter_total_and_case_insensitive(text, ascii_text):
+    prompt_filter = PromptFilter(["spam", "lorem ipsum"])
+    assert isinstance(prompt_filter.blocks(text), bool)
+    assert prompt_filter.blocks(ascii_text) == prompt_filter.blocks(ascii_text.upper())
+    assert prompt_filter.blocks(f"{ascii_text} SPAM") is True
+
+
+def test_modules_do_not_import_jax():
+    """The UI imports these modules; they must not pull in JAX (checked on the source, independent of __init__)."""
+    import ast
+    import pathlib
+
+    import pipeline.styles
+    import pipeline.validation
+
+    for module in (pipeline.validation, pipeline.styles):
+        tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(name.split(".")[0] in {"jax", "jaxlib", "flax"} for name in names), module.__name__
