@@ -1,6 +1,7 @@
 """Test set-up: 8 virtual CPU devices stand in for a TPU v5e-8. Set before anything imports JAX."""
 
 import os
+import socket
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -35,3 +36,10 @@ def engine(tiny_dir):
     )
     generator.warmup()
     return generator
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for a server a test launches."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,176 @@
+"""`python -m bench`: measure the engine, its start-up, the app around it, and the hardware limit.
+
+    python -m bench                                  # tiny checkpoint, 128x128, 4 steps, float32: a few minutes
+    python -m bench --only reference,flops           # some parts
+    python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
+        --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
+
+Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
+it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
+JAX_PLATFORMS is unset and no accelerator device node (/dev/accel*, /dev/vfio/*, /dev/nvidia*) exists, JAX is told
+to use the CPU (skipping its slow probe for absent accelerators). Both are set here, before JAX is first imported.
+Outputs go to --out (default bench-results/): results.json (every figure), results.md (tables), chart.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+from pathlib import Path
+
+PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak")
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0].strip("`"))
+    add = parser.add_argument
+    add("--model", default="tiny", help="Hub id, local diffusers Flax directory, or 'tiny' (default tiny)")
+    add("--height", type=int, default=128, help="image height (default 128)")
+    add("--width", type=int, default=128, help="image width (default 128)")
+    add("--steps", type=int, default=4, help="denoising steps (default 4)")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32", help="network dtype (default float32)")
+    add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
+    add("--out", default="bench-results", help="output directory (default bench-results/)")
+    add("--only", default=",".join(DEFAULT_PARTS),
+        help=f"comma-separated parts of {', '.join(PARTS)} (default all but soak)")  # fmt: skip
+    add("--cpu-devices", type=int, default=8,
+        help="virtual CPU devices when XLA_FLAGS is unset (default 8; 0 = do not force)")  # fmt: skip
+    add("--clients", default="1,4,16", help="concurrency levels for the app part (default 1,4,16)")
+    add("--requests-per-client", type=int, default=8, help="requests each client sends (default 8)")
+    add("--max-requests", type=int, default=32,
+        help="cap on requests per concurrency level; fewer per client when exceeded (default 32)")  # fmt: skip
+    add("--queue-size", type=int, default=20, help="the app's queue size (default 20, the app's default)")
+    add("--recompile-requests", type=int, default=100, help="random requests in the recompile part (default 100)")
+    add("--no-text-flops", action="store_true", help="skip costing the SDXL text encoders in the flops part")
+    add("--soak-requests", type=int, default=200, help="requests in the soak part (default 200)")
+    add("--soak-clients", type=int, default=16, help="concurrent clients in the soak part (default 16)")
+    args = parser.parse_args(argv)
+    args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    try:
+        args.client_counts = [int(c) for c in args.clients.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--clients takes comma-separated whole numbers, e.g. 1,4,16")
+    if args.runs < 1 or any(c < 1 for c in args.client_counts) or args.requests_per_client < 1:
+        parser.error("--runs, --clients and --requests-per-client must be at least 1")
+    return args
+
+
+def configure_platform(cpu_devices: int) -> None:
+    """Set XLA_FLAGS / JAX_PLATFORMS (only where unset) before JAX is imported; see the module docstring."""
+    if "XLA_FLAGS" not in os.environ and cpu_devices > 0:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
+    accelerators = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*") + glob.glob("/dev/nvidia[0-9]*")
+    if "JAX_PLATFORMS" not in os.environ and not accelerators:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the selected parts in order, one engine shared by the in-process parts; return every result."""
+    from .common import machine_info, progress
+
+    started = time.perf_counter()
+    results: dict = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "setup": {
+            "model": args.model, "height": args.height, "width": args.width, "steps": args.steps,
+            "dtype": args.dtype, "runs": args.runs, "parts": args.parts,
+            "shape": f"{args.height}x{args.width}, {args.steps} steps, {args.dtype}",
+        },
+    }  # fmt: skip
+    machine = results["machine"]
+    progress(f"{machine['device_count']} × {machine['device_kind']} on {machine['processor']} "
+             f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
+             f"parts: {', '.join(args.parts)}")  # fmt: skip
+    generator = None
+    if {"reference", "app", "recompiles", "soak"} & set(args.parts):
+        from pipeline.generator import Generator
+
+        progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
+        generator = Generator.from_pretrained(
+            args.model, height=args.height, width=args.width, steps=args.steps, dtype=args.dtype
+        )
+        warm = generator.warmup()
+        results["engine_startup"] = {**generator.load_timings, **warm}
+        progress(f"engine ready: {generator.device_summary}, {generator.num_images} images per call, "
+                 f"compile {warm['compile_s']:.1f} s, first run {warm['first_run_s']:.2f} s")  # fmt: skip
+    if "reference" in args.parts:
+        from .flops import achieved_flops
+        from .reference import engine_vs_reference
+
+        progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
+        ref = results["reference"] = engine_vs_reference(generator, args.runs)
+        progress(f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f}")
+        device_s = [generator.generate("a photo of a cat", seed=i).timings["device_s"] for i in range(args.runs)]
+        results["achieved"] = achieved_flops(generator, sorted(device_s)[len(device_s) // 2])
+        progress(f"achieved {results['achieved'].achieved_flops_per_s / 1e9:.1f} GFLOP/s on this device")
+    if "startup" in args.parts:
+        from .startup import startup
+
+        progress("part 2/5 start-up, cold and warm compilation cache (two subprocesses) ...")
+        st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype)
+        progress(f"start-up: cold {st.cold.first_image_s:.1f} s, warm {st.warm.first_image_s:.1f} s ({st.ratio:.0%})")
+    if "app" in args.parts:
+        from .serving import through_the_app
+
+        progress("part 3/5 through the app ...")
+        results["serving"] = through_the_app(
+            generator,
+            runs=args.runs,
+            client_counts=args.client_counts,
+            requests_per_client=args.requests_per_client,
+            max_requests=args.max_requests,
+            queue_size=args.queue_size,
+        )
+    if "recompiles" in args.parts:
+        from .recompiles import recompiles
+
+        progress(f"part 4/5 recompiles ({args.recompile_requests} random requests) ...")
+        rc = results["recompiles"] = recompiles(generator, args.recompile_requests)
+        progress(f"recompiles: {rc.compiles_added} compilations in {rc.requests} requests")
+    if "flops" in args.parts:
+        from .flops import measure_flops
+
+        progress("part 5/5 hardware limit (XLA cost analysis of the real SDXL, nothing compiled) ...")
+        results["flops"] = measure_flops(include_text=not args.no_text_flops, progress=progress)
+    if "soak" in args.parts:
+        from .soak import soak
+
+        progress(f"soak: {args.soak_requests} requests from {args.soak_clients} clients ...")
+        results["soak"] = soak(
+            generator, requests=args.soak_requests, clients=args.soak_clients, queue_size=args.queue_size
+        )
+    results["bench_s"] = time.perf_counter() - started
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_platform(args.cpu_devices)
+    from .common import progress
+    from .report import chart, markdown, write_json
+
+    results = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(results, out / "results.json")
+    (out / "results.md").write_text(markdown(results) + "\n")
+    if "soak" in results:
+        from .soak import write_soak_json
+
+        write_soak_json(results["soak"], out / "soak.json")
+    chart_path = chart(results, out / "chart.png")
+    progress(f"done in {results['bench_s']:.0f} s: {out / 'results.json'}, {out / 'results.md'}"
+             + (f", {chart_path}" if chart_path else ""))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Part 1: per-call latency of `Generator.generate` against diffusers' own FlaxStableDiffusionXLPipeline.
+
+The reference is called as the seed documents (Hugging Face's SDXL-on-JAX blog) call it: params replicated once
+with flax's `replicate`; per call `prepare_inputs`, `replicate` of the ids, one PRNG key per device, the pmapped
+`pipeline(..., jit=True)`, and conversion to PIL. Both sides return PIL images, so the whole user-visible call is
+timed on each. Same checkpoint, devices, size, steps and dtype; calls are interleaved after both are warmed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .common import Progress, Stats, progress, timed
+
+PROMPT = "a photo of an astronaut riding a horse on the moon, highly detailed"
+NEGATIVE = "blurry, low quality"
+GUIDANCE = 5.0
+TARGET_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class EngineVsReference:
+    """Engine vs diffusers' reference pipeline, same work per call."""
+
+    images_per_call: int  # images one call returns (one per device x per-device batch)
+    engine: Stats  # seconds per Generator.generate call (PIL images out)
+    reference: Stats  # seconds per reference call (tokenize, replicate, pmapped pipeline, PIL images out)
+    engine_images_per_s: float  # images_per_call / engine median
+    reference_images_per_s: float  # images_per_call / reference median
+    ratio: float  # engine median / reference median (lower is better)
+    target_ratio: float  # the goal: ratio <= this
+    meets_target: bool  # ratio <= target_ratio
+    reference_load_s: float  # seconds to load + cast + replicate the reference's params
+    reference_first_call_s: float  # the reference's first call (pmap compile + run)
+
+
+def load_reference(model: str, dtype: str):
+    """diffusers' pipeline and replicated params, cast like the blog: bf16 except the scheduler, or all f32."""
+    from diffusers import FlaxStableDiffusionXLPipeline
+    from flax.jax_utils import replicate
+
+    from pipeline.loading import resolve_model
+
+    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(
+        resolve_model(model), split_head_dim=True, dtype=getattr(jnp, dtype)
+    )
+    if dtype == "bfloat16":
+        scheduler_state = params.pop("scheduler")
+        params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+        params["scheduler"] = scheduler_state
+    return pipe, replicate(params)
+
+
+def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width):
+    """One user-visible call of the reference, exactly as the seed documents write it: PIL images out."""
+    from flax.jax_utils import replicate
+
+    prompt_ids = replicate(pipe.prepare_inputs(prompt))
+    neg_prompt_ids = replicate(pipe.prepare_inputs(negative_prompt))
+    rng = jax.random.split(jax.random.PRNGKey(seed), jax.device_count())
+    images = pipe(
+        prompt_ids,
+        p_params,
+        rng,
+        num_inference_steps=steps,
+        height=height,
+        width=width,
+        guidance_scale=guidance_scale,
+        neg_prompt_ids=neg_prompt_ids,
+        jit=True,
+    ).images
+    images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
+    return pipe.numpy_to_pil(np.array(images))
+
+
+def engine_vs_reference(generator, runs: int, say: Progress = progress) -> EngineVsReference:
+    """Time `runs` interleaved calls of each (engine, reference, engine, ...) after one warm call of each."""
+    config = generator.config
+    kwargs = {"steps": config.steps, "height": config.height, "width": config.width}
+    started = time.perf_counter()
+    pipe, p_params = load_reference(config.model, config.dtype)
+    load_s = time.perf_counter() - started
+    say(f"reference loaded in {load_s:.1f} s; first reference call (pmap compile) ...")
+    first_s, images = timed(
+        lambda: reference_call(
+            pipe, p_params, prompt=PROMPT, negative_prompt=NEGATIVE, seed=0, guidance_scale=GUIDANCE, **kwargs
+        )
+    )
+    if len(images) != generator.num_images:
+        raise RuntimeError(f"reference returned {len(images)} images, the engine {generator.num_images}")
+    generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=0, guidance_scale=GUIDANCE)  # engine warm too
+    engine_s, reference_s = [], []
+    for run in range(runs):
+        seed = 1000 + run
+        t_engine, _ = timed(
+            lambda seed=seed: generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=seed, guidance_scale=GUIDANCE)
+        )
+        t_reference, _ = timed(
+            lambda seed=seed: reference_call(
+                pipe, p_params, prompt=PROMPT, negative_prompt=NEGATIVE, seed=seed, guidance_scale=GUIDANCE, **kwargs
+            )
+        )
+        engine_s.append(t_engine)
+        reference_s.append(t_reference)
+        say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {t_reference:.3f} s")
+    engine, reference = Stats.of(engine_s), Stats.of(reference_s)
+    ratio = engine.median / reference.median
+    n = generator.num_images
+    return EngineVsReference(
+        images_per_call=n,
+        engine=engine,
+        reference=reference,
+        engine_images_per_s=n / engine.median,
+        reference_images_per_s=n / reference.median,
+        ratio=ratio,
+        target_ratio=TARGET_RATIO,
+        meets_target=ratio <= TARGET_RATIO,
+        reference_load_s=load_s,
+        reference_first_call_s=first_s,
+    )

@@ -1,0 +1,233 @@
+"""Part 6: write every figure as results.json, the tables as results.md, and a bar chart as chart.png (PIL only)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+from .common import Stats
+
+CHART_WIDTH = 960
+BAR_HEIGHT = 26
+COLORS = {"engine": (109, 40, 217), "reference": (148, 163, 184), "cold": (234, 88, 12), "warm": (22, 163, 74)}
+
+
+def to_jsonable(value):
+    """Dataclasses -> dicts, NaN/inf -> None, keys -> strings (JSON has no NaN)."""
+    if is_dataclass(value):
+        value = asdict(value)
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(results: dict, path: Path) -> Path:
+    """Every figure, machine and package versions included."""
+    path.write_text(json.dumps(to_jsonable(results), indent=2) + "\n")
+    return path
+
+
+def _ms(stats: Stats) -> str:
+    return stats.range_text(1000, 0) + " ms"
+
+
+def _verdict(ok: bool) -> str:
+    return "✅ met" if ok else "❌ missed"
+
+
+def markdown(results: dict) -> str:
+    """The tables of results.md (also what the README's Performance section quotes)."""
+    setup, machine = results["setup"], results["machine"]
+    lines = [
+        "# sdxl-jax benchmark",
+        "",
+        f"Model `{setup['model']}`, {setup['height']}x{setup['width']}, {setup['steps']} steps, {setup['dtype']}, "
+        f"{machine['device_count']} × {machine['device_kind']} ({machine['jax_backend']}); "
+        f"{setup['runs']} runs per figure, medians with (min–max).",
+        f"Machine: {machine['uname']}; {machine['cpu_count']} CPUs; load average at start "
+        f"{machine['load_average_at_start']}. Measured {results['measured_at']}, total bench time "
+        f"{results.get('bench_s', float('nan')):.0f} s.",
+        "Packages: " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
+        "",
+    ]
+    if (ref := results.get("reference")) is not None:
+        lines += [
+            "## Engine vs diffusers' FlaxStableDiffusionXLPipeline (per call, PIL images out)",
+            "",
+            "| | per call | images/s |",
+            "|---|---|---|",
+            f"| engine `Generator.generate` | {_ms(ref.engine)} | {ref.engine_images_per_s:.2f} |",
+            f"| reference `pipeline(..., jit=True)` | {_ms(ref.reference)} | {ref.reference_images_per_s:.2f} |",
+            f"| **ratio engine / reference** | **{ref.ratio:.2f}** (target ≤ {ref.target_ratio}) | "
+            f"{_verdict(ref.meets_target)} |",
+            "",
+            f"{ref.images_per_call} images per call; the reference loaded in {ref.reference_load_s:.1f} s and its "
+            f"first call (pmap compile) took {ref.reference_first_call_s:.1f} s.",
+            "",
+        ]
+    if (st := results.get("startup")) is not None:
+        rows = [("imports (+ start, exit)", "imports_s"), ("load", "load_s"), ("cast", "cast_s"),
+                ("replicate", "replicate_s"), ("compile", "compile_s"), ("first run", "first_run_s"),
+                ("**process start → first image**", "first_image_s"), ("process wall (incl. 2nd call, PNGs)",
+                "process_wall_s")]  # fmt: skip
+        lines += [
+            "## Start-up: new process → first image (`python -m pipeline generate`)",
+            "",
+            "| phase | cold cache (s) | warm cache (s) |",
+            "|---|---|---|",
+            *[f"| {label} | {getattr(st.cold, key):.2f} | {getattr(st.warm, key):.2f} |" for label, key in rows],
+            f"| **ratio warm / cold** | **{st.ratio:.0%}** (target ≤ {st.target_ratio:.0%}) | "
+            f"{_verdict(st.meets_target)} |",
+            "",
+        ]
+    if (sv := results.get("serving")) is not None:
+        lines += [
+            "## Through the Gradio app (`gradio_client`, `/generate`)",
+            "",
+            "| | per call |",
+            "|---|---|",
+            f"| engine only | {_ms(sv.engine)} |",
+            f"| through the app (HTTP, queue, PNGs, download) | {_ms(sv.app)} |",
+            f"| **serving overhead** | **{sv.overhead:+.1%}** (target ≤ {sv.target_overhead:.0%}) "
+            f"{_verdict(sv.meets_target)} |",
+            "",
+            f"Queue size {sv.queue_size}, concurrency limit 1; {sv.compiles_added} compilations during this part.",
+            "",
+            "| clients | requests | ok | failed | rejected (queue full) | requests/s | images/s | p50 (s) | p95 (s) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *[
+                f"| {lr.clients} | {lr.requests} | {lr.succeeded} | {lr.failed} | {lr.rejected} | "
+                f"{lr.requests_per_s:.2f} | {lr.images_per_s:.1f} | {lr.latency.median:.2f} | {lr.latency.p95:.2f} |"
+                for lr in sv.load
+            ],
+            "",
+        ]
+    if (rc := results.get("recompiles")) is not None:
+        lines += [
+            "## Recompilations",
+            "",
+            f"{rc.requests} random requests (prompts of 1–90 words, {rc.truncated_prompts} over 77 tokens; negative "
+            f"prompts, styles, guidance, seeds) through the engine: **{rc.compiles_added} compilations** "
+            f"({_verdict(rc.compiles_added == 0)}); per call {_ms(rc.per_call)}.",
+            "",
+        ]
+    if (fl := results.get("flops")) is not None:
+        lines += [
+            "## Hardware limit: SDXL base at 1024x1024 (XLA cost analysis of the lowered HLO, bf16)",
+            "",
+            "| component | TFLOP |",
+            "|---|---|",
+            f"| UNet, one step, CFG batch 2 (= per image per step) | {fl.unet_step_flops_batch2 / 1e12:.2f} "
+            f"(public figure ≈ {fl.public_unet_step_tflop}) |",
+            f"| VAE decode, per image | {fl.vae_decode_flops_per_image / 1e12:.2f} |",
+            f"| both text encoders, prompt + negative | {fl.text_encoders_flops_per_image / 1e12:.3f} |",
+            *[f"| **total per image, {s} steps** | **{f / 1e12:.1f}** |" for s, f in fl.flops_per_image.items()],
+            "",
+            "Seconds per image at 100% of peak dense bf16 FLOP/s (one chip; a lower bound no real run reaches):",
+            "",
+            "| accelerator | peak TFLOP/s | " + " | ".join(f"{s} steps (s)" for s in fl.flops_per_image) + " |",
+            "|---|---|" + "---|" * len(fl.flops_per_image),
+            *[
+                f"| {lim.name} | {lim.peak_flops / 1e12:.0f} | "
+                + " | ".join(f"{sec:.3f}" for sec in lim.seconds_per_image.values())
+                + " |"
+                for lim in fl.limits
+            ],
+            "",
+        ]
+    if (ac := results.get("achieved")) is not None:
+        peak = "unknown (no published peak for this device)" if ac.peak_flops_per_s is None else (
+            f"{ac.peak_flops_per_s / 1e12:.0f} TFLOP/s → {ac.fraction_of_peak:.1%} of peak")  # fmt: skip
+        lines += [
+            f"On this machine the engine's compiled program does {ac.flops_per_call / 1e9:.1f} GFLOP per call "
+            f"(XLA: {ac.compiled_flops_reported / 1e9:.2f} GFLOP per device with the loop body once, plus "
+            f"{ac.unet_step_flops_per_device / 1e9:.2f} GFLOP per extra UNet step) in {ac.seconds_per_call:.3f} s: "
+            f"**{ac.achieved_flops_per_s / 1e9:.1f} GFLOP/s** on {ac.device_count} × {ac.device_kind}; peak {peak}.",
+            "",
+        ]
+    if (sk := results.get("soak")) is not None:
+        lines += [
+            "## Soak",
+            "",
+            "| requests | clients | ok | failed | rejected | p50 (s) | p95 (s) | req/s | RSS before → after (MiB) "
+            "| compilations |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| {sk.requests} | {sk.clients} | {sk.succeeded} | {sk.failures} | {sk.rejections} | "
+            f"{sk.latency.median:.2f} | {sk.latency.p95:.2f} | {sk.requests_per_s:.2f} | "
+            f"{sk.rss_before_mb:.0f} → {sk.rss_after_mb:.0f} ({sk.rss_growth_mb:+.0f}) | {sk.compiles_added} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _font(size: int):
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, OSError):  # Pillow without FreeType: the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _panel(draw, top: int, title: str, bars: list[tuple[str, float, float, float, tuple]], unit: str) -> int:
+    """One titled group of horizontal bars (label, median, min, max, colour) on a shared scale; returns the next y."""
+    title_font, font = _font(18), _font(14)
+    draw.text((20, top), title, fill=(15, 23, 42), font=title_font)
+    top += 32
+    left, right = 320, CHART_WIDTH - 110
+    scale = max(hi for _, _, _, hi, _ in bars) or 1.0
+    for label, median, lo, hi, color in bars:
+        draw.text((20, top + 5), label, fill=(30, 41, 59), font=font)
+        end = left + (right - left) * median / scale
+        draw.rectangle([left, top, max(left + 1, end), top + BAR_HEIGHT], fill=color)
+        if hi > lo:  # min–max whisker
+            x0, x1 = left + (right - left) * lo / scale, left + (right - left) * hi / scale
+            mid = top + BAR_HEIGHT // 2
+            draw.line([x0, mid, x1, mid], fill=(15, 23, 42), width=2)
+            draw.line([x0, mid - 6, x0, mid + 6], fill=(15, 23, 42), width=2)
+            draw.line([x1, mid - 6, x1, mid + 6], fill=(15, 23, 42), width=2)
+        draw.text((max(end, left + (right - left) * hi / scale) + 8, top + 5), f"{median:.3g} {unit}",
+                  fill=(15, 23, 42), font=font)  # fmt: skip
+        top += BAR_HEIGHT + 12
+    return top + 16
+
+
+def chart(results: dict, path: Path) -> Path | None:
+    """Horizontal bars: per-call latency (engine, reference, through the app) and cold vs warm start-up."""
+    panels = []
+    ref, sv, st = results.get("reference"), results.get("serving"), results.get("startup")
+    latency = []
+    if ref is not None:
+        latency.append(("engine generate()", ref.engine, COLORS["engine"]))
+        latency.append(("diffusers reference pipeline", ref.reference, COLORS["reference"]))
+    if sv is not None:
+        latency.append(("through the app (gradio_client)", sv.app, COLORS["warm"]))
+    if latency:
+        bars = [(label, s.median, s.min, s.max, color) for label, s, color in latency]
+        panels.append((f"Per-call latency, {results['setup']['shape']} (median, min–max)", bars, "s"))
+    if st is not None:
+        bars = [
+            ("cold cache: start → first image", st.cold.first_image_s, st.cold.first_image_s, st.cold.first_image_s,
+             COLORS["cold"]),
+            ("warm cache: start → first image", st.warm.first_image_s, st.warm.first_image_s, st.warm.first_image_s,
+             COLORS["warm"]),
+            ("cold: compile phase", st.cold.compile_s, st.cold.compile_s, st.cold.compile_s, COLORS["cold"]),
+            ("warm: compile phase", st.warm.compile_s, st.warm.compile_s, st.warm.compile_s, COLORS["warm"]),
+        ]  # fmt: skip
+        panels.append((f"Start-up, new process (warm/cold = {st.ratio:.0%})", bars, "s"))
+    if not panels:
+        return None
+    height = 40 + sum(48 + len(bars) * (BAR_HEIGHT + 12) + 16 for _, bars, _ in panels)
+    image = Image.new("RGB", (CHART_WIDTH, height), "white")
+    draw = ImageDraw.Draw(image)
+    top = 20
+    for title, bars, unit in panels:
+        top = _panel(draw, top, title, bars, unit)
+    image.save(path)
+    return path

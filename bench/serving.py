@@ -1,0 +1,226 @@
+"""Part 3: the engine served through the Gradio app, called with gradio_client as an API user would.
+
+First the serving overhead of one `/generate` call over the engine-only `generate` for the same arguments, then
+throughput and latency percentiles with N concurrent clients (threads, each with its own Client), counting
+failures and queue-full rejections apart. `drive_load` is shared with the soak part.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from .common import Progress, Stats, free_port, progress, random_request, timed
+
+PROMPT = "a lighthouse on a cliff at dawn, dramatic sky"
+NEGATIVE = "blurry, low quality"
+TARGET_OVERHEAD = 0.10
+#: What gradio_client raises (QueueError) when the server's queue is full: the busy message users see.
+BUSY_MESSAGE = "Queue is full"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """N concurrent API clients, each sending a fixed number of requests back to back."""
+
+    clients: int  # concurrent clients (threads, one gradio_client.Client each)
+    requests: int  # requests sent in all
+    succeeded: int  # requests answered with images
+    failed: int  # requests that failed for any reason but a full queue (including timeouts)
+    rejected: int  # requests turned away because the queue was full
+    failure_messages: list[str]  # distinct failure messages (first 200 characters)
+    rejection_messages: list[str]  # distinct queue-full messages
+    wall_s: float  # first request sent -> last answer
+    requests_per_s: float  # succeeded / wall_s
+    images_per_s: float  # succeeded * images per request / wall_s
+    latency: Stats  # seconds per successful request, as the client saw it (queueing included)
+
+
+@dataclass(frozen=True)
+class ServingResult:
+    """The app's cost on top of the engine, and its behaviour under concurrency."""
+
+    engine: Stats  # seconds per Generator.generate call (same arguments as the API call)
+    app: Stats  # seconds per gradio_client /generate call (HTTP, queue, PNG encoding, download)
+    overhead: float  # (app median - engine median) / engine median
+    target_overhead: float  # the goal: overhead <= this
+    meets_target: bool  # overhead <= target_overhead
+    queue_size: int  # the app's queue size (more waiting requests are rejected)
+    load: list[LoadResult]  # one per concurrency level
+    compiles_added: int  # XLA compilations during this whole part (must be 0)
+
+
+def launch_app(generator, queue_size: int):
+    """Build the app around a warm generator and serve it in this process on a free port."""
+    import app
+
+    demo = app.build_demo(generator, queue_size=queue_size)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    return demo
+
+
+def close_app(demo) -> None:
+    """Stop the server and remove its temporary files."""
+    import app
+
+    app.close_demo(demo)
+
+
+def make_client(url: str, download_dir: str):
+    """One API client, as a user's script would make it."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=download_dir)
+
+
+def serving_overhead(generator, client, runs: int) -> tuple[Stats, Stats]:
+    """Interleave engine-only and through-the-app calls with the same arguments; return (engine, app) seconds."""
+    kwargs = {"negative_prompt": NEGATIVE, "guidance_scale": 5.0}
+    client.predict(prompt=PROMPT, **kwargs, seed=0, randomize_seed=False, api_name="/generate")  # warm the path
+    engine_s, app_s = [], []
+    for run in range(runs):
+        seed = 2000 + run
+        t_app, _ = timed(
+            lambda seed=seed: client.predict(
+                prompt=PROMPT, **kwargs, style="No style", seed=seed, randomize_seed=False, api_name="/generate"
+            )
+        )
+        t_engine, _ = timed(lambda seed=seed: generator.generate(PROMPT, seed=seed, **kwargs))
+        app_s.append(t_app)
+        engine_s.append(t_engine)
+    return Stats.of(engine_s), Stats.of(app_s)
+
+
+def drive_load(
+    url: str,
+    *,
+    clients: int,
+    requests_per_client: int,
+    images_per_request: int,
+    style_names: Sequence[str],
+    timeout_s: float = 300,
+    seed: int = 0,
+    on_answer: Callable[[int], None] | None = None,
+) -> LoadResult:
+    """`clients` threads, each with its own Client, send random requests back to back; count every outcome."""
+    from gradio_client.utils import QueueError
+
+    download_dir = tempfile.mkdtemp(prefix="sdxl-bench-downloads-")
+    pool = [make_client(url, download_dir) for _ in range(clients)]  # connecting is not part of the measurement
+    lock = threading.Lock()
+    latencies: list[float] = []
+    failures: list[str] = []
+    rejections: list[str] = []
+    start = threading.Barrier(clients)
+
+    def worker(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        start.wait()
+        for _ in range(requests_per_client):
+            request = random_request(rng, style_names)
+            sent = time.perf_counter()
+            try:
+                pool[index].submit(**request, api_name="/generate").result(timeout=timeout_s)
+            except QueueError as exc:
+                with lock:
+                    rejections.append(str(exc))
+            except FutureTimeout:
+                with lock:
+                    failures.append(f"no answer within {timeout_s:g} s")
+            except Exception as exc:  # every other failure is counted, with its message
+                with lock:
+                    failures.append(f"{type(exc).__name__}: {exc}"[:200])
+            else:
+                with lock:
+                    latencies.append(time.perf_counter() - sent)
+                    done = len(latencies)
+                if on_answer:
+                    on_answer(done)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    shutil.rmtree(download_dir, ignore_errors=True)
+    for client in pool:
+        close = getattr(client, "close", None)
+        if close:
+            close()
+    succeeded = len(latencies)
+    return LoadResult(
+        clients=clients,
+        requests=clients * requests_per_client,
+        succeeded=succeeded,
+        failed=len(failures),
+        rejected=len(rejections),
+        failure_messages=sorted(set(failures)),
+        rejection_messages=sorted(set(rejections)),
+        wall_s=wall,
+        requests_per_s=succeeded / wall,
+        images_per_s=succeeded * images_per_request / wall,
+        latency=Stats.of(latencies),
+    )
+
+
+def through_the_app(
+    generator,
+    *,
+    runs: int,
+    client_counts: Sequence[int],
+    requests_per_client: int,
+    max_requests: int,
+    queue_size: int,
+    say: Progress = progress,
+) -> ServingResult:
+    """Serving overhead of one call, then load at each concurrency level (requests capped at max_requests)."""
+    from pipeline.styles import load_styles
+
+    style_names = list(load_styles())
+    compiles_before = generator.compile_count
+    demo = launch_app(generator, queue_size)
+    download_dir = tempfile.mkdtemp(prefix="sdxl-bench-downloads-")
+    try:
+        say(f"app: serving on {demo.local_url}; {runs} interleaved app/engine calls ...")
+        engine, app_stats = serving_overhead(generator, make_client(demo.local_url, download_dir), runs)
+        overhead = (app_stats.median - engine.median) / engine.median
+        say(f"app: engine {engine.median:.3f} s, app {app_stats.median:.3f} s, overhead {overhead:+.1%}")
+        load = []
+        for clients in client_counts:
+            per_client = max(1, min(requests_per_client, max_requests // clients))
+            say(f"app: {clients} concurrent clients x {per_client} requests ...")
+            result = drive_load(
+                demo.local_url,
+                clients=clients,
+                requests_per_client=per_client,
+                images_per_request=generator.num_images,
+                style_names=style_names,
+                seed=clients,
+            )
+            say(
+                f"app: {clients} clients: {result.requests_per_s:.2f} req/s, {result.images_per_s:.1f} images/s, "
+                f"p50 {result.latency.median:.2f} s, p95 {result.latency.p95:.2f} s, "
+                f"{result.failed} failed, {result.rejected} rejected"
+            )
+            load.append(result)
+    finally:
+        close_app(demo)
+        shutil.rmtree(download_dir, ignore_errors=True)
+    return ServingResult(
+        engine=engine,
+        app=app_stats,
+        overhead=overhead,
+        target_overhead=TARGET_OVERHEAD,
+        meets_target=overhead <= TARGET_OVERHEAD,
+        queue_size=queue_size,
+        load=load,
+        compiles_added=generator.compile_count - compiles_before,
+    )

@@ -1,0 +1,241 @@
+"""The web app end to end: a real tiny model on 8 virtual CPU devices, served by Gradio, called with gradio_client.
+
+One module-scoped server (compiled once) serves every test; a second one with a queue of size 1 checks that a full
+queue turns requests away with a busy message while the rest still succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+from conftest import free_port
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from gradio_client.utils import QueueError
+from PIL import Image
+
+import app
+from pipeline.styles import apply_style, load_examples, load_styles
+from pipeline.validation import InvalidInput, validate_request
+
+PROMPT = "a lighthouse on a cliff at dawn"
+
+
+@pytest.fixture(scope="module")
+def generator(engine):
+    """The session's warmed-up tiny generator (64x64, 2 steps, 8 devices): compiled once for every test module."""
+    return engine
+
+
+@pytest.fixture(scope="module")
+def demo(generator):
+    demo = app.build_demo(generator, queue_size=20)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield demo
+    app.close_demo(demo)
+
+
+@pytest.fixture(scope="module")
+def client(demo, tmp_path_factory):
+    return Client(demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+
+
+def images_of(gallery) -> list[pathlib.Path]:
+    return [pathlib.Path(item["image"]) for item in gallery]
+
+
+def parameters_of(path: pathlib.Path) -> str:
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.info["parameters"]
+
+
+def pixels_of(path: pathlib.Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def expected_error(**kwargs) -> str:
+    """The one sentence pipeline.validation gives for these inputs: the API must return exactly that."""
+    with pytest.raises(InvalidInput) as info:
+        validate_request(**{"prompt": PROMPT, **kwargs})
+    return str(info.value)
+
+
+def test_generate_with_prompt_only(client, generator):
+    gallery, seed, status = client.predict(prompt=PROMPT, api_name="/generate")
+    paths = images_of(gallery)
+    assert len(paths) == generator.num_images == 8
+    assert isinstance(seed, int) and 0 <= seed <= 2**32 - 1
+    assert status.startswith("8 images in ") and status.endswith(f"· seed {seed}")
+    for i, path in enumerate(paths):
+        text = parameters_of(path)  # downloaded through the API: Gradio kept the engine's PNG text chunk
+        assert text.startswith(PROMPT)
+        assert f"Seed: {(seed + i) % 2**32}," in text
+        assert "Size: 64x64" in text
+        assert pixels_of(path).shape == (64, 64, 3)
+    assert [item["caption"] for item in gallery] == [f"seed {(seed + i) % 2**32}" for i in range(8)]
+
+
+def test_same_seed_gives_identical_pixels(client):
+    kwargs = {"prompt": PROMPT, "seed": 1234, "randomize_seed": False, "api_name": "/generate"}
+    first, seed_a, _ = client.predict(**kwargs)
+    second, seed_b, status = client.predict(**kwargs)
+    assert seed_a == seed_b == 1234
+    assert status.endswith("· seed 1234")
+    for a, b in zip(images_of(first), images_of(second), strict=True):
+        np.testing.assert_array_equal(pixels_of(a), pixels_of(b))
+    # Different devices draw different noise: the eight images are not copies of each other.
+    assert not np.array_equal(pixels_of(images_of(first)[0]), pixels_of(images_of(first)[1]))
+
+
+def test_style_is_applied_and_recorded_in_png(client):
+    style = load_styles()["Cinematic"]
+    styled, styled_negative = apply_style(style, PROMPT, "blurry")
+    gallery, _, _ = client.predict(
+        prompt=PROMPT, negative_prompt="blurry", style="Cinematic", guidance_scale=7.5, api_name="/generate"
+    )
+    text = parameters_of(images_of(gallery)[0])
+    assert text.startswith(" ".join(styled.split()))
+    assert f"Negative prompt: {' '.join(styled_negative.split())}" in text
+    assert "CFG scale: 7.5" in text
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prompt": ""},
+        {"prompt": "   \n\t "},
+        {"guidance_scale": 1e9},
+        {"seed": -1, "randomize_seed": False},
+        {"style": "Not a style"},
+    ],
+    ids=["empty-prompt", "blank-prompt", "huge-guidance", "negative-seed", "unknown-style"],
+)
+def test_bad_input_gives_one_readable_sentence(client, kwargs):
+    message = expected_error(**kwargs)
+    with pytest.raises(AppError) as info:
+        client.predict(**{"prompt": PROMPT, **kwargs}, api_name="/generate")
+    assert str(info.value) == message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_next_request_works_after_errors(client):
+    with pytest.raises(AppError, match="Please enter a prompt."):
+        client.predict(prompt="", api_name="/generate")
+    gallery, _, _ = client.predict(prompt=PROMPT, api_name="/generate")
+    assert len(gallery) == 8
+
+
+def test_server_fault_is_reported_and_recovered(client, demo, caplog):
+    """Break the app's PNG directory (a real fault, nothing mocked): generic error, traceback logged, then recovery."""
+    files = demo.sdxl_files
+    shutil.rmtree(files.root)
+    with caplog.at_level("ERROR", logger="sdxl_jax.app"), pytest.raises(AppError) as info:
+        client.predict(prompt=PROMPT, api_name="/generate")
+    assert str(info.value) == app.GENERATION_FAILED
+    assert any(record.exc_info for record in caplog.records if record.name == "sdxl_jax.app")
+    files.root.mkdir()
+    gallery, _, _ = client.predict(prompt=PROMPT, api_name="/generate")
+    assert len(gallery) == 8
+
+
+def test_api_parameters_are_named_with_defaults(client):
+    info = client.view_api(print_info=False, return_format="dict")
+    params = info["named_endpoints"]["/generate"]["parameters"]
+    names = [p["parameter_name"] for p in params]
+    assert names == ["prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed"]
+    assert [p["parameter_has_default"] for p in params] == [False, True, True, True, True, True]
+
+
+def test_page_shows_device_line_and_allows_embedding(demo, generator):
+    response = httpx.get(demo.local_url)
+    assert response.status_code == 200
+    assert f"Running on {generator.device_summary}" in response.text  # the page HTML embeds the config
+    headers = {k.lower(): v for k, v in response.headers.items()}
+    assert "x-frame-options" not in headers
+    assert "frame-ancestors" not in headers.get("content-security-policy", "")
+    config = httpx.get(demo.local_url.rstrip("/") + "/config").json()
+    texts = json.dumps(config, ensure_ascii=False)
+    assert f"Running on {generator.device_summary}" in texts
+    assert "Running on 8 × cpu" in texts
+    for example in load_examples():
+        assert example in texts
+    # A page on another local origin (an embedding site) may call the app: CORS answers for that origin.
+    origin = "http://127.0.0.1:1"
+    preflight = httpx.options(
+        demo.local_url.rstrip("/") + "/gradio_api/queue/join",
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.headers.get("access-control-allow-origin") == origin
+
+
+def test_full_queue_turns_requests_away(generator):
+    demo = app.build_demo(generator, queue_size=1)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        jobs = [client.submit(prompt=f"{PROMPT} {i}", api_name="/generate") for i in range(5)]
+        done, rejected = [], []
+        for job in jobs:
+            try:
+                done.append(job.result(timeout=120))
+            except QueueError as exc:  # gradio_client's answer to HTTP 503 from /queue/join
+                rejected.append(exc)
+        assert done, "at least one request must be served"
+        assert rejected, "a queue of 1 must turn some of 5 simultaneous requests away"
+        assert all("Queue is full" in str(exc) for exc in rejected), rejected
+        assert all(len(result[0]) == 8 for result in done)
+    finally:
+        app.close_demo(demo)
+
+
+def test_gallery_columns_fit_the_count():
+    assert [app.gallery_columns(n) for n in (1, 2, 4, 8, 16, 32)] == [1, 2, 2, 4, 4, 8]
+
+
+def test_cli_reads_env_and_flag_wins(monkeypatch):
+    monkeypatch.setenv("SDXL_MODEL", "tiny")
+    monkeypatch.setenv("SDXL_STEPS", "3")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "9000")
+    args = app.parse_args(["--port", "9001"])
+    assert (args.model, args.steps, args.port, args.host) == ("tiny", 3, 9001, "127.0.0.1")
+    assert (args.height, args.width, args.queue_size, args.share) == (128, 128, 20, False)
+    monkeypatch.delenv("SDXL_MODEL")
+    args = app.parse_args([])
+    assert (args.model, args.height) == ("stabilityai/stable-diffusion-xl-base-1.0", None)
+
+
+def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
+    missing = tmp_path / "no-such-model"
+    assert app.main(["--model", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("app.py: error: ") and str(missing) in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_long_prompt_warns_about_truncation(client):
+    long_prompt = " ".join(f"word{i}" for i in range(120))
+    gallery, _, status = client.predict(prompt=long_prompt, api_name="/generate")
+    assert len(gallery) == 8
+    assert "⚠️" in status.splitlines()[-1]
+
+
+def test_prompt_filter_blocks_with_its_message(generator):
+    import gradio as gr
+
+    from pipeline.validation import PromptFilter
+
+    files = app._RunFiles()
+    try:
+        generate = app.make_generate_fn(generator, load_styles(), PromptFilter(["spam"]), files)
+        with pytest.raises(gr.Error) as info:
+            generate("Spam! and eggs")
+        assert info.value.message == PromptFilter.MESSAGE
+    finally:
+        files.cleanup()
