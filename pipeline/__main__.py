@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .compilation import CompileCounter
     from .generator import Generator
     from .validation import resolve_seed
 
@@ -77,6 +78,8 @@ def _generate(args: argparse.Namespace) -> int:
         "devices": generator.device_summary,
         "timings": {**generator.load_timings, **warmup, **{f"call_{k}": v for k, v in result.timings.items()}},
         "process_s": time.perf_counter() - started,
+        "compiles": CompileCounter.compiles(),  # programs this process built, compiled or loaded from the cache
+        "compilation_cache_hits": CompileCounter.cache_hits(),  # of those, loaded from the persistent cache
         "truncated": result.truncated,
     }
     if args.json:

@@ -51,7 +51,11 @@ def configure_compilation_cache(enabled: bool = True) -> Path | None:
 
 
 class CompileCounter:
-    """Counts XLA compilations (and persistent-cache hits) in this process, from JAX's own monitoring events."""
+    """Counts XLA compilations in this process, from JAX's own monitoring events.
+
+    `compiles()` counts every program JAX had to build (JAX records its compile event whether the executable was
+    compiled or loaded from the persistent cache); `cache_hits()` counts those the persistent cache served.
+    """
 
     _lock = threading.Lock()
     _compiles = 0

@@ -89,3 +89,22 @@ def test_make_tiny_writes_a_loadable_checkpoint(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tiny" / "model_index.json").is_file()
     assert (tmp_path / "tiny" / "unet" / "diffusion_flax_model.msgpack").is_file()
+
+
+@pytest.mark.slow
+def test_restart_reuses_the_persistent_compilation_cache(tiny_dir, tmp_path):
+    """A second process compiles nothing from scratch: every program comes from JAX_COMPILATION_CACHE_DIR."""
+    args = ["generate", "--model", str(tiny_dir), "--prompt", "a cat", "--steps", "2", "--height", "64"]
+    args += ["--width", "64", "--dtype", "float32", "--json"]
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+    cold = run_cli(*args, "--out", str(tmp_path / "a"), env=env)
+    assert cold.returncode == 0, cold.stderr
+    assert json.loads(cold.stdout)["compiles"] >= 1 and any((tmp_path / "cache").iterdir())
+    warm = run_cli(*args, "--out", str(tmp_path / "b"), env=env)
+    assert warm.returncode == 0, warm.stderr
+    summary = json.loads(warm.stdout)
+    assert summary["compiles"] >= 1 and summary["compilation_cache_hits"] == summary["compiles"]
+    # Off means off: nothing read from or written to the cache.
+    off = run_cli(*args, "--no-compilation-cache", "--out", str(tmp_path / "c"), env=env)
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["compiles"] >= 1 and json.loads(off.stdout)["compilation_cache_hits"] == 0
