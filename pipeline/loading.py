@@ -38,17 +38,22 @@ _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 
 class _FlaxDeprecationFilter(logging.Filter):
-    """Drop diffusers' "Flax classes are deprecated" warning, printed once per module built: the pin is deliberate."""
+    """Drop diffusers' and transformers' "... classes are deprecated" notices: the pins are deliberate."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Flax classes are deprecated" not in record.getMessage()
+        return "classes are deprecated and will be removed" not in record.getMessage()
 
 
 def quiet_diffusers_deprecation() -> None:
-    """diffusers 0.39 is the last release with Flax (see requirements.txt); its deprecation notice is noise here."""
+    """diffusers 0.39 / transformers 4.57 are the last releases with Flax; requirements.txt says why they are pinned."""
     from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
 
-    for handler in diffusers_logging.get_logger("diffusers").handlers:  # records from child loggers pass handlers
+    handlers = [
+        *diffusers_logging.get_logger("diffusers").handlers,
+        *transformers_logging.get_logger("transformers").handlers,
+    ]
+    for handler in handlers:  # records from the libraries' child loggers reach these handlers
         if not any(isinstance(f, _FlaxDeprecationFilter) for f in handler.filters):
             handler.addFilter(_FlaxDeprecationFilter())
 

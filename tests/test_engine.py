@@ -128,3 +128,15 @@ def test_per_device_batch_two_on_four_devices(tiny_dir, engine):
     assert result.seeds == list(range(21, 29))
     reference = pixels(engine.generate("a red kite over the dunes", seed=21)).astype(int)
     assert np.abs(pixels(result).astype(int) - reference).max() <= 1
+
+
+def test_bfloat16_generation_is_close_to_float32(tiny_dir, engine):
+    """The accelerator default (bf16 weights and activations, f32 scheduler and latents) gives sane images."""
+    bf16 = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="bfloat16"
+    )
+    assert bf16.config.dtype == "bfloat16"
+    got = pixels(bf16.generate("a cat", seed=1)).astype(int)
+    expected = pixels(engine.generate("a cat", seed=1)).astype(int)
+    assert got.std() > 10  # not a flat (black or grey) image
+    assert np.abs(got - expected).mean() < 8  # a few 8-bit levels of bf16 rounding, no more
