@@ -38,8 +38,11 @@ def test_checkpoint_without_flax_weights(tiny_dir, tmp_path):
 
 
 def test_hub_id_without_network(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as this machine: no route to the Hub
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    import huggingface_hub.constants
+
+    # As this machine (no route to the Hub), without waiting for connection retries, and never a 7 GB download.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError) as error:
         load_model(SDXL_BASE, dtype="bfloat16")
     message = str(error.value)
