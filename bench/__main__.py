@@ -19,6 +19,7 @@ import glob
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak")
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
+    # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.
+    warnings.filterwarnings("ignore", message=".*HTTP_422_UNPROCESSABLE_ENTITY.*")
     from .common import progress
     from .report import chart, markdown, write_json
 

@@ -35,6 +35,8 @@ class EngineVsReference:
     ratio: float  # engine median / reference median (lower is better)
     target_ratio: float  # the goal: ratio <= this
     meets_target: bool  # ratio <= target_ratio
+    engine_host: Stats  # seconds of each engine call spent on the host (tokenize, transfer in, PIL + PNG text)
+    reference_host: Stats  # seconds of each reference call on the host (prepare_inputs, replicate, keys, PIL)
     reference_load_s: float  # seconds to load + cast + replicate the reference's params
     reference_first_call_s: float  # the reference's first call (pmap compile + run)
 
@@ -56,13 +58,18 @@ def load_reference(model: str, dtype: str):
     return pipe, replicate(params)
 
 
-def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width):
-    """One user-visible call of the reference, exactly as the seed documents write it: PIL images out."""
+def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width, host=None):
+    """One user-visible call of the reference, exactly as the seed documents write it: PIL images out.
+
+    When `host` is a list, the seconds spent outside the pipeline call (inputs before, PIL after) are appended.
+    """
     from flax.jax_utils import replicate
 
+    started = time.perf_counter()
     prompt_ids = replicate(pipe.prepare_inputs(prompt))
     neg_prompt_ids = replicate(pipe.prepare_inputs(negative_prompt))
     rng = jax.random.split(jax.random.PRNGKey(seed), jax.device_count())
+    prepared = time.perf_counter()
     images = pipe(
         prompt_ids,
         p_params,
@@ -75,7 +82,12 @@ def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_sc
         jit=True,
     ).images
     images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
-    return pipe.numpy_to_pil(np.array(images))
+    pixels = np.array(images)
+    converted = time.perf_counter()
+    pil_images = pipe.numpy_to_pil(pixels)
+    if host is not None:
+        host.append((prepared - started) + (time.perf_counter() - converted))
+    return pil_images
 
 
 def engine_vs_reference(generator, runs: int, say: Progress = progress) -> EngineVsReference:
@@ -94,17 +106,25 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
     if len(images) != generator.num_images:
         raise RuntimeError(f"reference returned {len(images)} images, the engine {generator.num_images}")
     generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=0, guidance_scale=GUIDANCE)  # engine warm too
-    engine_s, reference_s = [], []
+    engine_s, reference_s, engine_host, reference_host = [], [], [], []
     for run in range(runs):
         seed = 1000 + run
-        t_engine, _ = timed(
+        t_engine, result = timed(
             lambda seed=seed: generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=seed, guidance_scale=GUIDANCE)
         )
         t_reference, _ = timed(
             lambda seed=seed: reference_call(
-                pipe, p_params, prompt=PROMPT, negative_prompt=NEGATIVE, seed=seed, guidance_scale=GUIDANCE, **kwargs
+                pipe,
+                p_params,
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                seed=seed,
+                guidance_scale=GUIDANCE,
+                host=reference_host,
+                **kwargs,
             )
         )
+        engine_host.append(result.timings["host_s"])
         engine_s.append(t_engine)
         reference_s.append(t_reference)
         say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {t_reference:.3f} s")
@@ -120,6 +140,8 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
         ratio=ratio,
         target_ratio=TARGET_RATIO,
         meets_target=ratio <= TARGET_RATIO,
+        engine_host=Stats.of(engine_host),
+        reference_host=Stats.of(reference_host),
         reference_load_s=load_s,
         reference_first_call_s=first_s,
     )

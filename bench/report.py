@@ -13,7 +13,13 @@ from .common import Stats
 
 CHART_WIDTH = 960
 BAR_HEIGHT = 26
-COLORS = {"engine": (109, 40, 217), "reference": (148, 163, 184), "cold": (234, 88, 12), "warm": (22, 163, 74)}
+COLORS = {
+    "engine": (109, 40, 217),
+    "reference": (148, 163, 184),
+    "app": (37, 99, 235),
+    "cold": (234, 88, 12),
+    "warm": (22, 163, 74),
+}
 
 
 def to_jsonable(value):
@@ -69,6 +75,9 @@ def markdown(results: dict) -> str:
             f"| **ratio engine / reference** | **{ref.ratio:.2f}** (target ≤ {ref.target_ratio}) | "
             f"{_verdict(ref.meets_target)} |",
             "",
+            f"Host-side part of each call (everything but the compiled program and its transfers): engine "
+            f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}.",
+            "",
             f"{ref.images_per_call} images per call; the reference loaded in {ref.reference_load_s:.1f} s and its "
             f"first call (pmap compile) took {ref.reference_first_call_s:.1f} s.",
             "",
@@ -96,6 +105,8 @@ def markdown(results: dict) -> str:
             "|---|---|",
             f"| engine only | {_ms(sv.engine)} |",
             f"| through the app (HTTP, queue, PNGs, download) | {_ms(sv.app)} |",
+            f"| … of which: the same call without downloading the images | {_ms(sv.app_no_download)} |",
+            f"| … of which: writing the PNGs (engine result -> files, in the app) | {_ms(sv.png_save)} |",
             f"| **serving overhead** | **{sv.overhead:+.1%}** (target ≤ {sv.target_overhead:.0%}) "
             f"{_verdict(sv.meets_target)} |",
             "",
@@ -207,15 +218,15 @@ def chart(results: dict, path: Path) -> Path | None:
         latency.append(("engine generate()", ref.engine, COLORS["engine"]))
         latency.append(("diffusers reference pipeline", ref.reference, COLORS["reference"]))
     if sv is not None:
-        latency.append(("through the app (gradio_client)", sv.app, COLORS["warm"]))
+        latency.append(("through the app (gradio_client)", sv.app, COLORS["app"]))
     if latency:
         bars = [(label, s.median, s.min, s.max, color) for label, s, color in latency]
-        panels.append((f"Per-call latency, {results['setup']['shape']} (median, min–max)", bars, "s"))
+        panels.append((f"Per-call latency, {results['setup']['shape']} (median, bar = min-max)", bars, "s"))
     if st is not None:
         bars = [
-            ("cold cache: start → first image", st.cold.first_image_s, st.cold.first_image_s, st.cold.first_image_s,
+            ("cold cache: start -> first image", st.cold.first_image_s, st.cold.first_image_s, st.cold.first_image_s,
              COLORS["cold"]),
-            ("warm cache: start → first image", st.warm.first_image_s, st.warm.first_image_s, st.warm.first_image_s,
+            ("warm cache: start -> first image", st.warm.first_image_s, st.warm.first_image_s, st.warm.first_image_s,
              COLORS["warm"]),
             ("cold: compile phase", st.cold.compile_s, st.cold.compile_s, st.cold.compile_s, COLORS["cold"]),
             ("warm: compile phase", st.warm.compile_s, st.warm.compile_s, st.warm.compile_s, COLORS["warm"]),
@@ -223,7 +234,7 @@ def chart(results: dict, path: Path) -> Path | None:
         panels.append((f"Start-up, new process (warm/cold = {st.ratio:.0%})", bars, "s"))
     if not panels:
         return None
-    height = 40 + sum(48 + len(bars) * (BAR_HEIGHT + 12) + 16 for _, bars, _ in panels)
+    height = 24 + sum(48 + len(bars) * (BAR_HEIGHT + 12) for _, bars, _ in panels)
     image = Image.new("RGB", (CHART_WIDTH, height), "white")
     draw = ImageDraw.Draw(image)
     top = 20

@@ -48,6 +48,8 @@ class ServingResult:
 
     engine: Stats  # seconds per Generator.generate call (same arguments as the API call)
     app: Stats  # seconds per gradio_client /generate call (HTTP, queue, PNG encoding, download)
+    app_no_download: Stats  # the same call from a client that does not download the images (download_files=False)
+    png_save: Stats  # seconds the app spends writing one call's PNGs (GenerationResult.save_pngs), timed apart
     overhead: float  # (app median - engine median) / engine median
     target_overhead: float  # the goal: overhead <= this
     meets_target: bool  # overhead <= target_overhead
@@ -79,22 +81,27 @@ def make_client(url: str, download_dir: str):
     return Client(url, verbose=False, download_files=download_dir)
 
 
-def serving_overhead(generator, client, runs: int) -> tuple[Stats, Stats]:
-    """Interleave engine-only and through-the-app calls with the same arguments; return (engine, app) seconds."""
+def serving_overhead(generator, client, bare_client, runs: int) -> dict[str, Stats]:
+    """Interleave engine-only and through-the-app calls with the same arguments; seconds of each kind.
+
+    `bare_client` does not download the images, and the PNG writing is timed on its own, to split the overhead.
+    """
     kwargs = {"negative_prompt": NEGATIVE, "guidance_scale": 5.0}
-    client.predict(prompt=PROMPT, **kwargs, seed=0, randomize_seed=False, api_name="/generate")  # warm the path
-    engine_s, app_s = [], []
-    for run in range(runs):
-        seed = 2000 + run
-        t_app, _ = timed(
-            lambda seed=seed: client.predict(
-                prompt=PROMPT, **kwargs, style="No style", seed=seed, randomize_seed=False, api_name="/generate"
+    api = {"style": "No style", "randomize_seed": False, "api_name": "/generate"}
+    for warm in (client, bare_client):
+        warm.predict(prompt=PROMPT, **kwargs, seed=0, **api)
+    times: dict[str, list[float]] = {"engine": [], "app": [], "app_no_download": [], "png_save": []}
+    with tempfile.TemporaryDirectory(prefix="sdxl-bench-png-") as png_dir:
+        for run in range(runs):
+            seed = 2000 + run
+            times["app"].append(timed(lambda s=seed: client.predict(prompt=PROMPT, **kwargs, seed=s, **api))[0])
+            t_engine, result = timed(lambda s=seed: generator.generate(PROMPT, seed=s, **kwargs))
+            times["engine"].append(t_engine)
+            times["png_save"].append(timed(lambda r=result, d=f"{png_dir}/{run}": r.save_pngs(d))[0])
+            times["app_no_download"].append(
+                timed(lambda s=seed: bare_client.predict(prompt=PROMPT, **kwargs, seed=s, **api))[0]
             )
-        )
-        t_engine, _ = timed(lambda seed=seed: generator.generate(PROMPT, seed=seed, **kwargs))
-        app_s.append(t_app)
-        engine_s.append(t_engine)
-    return Stats.of(engine_s), Stats.of(app_s)
+    return {name: Stats.of(values) for name, values in times.items()}
 
 
 def drive_load(
@@ -190,9 +197,16 @@ def through_the_app(
     download_dir = tempfile.mkdtemp(prefix="sdxl-bench-downloads-")
     try:
         say(f"app: serving on {demo.local_url}; {runs} interleaved app/engine calls ...")
-        engine, app_stats = serving_overhead(generator, make_client(demo.local_url, download_dir), runs)
+        from gradio_client import Client
+
+        bare = Client(demo.local_url, verbose=False, download_files=False)
+        stats = serving_overhead(generator, make_client(demo.local_url, download_dir), bare, runs)
+        engine, app_stats = stats["engine"], stats["app"]
         overhead = (app_stats.median - engine.median) / engine.median
-        say(f"app: engine {engine.median:.3f} s, app {app_stats.median:.3f} s, overhead {overhead:+.1%}")
+        say(
+            f"app: engine {engine.median:.3f} s, app {app_stats.median:.3f} s (no download "
+            f"{stats['app_no_download'].median:.3f} s, PNGs {stats['png_save'].median:.3f} s), overhead {overhead:+.1%}"
+        )
         load = []
         for clients in client_counts:
             per_client = max(1, min(requests_per_client, max_requests // clients))
@@ -217,6 +231,8 @@ def through_the_app(
     return ServingResult(
         engine=engine,
         app=app_stats,
+        app_no_download=stats["app_no_download"],
+        png_save=stats["png_save"],
         overhead=overhead,
         target_overhead=TARGET_OVERHEAD,
         meets_target=overhead <= TARGET_OVERHEAD,

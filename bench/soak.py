@@ -40,6 +40,7 @@ class SoakResult:
     rss_before_mb: float  # resident memory after the warm-up, before the measured phase
     rss_after_mb: float  # resident memory after the measured phase (after gc)
     rss_growth_mb: float  # after - before
+    rss_samples_mb: list[tuple[int, float]]  # (requests answered, RSS MiB without gc) every 50 answers: leak or plateau
     max_rss_growth_mb: float  # the bound the growth must stay under
     compiles_added: int  # XLA compilations during warm-up and soak (must be 0)
     wall_s: float  # measured phase, first request -> last answer
@@ -58,12 +59,17 @@ class SoakResult:
         )
 
 
-def rss_mb() -> float:
-    """This process's resident memory, MiB, after a garbage collection."""
+def current_rss_mb() -> float:
+    """This process's resident memory now, MiB."""
     import psutil
 
-    gc.collect()
     return psutil.Process().memory_info().rss / 2**20
+
+
+def rss_mb() -> float:
+    """This process's resident memory, MiB, after a garbage collection."""
+    gc.collect()
+    return current_rss_mb()
 
 
 def soak(
@@ -98,9 +104,12 @@ def soak(
         per_client = math.ceil(requests / clients)
         say(f"soak: RSS {rss_before:.0f} MiB; {clients} clients x {per_client} requests ...")
 
+        samples: list[tuple[int, float]] = [(0, rss_before)]
+
         def report(done: int) -> None:
             if done % 50 == 0:
-                say(f"soak: {done} requests answered")
+                samples.append((done, current_rss_mb()))
+                say(f"soak: {done} requests answered, RSS {samples[-1][1]:.0f} MiB")
 
         load = drive_load(
             demo.local_url,
@@ -132,6 +141,7 @@ def soak(
         rss_before_mb=rss_before,
         rss_after_mb=rss_after,
         rss_growth_mb=rss_after - rss_before,
+        rss_samples_mb=[*samples, (load.succeeded, rss_after)],
         max_rss_growth_mb=MAX_RSS_GROWTH_MB,
         compiles_added=generator.compile_count - compiles_before,
         wall_s=load.wall_s,

@@ -134,7 +134,7 @@ class Generator:
 
     @property
     def compile_count(self) -> int:
-        """XLA compilations in this process since this generator was created."""
+        """Programs XLA built in this process since this generator was created (compiled, or loaded from the cache)."""
         return CompileCounter.compiles() - self._compiles_at_start
 
     def _check_shape(self) -> None:

@@ -2,7 +2,9 @@
 
 Parameters are replicated (each device holds a full copy, placed once at start-up); batch arrays are split over
 `data` so each device denoises its own images. This is what `flax.jax_utils.replicate` + `pmap` did in the seed
-documents, in the `jax.sharding` form that also spans several hosts (`jax.distributed`) unchanged.
+documents, in the `jax.sharding` form current JAX recommends. The mesh and the program would span several hosts
+(`jax.distributed`) as they are; feeding them would need `jax.make_array_from_process_local_data` instead of
+`device_put`, which this single-host server does not do yet.
 """
 
 from __future__ import annotations
