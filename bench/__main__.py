@@ -27,7 +27,12 @@ DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0].strip("`"))
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Measure the engine, its start-up, the app around it, and the hardware limit.",
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
     add("--model", default="tiny", help="Hub id, local diffusers Flax directory, or 'tiny' (default tiny)")
     add("--height", type=int, default=128, help="image height (default 128)")

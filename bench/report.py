@@ -221,7 +221,7 @@ def chart(results: dict, path: Path) -> Path | None:
         latency.append(("through the app (gradio_client)", sv.app, COLORS["app"]))
     if latency:
         bars = [(label, s.median, s.min, s.max, color) for label, s, color in latency]
-        panels.append((f"Per-call latency, {results['setup']['shape']} (median, bar = min-max)", bars, "s"))
+        panels.append((f"Per-call latency, {results['setup']['shape']} (median; whisker = min-max)", bars, "s"))
     if st is not None:
         bars = [
             ("cold cache: start -> first image", st.cold.first_image_s, st.cold.first_image_s, st.cold.first_image_s,
