@@ -52,10 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from .compilation import CompileCounter
     from .generator import Generator
-    from .validation import resolve_seed
+    from .validation import check_guidance, clean_text, resolve_seed
 
-    randomize = str(args.seed).strip().lower() in ("random", "randomize", "-1")
+    # Check what the user typed before spending time on loading and compiling.
+    randomize = str(args.seed).strip().lower() in ("random", "randomize")
     seed = resolve_seed(None if randomize else args.seed, randomize=randomize)
+    prompt = clean_text(args.prompt, field="prompt")
+    negative_prompt = clean_text(args.negative_prompt, field="negative prompt")
+    guidance_scale = check_guidance(args.guidance_scale)
     started = time.perf_counter()
     generator = Generator.from_pretrained(
         args.model,
@@ -68,9 +72,7 @@ def _generate(args: argparse.Namespace) -> int:
         compilation_cache=not args.no_compilation_cache,
     )
     warmup = generator.warmup()
-    result = generator.generate(
-        args.prompt, negative_prompt=args.negative_prompt, seed=seed, guidance_scale=args.guidance_scale
-    )
+    result = generator.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale)
     paths = result.save_pngs(args.out)
     summary = {
         "images": [str(p) for p in paths],
