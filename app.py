@@ -423,6 +423,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
+    logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     args = parse_args(argv)
     try:
         prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None

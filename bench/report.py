@@ -96,6 +96,10 @@ def markdown(results: dict) -> str:
             f"| **ratio warm / cold** | **{st.ratio:.0%}** (target ≤ {st.target_ratio:.0%}) | "
             f"{_verdict(st.meets_target)} |",
             "",
+            f"The web app (`python app.py`, until it prints its URL: loaded, compiled, warmed up, serving): "
+            f"{st.app_cold_ready_s:.1f} s with an empty compilation cache, {st.app_warm_ready_s:.1f} s with a warm one "
+            f"({st.app_warm_ready_s / st.app_cold_ready_s:.0%}).",
+            "",
         ]
     if (sv := results.get("serving")) is not None:
         lines += [
@@ -107,6 +111,7 @@ def markdown(results: dict) -> str:
             f"| through the app (HTTP, queue, PNGs, download) | {_ms(sv.app)} |",
             f"| … of which: the same call without downloading the images | {_ms(sv.app_no_download)} |",
             f"| … of which: writing the PNGs (engine result -> files, in the app) | {_ms(sv.png_save)} |",
+            f"| for scale: an echo endpoint through Gradio's queue and gradio_client | {_ms(sv.gradio_floor)} |",
             f"| **serving overhead** | **{sv.overhead:+.1%}** (target ≤ {sv.target_overhead:.0%}) "
             f"{_verdict(sv.meets_target)} |",
             "",

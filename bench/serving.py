@@ -50,6 +50,7 @@ class ServingResult:
     app: Stats  # seconds per gradio_client /generate call (HTTP, queue, PNG encoding, download)
     app_no_download: Stats  # the same call from a client that does not download the images (download_files=False)
     png_save: Stats  # seconds the app spends writing one call's PNGs (GenerationResult.save_pngs), timed apart
+    gradio_floor: Stats  # a do-nothing echo endpoint with the same queue, through gradio_client: Gradio's own cost
     overhead: float  # (app median - engine median) / engine median
     target_overhead: float  # the goal: overhead <= this
     meets_target: bool  # overhead <= target_overhead
@@ -102,6 +103,23 @@ def serving_overhead(generator, client, bare_client, runs: int) -> dict[str, Sta
                 timed(lambda s=seed: bare_client.predict(prompt=PROMPT, **kwargs, seed=s, **api))[0]
             )
     return {name: Stats.of(values) for name, values in times.items()}
+
+
+def gradio_floor(runs: int) -> Stats:
+    """Seconds per call of an echo endpoint (queue, concurrency 1) via gradio_client: what any Gradio app costs."""
+    import gradio as gr
+    from gradio_client import Client
+
+    with gr.Blocks(analytics_enabled=False) as echo_demo:
+        text_in, text_out = gr.Textbox(), gr.Textbox()
+        text_in.submit(lambda text: text, text_in, text_out, api_name="echo", concurrency_limit=1)
+    echo_demo.queue(max_size=20).launch(server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(echo_demo.local_url, verbose=False)
+        client.predict("warm-up", api_name="/echo")
+        return Stats.of([timed(lambda: client.predict("hello", api_name="/echo"))[0] for _ in range(max(runs, 5))])
+    finally:
+        echo_demo.close()
 
 
 def drive_load(
@@ -207,6 +225,8 @@ def through_the_app(
             f"app: engine {engine.median:.3f} s, app {app_stats.median:.3f} s (no download "
             f"{stats['app_no_download'].median:.3f} s, PNGs {stats['png_save'].median:.3f} s), overhead {overhead:+.1%}"
         )
+        floor = gradio_floor(runs)
+        say(f"app: Gradio's own floor (echo endpoint via gradio_client) {floor.median * 1000:.0f} ms per call")
         load = []
         for clients in client_counts:
             per_client = max(1, min(requests_per_client, max_requests // clients))
@@ -233,6 +253,7 @@ def through_the_app(
         app=app_stats,
         app_no_download=stats["app_no_download"],
         png_save=stats["png_save"],
+        gradio_floor=floor,
         overhead=overhead,
         target_overhead=TARGET_OVERHEAD,
         meets_target=overhead <= TARGET_OVERHEAD,

@@ -2,13 +2,16 @@
 
 Each measurement is a fresh `python -m pipeline generate --json` subprocess (what a restarted server does), timed
 from outside; the CLI reports its own phases (load, cast, replicate, compile, first run), and the rest of the
-process wall time is interpreter start-up, imports and exit.
+process wall time is interpreter start-up, imports and exit. The same pair is measured for the web app:
+`python app.py` until it prints its URL (loaded, compiled, warmed up and serving).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,8 @@ class StartupResult:
     target_ratio: float  # the goal: ratio <= this
     meets_target: bool  # ratio <= target_ratio
     cache_entries: int  # files the cold run wrote into the cache directory
+    app_cold_ready_s: float  # `python app.py` -> "Running on <url>" with an empty compilation cache
+    app_warm_ready_s: float  # the same with the cache the app's cold run filled
 
 
 def cli_command(model: str, height: int, width: int, steps: int, dtype: str, out: Path) -> list[str]:
@@ -73,10 +78,42 @@ def start_once(command: list[str], cache_dir: Path, cache: str, timeout_s: float
     return StartupRun(cache, wall, imports, *phases, first_image_s=imports + sum(phases))
 
 
+def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,
+                   timeout_s: float) -> float:  # fmt: skip
+    """Seconds from starting `python app.py` to its "Running on" line; the app is then stopped with SIGTERM."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "app.py", "--model", model, "--height", str(height), "--width", str(width),
+        "--steps", str(steps), "--dtype", dtype, "--port", str(port),
+    ]  # fmt: skip
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in process.stdout:
+            if line.startswith("Running on"):
+                return time.perf_counter() - started
+            if time.perf_counter() - started > timeout_s:
+                break
+        raise RuntimeError(f"app did not start (exit code {process.poll()})")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,
             timeout_s: float = 600) -> StartupResult:  # fmt: skip
-    """Cold then warm start in separate processes sharing one fresh cache directory."""
+    """Cold then warm start in separate processes sharing one fresh cache directory (CLI, then the app)."""
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-cache-") as tmp:
+        say("start-up: app, cold (empty compilation cache) ...")
+        app_cold = app_ready_once(model, height, width, steps, dtype, Path(tmp) / "app-cache", timeout_s)
+        app_warm = app_ready_once(model, height, width, steps, dtype, Path(tmp) / "app-cache", timeout_s)
+        say(f"start-up: app ready in {app_cold:.1f} s cold, {app_warm:.1f} s warm")
         cache_dir, out = Path(tmp) / "cache", Path(tmp) / "images"
         command = cli_command(model, height, width, steps, dtype, out)
         say("start-up: cold process (empty compilation cache) ...")
@@ -86,4 +123,4 @@ def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Pr
         warm = start_once(command, cache_dir, "warm", timeout_s)
         say(f"start-up: warm first image {warm.first_image_s:.1f} s")
     ratio = warm.first_image_s / cold.first_image_s
-    return StartupResult(cold, warm, ratio, TARGET_RATIO, ratio <= TARGET_RATIO, entries)
+    return StartupResult(cold, warm, ratio, TARGET_RATIO, ratio <= TARGET_RATIO, entries, app_cold, app_warm)

@@ -52,11 +52,12 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
         for phase in ("imports_s", "load_s", "compile_s", "first_run_s", "first_image_s", "process_wall_s"):
             assert positive(startup[run][phase]), (run, phase)
     assert startup["cache_entries"] > 0
+    assert positive(startup["app_cold_ready_s"]) and positive(startup["app_warm_ready_s"])
     assert startup["ratio"] == pytest.approx(startup["warm"]["first_image_s"] / startup["cold"]["first_image_s"])
 
     serving = results["serving"]
     assert positive(serving["engine"]["median"]) and positive(serving["app"]["median"])
-    assert serving["compiles_added"] == 0
+    assert serving["compiles_added"] == 0 and positive(serving["gradio_floor"]["median"])
     assert [level["clients"] for level in serving["load"]] == [1, 2]
     for level in serving["load"]:
         assert level["failed"] == 0 and level["rejected"] == 0 and level["succeeded"] == level["requests"]
