@@ -16,18 +16,20 @@ from bench.soak import MAX_RSS_GROWTH_MB, soak, soak_summary, write_soak_json
 ARTIFACT = Path(__file__).resolve().parent.parent / "artifacts" / "soak.json"
 REQUESTS = 208  # 16 clients x 13 requests
 CLIENTS = 16
+QUEUE_SIZE = 8  # smaller than the number of clients, so the queue fills and the busy path is exercised too
 
 
 @pytest.mark.soak
 @pytest.mark.filterwarnings("ignore:.*HTTP_422_UNPROCESSABLE_ENTITY")  # Gradio 6.17 vs Starlette, on every request
 def test_app_holds_under_load(engine):
-    result = soak(engine, requests=REQUESTS, clients=CLIENTS, queue_size=20, timeout_s=300)
+    result = soak(engine, requests=REQUESTS, clients=CLIENTS, queue_size=QUEUE_SIZE, timeout_s=300)
     write_soak_json(result, ARTIFACT)
     print("\n" + soak_summary(result) + f"\nwritten to {ARTIFACT}")
 
     assert result.requests >= 200 and result.clients == CLIENTS
     assert result.failures == 0, result.failure_messages
     assert result.succeeded + result.rejections == result.requests
+    assert result.rejections > 0 and result.succeeded >= REQUESTS // 2  # busy answers happen, most requests served
     assert all(BUSY_MESSAGE in message for message in result.rejection_messages), result.rejection_messages
     assert result.compiles_added == 0
     assert result.rss_growth_mb < MAX_RSS_GROWTH_MB, f"RSS grew {result.rss_growth_mb:.0f} MiB"
