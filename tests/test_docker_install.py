@@ -97,9 +97,9 @@ def resolve(pip: list[str], plan: list[list[str]], report: pathlib.Path) -> dict
         env["PIP_CERT"] = os.environ["PIP_CERT"]
     command = [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *requirements]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    if done.returncode != 0 and re.search(
-        r"NewConnectionError|Name or service not known|ConnectTimeout|Network is unreachable", done.stderr
-    ):
+    offline = re.search(r"NewConnectionError|Name or service not known|ConnectTimeout|Network is unreachable",
+                        done.stderr)  # fmt: skip
+    if done.returncode != 0 and offline and not os.environ.get("CI"):  # in CI an unreachable PyPI is a failure
         pytest.skip(f"PyPI unreachable: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, f"{shlex.join(command)}\n{done.stderr[-3000:]}"
     data = json.loads(report.read_text())
