@@ -30,7 +30,7 @@ from .loading import LoadedModel, load_model
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
 from .text import dropped_text, tokenize
-from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, clean_text, resolve_seed
+from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +171,7 @@ class Generator:
     def compiled(self, shape: tuple[int, int, int] | None = None) -> jax.stages.Compiled:
         """The compiled program for `shape` (default: the configured one), compiling it if not done yet."""
         shape = shape or self.config.shape
-        if shape not in self.supported_shapes():
-            raise InvalidInput(_shape_message(shape, self.supported_shapes()))
+        check_shape(*shape, self.supported_shapes())
         if shape not in self._compiled:
             self._compiled[shape] = self._program().lower(*self._abstract_inputs()).compile()
         return self._compiled[shape]
@@ -263,8 +262,3 @@ def _check_static(config: EngineConfig) -> None:
             raise InvalidInput(f"{name.replace('_', ' ').capitalize()} must be a positive whole number; got {value!r}.")
     if config.height > 4096 or config.width > 4096 or config.steps > 1000:
         raise InvalidInput("Height and width must be at most 4096 and steps at most 1000.")
-
-
-def _shape_message(shape, supported) -> str:
-    listed = ", ".join(f"{h}×{w} at {s} steps" for h, w, s in supported)
-    return f"This server compiled {listed} only; got {shape[0]}×{shape[1]} at {shape[2]} steps."
