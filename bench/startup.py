@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, progress
+from .common import Progress, free_port, progress
 
 TARGET_RATIO = 0.4
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +80,7 @@ def start_once(command: list[str], cache_dir: Path, cache: str, timeout_s: float
 def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,
                    timeout_s: float) -> float:  # fmt: skip
     """Seconds from starting `python app.py` to its "Running on" line; the app is then stopped with SIGTERM."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [
         sys.executable, "app.py", "--model", model, "--height", str(height), "--width", str(width),
         "--steps", str(steps), "--dtype", dtype, "--port", str(port),
