@@ -15,9 +15,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from . import samplers
+from .samplers import SamplerConfig
 from .text import encode_prompts
 
 LATENT_CHANNELS = 4
+#: SDXL base's sampler (Euler, leading, steps_offset 1, CFG): what generate_from_latents uses unless told.
+DEFAULT = SamplerConfig()
 
 
 @dataclass(frozen=True)
@@ -50,31 +54,46 @@ def initial_latents(seeds, height: int, width: int, vae_scale_factor: int):
     return jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
 
 
-def conditioning(modules: Modules, params, prompt_ids, negative_ids, has_negative, height: int, width: int):
-    """UNet conditioning for classifier-free guidance, unconditional half first: ([2b, 77, D], added_cond_kwargs)."""
-    batch = prompt_ids.shape[0]
-    both_ids = jnp.concatenate([negative_ids, prompt_ids], axis=0)  # [2b, 2, 77]
+def conditioning(
+    modules: Modules, params, prompt_ids, negative_ids, has_negative, height: int, width: int, cfg: bool = True
+):
+    """UNet conditioning for classifier-free guidance, unconditional half first: ([2b, 77, D], added_cond_kwargs).
+
+    Without CFG (static `cfg=False`) only the prompt is encoded: ([b, 77, D], ...).
+    """
+    both_ids = jnp.concatenate([negative_ids, prompt_ids], axis=0) if cfg else prompt_ids  # [2b or b, 2, 77]
     hidden, pooled = encode_prompts(modules.text_encoder, modules.text_encoder_2, params, both_ids)
     # An empty negative prompt means "no negative": zero embeddings, as SDXL's reference does.
-    keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)])  # [2b]
+    keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)]) if cfg else jnp.ones_like(has_negative)
     hidden = jnp.where(keep[:, None, None], hidden, 0)  # [2b, 77, D]
     pooled = jnp.where(keep[:, None], pooled, 0)  # [2b, P]
-    time_ids = jnp.array([[height, width, 0, 0, height, width]] * (2 * batch), dtype=hidden.dtype)  # [2b, 6]
+    time_ids = jnp.array([[height, width, 0, 0, height, width]] * hidden.shape[0], dtype=hidden.dtype)  # [2b, 6]
     return hidden, {"text_embeds": pooled, "time_ids": time_ids}
 
 
-def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, steps: int):
-    """Euler sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised latents."""
-    scheduler = modules.scheduler
-    state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=steps, shape=latents.shape)
-    latents = latents * state.init_noise_sigma
+def denoise(
+    modules: Modules, params, latents, hidden, added_cond, guidance, steps: int, sampler: SamplerConfig = DEFAULT,
+    seeds=None,
+):  # fmt: skip
+    """Euler (or Euler-ancestral) sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised.
+
+    The timestep/sigma table is computed on the host (samplers.py) and baked in as constants; `seeds` uint32 [b]
+    give each image its own ancestral noise.
+    """
+    schedule = sampler.schedule(steps)
+    timesteps, sigmas = jnp.asarray(schedule.timesteps), jnp.asarray(schedule.sigmas)  # [steps], [steps + 1]
+    sigmas_up, sigmas_down = jnp.asarray(schedule.sigmas_up), jnp.asarray(schedule.sigmas_down)  # [steps]
+    keys = samplers.ancestral_keys(seeds) if sampler.sampler == "euler_ancestral" else None  # [b]
+    latents = latents * schedule.init_noise_sigma
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
 
     def step(index, carry):
-        latents, state = carry
-        t = state.timesteps[index]  # the scheduler's own value, so its index lookup always matches
-        model_input = scheduler.scale_model_input(state, jnp.concatenate([latents, latents]), t)  # [2b, 4, h, w]
-        timestep = jnp.broadcast_to(t.astype(jnp.int32), model_input.shape[:1])
+        latents = carry
+        t, sigma = timesteps[index], sigmas[index]
+        model_input = samplers.scale_model_input(latents, sigma)  # [b, 4, h, w]
+        if sampler.cfg:
+            model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
+        timestep = jnp.broadcast_to(t, model_input.shape[:1])  # float32, as PyTorch feeds it
         noise = modules.unet.apply(
             {"params": params["unet"]},
             model_input,
@@ -82,13 +101,17 @@ def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, ste
             encoder_hidden_states=hidden,
             added_cond_kwargs=added_cond,
         ).sample
-        uncond, cond = jnp.split(noise, 2, axis=0)
-        noise = uncond + guidance * (cond - uncond)
-        latents, state = scheduler.step(state, noise, t, latents).to_tuple()
-        return latents, state
+        noise = samplers.guide(noise.astype(jnp.float32), guidance, sampler.cfg)  # [b, 4, h, w]
+        if keys is None:
+            latents = samplers.euler_step(sampler, noise, latents, sigma, sigmas[index + 1])
+        else:
+            fresh = samplers.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
+            latents = samplers.ancestral_step(
+                sampler, noise, latents, sigma, sigmas_up[index], sigmas_down[index], fresh
+            )
+        return latents
 
-    latents, _ = jax.lax.fori_loop(0, steps, step, (latents, state))
-    return latents
+    return jax.lax.fori_loop(0, steps, step, latents)
 
 
 def decode(modules: Modules, params, latents):
@@ -103,18 +126,26 @@ def to_uint8(image):
     return jnp.round(image * 255).astype(jnp.uint8)
 
 
-def generate_from_latents(modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int):
+def generate_from_latents(
+    modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int, sampler=DEFAULT,
+    seeds=None,
+):  # fmt: skip
     """Images in [0, 1] for given initial latents: text encoders -> denoising loop -> VAE decode."""
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
-    hidden, added_cond = conditioning(modules, params, prompt_ids, negative_ids, has_negative, height, width)
-    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps)
+    hidden, added_cond = conditioning(
+        modules, params, prompt_ids, negative_ids, has_negative, height, width, cfg=sampler.cfg
+    )
+    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps, sampler, seeds)
     return decode(modules, params, latents)
 
 
-def generate_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps):
+def generate_local(
+    modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps, sampler=DEFAULT
+):
     """The per-device program: seeds uint32 [b] (+ ids [b, 2, 77], flags [b], guidance [b]) -> uint8 [b, H, W, 3]."""
     latents = initial_latents(seeds, height, width, modules.vae_scale_factor)
     image = generate_from_latents(
-        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps
-    )
+        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps, sampler=sampler,
+        seeds=seeds,
+    )  # fmt: skip
     return to_uint8(image)

@@ -65,9 +65,8 @@ class SamplerConfig:
             ("beta_schedule", BETA_SCHEDULES),
         ):
             if getattr(self, name) not in allowed:
-                raise InvalidInput(
-                    f"Unsupported {name.replace('_', ' ')} {getattr(self, name)!r}; choose one of: {', '.join(allowed)}."
-                )
+                label, value = name.replace("_", " "), getattr(self, name)
+                raise InvalidInput(f"Unsupported {label} {value!r}; choose one of: {', '.join(allowed)}.")
         if not isinstance(self.cfg, bool):
             raise InvalidInput(f"cfg must be true or false; got {self.cfg!r}.")
         if isinstance(self.steps_offset, bool) or not isinstance(self.steps_offset, int) or self.steps_offset < 0:

@@ -94,7 +94,7 @@ def main() -> None:
     import diffusers
 
     data = {
-        "what": "diffusers' PyTorch Euler schedulers for SDXL base's scheduler config; scripts/make_sampler_fixtures.py",
+        "what": "diffusers' PyTorch Euler schedulers, SDXL base's scheduler config (scripts/make_sampler_fixtures.py)",
         "diffusers": diffusers.__version__,
         "torch": torch.__version__,
         "config": SDXL_BASE_SCHEDULER,

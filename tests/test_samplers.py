@@ -25,7 +25,9 @@ def _config(case) -> SamplerConfig:
 
 
 @pytest.mark.parametrize(
-    "case", PYTORCH["schedules"], ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}"
+    "case",
+    PYTORCH["schedules"],
+    ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}",
 )
 def test_schedule_equals_pytorch_scheduler(case):
     schedule = _config(case).schedule(case["steps"])
@@ -60,10 +62,13 @@ def test_scheduler_config_is_read_whole_and_refuses_what_it_cannot_honour():
     # PyTorch's default steps_offset is 0; a Flax-written config (no such key) was made with Flax's fixed +1.
     no_offset = {k: v for k, v in sdxl.items() if k != "steps_offset"}
     assert SamplerConfig.from_scheduler_config(no_offset).steps_offset == 0
-    assert SamplerConfig.from_scheduler_config({**no_offset, "_class_name": "FlaxEulerDiscreteScheduler"}).steps_offset == 1
-    assert SamplerConfig.from_scheduler_config(sdxl, timestep_spacing="trailing", cfg=False).schedule(4).timesteps.tolist() == [
-        999, 749, 499, 249
-    ]
+    assert (
+        SamplerConfig.from_scheduler_config({**no_offset, "_class_name": "FlaxEulerDiscreteScheduler"}).steps_offset
+        == 1
+    )
+    assert SamplerConfig.from_scheduler_config(sdxl, timestep_spacing="trailing", cfg=False).schedule(
+        4
+    ).timesteps.tolist() == [999, 749, 499, 249]
     for bad in ({"use_karras_sigmas": True}, {"interpolation_type": "log_linear"}, {"timestep_type": "continuous"}):
         with pytest.raises(InvalidInput, match=f"cannot honour.*{next(iter(bad))}") as info:
             SamplerConfig.from_scheduler_config({**sdxl, **bad})
