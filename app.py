@@ -31,6 +31,9 @@ import gradio as gr
 
 from pipeline import Generator, InvalidInput
 from pipeline.loading import ModelLoadError
+from pipeline.presets import get_preset
+from pipeline.presets import resolve as resolve_preset
+from pipeline.samplers import SAMPLERS, SPACINGS
 from pipeline.settings import SDXL_BASE, TINY_MODEL
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
@@ -58,6 +61,8 @@ TINY_DEFAULTS = {"height": 128, "width": 128, "steps": 4}
 DELETE_CACHE = (300, 900)
 #: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
 KEEP_RUNS = 4
+#: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
+NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -88,6 +93,14 @@ def header_links() -> str:
     if PROJECT_URL:
         links.append(f"[Source code]({PROJECT_URL})")
     return " · ".join(links)
+
+
+def sampler_summary(generator: Any) -> str:
+    """e.g. "preset lightning-4step: Euler, trailing, no CFG" for the header."""
+    sampler = generator.sampler
+    text = f"{sampler.label}, {sampler.timestep_spacing} spacing, {'CFG' if sampler.cfg else 'no CFG'}"
+    preset = generator.config.preset
+    return f"preset {preset}: {text}" if preset else text
 
 
 class _RunFiles:
@@ -169,6 +182,8 @@ def make_generate_fn(
             count, request.seed, request.style, request.guidance_scale, engine_s, elapsed,
         )  # fmt: skip
         status = f"{count} image{'s' if count != 1 else ''} in {engine_s:.1f} s · seed {request.seed}"
+        if not generator.sampler.cfg and (str(negative_prompt or "").strip() or request.guidance_scale > 1):
+            status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
@@ -201,6 +216,7 @@ def build_demo(
         height=config.height,
         steps=config.steps,
         model=config.model,
+        sampler=sampler_summary(generator),
         links=header_links(),
     )
     footer = _read_template(FOOTER_PATH, license_url=LICENSE_URL, model_card_url=MODEL_CARD_URL)
@@ -248,6 +264,7 @@ def build_demo(
                         step=0.5,
                         label="Guidance scale",
                         info="How closely to follow the prompt",
+                        visible=generator.sampler.cfg,  # static: the guidance-free program has no guidance
                     )
                 negative = gr.Textbox(
                     value="",  # an initial value makes the API parameter optional
@@ -256,6 +273,7 @@ def build_demo(
                     lines=1,
                     max_lines=3,
                     max_length=MAX_PROMPT_CHARS,
+                    visible=generator.sampler.cfg,
                 )
                 with gr.Row(equal_height=True):
                     seed = gr.Number(
@@ -271,7 +289,8 @@ def build_demo(
             inputs=[prompt, negative, style, guidance, seed, randomize],
             outputs=[gallery, seed, status],
             api_name="generate",
-            api_description="One image per accelerator core; returns the images, the seed used and a status line.",
+            api_description="One image per accelerator core; returns the images, the seed used and a status line."
+            + ("" if generator.sampler.cfg else f" Note: {NO_CFG_NOTE}."),
             # Raw payloads go straight to pipeline.validation, so the API and the page get the same messages
             # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
             preprocess=False,
@@ -339,7 +358,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add(
         "--model",
-        default=_env("SDXL_MODEL", SDXL_BASE),
+        default=_env("SDXL_MODEL"),
         help=f"Hub id, local diffusers Flax directory, or 'tiny' (offline test model) [SDXL_MODEL; {SDXL_BASE}]",
     )
     add(
@@ -385,12 +404,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=_env("SDXL_PROMPT_FILTER"),
         help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
     )
+    add("--preset", default=_env("SDXL_PRESET"),
+        help="sdxl-base, lightning-2step/4step/8step or turbo (assets/presets.json); flags override it [SDXL_PRESET]")
+    add("--sampler", choices=SAMPLERS, default=_env("SDXL_SAMPLER"), help="default: the checkpoint's [SDXL_SAMPLER]")
+    add("--timestep-spacing", choices=SPACINGS, default=_env("SDXL_TIMESTEP_SPACING"),
+        help="leading, linspace or trailing; default: the checkpoint's [SDXL_TIMESTEP_SPACING]")
+    add("--no-cfg", action="store_true", default=bool(_env("SDXL_NO_CFG")),
+        help="guidance-free program: UNet on the prompt only, guidance and negative prompt hidden [SDXL_NO_CFG]")
     add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
+    args.cfg = False if args.no_cfg else None
+    if args.preset:
+        try:
+            settings = resolve_preset(get_preset(args.preset), model=args.model, **{
+                k: getattr(args, k) for k in ("height", "width", "steps", "sampler", "timestep_spacing", "cfg")
+            })  # fmt: skip
+        except (InvalidInput, ModelLoadError) as exc:
+            parser.error(str(exc))
+        settings.pop("guidance_scale")
+        for key, value in settings.items():
+            setattr(args, key, value)
+    args.model = args.model or SDXL_BASE
     if args.model.strip() == TINY_MODEL:
         for key, value in TINY_DEFAULTS.items():
             if getattr(args, key) is None:
@@ -403,7 +441,12 @@ def load_generator(args: argparse.Namespace) -> Generator:
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
     started = time.perf_counter()
-    generator = Generator.from_pretrained(args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, **shape)
+    sampling = {k: getattr(args, k, None) for k in ("sampler", "timestep_spacing", "preset", "unet")}
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    generator = Generator.from_pretrained(
+        args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, cfg=args.cfg is not False,
+        **shape, **sampling,
+    )  # fmt: skip
     timings = dict(getattr(generator, "load_timings", {}) or {})
     for phase in ("load", "cast", "replicate"):
         if f"{phase}_s" in timings:

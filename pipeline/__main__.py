@@ -12,6 +12,7 @@ import sys
 import time
 
 from .loading import ModelLoadError
+from .samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
 from .settings import DTYPES, SDXL_BASE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
@@ -29,18 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate one image per device and write them as PNG")
     gen.add_argument(
-        "--model", default=SDXL_BASE, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
+        "--model", default=None, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
     )
+    gen.add_argument("--preset", default=None, help="sdxl-base, lightning-{2,4,8}step, turbo (assets/presets.json)")
+    gen.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's scheduler")
+    gen.add_argument("--timestep-spacing", choices=SPACINGS, default=None, help="default: the checkpoint's")
+    gen.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None, help="default: the checkpoint's")
+    gen.add_argument("--no-cfg", action="store_true", help="guidance-free program: the UNet runs on the prompt only")
     gen.add_argument("--revision", default=None, help="Hub revision (default: refs/pr/95 for SDXL base)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default="")
     gen.add_argument("--seed", default="0", help="0..4294967295, or 'random' (default 0)")
     gen.add_argument(
-        "--guidance-scale", type=float, default=5.0, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
+        "--guidance-scale", type=float, default=None, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
     )
-    gen.add_argument("--steps", type=int, default=25)
-    gen.add_argument("--height", type=int, default=1024)
-    gen.add_argument("--width", type=int, default=1024)
+    gen.add_argument("--steps", type=int, default=None, help="default 25 (or the preset's)")
+    gen.add_argument("--height", type=int, default=None, help="default 1024 (or the preset's)")
+    gen.add_argument("--width", type=int, default=None, help="default 1024 (or the preset's)")
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
@@ -55,18 +61,16 @@ def _generate(args: argparse.Namespace) -> int:
     from .validation import check_guidance, clean_text, resolve_seed
 
     # Check what the user typed before spending time on loading and compiling.
+    settings = _settings(args)
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
     seed = resolve_seed(None if randomize else args.seed, randomize=randomize)
     prompt = clean_text(args.prompt, field="prompt")
     negative_prompt = clean_text(args.negative_prompt, field="negative prompt")
-    guidance_scale = check_guidance(args.guidance_scale)
+    guidance_scale = check_guidance(settings.pop("guidance_scale"))
     started = time.perf_counter()
     generator = Generator.from_pretrained(
-        args.model,
         revision=args.revision,
-        height=args.height,
-        width=args.width,
-        steps=args.steps,
+        **settings,
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
@@ -98,6 +102,22 @@ def _generate(args: argparse.Namespace) -> int:
         f"call {t['call_total_s']:.2f} s"
     )
     return 0
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """Model, shape and sampler settings: explicit flags, else the preset's, else SDXL base's defaults."""
+    from .presets import get_preset, resolve
+
+    explicit = {
+        "height": args.height, "width": args.width, "steps": args.steps, "sampler": args.sampler,
+        "timestep_spacing": args.timestep_spacing, "prediction_type": args.prediction_type,
+        "cfg": False if args.no_cfg else None, "guidance_scale": args.guidance_scale,
+    }  # fmt: skip
+    if args.preset:
+        return resolve(get_preset(args.preset), model=args.model, **explicit)
+    defaults = {"model": SDXL_BASE, "height": 1024, "width": 1024, "steps": 25, "guidance_scale": 5.0, "cfg": True}
+    explicit["model"] = args.model
+    return {**defaults, **{key: value for key, value in explicit.items() if value is not None}}
 
 
 def main(argv: list[str] | None = None) -> int:

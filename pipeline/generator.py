@@ -27,6 +27,7 @@ from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
 from .loading import LoadedModel, load_model
+from .samplers import SamplerConfig, read_scheduler_config
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
 from .text import dropped_text, tokenize
@@ -75,6 +76,11 @@ class Generator:
         self._tokenizers = (loaded.pipeline.tokenizer, loaded.pipeline.tokenizer_2)
         self._max_tokens = self._tokenizers[0].model_max_length  # 77 for CLIP
         self._modules = Modules.of(loaded.pipeline)
+        #: static: the checkpoint's scheduler config, read whole, with this config's overrides (samplers.py)
+        self.sampler = SamplerConfig.from_scheduler_config(
+            read_scheduler_config(loaded.source, config.revision, fallback=dict(loaded.pipeline.scheduler.config)),
+            **_sampler_overrides(config),
+        )
         self._check_shape()
         started = time.perf_counter()
         self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
@@ -100,6 +106,12 @@ class Generator:
         revision: str | None = None,
         compilation_cache: bool = True,
         devices: list | None = None,
+        sampler: str | None = None,
+        timestep_spacing: str | None = None,
+        prediction_type: str | None = None,
+        steps_offset: int | None = None,
+        cfg: bool = True,
+        preset: str | None = None,
     ) -> Generator:
         """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all)."""
         dtype = dtype or default_dtype()
@@ -114,10 +126,17 @@ class Generator:
             dtype=dtype,
             per_device_batch=per_device_batch,
             compilation_cache=compilation_cache,
+            sampler=sampler,
+            timestep_spacing=timestep_spacing,
+            prediction_type=prediction_type,
+            steps_offset=steps_offset,
+            cfg=cfg,
+            preset=preset,
         )
         CompileCounter.install()
         configure_compilation_cache(compilation_cache)
         _check_static(config)
+        SamplerConfig().with_overrides(**_sampler_overrides(config))  # bad sampler settings fail before loading
         loaded = load_model(model, dtype=dtype, revision=revision)
         return cls(loaded, config, devices)
 
@@ -148,7 +167,9 @@ class Generator:
     def _program(self):
         """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
         height, width, steps = self.config.shape
-        local = functools.partial(generate_local, self._modules, height=height, width=width, steps=steps)
+        local = functools.partial(
+            generate_local, self._modules, height=height, width=width, steps=steps, sampler=self.sampler
+        )
         batch = P(DATA_AXIS)
         sharded = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False
@@ -204,6 +225,8 @@ class Generator:
         prompt = clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS)
         negative_prompt = clean_text(negative_prompt, field="negative prompt", max_chars=STYLED_MAX_CHARS)
         guidance_scale = check_guidance(guidance_scale)
+        if not self.sampler.cfg:  # the guidance-free program ignores both (the UI hides them, the API says so)
+            negative_prompt, guidance_scale = "", 0.0
         seed = resolve_seed(seed)
         seeds = [(seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
@@ -234,6 +257,8 @@ class Generator:
                 width=self.config.width,
                 model=self.config.model,
                 dtype=self.config.dtype,
+                sampler=self.sampler.label,
+                spacing=self.sampler.timestep_spacing,
             )
             for s in seeds
         ]
@@ -253,6 +278,12 @@ class Generator:
             parameters=parameters,
             timings=timings,
         )
+
+
+def _sampler_overrides(config: EngineConfig) -> dict:
+    """The sampler settings `config` sets explicitly (None = keep the checkpoint's)."""
+    names = ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")
+    return {name: getattr(config, name) for name in names}
 
 
 def _check_static(config: EngineConfig) -> None:

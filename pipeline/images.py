@@ -30,14 +30,16 @@ def describe(
     width: int,
     model: str,
     dtype: str,
+    sampler: str = "Euler",
+    spacing: str | None = None,
 ) -> str:
     """The `parameters` text of one image."""
     lines = [prompt]
     if negative_prompt:
         lines.append(f"Negative prompt: {negative_prompt}")
     lines.append(
-        f"Steps: {steps}, Sampler: Euler, CFG scale: {guidance_scale:g}, Seed: {seed}, Size: {width}x{height}, "
-        f"Model: {model}, Dtype: {dtype}"
+        f"Steps: {steps}, Sampler: {sampler}, CFG scale: {guidance_scale:g}, Seed: {seed}, Size: {width}x{height}, "
+        f"Model: {model}, Dtype: {dtype}" + (f", Timestep spacing: {spacing}" if spacing else "")
     )
     return "\n".join(lines)
 

@@ -32,6 +32,12 @@ class EngineConfig:
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    sampler: str | None = None  # static: "euler" / "euler_ancestral"; None = the checkpoint's scheduler class
+    timestep_spacing: str | None = None  # static: "leading" / "linspace" / "trailing"; None = the checkpoint's
+    prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's
+    steps_offset: int | None = None  # static: added to leading timesteps; None = the checkpoint's
+    cfg: bool = True  # static: False = guidance-free program (UNet on the prompt only; guidance, negative ignored)
+    preset: str | None = None  # the preset (assets/presets.json) these settings came from, if any
 
     @property
     def shape(self) -> tuple[int, int, int]:
