@@ -20,6 +20,7 @@ What it writes (all from diffusers' and transformers' PYTORCH classes, torch-see
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -101,8 +102,7 @@ def save_checkpoint(pipe, target: Path, scratch: Path) -> None:
     pipe.unet.save_pretrained(target / "unet", safe_serialization=True, max_shard_size=UNET_SHARD_SIZE)
     # The fp16 variant: saved elsewhere (so the float32 configs stay as they are) and only its weights copied in.
     half = scratch / "fp16"
-    pipe.to(torch.float16).save_pretrained(half, safe_serialization=True, variant="fp16")
-    pipe.to(torch.float32)
+    copy.deepcopy(pipe).to(torch.float16).save_pretrained(half, safe_serialization=True, variant="fp16")
     for file in half.glob("*/*.fp16.safetensors"):
         shutil.copy(file, target / file.parent.name / file.name)
 
