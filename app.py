@@ -340,8 +340,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add(
         "--model",
         default=_env("SDXL_MODEL", SDXL_BASE),
-        help=f"Hub id, local diffusers Flax directory, or 'tiny' (offline test model) [SDXL_MODEL; {SDXL_BASE}]",
+        help=f"Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny' [SDXL_MODEL; {SDXL_BASE}]",
     )
+    add("--variant", default=_env("SDXL_VARIANT"), help="PyTorch weight variant, e.g. fp16 [SDXL_VARIANT]")
+    add("--unet", default=_env("SDXL_UNET"), help="whole-UNet .safetensors, PATH or REPO:FILE [SDXL_UNET]")
     add(
         "--host",
         default=_env("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -403,7 +405,10 @@ def load_generator(args: argparse.Namespace) -> Generator:
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
     started = time.perf_counter()
-    generator = Generator.from_pretrained(args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, **shape)
+    generator = Generator.from_pretrained(
+        args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, variant=args.variant, unet=args.unet,
+        **shape,
+    )  # fmt: skip
     timings = dict(getattr(generator, "load_timings", {}) or {})
     for phase in ("load", "cast", "replicate"):
         if f"{phase}_s" in timings:

@@ -1,6 +1,8 @@
 """Command line: `python -m pipeline make-tiny DIR` and `python -m pipeline generate ...`.
 
-Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3.
+Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
+checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
+that is bad input, status 2.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import sys
 import time
 
+from .convert import CheckpointError
 from .loading import ModelLoadError
 from .settings import DTYPES, SDXL_BASE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
@@ -32,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=SDXL_BASE, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
     )
     gen.add_argument("--revision", default=None, help="Hub revision (default: refs/pr/95 for SDXL base)")
+    gen.add_argument("--variant", default=None, help="PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)")
+    gen.add_argument("--unet", default=None, help="whole-UNet .safetensors replacing the model's: PATH or REPO:FILE")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default="")
     gen.add_argument("--seed", default="0", help="0..4294967295, or 'random' (default 0)")
@@ -70,6 +75,8 @@ def _generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
+        variant=args.variant,
+        unet=args.unet,
     )
     warmup = generator.warmup()
     result = generator.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale)
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             print(make_tiny(args.directory, seed=args.seed))
             return 0
         return _generate(args)
-    except InvalidInput as exc:
+    except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ModelLoadError as exc:

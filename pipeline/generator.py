@@ -100,8 +100,15 @@ class Generator:
         revision: str | None = None,
         compilation_cache: bool = True,
         devices: list | None = None,
+        variant: str | None = None,
+        unet: str | None = None,
+        conversion_cache: bool = True,
     ) -> Generator:
-        """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all)."""
+        """Load `model` (Hub id, local diffusers directory, or "tiny") and place it on `devices` (default: all).
+
+        PyTorch safetensors are converted without torch (`variant="fp16"` picks *.fp16.safetensors); `unet` swaps in
+        a whole-UNet .safetensors file (path or REPO:FILE), e.g. an SDXL-Lightning UNet.
+        """
         dtype = dtype or default_dtype()
         if dtype not in DTYPES:
             raise InvalidInput(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
@@ -114,11 +121,16 @@ class Generator:
             dtype=dtype,
             per_device_batch=per_device_batch,
             compilation_cache=compilation_cache,
+            variant=variant,
+            unet=unet,
+            conversion_cache=conversion_cache,
         )
         CompileCounter.install()
         configure_compilation_cache(compilation_cache)
         _check_static(config)
-        loaded = load_model(model, dtype=dtype, revision=revision)
+        loaded = load_model(
+            model, dtype=dtype, revision=revision, variant=variant, unet=unet, conversion_cache=conversion_cache
+        )
         return cls(loaded, config, devices)
 
     # ---- static shapes -------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ DTYPES = ("bfloat16", "float32")
 class EngineConfig:
     """What `Generator.from_pretrained` was asked for, after defaults were resolved."""
 
-    model: str = SDXL_BASE  # Hub id, local directory in diffusers' Flax layout, or "tiny"
+    model: str = SDXL_BASE  # Hub id, local directory in diffusers' layout (Flax or PyTorch safetensors), or "tiny"
     revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
     height: int = 1024  # static: image height in pixels, a multiple of 8
     width: int = 1024  # static: image width in pixels, a multiple of 8
@@ -32,6 +32,9 @@ class EngineConfig:
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    variant: str | None = None  # PyTorch weight variant to prefer, e.g. "fp16" (*.fp16.safetensors); Flax has none
+    unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
+    conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
 
     @property
     def shape(self) -> tuple[int, int, int]:
