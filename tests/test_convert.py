@@ -237,3 +237,20 @@ def test_hub_id_without_network_says_so_in_one_line(monkeypatch, tmp_path):
             str(CHECKPOINT), dtype="float32", unet="ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
         )
     assert "\n" not in str(error.value)
+
+
+def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path):
+    from test_cli import run_cli
+
+    done = run_cli(
+        "generate", "--model", str(CHECKPOINT), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
+        "--height", "64", "--width", "64", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
+        env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["images"]) == 8 and "Traceback" not in done.stderr
+    single = tmp_path / "model.safetensors"
+    shutil.copy(CHECKPOINT / "vae" / "diffusion_pytorch_model.fp16.safetensors", single)
+    bad = run_cli("generate", "--model", str(single), "--prompt", "x", "--out", str(tmp_path / "bad"))
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(lines) == 1 and "single-file checkpoint" in lines[0], bad.stderr
