@@ -264,7 +264,7 @@ def cache_key(files: list[Path], *, component: str, dtype: str, config: dict) ->
 
 
 def _crc(array: np.ndarray) -> int:
-    return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # bytes of any dtype, bf16 too
 
 
 def read_cache(entry: Path) -> dict | None:

@@ -2,7 +2,8 @@
 
 Needs torch, so it runs only in a separate environment, never in CI or at run time:
 
-    /work/torchenv/bin/python scripts/make_torch_fixtures.py          # writes tests/fixtures/
+    /work/torchenv/bin/python scripts/make_torch_fixtures.py                      # writes tests/fixtures/
+    /work/torchenv/bin/python scripts/make_torch_fixtures.py --sdxl-unet-shapes   # assets/sdxl_unet_pt_shapes.json
 
 What it writes (all from diffusers' and transformers' PYTORCH classes, torch-seeded):
 - tests/fixtures/tiny-pt/: `StableDiffusionXLPipeline.save_pretrained(safe_serialization=True)` of a checkpoint with
@@ -186,7 +187,25 @@ def _versions() -> dict:
     return {"diffusers": diffusers.__version__, "transformers": transformers.__version__}
 
 
+def sdxl_unet_shapes() -> None:
+    """assets/sdxl_unet_pt_shapes.json: SDXL UNet's PyTorch names and shapes (meta device: nothing allocated)."""
+    from diffusers import UNet2DConditionModel
+
+    config = json.loads((REPO / "assets" / "sdxl_unet_config.json").read_text())
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    shapes = {name: list(tensor.shape) for name, tensor in unet.state_dict().items()}
+    what = (
+        "PyTorch state_dict names and shapes of SDXL base's UNet (assets/sdxl_unet_config.json), "
+        "from UNet2DConditionModel on the meta device (scripts/make_torch_fixtures.py --sdxl-unet-shapes)"
+    )
+    (REPO / "assets" / "sdxl_unet_pt_shapes.json").write_text(json.dumps({"what": what, "shapes": shapes}))
+
+
 def main() -> None:
+    if "--sdxl-unet-shapes" in sys.argv[1:]:
+        sdxl_unet_shapes()
+        return
     from pipeline.tiny import make_tiny
 
     with tempfile.TemporaryDirectory(prefix="torch-fixtures-") as tmp:

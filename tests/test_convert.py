@@ -119,8 +119,10 @@ def test_fp16_variant_and_sharded_files(converted):
         got, full = flat(half.params[component]), flat(converted.params[component])
         for name, value in full.items():
             np.testing.assert_allclose(got[name], value, rtol=2e-3, atol=1e-4, err_msg=name)
-    bf16 = load_model(str(CHECKPOINT), dtype="bfloat16", variant="fp16", conversion_cache=False)
-    assert {str(leaf.dtype) for leaf in jax.tree_util.tree_leaves(bf16.params["unet"])} == {"bfloat16"}
+    for origin in ("converted", "conversion cache"):  # bfloat16 weights through the cache too
+        bf16 = load_model(str(CHECKPOINT), dtype="bfloat16", variant="fp16")
+        assert set(bf16.origins.values()) == {origin}
+        assert {str(leaf.dtype) for leaf in jax.tree_util.tree_leaves(bf16.params["unet"])} == {"bfloat16"}
 
 
 def test_unet_file_swaps_the_weights(converted, tmp_path):
