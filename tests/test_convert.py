@@ -145,6 +145,18 @@ def test_unet_file_swaps_the_weights(converted, tmp_path):
         load_model(str(CHECKPOINT), dtype="float32", unet=str(tmp_path / "missing.safetensors"))
 
 
+def test_unet_file_on_a_flax_checkpoint_keeps_its_other_weights(tiny_dir):
+    unet_file = CHECKPOINT / "unet" / "diffusion_pytorch_model.fp16.safetensors"
+    swapped = load_model(str(tiny_dir), dtype="float32", unet=str(unet_file), conversion_cache=False)
+    assert swapped.origins == {"unet": "converted", "vae": "flax", "text_encoder": "flax", "text_encoder_2": "flax"}
+    reference = load_model(str(tiny_dir), dtype="float32")
+    for component in ("text_encoder", "text_encoder_2", "vae"):
+        for name, value in flat(reference.params[component]).items():
+            np.testing.assert_array_equal(flat(swapped.params[component])[name], value, err_msg=name)
+    bias = read_file(unet_file)["conv_in.bias"].astype(np.float32)
+    np.testing.assert_array_equal(flat(swapped.params["unet"])["conv_in/bias"], bias)
+
+
 def test_cache_hits_second_load_and_damaged_entries_are_rebuilt(converted, tmp_path):
     first = load_model(str(CHECKPOINT), dtype="float32")
     second = load_model(str(CHECKPOINT), dtype="float32")
