@@ -268,3 +268,13 @@ def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp
     bad = run_cli("generate", "--model", str(single), "--prompt", "x", "--out", str(tmp_path / "bad"))
     lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(lines) == 1 and "single-file checkpoint" in lines[0], bad.stderr
+
+
+def test_app_flags_and_environment(monkeypatch):
+    import app
+
+    monkeypatch.setenv("SDXL_UNET", "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors")
+    monkeypatch.setenv("SDXL_VARIANT", "fp16")
+    args = app.parse_args(["--model", str(CHECKPOINT)])
+    assert (args.unet, args.variant) == ("ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors", "fp16")
+    assert app.parse_args(["--unet", "unet.safetensors"]).unet == "unet.safetensors"
