@@ -152,6 +152,10 @@ def load_model(model: str, *, dtype: str, revision: str | None = None) -> Loaded
     source = resolve_model(model)
     is_local = os.path.isdir(source)
     revision = None if is_local else (revision or default_revision(source))
+    if not is_local:  # no network: the cached copy, or one line with the download command (not 25 s of retries)
+        from .hub import source_when_offline
+
+        source = source_when_offline(source, revision)
     started = time.perf_counter()
     try:
         pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(
@@ -175,6 +179,8 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
         return f"Could not load the checkpoint in {source}: {detail}"
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+    from .hub import download_command
+
     where = f"{source}" + (f" (revision {revision})" if revision else "")
     if isinstance(exc, RepositoryNotFoundError):
         return f"Hub model {where} was not found (or needs a token: set HF_TOKEN); check the id."
@@ -183,6 +189,6 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
     if isinstance(exc, (LocalEntryNotFoundError, ConnectionError, OSError)):
         return (
             f"Could not download {where} from the Hugging Face Hub (no network, or not in the local cache); "
-            "download it where there is network (huggingface-cli download) or pass a local directory or 'tiny'."
+            f"where there is network run `{download_command(source, revision)}`, or pass a local directory or 'tiny'."
         )
     return f"Could not load {where}: {detail}"
