@@ -485,7 +485,8 @@ def load_generator(args: argparse.Namespace) -> Generator:
     """Load, compile and warm up, logging each phase with its time."""
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
-    if args.model.strip() != TINY_MODEL and not accelerator_installed():
+    real_model = args.model.strip() != TINY_MODEL
+    if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
         logger.warning(CPU_NOTICE.replace("`", ""))
     started = time.perf_counter()
     generator = Generator.from_pretrained(args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, **shape)
@@ -498,6 +499,8 @@ def load_generator(args: argparse.Namespace) -> Generator:
         "ready to compile: %s, %dx%d, %d steps, %s, %d images per request",
         generator.device_summary, config.width, config.height, config.steps, config.dtype, generator.num_images,
     )  # fmt: skip
+    if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
+        logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))
