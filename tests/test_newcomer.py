@@ -235,3 +235,58 @@ def test_auth_from_flags_file_and_environment(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="login 1: expected USER:PASSWORD") as info:
         app.read_auth(["nopassword-here"])
     assert "nopassword-here" not in str(info.value)
+
+
+# ---- 7, in a browser: one error message, examples clear old images, a phone-sized page --------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(
+    not os.path.exists("/usr/bin/chromium") and not os.environ.get("CI"), reason="needs Debian chromium"
+)
+def test_phone_page_error_example_and_layout(engine):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    artifacts = REPO / "artifacts" / "browser"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    demo = app.build_demo(engine)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
+            page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+            page.goto(demo.local_url, timeout=180_000)
+            box = page.locator("#prompt textarea")
+            box.wait_for(timeout=180_000)
+            # The placeholder fits in the box (measured with the box's own font).
+            fits = page.evaluate(
+                """(el) => { const s = getComputedStyle(el);
+                const c = document.createElement('canvas').getContext('2d');
+                c.font = `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+                const room = el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+                return c.measureText(el.placeholder).width <= room; }""",
+                box.element_handle(),
+            )
+            assert fits
+            # An empty prompt: the toast says why; no other "Error" badge on the page.
+            page.locator("#generate").click()
+            page.locator(".toast-body").get_by_text("Please enter a prompt.").wait_for(timeout=60_000)
+            badges = "[...document.querySelectorAll('.error')].filter(e => e.offsetWidth && !e.closest('.toast-body'))"
+            assert page.evaluate(f"{badges}.length") == 0
+            page.screenshot(path=str(artifacts / "newcomer-phone-error.png"), full_page=True)
+            # Images, then an example: the new prompt does not sit above the old prompt's images.
+            box.fill("a watercolor fox")
+            page.locator("#generate").click()
+            page.wait_for_function("document.querySelectorAll('#gallery img').length === 8", timeout=180_000)
+            page.screenshot(path=str(artifacts / "newcomer-phone.png"), full_page=True)
+            example = app.load_examples()[0]
+            page.get_by_text(example, exact=True).first.click()
+            page.wait_for_function(
+                "(t) => document.querySelector('#prompt textarea').value === t && "
+                "document.querySelectorAll('#gallery img').length === 0",
+                arg=example,
+                timeout=30_000,
+            )
+            assert page.locator("#status").inner_text().strip() == ""
+            browser.close()
+    finally:
+        app.close_demo(demo)
