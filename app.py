@@ -34,6 +34,7 @@ from pipeline.loading import ModelLoadError
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
 from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
+from pipeline.tiny import COMPLETE_MARKER
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -93,21 +94,25 @@ def model_card_url(model: str) -> str:
     model = model.strip()
     if model == SDXL_BASE:
         return MODEL_CARD_URL
-    if model == TINY_MODEL or pathlib.Path(model).expanduser().exists() or model.count("/") != 1:
+    if is_tiny(model) or pathlib.Path(model).expanduser().exists() or model.count("/") != 1:
         return ""
     return f"https://huggingface.co/{model}"
+
+
+def is_tiny(model: str) -> bool:
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    model = model.strip()
+    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
 
 
 def model_texts(model: str, on_cpu: bool) -> dict[str, str]:
     """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0."""
     model = model.strip()
-    if model == TINY_MODEL:
+    if is_tiny(model):
         footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
     else:
         footer, about = (FOOTER_PATH, "") if model == SDXL_BASE else (FOOTER_OTHER_PATH, f"Model: `{model}`")
-    notice = ""
-    if on_cpu and model != TINY_MODEL:
-        notice = CPU_NOTICE
+    notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
     return {"footer_path": str(footer), "about": about, "notice": notice}
 
 
@@ -485,7 +490,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
     """Load, compile and warm up, logging each phase with its time."""
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
-    real_model = args.model.strip() != TINY_MODEL
+    real_model = not is_tiny(args.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
         logger.warning(CPU_NOTICE.replace("`", ""))
     started = time.perf_counter()

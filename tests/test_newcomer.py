@@ -213,11 +213,12 @@ def test_page_texts_follow_the_model_and_the_count(tiny_dir):
     assert "a number typed outside is set to the nearest limit" in texts  # guidance is clamped in the browser
 
 
-def test_real_model_on_cpu_is_said_plainly():
+def test_real_model_on_cpu_is_said_plainly(tiny_dir):
     texts = app.model_texts(SDXL_BASE, on_cpu=True)
     assert texts["notice"] == app.CPU_NOTICE and "jax[cuda12]" in texts["notice"]
     assert app.model_texts(SDXL_BASE, on_cpu=False)["notice"] == ""
     assert app.model_texts("tiny", on_cpu=True)["notice"] == ""
+    assert app.model_texts(str(tiny_dir), on_cpu=True) == app.model_texts("tiny", on_cpu=True)  # tiny by its path
     assert app.model_card_url("acme/my-sdxl") == "https://huggingface.co/acme/my-sdxl"
     assert "acme/my-sdxl" in app.header_links("acme/my-sdxl")
 
