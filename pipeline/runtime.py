@@ -22,7 +22,8 @@ def quiet_start() -> None:
     - diffusers 0.39 / transformers 4.57 announce on every Flax class that Flax support ends (the pins are on purpose).
     - huggingface_hub's logger has its own handler and also propagates to the root logger's: each line twice.
     """
-    warnings.filterwarnings("ignore", message=r".*HTTP_422_UNPROCESSABLE_ENTITY", category=DeprecationWarning)
+    # StarletteDeprecationWarning subclasses UserWarning, not DeprecationWarning: matched by its message only.
+    warnings.filterwarnings("ignore", message=r".*HTTP_422_UNPROCESSABLE_ENTITY")
     from huggingface_hub.utils import logging as hub_logging
 
     hub_logging.disable_propagation()
