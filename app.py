@@ -31,8 +31,10 @@ import gradio as gr
 
 from pipeline import Generator, InvalidInput
 from pipeline.loading import ModelLoadError
-from pipeline.settings import SDXL_BASE, TINY_MODEL
+from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
+from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
+from pipeline.tiny import COMPLETE_MARKER
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -41,7 +43,14 @@ ROOT = pathlib.Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 CSS_PATH = ASSETS / "style.css"
 HEADER_PATH = ASSETS / "header.md"
-FOOTER_PATH = ASSETS / "footer.md"
+FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
+FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model
+FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own card and licence apply
+#: Said at start-up and on the page when a real model runs on JAX's CPU backend (e.g. a GPU Space with CPU JAX).
+CPU_NOTICE = (
+    "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
+    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy as a Hugging Face Space").'
+)
 
 TITLE = "Stable Diffusion XL on JAX"
 MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
@@ -52,8 +61,6 @@ JAX_URL = "https://github.com/jax-ml/jax"
 DEFAULT_GUIDANCE = 5.0
 DEFAULT_QUEUE_SIZE = 20
 GENERATION_FAILED = "Generation failed on the server; please try again."
-#: Shape used when --model tiny is given without --height/--width/--steps: starts in seconds on a laptop CPU.
-TINY_DEFAULTS = {"height": 128, "width": 128, "steps": 4}
 #: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
 DELETE_CACHE = (300, 900)
 #: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
@@ -82,9 +89,37 @@ def _read_template(path: pathlib.Path, **values: object) -> str:
     return string.Template(path.read_text(encoding="utf-8")).safe_substitute({k: str(v) for k, v in values.items()})
 
 
-def header_links() -> str:
+def model_card_url(model: str) -> str:
+    """The served model's card on the Hub; "" for the tiny test model and local directories (no card to link)."""
+    model = model.strip()
+    if model == SDXL_BASE:
+        return MODEL_CARD_URL
+    if is_tiny(model) or pathlib.Path(model).expanduser().exists() or model.count("/") != 1:
+        return ""
+    return f"https://huggingface.co/{model}"
+
+
+def is_tiny(model: str) -> bool:
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    model = model.strip()
+    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+
+
+def model_texts(model: str, on_cpu: bool) -> dict[str, str]:
+    """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0."""
+    model = model.strip()
+    if is_tiny(model):
+        footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
+    else:
+        footer, about = (FOOTER_PATH, "") if model == SDXL_BASE else (FOOTER_OTHER_PATH, f"Model: `{model}`")
+    notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
+    return {"footer_path": str(footer), "about": about, "notice": notice}
+
+
+def header_links(model: str = SDXL_BASE) -> str:
     """Markdown links under the title: model card, JAX, and the project's source when PROJECT_URL is set."""
-    links = [f"[Model card]({MODEL_CARD_URL})", f"[JAX]({JAX_URL})"]
+    card = model_card_url(model)
+    links = ([f"[Model card]({card})"] if card else []) + [f"[JAX]({JAX_URL})"]
     if PROJECT_URL:
         links.append(f"[Source code]({PROJECT_URL})")
     return " · ".join(links)
@@ -192,18 +227,27 @@ def build_demo(
     config = generator.config
     count = generator.num_images
     files = _RunFiles()
+    texts = model_texts(config.model, on_cpu=str(generator.device_kind).lower() == "cpu")
     header = _read_template(
         HEADER_PATH,
         title=TITLE,
         device_summary=generator.device_summary,
         count=count,
+        images=f"{count} image{'s' if count != 1 else ''}",
         width=config.width,
         height=config.height,
         steps=config.steps,
         model=config.model,
-        links=header_links(),
+        about=texts["about"],
+        notice=texts["notice"],
+        links=header_links(config.model),
     )
-    footer = _read_template(FOOTER_PATH, license_url=LICENSE_URL, model_card_url=MODEL_CARD_URL)
+    footer = _read_template(
+        pathlib.Path(texts["footer_path"]),
+        license_url=LICENSE_URL,
+        model_card_url=model_card_url(config.model) or MODEL_CARD_URL,
+        model=config.model,
+    )
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         with gr.Column(elem_id="app"):
@@ -212,10 +256,9 @@ def build_demo(
                 prompt = gr.Textbox(
                     label="Prompt",
                     show_label=False,
-                    placeholder="Describe the image you want, then press Enter",
+                    placeholder="Describe the image you want",
                     lines=1,
-                    max_lines=3,
-                    max_length=MAX_PROMPT_CHARS,
+                    max_lines=3,  # no max_length: a longer prompt gets a message naming the limit, not a silent cut
                     autofocus=True,
                     container=False,
                     scale=5,
@@ -235,7 +278,7 @@ def build_demo(
                 buttons=["download", "fullscreen"],
                 elem_id="gallery",
             )
-            status = gr.Markdown("", elem_id="status")
+            status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
             with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                 with gr.Row():
                     style = gr.Dropdown(
@@ -247,22 +290,23 @@ def build_demo(
                         value=DEFAULT_GUIDANCE,
                         step=0.5,
                         label="Guidance scale",
-                        info="How closely to follow the prompt",
+                        info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
+                        "a number typed outside is set to the nearest limit)",
                     )
                 negative = gr.Textbox(
                     value="",  # an initial value makes the API parameter optional
                     label="Negative prompt",
                     placeholder="What to keep out of the image",
+                    info=f"Up to {MAX_PROMPT_CHARS:,} characters, like the prompt",
                     lines=1,
                     max_lines=3,
-                    max_length=MAX_PROMPT_CHARS,
                 )
                 with gr.Row(equal_height=True):
                     seed = gr.Number(
                         label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
                     )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-            gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Examples")
+            example_set = gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Examples")
             gr.Markdown(footer, elem_id="footer")
 
         gr.on(
@@ -278,7 +322,10 @@ def build_demo(
             concurrency_limit=1,
             concurrency_id="generate",
             show_progress="full",
+            show_progress_on=[gallery],  # one progress bar, and one error badge, not one per output
         )
+        # A new prompt from the examples must not sit above the previous prompt's images.
+        example_set.dataset.click(lambda: ([], ""), outputs=[gallery, status], api_name=False, queue=False)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
     return demo
@@ -297,9 +344,11 @@ def launch(
     share: bool = False,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    auth: Sequence[tuple[str, str]] | None = None,
 ) -> gr.Blocks:
-    """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time)."""
+    """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
     demo.launch(
+        auth=list(auth) if auth else None,
         server_name=host,
         server_port=port,
         share=share,
@@ -388,22 +437,64 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
     )
     add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
+    add(
+        "--auth",
+        action="append",
+        metavar="USER:PASSWORD",
+        default=[],
+        help="require this login (repeat for more users) [SDXL_AUTH: one USER:PASSWORD]",
+    )
+    add(
+        "--auth-file",
+        metavar="FILE",
+        default=_env("SDXL_AUTH_FILE"),
+        help="require a login from this file, one USER:PASSWORD a line [SDXL_AUTH_FILE]",
+    )
+    add(
+        "--cpu-devices",
+        type=int,
+        default=_env("SDXL_CPU_DEVICES"),
+        help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
+        "[SDXL_CPU_DEVICES; default one per core]",
+    )
     args = parser.parse_args(argv)
+    try:
+        args.auth = read_auth(args.auth or [_env("SDXL_AUTH")], args.auth_file)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
-    if args.model.strip() == TINY_MODEL:
-        for key, value in TINY_DEFAULTS.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
+    for key, value in zip(("height", "width", "steps"), shape_defaults(args.model), strict=True):
+        if getattr(args, key) is None:  # one set of defaults per model, shared with the CLI (pipeline.settings)
+            setattr(args, key, value)
     return args
+
+
+def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:
+    """USER:PASSWORD pairs from flags/env and from a file (one a line, '#' comments) for Gradio's own login."""
+    lines = [str(p) for p in pairs if p]
+    if path:
+        text = pathlib.Path(path).read_text(encoding="utf-8-sig")
+        lines += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    logins = []
+    for number, line in enumerate(lines, 1):
+        user, sep, password = line.partition(":")
+        if not (sep and user.strip() and password):
+            where = f"{path}, login {number}" if path else f"login {number}"
+            raise ValueError(f"{where}: expected USER:PASSWORD with both parts non-empty")  # never echo a password
+        logins.append((user.strip(), password))
+    return logins
 
 
 def load_generator(args: argparse.Namespace) -> Generator:
     """Load, compile and warm up, logging each phase with its time."""
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
+    real_model = not is_tiny(args.model)
+    if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
+        logger.warning(CPU_NOTICE.replace("`", ""))
     started = time.perf_counter()
     generator = Generator.from_pretrained(
         args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, variant=args.variant, unet=args.unet,
@@ -418,6 +509,8 @@ def load_generator(args: argparse.Namespace) -> Generator:
         "ready to compile: %s, %dx%d, %d steps, %s, %d images per request",
         generator.device_summary, config.width, config.height, config.steps, config.dtype, generator.num_images,
     )  # fmt: skip
+    if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
+        logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))
@@ -430,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     args = parse_args(argv)
+    use_cpu_cores(args.cpu_devices)  # before anything imports JAX; app.py itself never does
+    quiet_start()
     try:
         prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
         styles = load_styles()
@@ -457,7 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True)
+    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True, auth=args.auth)
+    if args.auth:
+        logger.info("login required: %d user(s)", len(args.auth))
     logger.info("web UI up in %.2f s", time.perf_counter() - started)
     print(f"Running on {demo.local_url}", flush=True)
     if demo.share_url:

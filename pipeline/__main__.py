@@ -15,7 +15,9 @@ import time
 
 from .convert import CheckpointError
 from .loading import ModelLoadError
-from .settings import DTYPES, SDXL_BASE
+from .runtime import quiet_start, use_cpu_cores
+from .settings import DTYPES, SDXL_BASE, shape_defaults
+from .styles import DEFAULT_STYLE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
 EXIT_BAD_INPUT = 2
@@ -39,16 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--unet", default=None, help="whole-UNet .safetensors replacing the model's: PATH or REPO:FILE")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default="")
+    gen.add_argument("--style", default=DEFAULT_STYLE, help=f"preset from assets/styles.json (default {DEFAULT_STYLE})")
     gen.add_argument("--seed", default="0", help="0..4294967295, or 'random' (default 0)")
     gen.add_argument(
         "--guidance-scale", type=float, default=5.0, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
     )
-    gen.add_argument("--steps", type=int, default=25)
-    gen.add_argument("--height", type=int, default=1024)
-    gen.add_argument("--width", type=int, default=1024)
+    gen.add_argument("--steps", type=int, default=None, help="default 25, 4 for tiny")
+    gen.add_argument("--height", type=int, default=None, help="pixels, a multiple of 8 (default 1024, 128 for tiny)")
+    gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 8 (default 1024, 128 for tiny)")
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
+    gen.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help="CPU only: JAX devices to split the CPU into (default: 1 per core)",
+    )
     gen.add_argument("--out", required=True, help="directory for the PNG files")
     gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     return parser
@@ -57,21 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from .compilation import CompileCounter
     from .generator import Generator
-    from .validation import check_guidance, clean_text, resolve_seed
+    from .validation import validate_request
 
-    # Check what the user typed before spending time on loading and compiling.
+    # Check what the user typed before spending time on loading and compiling: the same checks as the UI and API.
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
-    seed = resolve_seed(None if randomize else args.seed, randomize=randomize)
-    prompt = clean_text(args.prompt, field="prompt")
-    negative_prompt = clean_text(args.negative_prompt, field="negative prompt")
-    guidance_scale = check_guidance(args.guidance_scale)
+    request = validate_request(
+        args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed, randomize
+    )
+    height, width, steps = (
+        given if given is not None else default
+        for given, default in zip((args.height, args.width, args.steps), shape_defaults(args.model), strict=True)
+    )
     started = time.perf_counter()
     generator = Generator.from_pretrained(
         args.model,
         revision=args.revision,
-        height=args.height,
-        width=args.width,
-        steps=args.steps,
+        height=height,
+        width=width,
+        steps=steps,
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
@@ -79,7 +91,12 @@ def _generate(args: argparse.Namespace) -> int:
         unet=args.unet,
     )
     warmup = generator.warmup()
-    result = generator.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale)
+    result = generator.generate(
+        request.styled_prompt,
+        negative_prompt=request.styled_negative_prompt,
+        seed=request.seed,
+        guidance_scale=request.guidance_scale,
+    )
     paths = result.save_pngs(args.out)
     summary = {
         "images": [str(p) for p in paths],
@@ -110,6 +127,9 @@ def _generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        use_cpu_cores(args.cpu_devices)  # before JAX is imported
+    quiet_start()
     try:
         if args.command == "make-tiny":
             from .tiny import make_tiny

@@ -29,7 +29,7 @@ from .diffusion import Modules, generate_local
 from .loading import LoadedModel, load_model
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
-from .text import dropped_text, tokenize
+from .text import dropped_text, summarize_dropped, tokenize
 from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
@@ -151,11 +151,10 @@ class Generator:
 
     def _check_shape(self) -> None:
         latent_multiple = self._modules.vae_scale_factor
-        if self.config.height % latent_multiple or self.config.width % latent_multiple:
-            raise InvalidInput(
-                f"Height and width must be multiples of {latent_multiple}; "
-                f"got {self.config.height}×{self.config.width}."
-            )
+        for name in ("height", "width"):  # name the value the user got wrong, not the pair
+            value = getattr(self.config, name)
+            if value % latent_multiple:
+                raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
     def _program(self):
         """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
@@ -232,9 +231,7 @@ class Generator:
         off_device = time.perf_counter()
 
         dropped = dropped_text(self._tokenizers[0], prompt)
-        truncated = (
-            f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{dropped}”." if dropped else ""
-        )
+        truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast
         parameters = [
             image_io.describe(
                 prompt=prompt,

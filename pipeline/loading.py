@@ -186,10 +186,15 @@ def load_model(
     revision = None if is_local else (revision or default_revision(source))
     directory = source
     if not is_local:
-        try:
-            directory = download_checkpoint(source, revision=revision, variant=variant)
-        except Exception as exc:  # huggingface_hub raises many types; turn each into one line
-            raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
+        from .hub import source_when_offline
+
+        # No network: the cached snapshot, or one line with the download command (not 25 s of retries).
+        directory = source_when_offline(source, revision)
+        if directory == source:
+            try:
+                directory = download_checkpoint(source, revision=revision, variant=variant)
+            except Exception as exc:  # huggingface_hub raises many types; turn each into one line
+                raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
         check_sdxl_directory(Path(directory))
     if unet or not has_flax_weights(Path(directory)):
         return load_per_component(
@@ -218,6 +223,8 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
         return f"Could not load the checkpoint in {source}: {detail}"
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+    from .hub import download_command
+
     where = f"{source}" + (f" (revision {revision})" if revision else "")
     if isinstance(exc, RepositoryNotFoundError):
         return f"Hub model {where} was not found (or needs a token: set HF_TOKEN); check the id."
@@ -226,7 +233,7 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
     if isinstance(exc, (LocalEntryNotFoundError, ConnectionError, OSError)):
         return (
             f"Could not download {where} from the Hugging Face Hub (no network, or not in the local cache); "
-            "download it where there is network (huggingface-cli download) or pass a local directory or 'tiny'."
+            f"where there is network run `{download_command(source, revision)}`, or pass a local directory or 'tiny'."
         )
     return f"Could not load {where}: {detail}"
 

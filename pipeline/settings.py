@@ -16,6 +16,17 @@ SDXL_BASE_FLAX_REVISION = "refs/pr/95"
 #: `model` value that selects the project's own tiny random-weight checkpoint (built once into a cache dir).
 TINY_MODEL = "tiny"
 
+#: Shape each model starts with when the user gives no --height/--width/--steps: (height, width, steps).
+#: The tiny model's is small enough to start in seconds on a laptop CPU; every other model gets SDXL's own.
+SHAPE_DEFAULTS = {TINY_MODEL: (128, 128, 4)}
+SDXL_SHAPE = (1024, 1024, 25)
+
+
+def shape_defaults(model: str) -> tuple[int, int, int]:
+    """(height, width, steps) for `model` when the user sets none: one place for the app, the CLI and the engine."""
+    return SHAPE_DEFAULTS.get(str(model).strip(), SDXL_SHAPE)
+
+
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
 

@@ -208,7 +208,7 @@ def test_cli_reads_env_and_flag_wins(monkeypatch):
     assert (args.height, args.width, args.queue_size, args.share) == (128, 128, 20, False)
     monkeypatch.delenv("SDXL_MODEL")
     args = app.parse_args([])
-    assert (args.model, args.height) == ("stabilityai/stable-diffusion-xl-base-1.0", None)
+    assert (args.model, args.height, args.width) == ("stabilityai/stable-diffusion-xl-base-1.0", 1024, 1024)
 
 
 def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
