@@ -32,6 +32,8 @@ class EngineConfig:
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
+    progress: bool = False  # static: a host callback per denoising step reports live progress (see progress.py)
 
     @property
     def shape(self) -> tuple[int, int, int]:
