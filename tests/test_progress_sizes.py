@@ -17,7 +17,9 @@ def test_progress_fires_once_per_step_in_order(ui_engine):
     before = ui_engine.compile_count
     for size in UI_SIZES:
         seen: list[tuple[int, int]] = []
-        result = ui_engine.generate("a red apple", seed=1, size=size, progress=lambda k, n: seen.append((k, n)))
+        result = ui_engine.generate(
+            "a red apple", seed=1, size=size, progress=lambda k, n, seen=seen: seen.append((k, n))
+        )
         assert seen == [(k, UI_STEPS) for k in range(1, UI_STEPS + 1)]  # 8 devices call back; reported once
         assert result.images[0].size == (size[1], size[0])  # PIL: (width, height)
         assert f"Size: {size[1]}x{size[0]}" in result.parameters[0]
