@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -162,8 +163,13 @@ def make_generate_fn(
         except InvalidInput as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
 
+        # Step reports come from the device runtime's threads; gr.Progress finds its request through context
+        # variables, so each report runs in a copy of this request's context (one at a time).
+        context, context_lock = contextvars.copy_context(), threading.Lock()
+
         def on_step(step: int, total: int) -> None:
-            progress((step, total), desc=f"step {step} / {total}", unit="steps")
+            with context_lock:
+                context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
         started = time.perf_counter()
         try:
