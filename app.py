@@ -230,7 +230,9 @@ def build_demo(
         height=config.height,
         steps=config.steps,
         model=config.model,
-        more_sizes=f" (or {len(sizes) - 1} other aspect ratios)" if len(sizes) > 1 else "",
+        more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
+        if len(sizes) > 1
+        else "",
         links=header_links(),
     )
     footer = _read_template(FOOTER_PATH, license_url=LICENSE_URL, model_card_url=MODEL_CARD_URL)
@@ -334,6 +336,7 @@ def build_demo(
             concurrency_limit=1,
             concurrency_id="generate",
             show_progress="full",
+            show_progress_on=[gallery],  # one "step k / N" bar, over the images
         )
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
