@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -33,6 +35,7 @@ from pipeline import Generator, InvalidInput
 from pipeline.loading import ModelLoadError
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
 from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
+from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.tiny import COMPLETE_MARKER
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
@@ -65,6 +68,8 @@ GENERATION_FAILED = "Generation failed on the server; please try again."
 DELETE_CACHE = (300, 900)
 #: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
 KEEP_RUNS = 4
+#: Seed of example i (fixed, with randomize off, so a cached example shows what its inputs really produce).
+EXAMPLE_SEED_START = 1
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -149,13 +154,20 @@ class _RunFiles:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def offered_sizes(generator: Any) -> list[tuple[int, int]]:
+    """The generator's precompiled (height, width) sizes, the default first."""
+    config = generator.config
+    return list(getattr(generator, "sizes", None) or [(config.height, config.width)])
+
+
 def make_generate_fn(
     generator: Any,
     styles: Mapping[str, Any],
     prompt_filter: PromptFilter | None,
     files: _RunFiles,
 ):
-    """The function behind the Generate button and the /generate API endpoint."""
+    """The function behind the Generate button, the examples and the /generate API endpoint."""
+    sizes = offered_sizes(generator)
 
     def generate(
         prompt: str,
@@ -164,6 +176,8 @@ def make_generate_fn(
         guidance_scale: float = DEFAULT_GUIDANCE,
         seed: int = 0,
         randomize_seed: bool = True,
+        aspect_ratio: str = size_label(*sizes[0]),
+        progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
     ) -> tuple[list[tuple[str, str]], int, str]:
         """Generate one image per accelerator core.
 
@@ -180,8 +194,18 @@ def make_generate_fn(
                 styles=styles,
                 prompt_filter=prompt_filter,
             )
+            height, width = check_size(aspect_ratio, sizes)
         except InvalidInput as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
+
+        # Step reports come from the device runtime's threads; gr.Progress finds its request through context
+        # variables, so each report runs in a copy of this request's context (one at a time).
+        context, context_lock = contextvars.copy_context(), threading.Lock()
+
+        def on_step(step: int, total: int) -> None:
+            with context_lock:
+                context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+
         started = time.perf_counter()
         try:
             result = generator.generate(
@@ -189,6 +213,8 @@ def make_generate_fn(
                 negative_prompt=request.styled_negative_prompt,
                 seed=request.seed,
                 guidance_scale=request.guidance_scale,
+                size=(height, width),
+                progress=on_step,
             )
             paths = result.save_pngs(files.new_dir(), stem=f"sdxl-{request.seed}")
         except InvalidInput as exc:  # the engine re-checks what it is given (e.g. a styled prompt over the cap)
@@ -203,11 +229,12 @@ def make_generate_fn(
             "generated %d images: seed %d, style %s, guidance %g, engine %.2f s, with PNGs %.2f s",
             count, request.seed, request.style, request.guidance_scale, engine_s, elapsed,
         )  # fmt: skip
-        status = f"{count} image{'s' if count != 1 else ''} in {engine_s:.1f} s · seed {request.seed}"
+        plural = "s" if count != 1 else ""
+        status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · seed {request.seed}"
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
-        captions = [f"seed {s}" for s in result.seeds]
+        captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
         return [(str(p), c) for p, c in zip(paths, captions, strict=True)], request.seed, status
 
     return generate
@@ -228,6 +255,8 @@ def build_demo(
     count = generator.num_images
     files = _RunFiles()
     texts = model_texts(config.model, on_cpu=str(generator.device_kind).lower() == "cpu")
+    sizes = offered_sizes(generator)
+    size_labels = [size_label(h, w) for h, w in sizes]
     header = _read_template(
         HEADER_PATH,
         title=TITLE,
@@ -238,6 +267,9 @@ def build_demo(
         height=config.height,
         steps=config.steps,
         model=config.model,
+        more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
+        if len(sizes) > 1
+        else "",
         about=texts["about"],
         notice=texts["notice"],
         links=header_links(config.model),
@@ -306,13 +338,39 @@ def build_demo(
                         label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
                     )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-            example_set = gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Examples")
+                aspect = gr.Dropdown(
+                    choices=size_labels,
+                    value=size_labels[0],
+                    label="Aspect ratio",
+                    info="Width×height; every size is precompiled",
+                    allow_custom_value=False,
+                    elem_id="aspect",
+                )
+            generate_fn = make_generate_fn(generator, styles, prompt_filter, files)
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect]
+            with _examples_cache(files.root / "examples"):
+                gr.Examples(
+                    # Each example fills every input (fixed seed, randomize off): its cached images are honest.
+                    examples=[
+                        [text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0]]
+                        for i, text in enumerate(examples)
+                    ],
+                    example_labels=list(examples),
+                    inputs=inputs,
+                    outputs=[gallery, seed, status],
+                    fn=generate_fn,
+                    cache_examples=True,
+                    cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                    preprocess=False,  # the same raw payloads and validation as the Generate button
+                    label="Examples",
+                    elem_id="examples",
+                )
             gr.Markdown(footer, elem_id="footer")
 
         gr.on(
             triggers=[run.click, prompt.submit],
-            fn=make_generate_fn(generator, styles, prompt_filter, files),
-            inputs=[prompt, negative, style, guidance, seed, randomize],
+            fn=generate_fn,
+            inputs=inputs,
             outputs=[gallery, seed, status],
             api_name="generate",
             api_description="One image per accelerator core; returns the images, the seed used and a status line.",
@@ -322,13 +380,26 @@ def build_demo(
             concurrency_limit=1,
             concurrency_id="generate",
             show_progress="full",
-            show_progress_on=[gallery],  # one progress bar, and one error badge, not one per output
+            show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
         )
-        # A new prompt from the examples must not sit above the previous prompt's images.
-        example_set.dataset.click(lambda: ([], ""), outputs=[gallery, status], api_name=False, queue=False)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
     return demo
+
+
+@contextlib.contextmanager
+def _examples_cache(directory: pathlib.Path):
+    """Keep this app's cached examples in its own temporary folder (Gradio reads GRADIO_EXAMPLES_CACHE when building
+    gr.Examples), so a restart with another model or size never shows images cached by a previous one."""
+    previous = os.environ.get("GRADIO_EXAMPLES_CACHE")
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(directory)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("GRADIO_EXAMPLES_CACHE", None)
+        else:
+            os.environ["GRADIO_EXAMPLES_CACHE"] = previous
 
 
 def theme() -> gr.themes.Base:
@@ -403,15 +474,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--height",
         type=int,
         default=_env("SDXL_HEIGHT"),
-        help="image height in pixels, multiple of 8 [SDXL_HEIGHT; default 1024, 128 for tiny]",
+        help="image height in pixels, multiple of 32 [SDXL_HEIGHT; default 1024, 128 for tiny]",
     )
     add(
         "--width",
         type=int,
         default=_env("SDXL_WIDTH"),
-        help="image width in pixels, multiple of 8 [SDXL_WIDTH; default 1024, 128 for tiny]",
+        help="image width in pixels, multiple of 32 [SDXL_WIDTH; default 1024, 128 for tiny]",
     )
     add("--steps", type=int, default=_env("SDXL_STEPS"), help="denoising steps [SDXL_STEPS; default 25, 4 for tiny]")
+    add(
+        "--sizes",
+        metavar="WxH,WxH,...",
+        default=_env("SDXL_SIZES"),
+        help="offered sizes, each compiled at start-up, the first the default [SDXL_SIZES; default SDXL's 9 trained "
+        "sizes (1024x1024, 1152x896, ..., 640x1536), the same ratios at ~128 px for tiny; --height/--width alone: one]",
+    )
+    add(
+        "--no-progress",
+        action="store_true",
+        default=str(_env("SDXL_NO_PROGRESS", "")).lower() in ("1", "true", "yes"),
+        help="no live step progress: the compiled program has no per-step host callback [SDXL_NO_PROGRESS]",
+    )
     add(
         "--dtype",
         choices=["bfloat16", "float32"],
@@ -466,6 +550,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--queue-size must be at least 1")
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
+    one_size = args.height is not None or args.width is not None
+    if args.sizes:
+        try:
+            args.sizes = parse_sizes(args.sizes)
+        except InvalidInput as exc:
+            parser.error(str(exc))
+    elif not one_size:
+        args.sizes = default_sizes(tiny=args.model.strip() == TINY_MODEL)
     for key, value in zip(("height", "width", "steps"), shape_defaults(args.model), strict=True):
         if getattr(args, key) is None:  # one set of defaults per model, shared with the CLI (pipeline.settings)
             setattr(args, key, value)
@@ -491,15 +583,24 @@ def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[st
 def load_generator(args: argparse.Namespace) -> Generator:
     """Load, compile and warm up, logging each phase with its time."""
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
+    sizes = getattr(args, "sizes", None)
+    if sizes:  # the first offered size is the default one
+        shape["height"], shape["width"] = sizes[0]
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
     real_model = not is_tiny(args.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
         logger.warning(CPU_NOTICE.replace("`", ""))
     started = time.perf_counter()
     generator = Generator.from_pretrained(
-        args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, variant=args.variant, unet=args.unet,
+        args.model,
+        dtype=args.dtype,
+        per_device_batch=args.per_device_batch,
+        variant=args.variant,
+        unet=args.unet,
+        sizes=sizes or None,
+        progress=not getattr(args, "no_progress", False),
         **shape,
-    )  # fmt: skip
+    )
     timings = dict(getattr(generator, "load_timings", {}) or {})
     for phase in ("load", "cast", "replicate"):
         if f"{phase}_s" in timings:
@@ -511,6 +612,8 @@ def load_generator(args: argparse.Namespace) -> Generator:
     )  # fmt: skip
     if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
         logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
+    if sizes:
+        logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in sizes))
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))

@@ -22,8 +22,8 @@ import time
 import warnings
 from pathlib import Path
 
-PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak")
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops")
+PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes")
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict:
              f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
              f"parts: {', '.join(args.parts)}")  # fmt: skip
     generator = None
-    if {"reference", "app", "recompiles", "soak"} & set(args.parts):
+    if {"reference", "app", "recompiles", "soak", "progress"} & set(args.parts):
         from pipeline.generator import Generator
 
         progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
@@ -153,6 +153,16 @@ def run(args: argparse.Namespace) -> dict:
         results["soak"] = soak(
             generator, requests=args.soak_requests, clients=args.soak_clients, queue_size=args.queue_size
         )
+    if "progress" in args.parts:
+        from .progress import progress_overhead
+
+        progress(f"progress: per call with vs without a host callback per step ({args.runs} interleaved runs) ...")
+        results["progress"] = progress_overhead(generator, args.runs)
+    if "sizes" in args.parts:
+        from .progress import sizes_startup
+
+        progress("sizes: app start-up with 1 size vs all, cold and warm cache (six app starts) ...")
+        results["sizes"] = sizes_startup(args.steps, args.dtype)
     results["bench_s"] = time.perf_counter() - started
     return results
 

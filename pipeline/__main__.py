@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--guidance-scale", type=float, default=5.0, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
     )
     gen.add_argument("--steps", type=int, default=None, help="default 25, 4 for tiny")
-    gen.add_argument("--height", type=int, default=None, help="pixels, a multiple of 8 (default 1024, 128 for tiny)")
-    gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 8 (default 1024, 128 for tiny)")
+    gen.add_argument("--height", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
+    gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")

@@ -63,8 +63,11 @@ def conditioning(modules: Modules, params, prompt_ids, negative_ids, has_negativ
     return hidden, {"text_embeds": pooled, "time_ids": time_ids}
 
 
-def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, steps: int):
-    """Euler sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised latents."""
+def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, steps: int, on_step=None):
+    """Euler sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised latents.
+
+    `on_step(index, latents)`, when given (static), is traced into the loop body after each step (live progress).
+    """
     scheduler = modules.scheduler
     state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=steps, shape=latents.shape)
     latents = latents * state.init_noise_sigma
@@ -85,6 +88,8 @@ def denoise(modules: Modules, params, latents, hidden, added_cond, guidance, ste
         uncond, cond = jnp.split(noise, 2, axis=0)
         noise = uncond + guidance * (cond - uncond)
         latents, state = scheduler.step(state, noise, t, latents).to_tuple()
+        if on_step is not None:
+            on_step(index, latents)
         return latents, state
 
     latents, _ = jax.lax.fori_loop(0, steps, step, (latents, state))
@@ -103,18 +108,22 @@ def to_uint8(image):
     return jnp.round(image * 255).astype(jnp.uint8)
 
 
-def generate_from_latents(modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int):
+def generate_from_latents(
+    modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int, on_step=None
+):
     """Images in [0, 1] for given initial latents: text encoders -> denoising loop -> VAE decode."""
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     hidden, added_cond = conditioning(modules, params, prompt_ids, negative_ids, has_negative, height, width)
-    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps)
+    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps, on_step=on_step)
     return decode(modules, params, latents)
 
 
-def generate_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps):
+def generate_local(
+    modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps, on_step=None
+):
     """The per-device program: seeds uint32 [b] (+ ids [b, 2, 77], flags [b], guidance [b]) -> uint8 [b, H, W, 3]."""
     latents = initial_latents(seeds, height, width, modules.vae_scale_factor)
     image = generate_from_latents(
-        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps
+        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps, on_step=on_step
     )
     return to_uint8(image)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
 from .loading import LoadedModel, load_model
+from .progress import Listener, StepReporter
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
 from .text import dropped_text, summarize_dropped, tokenize
@@ -85,6 +87,8 @@ class Generator:
         }
         self._batch_sharding = batch_sharded(self.mesh)
         self._compiled: dict[tuple[int, int, int], jax.stages.Compiled] = {}
+        self._reporter = StepReporter() if config.progress else None  # static: None = no callback in the program
+        self._device_lock = threading.Lock()  # one call on the devices at a time, so progress has one listener
         self._compiles_at_start = CompileCounter.compiles()
 
     @classmethod
@@ -103,6 +107,8 @@ class Generator:
         variant: str | None = None,
         unet: str | None = None,
         conversion_cache: bool = True,
+        sizes: list[tuple[int, int]] | None = None,
+        progress: bool = False,
     ) -> Generator:
         """Load `model` (Hub id, local diffusers directory, or "tiny") and place it on `devices` (default: all).
 
@@ -124,6 +130,8 @@ class Generator:
             variant=variant,
             unet=unet,
             conversion_cache=conversion_cache,
+            sizes=tuple((int(h), int(w)) for h, w in sizes or ()),
+            progress=progress,
         )
         CompileCounter.install()
         configure_compilation_cache(compilation_cache)
@@ -136,8 +144,14 @@ class Generator:
     # ---- static shapes -------------------------------------------------------------------------------------------
 
     def supported_shapes(self) -> list[tuple[int, int, int]]:
-        """The (height, width, steps) combinations this generator serves."""
-        return [self.config.shape]
+        """The (height, width, steps) combinations this generator serves, the configured shape first."""
+        return [(height, width, self.config.steps) for height, width in self.sizes]
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """The offered (height, width) sizes, the default first: --sizes, else the one height×width."""
+        sizes = [(self.config.height, self.config.width)]
+        return sizes + [size for size in self.config.sizes if size not in sizes]
 
     @property
     def device_summary(self) -> str:
@@ -150,16 +164,21 @@ class Generator:
         return CompileCounter.compiles() - self._compiles_at_start
 
     def _check_shape(self) -> None:
-        latent_multiple = self._modules.vae_scale_factor
-        for name in ("height", "width"):  # name the value the user got wrong, not the pair
-            value = getattr(self.config, name)
-            if value % latent_multiple:
-                raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
+        # The UNet halves the latents once per down block but the last: sides must divide evenly all the way down.
+        halvings = len(self._modules.unet.config.down_block_types) - 1
+        latent_multiple = self._modules.vae_scale_factor * 2**halvings
+        for size in self.sizes:
+            for name, value in zip(("height", "width"), size, strict=True):  # name the value the user got wrong
+                if value % latent_multiple:
+                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
-    def _program(self):
+    def _program(self, shape: tuple[int, int, int]):
         """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
-        height, width, steps = self.config.shape
-        local = functools.partial(generate_local, self._modules, height=height, width=width, steps=steps)
+        height, width, steps = shape
+        on_step = self._reporter.on_step if self._reporter is not None else None
+        local = functools.partial(
+            generate_local, self._modules, height=height, width=width, steps=steps, on_step=on_step
+        )
         batch = P(DATA_AXIS)
         sharded = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False
@@ -184,38 +203,48 @@ class Generator:
         shape = shape or self.config.shape
         check_shape(*shape, self.supported_shapes())
         if shape not in self._compiled:
-            self._compiled[shape] = self._program().lower(*self._abstract_inputs()).compile()
+            self._compiled[shape] = self._program(shape).lower(*self._abstract_inputs()).compile()
         return self._compiled[shape]
 
     def warmup(self) -> dict[str, float]:
-        """Compile every configured shape and run it once, timing the two apart."""
-        timings = {}
+        """Compile every offered shape and run it once; compile_s and first_run_s are totals over the shapes."""
+        timings = {"compile_s": 0.0, "first_run_s": 0.0}
         for shape in self.supported_shapes():
             started = time.perf_counter()
             self.compiled(shape)
-            timings["compile_s"] = time.perf_counter() - started
+            compile_s = time.perf_counter() - started
             started = time.perf_counter()
-            self.generate("warm-up", seed=0)
-            timings["first_run_s"] = time.perf_counter() - started
-            logger.info(
-                "compiled %dx%d, %d steps in %.1f s; first run %.2f s",
-                *shape,
-                timings["compile_s"],
-                timings["first_run_s"],
-            )
+            self.generate("warm-up", seed=0, size=shape[:2])
+            first_run_s = time.perf_counter() - started
+            timings["compile_s"] += compile_s
+            timings["first_run_s"] += first_run_s
+            logger.info("compiled %dx%d, %d steps in %.1f s; first run %.2f s", *shape, compile_s, first_run_s)
         return timings
 
     # ---- one call ------------------------------------------------------------------------------------------------
 
     def generate(
-        self, prompt: str, *, negative_prompt: str = "", seed: int = 0, guidance_scale: float = 5.0
+        self,
+        prompt: str,
+        *,
+        negative_prompt: str = "",
+        seed: int = 0,
+        guidance_scale: float = 5.0,
+        size: tuple[int, int] | None = None,
+        progress: Listener | None = None,
     ) -> GenerationResult:
-        """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32."""
+        """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32.
+
+        `size` (height, width) picks one of the offered sizes (default: the first); `progress(step, total)` is
+        called after each denoising step when the generator was built with progress=True.
+        """
         started = time.perf_counter()
         prompt = clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS)
         negative_prompt = clean_text(negative_prompt, field="negative prompt", max_chars=STYLED_MAX_CHARS)
         guidance_scale = check_guidance(guidance_scale)
         seed = resolve_seed(seed)
+        height, width = size or self.sizes[0]
+        check_shape(height, width, self.config.steps, self.supported_shapes())
         seeds = [(seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n = self.num_images
@@ -224,11 +253,19 @@ class Generator:
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
         guidance = np.full((n,), guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
-        program = self.compiled()
+        program = self.compiled((height, width, self.config.steps))
         inputs = jax.device_put((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
-        on_device = time.perf_counter()
-        pixels = np.asarray(program(self._params, *inputs))  # uint8 [B, H, W, 3]
-        off_device = time.perf_counter()
+        with self._device_lock:
+            call = self._reporter.begin(self.config.steps, progress) if self._reporter is not None else 0
+            try:
+                on_device = time.perf_counter()
+                pixels = np.asarray(program(self._params, *inputs))  # uint8 [B, H, W, 3]
+                off_device = time.perf_counter()
+                if self._reporter is not None:
+                    jax.effects_barrier()  # every step callback of this call has run before the next call begins
+            finally:
+                if self._reporter is not None:
+                    self._reporter.end(call)
 
         dropped = dropped_text(self._tokenizers[0], prompt)
         truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast
@@ -239,8 +276,8 @@ class Generator:
                 seed=s,
                 steps=self.config.steps,
                 guidance_scale=guidance_scale,
-                height=self.config.height,
-                width=self.config.width,
+                height=height,
+                width=width,
                 model=self.config.model,
                 dtype=self.config.dtype,
             )

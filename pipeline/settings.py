@@ -37,8 +37,8 @@ class EngineConfig:
 
     model: str = SDXL_BASE  # Hub id, local directory in diffusers' layout (Flax or PyTorch safetensors), or "tiny"
     revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
-    height: int = 1024  # static: image height in pixels, a multiple of 8
-    width: int = 1024  # static: image width in pixels, a multiple of 8
+    height: int = 1024  # static: image height in pixels, a multiple of 32 (8 × 2^(UNet down blocks − 1))
+    width: int = 1024  # static: image width in pixels, a multiple of 32
     steps: int = 25  # static: Euler denoising steps
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
@@ -46,6 +46,8 @@ class EngineConfig:
     variant: str | None = None  # PyTorch weight variant to prefer, e.g. "fp16" (*.fp16.safetensors); Flax has none
     unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
+    sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
+    progress: bool = False  # static: a host callback per denoising step reports live progress (see progress.py)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -71,7 +71,7 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         (["--prompt", ""], "error: Please enter a prompt."),
         (["--prompt", " \t "], "error: Please enter a prompt."),
         (["--prompt", "x", "--style", "Sepia"], "error: Unknown style 'Sepia'; choose one of: No style, Cinematic"),
-        (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 8; got 100."),
+        (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 32; got 100."),
     ],
     ids=["empty", "blank", "unknown-style", "height-only"],
 )
@@ -243,7 +243,7 @@ def test_auth_from_flags_file_and_environment(tmp_path, monkeypatch):
     assert "nopassword-here" not in str(info.value)
 
 
-# ---- 7, in a browser: one error message, examples clear old images, a phone-sized page --------------------------
+# ---- 7, in a browser: one error message, examples replace old images, a phone-sized page --------------------------
 
 
 @pytest.mark.browser
@@ -284,15 +284,16 @@ def test_phone_page_error_example_and_layout(engine):
             page.locator("#generate").click()
             page.wait_for_function("document.querySelectorAll('#gallery img').length === 8", timeout=180_000)
             page.screenshot(path=str(artifacts / "newcomer-phone.png"), full_page=True)
+            old = page.evaluate("[...document.querySelectorAll('#gallery img')].map(i => i.src)")
             example = app.load_examples()[0]
             page.get_by_text(example, exact=True).first.click()
-            page.wait_for_function(
-                "(t) => document.querySelector('#prompt textarea').value === t && "
-                "document.querySelectorAll('#gallery img').length === 0",
-                arg=example,
-                timeout=30_000,
+            page.wait_for_function(  # the example's own (cached) images replace the old prompt's
+                "([t, old]) => document.querySelector('#prompt textarea').value === t && "
+                "[...document.querySelectorAll('#gallery img')].length === 8 && "
+                "[...document.querySelectorAll('#gallery img')].every(i => !old.includes(i.src))",
+                arg=[example, old],
+                timeout=180_000,
             )
-            assert page.locator("#status").inner_text().strip() == ""
             browser.close()
     finally:
         app.close_demo(demo)
