@@ -29,7 +29,7 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline import Generator, InvalidInput
+from pipeline import Generator, InvalidInput, distributed
 from pipeline.loading import ModelLoadError
 from pipeline.settings import SDXL_BASE, TINY_MODEL
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
@@ -386,6 +386,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
     )
     add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
+    distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
     args = parser.parse_args(argv)
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
@@ -435,10 +436,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if prompt_filter is not None:
         logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
     try:
+        cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
         generator = load_generator(args)
     except (ModelLoadError, InvalidInput) as exc:
         print(f"app.py: error: {exc}", file=sys.stderr)
         return 2
+    if not cluster.is_leader:
+        return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
+    generator = cluster.lead(generator)
 
     started = time.perf_counter()
     demo = build_demo(
@@ -462,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
     finally:
         close_demo(demo)
+        cluster.stop()  # STOP to the followers (a no-op on one process)
         logger.info("stopped")
     return 0
 
