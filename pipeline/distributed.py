@@ -408,11 +408,11 @@ def start(options: ClusterOptions) -> Cluster:
         except (RuntimeError, ValueError) as exc:
             raise InvalidInput(f"could not join the multi-process run: {str(exc).splitlines()[0]}") from None
     cluster = Cluster(options)
-    logger.info(
-        "%s joined in %.1f s: %d devices in all, %d here",
-        cluster.describe(),
-        time.perf_counter() - started,
-        jax.device_count(),
-        jax.local_device_count(),
+    # Printed, not logged: the CLI logs warnings only, and this line tells each host's operator the slice is up.
+    print(
+        f"{cluster.describe()} joined in {time.perf_counter() - started:.1f} s: "
+        f"{jax.device_count()} devices in all, {jax.local_device_count()} here",
+        file=sys.stderr,
+        flush=True,
     )
     return cluster
