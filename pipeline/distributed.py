@@ -24,6 +24,7 @@ touches a heartbeat key each second; a follower silent for `heartbeat_s`, a slic
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ ENV_HEARTBEAT = "SDXL_HEARTBEAT_TIMEOUT"
 _REQUEST_KEY = "sdxl/request/{}"
 _HEARTBEAT_KEY = "sdxl/heartbeat/{}"
 _POLL_MS = 1000  # how long a follower's wait on the next request blocks before it loops
+_gathers = itertools.count()  # every process gathers in the same order, so the n-th barrier is the same everywhere
+_barrier_timeout_s = 300.0  # set by start() from --cluster-timeout
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,10 @@ def to_host(array: jax.Array) -> np.ndarray:
     """The whole of a (possibly multi-process) array on this host; every process must call it (a collective)."""
     if array.is_fully_addressable:
         return np.asarray(array)
+    # Meet first: gloo gives a late peer only 30 s to join a collective, and one process may still be compiling
+    # (the generate program itself has no cross-process collective, so processes drift apart until here).
+    client = jax._src.distributed.global_state.client
+    client.wait_at_barrier(f"sdxl/gather/{next(_gathers)}", int(_barrier_timeout_s * 1000))
     return multihost_utils.process_allgather(array, tiled=True)
 
 
@@ -385,6 +392,8 @@ def start(options: ClusterOptions) -> Cluster:
     detected = detected_cluster()
     if not (options.explicit or options.auto or detected):
         return Cluster(options)
+    global _barrier_timeout_s
+    _barrier_timeout_s = options.timeout_s
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs (tests); TPU/GPU use their own
     where = options.coordinator_address or detected or "the environment"
     logger.info("joining a multi-process run (%s)", where)
