@@ -376,12 +376,22 @@ class _Leader:
                 lambda: f"request {number} did not finish within {cluster.options.timeout_s:g} s on "
                 f"{cluster.process_count} processes; a process is stuck or unreachable. Stopping.",
             ):
-                return self._generator.generate(
-                    request["prompt"],
-                    negative_prompt=request["negative_prompt"],
-                    seed=request["seed"],
-                    guidance_scale=request["guidance_scale"],
-                )
+                try:
+                    return self._generator.generate(
+                        request["prompt"],
+                        negative_prompt=request["negative_prompt"],
+                        seed=request["seed"],
+                        guidance_scale=request["guidance_scale"],
+                    )
+                except InvalidInput:
+                    raise  # cannot happen after the checks above; if it did, every process raised it alike
+                except Exception as exc:
+                    # A collective failed (a peer died mid-request): the slice is unusable. Answer this request
+                    # with an error, then leave with one line (the followers see the coordinator go and exit too).
+                    reason = str(exc).strip().splitlines()[0][:300]
+                    message = f"request {number} failed across the processes ({reason}). Stopping."
+                    threading.Timer(1.0, lambda: _fatal(message)).start()
+                    raise RuntimeError(message) from None
 
 
 def start(options: ClusterOptions) -> Cluster:
