@@ -31,7 +31,7 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline import Generator, InvalidInput
+from pipeline import Generator, InvalidInput, distributed
 from pipeline.loading import ModelLoadError
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
 from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
@@ -541,6 +541,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
         "[SDXL_CPU_DEVICES; default one per core]",
     )
+    distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
     args = parser.parse_args(argv)
     try:
         args.auth = read_auth(args.auth or [_env("SDXL_AUTH")], args.auth_file)
@@ -638,10 +639,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if prompt_filter is not None:
         logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
     try:
+        cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
         generator = load_generator(args)
     except (ModelLoadError, InvalidInput) as exc:
         print(f"app.py: error: {exc}", file=sys.stderr)
         return 2
+    if not cluster.is_leader:
+        return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
+    generator = cluster.lead(generator)
 
     started = time.perf_counter()
     demo = build_demo(
@@ -667,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
     finally:
         close_demo(demo)
+        cluster.stop()  # STOP to the followers (a no-op on one process)
         logger.info("stopped")
     return 0
 

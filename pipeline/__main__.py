@@ -60,10 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--out", required=True, help="directory for the PNG files")
     gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    from .distributed import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(gen)  # the same command on every host; process 0 writes the images, the others follow
     return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from . import distributed
     from .compilation import CompileCounter
     from .generator import Generator
     from .validation import validate_request
@@ -78,6 +82,7 @@ def _generate(args: argparse.Namespace) -> int:
         for given, default in zip((args.height, args.width, args.steps), shape_defaults(args.model), strict=True)
     )
     started = time.perf_counter()
+    cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
     generator = Generator.from_pretrained(
         args.model,
         revision=args.revision,
@@ -91,12 +96,18 @@ def _generate(args: argparse.Namespace) -> int:
         unet=args.unet,
     )
     warmup = generator.warmup()
-    result = generator.generate(
-        request.styled_prompt,
-        negative_prompt=request.styled_negative_prompt,
-        seed=request.seed,
-        guidance_scale=request.guidance_scale,
-    )
+    warmup_compiles = generator.compile_count
+    if not cluster.is_leader:
+        return cluster.follow(generator, json_summary=args.json)
+    try:
+        result = cluster.lead(generator).generate(
+            request.styled_prompt,
+            negative_prompt=request.styled_negative_prompt,
+            seed=request.seed,
+            guidance_scale=request.guidance_scale,
+        )
+    finally:
+        cluster.stop()
     paths = result.save_pngs(args.out)
     summary = {
         "images": [str(p) for p in paths],
@@ -106,6 +117,8 @@ def _generate(args: argparse.Namespace) -> int:
         "process_s": time.perf_counter() - started,
         "compiles": CompileCounter.compiles(),  # programs this process built, compiled or loaded from the cache
         "compilation_cache_hits": CompileCounter.cache_hits(),  # of those, loaded from the persistent cache
+        "processes": cluster.process_count,
+        "compiles_after_warmup": generator.compile_count - warmup_compiles,
         "truncated": result.truncated,
     }
     if args.json:

@@ -27,6 +27,7 @@ from PIL import Image
 from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
+from .distributed import global_batch, to_host
 from .loading import LoadedModel, load_model
 from .progress import Listener, StepReporter
 from .settings import DTYPES, SDXL_BASE, EngineConfig
@@ -155,8 +156,9 @@ class Generator:
 
     @property
     def device_summary(self) -> str:
-        """What runs where, e.g. "8 × cpu" or "4 × TPU v5 lite"."""
-        return f"{self.device_count} × {self.device_kind}"
+        """What runs where, e.g. "8 × cpu", "4 × TPU v5 lite" or "16 × TPU v5 lite on 4 hosts"."""
+        hosts = jax.process_count()
+        return f"{self.device_count} × {self.device_kind}" + (f" on {hosts} hosts" if hosts > 1 else "")
 
     @property
     def compile_count(self) -> int:
@@ -254,12 +256,12 @@ class Generator:
         guidance = np.full((n,), guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
         program = self.compiled((height, width, self.config.steps))
-        inputs = jax.device_put((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
+        inputs = global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
         with self._device_lock:
             call = self._reporter.begin(self.config.steps, progress) if self._reporter is not None else 0
             try:
                 on_device = time.perf_counter()
-                pixels = np.asarray(program(self._params, *inputs))  # uint8 [B, H, W, 3]
+                pixels = to_host(program(self._params, *inputs))  # uint8 [B, H, W, 3], gathered from every process
                 off_device = time.perf_counter()
                 if self._reporter is not None:
                     jax.effects_barrier()  # every step callback of this call has run before the next call begins
