@@ -487,8 +487,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--sizes",
         metavar="WxH,WxH,...",
         default=_env("SDXL_SIZES"),
-        help="offered sizes, each compiled at start-up, the first the default [SDXL_SIZES; default SDXL's 9 trained "
-        "sizes (1024x1024, 1152x896, ..., 640x1536), the same ratios at ~128 px for tiny; --height/--width alone: one]",
+        help="offered sizes, each compiled at start-up, the first the default; 'sdxl' = SDXL's 9 trained sizes "
+        "[SDXL_SIZES; default 1024x1024,1344x768,768x1344, the same ratios at ~128 px for tiny; --height/--width "
+        "alone: that one size]",
     )
     add(
         "--no-progress",
@@ -554,7 +555,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     one_size = args.height is not None or args.width is not None
     if args.sizes:
         try:
-            args.sizes = parse_sizes(args.sizes)
+            args.sizes = parse_sizes(args.sizes, tiny=args.model.strip() == TINY_MODEL)
         except InvalidInput as exc:
             parser.error(str(exc))
     elif not one_size:

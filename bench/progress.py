@@ -104,8 +104,8 @@ def sizes_startup(steps: int, dtype: str, say: Progress = progress, timeout_s: f
     base = ["--model", "tiny", "--steps", str(steps), "--dtype", dtype]
     variants = {
         "one_size": [*base, "--sizes", "128x128"],
-        "all_sizes": base,
-        "all_sizes_no_progress": [*base, "--no-progress"],
+        "all_sizes": [*base, "--sizes", "sdxl"],
+        "all_sizes_no_progress": [*base, "--sizes", "sdxl", "--no-progress"],
     }
     figures = {}
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-sizes-") as tmp:
@@ -113,4 +113,4 @@ def sizes_startup(steps: int, dtype: str, say: Progress = progress, timeout_s: f
             for cache in ("cold", "warm"):
                 figures[f"{name}_{cache}"] = app_ready(args, Path(tmp) / name, timeout_s)
                 say(f"sizes: {name} {cache}: {figures[f'{name}_{cache}']:.1f} s")
-    return SizesStartup(**figures, sizes=len(default_sizes(tiny=True)))
+    return SizesStartup(**figures, sizes=len(default_sizes(tiny=True, every=True)))

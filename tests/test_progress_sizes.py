@@ -68,9 +68,14 @@ def test_size_parsing_and_labels():
         with pytest.raises(InvalidInput):
             parse_sizes(bad)
     labels = [size_label(h, w) for h, w in default_sizes()]
-    assert labels[0] == "1024×1024 (1:1)" and "1344×768 (16:9)" in labels and "640×1536 (9:21)" in labels
-    assert [ratio_name(h, w) for h, w in default_sizes(tiny=True)] == [ratio_name(h, w) for h, w in default_sizes()]
-    assert all(h % 32 == 0 and w % 32 == 0 and min(h, w) == 128 for h, w in default_sizes(tiny=True))
+    assert labels == ["1024×1024 (1:1)", "1344×768 (16:9)", "768×1344 (9:16)"]
+    every = [size_label(h, w) for h, w in parse_sizes("sdxl")]
+    assert len(every) == 9 and every[0] == "1024×1024 (1:1)" and "640×1536 (9:21)" in every
+    for every in (False, True):
+        tiny, full = default_sizes(tiny=True, every=every), default_sizes(every=every)
+        assert [ratio_name(h, w) for h, w in tiny] == [ratio_name(h, w) for h, w in full]
+        assert all(h % 32 == 0 and w % 32 == 0 and min(h, w) == 128 for h, w in tiny)
+    assert parse_sizes("SDXL", tiny=True) == default_sizes(tiny=True, every=True)
     sizes = [(64, 64), (128, 224)]
     assert check_size("224×128 (16:9)", sizes) == check_size("224x128", sizes) == (128, 224)
     assert check_size(None, sizes) == (64, 64)
