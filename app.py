@@ -31,7 +31,7 @@ import gradio as gr
 
 from pipeline import Generator, InvalidInput
 from pipeline.loading import ModelLoadError
-from pipeline.settings import SDXL_BASE, TINY_MODEL
+from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
 
@@ -368,6 +368,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="network dtype [SDXL_DTYPE; default bfloat16 on TPU/GPU, float32 on CPU]",
     )
     add(
+        "--attention",
+        choices=ATTENTIONS,
+        default=_env("SDXL_ATTENTION", "auto"),
+        help="UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere [SDXL_ATTENTION; auto]",
+    )
+    add(
         "--queue-size",
         type=int,
         default=_env("SDXL_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
@@ -403,15 +409,18 @@ def load_generator(args: argparse.Namespace) -> Generator:
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
     started = time.perf_counter()
-    generator = Generator.from_pretrained(args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, **shape)
+    generator = Generator.from_pretrained(
+        args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, attention=args.attention, **shape
+    )
     timings = dict(getattr(generator, "load_timings", {}) or {})
     for phase in ("load", "cast", "replicate"):
         if f"{phase}_s" in timings:
             logger.info("%-9s %7.2f s", phase, timings[f"{phase}_s"])
     config = generator.config
     logger.info(
-        "ready to compile: %s, %dx%d, %d steps, %s, %d images per request",
-        generator.device_summary, config.width, config.height, config.steps, config.dtype, generator.num_images,
+        "ready to compile: %s, %dx%d, %d steps, %s, %s attention, %d images per request",
+        generator.device_summary, config.width, config.height, config.steps, config.dtype,
+        config.attention, generator.num_images,
     )  # fmt: skip
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))

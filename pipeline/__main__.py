@@ -12,7 +12,7 @@ import sys
 import time
 
 from .loading import ModelLoadError
-from .settings import DTYPES, SDXL_BASE
+from .settings import ATTENTIONS, DTYPES, SDXL_BASE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
 EXIT_BAD_INPUT = 2
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=int, default=1024)
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
+    gen.add_argument(
+        "--attention", choices=ATTENTIONS, default="auto", help="UNet attention core (default auto; see README)"
+    )
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
     gen.add_argument("--out", required=True, help="directory for the PNG files")
     gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
@@ -70,6 +73,7 @@ def _generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
+        attention=args.attention,
     )
     warmup = generator.warmup()
     result = generator.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale)

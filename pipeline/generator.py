@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
+from . import attention as attention_core
 from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
@@ -100,11 +101,20 @@ class Generator:
         revision: str | None = None,
         compilation_cache: bool = True,
         devices: list | None = None,
+        attention: str = "auto",
     ) -> Generator:
-        """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all)."""
-        dtype = dtype or default_dtype()
+        """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all).
+
+        `attention` (auto, xla, splash, cudnn, diffusers) picks the UNet's attention core; see pipeline/attention.py.
+        """
+        platform = (devices[0] if devices else jax.devices()[0]).platform
+        dtype = dtype or default_dtype(platform)
         if dtype not in DTYPES:
             raise InvalidInput(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
+        try:
+            attention = attention_core.resolve(attention, platform, dtype)
+        except attention_core.AttentionUnavailable as exc:
+            raise InvalidInput(str(exc)) from None
         config = EngineConfig(
             model=model,
             revision=revision,
@@ -114,6 +124,7 @@ class Generator:
             dtype=dtype,
             per_device_batch=per_device_batch,
             compilation_cache=compilation_cache,
+            attention=attention,
         )
         CompileCounter.install()
         configure_compilation_cache(compilation_cache)
@@ -149,6 +160,7 @@ class Generator:
         """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
         height, width, steps = self.config.shape
         local = functools.partial(generate_local, self._modules, height=height, width=width, steps=steps)
+        local = attention_core.hooked(local, self.config.attention)  # entered while tracing: static, part of the key
         batch = P(DATA_AXIS)
         sharded = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False

@@ -19,6 +19,9 @@ TINY_MODEL = "tiny"
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
 
+#: Attention cores of the UNet (see pipeline/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
+ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -32,6 +35,7 @@ class EngineConfig:
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    attention: str = "xla"  # static: the UNet's attention core after `auto` was resolved (see pipeline/attention.py)
 
     @property
     def shape(self) -> tuple[int, int, int]:
