@@ -162,3 +162,38 @@ def test_engine_hooked_images_equal_diffusers_float32(engine):
     assert plain.config.attention == "diffusers"
     diff = np.abs(pixels(plain) - pixels(engine))
     assert diff.max() <= 1 and diff.mean() < 0.01  # float32 rounding may move a pixel by one 8-bit level
+
+
+def bench_unet(tmp_path, *args) -> dict:
+    """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((tmp_path / "unet.json").read_text())
+
+
+def test_bench_unet_smoke_on_cpu(tmp_path):
+    """The device benchmark's command at a tiny size: the core resolved, timed, its output finite."""
+    run = bench_unet(tmp_path, "--height", "64", "--width", "64", "--steps", "1", "--runs", "1")["unet"]
+    assert run["platform"] == "cpu" and run["dtype"] == "float32" and run["unfused_flops_per_step"] > 0
+    assert [(row["attention"], row["resolved"]) for row in run["kinds"]] == [("xla", "xla"), ("auto", "xla")]
+    for row in run["kinds"]:
+        assert row["ms_per_step"] > 0 and row["finite"] and row["mfu"] is None  # CPU: no known peak
+        assert row["max_abs_diff_vs_first"] == 0  # auto is xla here: the very same program
+
+
+def test_bench_unet_cost_counts_the_fused_kernels():
+    """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
+    from bench.unet import cost_report, parse_args
+
+    args = parse_args(["--cost", "--model", "tiny", "--height", "256", "--width", "256", "--attention", "xla,splash"])
+    rows = {row["attention"]: row for row in cost_report(args, progress=lambda message: None)}
+    assert rows["splash"]["platform"] == "tpu" and rows["splash"]["fused_kernel_sites"] > 0
+    assert rows["xla"]["platform"] == "cpu" and rows["xla"]["fused_kernel_sites"] == 0
+    assert 0 < rows["splash"]["flops"] < rows["xla"]["flops"]
