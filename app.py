@@ -34,7 +34,7 @@ import gradio as gr
 from pipeline import Generator, InvalidInput, distributed
 from pipeline.loading import ModelLoadError
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
-from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
+from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.tiny import COMPLETE_MARKER
@@ -504,6 +504,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="network dtype [SDXL_DTYPE; default bfloat16 on TPU/GPU, float32 on CPU]",
     )
     add(
+        "--attention",
+        choices=ATTENTIONS,
+        default=_env("SDXL_ATTENTION", "auto"),
+        help="UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere [SDXL_ATTENTION; auto]",
+    )
+    add(
         "--queue-size",
         type=int,
         default=_env("SDXL_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
@@ -597,6 +603,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
         args.model,
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
+        attention=args.attention,
         variant=args.variant,
         unet=args.unet,
         sizes=sizes or None,
@@ -609,8 +616,9 @@ def load_generator(args: argparse.Namespace) -> Generator:
             logger.info("%-9s %7.2f s", phase, timings[f"{phase}_s"])
     config = generator.config
     logger.info(
-        "ready to compile: %s, %dx%d, %d steps, %s, %d images per request",
-        generator.device_summary, config.width, config.height, config.steps, config.dtype, generator.num_images,
+        "ready to compile: %s, %dx%d, %d steps, %s, %s attention, %d images per request",
+        generator.device_summary, config.width, config.height, config.steps, config.dtype,
+        config.attention, generator.num_images,
     )  # fmt: skip
     if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
         logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device

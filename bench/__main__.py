@@ -4,6 +4,7 @@
     python -m bench --only reference,flops           # some parts
     python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
+    python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -168,6 +169,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["unet"]:  # `python -m bench unet ...`: the UNet step per attention core (bench/unet.py)
+        from .unet import main as unet_main
+
+        return unet_main(argv[1:])
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
     # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.

@@ -16,7 +16,7 @@ import time
 from .convert import CheckpointError
 from .loading import ModelLoadError
 from .runtime import quiet_start, use_cpu_cores
-from .settings import DTYPES, SDXL_BASE, shape_defaults
+from .settings import ATTENTIONS, DTYPES, SDXL_BASE, shape_defaults
 from .styles import DEFAULT_STYLE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
+    gen.add_argument(
+        "--attention", choices=ATTENTIONS, default="auto", help="UNet attention core (default auto; see README)"
+    )
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
     gen.add_argument(
         "--cpu-devices",
@@ -92,6 +95,7 @@ def _generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
+        attention=args.attention,
         variant=args.variant,
         unet=args.unet,
     )

@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
+from . import attention as attention_core
 from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
@@ -105,6 +106,7 @@ class Generator:
         revision: str | None = None,
         compilation_cache: bool = True,
         devices: list | None = None,
+        attention: str = "auto",
         variant: str | None = None,
         unet: str | None = None,
         conversion_cache: bool = True,
@@ -114,11 +116,17 @@ class Generator:
         """Load `model` (Hub id, local diffusers directory, or "tiny") and place it on `devices` (default: all).
 
         PyTorch safetensors are converted without torch (`variant="fp16"` picks *.fp16.safetensors); `unet` swaps in
-        a whole-UNet .safetensors file (path or REPO:FILE), e.g. an SDXL-Lightning UNet.
+        a whole-UNet .safetensors file (path or REPO:FILE), e.g. an SDXL-Lightning UNet. `attention` (auto, xla,
+        splash, cudnn, diffusers) picks the UNet's attention core; see pipeline/attention.py.
         """
-        dtype = dtype or default_dtype()
+        platform = (devices[0] if devices else jax.devices()[0]).platform
+        dtype = dtype or default_dtype(platform)
         if dtype not in DTYPES:
             raise InvalidInput(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
+        try:
+            attention = attention_core.resolve(attention, platform, dtype)
+        except attention_core.AttentionUnavailable as exc:
+            raise InvalidInput(str(exc)) from None
         config = EngineConfig(
             model=model,
             revision=revision,
@@ -128,6 +136,7 @@ class Generator:
             dtype=dtype,
             per_device_batch=per_device_batch,
             compilation_cache=compilation_cache,
+            attention=attention,
             variant=variant,
             unet=unet,
             conversion_cache=conversion_cache,
@@ -181,6 +190,7 @@ class Generator:
         local = functools.partial(
             generate_local, self._modules, height=height, width=width, steps=steps, on_step=on_step
         )
+        local = attention_core.hooked(local, self.config.attention)  # entered while tracing: static, part of the key
         batch = P(DATA_AXIS)
         sharded = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False

@@ -30,6 +30,9 @@ def shape_defaults(model: str) -> tuple[int, int, int]:
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
 
+#: Attention cores of the UNet (see pipeline/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
+ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -48,6 +51,7 @@ class EngineConfig:
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
     progress: bool = False  # static: a host callback per denoising step reports live progress (see progress.py)
+    attention: str = "xla"  # static: the UNet's attention core after `auto` was resolved (see pipeline/attention.py)
 
     @property
     def shape(self) -> tuple[int, int, int]:
