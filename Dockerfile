@@ -1,14 +1,17 @@
-# sdxl-jax web app. One image per accelerator family, chosen at build time:
-#   docker build -t sdxl-jax .                                # TPU VM (v5e/v6e): jax[tpu], libtpu from PyPI
-#   docker build -t sdxl-jax:cuda --build-arg ACCELERATOR=cuda12 .   # NVIDIA GPU: jax[cuda12], CUDA as wheels
+# sdxl-jax web app. ACCELERATOR (build argument) picks what JAX runs on:
+#   docker build -t sdxl-jax .                                # auto (default): TPU and NVIDIA GPU support both
+#                                                             # installed; JAX uses whichever the host has
+#   docker build -t sdxl-jax:tpu  --build-arg ACCELERATOR=tpu .      # TPU VM only (v5e/v6e): smaller image
+#   docker build -t sdxl-jax:cuda --build-arg ACCELERATOR=cuda12 .   # NVIDIA GPU only: CUDA as wheels
 #   docker build -t sdxl-jax:cpu  --build-arg ACCELERATOR=cpu .      # CPU only (slow; for trying it out)
 # Run (TPU): docker run --privileged --net=host -v sdxl-data:/data sdxl-jax
 # Run (GPU): docker run --gpus all -p 7860:7860 -v sdxl-data:/data sdxl-jax:cuda
+# Multi-host TPU slice: the same image on every worker with -e SDXL_DISTRIBUTED=1 (see README, "Several hosts").
 # Model weights (HF_HOME) and compiled XLA programs (JAX_COMPILATION_CACHE_DIR) live on the /data volume, so a
 # restarted container neither downloads nor compiles again.
 FROM python:3.11-slim
 
-ARG ACCELERATOR=tpu
+ARG ACCELERATOR=auto
 ARG JAX_VERSION=0.10.2
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -27,10 +30,11 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install -r requirements.txt
 RUN case "$ACCELERATOR" in \
+      auto)   pip install "jax[tpu,cuda12]==${JAX_VERSION}" ;; \
       tpu)    pip install "jax[tpu]==${JAX_VERSION}" ;; \
       cuda12) pip install "jax[cuda12]==${JAX_VERSION}" ;; \
       cpu)    echo "CPU image: using jax from requirements.txt" ;; \
-      *)      echo "ACCELERATOR must be tpu, cuda12 or cpu; got '$ACCELERATOR'" >&2; exit 1 ;; \
+      *)      echo "ACCELERATOR must be auto, tpu, cuda12 or cpu; got '$ACCELERATOR'" >&2; exit 1 ;; \
     esac
 
 COPY --chown=user:user pipeline/ pipeline/

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -29,13 +31,16 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline import Generator, InvalidInput
+from pipeline import Generator, InvalidInput, distributed
 from pipeline.loading import ModelLoadError
-from pipeline.presets import get_preset
+from pipeline.presets import PRESET_NAMES, get_preset
 from pipeline.presets import resolve as resolve_preset
-from pipeline.samplers import SAMPLERS, SPACINGS
-from pipeline.settings import SDXL_BASE, TINY_MODEL
+from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
+from pipeline.samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
+from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL, shape_defaults
+from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
+from pipeline.tiny import COMPLETE_MARKER
 from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -44,7 +49,14 @@ ROOT = pathlib.Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 CSS_PATH = ASSETS / "style.css"
 HEADER_PATH = ASSETS / "header.md"
-FOOTER_PATH = ASSETS / "footer.md"
+FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
+FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model
+FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own card and licence apply
+#: Said at start-up and on the page when a real model runs on JAX's CPU backend (e.g. a GPU Space with CPU JAX).
+CPU_NOTICE = (
+    "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
+    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy as a Hugging Face Space").'
+)
 
 TITLE = "Stable Diffusion XL on JAX"
 MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
@@ -55,12 +67,12 @@ JAX_URL = "https://github.com/jax-ml/jax"
 DEFAULT_GUIDANCE = 5.0
 DEFAULT_QUEUE_SIZE = 20
 GENERATION_FAILED = "Generation failed on the server; please try again."
-#: Shape used when --model tiny is given without --height/--width/--steps: starts in seconds on a laptop CPU.
-TINY_DEFAULTS = {"height": 128, "width": 128, "steps": 4}
 #: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
 DELETE_CACHE = (300, 900)
 #: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
 KEEP_RUNS = 4
+#: Seed of example i (fixed, with randomize off, so a cached example shows what its inputs really produce).
+EXAMPLE_SEED_START = 1
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
 NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
 
@@ -87,20 +99,56 @@ def _read_template(path: pathlib.Path, **values: object) -> str:
     return string.Template(path.read_text(encoding="utf-8")).safe_substitute({k: str(v) for k, v in values.items()})
 
 
-def header_links() -> str:
+def model_card_url(model: str) -> str:
+    """The served model's card on the Hub; "" for the tiny test model and local directories (no card to link)."""
+    model = model.strip()
+    if model == SDXL_BASE:
+        return MODEL_CARD_URL
+    if is_tiny(model) or pathlib.Path(model).expanduser().exists() or model.count("/") != 1:
+        return ""
+    return f"https://huggingface.co/{model}"
+
+
+def is_tiny(model: str) -> bool:
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    model = model.strip()
+    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+
+
+def model_texts(model: str, on_cpu: bool) -> dict[str, str]:
+    """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0."""
+    model = model.strip()
+    if is_tiny(model):
+        footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
+    else:
+        footer, about = (FOOTER_PATH, "") if model == SDXL_BASE else (FOOTER_OTHER_PATH, f"Model: `{model}`")
+    notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
+    return {"footer_path": str(footer), "about": about, "notice": notice}
+
+
+def header_links(model: str = SDXL_BASE) -> str:
     """Markdown links under the title: model card, JAX, and the project's source when PROJECT_URL is set."""
-    links = [f"[Model card]({MODEL_CARD_URL})", f"[JAX]({JAX_URL})"]
+    card = model_card_url(model)
+    links = ([f"[Model card]({card})"] if card else []) + [f"[JAX]({JAX_URL})"]
     if PROJECT_URL:
         links.append(f"[Source code]({PROJECT_URL})")
     return " · ".join(links)
 
 
 def sampler_summary(generator: Any) -> str:
-    """e.g. "preset lightning-4step: Euler, trailing, no CFG" for the header."""
-    sampler = generator.sampler
+    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the header."""
+    sampler = getattr(generator, "sampler", None)
+    if sampler is None:
+        return ""
     text = f"{sampler.label}, {sampler.timestep_spacing} spacing, {'CFG' if sampler.cfg else 'no CFG'}"
-    preset = generator.config.preset
+    preset = getattr(generator.config, "preset", None)
     return f"preset {preset}: {text}" if preset else text
+
+
+def uses_cfg(generator: Any) -> bool:
+    """False when the server runs the guidance-free program (static: fixed at start-up)."""
+    sampler = getattr(generator, "sampler", None)
+    return sampler is None or bool(sampler.cfg)
 
 
 class _RunFiles:
@@ -127,13 +175,21 @@ class _RunFiles:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def offered_sizes(generator: Any) -> list[tuple[int, int]]:
+    """The generator's precompiled (height, width) sizes, the default first."""
+    config = generator.config
+    return list(getattr(generator, "sizes", None) or [(config.height, config.width)])
+
+
 def make_generate_fn(
     generator: Any,
     styles: Mapping[str, Any],
     prompt_filter: PromptFilter | None,
     files: _RunFiles,
 ):
-    """The function behind the Generate button and the /generate API endpoint."""
+    """The function behind the Generate button, the examples and the /generate API endpoint."""
+    sizes = offered_sizes(generator)
+    cfg = uses_cfg(generator)
 
     def generate(
         prompt: str,
@@ -142,6 +198,8 @@ def make_generate_fn(
         guidance_scale: float = DEFAULT_GUIDANCE,
         seed: int = 0,
         randomize_seed: bool = True,
+        aspect_ratio: str = size_label(*sizes[0]),
+        progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
     ) -> tuple[list[tuple[str, str]], int, str]:
         """Generate one image per accelerator core.
 
@@ -158,8 +216,18 @@ def make_generate_fn(
                 styles=styles,
                 prompt_filter=prompt_filter,
             )
+            height, width = check_size(aspect_ratio, sizes)
         except InvalidInput as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
+
+        # Step reports come from the device runtime's threads; gr.Progress finds its request through context
+        # variables, so each report runs in a copy of this request's context (one at a time).
+        context, context_lock = contextvars.copy_context(), threading.Lock()
+
+        def on_step(step: int, total: int) -> None:
+            with context_lock:
+                context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+
         started = time.perf_counter()
         try:
             result = generator.generate(
@@ -167,6 +235,8 @@ def make_generate_fn(
                 negative_prompt=request.styled_negative_prompt,
                 seed=request.seed,
                 guidance_scale=request.guidance_scale,
+                size=(height, width),
+                progress=on_step,
             )
             paths = result.save_pngs(files.new_dir(), stem=f"sdxl-{request.seed}")
         except InvalidInput as exc:  # the engine re-checks what it is given (e.g. a styled prompt over the cap)
@@ -181,13 +251,14 @@ def make_generate_fn(
             "generated %d images: seed %d, style %s, guidance %g, engine %.2f s, with PNGs %.2f s",
             count, request.seed, request.style, request.guidance_scale, engine_s, elapsed,
         )  # fmt: skip
-        status = f"{count} image{'s' if count != 1 else ''} in {engine_s:.1f} s · seed {request.seed}"
-        if not generator.sampler.cfg and (str(negative_prompt or "").strip() or request.guidance_scale > 1):
+        plural = "s" if count != 1 else ""
+        status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · seed {request.seed}"
+        if not cfg and (request.negative_prompt or request.guidance_scale > 1):  # only an API caller can send them
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
-        captions = [f"seed {s}" for s in result.seeds]
+        captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
         return [(str(p), c) for p, c in zip(paths, captions, strict=True)], request.seed, status
 
     return generate
@@ -207,19 +278,33 @@ def build_demo(
     config = generator.config
     count = generator.num_images
     files = _RunFiles()
+    texts = model_texts(config.model, on_cpu=str(generator.device_kind).lower() == "cpu")
+    sizes = offered_sizes(generator)
+    size_labels = [size_label(h, w) for h, w in sizes]
     header = _read_template(
         HEADER_PATH,
         title=TITLE,
         device_summary=generator.device_summary,
         count=count,
+        images=f"{count} image{'s' if count != 1 else ''}",
         width=config.width,
         height=config.height,
         steps=config.steps,
         model=config.model,
-        sampler=sampler_summary(generator),
-        links=header_links(),
+        sampler=f" · {summary}" if (summary := sampler_summary(generator)) else "",
+        more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
+        if len(sizes) > 1
+        else "",
+        about=texts["about"],
+        notice=texts["notice"],
+        links=header_links(config.model),
     )
-    footer = _read_template(FOOTER_PATH, license_url=LICENSE_URL, model_card_url=MODEL_CARD_URL)
+    footer = _read_template(
+        pathlib.Path(texts["footer_path"]),
+        license_url=LICENSE_URL,
+        model_card_url=model_card_url(config.model) or MODEL_CARD_URL,
+        model=config.model,
+    )
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         with gr.Column(elem_id="app"):
@@ -228,10 +313,9 @@ def build_demo(
                 prompt = gr.Textbox(
                     label="Prompt",
                     show_label=False,
-                    placeholder="Describe the image you want, then press Enter",
+                    placeholder="Describe the image you want",
                     lines=1,
-                    max_lines=3,
-                    max_length=MAX_PROMPT_CHARS,
+                    max_lines=3,  # no max_length: a longer prompt gets a message naming the limit, not a silent cut
                     autofocus=True,
                     container=False,
                     scale=5,
@@ -251,7 +335,7 @@ def build_demo(
                 buttons=["download", "fullscreen"],
                 elem_id="gallery",
             )
-            status = gr.Markdown("", elem_id="status")
+            status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
             with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                 with gr.Row():
                     style = gr.Dropdown(
@@ -263,44 +347,87 @@ def build_demo(
                         value=DEFAULT_GUIDANCE,
                         step=0.5,
                         label="Guidance scale",
-                        info="How closely to follow the prompt",
-                        visible=generator.sampler.cfg,  # static: the guidance-free program has no guidance
+                        info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
+                        "a number typed outside is set to the nearest limit)",
+                        visible=uses_cfg(generator),  # static: the guidance-free program has no guidance
                     )
                 negative = gr.Textbox(
                     value="",  # an initial value makes the API parameter optional
                     label="Negative prompt",
                     placeholder="What to keep out of the image",
+                    info=f"Up to {MAX_PROMPT_CHARS:,} characters, like the prompt",
                     lines=1,
                     max_lines=3,
-                    max_length=MAX_PROMPT_CHARS,
-                    visible=generator.sampler.cfg,
+                    visible=uses_cfg(generator),
                 )
                 with gr.Row(equal_height=True):
                     seed = gr.Number(
                         label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
                     )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-            gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Examples")
+                aspect = gr.Dropdown(
+                    choices=size_labels,
+                    value=size_labels[0],
+                    label="Aspect ratio",
+                    info="Width×height; every size is precompiled",
+                    allow_custom_value=False,
+                    elem_id="aspect",
+                )
+            generate_fn = make_generate_fn(generator, styles, prompt_filter, files)
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect]
+            with _examples_cache(files.root / "examples"):
+                gr.Examples(
+                    # Each example fills every input (fixed seed, randomize off): its cached images are honest.
+                    examples=[
+                        [text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0]]
+                        for i, text in enumerate(examples)
+                    ],
+                    example_labels=list(examples),
+                    inputs=inputs,
+                    outputs=[gallery, seed, status],
+                    fn=generate_fn,
+                    cache_examples=True,
+                    cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                    preprocess=False,  # the same raw payloads and validation as the Generate button
+                    label="Examples",
+                    elem_id="examples",
+                )
             gr.Markdown(footer, elem_id="footer")
 
         gr.on(
             triggers=[run.click, prompt.submit],
-            fn=make_generate_fn(generator, styles, prompt_filter, files),
-            inputs=[prompt, negative, style, guidance, seed, randomize],
+            fn=generate_fn,
+            inputs=inputs,
             outputs=[gallery, seed, status],
             api_name="generate",
             api_description="One image per accelerator core; returns the images, the seed used and a status line."
-            + ("" if generator.sampler.cfg else f" Note: {NO_CFG_NOTE}."),
+            + ("" if uses_cfg(generator) else f" Note: {NO_CFG_NOTE}."),
             # Raw payloads go straight to pipeline.validation, so the API and the page get the same messages
             # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
             preprocess=False,
             concurrency_limit=1,
             concurrency_id="generate",
             show_progress="full",
+            show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
         )
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
     return demo
+
+
+@contextlib.contextmanager
+def _examples_cache(directory: pathlib.Path):
+    """Keep this app's cached examples in its own temporary folder (Gradio reads GRADIO_EXAMPLES_CACHE when building
+    gr.Examples), so a restart with another model or size never shows images cached by a previous one."""
+    previous = os.environ.get("GRADIO_EXAMPLES_CACHE")
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(directory)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("GRADIO_EXAMPLES_CACHE", None)
+        else:
+            os.environ["GRADIO_EXAMPLES_CACHE"] = previous
 
 
 def theme() -> gr.themes.Base:
@@ -316,9 +443,11 @@ def launch(
     share: bool = False,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
+    auth: Sequence[tuple[str, str]] | None = None,
 ) -> gr.Blocks:
-    """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time)."""
+    """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
     demo.launch(
+        auth=list(auth) if auth else None,
         server_name=host,
         server_port=port,
         share=share,
@@ -359,8 +488,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add(
         "--model",
         default=_env("SDXL_MODEL"),
-        help=f"Hub id, local diffusers Flax directory, or 'tiny' (offline test model) [SDXL_MODEL; {SDXL_BASE}]",
+        help=f"Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny' [SDXL_MODEL; {SDXL_BASE}]",
     )
+    add("--variant", default=_env("SDXL_VARIANT"), help="PyTorch weight variant, e.g. fp16 [SDXL_VARIANT]")
+    add("--unet", default=_env("SDXL_UNET"), help="whole-UNet .safetensors, PATH or REPO:FILE [SDXL_UNET]")
     add(
         "--host",
         default=_env("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -371,20 +502,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--height",
         type=int,
         default=_env("SDXL_HEIGHT"),
-        help="image height in pixels, multiple of 8 [SDXL_HEIGHT; default 1024, 128 for tiny]",
+        help="image height in pixels, multiple of 32 [SDXL_HEIGHT; default 1024, 128 for tiny]",
     )
     add(
         "--width",
         type=int,
         default=_env("SDXL_WIDTH"),
-        help="image width in pixels, multiple of 8 [SDXL_WIDTH; default 1024, 128 for tiny]",
+        help="image width in pixels, multiple of 32 [SDXL_WIDTH; default 1024, 128 for tiny]",
     )
     add("--steps", type=int, default=_env("SDXL_STEPS"), help="denoising steps [SDXL_STEPS; default 25, 4 for tiny]")
+    add(
+        "--sizes",
+        metavar="WxH,WxH,...",
+        default=_env("SDXL_SIZES"),
+        help="offered sizes, each compiled at start-up, the first the default; 'sdxl' = SDXL's 9 trained sizes "
+        "[SDXL_SIZES; default 1024x1024,1344x768,768x1344, the same ratios at ~128 px for tiny; --height/--width "
+        "alone: that one size]",
+    )
+    add(
+        "--no-progress",
+        action="store_true",
+        default=str(_env("SDXL_NO_PROGRESS", "")).lower() in ("1", "true", "yes"),
+        help="no live step progress: the compiled program has no per-step host callback [SDXL_NO_PROGRESS]",
+    )
     add(
         "--dtype",
         choices=["bfloat16", "float32"],
         default=_env("SDXL_DTYPE"),
         help="network dtype [SDXL_DTYPE; default bfloat16 on TPU/GPU, float32 on CPU]",
+    )
+    add(
+        "--attention",
+        choices=ATTENTIONS,
+        default=_env("SDXL_ATTENTION", "auto"),
+        help="UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere [SDXL_ATTENTION; auto]",
     )
     add(
         "--queue-size",
@@ -404,58 +555,145 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=_env("SDXL_PROMPT_FILTER"),
         help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
     )
-    add("--preset", default=_env("SDXL_PRESET"),
-        help="sdxl-base, lightning-2step/4step/8step or turbo (assets/presets.json); flags override it [SDXL_PRESET]")
+    add(
+        "--preset",
+        choices=PRESET_NAMES,
+        default=_env("SDXL_PRESET"),
+        help="few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, size; "
+        "flags override it; with --model tiny only its sampler settings [SDXL_PRESET]",
+    )
     add("--sampler", choices=SAMPLERS, default=_env("SDXL_SAMPLER"), help="default: the checkpoint's [SDXL_SAMPLER]")
-    add("--timestep-spacing", choices=SPACINGS, default=_env("SDXL_TIMESTEP_SPACING"),
-        help="leading, linspace or trailing; default: the checkpoint's [SDXL_TIMESTEP_SPACING]")
-    add("--no-cfg", action="store_true", default=bool(_env("SDXL_NO_CFG")),
-        help="guidance-free program: UNet on the prompt only, guidance and negative prompt hidden [SDXL_NO_CFG]")
+    add(
+        "--timestep-spacing",
+        choices=SPACINGS,
+        default=_env("SDXL_TIMESTEP_SPACING"),
+        help="default: the checkpoint's [SDXL_TIMESTEP_SPACING]",
+    )
+    add("--steps-offset", type=int, default=_env("SDXL_STEPS_OFFSET"), help="default: the checkpoint's")
+    add("--prediction-type", choices=PREDICTION_TYPES, default=_env("SDXL_PREDICTION_TYPE"), help="default: checkpoint")
+    add(
+        "--no-cfg",
+        action="store_true",
+        default=str(_env("SDXL_NO_CFG", "")).lower() in ("1", "true", "yes"),
+        help="guidance-free program: the UNet runs on the prompt only; guidance, negative prompt hidden [SDXL_NO_CFG]",
+    )
     add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
+    add(
+        "--auth",
+        action="append",
+        metavar="USER:PASSWORD",
+        default=[],
+        help="require this login (repeat for more users) [SDXL_AUTH: one USER:PASSWORD]",
+    )
+    add(
+        "--auth-file",
+        metavar="FILE",
+        default=_env("SDXL_AUTH_FILE"),
+        help="require a login from this file, one USER:PASSWORD a line [SDXL_AUTH_FILE]",
+    )
+    add(
+        "--cpu-devices",
+        type=int,
+        default=_env("SDXL_CPU_DEVICES"),
+        help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
+        "[SDXL_CPU_DEVICES; default one per core]",
+    )
+    distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
     args = parser.parse_args(argv)
+    try:
+        args.auth = read_auth(args.auth or [_env("SDXL_AUTH")], args.auth_file)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     if args.queue_size < 1:
         parser.error("--queue-size must be at least 1")
     if not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
+    one_size = args.height is not None or args.width is not None
     args.cfg = False if args.no_cfg else None
-    if args.preset:
+    if args.preset:  # the preset's settings where no flag gave one
+        names = ("height", "width", "steps", "sampler", "timestep_spacing", "cfg", "unet", "variant")
         try:
-            settings = resolve_preset(get_preset(args.preset), model=args.model, **{
-                k: getattr(args, k) for k in ("height", "width", "steps", "sampler", "timestep_spacing", "cfg")
-            })  # fmt: skip
-        except (InvalidInput, ModelLoadError) as exc:
+            settings = resolve_preset(get_preset(args.preset), model=args.model, **{k: getattr(args, k) for k in names})
+        except InvalidInput as exc:
             parser.error(str(exc))
-        settings.pop("guidance_scale")
+        settings.pop("guidance_scale")  # the slider's default stays; the guidance-free program hides it
         for key, value in settings.items():
             setattr(args, key, value)
+        preset_size = (settings.get("height"), settings.get("width"))  # absent on another model (e.g. tiny)
+        one_size = one_size or (None not in preset_size and preset_size != shape_defaults(args.model)[:2])
     args.model = args.model or SDXL_BASE
-    if args.model.strip() == TINY_MODEL:
-        for key, value in TINY_DEFAULTS.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
+    args.cfg = args.cfg is not False
+    if args.sizes:
+        try:
+            args.sizes = parse_sizes(args.sizes, tiny=args.model.strip() == TINY_MODEL)
+        except InvalidInput as exc:
+            parser.error(str(exc))
+    elif not one_size:
+        args.sizes = default_sizes(tiny=args.model.strip() == TINY_MODEL)
+    for key, value in zip(("height", "width", "steps"), shape_defaults(args.model), strict=True):
+        if getattr(args, key) is None:  # one set of defaults per model, shared with the CLI (pipeline.settings)
+            setattr(args, key, value)
     return args
+
+
+def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:
+    """USER:PASSWORD pairs from flags/env and from a file (one a line, '#' comments) for Gradio's own login."""
+    lines = [str(p) for p in pairs if p]
+    if path:
+        text = pathlib.Path(path).read_text(encoding="utf-8-sig")
+        lines += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    logins = []
+    for number, line in enumerate(lines, 1):
+        user, sep, password = line.partition(":")
+        if not (sep and user.strip() and password):
+            where = f"{path}, login {number}" if path else f"login {number}"
+            raise ValueError(f"{where}: expected USER:PASSWORD with both parts non-empty")  # never echo a password
+        logins.append((user.strip(), password))
+    return logins
+
+
+#: Sampler settings a parsed command line passes to the engine (None = the checkpoint's own).
+SAMPLER_ARGS = ("sampler", "timestep_spacing", "steps_offset", "prediction_type", "cfg", "preset")
 
 
 def load_generator(args: argparse.Namespace) -> Generator:
     """Load, compile and warm up, logging each phase with its time."""
     shape = {k: getattr(args, k) for k in ("height", "width", "steps") if getattr(args, k) is not None}
+    sizes = getattr(args, "sizes", None)
+    if sizes:  # the first offered size is the default one
+        shape["height"], shape["width"] = sizes[0]
     logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
+    real_model = not is_tiny(args.model)
+    if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
+        logger.warning(CPU_NOTICE.replace("`", ""))
     started = time.perf_counter()
-    sampling = {k: getattr(args, k, None) for k in ("sampler", "timestep_spacing", "preset", "unet")}
-    sampling = {k: v for k, v in sampling.items() if v is not None}
     generator = Generator.from_pretrained(
-        args.model, dtype=args.dtype, per_device_batch=args.per_device_batch, cfg=args.cfg is not False,
-        **shape, **sampling,
-    )  # fmt: skip
+        args.model,
+        dtype=args.dtype,
+        per_device_batch=args.per_device_batch,
+        attention=args.attention,
+        variant=args.variant,
+        unet=args.unet,
+        sizes=sizes or None,
+        progress=not getattr(args, "no_progress", False),
+        **shape,
+        **{k: getattr(args, k) for k in SAMPLER_ARGS if getattr(args, k, None) is not None},
+    )
     timings = dict(getattr(generator, "load_timings", {}) or {})
     for phase in ("load", "cast", "replicate"):
         if f"{phase}_s" in timings:
             logger.info("%-9s %7.2f s", phase, timings[f"{phase}_s"])
     config = generator.config
     logger.info(
-        "ready to compile: %s, %dx%d, %d steps, %s, %d images per request",
-        generator.device_summary, config.width, config.height, config.steps, config.dtype, generator.num_images,
+        "ready to compile: %s, %dx%d, %d steps, %s, %s attention, %d images per request",
+        generator.device_summary, config.width, config.height, config.steps, config.dtype,
+        config.attention, generator.num_images,
     )  # fmt: skip
+    if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
+        logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
+    if sizes:
+        logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in sizes))
+    logger.info("sampler: %s", sampler_summary(generator))
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))
@@ -468,6 +706,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     args = parse_args(argv)
+    use_cpu_cores(args.cpu_devices)  # before anything imports JAX; app.py itself never does
+    quiet_start()
     try:
         prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
         styles = load_styles()
@@ -478,10 +718,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if prompt_filter is not None:
         logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
     try:
+        cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
         generator = load_generator(args)
     except (ModelLoadError, InvalidInput) as exc:
         print(f"app.py: error: {exc}", file=sys.stderr)
         return 2
+    if not cluster.is_leader:
+        return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
+    generator = cluster.lead(generator)
 
     started = time.perf_counter()
     demo = build_demo(
@@ -495,7 +739,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True)
+    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True, auth=args.auth)
+    if args.auth:
+        logger.info("login required: %d user(s)", len(args.auth))
     logger.info("web UI up in %.2f s", time.perf_counter() - started)
     print(f"Running on {demo.local_url}", flush=True)
     if demo.share_url:
@@ -505,6 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
     finally:
         close_demo(demo)
+        cluster.stop()  # STOP to the followers (a no-op on one process)
         logger.info("stopped")
     return 0
 

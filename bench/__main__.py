@@ -4,6 +4,7 @@
     python -m bench --only reference,flops           # some parts
     python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
+    python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -22,8 +23,8 @@ import time
 import warnings
 from pathlib import Path
 
-PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak")
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops")
+PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes")
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> dict:
              f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
              f"parts: {', '.join(args.parts)}")  # fmt: skip
     generator = None
-    if {"reference", "app", "recompiles", "soak"} & set(args.parts):
+    if {"reference", "app", "recompiles", "soak", "progress"} & set(args.parts):
         from pipeline.generator import Generator
 
         progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
@@ -153,11 +154,26 @@ def run(args: argparse.Namespace) -> dict:
         results["soak"] = soak(
             generator, requests=args.soak_requests, clients=args.soak_clients, queue_size=args.queue_size
         )
+    if "progress" in args.parts:
+        from .progress import progress_overhead
+
+        progress(f"progress: per call with vs without a host callback per step ({args.runs} interleaved runs) ...")
+        results["progress"] = progress_overhead(generator, args.runs)
+    if "sizes" in args.parts:
+        from .progress import sizes_startup
+
+        progress("sizes: app start-up with 1 size vs all, cold and warm cache (six app starts) ...")
+        results["sizes"] = sizes_startup(args.steps, args.dtype)
     results["bench_s"] = time.perf_counter() - started
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["unet"]:  # `python -m bench unet ...`: the UNet step per attention core (bench/unet.py)
+        from .unet import main as unet_main
+
+        return unet_main(argv[1:])
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
     # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.

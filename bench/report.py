@@ -169,6 +169,30 @@ def markdown(results: dict) -> str:
             f"**{ac.achieved_flops_per_s / 1e9:.1f} GFLOP/s** on {ac.device_count} × {ac.device_kind}; peak {peak}.",
             "",
         ]
+    if (pg := results.get("progress")) is not None:
+        lines += [
+            "## Live progress: one host callback per denoising step",
+            "",
+            "| program | per call |",
+            "|---|---|",
+            f"| without progress | {_ms(pg.without)} |",
+            f"| with progress ({pg.steps} callbacks per device, {pg.reports_per_call} reports) | "
+            f"{_ms(pg.with_progress)} |",
+            f"| **overhead** | **{pg.overhead:+.1%}** (target ≤ {pg.target:.0%}) {_verdict(pg.meets_target)} |",
+            "",
+        ]
+    if (sz := results.get("sizes")) is not None:
+        lines += [
+            "## App start-up by offered sizes (`python app.py --model tiny` until it serves)",
+            "",
+            "| sizes | cold cache (s) | warm cache (s) |",
+            "|---|---|---|",
+            f"| 1 (128×128) | {sz.one_size_cold:.1f} | {sz.one_size_warm:.1f} |",
+            f"| {sz.sizes} (default) | {sz.all_sizes_cold:.1f} | {sz.all_sizes_warm:.1f} |",
+            f"| {sz.sizes}, --no-progress | {sz.all_sizes_no_progress_cold:.1f} | "
+            f"{sz.all_sizes_no_progress_warm:.1f} |",
+            "",
+        ]
     if (sk := results.get("soak")) is not None:
         lines += [
             "## Soak",

@@ -1,6 +1,8 @@
 """Command line: `python -m pipeline make-tiny DIR` and `python -m pipeline generate ...`.
 
-Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3.
+Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
+checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
+that is bad input, status 2.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ import logging
 import sys
 import time
 
+from .convert import CheckpointError
 from .loading import ModelLoadError
+from .presets import PRESET_NAMES
+from .runtime import quiet_start, use_cpu_cores
 from .samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
-from .settings import DTYPES, SDXL_BASE
+from .settings import ATTENTIONS, DTYPES, SDXL_BASE, shape_defaults
+from .styles import DEFAULT_STYLE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
 EXIT_BAD_INPUT = 2
@@ -32,51 +38,83 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--model", default=None, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
     )
-    gen.add_argument("--preset", default=None, help="sdxl-base, lightning-{2,4,8}step, turbo (assets/presets.json)")
+    gen.add_argument("--preset", choices=PRESET_NAMES, default=None, help="few-step recipe (assets/presets.json)")
     gen.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's scheduler")
     gen.add_argument("--timestep-spacing", choices=SPACINGS, default=None, help="default: the checkpoint's")
+    gen.add_argument("--steps-offset", type=int, default=None, help="added to leading timesteps; default: checkpoint's")
     gen.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None, help="default: the checkpoint's")
     gen.add_argument("--no-cfg", action="store_true", help="guidance-free program: the UNet runs on the prompt only")
     gen.add_argument("--revision", default=None, help="Hub revision (default: refs/pr/95 for SDXL base)")
+    gen.add_argument("--variant", default=None, help="PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)")
+    gen.add_argument("--unet", default=None, help="whole-UNet .safetensors replacing the model's: PATH or REPO:FILE")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default="")
+    gen.add_argument("--style", default=DEFAULT_STYLE, help=f"preset from assets/styles.json (default {DEFAULT_STYLE})")
     gen.add_argument("--seed", default="0", help="0..4294967295, or 'random' (default 0)")
     gen.add_argument(
         "--guidance-scale", type=float, default=None, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
     )
-    gen.add_argument("--steps", type=int, default=None, help="default 25 (or the preset's)")
-    gen.add_argument("--height", type=int, default=None, help="default 1024 (or the preset's)")
-    gen.add_argument("--width", type=int, default=None, help="default 1024 (or the preset's)")
+    gen.add_argument("--steps", type=int, default=None, help="default 25, 4 for tiny")
+    gen.add_argument("--height", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
+    gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
     gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
     gen.add_argument("--per-device-batch", type=int, default=1)
+    gen.add_argument(
+        "--attention", choices=ATTENTIONS, default="auto", help="UNet attention core (default auto; see README)"
+    )
     gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
+    gen.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help="CPU only: JAX devices to split the CPU into (default: 1 per core)",
+    )
     gen.add_argument("--out", required=True, help="directory for the PNG files")
     gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    from .distributed import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(gen)  # the same command on every host; process 0 writes the images, the others follow
     return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from . import distributed
     from .compilation import CompileCounter
     from .generator import Generator
-    from .validation import check_guidance, clean_text, resolve_seed
+    from .validation import validate_request
 
-    # Check what the user typed before spending time on loading and compiling.
+    # Check what the user typed before spending time on loading and compiling: the same checks as the UI and API.
     settings = _settings(args)
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
-    seed = resolve_seed(None if randomize else args.seed, randomize=randomize)
-    prompt = clean_text(args.prompt, field="prompt")
-    negative_prompt = clean_text(args.negative_prompt, field="negative prompt")
-    guidance_scale = check_guidance(settings.pop("guidance_scale"))
+    request = validate_request(
+        args.prompt, args.negative_prompt, args.style, settings.pop("guidance_scale"), None if randomize else args.seed,
+        randomize,
+    )  # fmt: skip
+    if not settings["cfg"] and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
+        print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)
     started = time.perf_counter()
+    cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
     generator = Generator.from_pretrained(
         revision=args.revision,
-        **settings,
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         compilation_cache=not args.no_compilation_cache,
+        attention=args.attention,
+        **settings,  # model, shape, sampler settings, unet, variant (a preset's, the flags winning)
     )
     warmup = generator.warmup()
-    result = generator.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance_scale)
+    warmup_compiles = generator.compile_count
+    if not cluster.is_leader:
+        return cluster.follow(generator, json_summary=args.json)
+    try:
+        result = cluster.lead(generator).generate(
+            request.styled_prompt,
+            negative_prompt=request.styled_negative_prompt,
+            seed=request.seed,
+            guidance_scale=request.guidance_scale,
+        )
+    finally:
+        cluster.stop()
     paths = result.save_pngs(args.out)
     summary = {
         "images": [str(p) for p in paths],
@@ -86,6 +124,8 @@ def _generate(args: argparse.Namespace) -> int:
         "process_s": time.perf_counter() - started,
         "compiles": CompileCounter.compiles(),  # programs this process built, compiled or loaded from the cache
         "compilation_cache_hits": CompileCounter.cache_hits(),  # of those, loaded from the persistent cache
+        "processes": cluster.process_count,
+        "compiles_after_warmup": generator.compile_count - warmup_compiles,
         "truncated": result.truncated,
     }
     if args.json:
@@ -105,24 +145,33 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict:
-    """Model, shape and sampler settings: explicit flags, else the preset's, else SDXL base's defaults."""
+    """Model, shape, sampler settings and default guidance: explicit flags, else the preset's, else the model's."""
     from .presets import get_preset, resolve
 
     explicit = {
         "height": args.height, "width": args.width, "steps": args.steps, "sampler": args.sampler,
-        "timestep_spacing": args.timestep_spacing, "prediction_type": args.prediction_type,
-        "cfg": False if args.no_cfg else None, "guidance_scale": args.guidance_scale,
+        "timestep_spacing": args.timestep_spacing, "steps_offset": args.steps_offset,
+        "prediction_type": args.prediction_type, "cfg": False if args.no_cfg else None,
+        "guidance_scale": args.guidance_scale, "unet": args.unet, "variant": args.variant,
     }  # fmt: skip
     if args.preset:
-        return resolve(get_preset(args.preset), model=args.model, **explicit)
-    defaults = {"model": SDXL_BASE, "height": 1024, "width": 1024, "steps": 25, "guidance_scale": 5.0, "cfg": True}
-    explicit["model"] = args.model
-    return {**defaults, **{key: value for key, value in explicit.items() if value is not None}}
+        settings = resolve(get_preset(args.preset), model=args.model, **explicit)
+    else:
+        settings = {"model": args.model or SDXL_BASE, **explicit}
+    settings = {key: value for key, value in settings.items() if value is not None}
+    settings = {"cfg": True, "guidance_scale": 5.0, **settings}
+    defaults = shape_defaults(settings["model"])
+    for key, default in zip(("height", "width", "steps"), defaults, strict=True):
+        settings.setdefault(key, default)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        use_cpu_cores(args.cpu_devices)  # before JAX is imported
+    quiet_start()
     try:
         if args.command == "make-tiny":
             from .tiny import make_tiny
@@ -130,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             print(make_tiny(args.directory, seed=args.seed))
             return 0
         return _generate(args)
-    except InvalidInput as exc:
+    except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ModelLoadError as exc:

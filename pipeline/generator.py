@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +24,17 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
+from . import attention as attention_core
 from . import images as image_io
 from .compilation import CompileCounter, configure_compilation_cache
 from .diffusion import Modules, generate_local
+from .distributed import global_batch, to_host
 from .loading import LoadedModel, load_model
+from .progress import Listener, StepReporter
 from .samplers import SamplerConfig, read_scheduler_config
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
-from .text import dropped_text, tokenize
+from .text import dropped_text, summarize_dropped, tokenize
 from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ class Generator:
         }
         self._batch_sharding = batch_sharded(self.mesh)
         self._compiled: dict[tuple[int, int, int], jax.stages.Compiled] = {}
+        self._reporter = StepReporter() if config.progress else None  # static: None = no callback in the program
+        self._device_lock = threading.Lock()  # one call on the devices at a time, so progress has one listener
         self._compiles_at_start = CompileCounter.compiles()
 
     @classmethod
@@ -106,6 +112,12 @@ class Generator:
         revision: str | None = None,
         compilation_cache: bool = True,
         devices: list | None = None,
+        attention: str = "auto",
+        variant: str | None = None,
+        unet: str | None = None,
+        conversion_cache: bool = True,
+        sizes: list[tuple[int, int]] | None = None,
+        progress: bool = False,
         sampler: str | None = None,
         timestep_spacing: str | None = None,
         prediction_type: str | None = None,
@@ -113,10 +125,20 @@ class Generator:
         cfg: bool = True,
         preset: str | None = None,
     ) -> Generator:
-        """Load `model` (Hub id, local diffusers Flax directory, or "tiny") and place it on `devices` (default: all)."""
-        dtype = dtype or default_dtype()
+        """Load `model` (Hub id, local diffusers directory, or "tiny") and place it on `devices` (default: all).
+
+        PyTorch safetensors are converted without torch (`variant="fp16"` picks *.fp16.safetensors); `unet` swaps in
+        a whole-UNet .safetensors file (path or REPO:FILE), e.g. an SDXL-Lightning UNet. `attention` (auto, xla,
+        splash, cudnn, diffusers) picks the UNet's attention core; see pipeline/attention.py.
+        """
+        platform = (devices[0] if devices else jax.devices()[0]).platform
+        dtype = dtype or default_dtype(platform)
         if dtype not in DTYPES:
             raise InvalidInput(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
+        try:
+            attention = attention_core.resolve(attention, platform, dtype)
+        except attention_core.AttentionUnavailable as exc:
+            raise InvalidInput(str(exc)) from None
         config = EngineConfig(
             model=model,
             revision=revision,
@@ -126,6 +148,12 @@ class Generator:
             dtype=dtype,
             per_device_batch=per_device_batch,
             compilation_cache=compilation_cache,
+            attention=attention,
+            variant=variant,
+            unet=unet,
+            conversion_cache=conversion_cache,
+            sizes=tuple((int(h), int(w)) for h, w in sizes or ()),
+            progress=progress,
             sampler=sampler,
             timestep_spacing=timestep_spacing,
             prediction_type=prediction_type,
@@ -137,19 +165,28 @@ class Generator:
         configure_compilation_cache(compilation_cache)
         _check_static(config)
         SamplerConfig().with_overrides(**_sampler_overrides(config))  # bad sampler settings fail before loading
-        loaded = load_model(model, dtype=dtype, revision=revision)
+        loaded = load_model(
+            model, dtype=dtype, revision=revision, variant=variant, unet=unet, conversion_cache=conversion_cache
+        )
         return cls(loaded, config, devices)
 
     # ---- static shapes -------------------------------------------------------------------------------------------
 
     def supported_shapes(self) -> list[tuple[int, int, int]]:
-        """The (height, width, steps) combinations this generator serves."""
-        return [self.config.shape]
+        """The (height, width, steps) combinations this generator serves, the configured shape first."""
+        return [(height, width, self.config.steps) for height, width in self.sizes]
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """The offered (height, width) sizes, the default first: --sizes, else the one height×width."""
+        sizes = [(self.config.height, self.config.width)]
+        return sizes + [size for size in self.config.sizes if size not in sizes]
 
     @property
     def device_summary(self) -> str:
-        """What runs where, e.g. "8 × cpu" or "4 × TPU v5 lite"."""
-        return f"{self.device_count} × {self.device_kind}"
+        """What runs where, e.g. "8 × cpu", "4 × TPU v5 lite" or "16 × TPU v5 lite on 4 hosts"."""
+        hosts = jax.process_count()
+        return f"{self.device_count} × {self.device_kind}" + (f" on {hosts} hosts" if hosts > 1 else "")
 
     @property
     def compile_count(self) -> int:
@@ -157,19 +194,23 @@ class Generator:
         return CompileCounter.compiles() - self._compiles_at_start
 
     def _check_shape(self) -> None:
-        latent_multiple = self._modules.vae_scale_factor
-        if self.config.height % latent_multiple or self.config.width % latent_multiple:
-            raise InvalidInput(
-                f"Height and width must be multiples of {latent_multiple}; "
-                f"got {self.config.height}×{self.config.width}."
-            )
+        # The UNet halves the latents once per down block but the last: sides must divide evenly all the way down.
+        halvings = len(self._modules.unet.config.down_block_types) - 1
+        latent_multiple = self._modules.vae_scale_factor * 2**halvings
+        for size in self.sizes:
+            for name, value in zip(("height", "width"), size, strict=True):  # name the value the user got wrong
+                if value % latent_multiple:
+                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
-    def _program(self):
+    def _program(self, shape: tuple[int, int, int]):
         """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
-        height, width, steps = self.config.shape
+        height, width, steps = shape
+        on_step = self._reporter.on_step if self._reporter is not None else None
         local = functools.partial(
-            generate_local, self._modules, height=height, width=width, steps=steps, sampler=self.sampler
-        )
+            generate_local, self._modules, height=height, width=width, steps=steps, sampler=self.sampler,
+            on_step=on_step,
+        )  # fmt: skip
+        local = attention_core.hooked(local, self.config.attention)  # entered while tracing: static, part of the key
         batch = P(DATA_AXIS)
         sharded = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False
@@ -194,33 +235,41 @@ class Generator:
         shape = shape or self.config.shape
         check_shape(*shape, self.supported_shapes())
         if shape not in self._compiled:
-            self._compiled[shape] = self._program().lower(*self._abstract_inputs()).compile()
+            self._compiled[shape] = self._program(shape).lower(*self._abstract_inputs()).compile()
         return self._compiled[shape]
 
     def warmup(self) -> dict[str, float]:
-        """Compile every configured shape and run it once, timing the two apart."""
-        timings = {}
+        """Compile every offered shape and run it once; compile_s and first_run_s are totals over the shapes."""
+        timings = {"compile_s": 0.0, "first_run_s": 0.0}
         for shape in self.supported_shapes():
             started = time.perf_counter()
             self.compiled(shape)
-            timings["compile_s"] = time.perf_counter() - started
+            compile_s = time.perf_counter() - started
             started = time.perf_counter()
-            self.generate("warm-up", seed=0)
-            timings["first_run_s"] = time.perf_counter() - started
-            logger.info(
-                "compiled %dx%d, %d steps in %.1f s; first run %.2f s",
-                *shape,
-                timings["compile_s"],
-                timings["first_run_s"],
-            )
+            self.generate("warm-up", seed=0, size=shape[:2])
+            first_run_s = time.perf_counter() - started
+            timings["compile_s"] += compile_s
+            timings["first_run_s"] += first_run_s
+            logger.info("compiled %dx%d, %d steps in %.1f s; first run %.2f s", *shape, compile_s, first_run_s)
         return timings
 
     # ---- one call ------------------------------------------------------------------------------------------------
 
     def generate(
-        self, prompt: str, *, negative_prompt: str = "", seed: int = 0, guidance_scale: float = 5.0
+        self,
+        prompt: str,
+        *,
+        negative_prompt: str = "",
+        seed: int = 0,
+        guidance_scale: float = 5.0,
+        size: tuple[int, int] | None = None,
+        progress: Listener | None = None,
     ) -> GenerationResult:
-        """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32."""
+        """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32.
+
+        `size` (height, width) picks one of the offered sizes (default: the first); `progress(step, total)` is
+        called after each denoising step when the generator was built with progress=True.
+        """
         started = time.perf_counter()
         prompt = clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS)
         negative_prompt = clean_text(negative_prompt, field="negative prompt", max_chars=STYLED_MAX_CHARS)
@@ -228,6 +277,8 @@ class Generator:
         if not self.sampler.cfg:  # the guidance-free program ignores both (the UI hides them, the API says so)
             negative_prompt, guidance_scale = "", 0.0
         seed = resolve_seed(seed)
+        height, width = size or self.sizes[0]
+        check_shape(height, width, self.config.steps, self.supported_shapes())
         seeds = [(seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n = self.num_images
@@ -236,16 +287,22 @@ class Generator:
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
         guidance = np.full((n,), guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
-        program = self.compiled()
-        inputs = jax.device_put((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
-        on_device = time.perf_counter()
-        pixels = np.asarray(program(self._params, *inputs))  # uint8 [B, H, W, 3]
-        off_device = time.perf_counter()
+        program = self.compiled((height, width, self.config.steps))
+        inputs = global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
+        with self._device_lock:
+            call = self._reporter.begin(self.config.steps, progress) if self._reporter is not None else 0
+            try:
+                on_device = time.perf_counter()
+                pixels = to_host(program(self._params, *inputs))  # uint8 [B, H, W, 3], gathered from every process
+                off_device = time.perf_counter()
+                if self._reporter is not None:
+                    jax.effects_barrier()  # every step callback of this call has run before the next call begins
+            finally:
+                if self._reporter is not None:
+                    self._reporter.end(call)
 
         dropped = dropped_text(self._tokenizers[0], prompt)
-        truncated = (
-            f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{dropped}”." if dropped else ""
-        )
+        truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast
         parameters = [
             image_io.describe(
                 prompt=prompt,
@@ -253,8 +310,8 @@ class Generator:
                 seed=s,
                 steps=self.config.steps,
                 guidance_scale=guidance_scale,
-                height=self.config.height,
-                width=self.config.width,
+                height=height,
+                width=width,
                 model=self.config.model,
                 dtype=self.config.dtype,
                 sampler=self.sampler.label,

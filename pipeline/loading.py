@@ -8,12 +8,13 @@ state accumulates error into low-quality or black images.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,8 @@ class LoadedModel:
     source: str  # the directory or Hub id it was loaded from
     load_s: float  # seconds to read the checkpoint
     cast_s: float  # seconds to cast the weights
+    #: per weight component, where its weights came from: "flax", "converted" or "conversion cache"
+    origins: dict = field(default_factory=dict)
 
 
 def default_revision(model: str) -> str | None:
@@ -92,6 +95,10 @@ def resolve_model(model: str) -> str:
         check_sdxl_directory(path)
         return str(path)
     if path.exists():
+        if path.suffix in (".safetensors", ".ckpt"):
+            from .convert import check_single_file
+
+            check_single_file(path)
         raise ModelLoadError(
             f"Model path {model} is a file; pass the checkpoint directory (the one with model_index.json)."
         )
@@ -119,13 +126,25 @@ def check_sdxl_directory(path: Path) -> None:
             + (f" and lacks {', '.join(missing)}" if missing else "")
             + "); pass SDXL base or a checkpoint saved by FlaxStableDiffusionXLPipeline.save_pretrained."
         )
-    no_flax = [name for name, file in FLAX_WEIGHTS.items() if not (path / name / file).is_file()]
-    if no_flax:
+    from .convert import pytorch_weight_files
+
+    no_weights = [
+        name
+        for name, file in FLAX_WEIGHTS.items()
+        if not (path / name / file).is_file() and pytorch_weight_files(path / name, name) is None
+    ]
+    if no_weights:
+        only_bin = any((path / name).glob("*.bin") for name in no_weights)
         raise ModelLoadError(
-            f"{path} has no Flax weights for {', '.join(no_flax)}; for SDXL base download revision "
-            f"{SDXL_BASE_FLAX_REVISION}, or convert a PyTorch checkpoint with "
-            "FlaxStableDiffusionXLPipeline.save_pretrained."
+            f"{path} has no Flax weights for {', '.join(no_weights)} and no PyTorch .safetensors either"
+            + (" (only .bin files, which need torch: save them as safetensors)" if only_bin else "")
+            + f"; for SDXL base download revision {SDXL_BASE_FLAX_REVISION} or its safetensors files."
         )
+
+
+def has_flax_weights(path: Path) -> bool:
+    """Every weight component of the checkpoint has Flax weights (then diffusers' own Flax loader is used)."""
+    return all((path / name / file).is_file() for name, file in FLAX_WEIGHTS.items())
 
 
 def cast_params(params: dict, dtype: str) -> dict:
@@ -136,15 +155,28 @@ def cast_params(params: dict, dtype: str) -> dict:
 
     def cast(leaf):
         array = np.asarray(leaf)
-        return array.astype(target) if np.issubdtype(array.dtype, np.floating) else array
+        # copy=False: converted weights are already in the target dtype; never hold two copies of the model.
+        return array.astype(target, copy=False) if np.issubdtype(array.dtype, np.floating) else array
 
     cast_tree = {name: jax.tree_util.tree_map(cast, tree) for name, tree in params.items() if name != "scheduler"}
     cast_tree["scheduler"] = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf, np.float32), params["scheduler"])
     return cast_tree
 
 
-def load_model(model: str, *, dtype: str, revision: str | None = None) -> LoadedModel:
-    """Load an SDXL checkpoint with `split_head_dim=True` and cast it; raise ModelLoadError with a clear message."""
+def load_model(
+    model: str,
+    *,
+    dtype: str,
+    revision: str | None = None,
+    variant: str | None = None,
+    unet: str | None = None,
+    conversion_cache: bool = True,
+) -> LoadedModel:
+    """Load an SDXL checkpoint with `split_head_dim=True` and cast it; raise ModelLoadError with a clear message.
+
+    Flax checkpoints go through diffusers' own loader. A checkpoint with PyTorch safetensors (or a `unet` file to
+    swap in) is converted without torch by `convert.py`, component by component, Flax weights preferred.
+    """
     quiet_diffusers_deprecation()
     import jax.numpy as jnp
     from diffusers import FlaxStableDiffusionXLPipeline
@@ -152,10 +184,26 @@ def load_model(model: str, *, dtype: str, revision: str | None = None) -> Loaded
     source = resolve_model(model)
     is_local = os.path.isdir(source)
     revision = None if is_local else (revision or default_revision(source))
+    directory = source
+    if not is_local:
+        from .hub import source_when_offline
+
+        # No network: the cached snapshot, or one line with the download command (not 25 s of retries).
+        directory = source_when_offline(source, revision)
+        if directory == source:
+            try:
+                directory = download_checkpoint(source, revision=revision, variant=variant)
+            except Exception as exc:  # huggingface_hub raises many types; turn each into one line
+                raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
+        check_sdxl_directory(Path(directory))
+    if unet or not has_flax_weights(Path(directory)):
+        return load_per_component(
+            Path(directory), source=source, dtype=dtype, variant=variant, unet=unet, use_cache=conversion_cache
+        )
     started = time.perf_counter()
     try:
         pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(
-            source, revision=revision, split_head_dim=True, dtype=getattr(jnp, dtype)
+            directory, split_head_dim=True, dtype=getattr(jnp, dtype)
         )
     except ModelLoadError:
         raise
@@ -175,6 +223,8 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
         return f"Could not load the checkpoint in {source}: {detail}"
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+    from .hub import download_command
+
     where = f"{source}" + (f" (revision {revision})" if revision else "")
     if isinstance(exc, RepositoryNotFoundError):
         return f"Hub model {where} was not found (or needs a token: set HF_TOKEN); check the id."
@@ -183,6 +233,158 @@ def _describe_load_failure(source: str, revision: str | None, is_local: bool, ex
     if isinstance(exc, (LocalEntryNotFoundError, ConnectionError, OSError)):
         return (
             f"Could not download {where} from the Hugging Face Hub (no network, or not in the local cache); "
-            "download it where there is network (huggingface-cli download) or pass a local directory or 'tiny'."
+            f"where there is network run `{download_command(source, revision)}`, or pass a local directory or 'tiny'."
         )
     return f"Could not load {where}: {detail}"
+
+
+# ---- PyTorch-format checkpoints, and a UNet file swapped in (conversion itself lives in convert.py) ----------------
+
+
+def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | None) -> str:
+    """Hub id -> local snapshot with configs, tokenizers and ONE set of weights per component (Flax preferred).
+
+    Offline (or no route to the Hub) whatever is in the local Hub cache is used; nothing cached raises
+    huggingface_hub's LocalEntryNotFoundError, which load_model turns into its one-line "Could not download".
+    """
+    import fnmatch
+
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    from .convert import weight_patterns
+
+    metadata = ["model_index.json", "*/*.json", "*/*.txt"]
+    try:
+        files = HfApi().list_repo_files(repo_id, revision=revision)
+    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
+        raise
+    except Exception:  # offline mode, no network: use the local Hub cache only
+        every = [f"{name}/{file}" for name, file in FLAX_WEIGHTS.items()]
+        every += [p for name in FLAX_WEIGHTS for group in weight_patterns(name, variant) for p in group]
+        return snapshot_download(repo_id, revision=revision, allow_patterns=metadata + every, local_files_only=True)
+    patterns = list(metadata)
+    for name, flax_file in FLAX_WEIGHTS.items():
+        if f"{name}/{flax_file}" in files:
+            patterns.append(f"{name}/{flax_file}")
+            continue
+        for group in weight_patterns(name, variant):
+            if any(fnmatch.fnmatch(file, pattern) for file in files for pattern in group):
+                patterns += group
+                break
+    return snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+
+
+def resolve_unet_file(spec: str) -> Path:
+    """`--unet`: a local .safetensors path, or REPO:FILE on the Hub (as SDXL-Lightning ships its UNets)."""
+    from .convert import CheckpointError
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"UNet file {spec} is not a .safetensors file; pass one holding a whole SDXL UNet.")
+        return path
+    repo_id, _, filename = spec.partition(":")
+    if not filename or not _HUB_ID.match(repo_id) or not filename.endswith(".safetensors"):
+        raise CheckpointError(
+            f"UNet file {spec} does not exist; pass a local .safetensors file or REPO:FILE, e.g. "
+            "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors."
+        )
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, filename))
+    except Exception as exc:
+        raise ModelLoadError(_describe_load_failure(spec, None, False, exc)) from exc
+
+
+def load_per_component(
+    directory: Path, *, source: str, dtype: str, variant: str | None, unet: str | None, use_cache: bool
+) -> LoadedModel:
+    """Build diffusers' Flax modules from the configs, then take each component's weights from its Flax file when
+    there is one, else from its PyTorch safetensors (converted by convert.py, cached), and the UNet from `unet`."""
+    import jax.numpy as jnp
+    from diffusers import (
+        FlaxAutoencoderKL,
+        FlaxEulerDiscreteScheduler,
+        FlaxStableDiffusionXLPipeline,
+        FlaxUNet2DConditionModel,
+    )
+    from flax.serialization import msgpack_restore
+    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
+    from .convert import CheckpointError, load_converted, pytorch_weight_files
+
+    started = time.perf_counter()
+    jax_dtype = getattr(jnp, dtype)
+    try:
+        modules = {
+            "unet": FlaxUNet2DConditionModel.from_config(
+                _flax_config(FlaxUNet2DConditionModel, directory, "unet"), split_head_dim=True, dtype=jax_dtype
+            ),
+            "vae": FlaxAutoencoderKL.from_config(_flax_config(FlaxAutoencoderKL, directory, "vae"), dtype=jax_dtype),
+            "text_encoder": FlaxCLIPTextModel(
+                CLIPTextConfig.from_pretrained(directory / "text_encoder"), dtype=jax_dtype, _do_init=False
+            ),
+            "text_encoder_2": FlaxCLIPTextModelWithProjection(
+                CLIPTextConfig.from_pretrained(directory / "text_encoder_2"), dtype=jax_dtype, _do_init=False
+            ),
+        }
+        tokenizers = [CLIPTokenizer.from_pretrained(directory / name) for name in ("tokenizer", "tokenizer_2")]
+        # The same call the Flax pipeline makes: the scheduler config is read whole, whatever format the weights.
+        scheduler, scheduler_state = FlaxEulerDiscreteScheduler.from_pretrained(directory, subfolder="scheduler")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
+        raise CheckpointError(f"Could not read the configs or tokenizers in {directory}: {detail}") from None
+
+    params: dict = {"scheduler": scheduler_state}
+    origins: dict = {}
+    for name, module in modules.items():
+        flax_file = directory / name / FLAX_WEIGHTS[name]
+        if name == "unet" and unet:
+            files = [resolve_unet_file(unet)]
+        elif flax_file.is_file():
+            params[name] = msgpack_restore(flax_file.read_bytes())
+            origins[name] = "flax"
+            continue
+        else:
+            files = pytorch_weight_files(directory / name, name, variant)
+            if files is None:
+                raise CheckpointError(f"{directory / name} has neither Flax nor PyTorch safetensors weights.")
+        if name.startswith("text_encoder"):
+            init, prefix, config = (
+                functools.partial(module.init_weights, input_shape=module.input_shape),
+                module.base_model_prefix,
+                module.config.to_dict(),
+            )
+        else:
+            init, prefix, config = module.init_weights, None, dict(module.config)
+        converted = load_converted(
+            files, init, component=name, dtype=dtype, config=config, model_prefix=prefix, use_cache=use_cache
+        )
+        params[name] = converted.params
+        origins[name] = "conversion cache" if converted.cached else "converted"
+    load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    params = cast_params(params, dtype)
+    cast_s = time.perf_counter() - started
+    pipeline = FlaxStableDiffusionXLPipeline(
+        text_encoder=modules["text_encoder"],
+        text_encoder_2=modules["text_encoder_2"],
+        vae=modules["vae"],
+        tokenizer=tokenizers[0],
+        tokenizer_2=tokenizers[1],
+        unet=modules["unet"],
+        scheduler=scheduler,
+    )
+    logger.info("loaded %s in %.1f s (%s)", source, load_s, ", ".join(f"{k}: {v}" for k, v in origins.items()))
+    return LoadedModel(pipeline=pipeline, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
+
+
+def _flax_config(cls, directory: Path, subfolder: str) -> dict:
+    """A PyTorch model config without the fields the Flax class has no argument for (diffusers warns about each)."""
+    import inspect
+
+    config = cls.load_config(directory, subfolder=subfolder)
+    accepted = inspect.signature(cls).parameters
+    return {key: value for key, value in config.items() if key in accepted or key.startswith("_")}

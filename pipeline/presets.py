@@ -1,26 +1,30 @@
-"""Presets: named recipes (model, UNet file, steps, sampler, spacing, guidance, size) from assets/presets.json.
+"""Presets: named few-step recipes (model, UNet file, steps, sampler, spacing, guidance, size) from assets/presets.json.
 
     python -m pipeline generate --preset lightning-4step --prompt "..." --out out/
     python app.py --preset turbo --model tiny        # a preset's sampler settings on the offline tiny checkpoint
 
-Explicit flags override the preset. With `--model tiny` a preset applies only its sampler settings (steps, spacing,
-sampler, CFG on/off, guidance), so every preset runs offline; size stays the tiny default.
+Explicit flags override the preset. With `--model tiny` (or any model other than the preset's own) a preset applies
+only its sampler settings (steps, spacing, sampler, CFG on/off, guidance): the UNet file and the size belong to the
+preset's model, so every preset also runs offline on the tiny checkpoint. Kept free of JAX (the app imports it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .loading import ModelLoadError
 from .samplers import SamplerConfig
 from .settings import TINY_MODEL
 from .validation import InvalidInput
 
+logger = logging.getLogger(__name__)
+
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
+#: Names, for --help and the argparse choices (the file is checked when a preset is used).
+PRESET_NAMES = ("sdxl-base", "lightning-2step", "lightning-4step", "lightning-8step", "turbo")
 
 
 @dataclass(frozen=True)
@@ -29,15 +33,16 @@ class Preset:
 
     name: str  # e.g. "lightning-4step"
     description: str  # one line for the header and --help
-    model: str  # Hub id of the base checkpoint
-    unet: str | None  # static: whole-UNet .safetensors swapped in (REPO:FILE), or None
+    model: str  # Hub id of the checkpoint the recipe was made for
+    unet: str | None  # whole-UNet .safetensors swapped in (REPO:FILE, see convert.py), or None
+    variant: str | None  # PyTorch weight variant to download, e.g. "fp16", or None
     steps: int  # static: denoising steps
     sampler: str  # static: "euler" or "euler_ancestral"
     timestep_spacing: str  # static: "leading", "linspace" or "trailing"
-    cfg: bool  # static: classifier-free guidance on/off
+    cfg: bool  # static: classifier-free guidance on/off (off = the guidance-free program)
     guidance_scale: float  # the default guidance (traced; ignored when cfg is off)
-    height: int  # static: image height
-    width: int  # static: image width
+    height: int  # static: image height of the recipe
+    width: int  # static: image width of the recipe
 
 
 def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
@@ -46,6 +51,8 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"Could not read presets from {path} ({exc.__class__.__name__}).") from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"Presets in {path} must be a JSON object of name -> preset.")
     fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
     presets = {}
     for name, entry in raw.items():
@@ -54,34 +61,34 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
             problem = ", ".join(sorted(fields - got) or sorted(got - fields)) or "not an object"
             raise InvalidInput(f"Preset {name!r} in {path} is malformed ({problem}).")
         preset = Preset(name=name, **entry)
-        SamplerConfig(sampler=preset.sampler, timestep_spacing=preset.timestep_spacing, cfg=preset.cfg)  # checks
+        # The sampler settings are checked by the class that uses them (one clear line on a bad value).
+        SamplerConfig(sampler=preset.sampler, timestep_spacing=preset.timestep_spacing, cfg=preset.cfg)
+        for key in ("steps", "height", "width"):
+            value = getattr(preset, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"Preset {name!r} in {path}: {key} must be a positive whole number.")
         presets[name] = preset
     return presets
 
 
 def get_preset(name: str, path: str | Path = PRESETS_PATH) -> Preset:
+    """The preset called `name` (surrounding spaces and case ignored), or one line listing the choices."""
     presets = load_presets(path)
-    if name not in presets:
+    key = str(name).strip().lower()
+    if key not in presets:
         raise InvalidInput(f"Unknown preset {name!r}; choose one of: {', '.join(presets)}.")
-    return presets[name]
-
-
-def unet_supported() -> bool:
-    """Whether this build can swap in a UNet file (`Generator.from_pretrained(unet=...)`, PyTorch checkpoints)."""
-    from .generator import Generator
-
-    return "unet" in inspect.signature(Generator.from_pretrained).parameters
+    return presets[key]
 
 
 def resolve(preset: Preset, *, model: str | None = None, **explicit) -> dict:
-    """Generator settings for `preset`, explicit values (not None) winning; plus "guidance_scale" (a default).
+    """Generator settings for `preset`, explicit values (not None) winning; includes "guidance_scale" (a default).
 
-    With model "tiny" only the sampler settings apply. A preset that needs a UNet file fails in one line when this
-    build cannot load one.
+    Keys: model, steps, sampler, timestep_spacing, cfg, guidance_scale, preset, and, when the preset's own model
+    runs, unet, variant, height and width.
     """
-    tiny = (model or "").strip() == TINY_MODEL
+    own_model = model is None or model.strip() == preset.model
     settings: dict = {
-        "model": model or preset.model,
+        "model": preset.model if model is None else model,
         "steps": preset.steps,
         "sampler": preset.sampler,
         "timestep_spacing": preset.timestep_spacing,
@@ -89,14 +96,9 @@ def resolve(preset: Preset, *, model: str | None = None, **explicit) -> dict:
         "guidance_scale": preset.guidance_scale,
         "preset": preset.name,
     }
-    if not tiny:
-        settings.update(height=preset.height, width=preset.width)
-        if preset.unet:
-            if not unet_supported():
-                raise ModelLoadError(
-                    f"Preset {preset.name} needs its UNet file {preset.unet}, and this build cannot load UNet files "
-                    "(PyTorch checkpoint support); use --model tiny to try its sampler settings."
-                )
-            settings["unet"] = preset.unet
+    if own_model:
+        settings.update(unet=preset.unet, variant=preset.variant, height=preset.height, width=preset.width)
+    elif model.strip() != TINY_MODEL:
+        logger.info("preset %s on %s: its sampler settings only (not its UNet file or size)", preset.name, model)
     settings.update({key: value for key, value in explicit.items() if value is not None})
     return settings

@@ -16,22 +16,42 @@ SDXL_BASE_FLAX_REVISION = "refs/pr/95"
 #: `model` value that selects the project's own tiny random-weight checkpoint (built once into a cache dir).
 TINY_MODEL = "tiny"
 
+#: Shape each model starts with when the user gives no --height/--width/--steps: (height, width, steps).
+#: The tiny model's is small enough to start in seconds on a laptop CPU; every other model gets SDXL's own.
+SHAPE_DEFAULTS = {TINY_MODEL: (128, 128, 4)}
+SDXL_SHAPE = (1024, 1024, 25)
+
+
+def shape_defaults(model: str) -> tuple[int, int, int]:
+    """(height, width, steps) for `model` when the user sets none: one place for the app, the CLI and the engine."""
+    return SHAPE_DEFAULTS.get(str(model).strip(), SDXL_SHAPE)
+
+
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
+
+#: Attention cores of the UNet (see pipeline/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
+ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """What `Generator.from_pretrained` was asked for, after defaults were resolved."""
 
-    model: str = SDXL_BASE  # Hub id, local directory in diffusers' Flax layout, or "tiny"
+    model: str = SDXL_BASE  # Hub id, local directory in diffusers' layout (Flax or PyTorch safetensors), or "tiny"
     revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
-    height: int = 1024  # static: image height in pixels, a multiple of 8
-    width: int = 1024  # static: image width in pixels, a multiple of 8
+    height: int = 1024  # static: image height in pixels, a multiple of 32 (8 × 2^(UNet down blocks − 1))
+    width: int = 1024  # static: image width in pixels, a multiple of 32
     steps: int = 25  # static: Euler denoising steps
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    variant: str | None = None  # PyTorch weight variant to prefer, e.g. "fp16" (*.fp16.safetensors); Flax has none
+    unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
+    conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
+    sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
+    progress: bool = False  # static: a host callback per denoising step reports live progress (see progress.py)
+    attention: str = "xla"  # static: the UNet's attention core after `auto` was resolved (see pipeline/attention.py)
     sampler: str | None = None  # static: "euler" / "euler_ancestral"; None = the checkpoint's scheduler class
     timestep_spacing: str | None = None  # static: "leading" / "linspace" / "trailing"; None = the checkpoint's
     prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's

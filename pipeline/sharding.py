@@ -2,9 +2,9 @@
 
 Parameters are replicated (each device holds a full copy, placed once at start-up); batch arrays are split over
 `data` so each device denoises its own images. This is what `flax.jax_utils.replicate` + `pmap` did in the seed
-documents, in the `jax.sharding` form current JAX recommends. The mesh and the program would span several hosts
-(`jax.distributed`) as they are; feeding them would need `jax.make_array_from_process_local_data` instead of
-`device_put`, which this single-host server does not do yet.
+documents, in the `jax.sharding` form current JAX recommends. Under `jax.distributed` the mesh spans the devices of
+every process as it is; batch inputs are then built with `distributed.global_batch` (each process fills its own
+shards), and `replicate_tree` still works because every process places the same weights.
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
 
 
 def replicate_tree(tree, mesh: Mesh):
-    """Place a pytree of host arrays on every device of `mesh`, once."""
+    """Place a pytree of host arrays on every device of `mesh`, once (on several processes: each passes the same)."""
     return jax.device_put(tree, replicated(mesh))

@@ -47,6 +47,16 @@ def dropped_text(tokenizer, prompt: str) -> str:
     return " ".join(words[low:])
 
 
+def summarize_dropped(dropped: str, shown: int = 8) -> str:
+    """A sentence about the dropped words, short enough for a toast: the first `shown` words and how many more."""
+    if not dropped:
+        return ""
+    words = dropped.split()
+    quoted = " ".join(words[:shown]) + ("…" if len(words) > shown else "")
+    more = f" and {len(words) - shown} more word{'s' if len(words) - shown != 1 else ''}" if len(words) > shown else ""
+    return f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{quoted}”{more}."
+
+
 def encode_prompts(text_encoder, text_encoder_2, params: dict, prompt_ids):
     """Embeddings SDXL's UNet is conditioned on, computed as diffusers' reference pipeline computes them.
 

@@ -43,3 +43,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+#: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
+UI_SIZES = [(TEST_SIZE, TEST_SIZE), (128, 224)]
+#: Enough steps to watch a progress bar move.
+UI_STEPS = 4
+
+
+@pytest.fixture(scope="session")
+def ui_engine(tiny_dir):
+    """A warmed-up generator with live progress and two sizes (compiled once, shared by the UI test files)."""
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, progress=True,
+        height=UI_SIZES[0][0], width=UI_SIZES[0][1],
+    )  # fmt: skip
+    generator.warmup()
+    return generator

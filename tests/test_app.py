@@ -79,7 +79,7 @@ def test_generate_with_prompt_only(client, generator):
         assert f"Seed: {(seed + i) % 2**32}," in text
         assert "Size: 64x64" in text
         assert pixels_of(path).shape == (64, 64, 3)
-    assert [item["caption"] for item in gallery] == [f"seed {(seed + i) % 2**32}" for i in range(8)]
+    assert [item["caption"] for item in gallery] == [f"seed {(seed + i) % 2**32} · 64×64" for i in range(8)]
 
 
 def test_same_seed_gives_identical_pixels(client):
@@ -149,8 +149,8 @@ def test_api_parameters_are_named_with_defaults(client):
     info = client.view_api(print_info=False, return_format="dict")
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    assert names == ["prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed"]
-    assert [p["parameter_has_default"] for p in params] == [False, True, True, True, True, True]
+    assert names == ["prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio"]
+    assert [p["parameter_has_default"] for p in params] == [False, True, True, True, True, True, True]
 
 
 def test_page_shows_device_line_and_allows_embedding(demo, generator):
@@ -208,7 +208,7 @@ def test_cli_reads_env_and_flag_wins(monkeypatch):
     assert (args.height, args.width, args.queue_size, args.share) == (128, 128, 20, False)
     monkeypatch.delenv("SDXL_MODEL")
     args = app.parse_args([])
-    assert (args.model, args.height) == ("stabilityai/stable-diffusion-xl-base-1.0", None)
+    assert (args.model, args.height, args.width) == ("stabilityai/stable-diffusion-xl-base-1.0", 1024, 1024)
 
 
 def test_load_failure_exits_2_with_one_line(capsys, tmp_path):

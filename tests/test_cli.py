@@ -70,7 +70,7 @@ def test_generate_writes_one_png_per_device(tiny_dir, tmp_path):
     [
         (["--seed", "-5"], 2, "Seed"),
         (["--guidance-scale", "500"], 2, "Guidance"),
-        (["--height", "100"], 2, "multiples of 8"),
+        (["--height", "100"], 2, "Height must be a multiple of 32; got 100."),
         (["--model", "/nonexistent/sdxl"], 3, "does not exist"),
         (["--model", "requirements.txt"], 3, "is a file"),
     ],

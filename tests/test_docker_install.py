@@ -110,9 +110,10 @@ def test_plan_is_read_from_the_dockerfile():
     assert install_plan("cpu") == [["-r", "requirements.txt"]]
     assert install_plan("tpu") == [["-r", "requirements.txt"], ["jax[tpu]==0.10.2"]]
     assert install_plan("cuda12") == [["-r", "requirements.txt"], ["jax[cuda12]==0.10.2"]]
+    assert install_plan("auto") == [["-r", "requirements.txt"], ["jax[tpu,cuda12]==0.10.2"]]
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.MULTILINE)
-    assert re.search(r"^ARG ACCELERATOR=tpu$", text, re.MULTILINE)
+    assert re.search(r"^ARG ACCELERATOR=auto$", text, re.MULTILINE)
     assert re.search(r"useradd .*--uid 1000", text)
     assert 'CMD ["python", "app.py"]' in text
     # requirements are installed before the code is copied (dependency layer survives code edits)
@@ -120,7 +121,7 @@ def test_plan_is_read_from_the_dockerfile():
 
 
 def test_every_accelerator_resolves_with_jaxlib_0_10_2(fresh_pip, tmp_path):
-    accelerators = ["cpu", "tpu", "cuda12"]
+    accelerators = ["cpu", "tpu", "cuda12", "auto"]
     with concurrent.futures.ThreadPoolExecutor(len(accelerators)) as pool:
         futures = {
             acc: pool.submit(resolve, fresh_pip, install_plan(acc), tmp_path / f"{acc}.json") for acc in accelerators
@@ -136,8 +137,9 @@ def test_every_accelerator_resolves_with_jaxlib_0_10_2(fresh_pip, tmp_path):
     assert resolved["cuda12"].get("jax-cuda12-plugin") == "0.10.2"
     assert resolved["cuda12"].get("jax-cuda12-pjrt") == "0.10.2"
     assert not any(name.startswith(("libtpu", "jax-cuda")) for name in resolved["cpu"])
+    assert "libtpu" in resolved["auto"] and resolved["auto"].get("jax-cuda12-plugin") == "0.10.2"
 
 
 if __name__ == "__main__":  # python tests/test_docker_install.py prints the plans
-    for acc in ("cpu", "tpu", "cuda12"):
+    for acc in ("cpu", "tpu", "cuda12", "auto"):
         print(acc, install_plan(acc), file=sys.stdout)

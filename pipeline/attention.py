@@ -1,0 +1,249 @@
+"""Which attention core diffusers' UNet runs: a hook around `FlaxAttention`, no fork of diffusers.
+
+diffusers' `FlaxAttention` materialises every [queries x keys] score matrix and takes its softmax in the compute
+dtype: at 1024x1024 that is a 4096x4096 matrix per head in HBM, and a bf16 softmax. The hook below replaces only the
+core (scores -> softmax -> weighted values) and keeps the module's own `to_q`/`to_k`/`to_v`/`to_out_0` layers, so
+parameter trees and checkpoints are unchanged:
+
+    with attention_hook("splash"):            # entered INSIDE the traced function (see `hooked`)
+        unet.apply({"params": params}, ...)
+
+Kinds (`ATTENTIONS`):
+- `diffusers`: no hook; diffusers' own einsum + softmax in the compute dtype (the reference).
+- `xla`: `jax.nn.dot_product_attention(implementation="xla")`: logits and softmax in float32, any device.
+- `cudnn`: cuDNN flash attention (`implementation="cudnn"`) on NVIDIA GPUs in bf16/fp16.
+- `splash`: Pallas splash attention on TPU for self-attention whose length is a multiple of 128 (SDXL: 4096 and
+  1024 tokens at 1024x1024); heads are zero-padded to 128 lanes (exact: zero columns add nothing to q.k, and the
+  padded value columns are sliced off), queries pre-scaled (the kernel does not scale).
+- `auto`: splash on TPU, cudnn on GPU with bf16/fp16, xla elsewhere (so on CPU `auto` is exactly `xla`).
+
+Shapes a fused kernel cannot take (cross-attention with 77 keys, float32 on cuDNN, lengths not a multiple of 128)
+fall back to `xla`, logged once per shape. Every path keeps the softmax in float32.
+
+JAX's trace cache does not see an interceptor, so the kind must be a static part of whatever is traced: the engine
+keeps it in `EngineConfig.attention` and builds one program per kind (`hooked` closes over it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .settings import ATTENTIONS
+
+logger = logging.getLogger(__name__)
+
+#: Kinds that need a given platform (jax's platform names).
+REQUIRED_PLATFORM = {"splash": "tpu", "cudnn": "gpu"}
+#: TPU vector lanes: splash's blocks and padded head width are multiples of this.
+LANES = 128
+#: Largest splash tile along queries and keys; smaller powers of two down to LANES are tried when it does not divide.
+SPLASH_MAX_BLOCK = 512
+#: dtypes cuDNN's flash attention takes.
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+_logged: set = set()
+_logged_lock = threading.Lock()
+
+
+class AttentionUnavailable(ValueError):
+    """The requested attention kind cannot run on this platform (e.g. splash without a TPU)."""
+
+
+def _log_once(key, message: str, *args) -> None:
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    logger.info(message, *args)
+
+
+def resolve(kind: str, platform: str, dtype: str) -> str:
+    """The concrete kind for `kind` on `platform` ("cpu", "gpu"/"cuda", "tpu") with network `dtype`.
+
+    `auto` picks the fastest kind the platform has; an explicit fused kind on a platform without it is refused
+    (one clear line), rather than silently running something else for the whole program.
+    """
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    if kind not in ATTENTIONS:
+        raise AttentionUnavailable(f"Unknown attention {kind!r}; choose one of: {', '.join(ATTENTIONS)}.")
+    if kind == "auto":
+        if platform == "tpu":
+            return "splash"
+        if platform == "gpu" and jnp.dtype(dtype) in [jnp.dtype(d) for d in CUDNN_DTYPES]:
+            return "cudnn"
+        return "xla"
+    needed = REQUIRED_PLATFORM.get(kind)
+    if needed and platform != needed:
+        raise AttentionUnavailable(
+            f"Attention {kind!r} needs a {needed.upper()}, but this machine runs on {platform}; use auto or xla."
+        )
+    return kind
+
+
+# ---- the cores: q [B, Lq, N, H], k and v [B, Lk, N, H] -> [B, Lq, N, H] -------------------------------------------
+
+
+def diffusers_attention(q, k, v, scale: float):
+    """diffusers' split_head_dim core as it is (scores and softmax in the compute dtype): the reference."""
+    scores = jnp.einsum("b t n h, b f n h -> b n f t", k, q) * scale  # [B, N, Lq, Lk]
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("b n f t, b t n h -> b f n h", probs, v)
+
+
+def xla_attention(q, k, v, scale: float):
+    """`jax.nn.dot_product_attention` on XLA: float32 logits and softmax whatever the input dtype."""
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="xla")
+
+
+def cudnn_attention(q, k, v, scale: float):
+    """cuDNN flash attention (NVIDIA, bf16/fp16); falls back to `xla` for what cuDNN refuses, logged once."""
+    key = ("cudnn", q.shape, k.shape, q.dtype)
+    if q.dtype not in CUDNN_DTYPES:
+        _log_once(key, "attention: cuDNN takes bf16/fp16, not %s; using xla for %s", q.dtype, q.shape)
+        return xla_attention(q, k, v, scale)
+    try:
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+    except (NotImplementedError, ValueError, RuntimeError) as exc:  # jax checks shapes and cuDNN at trace time
+        _log_once(key, "attention: cuDNN refused q %s, k %s (%s); using xla", q.shape, k.shape, exc)
+        return xla_attention(q, k, v, scale)
+
+
+def splash_block(length: int) -> int | None:
+    """The splash tile for a sequence `length`: the largest of 512, 256, 128 dividing it; None if none does."""
+    block = SPLASH_MAX_BLOCK
+    while block >= LANES:
+        if length % block == 0:
+            return block
+        block //= 2
+    return None
+
+
+def splash_supported(q_shape, k_shape) -> bool:
+    """Self-attention (queries are keys) whose length splash can tile (a multiple of 128)."""
+    return q_shape[1] == k_shape[1] and splash_block(q_shape[1]) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(heads: int, q_len: int, kv_len: int, block_q: int, block_kv: int, interpret: bool):
+    """A forward-only splash kernel over `heads` full (unmasked) heads; its mask metadata built once, concretely."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    mask = splash.MultiHeadMask([splash.FullMask((q_len, kv_len)) for _ in range(heads)])
+    blocks = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
+    with jax.ensure_compile_time_eval():  # concrete metadata arrays, safe to cache across traces
+        return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def splash_attention(q, k, v, scale: float, *, interpret: bool = False, block: int | None = None):
+    """Pallas splash attention (TPU; `interpret=True` runs it anywhere, slowly); unsupported shapes use `xla`.
+
+    Heads narrower than 128 lanes are zero-padded: q.k is unchanged and the padded output columns (zero values)
+    are dropped. The kernel keeps its running max, sum and output in float32.
+    """
+    if not splash_supported(q.shape, k.shape):
+        _log_once(("splash", q.shape, k.shape), "attention: splash takes self-attention of a multiple of 128 "
+                  "tokens; using xla for q %s, k %s", q.shape, k.shape)  # fmt: skip
+        return xla_attention(q, k, v, scale)
+    batch, q_len, heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    padded = -(-head_dim // LANES) * LANES
+    width = [(0, 0), (0, 0), (0, 0), (0, padded - head_dim)]
+
+    def to_kernel(x):  # [B, L, N, H] -> [B, N, L, padded]
+        return jnp.pad(x, width).transpose(0, 2, 1, 3)
+
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
+    block_q = block or splash_block(q_len)
+    block_kv = block or splash_block(kv_len)
+    kernel = _splash_kernel(heads, q_len, kv_len, block_q, block_kv, interpret)
+    out = jax.vmap(kernel)(to_kernel(q), to_kernel(k), to_kernel(v))  # [B, N, Lq, padded]
+    return out[..., :head_dim].transpose(0, 2, 1, 3)
+
+
+CORES = {"diffusers": diffusers_attention, "xla": xla_attention, "cudnn": cudnn_attention, "splash": splash_attention}
+
+
+def attend(q, k, v, scale: float, kind: str, *, interpret: bool = False):
+    """Attention of kind `kind` (a resolved kind, not `auto`): q [B, Lq, N, H], k/v [B, Lk, N, H] -> [B, Lq, N, H]."""
+    if kind == "splash":
+        return splash_attention(q, k, v, scale, interpret=interpret)
+    return CORES[kind](q, k, v, scale)
+
+
+# ---- the hook ----------------------------------------------------------------------------------------------------
+
+
+def _flax_attention_class():
+    from diffusers.models.attention_flax import FlaxAttention
+
+    return FlaxAttention
+
+
+def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None, deterministic=True):
+    """`FlaxAttention.__call__` with another core, using the module's own projection layers (same parameters)."""
+    context = hidden_states if context is None else context
+    batch = hidden_states.shape[0]
+    heads, head_dim = module.heads, module.dim_head
+
+    def split(x):  # [B, L, N*H] -> [B, L, N, H]
+        return x.reshape(batch, -1, heads, head_dim)
+
+    q, k, v = split(module.query(hidden_states)), split(module.key(context)), split(module.value(context))
+    out = attend(q, k, v, head_dim**-0.5, kind, interpret=interpret)  # [B, Lq, N, H]
+    out = module.proj_attn(out.reshape(batch, -1, heads * head_dim))  # [B, Lq, D]
+    return module.dropout_layer(out, deterministic=deterministic)
+
+
+@contextlib.contextmanager
+def attention_hook(kind: str, *, interpret: bool = False):
+    """Within this context (entered inside a traced function), diffusers' `FlaxAttention` uses core `kind`.
+
+    `kind` must be resolved (see `resolve`); `diffusers` installs nothing. `interpret` runs splash in Pallas'
+    interpreter (tests on CPU).
+    """
+    if kind == "auto":
+        raise ValueError("attention_hook takes a resolved kind; call resolve() first")
+    if kind == "diffusers":
+        yield
+        return
+    import flax.linen as nn
+
+    attention_class = _flax_attention_class()
+
+    def interceptor(next_fun, args, kwargs, context):
+        if context.method_name != "__call__" or not isinstance(context.module, attention_class):
+            return next_fun(*args, **kwargs)
+        return _attention_call(context.module, kind, interpret, *args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+        yield
+
+
+def hooked(fn, kind: str, *, interpret: bool = False):
+    """`fn` with the attention hook entered inside it, so it is active while `fn` is traced (jit, shard_map...)."""
+    if kind == "diffusers":
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with attention_hook(kind, interpret=interpret):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def reference_attention(q, k, v, scale: float) -> np.ndarray:
+    """Exact attention in float64 numpy (for tests and benchmarks): q [B, Lq, N, H] -> [B, Lq, N, H]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("bqnh,bknh->bnqk", q, k) * scale
+    scores -= scores.max(-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnqk,bknh->bqnh", probs, v)

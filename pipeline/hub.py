@@ -1,0 +1,70 @@
+"""The Hugging Face Hub when there is no network: use the local cache, or say in one line how to fill it.
+
+Without this, a Hub id on a machine with no network costs about 25 s of retries (huggingface_hub retries each file
+five times with back-off) before diffusers gives up. One short probe of the Hub endpoint decides up front.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait for the Hub endpoint to answer before treating it as unreachable.
+PROBE_TIMEOUT_S = 5.0
+#: What the loader reads: configs, tokenizers, and the weights of either format (Flax preferred when both exist).
+CHECKPOINT_PATTERNS = ("model_index.json", "*/*.json", "*/*.txt", "*/*.msgpack", "*/*.safetensors")
+#: SDXL base's Flax revision (refs/pr/95) also holds PyTorch weights: take only the Flax ones from it.
+FLAX_ONLY_PATTERNS = ("model_index.json", "*/*.json", "*/*.txt", "*/*.msgpack")
+
+
+def download_command(repo_id: str, revision: str | None) -> str:
+    """The shell command that puts what the loader needs into the Hugging Face cache (HF_HOME)."""
+    from .settings import SDXL_BASE_FLAX_REVISION
+
+    words = ["huggingface-cli", "download", repo_id]
+    if revision:
+        words += ["--revision", revision]
+    words += ["--include", *(FLAX_ONLY_PATTERNS if revision == SDXL_BASE_FLAX_REVISION else CHECKPOINT_PATTERNS)]
+    return shlex.join(words)
+
+
+def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """One HEAD request to the Hub endpoint (HF_ENDPOINT, proxies honoured); any HTTP answer means reachable."""
+    from huggingface_hub import constants, get_session
+
+    endpoint = endpoint or constants.ENDPOINT
+    try:
+        get_session().head(endpoint, timeout=timeout, allow_redirects=False)
+    except Exception as exc:  # DNS failure, refused, timeout, proxy error: all mean "no Hub from here"
+        logger.info("Hugging Face Hub at %s unreachable: %s", urlsplit(endpoint).netloc, exc.__class__.__name__)
+        return False
+    return True
+
+
+def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | None = None,
+                        cache_dir: str | None = None) -> str:  # fmt: skip
+    """`repo_id` when the Hub answers; else its cached snapshot directory; else ModelLoadError with the command.
+
+    With HF_HUB_OFFLINE set the user chose offline mode: diffusers reads the cache itself, nothing is probed.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from .loading import ModelLoadError
+
+    if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
+        return repo_id
+    try:
+        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        where = repo_id + (f" (revision {revision})" if revision else "")
+        raise ModelLoadError(
+            f"The Hugging Face Hub is unreachable (no network?) and {where} is not in the local cache; "
+            f"where there is network run `{download_command(repo_id, revision)}` (it fills HF_HOME, "
+            "default ~/.cache/huggingface), or pass a local directory or --model tiny."
+        ) from None
+    logger.info("Hub unreachable: loading %s from the local cache %s", repo_id, path)
+    return path

@@ -1,0 +1,55 @@
+"""Process start-up shared by the app and the CLI: quiet logs, and one JAX device per CPU core.
+
+Kept free of JAX: `use_cpu_cores` must run before anything imports JAX, because XLA reads XLA_FLAGS once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+
+#: JAX plugins whose presence means JAX will pick an accelerator, not the CPU.
+ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def quiet_start() -> None:
+    """Silence what the pinned stack prints on every run, so the lines that remain are ours and each comes once.
+
+    - Gradio 6.17.3 reads a Starlette constant Starlette has renamed: a DeprecationWarning on every request.
+    - diffusers 0.39 / transformers 4.57 announce on every Flax class that Flax support ends (the pins are on purpose).
+    - huggingface_hub's logger has its own handler and also propagates to the root logger's: each line twice.
+    """
+    # StarletteDeprecationWarning subclasses UserWarning, not DeprecationWarning: matched by its message only.
+    warnings.filterwarnings("ignore", message=r".*HTTP_422_UNPROCESSABLE_ENTITY")
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub_logging.disable_propagation()
+    from .loading import quiet_diffusers_deprecation
+
+    quiet_diffusers_deprecation()
+
+
+def accelerator_installed() -> bool:
+    """True when a TPU/GPU plugin for JAX is installed or JAX_PLATFORMS names a non-CPU platform."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        return platforms.split(",")[0] != "cpu"
+    return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
+
+
+def use_cpu_cores(count: int | None = None) -> int:
+    """On a CPU-only machine, split the CPU into `count` JAX devices (default: one per core); returns the count set.
+
+    One request then makes one image per core, as it makes one per chip on a TPU, and it costs no more time per image
+    (README, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device count, and
+    does nothing when an accelerator is installed or `count` is 0. Must run before JAX is imported.
+    """
+    if count == 0 or accelerator_installed() or _DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", ""):
+        return 0
+    count = count or os.cpu_count() or 1
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_COUNT_FLAG}={count}".strip()
+    logging.getLogger(__name__).info("CPU only: %d JAX devices, one image per core and request", count)
+    return count

@@ -1,0 +1,84 @@
+"""Engine side of live progress and aspect ratios: one report per step from the compiled loop, sizes never compile."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+from conftest import TEST_SIZE, TEST_STEPS, UI_SIZES, UI_STEPS
+
+from pipeline.sizes import check_size, default_sizes, parse_sizes, ratio_name, size_label
+from pipeline.validation import InvalidInput
+
+
+def test_progress_fires_once_per_step_in_order(ui_engine):
+    before = ui_engine.compile_count
+    for size in UI_SIZES:
+        seen: list[tuple[int, int]] = []
+        result = ui_engine.generate(
+            "a red apple", seed=1, size=size, progress=lambda k, n, seen=seen: seen.append((k, n))
+        )
+        assert seen == [(k, UI_STEPS) for k in range(1, UI_STEPS + 1)]  # 8 devices call back; reported once
+        assert result.images[0].size == (size[1], size[0])  # PIL: (width, height)
+        assert f"Size: {size[1]}x{size[0]}" in result.parameters[0]
+    assert ui_engine.compile_count == before
+
+
+def test_progress_calls_do_not_cross(ui_engine):
+    """Two threads share one generator: each listener sees exactly its own call's steps."""
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def run(i):
+        ui_engine.generate(f"prompt {i}", seed=i, progress=lambda k, n: seen[i].append(k))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {0: list(range(1, UI_STEPS + 1)), 1: list(range(1, UI_STEPS + 1))}
+
+
+def test_sizes_give_their_own_pixels_and_bad_size_is_refused(ui_engine):
+    square = ui_engine.generate("a lighthouse", seed=3, size=UI_SIZES[0])
+    default = ui_engine.generate("a lighthouse", seed=3)
+    np.testing.assert_array_equal(np.asarray(square.images[0]), np.asarray(default.images[0]))
+    before = ui_engine.compile_count
+    with pytest.raises(InvalidInput, match="compiled"):
+        ui_engine.generate("a lighthouse", seed=3, size=(128, 128))
+    assert ui_engine.compile_count == before
+    assert ui_engine.supported_shapes() == [(h, w, UI_STEPS) for h, w in UI_SIZES]
+
+
+def test_no_progress_program_has_no_callback(engine, ui_engine):
+    """Progress is static: without it the lowered program holds no host callback; with it, it does."""
+    plain = engine._program(engine.config.shape).lower(*engine._abstract_inputs()).as_text()
+    live = ui_engine._program(ui_engine.config.shape).lower(*ui_engine._abstract_inputs()).as_text()
+    assert engine.config.progress is False and engine._reporter is None
+    assert "custom_call" not in plain and "callback" not in plain
+    assert "callback" in live
+    assert engine.supported_shapes() == [(TEST_SIZE, TEST_SIZE, TEST_STEPS)]
+
+
+def test_size_parsing_and_labels():
+    assert parse_sizes("1024x1024, 1344×768") == [(1024, 1024), (768, 1344)]
+    for bad in ("1024", "1001x1000", "0x8", "axb"):
+        with pytest.raises(InvalidInput):
+            parse_sizes(bad)
+    labels = [size_label(h, w) for h, w in default_sizes()]
+    assert labels == ["1024×1024 (1:1)", "1344×768 (16:9)", "768×1344 (9:16)"]
+    every = [size_label(h, w) for h, w in parse_sizes("sdxl")]
+    assert len(every) == 9 and every[0] == "1024×1024 (1:1)" and "640×1536 (9:21)" in every
+    for every in (False, True):
+        tiny, full = default_sizes(tiny=True, every=every), default_sizes(every=every)
+        assert [ratio_name(h, w) for h, w in tiny] == [ratio_name(h, w) for h, w in full]
+        assert all(h % 32 == 0 and w % 32 == 0 and min(h, w) == 128 for h, w in tiny)
+    assert parse_sizes("SDXL", tiny=True) == default_sizes(tiny=True, every=True)
+    sizes = [(64, 64), (128, 224)]
+    assert check_size("224×128 (16:9)", sizes) == check_size("224x128", sizes) == (128, 224)
+    assert check_size(None, sizes) == (64, 64)
+    with pytest.raises(InvalidInput, match="not offered"):
+        check_size("1344×768 (16:9)", sizes)
+    assert jax.device_count() == 8
