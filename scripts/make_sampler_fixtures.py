@@ -50,13 +50,22 @@ def schedules() -> list[dict]:
                 for steps in (1, 2, 4, 8, 25):
                     scheduler = make(cls, timestep_spacing=spacing, prediction_type=prediction)
                     scheduler.set_timesteps(steps)
-                    cases.append({
-                        "sampler": sampler, "timestep_spacing": spacing, "prediction_type": prediction, "steps": steps,
-                        "timesteps": scheduler.timesteps.float().tolist(),
-                        "sigmas": scheduler.sigmas.float().tolist(),
-                        "init_noise_sigma": float(scheduler.init_noise_sigma),
-                    })  # fmt: skip
+                    cases.append(_schedule_case(scheduler, sampler, spacing, prediction, steps, 1))
+        for steps in (4, 25):  # PyTorch's own default offset (0): only `leading` uses it
+            scheduler = make(cls, timestep_spacing="leading", steps_offset=0)
+            scheduler.set_timesteps(steps)
+            cases.append(_schedule_case(scheduler, sampler, "leading", "epsilon", steps, 0))
     return cases
+
+
+def _schedule_case(scheduler, sampler: str, spacing: str, prediction: str, steps: int, offset: int) -> dict:
+    return {
+        "sampler": sampler, "timestep_spacing": spacing, "prediction_type": prediction, "steps": steps,
+        "steps_offset": offset,
+        "timesteps": scheduler.timesteps.float().tolist(),
+        "sigmas": scheduler.sigmas.float().tolist(),
+        "init_noise_sigma": float(scheduler.init_noise_sigma),
+    }  # fmt: skip
 
 
 def steps() -> list[dict]:

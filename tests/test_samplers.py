@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pipeline.presets import PRESET_NAMES, get_preset, load_presets, resolve
 from pipeline.samplers import SamplerConfig, ancestral_step, euler_step, scale_model_input
+from pipeline.settings import SDXL_BASE
+from pipeline.styles import DEFAULT_STYLE, load_styles
 from pipeline.validation import InvalidInput
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
 
 
@@ -21,13 +29,14 @@ def _config(case) -> SamplerConfig:
         sampler=case["sampler"],
         timestep_spacing=case.get("timestep_spacing", "trailing"),
         prediction_type=case["prediction_type"],
+        steps_offset=case.get("steps_offset", 1),
     )
 
 
 @pytest.mark.parametrize(
     "case",
     PYTORCH["schedules"],
-    ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}",
+    ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}-{c['steps_offset']}",
 )
 def test_schedule_equals_pytorch_scheduler(case):
     schedule = _config(case).schedule(case["steps"])
@@ -79,7 +88,135 @@ def test_scheduler_config_is_read_whole_and_refuses_what_it_cannot_honour():
         SamplerConfig(timestep_spacing="karras")
 
 
-# ---- the engine: guidance semantics, the guidance-free program, Euler-ancestral across device counts ---------------
+# ---- presets (no JAX) ---------------------------------------------------------------------------------------------
+
+
+def test_presets_file_holds_every_recipe_of_the_issue():
+    presets = load_presets()
+    assert tuple(presets) == PRESET_NAMES
+    lightning = presets["lightning-4step"]
+    assert (lightning.model, lightning.steps, lightning.sampler, lightning.timestep_spacing, lightning.cfg) == (
+        SDXL_BASE, 4, "euler", "trailing", False,
+    )  # fmt: skip
+    assert lightning.unet == "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
+    turbo = presets["turbo"]
+    assert (turbo.sampler, turbo.timestep_spacing, turbo.cfg, turbo.height, turbo.width) == (
+        "euler_ancestral", "trailing", False, 512, 512,
+    )  # fmt: skip
+    assert presets["sdxl-base"].cfg and presets["sdxl-base"].steps == 25 and presets["sdxl-base"].unet is None
+
+
+def test_preset_resolution_tiny_gets_sampler_settings_only_and_flags_win():
+    lightning = get_preset("lightning-8step")
+    own = resolve(lightning)
+    assert own["unet"].endswith("sdxl_lightning_8step_unet.safetensors")
+    assert (own["height"], own["width"], own["variant"]) == (1024, 1024, None)
+    tiny = resolve(lightning, model="tiny", steps=None)
+    assert tiny == {
+        "model": "tiny", "steps": 8, "sampler": "euler", "timestep_spacing": "trailing", "cfg": False,
+        "guidance_scale": 0.0, "preset": "lightning-8step",
+    }  # fmt: skip
+    assert resolve(lightning, model="tiny", steps=3, sampler="euler_ancestral")["steps"] == 3
+    with pytest.raises(InvalidInput, match="Unknown preset 'lightning-3step'; choose one of: sdxl-base"):
+        get_preset("lightning-3step")
+
+
+def test_malformed_presets_file_fails_in_one_line(tmp_path):
+    path = tmp_path / "presets.json"
+    path.write_text(json.dumps({"fast": {"description": "x"}}))
+    with pytest.raises(InvalidInput, match=r"Preset 'fast' .* is malformed \(cfg, guidance_scale"):
+        load_presets(path)
+    entry = {**dataclasses.asdict(get_preset("turbo")), "timestep_spacing": "karras"}
+    entry.pop("name")
+    path.write_text(json.dumps({"fast": entry}))
+    with pytest.raises(InvalidInput, match="Unsupported timestep spacing 'karras'"):
+        load_presets(path)
+
+
+def test_cli_and_app_flags_apply_a_preset():
+    import app
+    from pipeline.__main__ import _settings, build_parser
+
+    def cli(*flags):
+        return _settings(build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", *flags]))
+
+    assert cli("--preset", "lightning-2step") == {
+        "model": SDXL_BASE, "unet": "ByteDance/SDXL-Lightning:sdxl_lightning_2step_unet.safetensors", "steps": 2,
+        "sampler": "euler", "timestep_spacing": "trailing", "cfg": False, "guidance_scale": 0.0,
+        "preset": "lightning-2step", "height": 1024, "width": 1024,
+    }  # fmt: skip
+    on_tiny = cli("--preset", "turbo", "--model", "tiny", "--guidance-scale", "2")
+    assert (on_tiny["steps"], on_tiny["height"], on_tiny["sampler"], on_tiny["guidance_scale"]) == (
+        1, 128, "euler_ancestral", 2.0,
+    )  # fmt: skip
+    assert "unet" not in on_tiny and "variant" not in on_tiny
+    plain = cli("--model", "tiny", "--no-cfg", "--timestep-spacing", "linspace", "--steps-offset", "0")
+    assert (plain["cfg"], plain["timestep_spacing"], plain["steps_offset"], plain["steps"]) == (False, "linspace", 0, 4)
+    assert "sampler" not in plain and "preset" not in plain  # the checkpoint's own scheduler class
+
+    args = app.parse_args(["--preset", "turbo"])
+    assert (args.model, args.variant, args.sizes, args.height, args.steps, args.cfg) == (
+        "stabilityai/sdxl-turbo", "fp16", None, 512, 1, False,
+    )  # fmt: skip
+    args = app.parse_args(["--preset", "lightning-4step", "--model", "tiny", "--sampler", "euler_ancestral"])
+    assert (args.unet, args.steps, args.sampler, args.cfg, args.height) == (None, 4, "euler_ancestral", False, 128)
+    assert len(args.sizes) == 3  # the tiny model's offered sizes, as without a preset
+
+
+# ---- images against diffusers' PyTorch pipeline (tests/fixtures/tiny-pt, shared with the checkpoint loader) ------
+
+
+@pytest.fixture(scope="module")
+def tiny_pt():
+    from pipeline.loading import load_model
+
+    return load_model(str(FIXTURES / "tiny-pt"), dtype="float32", conversion_cache=False)
+
+
+def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
+    """PyTorch's trailing, guidance-0 images: the guidance-free program, and the CFG program at g = 0 and g = 1."""
+    import jax
+
+    from pipeline.diffusion import Modules, generate_from_latents
+    from pipeline.text import tokenize
+
+    manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
+    arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
+    cases = [c for c in manifest["cases"] if c["timestep_spacing"] == "trailing"]
+    assert sorted(c["steps"] for c in cases) == [2, 4] and {c["guidance_scale"] for c in cases} == {0.0}
+    modules = Modules.of(tiny_pt.pipeline)
+    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    trailing = SamplerConfig.from_scheduler_config(manifest["scheduler"], timestep_spacing="trailing")
+    assert trailing.steps_offset == 1 and trailing.sampler == "euler"
+
+    def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8-rounded [b, 64, 64, 3]
+        program = jax.jit(lambda *a: generate_from_latents(modules, *a, steps=steps, sampler=sampler))
+        b = len(guidance)
+        ids = np.stack([tokenize(tokenizers, prompt)] * b)  # [b, 2, 77]
+        negative_ids = np.stack([tokenize(tokenizers, negative)] * b)  # [b, 2, 77]
+        latents = np.repeat(arrays["latents"], b, axis=0)  # [b, 4, 8, 8]
+        flags, scales = np.array(has_negative), np.array(guidance, np.float32)  # [b], [b]
+        return np.round(np.asarray(program(tiny_pt.params, ids, negative_ids, flags, scales, latents)) * 255)
+
+    def assert_matches(got, expected, what):
+        assert np.abs(got - expected).max() <= 1, what
+        assert np.mean(got != expected) < 0.02, what
+
+    for case in cases:
+        expected = np.round(arrays[case["name"]][0] * 255)  # [64, 64, 3]
+        assert trailing.schedule(case["steps"]).timesteps.tolist() == case["timesteps"]
+        no_cfg = dataclasses.replace(trailing, cfg=False)
+        assert_matches(run(no_cfg, case["steps"], case["prompt"], "", [False], [0.0])[0], expected, case["name"])
+    # With CFG compiled in, g <= 1 is the conditional prediction alone (a negative prompt changes nothing).
+    case = next(c for c in cases if c["steps"] == 2)
+    images = run(trailing, 2, case["prompt"], "blurry, dark", [True] * 3, [0.0, 1.0, 5.0])
+    expected = np.round(arrays[case["name"]][0] * 255)
+    assert_matches(images[0], expected, "guidance 0")
+    assert np.array_equal(images[0], images[1])  # guidance 1: the same program path, bit for bit
+    assert np.mean(images[2] != expected) > 0.5  # guidance 5 still guides
+
+
+# ---- the engine: the guidance-free program, presets, Euler-ancestral across device counts ----------------------
 
 PROMPT = "a red fox in fresh snow"
 
@@ -88,66 +225,97 @@ def _pixels(result) -> np.ndarray:
     return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)  # [B, H, W, 3]
 
 
-def _close(a, b) -> bool:
-    """Equal within 1 level, all but a few rounding-boundary pixels identical (the UNet batch differs)."""
-    return np.abs(a - b).max() <= 1 and np.mean(a != b) < 0.01
+def test_engine_guidance_0_and_1_give_one_image_5_guides(engine):
+    zero = _pixels(engine.generate(PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=0.0))
+    one = _pixels(engine.generate(PROMPT, seed=11, guidance_scale=1.0))
+    five = _pixels(engine.generate(PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=5.0))
+    assert np.array_equal(zero, one) and np.mean(five != zero) > 0.5
 
 
 @pytest.fixture(scope="module")
-def no_cfg(tiny_dir):
-    """The session engine's settings (Euler, leading) as a guidance-free program."""
+def lightning(tiny_dir):
+    """The app's own start-up path with `--preset lightning-4step` on the tiny checkpoint (its sampler settings)."""
     from conftest import TEST_SIZE, TEST_STEPS
 
-    from pipeline.generator import Generator
+    import app
 
-    generator = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", cfg=False
-    )
-    generator.warmup()
-    return generator
-
-
-def test_guidance_up_to_1_gives_the_conditional_image(engine, no_cfg):
-    expected = _pixels(no_cfg.generate(PROMPT, seed=11))
-    for guidance in (0.0, 1.0):
-        got = _pixels(engine.generate(PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=guidance))
-        assert _close(got, expected), guidance
-    guided = _pixels(engine.generate(PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=5.0))
-    assert np.mean(guided != expected) > 0.5  # guidance > 1 still guides
+    args = app.parse_args([
+        "--model", str(tiny_dir), "--preset", "lightning-4step", "--dtype", "float32",
+        "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", str(TEST_STEPS), "--no-progress",
+    ])  # fmt: skip
+    return app.load_generator(args)
 
 
-def test_guidance_free_program_compiles_once_and_ignores_guidance(no_cfg):
-    assert no_cfg.sampler.cfg is False and len(no_cfg._compiled) == 1
-    before = no_cfg.compile_count
-    first = no_cfg.generate(PROMPT, seed=3, guidance_scale=0.0)
+def test_guidance_free_program_compiles_once_and_never_again(lightning):
+    assert lightning.sampler.cfg is False and lightning.sampler.timestep_spacing == "trailing"
+    assert len(lightning._compiled) == 1 and lightning.compile_count >= 1  # built at start-up (warm-up)
+    before = lightning.compile_count
+    first = lightning.generate(PROMPT, seed=3, guidance_scale=0.0)
     for i, guidance in enumerate((1.0, 7.5, 20.0)):
-        result = no_cfg.generate(f"{PROMPT} {i}", negative_prompt="ugly" * i, seed=100 + i, guidance_scale=guidance)
+        result = lightning.generate(f"{PROMPT} {i}", negative_prompt="ugly " * i, seed=100 + i, guidance_scale=guidance)
         assert result.negative_prompt == "" and "CFG scale: 0," in result.parameters[0]
-    again = no_cfg.generate(PROMPT, negative_prompt="anything", seed=3, guidance_scale=12.0)
+    again = lightning.generate(PROMPT, negative_prompt="anything", seed=3, guidance_scale=12.0)
     assert np.array_equal(_pixels(first), _pixels(again))  # negative prompt and guidance are ignored
-    assert no_cfg.compile_count == before
+    assert lightning.compile_count == before and len(lightning._compiled) == 1
+    text = first.parameters[0]
+    assert "Steps: 2, Sampler: Euler," in text and text.endswith("Timestep spacing: trailing")
 
 
-def _ancestral(tiny_dir, devices):
+def test_page_hides_guidance_and_negative_prompt_and_api_says_they_are_ignored(lightning):
+    import app
+
+    demo = app.build_demo(lightning, examples=[])
+    try:
+        config = demo.get_config_file()
+        labels = {c["props"].get("label"): c["props"] for c in config["components"] if "label" in c["props"]}
+        assert labels["Guidance scale"]["visible"] is False and labels["Negative prompt"]["visible"] is False
+        assert labels["Style"]["visible"] is not False
+        description = next(d["api_description"] for d in config["dependencies"] if d["api_name"] == "generate")
+        assert app.NO_CFG_NOTE in description
+        header = next(c["props"]["value"] for c in config["components"] if c["props"].get("elem_id") == "header")
+        assert "preset lightning-4step: Euler, trailing spacing, no CFG" in header
+    finally:
+        app.close_demo(demo)
+    # The API still takes both (named, optional); its status line says they were ignored.
+    files = app._RunFiles()
+    try:
+        generate = app.make_generate_fn(lightning, load_styles(), None, files)
+        gallery, seed, status = generate(PROMPT, "blurry", DEFAULT_STYLE, 7.0, 5, False)
+        assert len(gallery) == lightning.num_images and seed == 5 and app.NO_CFG_NOTE in status
+        assert app.NO_CFG_NOTE not in generate(PROMPT, "", DEFAULT_STYLE, 1.0, 5, False)[2]
+    finally:
+        files.cleanup()
+
+
+def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp_path):
+    """Euler-ancestral noise comes from each image's own seed: 4 devices give images 0-3 of 8 devices, bit for bit."""
     from conftest import TEST_SIZE, TEST_STEPS
 
     from pipeline.generator import Generator
 
-    generator = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=devices,
+    eight = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
         sampler="euler_ancestral", timestep_spacing="trailing", prediction_type="v_prediction", cfg=False,
     )  # fmt: skip
-    generator.warmup()
-    return generator
+    expected = eight.generate(PROMPT, seed=42)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pipeline", "generate", "--model", str(tiny_dir), "--preset", "turbo",
+            "--prediction-type", "v_prediction", "--steps", str(TEST_STEPS), "--height", str(TEST_SIZE),
+            "--width", str(TEST_SIZE), "--dtype", "float32", "--prompt", PROMPT, "--seed", "42",
+            "--guidance-scale", "7", "--out", str(tmp_path), "--json",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning: no classifier-free guidance" in done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["seeds"] == expected.seeds[:4] and summary["compiles_after_warmup"] == 0
+    from PIL import Image
 
-
-def test_ancestral_v_prediction_same_images_on_4_and_8_devices(tiny_dir):
-    import jax
-
-    eight = _ancestral(tiny_dir, jax.devices()[:8])
-    four = _ancestral(tiny_dir, jax.devices()[:4])
-    a, b = eight.generate(PROMPT, seed=42), four.generate(PROMPT, seed=42)
-    assert a.seeds[:4] == b.seeds
-    assert np.array_equal(_pixels(a)[:4], _pixels(b))
-    assert "Sampler: Euler a, v-prediction" in a.parameters[0] and "Timestep spacing: trailing" in a.parameters[0]
-    assert len({_pixels(a)[i].tobytes() for i in range(8)}) == 8 and _pixels(a).std() > 1
+    got = np.stack([np.asarray(Image.open(p)) for p in summary["images"]]).astype(np.int16)
+    assert np.array_equal(got, _pixels(expected)[:4])
+    text = Image.open(summary["images"][0]).info["parameters"]
+    assert "Steps: 2, Sampler: Euler a, v-prediction, CFG scale: 0," in text and "Timestep spacing: trailing" in text
+    assert len({_pixels(expected)[i].tobytes() for i in range(8)}) == 8 and _pixels(expected).std() > 1
