@@ -23,8 +23,8 @@ import time
 import warnings
 from pathlib import Path
 
-PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes")
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress")
+PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes", "fewstep")
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress", "fewstep")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -164,6 +164,13 @@ def run(args: argparse.Namespace) -> dict:
 
         progress("sizes: app start-up with 1 size vs all, cold and warm cache (six app starts) ...")
         results["sizes"] = sizes_startup(args.steps, args.dtype)
+    if "fewstep" in args.parts:
+        from .fewstep import base_vs_lightning
+
+        progress(f"fewstep: base (25 steps, CFG) vs lightning-4 (4 steps, no CFG) per image ({args.runs} runs) ...")
+        results["fewstep"] = base_vs_lightning(
+            args.model, args.height, args.width, args.dtype, args.runs, flops=results.get("flops")
+        )
     results["bench_s"] = time.perf_counter() - started
     return results
 

@@ -193,6 +193,20 @@ def markdown(results: dict) -> str:
             f"{sz.all_sizes_no_progress_warm:.1f} |",
             "",
         ]
+    if (fs := results.get("fewstep")) is not None:
+        expected = "" if fs.expected_flops_ratio is None else (
+            f"; expected at 1024² on an accelerator, from the flops part: {fs.expected_flops_ratio:.1f}×")  # fmt: skip
+        lines += [
+            f"## Few-step: SDXL base recipe vs SDXL-Lightning-4 (`{fs.model}`, {fs.width}×{fs.height})",
+            "",
+            "| recipe | per image | compile (once) |",
+            "|---|---|---|",
+            f"| {fs.base_label} | {_ms(fs.base)} | {fs.base_compile_s:.1f} s |",
+            f"| {fs.lightning_label} | {_ms(fs.lightning)} | {fs.lightning_compile_s:.1f} s |",
+            f"| **ratio** | **{fs.ratio:.2f}×** faster per image (UNet evaluations: {fs.unet_evaluations_ratio:g}×"
+            f"{expected}) | compilations while timing: {fs.compiles_during_runs} |",
+            "",
+        ]
     if (sk := results.get("soak")) is not None:
         lines += [
             "## Soak",

@@ -12,7 +12,7 @@ from conftest import TEST_SIZE, TEST_STEPS
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("reference", "startup", "serving", "recompiles", "flops", "achieved")
+PARTS = ("reference", "startup", "serving", "recompiles", "flops", "achieved", "fewstep")
 
 
 def positive(value) -> bool:
@@ -72,6 +72,11 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     assert {lim["name"] for lim in flops["limits"]} == {"TPU v5e", "TPU v6e", "H100 SXM", "H200"}
     for lim in flops["limits"]:
         assert all(positive(seconds) for seconds in lim["seconds_per_image"].values())
+
+    fewstep = results["fewstep"]  # base (25 steps, CFG) vs lightning-4 (4 steps, no CFG), same checkpoint and size
+    assert positive(fewstep["base"]["median"]) and positive(fewstep["lightning"]["median"])
+    assert fewstep["ratio"] > 1 and fewstep["compiles_during_runs"] == 0 and fewstep["unet_evaluations_ratio"] == 12.5
+    assert 5 < fewstep["expected_flops_ratio"] < 12.5  # text encoders and VAE decode cost the same in both
 
     achieved = results["achieved"]
     assert positive(achieved["achieved_flops_per_s"]) and achieved["peak_flops_per_s"] is None  # CPU: unknown peak
