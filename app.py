@@ -2,6 +2,7 @@
 
     python app.py --model tiny                  # quick offline try with the tiny random-weight model
     python app.py                               # stabilityai/stable-diffusion-xl-base-1.0, 1024x1024, 25 steps
+    python app.py --preset lightning-4step      # SDXL-Lightning's 4-step UNet: 4 trailing steps, no CFG
 
 Every option can also come from an environment variable (the flag wins); see `python app.py --help`.
 Start-up order: load the model, compile and warm it up, then open the web page, so the first visitor never waits
