@@ -98,7 +98,8 @@ def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
 
 def test_cli_sizes_flags(monkeypatch):
     args = app.parse_args(["--model", "tiny"])
-    assert len(args.sizes) == 9 and args.sizes[0] == (128, 128) and args.no_progress is False
+    assert args.sizes == [(128, 128), (128, 224), (224, 128)] and args.no_progress is False  # 1:1, 16:9, 9:16
+    assert len(app.parse_args(["--model", "tiny", "--sizes", "sdxl"]).sizes) == 9
     assert app.parse_args(["--model", "tiny", "--height", "96"]).sizes is None  # --height/--width alone: one size
     monkeypatch.setenv("SDXL_SIZES", "1024x1024,1344x768")
     assert app.parse_args(["--no-progress"]).sizes == [(1024, 1024), (768, 1344)]
