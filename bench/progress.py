@@ -9,18 +9,14 @@ progress) and a second one built with progress=True; calls alternate so drift on
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, Stats, free_port, progress
+from .common import Progress, Stats, progress
+from .startup import app_ready
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "a photo of an astronaut riding a horse on the moon"
 TARGET_OVERHEAD = 0.03  # the goal: at most 3 % slower per call
 
@@ -75,27 +71,6 @@ class SizesStartup:
     all_sizes_no_progress_cold: float  # the 9 sizes with --no-progress (programs without host callbacks)
     all_sizes_no_progress_warm: float
     sizes: int  # how many sizes "all" is
-
-
-def app_ready(args: list[str], cache_dir: Path, timeout_s: float) -> float:
-    """Seconds from starting `python app.py ARGS` to its "Running on" line; then stopped with SIGTERM."""
-    command = [sys.executable, "app.py", "--port", str(free_port()), *args]
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in process.stdout:
-            if line.startswith("Running on"):
-                return time.perf_counter() - started
-            if time.perf_counter() - started > timeout_s:
-                break
-        raise RuntimeError(f"app did not start (exit code {process.poll()})")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def sizes_startup(steps: int, dtype: str, say: Progress = progress, timeout_s: float = 1200) -> SizesStartup:

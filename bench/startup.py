@@ -77,14 +77,9 @@ def start_once(command: list[str], cache_dir: Path, cache: str, timeout_s: float
     return StartupRun(cache, wall, imports, *phases, first_image_s=imports + sum(phases))
 
 
-def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,
-                   timeout_s: float) -> float:  # fmt: skip
-    """Seconds from starting `python app.py` to its "Running on" line; the app is then stopped with SIGTERM."""
-    port = free_port()
-    command = [
-        sys.executable, "app.py", "--model", model, "--height", str(height), "--width", str(width),
-        "--steps", str(steps), "--dtype", dtype, "--port", str(port),
-    ]  # fmt: skip
+def app_ready(args: list[str], cache_dir: Path, timeout_s: float) -> float:
+    """Seconds from starting `python app.py ARGS` to its "Running on" line; the app is then stopped with SIGTERM."""
+    command = [sys.executable, "app.py", "--port", str(free_port()), *args]
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -101,6 +96,15 @@ def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, 
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,
+                   timeout_s: float) -> float:  # fmt: skip
+    """`app_ready` for one model and shape."""
+    args = [
+        "--model", model, "--height", str(height), "--width", str(width), "--steps", str(steps), "--dtype", dtype,
+    ]  # fmt: skip
+    return app_ready(args, cache_dir, timeout_s)
 
 
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,

@@ -1,5 +1,6 @@
 """Test set-up: 8 virtual CPU devices stand in for a TPU v5e-8. Set before anything imports JAX."""
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -62,3 +63,31 @@ def ui_engine(tiny_dir):
     )  # fmt: skip
     generator.warmup()
     return generator
+
+
+@contextlib.contextmanager
+def served(generator, **build_kwargs):
+    """The app's page around `generator`, launched on a free port in this process; closed afterwards."""
+    import app
+
+    demo = app.build_demo(generator, **build_kwargs)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo
+    finally:
+        app.close_demo(demo)
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's Chromium through Playwright (never `playwright install`)."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()

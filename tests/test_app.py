@@ -13,7 +13,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import free_port, served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
@@ -34,10 +34,8 @@ def generator(engine):
 
 @pytest.fixture(scope="module")
 def demo(generator):
-    demo = app.build_demo(generator, queue_size=20)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield demo
-    app.close_demo(demo)
+    with served(generator, queue_size=20) as demo:
+        yield demo
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import threading
 
 import gradio
 import pytest
-from conftest import free_port
+from conftest import free_port, headless_chromium, served
 
 import app
 
@@ -38,21 +38,14 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def demo(engine):
-    demo = app.build_demo(engine)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield demo
-    app.close_demo(demo)
+    with served(engine) as demo:
+        yield demo
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+    with headless_chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module", autouse=True)

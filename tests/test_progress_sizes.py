@@ -82,3 +82,12 @@ def test_size_parsing_and_labels():
     with pytest.raises(InvalidInput, match="not offered"):
         check_size("1344×768 (16:9)", sizes)
     assert jax.device_count() == 8
+
+
+def test_bench_progress_part_measures_both_programs(engine):
+    """`python -m bench --only progress` on the shared engine: both medians measured, every step reported."""
+    from bench.progress import progress_overhead
+
+    result = progress_overhead(engine, runs=1, say=lambda _line: None)
+    assert result.without.median > 0 and result.with_progress.median > 0
+    assert result.reports_per_call == result.steps == engine.config.steps

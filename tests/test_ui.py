@@ -13,7 +13,7 @@ import pathlib
 import time
 
 import pytest
-from conftest import UI_SIZES, UI_STEPS, free_port
+from conftest import UI_SIZES, UI_STEPS, headless_chromium, served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
@@ -49,10 +49,8 @@ def counting(ui_engine):
 
 @pytest.fixture(scope="module")
 def demo(counting):
-    demo = app.build_demo(counting)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield demo
-    app.close_demo(demo)
+    with served(counting) as demo:
+        yield demo
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +96,8 @@ def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
 
 def test_cli_sizes_flags(monkeypatch):
     args = app.parse_args(["--model", "tiny"])
-    assert len(args.sizes) == 9 and args.sizes[0] == (128, 128) and args.no_progress is False
+    assert args.sizes == [(128, 128), (128, 224), (224, 128)] and args.no_progress is False  # 1:1, 16:9, 9:16
+    assert len(app.parse_args(["--model", "tiny", "--sizes", "sdxl"]).sizes) == 9
     assert app.parse_args(["--model", "tiny", "--height", "96"]).sizes is None  # --height/--width alone: one size
     monkeypatch.setenv("SDXL_SIZES", "1024x1024,1344x768")
     assert app.parse_args(["--no-progress"]).sizes == [(1024, 1024), (768, 1344)]
@@ -123,14 +122,8 @@ WATCH_PROGRESS = """() => {
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+    with headless_chromium() as browser:
         yield browser
-        browser.close()
 
 
 def wait_for_images(page, width: int, height: int) -> None:
