@@ -50,6 +50,9 @@ def quiet_diffusers_deprecation() -> None:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
+    # transformers lets its records reach the root logger too when the CI variable is set: each line once, ours.
+    diffusers_logging.disable_propagation()
+    transformers_logging.disable_propagation()
     handlers = [
         *diffusers_logging.get_logger("diffusers").handlers,
         *transformers_logging.get_logger("transformers").handlers,
