@@ -66,7 +66,7 @@ class SizesStartup:
 
     one_size_cold: float  # --sizes 128x128, empty compilation cache
     one_size_warm: float  # same, second start on the filled cache
-    all_sizes_cold: float  # the 9 default tiny sizes, empty cache
+    all_sizes_cold: float  # --sizes sdxl: SDXL's 9 aspect ratios (scaled down for tiny), empty cache
     all_sizes_warm: float
     all_sizes_no_progress_cold: float  # the 9 sizes with --no-progress (programs without host callbacks)
     all_sizes_no_progress_warm: float

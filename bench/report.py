@@ -188,8 +188,8 @@ def markdown(results: dict) -> str:
             "| sizes | cold cache (s) | warm cache (s) |",
             "|---|---|---|",
             f"| 1 (128×128) | {sz.one_size_cold:.1f} | {sz.one_size_warm:.1f} |",
-            f"| {sz.sizes} (default) | {sz.all_sizes_cold:.1f} | {sz.all_sizes_warm:.1f} |",
-            f"| {sz.sizes}, --no-progress | {sz.all_sizes_no_progress_cold:.1f} | "
+            f"| {sz.sizes} (`--sizes sdxl`) | {sz.all_sizes_cold:.1f} | {sz.all_sizes_warm:.1f} |",
+            f"| {sz.sizes} (`--sizes sdxl --no-progress`) | {sz.all_sizes_no_progress_cold:.1f} | "
             f"{sz.all_sizes_no_progress_warm:.1f} |",
             "",
         ]
