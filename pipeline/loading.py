@@ -50,7 +50,8 @@ def quiet_diffusers_deprecation() -> None:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
-    # transformers lets its records reach the root logger too when the CI variable is set: each line once, ours.
+    # Under the CI environment variable transformers also propagates to the root logger, past our filter: stop
+    # that, so each record goes only through the libraries' own (filtered) handlers.
     diffusers_logging.disable_propagation()
     transformers_logging.disable_propagation()
     handlers = [

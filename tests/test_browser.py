@@ -131,8 +131,8 @@ def test_dark_mode_and_phone_layout(demo, browser):
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
+    def log_message(self, *args):
+        """Say nothing per request: keeps pytest's output clean."""
 
 
 @pytest.fixture(scope="module")
