@@ -1,6 +1,10 @@
-"""The device side of one generation, for the images on one device: noise -> denoising loop -> VAE decode -> uint8.
+"""The device side of one generation, for the images on one device: text -> noise -> denoising steps -> VAE -> uint8.
 
-Everything here runs inside one compiled program (see `generator.py`), so only uint8 pixels leave the device.
+The served programs (`programs.py`) are four per-device functions here: `encode_local` (both text encoders),
+`start_local` (initial noise), `step_local` (one UNet call + guidance + any sampler's update) and `decode_local`
+(VAE -> uint8); the host loops over the steps (`loop.py`), so only uint8 pixels leave the device. `generate_local`
+keeps the whole chain fused in one `fori_loop` program (Euler only), as the engine served it before the host loop:
+the benchmark compares the two.
 The maths is diffusers' `FlaxStableDiffusionXLPipeline._generate`, with three changes that matter for serving:
 the prompt and negative prompt are encoded in one batch, the noise of image i comes from its own seed (so an
 image does not depend on how many devices share the batch), and an empty negative prompt is a traced flag
@@ -54,6 +58,11 @@ def initial_latents(seeds, height: int, width: int, vae_scale_factor: int):
     return jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
 
 
+def time_ids(batch: int, height: int, width: int, dtype):
+    """SDXL's size conditioning (original size, crop top-left, target size): [batch, 6]."""
+    return jnp.array([[height, width, 0, 0, height, width]] * batch, dtype=dtype)
+
+
 def conditioning(
     modules: Modules, params, prompt_ids, negative_ids, has_negative, height: int, width: int, cfg: bool = True
 ):
@@ -67,8 +76,7 @@ def conditioning(
     keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)]) if cfg else jnp.ones_like(has_negative)
     hidden = jnp.where(keep[:, None, None], hidden, 0)  # [2b, 77, D]
     pooled = jnp.where(keep[:, None], pooled, 0)  # [2b, P]
-    time_ids = jnp.array([[height, width, 0, 0, height, width]] * hidden.shape[0], dtype=hidden.dtype)  # [2b, 6]
-    return hidden, {"text_embeds": pooled, "time_ids": time_ids}
+    return hidden, {"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)}
 
 
 def denoise(
@@ -153,3 +161,49 @@ def generate_local(
         seeds=seeds, on_step=on_step,
     )  # fmt: skip
     return to_uint8(image)
+
+
+# ---- the served programs' per-device bodies (the host loop calls them one step at a time) ------------------------
+
+
+def encode_local(modules: Modules, params, prompt_ids, negative_ids, has_negative, *, cfg: bool):
+    """Both text encoders: ids [b, 2, 77] -> (hidden [2b or b, 77, D], pooled [2b or b, P]), unconditional first."""
+    hidden, added = conditioning(modules, params, prompt_ids, negative_ids, has_negative, 0, 0, cfg=cfg)
+    return hidden, added["text_embeds"]
+
+
+def start_local(seeds, init_sigma, *, height: int, width: int, vae_scale_factor: int):
+    """Initial latents: each image's own standard-normal noise × the plan's init sigma: float32 [b, 4, h, w]."""
+    return initial_latents(seeds, height, width, vae_scale_factor) * init_sigma
+
+
+def step_local(
+    modules: Modules, params, latents, previous, hidden, pooled, guidance, seeds, coefficients, index, *,
+    cfg: bool, prediction_type: str,
+):  # fmt: skip
+    """One denoising step of any sampler: (latents, D) -> (latents', D). Shapes: latents/previous float32
+    [b, 4, h, w], hidden [2b or b, 77, D], pooled [2b or b, P], guidance [b], seeds uint32 [b]; coefficients
+    float32 [6] (one row of a `samplers.Plan`) and index int32 [] are the same on every device.
+    """
+    height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
+    timestep, sigma = coefficients[0], coefficients[1]
+    model_input = samplers.scale_model_input(latents, sigma)  # [b, 4, h, w]
+    if cfg:
+        model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
+    noise = modules.unet.apply(
+        {"params": params["unet"]},
+        model_input,
+        jnp.broadcast_to(timestep, model_input.shape[:1]),  # float32, as PyTorch feeds it
+        encoder_hidden_states=hidden,
+        added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)},
+    ).sample
+    guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
+    noise = samplers.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
+    # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.
+    fresh = samplers.ancestral_noise(samplers.ancestral_keys(seeds), index, latents.shape[1:])  # [b, 4, h, w]
+    return samplers.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh)
+
+
+def decode_local(modules: Modules, params, latents):
+    """VAE decode of the final latents: float32 [b, 4, h, w] -> uint8 [b, H, W, 3]."""
+    return to_uint8(decode(modules, params, latents))

@@ -2,17 +2,17 @@
 
     gen = Generator.from_pretrained("tiny", height=128, width=128, steps=4)
     gen.warmup()                                  # compile + first run, timed apart
-    result = gen.generate("a photo of a cat", seed=7)
+    result = gen.generate("a photo of a cat", seed=7, steps=8, sampler="DPM++ 2M Karras")
     result.images                                 # one PIL image per device x per-device batch
 
-Static settings (size, steps, per-device batch, dtype, device count) select one compiled program, built ahead of
-time with `jit(...).lower(...).compile()`. Prompts, negative prompts, guidance and seeds are traced arguments of
-that program, so no request can trigger a compilation.
+Static settings (offered sizes, per-device batch, dtype, device count, CFG on/off, attention) select the compiled
+programs (`programs.py`), built ahead of time with `jit(...).lower(...).compile()`. Prompts, negative prompts,
+guidance, seeds, steps and sampler are arguments: the host loop (`loop.py`) runs one compiled step per denoising
+step, so no request can trigger a compilation. This module wires loading, sharding, programs and the loop together.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -26,16 +26,27 @@ from PIL import Image
 
 from . import attention as attention_core
 from . import images as image_io
+from . import loop
 from .compilation import CompileCounter, configure_compilation_cache
-from .diffusion import Modules, generate_local
+from .diffusion import Modules
 from .distributed import global_batch, to_host
 from .loading import LoadedModel, load_model
-from .progress import Listener, StepReporter
-from .samplers import SamplerConfig, read_scheduler_config
+from .loop import Gate, Listener, RequestInputs, StopCheck
+from .programs import ProgramKey, ServedPrograms, program_keys
+from .samplers import SamplerConfig, read_scheduler_config, sampler_id, sampler_label
 from .settings import DTYPES, SDXL_BASE, EngineConfig
-from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
+from .sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .text import dropped_text, summarize_dropped, tokenize
-from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
+from .validation import (
+    MAX_PROMPT_CHARS,
+    MAX_STEPS,
+    InvalidInput,
+    check_guidance,
+    check_shape,
+    check_steps,
+    clean_text,
+    resolve_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +65,9 @@ class GenerationResult:
     negative_prompt: str  # the negative prompt as used (cleaned; "" = none)
     truncated: str  # "" or a sentence naming the words past CLIP's 77-token limit
     parameters: list[str]  # the PNG `parameters` text of each image
-    timings: dict[str, float] = field(default_factory=dict)  # total_s, host_s (tokenize, transfer), device_s
+    timings: dict[str, float] = field(default_factory=dict)  # total_s, host_s, device_s, first_step_s
+    steps: int = 0  # denoising steps this call ran
+    sampler: str = ""  # the sampler it ran, by A1111's name (e.g. "DPM++ 2M Karras")
 
     def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
         """Write the images as `<stem>-00.png`, ... with their `parameters` text chunks."""
@@ -94,9 +107,17 @@ class Generator:
             "replicate_s": time.perf_counter() - started,
         }
         self._batch_sharding = batch_sharded(self.mesh)
-        self._compiled: dict[tuple[int, int, int], jax.stages.Compiled] = {}
-        self._reporter = StepReporter() if config.progress else None  # static: None = no callback in the program
-        self._device_lock = threading.Lock()  # one call on the devices at a time, so progress has one listener
+        self._replicated = replicated(self.mesh)
+        self.programs = ServedPrograms(
+            self._modules,
+            self._params,
+            self.mesh,
+            per_device_batch=config.per_device_batch,
+            attention=config.attention,
+            prediction_type=self.sampler.prediction_type,
+            max_tokens=self._max_tokens,
+        )
+        self._device_lock = threading.Lock()  # one request on the devices at a time
         self._compiles_at_start = CompileCounter.compiles()
 
     @classmethod
@@ -117,7 +138,7 @@ class Generator:
         unet: str | None = None,
         conversion_cache: bool = True,
         sizes: list[tuple[int, int]] | None = None,
-        progress: bool = False,
+        progress: bool = True,
         sampler: str | None = None,
         timestep_spacing: str | None = None,
         prediction_type: str | None = None,
@@ -172,9 +193,9 @@ class Generator:
 
     # ---- static shapes -------------------------------------------------------------------------------------------
 
-    def supported_shapes(self) -> list[tuple[int, int, int]]:
-        """The (height, width, steps) combinations this generator serves, the configured shape first."""
-        return [(height, width, self.config.steps) for height, width in self.sizes]
+    def program_keys(self) -> list[ProgramKey]:
+        """Every program this generator serves: encode, then start/step/decode per offered size."""
+        return program_keys(self.sizes, self.sampler.cfg)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -202,55 +223,20 @@ class Generator:
                 if value % latent_multiple:
                     raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
-    def _program(self, shape: tuple[int, int, int]):
-        """jit(shard_map(per-device program)): each device runs its own images; weights are replicated."""
-        height, width, steps = shape
-        on_step = self._reporter.on_step if self._reporter is not None else None
-        local = functools.partial(
-            generate_local, self._modules, height=height, width=width, steps=steps, sampler=self.sampler,
-            on_step=on_step,
-        )  # fmt: skip
-        local = attention_core.hooked(local, self.config.attention)  # entered while tracing: static, part of the key
-        batch = P(DATA_AXIS)
-        sharded = jax.shard_map(
-            local, mesh=self.mesh, in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False
-        )
-        return jax.jit(sharded)
-
-    def _abstract_inputs(self):
-        """Shapes and shardings of the program's arguments (no data): what `lower` compiles for."""
-        n = self.num_images
-
-        def spec(shape, dtype):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=self._batch_sharding)
-
-        params = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._params
-        )
-        ids = spec((n, 2, self._max_tokens), np.int32)  # [B, 2, 77]
-        return params, ids, ids, spec((n,), np.bool_), spec((n,), np.float32), spec((n,), np.uint32)
-
-    def compiled(self, shape: tuple[int, int, int] | None = None) -> jax.stages.Compiled:
-        """The compiled program for `shape` (default: the configured one), compiling it if not done yet."""
-        shape = shape or self.config.shape
-        check_shape(*shape, self.supported_shapes())
-        if shape not in self._compiled:
-            self._compiled[shape] = self._program(shape).lower(*self._abstract_inputs()).compile()
-        return self._compiled[shape]
-
     def warmup(self) -> dict[str, float]:
-        """Compile every offered shape and run it once; compile_s and first_run_s are totals over the shapes."""
-        timings = {"compile_s": 0.0, "first_run_s": 0.0}
-        for shape in self.supported_shapes():
+        """Compile every served program, then run each offered size once; compile_s and first_run_s are totals."""
+        started = time.perf_counter()
+        for key in self.program_keys():
+            compiled_at = time.perf_counter()
+            self.programs.compile(key)
+            logger.info("compiled %s in %.1f s", key.label, time.perf_counter() - compiled_at)
+        timings = {"compile_s": time.perf_counter() - started, "first_run_s": 0.0}
+        for height, width in self.sizes:
             started = time.perf_counter()
-            self.compiled(shape)
-            compile_s = time.perf_counter() - started
-            started = time.perf_counter()
-            self.generate("warm-up", seed=0, size=shape[:2])
+            self.generate("warm-up", seed=0, size=(height, width))
             first_run_s = time.perf_counter() - started
-            timings["compile_s"] += compile_s
             timings["first_run_s"] += first_run_s
-            logger.info("compiled %dx%d, %d steps in %.1f s; first run %.2f s", *shape, compile_s, first_run_s)
+            logger.info("first run %dx%d, %d steps: %.2f s", width, height, self.config.steps, first_run_s)
         return timings
 
     # ---- one call ------------------------------------------------------------------------------------------------
@@ -263,12 +249,17 @@ class Generator:
         seed: int = 0,
         guidance_scale: float = 5.0,
         size: tuple[int, int] | None = None,
+        steps: int | None = None,
+        sampler: str | None = None,
         progress: Listener | None = None,
+        should_stop: StopCheck | None = None,
+        gate: Gate | None = None,
     ) -> GenerationResult:
         """Generate `num_images` images for one prompt; image i uses seed (seed + i) mod 2**32.
 
-        `size` (height, width) picks one of the offered sizes (default: the first); `progress(step, total)` is
-        called after each denoising step when the generator was built with progress=True.
+        `size` (height, width) picks one of the offered sizes (default: the first); `steps` (1..100) and `sampler`
+        (an A1111 name, e.g. "DPM++ 2M Karras") default to the server's. `progress(done, total)` is called as each
+        step's result is ready; `should_stop()` is asked before each step, and True raises `loop.Stopped`.
         """
         started = time.perf_counter()
         prompt = clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS)
@@ -278,7 +269,9 @@ class Generator:
             negative_prompt, guidance_scale = "", 0.0
         seed = resolve_seed(seed)
         height, width = size or self.sizes[0]
-        check_shape(height, width, self.config.steps, self.supported_shapes())
+        check_shape(height, width, self.sizes)
+        steps = check_steps(self.config.steps if steps is None else steps)
+        plan = loop.cached_plan(self.sampler, steps, sampler_id(self.sampler.sampler if sampler is None else sampler))
         seeds = [(seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n = self.num_images
@@ -287,19 +280,27 @@ class Generator:
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
         guidance = np.full((n,), guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
-        program = self.compiled((height, width, self.config.steps))
-        inputs = global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
+        inputs = RequestInputs(
+            *global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
+        )
+        loop_timings: dict[str, float] = {}
         with self._device_lock:
-            call = self._reporter.begin(self.config.steps, progress) if self._reporter is not None else 0
-            try:
-                on_device = time.perf_counter()
-                pixels = to_host(program(self._params, *inputs))  # uint8 [B, H, W, 3], gathered from every process
-                off_device = time.perf_counter()
-                if self._reporter is not None:
-                    jax.effects_barrier()  # every step callback of this call has run before the next call begins
-            finally:
-                if self._reporter is not None:
-                    self._reporter.end(call)
+            on_device = time.perf_counter()
+            pixels = loop.run(
+                self.programs,
+                self._params,
+                inputs,
+                plan,
+                size=(height, width),
+                cfg=self.sampler.cfg,
+                put=self._put,
+                on_step=progress if self.config.progress else None,
+                should_stop=should_stop,
+                gate=gate,
+                timings=loop_timings,
+            )
+            pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
+            off_device = time.perf_counter()
 
         dropped = dropped_text(self._tokenizers[0], prompt)
         truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast
@@ -308,14 +309,14 @@ class Generator:
                 prompt=prompt,
                 negative_prompt=negative_prompt,
                 seed=s,
-                steps=self.config.steps,
+                steps=steps,
                 guidance_scale=guidance_scale,
                 height=height,
                 width=width,
                 model=self.config.model,
                 dtype=self.config.dtype,
-                sampler=self.sampler.label,
-                spacing=self.sampler.timestep_spacing,
+                sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
+                spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,
             )
             for s in seeds
         ]
@@ -325,6 +326,7 @@ class Generator:
             "total_s": finished - started,
             "device_s": off_device - on_device,
             "host_s": (finished - started) - (off_device - on_device),
+            **loop_timings,
         }
         return GenerationResult(
             images=images,
@@ -334,7 +336,13 @@ class Generator:
             truncated=truncated,
             parameters=parameters,
             timings=timings,
+            steps=steps,
+            sampler=sampler_label(plan.sampler),
         )
+
+    def _put(self, array: np.ndarray) -> jax.Array:
+        """A small host array on every device (replicated), on one process or several."""
+        return global_batch((np.asarray(array),), self._replicated)[0]
 
 
 def _sampler_overrides(config: EngineConfig) -> dict:
@@ -348,5 +356,5 @@ def _check_static(config: EngineConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInput(f"{name.replace('_', ' ').capitalize()} must be a positive whole number; got {value!r}.")
-    if config.height > 4096 or config.width > 4096 or config.steps > 1000:
-        raise InvalidInput("Height and width must be at most 4096 and steps at most 1000.")
+    if config.height > 4096 or config.width > 4096 or config.steps > MAX_STEPS:
+        raise InvalidInput(f"Height and width must be at most 4096 and steps at most {MAX_STEPS}.")

@@ -42,7 +42,7 @@ class EngineConfig:
     revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
     height: int = 1024  # static: image height in pixels, a multiple of 32 (8 × 2^(UNet down blocks − 1))
     width: int = 1024  # static: image width in pixels, a multiple of 32
-    steps: int = 25  # static: Euler denoising steps
+    steps: int = 25  # the default denoising steps of a request (each request may ask for 1..100)
     dtype: str = "bfloat16"  # static: dtype of weights and activations; the scheduler state stays float32
     per_device_batch: int = 1  # static: images per device per call
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
@@ -50,12 +50,12 @@ class EngineConfig:
     unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
-    progress: bool = False  # static: a host callback per denoising step reports live progress (see progress.py)
+    progress: bool = True  # report "step k / N" between steps (host side: no program changes)
     attention: str = "xla"  # static: the UNet's attention core after `auto` was resolved (see pipeline/attention.py)
-    sampler: str | None = None  # static: "euler" / "euler_ancestral"; None = the checkpoint's scheduler class
-    timestep_spacing: str | None = None  # static: "leading" / "linspace" / "trailing"; None = the checkpoint's
+    sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
+    timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
     prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's
-    steps_offset: int | None = None  # static: added to leading timesteps; None = the checkpoint's
+    steps_offset: int | None = None  # added to leading timesteps; None = the checkpoint's
     cfg: bool = True  # static: False = guidance-free program (UNet on the prompt only; guidance, negative ignored)
     preset: str | None = None  # the preset (assets/presets.json) these settings came from, if any
 

@@ -25,8 +25,10 @@ __all__ = [
     "InvalidInput",
     "PromptFilter",
     "Request",
+    "check_choice",
     "check_guidance",
     "check_shape",
+    "check_steps",
     "check_style",
     "clean_text",
     "resolve_seed",
@@ -36,6 +38,8 @@ __all__ = [
 MAX_PROMPT_CHARS = 2000
 GUIDANCE_MIN, GUIDANCE_MAX = 0.0, 20.0
 SEED_MAX = 2**32 - 1
+#: Most denoising steps a request may ask for (the page's slider goes this far).
+MAX_STEPS = 100
 
 # Longest slice of user input quoted back in a message; keeps errors readable and avoids reflecting big payloads.
 _ECHO_CHARS = 40
@@ -149,25 +153,46 @@ def check_style(name: object, styles: Mapping[str, object]) -> str:
     raise InvalidInput(f"Unknown style {_echo(name)}; choose one of: {choices}.")
 
 
-def _shape_text(height: object, width: object, steps: object) -> str:
-    return f"{width}×{height} at {steps} steps"
+def _size_text(height: object, width: object) -> str:
+    return f"{width}×{height}"
 
 
-def check_shape(height: object, width: object, steps: object, supported: Iterable[tuple[int, int, int]]) -> None:
-    """Reject any (height, width, steps) the engine did not compile: a new shape would mean a long recompile.
+def check_shape(height: object, width: object, supported: Iterable[tuple[int, int]]) -> None:
+    """Reject any (height, width) the engine did not compile: a new size would mean a long recompile.
 
-    Sizes are written width×height, the usual image notation; supported tuples are (height, width, steps).
+    Sizes are written width×height, the usual image notation; supported pairs are (height, width).
     """
-    shapes = [tuple(shape) for shape in supported]
-    if any(isinstance(part, bool) for part in (height, width, steps)):
-        shapes = []  # True == 1 would otherwise slip through the comparison below
-    elif (height, width, steps) in shapes:
+    sizes = [tuple(size) for size in supported]
+    if any(isinstance(part, bool) for part in (height, width)):
+        sizes = []  # True == 1 would otherwise slip through the comparison below
+    elif (height, width) in sizes:
         return
-    got = _shape_text(_echo(height), _echo(width), _echo(steps))
-    if not shapes:
+    got = _size_text(_echo(height), _echo(width))
+    if not sizes:
         raise InvalidInput(f"This server has no compiled image size that matches; got {got}.")
-    compiled = " or ".join(_shape_text(*shape) for shape in shapes)
+    compiled = " or ".join(_size_text(*size) for size in sizes)
     raise InvalidInput(f"This server compiled {compiled} only; got {got}.")
+
+
+def check_steps(value: object, maximum: int = MAX_STEPS) -> int:
+    """Denoising steps as an int in 1..maximum; whole-valued floats pass (Gradio's slider may send 30.0)."""
+    message = f"Steps must be a whole number from 1 to {maximum}; got {_echo(value)}."
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(message)
+    number = float(value)
+    if not math.isfinite(number) or not number.is_integer() or not 1 <= number <= maximum:
+        raise InvalidInput(message)
+    return int(number)
+
+
+def check_choice(value: object, choices: Iterable[str], field: str) -> str:
+    """`value` as spelled in `choices` (case and surrounding spaces ignored); one line listing them otherwise."""
+    options = list(choices)
+    if isinstance(value, str):
+        for option in options:
+            if value.strip().lower() == option.lower():
+                return option
+    raise InvalidInput(f"Unknown {field} {_echo(value)}; choose one of: {', '.join(options)}.")
 
 
 @dataclass(frozen=True)

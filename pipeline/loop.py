@@ -1,0 +1,133 @@
+"""The denoising loop on the host: one request's plan (steps, sampler, stop), dispatched a step ahead.
+
+    plan = sampler_config.plan(steps, "DPM++ 2M Karras")         # host numpy: one coefficient row per step
+    pixels = run(programs, params, inputs, plan, size=(h, w), on_step=..., should_stop=...)
+
+Each step is one call of the compiled step program (`programs.py`). JAX dispatches asynchronously, so the host
+queues step k + 1 before it waits for step k: the devices never wait for Python between steps, and at most two
+steps are in flight. Between steps the host reports progress (the step whose result is ready) and asks whether to
+stop, so Stop frees the devices within about one step, and no program needs a host callback (every one of them
+can live in the persistent compilation cache). On several processes every process must make the same calls:
+`gate` turns each process's wish to stop into one decision they all follow (see distributed.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from .programs import ProgramKey, ServedPrograms
+from .samplers import Plan, SamplerConfig
+
+#: What a progress listener receives after each denoising step: (steps done, total steps).
+Listener = Callable[[int, int], None]
+#: Asked before each step: True = stop now.
+StopCheck = Callable[[], bool]
+#: Multi-process: (step index, this process wants to stop) -> the decision every process follows (True = stop).
+Gate = Callable[[int, bool], bool]
+
+
+class Stopped(Exception):
+    """The request was stopped between steps (Stop, a cancelled job, a closed tab); nothing is wrong."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"stopped at step {done} / {total}")
+        self.done = done  # steps dispatched before the stop
+        self.total = total  # steps the request asked for
+
+
+@dataclass(frozen=True)
+class RequestInputs:
+    """One request's batch arrays, already on the devices (split over the batch)."""
+
+    prompt_ids: jax.Array  # int32 [B, 2, 77]
+    negative_ids: jax.Array  # int32 [B, 2, 77]
+    has_negative: jax.Array  # bool [B]
+    guidance: jax.Array  # float32 [B]
+    seeds: jax.Array  # uint32 [B]
+
+
+class StopFlag:
+    """A thread-safe Stop button: `set()` from any thread, passed as `should_stop` (it is callable)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def __call__(self) -> bool:
+        return self._event.is_set()
+
+
+@functools.lru_cache(maxsize=64)
+def cached_plan(config: SamplerConfig, steps: int, sampler: str) -> Plan:
+    """`config.plan(steps, sampler)`, computed once per (config, steps, sampler)."""
+    return config.plan(steps, sampler)
+
+
+def run(
+    programs: ServedPrograms,
+    params,
+    inputs: RequestInputs,
+    plan: Plan,
+    *,
+    size: tuple[int, int],
+    cfg: bool,
+    put: Callable[[np.ndarray], jax.Array],
+    on_step: Listener | None = None,
+    should_stop: StopCheck | None = None,
+    gate: Gate | None = None,
+    timings: dict | None = None,
+) -> jax.Array:
+    """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
+
+    `put` places a small host array on every device (replicated; on several processes each passes the same).
+    `timings`, when given, receives `first_step_s`: from the call to the first step's result being ready.
+    """
+    height, width = size
+    started = time.perf_counter()
+    encode = programs.compile(ProgramKey("encode", cfg=cfg))
+    start = programs.compile(ProgramKey("start", height, width))
+    step = programs.compile(ProgramKey("step", height, width, cfg))
+    decode = programs.compile(ProgramKey("decode", height, width))
+    rows = [put(row) for row in plan.coefficients]  # float32 [6] each, replicated
+    indices = [put(np.asarray(i, np.int32)) for i in range(plan.steps)]
+
+    hidden, pooled = encode(
+        programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative
+    )
+    latents = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)))
+    previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
+    unet = programs.weights(ProgramKey("step"), params)
+    pending: list[jax.Array] = []  # dispatched steps' latents, oldest first
+    done = 0  # steps whose result is ready
+    for index in range(plan.steps):
+        wants_stop = bool(should_stop and should_stop())
+        if gate(index, wants_stop) if gate is not None else wants_stop:
+            raise Stopped(index, plan.steps)
+        latents, previous = step(
+            unet, latents, previous, hidden, pooled, inputs.guidance, inputs.seeds, rows[index], indices[index]
+        )
+        pending.append(latents)
+        if len(pending) > 1:  # step `index` is queued behind the one we now wait for
+            done = _ready(pending.pop(0), done, plan.steps, on_step, timings, started)
+    while pending:
+        done = _ready(pending.pop(0), done, plan.steps, on_step, timings, started)
+    return decode(programs.weights(ProgramKey("decode"), params), latents)
+
+
+def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started) -> int:
+    latents.block_until_ready()
+    done += 1
+    if timings is not None and done == 1:
+        timings["first_step_s"] = time.perf_counter() - started
+    if on_step is not None:
+        on_step(done, total)
+    return done

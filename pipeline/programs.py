@@ -1,0 +1,195 @@
+"""The served programs: what is compiled, for which static settings, and with which argument shapes.
+
+The host loop (`loop.py`) runs four kinds of program, each `jit(shard_map(per-device body))` over the 1-D `data`
+mesh, weights replicated, batch split:
+
+    encode[cfg]          ids [B, 2, 77] x2, has_negative [B]              -> hidden [cB, 77, D], pooled [cB, P]
+    start[size]          seeds [B], init_sigma []                         -> latents [B, 4, h, w]
+    step[size, cfg]      latents, D_prev, hidden, pooled, guidance [B], seeds [B], coefficients [6], index []
+                                                                          -> latents', D
+    decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
+
+(c = 2 with classifier-free guidance, 1 without.) Steps and sampler are arguments (the coefficient row and the
+step index), so one step program serves every sampler and step count. No program contains a host callback, so
+every one of them lands in JAX's persistent compilation cache. `ServedPrograms` is used by the generator (compile
+and run), the TPU report and the precompiled start-up (`bench tpu`, `python -m pipeline precompile`), which build
+it on abstract weights and a TPU topology's mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from . import attention as attention_core
+from .diffusion import LATENT_CHANNELS, Modules, decode_local, encode_local, start_local, step_local
+from .samplers import COEFFICIENTS
+from .sharding import DATA_AXIS, batch_sharded, replicated
+
+#: The program kinds, in the order a request runs them.
+KINDS = ("encode", "start", "step", "decode")
+#: Which weights each kind reads (only these are its arguments).
+WEIGHTS = {
+    "encode": ("text_encoder", "text_encoder_2"),
+    "start": (),
+    "step": ("unet",),
+    "decode": ("vae",),
+}
+
+
+@dataclass(frozen=True, order=True)
+class ProgramKey:
+    """One compiled program: its kind and the static settings it was compiled for (None = does not depend on it)."""
+
+    kind: str  # "encode", "start", "step" or "decode"
+    height: int | None = None  # static: image height in pixels (start, step, decode)
+    width: int | None = None  # static: image width in pixels (start, step, decode)
+    cfg: bool | None = None  # static: classifier-free guidance on/off (encode, step)
+
+    @property
+    def label(self) -> str:
+        """e.g. "step 1024x1024 cfg", "encode no-cfg", "decode 1344x768" (width×height)."""
+        parts = [self.kind]
+        if self.height is not None:
+            parts.append(f"{self.width}x{self.height}")
+        if self.cfg is not None:
+            parts.append("cfg" if self.cfg else "no-cfg")
+        return " ".join(parts)
+
+
+def program_keys(sizes: list[tuple[int, int]], cfg: bool) -> list[ProgramKey]:
+    """Every program a server offering `sizes` ((height, width) pairs) runs, encode first."""
+    keys = [ProgramKey("encode", cfg=cfg)]
+    for height, width in sizes:
+        keys += [
+            ProgramKey("start", height, width),
+            ProgramKey("step", height, width, cfg),
+            ProgramKey("decode", height, width),
+        ]
+    return keys
+
+
+class ServedPrograms:
+    """Builds, lowers and compiles the served programs for one model, mesh and batch.
+
+    `params` may hold real arrays or `jax.ShapeDtypeStruct`s (abstract weights, e.g. for a TPU topology): only
+    their shapes, dtypes and shardings are read. Compiled programs are kept, so each is built once.
+    """
+
+    def __init__(
+        self,
+        modules: Modules,
+        params,
+        mesh: Mesh,
+        *,
+        per_device_batch: int = 1,
+        attention: str = "xla",
+        prediction_type: str = "epsilon",
+        max_tokens: int = 77,
+    ):
+        self.modules = modules
+        self.mesh = mesh
+        self.batch = int(mesh.devices.size) * per_device_batch  # B: images per call
+        self.attention = attention  # static: part of every program (entered while tracing)
+        self.prediction_type = prediction_type  # static: how the step reads the UNet's output
+        self.max_tokens = max_tokens
+        self._params = {
+            name: jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
+            )
+            for name in {name for names in WEIGHTS.values() for name in names}
+        }
+        self._compiled: dict[ProgramKey, jax.stages.Compiled] = {}
+
+    # ---- what each program is -------------------------------------------------------------------------------------
+
+    def weights(self, key: ProgramKey, params) -> dict:
+        """The part of `params` that `key`'s program takes as its first argument."""
+        return {name: params[name] for name in WEIGHTS[key.kind]}
+
+    def jitted(self, key: ProgramKey):
+        """jit(shard_map(body)) for `key`: each device runs its own images; weights are replicated."""
+        modules, batch, one = self.modules, P(DATA_AXIS), P()
+        if key.kind == "encode":
+            body = functools.partial(encode_local, modules, cfg=key.cfg)
+            in_specs, out_specs = (one, batch, batch, batch), (batch, batch)
+        elif key.kind == "start":
+            body = functools.partial(
+                _without_weights(start_local), height=key.height, width=key.width,
+                vae_scale_factor=modules.vae_scale_factor,
+            )  # fmt: skip
+            in_specs, out_specs = (one, batch, one), batch
+        elif key.kind == "step":
+            body = functools.partial(step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch)
+        elif key.kind == "decode":
+            body = functools.partial(decode_local, modules)
+            in_specs, out_specs = (one, batch), batch
+        else:
+            raise ValueError(f"unknown program kind {key.kind!r}")
+        body = attention_core.hooked(body, self.attention)  # entered while tracing: static, part of the key
+        sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        return jax.jit(sharded)
+
+    def abstract_args(self, key: ProgramKey) -> tuple:
+        """Shapes, dtypes and shardings of `key`'s arguments (no data): what `lower` compiles for."""
+        n, split, whole = self.batch, batch_sharded(self.mesh), replicated(self.mesh)
+
+        def spec(shape, dtype, sharding=split):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+        weights = self.weights(key, self._params)
+        if key.kind == "encode":
+            ids = spec((n, 2, self.max_tokens), np.int32)  # [B, 2, 77]
+            return weights, ids, ids, spec((n,), np.bool_)
+        scale = self.modules.vae_scale_factor
+        latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
+        if key.kind == "start":
+            return weights, spec((n,), np.uint32), spec((), np.float32, whole)
+        if key.kind == "decode":
+            return weights, latents
+        hidden, pooled = jax.eval_shape(
+            self.jitted(ProgramKey("encode", cfg=key.cfg)), *self.abstract_args(ProgramKey("encode", cfg=key.cfg))
+        )
+        return (
+            weights,
+            latents,
+            latents,
+            spec(hidden.shape, hidden.dtype),  # [cB, 77, D]
+            spec(pooled.shape, pooled.dtype),  # [cB, P]
+            spec((n,), np.float32),  # guidance [B]
+            spec((n,), np.uint32),  # seeds [B]
+            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [6]
+            spec((), np.int32, whole),  # step index
+        )
+
+    def lower(self, key: ProgramKey):
+        return self.jitted(key).trace(*self.abstract_args(key)).lower()
+
+    def compile(self, key: ProgramKey) -> jax.stages.Compiled:
+        """`key`'s compiled program, built on first use (from JAX's persistent cache when it has it)."""
+        if key not in self._compiled:
+            self._compiled[key] = self.lower(key).compile()
+        return self._compiled[key]
+
+    def install(self, key: ProgramKey, compiled: jax.stages.Compiled) -> None:
+        """Use an executable built elsewhere (a precompiled start-up) for `key`."""
+        self._compiled[key] = compiled
+
+    def is_compiled(self, key: ProgramKey) -> bool:
+        return key in self._compiled
+
+
+def _without_weights(fn):
+    """`fn` with an ignored first argument (the empty weights dict), so every program takes weights first."""
+
+    @functools.wraps(fn)
+    def wrapper(_weights, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
