@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.presets import PRESET_NAMES, get_preset, load_presets, resolve
-from pipeline.samplers import SamplerConfig, ancestral_step, euler_step, scale_model_input
+from pipeline.samplers import SAMPLER_NAMES, SamplerConfig, ancestral_step, euler_step, scale_model_input
 from pipeline.settings import SDXL_BASE
 from pipeline.styles import DEFAULT_STYLE, load_styles
 from pipeline.validation import InvalidInput
@@ -35,7 +35,7 @@ def _config(case) -> SamplerConfig:
 
 @pytest.mark.parametrize(
     "case",
-    PYTORCH["schedules"],
+    [c for c in PYTORCH["schedules"] if not c["sampler"].startswith("dpmpp")],
     ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}-{c['steps_offset']}",
 )
 def test_schedule_equals_pytorch_scheduler(case):
@@ -82,10 +82,61 @@ def test_scheduler_config_is_read_whole_and_refuses_what_it_cannot_honour():
         with pytest.raises(InvalidInput, match=f"cannot honour.*{next(iter(bad))}") as info:
             SamplerConfig.from_scheduler_config({**sdxl, **bad})
         assert "\n" not in str(info.value)
-    with pytest.raises(InvalidInput, match="Unsupported sampler 'dpm'"):
+    with pytest.raises(InvalidInput, match="Unknown sampler 'dpm'; choose one of: Euler, Euler a, DPM"):
         SamplerConfig.from_scheduler_config(sdxl, sampler="dpm")
+    dpm = {**sdxl, "_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True}
+    assert SamplerConfig.from_scheduler_config(dpm).sampler == "dpmpp_2m_karras"
     with pytest.raises(InvalidInput, match="Unsupported timestep spacing"):
         SamplerConfig(timestep_spacing="karras")
+
+
+# ---- DPM++ 2M (Karras): schedules and whole runs against diffusers' PyTorch DPMSolverMultistepScheduler -----------
+
+DPM_SCHEDULES = [c for c in PYTORCH["schedules"] if c["sampler"].startswith("dpmpp")]
+
+
+@pytest.mark.parametrize("case", DPM_SCHEDULES, ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['steps']}")
+def test_dpm_schedule_equals_pytorch_scheduler(case):
+    config = SamplerConfig.from_scheduler_config(PYTORCH["config"], timestep_spacing=case["timestep_spacing"])
+    plan = config.plan(case["steps"], case["sampler"])
+    assert plan.timesteps.tolist() == case["timesteps"]
+    np.testing.assert_allclose(plan.sigmas, case["sigmas"], rtol=1e-5, atol=1e-6)
+    assert plan.coefficients.shape == (case["steps"], 6)
+
+
+@pytest.mark.parametrize(
+    "case", PYTORCH["dpm_runs"], ids=lambda c: f"{c['sampler']}-{c['prediction_type']}-{c['steps']}"
+)
+def test_dpm_run_equals_pytorch_scheduler(case):
+    """Every step of a run with a linear stand-in for the UNet: the multistep history (D_prev) is PyTorch's."""
+    from pipeline.samplers import sampler_update
+
+    config = SamplerConfig.from_scheduler_config(PYTORCH["config"], prediction_type=case["prediction_type"])
+    plan = config.plan(case["steps"], case["sampler"])
+    x = np.asarray(case["start"], np.float32) * plan.init_sigma
+    previous = x
+    for row in plan.coefficients:
+        model_input = x / np.sqrt(row[1] ** 2 + 1)  # what the UNet sees: DPM-Solver's own sample
+        output = case["weight"] * model_input + 0.01 * row[0] / 1000
+        x, previous = sampler_update(case["prediction_type"], output, x, row, previous, np.zeros_like(x))
+    np.testing.assert_allclose(x, case["final"], rtol=1e-4, atol=1e-5)
+
+
+def test_plans_for_every_sampler_and_step_count():
+    config = SamplerConfig()
+    for name, ident in SAMPLER_NAMES.items():
+        for steps in (1, 2, 50, 100):
+            plan = config.plan(steps, name)
+            assert plan.sampler == ident and plan.coefficients.shape == (steps, 6) and plan.label == name
+            assert np.isfinite(plan.coefficients).all()
+            adds_noise = (plan.coefficients[:, 5] != 0).any()  # only Euler a does, before its final step
+            assert adds_noise == (ident == "euler_ancestral" and steps > 1)
+            assert plan.coefficients[0, 4] == 0  # the first step has no previous prediction
+    assert config.plan(4, "dpm++ 2m karras").sampler == "dpmpp_2m_karras"  # A1111's names, any case
+    with pytest.raises(InvalidInput, match="Unknown sampler 'LMS'"):
+        config.plan(4, "LMS")
+    with pytest.raises(InvalidInput, match="Steps must be between 1 and 1000; got 0"):
+        config.plan(0, "Euler")
 
 
 # ---- presets (no JAX) ---------------------------------------------------------------------------------------------
