@@ -131,3 +131,23 @@ def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started)
     if on_step is not None:
         on_step(done, total)
     return done
+
+
+def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
+              cfg: bool = True, prediction_type: str = "epsilon", seeds=None) -> np.ndarray:  # fmt: skip
+    """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
+
+    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
+    """
+    from .diffusion import decode_local, encode_local, step_local
+
+    encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
+    step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
+    decode = jax.jit(functools.partial(decode_local, modules))
+    seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
+    hidden, pooled = encode(params, prompt_ids, negative_ids, has_negative)
+    latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
+    previous = latents
+    for index, row in enumerate(plan.coefficients):
+        latents, previous = step(params, latents, previous, hidden, pooled, guidance, seeds, row, np.int32(index))
+    return np.asarray(decode(params, latents))

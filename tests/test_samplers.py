@@ -226,9 +226,8 @@ def tiny_pt():
 
 def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     """PyTorch's trailing, guidance-0 images: the guidance-free program, and the CFG program at g = 0 and g = 1."""
-    import jax
-
-    from pipeline.diffusion import Modules, generate_from_latents
+    from pipeline.diffusion import Modules
+    from pipeline.loop import run_local
     from pipeline.text import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
@@ -240,14 +239,15 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     trailing = SamplerConfig.from_scheduler_config(manifest["scheduler"], timestep_spacing="trailing")
     assert trailing.steps_offset == 1 and trailing.sampler == "euler"
 
-    def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8-rounded [b, 64, 64, 3]
-        program = jax.jit(lambda *a: generate_from_latents(modules, *a, steps=steps, sampler=sampler))
+    def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8 [b, 64, 64, 3] as int
         b = len(guidance)
         ids = np.stack([tokenize(tokenizers, prompt)] * b)  # [b, 2, 77]
         negative_ids = np.stack([tokenize(tokenizers, negative)] * b)  # [b, 2, 77]
         latents = np.repeat(arrays["latents"], b, axis=0)  # [b, 4, 8, 8]
         flags, scales = np.array(has_negative), np.array(guidance, np.float32)  # [b], [b]
-        return np.round(np.asarray(program(tiny_pt.params, ids, negative_ids, flags, scales, latents)) * 255)
+        return run_local(
+            modules, tiny_pt.params, ids, negative_ids, flags, scales, latents, sampler.plan(steps), cfg=sampler.cfg
+        ).astype(np.int16)
 
     def assert_matches(got, expected, what):
         assert np.abs(got - expected).max() <= 1, what
@@ -265,6 +265,31 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     assert_matches(images[0], expected, "guidance 0")
     assert np.array_equal(images[0], images[1])  # guidance 1: the same program path, bit for bit
     assert np.mean(images[2] != expected) > 0.5  # guidance 5 still guides
+
+
+@pytest.mark.parametrize("name", ["dpmpp_2m_karras_cfg_8_steps", "dpmpp_2m_cfg_8_steps"])
+def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
+    """DPM++ 2M (Karras), 8 steps with CFG, through the served step program's body: within 1 level of PyTorch's."""
+    from pipeline.diffusion import Modules
+    from pipeline.loop import run_local
+    from pipeline.text import tokenize
+
+    manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
+    case = next(c for c in manifest["cases"] if c["name"] == name)
+    expected = np.round(np.load(FIXTURES / "tiny-pt-expected.npz")[name][0] * 255)  # [64, 64, 3]
+    latents = np.load(FIXTURES / "tiny-pt-expected.npz")["latents"]  # [1, 4, 8, 8]
+    config = SamplerConfig.from_scheduler_config(manifest["scheduler"])
+    plan = config.plan(case["steps"], case["sampler"])
+    assert plan.timesteps.tolist() == case["timesteps"]
+    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    negative = case["negative_prompt"]
+    image = run_local(
+        Modules.of(tiny_pt.pipeline), tiny_pt.params, tokenize(tokenizers, case["prompt"])[None],
+        tokenize(tokenizers, negative or "")[None], np.array([negative is not None]),
+        np.array([case["guidance_scale"]], np.float32), latents, plan,
+    )[0].astype(np.int16)  # fmt: skip
+    assert np.abs(image - expected).max() <= 1, name
+    assert np.mean(image != expected) < 0.02, name
 
 
 # ---- the engine: the guidance-free program, presets, Euler-ancestral across device counts ----------------------
