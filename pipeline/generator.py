@@ -13,6 +13,7 @@ step, so no request can trigger a compilation. This module wires loading, shardi
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -118,6 +119,8 @@ class Generator:
             max_tokens=self._max_tokens,
         )
         self._device_lock = threading.Lock()  # one request on the devices at a time
+        #: The last calls' outcomes, newest last: {"steps", "done", "stopped", "sampler"} (what Stop did, for logs/tests)
+        self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
 
     @classmethod
@@ -284,23 +287,31 @@ class Generator:
             *global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
         )
         loop_timings: dict[str, float] = {}
+        run = {"steps": steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         with self._device_lock:
             on_device = time.perf_counter()
-            pixels = loop.run(
-                self.programs,
-                self._params,
-                inputs,
-                plan,
-                size=(height, width),
-                cfg=self.sampler.cfg,
-                put=self._put,
-                on_step=progress if self.config.progress else None,
-                should_stop=should_stop,
-                gate=gate,
-                timings=loop_timings,
-            )
+            try:
+                pixels = loop.run(
+                    self.programs,
+                    self._params,
+                    inputs,
+                    plan,
+                    size=(height, width),
+                    cfg=self.sampler.cfg,
+                    put=self._put,
+                    on_step=progress if self.config.progress else None,
+                    should_stop=should_stop,
+                    gate=gate,
+                    timings=loop_timings,
+                )
+            except loop.Stopped as stopped:
+                run.update(done=stopped.done, stopped=True)
+                raise
+            finally:
+                self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             off_device = time.perf_counter()
+            run["done"] = steps
 
         dropped = dropped_text(self._tokenizers[0], prompt)
         truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast

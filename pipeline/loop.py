@@ -14,6 +14,7 @@ can live in the persistent compilation cache). On several processes every proces
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import numpy as np
 
 from .programs import ProgramKey, ServedPrograms
 from .samplers import Plan, SamplerConfig
+
+logger = logging.getLogger(__name__)
 
 #: What a progress listener receives after each denoising step: (steps done, total steps).
 Listener = Callable[[int, int], None]
@@ -129,7 +132,10 @@ def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started)
     if timings is not None and done == 1:
         timings["first_step_s"] = time.perf_counter() - started
     if on_step is not None:
-        on_step(done, total)
+        try:
+            on_step(done, total)
+        except Exception:  # a listener must never break the loop
+            logger.exception("progress listener failed at step %d", done)
     return done
 
 
