@@ -333,10 +333,8 @@ def make_generate_fn(
             count, checked.seed, checked.style, checked.guidance_scale, steps, sampler, engine_s, elapsed,
         )  # fmt: skip
         plural = "s" if count != 1 else ""
-        status = (
-            f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · {result.steps} step{"s" if result.steps != 1 else ""}, {result.sampler}"
-            f" · seed {checked.seed}"
-        )
+        steps_text = f"{result.steps} step{'s' if result.steps != 1 else ''}, {result.sampler}"
+        status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · {steps_text} · seed {checked.seed}"
         if not cfg and (checked.negative_prompt or checked.guidance_scale > 1):  # only an API caller can send them
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
@@ -674,7 +672,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, size; "
         "flags override it; with --model tiny only its sampler settings [SDXL_PRESET]",
     )
-    add("--sampler", choices=SAMPLERS, default=_env("SDXL_SAMPLER"), help="default: the checkpoint's [SDXL_SAMPLER]")
+    add(
+        "--sampler",
+        type=sampler_argument,
+        default=_env("SDXL_SAMPLER"),
+        help=f"a request's default sampler: {', '.join(SAMPLER_NAMES)} (requests may pick another); "
+        "default: the checkpoint's [SDXL_SAMPLER]",
+    )
     add(
         "--timestep-spacing",
         choices=SPACINGS,
@@ -746,6 +750,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, key) is None:  # one set of defaults per model, shared with the CLI (pipeline.settings)
             setattr(args, key, value)
     return args
+
+
+def sampler_argument(value: str) -> str:
+    """argparse type of --sampler: A1111's names (any case) or the engine's ids, kept as A1111's name."""
+    try:
+        return sampler_label(sampler_id(value))
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:

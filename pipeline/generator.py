@@ -22,7 +22,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from . import attention as attention_core
@@ -119,7 +118,7 @@ class Generator:
             max_tokens=self._max_tokens,
         )
         self._device_lock = threading.Lock()  # one request on the devices at a time
-        #: The last calls' outcomes, newest last: {"steps", "done", "stopped", "sampler"} (what Stop did, for logs/tests)
+        #: The last calls' outcomes, newest last: {"steps", "done", "stopped", "sampler"} (what Stop did)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
 

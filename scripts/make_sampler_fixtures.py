@@ -142,7 +142,8 @@ def main() -> None:
     import diffusers
 
     data = {
-        "what": "diffusers' PyTorch Euler and DPM++ 2M schedulers, SDXL base's scheduler config (scripts/make_sampler_fixtures.py)",
+        "what": "diffusers' PyTorch Euler and DPM++ 2M schedulers, SDXL base's scheduler config "
+        "(scripts/make_sampler_fixtures.py)",
         "diffusers": diffusers.__version__,
         "torch": torch.__version__,
         "config": SDXL_BASE_SCHEDULER,
