@@ -118,7 +118,7 @@ class Generator:
             max_tokens=self._max_tokens,
         )
         self._device_lock = threading.Lock()  # one request on the devices at a time
-        #: The last calls' outcomes, newest last: {"steps", "done", "stopped", "sampler"} (what Stop did)
+        #: The last calls' outcomes, newest last: steps, done, stopped, sampler, first_step_at (what Stop did)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
 
@@ -307,6 +307,7 @@ class Generator:
                 run.update(done=stopped.done, stopped=True)
                 raise
             finally:
+                run["first_step_at"] = loop_timings.get("first_step_at")
                 self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             off_device = time.perf_counter()
@@ -336,7 +337,7 @@ class Generator:
             "total_s": finished - started,
             "device_s": off_device - on_device,
             "host_s": (finished - started) - (off_device - on_device),
-            **loop_timings,
+            "first_step_s": loop_timings.get("first_step_s", 0.0),
         }
         return GenerationResult(
             images=images,

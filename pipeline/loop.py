@@ -92,7 +92,8 @@ def run(
     """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
 
     `put` places a small host array on every device (replicated; on several processes each passes the same).
-    `timings`, when given, receives `first_step_s`: from the call to the first step's result being ready.
+    `timings`, when given, receives `first_step_s` (from this call to the first step's result being ready) and
+    `first_step_at` (that moment, `time.perf_counter()`).
     """
     height, width = size
     started = time.perf_counter()
@@ -130,7 +131,8 @@ def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started)
     latents.block_until_ready()
     done += 1
     if timings is not None and done == 1:
-        timings["first_step_s"] = time.perf_counter() - started
+        timings["first_step_at"] = now = time.perf_counter()
+        timings["first_step_s"] = now - started
     if on_step is not None:
         try:
             on_step(done, total)

@@ -40,7 +40,7 @@ def test_one_image_per_device_params_replicated(engine):
     result = engine.generate("a red apple on a table", seed=3)
     assert len(result.images) == 8 and result.seeds == list(range(3, 11))
     assert all(image.size == (TEST_SIZE, TEST_SIZE) and image.mode == "RGB" for image in result.images)
-    assert set(result.timings) == {"total_s", "device_s", "host_s"}
+    assert set(result.timings) == {"total_s", "device_s", "host_s", "first_step_s"}
 
 
 def test_same_seed_same_pixels_other_seed_other_pixels(engine):

@@ -87,10 +87,10 @@ def test_size_parsing_and_labels():
     assert jax.device_count() == 8
 
 
-def test_bench_progress_part_measures_both_programs(engine):
-    """`python -m bench --only progress` on the shared engine: both medians measured, every step reported."""
-    from bench.progress import progress_overhead
+def test_bench_hostloop_part_measures_both_loops(engine):
+    """`python -m bench --only hostloop` on the shared engine: both loops timed, no compilation while timing."""
+    from bench.hostloop import host_loop_cost
 
-    result = progress_overhead(engine, runs=1, say=lambda _line: None)
-    assert result.without.median > 0 and result.with_progress.median > 0
-    assert result.reports_per_call == result.steps == engine.config.steps
+    result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
+    assert result.host_loop_call.median > 0 and result.fused_call.median > 0
+    assert result.compiles_while_timing == 0 and result.steps == 3
