@@ -293,8 +293,8 @@ def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1
 
 
 def _is_served(name: str) -> bool:
-    """The served programs are jit(shard_map(...)) of the four bodies: their names carry the body's name."""
-    return any(body in name for body in ("encode_local", "start_local", "step_local", "decode_local"))
+    """The served programs are named sdxl_encode, sdxl_start, sdxl_step and sdxl_decode (programs.py)."""
+    return any(kind in name for kind in ("sdxl_encode", "sdxl_start", "sdxl_step", "sdxl_decode"))
 
 
 @dataclass(frozen=True)
