@@ -343,7 +343,8 @@ class Cluster:
                     gate=lambda step, _wants, n=number: self.follow_decision(n, step),
                 )
             except Stopped as stopped:  # the leader stopped it at this same step
-                logger.info("request %d %s", number, stopped)
+                print(f"{self.describe()}: request {number} {stopped}, as process 0 decided", file=sys.stderr,
+                      flush=True)  # fmt: skip
             except Exception as exc:  # the leader is now blocked in the same call: make it give up, loudly
                 logger.exception("request %d failed", number)
                 _fatal(f"{self.describe()}: request {number} failed ({exc}); the cluster cannot continue.")
