@@ -5,6 +5,7 @@
     python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
+    python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -23,8 +24,11 @@ import time
 import warnings
 from pathlib import Path
 
-PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes", "fewstep")
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress", "fewstep")
+PARTS = (
+    "reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes", "fewstep",
+    "hostpath", "fullsize",
+)  # fmt: skip
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress", "fewstep", "hostpath")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,6 +175,16 @@ def run(args: argparse.Namespace) -> dict:
         results["fewstep"] = base_vs_lightning(
             args.model, args.height, args.width, args.dtype, args.runs, flops=results.get("flops")
         )
+    if "hostpath" in args.parts:
+        from .fullsize import host_path
+
+        progress(f"hostpath: device pixels -> answer at 1024², synthetic pixels ({args.runs} runs) ...")
+        results["hostpath"] = host_path(runs=args.runs)
+    if "fullsize" in args.parts:
+        from .fullsize import full_size
+
+        progress("fullsize: /generate vs /generate_png at 1024² through gradio_client (tiny checkpoint) ...")
+        results["fullsize"] = full_size(model=args.model, runs=min(args.runs, 3), dtype=args.dtype)
     results["bench_s"] = time.perf_counter() - started
     return results
 

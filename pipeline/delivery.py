@@ -9,6 +9,7 @@ keeps a file's name when it copies it into its cache), which carries a token uni
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import secrets
 import threading
@@ -25,6 +26,8 @@ from . import images as image_io
 KEEP_RUNS = 64
 #: Threads writing PNGs in the background: at most this many, and never more than the cores.
 PNG_WORKERS = 4
+#: Their niceness (Linux sets it per thread): the next request's JPEGs, tokenizing and device calls go first.
+PNG_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class Outbox:
             raise ValueError(f"unknown gallery format {gallery_format!r}; choose one of {', '.join(image_io.SAVERS)}")
         self.gallery_format = gallery_format
         self._pool = ThreadPoolExecutor(
-            max_workers=max(1, min(PNG_WORKERS, os.cpu_count() or 1)), thread_name_prefix="png"
+            max_workers=max(1, min(PNG_WORKERS, os.cpu_count() or 1)),
+            thread_name_prefix="png",
+            initializer=_lowest_priority,
         )
         self._runs: collections.OrderedDict[str, dict[str, Future]] = collections.OrderedDict()
         self._keep = keep_runs
@@ -86,6 +91,12 @@ class Outbox:
     def close(self) -> None:
         """Stop the background pool; PNGs not yet started are dropped."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lowest_priority() -> None:
+    """Lower the calling pool thread's CPU priority (on Linux a thread is a task with its own nice value)."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: PNGs come at normal priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PNG_NICENESS)
 
 
 def _done(value: Path) -> Future:
