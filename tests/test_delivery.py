@@ -278,3 +278,17 @@ def test_background_pngs_never_hold_the_next_answer(tmp_path):
     finally:
         gate.set()
         outbox.close()
+
+
+def test_bench_host_path_part_reports_both_paths(tmp_path):
+    """`python -m bench --only hostpath` at a small size: every figure present (timings are the bench's, not ours)."""
+    from bench.fullsize import CODECS, host_path, markdown
+
+    result = host_path(size=128, runs=1, images=2, say=lambda _: None)
+    assert [c.codec for c in result.codecs] == list(CODECS) * 2 and all(c.kb > 0 for c in result.codecs)
+    for request in result.requests:
+        assert request.images == 2 and request.after_kb_per_image < request.before_kb_per_image
+        assert request.after_ms.n == request.before_ms.n == request.background_png_ms.n == 1
+    assert 0 < result.after_share < 1 and 0 < result.before_share < 1
+    text = "\n".join(markdown(result, None))
+    assert "## Host path at 128²" in text and "Lightning-4" in text
