@@ -96,6 +96,7 @@ class FullSizeResult:
     before: Stats  # seconds per /generate_png call (PNGs on the request's path, as before), every image fetched
     after_overhead: Stats  # seconds per /generate call minus that call's own engine time
     before_overhead: Stats  # seconds per /generate_png call minus that call's own engine time
+    gradio_floor: Stats  # seconds per call of a do-nothing echo endpoint, same box, same moment: Gradio's own cost
     after_bytes: float  # bytes fetched per /generate call (median)
     before_bytes: float  # bytes fetched per /generate_png call (median)
     compiles_added: int  # XLA compilations while timing (must be 0)
@@ -273,7 +274,7 @@ def full_size(
 
     from pipeline.generator import Generator
 
-    from .serving import close_app, launch_app
+    from .serving import close_app, gradio_floor, launch_app
 
     say(f"fullsize: loading {model} at {size}x{size}, {steps} step(s), no CFG, on {devices} device(s) ...")
     real = Generator.from_pretrained(
@@ -308,6 +309,8 @@ def full_size(
     finally:
         close_app(demo)
         shutil.rmtree(downloads, ignore_errors=True)
+    floor = gradio_floor(runs)
+    say(f"fullsize: Gradio's own floor (echo endpoint via gradio_client) {floor.median * 1000:.0f} ms per call")
     stats = {name: Stats.of(values) for name, values in times.items()}
     return FullSizeResult(
         model=model,
@@ -319,6 +322,7 @@ def full_size(
         before=stats["before"],
         after_overhead=Stats.of(overheads["after"]),
         before_overhead=Stats.of(overheads["before"]),
+        gradio_floor=floor,
         after_bytes=Stats.of(fetched["after"]).median,
         before_bytes=Stats.of(fetched["before"]).median,
         compiles_added=real.compile_count - compiles_before,
@@ -367,6 +371,8 @@ def markdown(host: HostPathResult | None, full: FullSizeResult | None) -> list[s
             f"{full.before_overhead.range_text(1000, 0)} ms | {full.before_bytes / 1e6:.2f} MB |",
             f"| after: `/generate` (JPEGs) | {full.after.range_text(1, 2)} s | "
             f"{full.after_overhead.range_text(1000, 0)} ms | {full.after_bytes / 1e6:.2f} MB |",
+            f"| for scale: an echo endpoint through Gradio and gradio_client | {full.gradio_floor.range_text(1000, 0)} "
+            "ms | | |",
             "",
             f"{full.compiles_added} compilations while timing.",
             "",
