@@ -33,6 +33,8 @@ from typing import Any
 import gradio as gr
 
 from pipeline import Generator, InvalidInput, distributed
+from pipeline.delivery import Outbox
+from pipeline.images import model_name, unet_name
 from pipeline.loading import ModelLoadError
 from pipeline.loop import StopFlag, Stopped
 from pipeline.presets import PRESET_NAMES, get_preset
@@ -81,8 +83,14 @@ DEFAULT_QUEUE_SIZE = 20
 GENERATION_FAILED = "Generation failed on the server; please try again."
 #: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
 DELETE_CACHE = (300, 900)
-#: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
-KEEP_RUNS = 4
+#: Runs whose files we keep on disk until Gradio has copied them into its cache: two runs are in flight and each
+#: run's PNGs are fetched by a follow-up event just after its answer, so 16 leaves a wide margin.
+KEEP_RUNS = 16
+#: Requests in the generate event at once: one on the devices while the other does its host work (tokenizing before,
+#: writing files after); the engine's device lock keeps device calls one at a time.
+GENERATE_CONCURRENCY = 2
+#: Seconds the page's PNG event waits for a run's background PNGs before giving up on them.
+PNG_WAIT_S = 120
 #: Seed of example i (fixed, with randomize off, so a cached example shows what its inputs really produce).
 EXAMPLE_SEED_START = 1
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
@@ -127,13 +135,19 @@ def is_tiny(model: str) -> bool:
     return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
 
 
-def model_texts(model: str, on_cpu: bool) -> dict[str, str]:
-    """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0."""
+def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, str]:
+    """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0.
+
+    Models and UNet files are named as the images' `parameters` name them (Hub id or file name, never a server path).
+    """
     model = model.strip()
     if is_tiny(model):
         footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
     else:
-        footer, about = (FOOTER_PATH, "") if model == SDXL_BASE else (FOOTER_OTHER_PATH, f"Model: `{model}`")
+        footer = FOOTER_PATH if model == SDXL_BASE else FOOTER_OTHER_PATH
+        about = "" if model == SDXL_BASE else f"Model: `{model_name(model)}`"
+    if unet:
+        about = f"{about} · UNet: `{unet_name(unet)}`" if about else f"UNet: `{unet_name(unet)}`"
     notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
     return {"footer_path": str(footer), "about": about, "notice": notice}
 
@@ -164,7 +178,7 @@ def uses_cfg(generator: Any) -> bool:
 
 
 class _RunFiles:
-    """Per-run directories for the PNGs handed to the gallery; only the last KEEP_RUNS survive."""
+    """Per-run directories for the files handed to the gallery (and their PNGs); only the last KEEP_RUNS survive."""
 
     def __init__(self, keep: int = KEEP_RUNS) -> None:
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-"))
@@ -246,14 +260,21 @@ def make_generate_fn(
     styles: Mapping[str, Any],
     prompt_filter: PromptFilter | None,
     files: _RunFiles,
+    outbox: Outbox | None = None,
+    image_format: str | None = None,
     stops: _StopRequests | None = None,
 ):
-    """The function behind the Generate button, the examples and the /generate API endpoint."""
+    """The function behind the Generate button, the examples and the /generate API endpoint.
+
+    The answer's images are in `outbox`'s fast gallery format (JPEG), their PNGs written in the background;
+    `image_format="png"` answers with the PNGs themselves (the /generate_png endpoint).
+    """
     sizes = offered_sizes(generator)
     cfg = uses_cfg(generator)
     stops = stops or _StopRequests()
     default_steps = int(generator.config.steps)
     sampler_default = default_sampler(generator)
+    outbox = outbox or Outbox()
 
     def generate(
         prompt: str,
@@ -270,8 +291,9 @@ def make_generate_fn(
     ) -> tuple[list[tuple[str, str]], int, str]:
         """Generate one image per accelerator core.
 
-        Returns the images (PNG files carrying a `parameters` text chunk), the seed used and a status line.
-        Stop, `job.cancel()` or a closed page end the request at the next denoising step.
+        Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
+        /generate_png), the seed used and a status line. Stop, `job.cancel()` or a closed page end the request at
+        the next denoising step.
         """
         try:
             checked = validate_request(
@@ -313,7 +335,7 @@ def make_generate_fn(
                 progress=on_step,
                 should_stop=lambda: stop() or request_gone(),
             )
-            paths = result.save_pngs(files.new_dir(), stem=f"sdxl-{checked.seed}")
+            delivery = outbox.deliver(result.images, files.new_dir(), f"sdxl-{checked.seed}", image_format)
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, checked.seed)
             message = f"Stopped at step {stopped.done} / {stopped.total}."
@@ -326,11 +348,14 @@ def make_generate_fn(
         finally:
             stops.end(session, stop)
         elapsed = time.perf_counter() - started
+        paths = delivery.gallery
         count = len(paths)
         engine_s = float(result.timings.get("total_s", elapsed))
         logger.info(
-            "generated %d images: seed %d, style %s, guidance %g, %d steps %s, engine %.2f s, with PNGs %.2f s",
-            count, checked.seed, checked.style, checked.guidance_scale, steps, sampler, engine_s, elapsed,
+            "generated %d images: seed %d, style %s, guidance %g, %d steps %s, engine %.2f s, %s files %.0f ms, "
+            "in all %.2f s",
+            count, checked.seed, checked.style, checked.guidance_scale, steps, sampler, engine_s,
+            paths[0].suffix if paths else "no", delivery.host_s * 1000, elapsed,
         )  # fmt: skip
         plural = "s" if count != 1 else ""
         steps_text = f"{result.steps} step{'s' if result.steps != 1 else ''}, {result.sampler}"
@@ -344,6 +369,29 @@ def make_generate_fn(
         return [(str(p), c) for p, c in zip(paths, captions, strict=True)], checked.seed, status
 
     return generate
+
+
+def make_png_fn(outbox: Outbox):
+    """The page's follow-up to a new gallery: the lossless PNG (with `parameters`) of each of its images, as files.
+
+    Runs as its own event once the gallery shows, so the answer never waits for PNG encoding. Images are matched by
+    the gallery file's name (see pipeline.delivery); no path a browser sends is ever opened.
+    """
+
+    def pngs(gallery: list | None) -> dict:
+        futures = [outbox.png_for(item[0] if isinstance(item, (tuple, list)) else item) for item in gallery or []]
+        paths = []
+        for future in futures:
+            try:
+                path = future.result(timeout=PNG_WAIT_S) if future is not None else None
+            except Exception:  # a PNG that failed or timed out is left out; the JPEG still shows
+                logger.exception("a background PNG failed")
+                path = None
+            if path is not None and pathlib.Path(path).is_file():
+                paths.append(str(path))
+        return gr.update(value=paths or None, visible=bool(paths))
+
+    return pngs
 
 
 def build_demo(
@@ -360,7 +408,9 @@ def build_demo(
     config = generator.config
     count = generator.num_images
     files = _RunFiles()
-    texts = model_texts(config.model, on_cpu=str(generator.device_kind).lower() == "cpu")
+    outbox = Outbox()
+    unet = getattr(config, "unet", None)
+    texts = model_texts(config.model, on_cpu=str(generator.device_kind).lower() == "cpu", unet=unet)
     sizes = offered_sizes(generator)
     size_labels = [size_label(h, w) for h, w in sizes]
     header = _read_template(
@@ -372,7 +422,7 @@ def build_demo(
         width=config.width,
         height=config.height,
         steps=config.steps,
-        model=config.model,
+        model=model_name(config.model),
         sampler=f" · {summary}" if (summary := sampler_summary(generator)) else "",
         more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
         if len(sizes) > 1
@@ -385,7 +435,7 @@ def build_demo(
         pathlib.Path(texts["footer_path"]),
         license_url=LICENSE_URL,
         model_card_url=model_card_url(config.model) or MODEL_CARD_URL,
-        model=config.model,
+        model=model_name(config.model),
     )
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
@@ -410,7 +460,8 @@ def build_demo(
                 label="Generated images",
                 show_label=False,
                 columns=gallery_columns(count),
-                format="png",
+                format="jpeg",  # what the page shows: fast to encode, light to send; the PNGs are below
+                type="filepath",  # the PNG event reads only the file names
                 object_fit="contain",
                 height="auto",
                 preview=False,
@@ -419,6 +470,14 @@ def build_demo(
                 elem_id="gallery",
             )
             status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
+            png_api = gr.Button(visible=False, elem_id="generate-png")  # only the /generate_png endpoint uses it
+            pngs = gr.File(
+                label="Full quality: lossless PNGs with their parameters",
+                file_count="multiple",
+                interactive=False,
+                visible=False,  # shown once a gallery's PNGs are written
+                elem_id="pngs",
+            )
             with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                 with gr.Row():
                     style = gr.Dropdown(
@@ -474,7 +533,7 @@ def build_demo(
                         elem_id="sampler",
                     )
             stops = _StopRequests()
-            generate_fn = make_generate_fn(generator, styles, prompt_filter, files, stops)
+            generate_fn = make_generate_fn(generator, styles, prompt_filter, files, outbox, stops=stops)
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
             with _examples_cache(files.root / "examples"):
                 gr.Examples(
@@ -509,7 +568,7 @@ def build_demo(
             # Raw payloads go straight to pipeline.validation, so the API and the page get the same messages
             # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
             preprocess=False,
-            concurrency_limit=1,
+            concurrency_limit=GENERATE_CONCURRENCY,
             concurrency_id="generate",
             show_progress="full",
             show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
@@ -520,8 +579,29 @@ def build_demo(
 
         # Not queued: it must run while this session's generation holds the queue.
         stop.click(stop_request, inputs=None, outputs=None, queue=False, api_name=False)
+        png_api.click(
+            fn=make_generate_fn(generator, styles, prompt_filter, files, outbox, image_format="png", stops=stops),
+            inputs=inputs,
+            outputs=[gallery, seed, status],
+            api_name="generate_png",
+            api_description="The same as /generate, but the images are lossless PNGs with a `parameters` text chunk "
+            "(slower to encode and about 8x larger than /generate's JPEGs).",
+            preprocess=False,
+            concurrency_limit=GENERATE_CONCURRENCY,  # a group takes its events' lowest limit: give the same
+            concurrency_id="generate",  # shares /generate's slots
+        )
+        gallery.change(
+            fn=make_png_fn(outbox),
+            inputs=gallery,
+            outputs=pngs,
+            api_visibility="private",  # the page's own follow-up; API callers use /generate_png
+            show_progress="hidden",
+            concurrency_limit=4,  # it only waits on the background pool
+            concurrency_id="pngs",
+        )
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
+    demo.sdxl_outbox = outbox  # type: ignore[attr-defined]  # its PNG pool is stopped by close_demo()
     return demo
 
 
@@ -572,8 +652,11 @@ def launch(
 
 
 def close_demo(demo: gr.Blocks) -> None:
-    """Stop the server and remove this app's temporary PNGs."""
+    """Stop the server, its background PNG writers, and remove this app's temporary files."""
     demo.close()
+    outbox = getattr(demo, "sdxl_outbox", None)
+    if outbox is not None:
+        outbox.close()
     files = getattr(demo, "sdxl_files", None)
     if files is not None:
         files.cleanup()

@@ -5,6 +5,7 @@
     python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
+    python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -24,9 +25,10 @@ import warnings
 from pathlib import Path
 
 PARTS = (
-    "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep"
+    "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
+    "hostpath", "fullsize",
 )  # fmt: skip
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep")
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -184,6 +186,16 @@ def run(args: argparse.Namespace) -> dict:
         results["fewstep"] = base_vs_lightning(
             args.model, args.height, args.width, args.dtype, args.runs, flops=results.get("flops")
         )
+    if "hostpath" in args.parts:
+        from .fullsize import host_path
+
+        progress(f"hostpath: device pixels -> answer at 1024², synthetic pixels ({args.runs} runs) ...")
+        results["hostpath"] = host_path(runs=args.runs)
+    if "fullsize" in args.parts:
+        from .fullsize import full_size
+
+        progress("fullsize: /generate vs /generate_png at 1024² through gradio_client (tiny checkpoint) ...")
+        results["fullsize"] = full_size(model=args.model, runs=min(args.runs, 5), dtype=args.dtype)  # ~20 s a call
     results["bench_s"] = time.perf_counter() - started
     return results
 

@@ -108,14 +108,14 @@ def markdown(results: dict) -> str:
             "| | per call |",
             "|---|---|",
             f"| engine only | {_ms(sv.engine)} |",
-            f"| through the app (HTTP, queue, PNGs, download) | {_ms(sv.app)} |",
+            f"| through the app (HTTP, queue, gallery JPEGs, download) | {_ms(sv.app)} |",
             f"| … of which: the same call without downloading the images | {_ms(sv.app_no_download)} |",
-            f"| … of which: writing the PNGs (engine result -> files, in the app) | {_ms(sv.png_save)} |",
+            f"| for scale: writing the same images as PNGs (off the answer's path) | {_ms(sv.png_save)} |",
             f"| for scale: an echo endpoint through Gradio's queue and gradio_client | {_ms(sv.gradio_floor)} |",
             f"| **serving overhead** | **{sv.overhead:+.1%}** (target ≤ {sv.target_overhead:.0%}) "
             f"{_verdict(sv.meets_target)} |",
             "",
-            f"Queue size {sv.queue_size}, concurrency limit 1; {sv.compiles_added} compilations during this part.",
+            f"Queue size {sv.queue_size}, concurrency limit 2; {sv.compiles_added} compilations during this part.",
             "",
             "| clients | requests | ok | failed | rejected (queue full) | requests/s | images/s | p50 (s) | p95 (s) |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -249,6 +249,10 @@ def markdown(results: dict) -> str:
             f"{sk.rss_before_mb:.0f} → {sk.rss_after_mb:.0f} ({sk.rss_growth_mb:+.0f}) | {sk.compiles_added} |",
             "",
         ]
+    if results.get("hostpath") is not None or results.get("fullsize") is not None:
+        from .fullsize import markdown as fullsize_markdown
+
+        lines += fullsize_markdown(results.get("hostpath"), results.get("fullsize"))
     return "\n".join(lines)
 
 

@@ -47,9 +47,10 @@ class ServingResult:
     """The app's cost on top of the engine, and its behaviour under concurrency."""
 
     engine: Stats  # seconds per Generator.generate call (same arguments as the API call)
-    app: Stats  # seconds per gradio_client /generate call (HTTP, queue, PNG encoding, download)
+    app: Stats  # seconds per gradio_client /generate call (HTTP, queue, gallery JPEGs, download)
     app_no_download: Stats  # the same call from a client that does not download the images (download_files=False)
-    png_save: Stats  # seconds the app spends writing one call's PNGs (GenerationResult.save_pngs), timed apart
+    png_save: Stats  # seconds to write one call's PNGs (GenerationResult.save_pngs), timed apart: since issue 19
+    # the app writes them in the background, off the answer's path
     gradio_floor: Stats  # a do-nothing echo endpoint with the same queue, through gradio_client: Gradio's own cost
     overhead: float  # (app median - engine median) / engine median
     target_overhead: float  # the goal: overhead <= this

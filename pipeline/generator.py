@@ -324,7 +324,8 @@ class Generator:
                 guidance_scale=guidance_scale,
                 height=height,
                 width=width,
-                model=self.config.model,
+                model=self.config.model,  # named without its server path (image_io.model_name)
+                unet=self.config.unet,  # the --unet file, by file name
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,

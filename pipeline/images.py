@@ -1,12 +1,15 @@
-"""Images: uint8 pixels to PIL images and PNG files that carry how they were made.
+"""Images: uint8 pixels to PIL images and files that carry how they were made.
 
-The PNG text chunk `parameters` uses the layout most image tools read (AUTOMATIC1111's): the prompt, a
-"Negative prompt:" line, then "Key: value" settings.
+The `parameters` text uses the layout most image tools read (AUTOMATIC1111's): the prompt, a "Negative prompt:" line,
+then "Key: value" settings. PNGs carry it as a text chunk; JPEGs (the gallery's fast format) in EXIF `UserComment`,
+encoded as A1111 writes it (piexif's "unicode": the 8-byte `UNICODE\\0` prefix, then UTF-16 big-endian).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +20,38 @@ PARAMETERS_KEY = "parameters"
 #: zlib level for PNGs: 1 encodes ~1.4x faster than Pillow's default 6 for ~10% larger files (measured on
 #: 1024x1024 images); encoding 8 of them serially takes about as long as a TPU v5e call, so speed wins.
 PNG_COMPRESS_LEVEL = 1
+#: The gallery's format: JPEG encodes a 1024² image in ~4-7 ms here against ~130-200 ms for PNG or WebP (method 0:
+#: ~40 ms), at ~225 KB for a photo-like image (bench/README.md, "host path at full size").
+GALLERY_FORMAT = "jpeg"
+#: JPEG quality of gallery images: 90 with 4:2:0 chroma, as most photo tools save; not told apart at gallery size.
+JPEG_QUALITY = 90
+#: EXIF tags: the Exif sub-IFD pointer and UserComment inside it (where A1111 puts `parameters` in JPEG/WebP).
+EXIF_IFD, USER_COMMENT = 0x8769, 0x9286
+#: EXIF UserComment's character-code prefix for UTF-16 (piexif's "unicode", big-endian as piexif writes it).
+UNICODE_PREFIX = b"UNICODE\0"
+#: Bytes of UserComment that fit one JPEG APP1 segment (64 KiB less the segment's and the TIFF headers).
+MAX_EXIF_COMMENT = 65_000
+#: File name suffix per format.
+SUFFIXES = {"jpeg": ".jpg", "png": ".png"}
+
+
+def model_name(model: str) -> str:
+    """How outputs name a model: a Hub id or "tiny" as given, a local directory by its own name (never its path)."""
+    model = str(model).strip()
+    path = Path(model).expanduser()
+    if model.count("/") == 1 and not model.startswith(("/", ".", "~")) and not path.exists():
+        return model  # a Hub id: public already
+    return path.name or path.resolve().name or "local model"
+
+
+def unet_name(unet: str | None) -> str:
+    """How outputs name a `--unet` file (a local path or REPO:FILE): by its file name alone, never a server path."""
+    if not unet:
+        return ""
+    spec = str(unet).strip()
+    if not Path(spec).expanduser().is_file() and re.fullmatch(r"[\w.-]+/[\w.-]+:.+", spec):
+        spec = spec.partition(":")[2]
+    return Path(spec).name
 
 
 def describe(
@@ -32,14 +67,18 @@ def describe(
     dtype: str,
     sampler: str = "Euler",
     spacing: str | None = None,
+    unet: str | None = None,
 ) -> str:
-    """The `parameters` text of one image."""
+    """The `parameters` text of one image; `model` and `unet` are named as `model_name`/`unet_name` say (no paths)."""
     lines = [prompt]
     if negative_prompt:
         lines.append(f"Negative prompt: {negative_prompt}")
     lines.append(
         f"Steps: {steps}, Sampler: {sampler}, CFG scale: {guidance_scale:g}, Seed: {seed}, Size: {width}x{height}, "
-        f"Model: {model}, Dtype: {dtype}" + (f", Timestep spacing: {spacing}" if spacing else "")
+        f"Model: {model_name(model)}"
+        + (f", UNet: {unet_name(unet)}" if unet else "")
+        + f", Dtype: {dtype}"
+        + (f", Timestep spacing: {spacing}" if spacing else "")
     )
     return "\n".join(lines)
 
@@ -54,8 +93,33 @@ def to_pil(pixels: np.ndarray, parameters: list[str]) -> list[Image.Image]:
     return images
 
 
+def exif_with_parameters(text: str) -> bytes:
+    """EXIF bytes holding `text` in UserComment (type UNDEFINED), as A1111 (piexif) writes it for JPEG and WebP.
+
+    Written by hand: Pillow's Exif would store the comment as BYTE, which piexif (and so A1111) cannot read back.
+    Big-endian TIFF: IFD0 with one pointer to the Exif IFD, which holds one entry, UserComment, then its bytes.
+    """
+    comment = UNICODE_PREFIX + text.encode("utf-16-be")
+    comment = comment[: MAX_EXIF_COMMENT - MAX_EXIF_COMMENT % 2]  # one JPEG APP1 segment holds at most 64 KiB
+    sub_ifd = 8 + 2 + 12 + 4  # header, IFD0's entry count, its one entry, its next-IFD offset
+    data = sub_ifd + 2 + 12 + 4
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8)
+    tiff += struct.pack(">HHHII", 1, EXIF_IFD, 4, 1, sub_ifd) + struct.pack(">I", 0)  # LONG: offset of the Exif IFD
+    tiff += struct.pack(">HHHII", 1, USER_COMMENT, 7, len(comment), data) + struct.pack(">I", 0)  # UNDEFINED
+    return b"Exif\x00\x00" + tiff + comment
+
+
+def save_jpeg(image: Image.Image, path: str | Path, quality: int = JPEG_QUALITY) -> Path:
+    """Write `image` as JPEG with its `parameters` in EXIF UserComment (fast: the gallery's format)."""
+    path = Path(path)
+    text = image.info.get(PARAMETERS_KEY)
+    exif = exif_with_parameters(text) if text else b""
+    image.save(path, format="JPEG", quality=quality, exif=exif)
+    return path
+
+
 def save_png(image: Image.Image, path: str | Path) -> Path:
-    """Write `image` as PNG with its `parameters` text chunk."""
+    """Write `image` as PNG with its `parameters` text chunk (lossless: the full-quality download)."""
     info = PngImagePlugin.PngInfo()
     if PARAMETERS_KEY in image.info:
         info.add_text(PARAMETERS_KEY, image.info[PARAMETERS_KEY])
@@ -64,15 +128,45 @@ def save_png(image: Image.Image, path: str | Path) -> Path:
     return path
 
 
-def save_pngs(images: list[Image.Image], directory: str | Path, stem: str = "image") -> list[Path]:
-    """Write images as `<stem>-00.png`, `<stem>-01.png`, ...: sorting the names gives image order.
+SAVERS = {"jpeg": save_jpeg, "png": save_png}
 
-    Encoded in parallel threads (zlib releases the GIL): one image per core comes back at once.
+
+def read_parameters(path: str | Path) -> str:
+    """The `parameters` text of a PNG (text chunk) or JPEG/WebP (EXIF UserComment); "" when there is none."""
+    with Image.open(path) as image:
+        if PARAMETERS_KEY in image.info:
+            return str(image.info[PARAMETERS_KEY])
+        comment = image.getexif().get_ifd(EXIF_IFD).get(USER_COMMENT, b"")
+    if isinstance(comment, str):
+        return comment
+    if comment.startswith(UNICODE_PREFIX):
+        return comment[len(UNICODE_PREFIX) :].decode("utf-16-be", errors="replace")
+    return comment[8:].decode("utf-8", errors="replace") if comment[:8] == b"ASCII\0\0\0" else ""
+
+
+def image_paths(count: int, directory: str | Path, stem: str, image_format: str) -> list[Path]:
+    """`<stem>-00<suffix>`, `<stem>-01<suffix>`, ...: sorting the names gives image order."""
+    width = max(2, len(str(count - 1)))
+    return [Path(directory) / f"{stem}-{i:0{width}d}{SUFFIXES[image_format]}" for i in range(count)]
+
+
+def save_images(
+    images: list[Image.Image], directory: str | Path, stem: str = "image", image_format: str = "png"
+) -> list[Path]:
+    """Write images in `image_format` ("png" or "jpeg") with their `parameters`, one thread per core.
+
+    Both encoders release the GIL, so one image per core comes back at once.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    width = max(2, len(str(len(images) - 1)))
-    paths = [directory / f"{stem}-{i:0{width}d}.png" for i in range(len(images))]
+    paths = image_paths(len(images), directory, stem, image_format)
     workers = max(1, min(len(images), os.cpu_count() or 1))
+    if workers == 1:
+        return [SAVERS[image_format](image, path) for image, path in zip(images, paths, strict=True)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(save_png, images, paths))
+        return list(pool.map(SAVERS[image_format], images, paths))
+
+
+def save_pngs(images: list[Image.Image], directory: str | Path, stem: str = "image") -> list[Path]:
+    """Write images as `<stem>-00.png`, `<stem>-01.png`, ... with their `parameters` text chunks."""
+    return save_images(images, directory, stem, "png")

@@ -20,6 +20,7 @@ from gradio_client.utils import QueueError
 from PIL import Image
 
 import app
+from pipeline.images import read_parameters
 from pipeline.styles import apply_style, load_examples, load_styles
 from pipeline.validation import InvalidInput, validate_request
 
@@ -48,9 +49,10 @@ def images_of(gallery) -> list[pathlib.Path]:
 
 
 def parameters_of(path: pathlib.Path) -> str:
+    """The `parameters` of a gallery image: /generate answers JPEGs carrying it in EXIF UserComment (as A1111)."""
     with Image.open(path) as image:
-        assert image.format == "PNG"
-        return image.info["parameters"]
+        assert image.format == "JPEG"
+    return read_parameters(path)
 
 
 def pixels_of(path: pathlib.Path) -> np.ndarray:
@@ -72,7 +74,7 @@ def test_generate_with_prompt_only(client, generator):
     assert isinstance(seed, int) and 0 <= seed <= 2**32 - 1
     assert status.startswith("8 images in ") and status.endswith(f"· seed {seed}")
     for i, path in enumerate(paths):
-        text = parameters_of(path)  # downloaded through the API: Gradio kept the engine's PNG text chunk
+        text = parameters_of(path)  # downloaded through the API: Gradio kept the JPEG's EXIF
         assert text.startswith(PROMPT)
         assert f"Seed: {(seed + i) % 2**32}," in text
         assert "Size: 64x64" in text

@@ -19,6 +19,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
+from pipeline.images import read_parameters
 from pipeline.sizes import size_label
 
 CHROMIUM = "/usr/bin/chromium"
@@ -79,8 +80,7 @@ def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
     assert [index for index, _, _ in seen] == sorted(index for index, _, _ in seen)
     assert {size_of(item) for item in gallery} == {(224, 128)}
     assert gallery[0]["caption"] == "seed 5 · 224×128" and "224×128" in status
-    with Image.open(gallery[0]["image"]) as image:
-        assert "Size: 224x128" in image.info["parameters"]
+    assert "Size: 224x128" in read_parameters(gallery[0]["image"])
     # The default (the first offered size) and the "WxH" spelling work too; anything else is refused in one line.
     gallery, _, _ = client.predict(prompt="a lighthouse", api_name="/generate")
     assert {size_of(item) for item in gallery} == {(64, 64)}
