@@ -193,12 +193,12 @@ def test_cli_and_app_flags_apply_a_preset():
 
     assert cli("--preset", "lightning-2step") == {
         "model": SDXL_BASE, "unet": "ByteDance/SDXL-Lightning:sdxl_lightning_2step_unet.safetensors", "steps": 2,
-        "sampler": "euler", "timestep_spacing": "trailing", "cfg": False, "guidance_scale": 0.0,
+        "sampler": "Euler", "timestep_spacing": "trailing", "cfg": False, "guidance_scale": 0.0,
         "preset": "lightning-2step", "height": 1024, "width": 1024,
     }  # fmt: skip
     on_tiny = cli("--preset", "turbo", "--model", "tiny", "--guidance-scale", "2")
     assert (on_tiny["steps"], on_tiny["height"], on_tiny["sampler"], on_tiny["guidance_scale"]) == (
-        1, 128, "euler_ancestral", 2.0,
+        1, 128, "Euler a", 2.0,
     )  # fmt: skip
     assert "unet" not in on_tiny and "variant" not in on_tiny
     plain = cli("--model", "tiny", "--no-cfg", "--timestep-spacing", "linspace", "--steps-offset", "0")
@@ -210,7 +210,7 @@ def test_cli_and_app_flags_apply_a_preset():
         "stabilityai/sdxl-turbo", "fp16", None, 512, 1, False,
     )  # fmt: skip
     args = app.parse_args(["--preset", "lightning-4step", "--model", "tiny", "--sampler", "euler_ancestral"])
-    assert (args.unet, args.steps, args.sampler, args.cfg, args.height) == (None, 4, "euler_ancestral", False, 128)
+    assert (args.unet, args.steps, args.sampler, args.cfg, args.height) == (None, 4, "Euler a", False, 128)
     assert len(args.sizes) == 3  # the tiny model's offered sizes, as without a preset
 
 
@@ -324,7 +324,9 @@ def lightning(tiny_dir):
 
 def test_guidance_free_program_compiles_once_and_never_again(lightning):
     assert lightning.sampler.cfg is False and lightning.sampler.timestep_spacing == "trailing"
-    assert len(lightning._compiled) == 1 and lightning.compile_count >= 1  # built at start-up (warm-up)
+    keys = lightning.program_keys()
+    assert all(key.cfg is False for key in keys if key.cfg is not None)  # only guidance-free programs are served
+    assert all(lightning.programs.is_compiled(key) for key in keys) and lightning.compile_count >= len(keys)
     before = lightning.compile_count
     first = lightning.generate(PROMPT, seed=3, guidance_scale=0.0)
     for i, guidance in enumerate((1.0, 7.5, 20.0)):
@@ -332,7 +334,7 @@ def test_guidance_free_program_compiles_once_and_never_again(lightning):
         assert result.negative_prompt == "" and "CFG scale: 0," in result.parameters[0]
     again = lightning.generate(PROMPT, negative_prompt="anything", seed=3, guidance_scale=12.0)
     assert np.array_equal(_pixels(first), _pixels(again))  # negative prompt and guidance are ignored
-    assert lightning.compile_count == before and len(lightning._compiled) == 1
+    assert lightning.compile_count == before
     text = first.parameters[0]
     assert "Steps: 2, Sampler: Euler," in text and text.endswith("Timestep spacing: trailing")
 
