@@ -13,8 +13,7 @@ import logging
 import sys
 import time
 
-from .convert import CheckpointError
-from .loading import ModelLoadError
+from .errors import CheckpointError, ModelLoadError
 from .presets import PRESET_NAMES
 from .runtime import quiet_start, use_cpu_cores
 from .samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS

@@ -30,7 +30,7 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
 
-from .loading import ModelLoadError
+from .errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,6 @@ _SAFETENSORS_DTYPES = {
 }  # fmt: skip
 _MANIFEST = "manifest.json"
 _PARAMS_FILE = "params.safetensors"
-
-
-class CheckpointError(ModelLoadError):
-    """The checkpoint's files are there but cannot be mapped onto SDXL's modules (bad input: the CLI exits 2)."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from .validation import InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
+from .validation import STYLED_MAX_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
 
@@ -367,8 +367,6 @@ class _Leader:
         progress=None,
     ):
         """Publish, then run; `progress` stays on process 0 (the followers run the same program, unobserved)."""
-        from .generator import STYLED_MAX_CHARS  # the engine's own limits: a request it would refuse is never sent
-
         generator = self._generator
         height, width = size or generator.sizes[0]
         check_shape(height, width, generator.config.steps, generator.supported_shapes())

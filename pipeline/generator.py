@@ -35,13 +35,11 @@ from .samplers import SamplerConfig, read_scheduler_config
 from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import DATA_AXIS, batch_sharded, data_mesh, replicate_tree
 from .text import dropped_text, summarize_dropped, tokenize
-from .validation import MAX_PROMPT_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
+from .validation import STYLED_MAX_CHARS, InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
 
 SEED_MODULUS = 2**32
-#: The engine takes prompts after a style template was applied, which adds a few hundred characters.
-STYLED_MAX_CHARS = 2 * MAX_PROMPT_CHARS
 
 
 @dataclass(frozen=True)

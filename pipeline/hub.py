@@ -53,7 +53,7 @@ def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | N
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from .loading import ModelLoadError
+    from .errors import ModelLoadError
 
     if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
         return repo_id

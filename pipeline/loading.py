@@ -21,6 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .errors import CheckpointError, ModelLoadError
 from .settings import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,6 @@ def quiet_diffusers_deprecation() -> None:
     for handler in handlers:  # records from the libraries' child loggers reach these handlers
         if not any(isinstance(f, _FlaxDeprecationFilter) for f in handler.filters):
             handler.addFilter(_FlaxDeprecationFilter())
-
-
-class ModelLoadError(RuntimeError):
-    """The checkpoint could not be loaded; the message names the problem and what to do, in one line."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +278,6 @@ def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | No
 
 def resolve_unet_file(spec: str) -> Path:
     """`--unet`: a local .safetensors path, or REPO:FILE on the Hub (as SDXL-Lightning ships its UNets)."""
-    from .convert import CheckpointError
-
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix != ".safetensors":
@@ -317,7 +312,7 @@ def load_per_component(
     from flax.serialization import msgpack_restore
     from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
-    from .convert import CheckpointError, load_converted, pytorch_weight_files
+    from .convert import load_converted, pytorch_weight_files
 
     started = time.perf_counter()
     jax_dtype = getattr(jnp, dtype)
