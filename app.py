@@ -33,12 +33,12 @@ from typing import Any
 import gradio as gr
 
 from pipeline import Generator, InvalidInput, distributed
-from pipeline.loading import ModelLoadError
-from pipeline.presets import PRESET_NAMES, get_preset
+from pipeline.errors import ModelLoadError
+from pipeline.options import APP, DEFAULT_QUEUE_SIZE, add_options, check_env_choices
+from pipeline.presets import get_preset
 from pipeline.presets import resolve as resolve_preset
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
-from pipeline.samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
-from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL, shape_defaults
+from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.tiny import COMPLETE_MARKER
@@ -66,7 +66,6 @@ LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/b
 PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
 JAX_URL = "https://github.com/jax-ml/jax"
 DEFAULT_GUIDANCE = 5.0
-DEFAULT_QUEUE_SIZE = 20
 GENERATION_FAILED = "Generation failed on the server; please try again."
 #: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
 DELETE_CACHE = (300, 900)
@@ -474,141 +473,25 @@ def close_demo(demo: gr.Blocks) -> None:
 # Command line
 
 
-def _env(name: str, default: object = None) -> object:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The app's options (pipeline/options.py's table), checked, with the preset's and the model's defaults filled."""
     parser = argparse.ArgumentParser(
         prog="app.py",
         description="Serve Stable Diffusion XL with JAX in a Gradio web app. "
         "Each option can also be set by the environment variable in brackets; the flag wins.",
     )
-    add = parser.add_argument
-    add(
-        "--model",
-        default=_env("SDXL_MODEL"),
-        help=f"Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny' [SDXL_MODEL; {SDXL_BASE}]",
-    )
-    add("--variant", default=_env("SDXL_VARIANT"), help="PyTorch weight variant, e.g. fp16 [SDXL_VARIANT]")
-    add("--unet", default=_env("SDXL_UNET"), help="whole-UNet .safetensors, PATH or REPO:FILE [SDXL_UNET]")
-    add(
-        "--host",
-        default=_env("GRADIO_SERVER_NAME", "127.0.0.1"),
-        help="interface to bind; 0.0.0.0 to accept remote connections [GRADIO_SERVER_NAME; default 127.0.0.1]",
-    )
-    add("--port", type=int, default=_env("GRADIO_SERVER_PORT", 7860), help="port [GRADIO_SERVER_PORT; default 7860]")
-    add(
-        "--height",
-        type=int,
-        default=_env("SDXL_HEIGHT"),
-        help="image height in pixels, multiple of 32 [SDXL_HEIGHT; default 1024, 128 for tiny]",
-    )
-    add(
-        "--width",
-        type=int,
-        default=_env("SDXL_WIDTH"),
-        help="image width in pixels, multiple of 32 [SDXL_WIDTH; default 1024, 128 for tiny]",
-    )
-    add("--steps", type=int, default=_env("SDXL_STEPS"), help="denoising steps [SDXL_STEPS; default 25, 4 for tiny]")
-    add(
-        "--sizes",
-        metavar="WxH,WxH,...",
-        default=_env("SDXL_SIZES"),
-        help="offered sizes, each compiled at start-up, the first the default; 'sdxl' = SDXL's 9 trained sizes "
-        "[SDXL_SIZES; default 1024x1024,1344x768,768x1344, the same ratios at ~128 px for tiny; --height/--width "
-        "alone: that one size]",
-    )
-    add(
-        "--no-progress",
-        action="store_true",
-        default=str(_env("SDXL_NO_PROGRESS", "")).lower() in ("1", "true", "yes"),
-        help="no live step progress: the compiled program has no per-step host callback [SDXL_NO_PROGRESS]",
-    )
-    add(
-        "--dtype",
-        choices=["bfloat16", "float32"],
-        default=_env("SDXL_DTYPE"),
-        help="network dtype [SDXL_DTYPE; default bfloat16 on TPU/GPU, float32 on CPU]",
-    )
-    add(
-        "--attention",
-        choices=ATTENTIONS,
-        default=_env("SDXL_ATTENTION", "auto"),
-        help="UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere [SDXL_ATTENTION; auto]",
-    )
-    add(
-        "--queue-size",
-        type=int,
-        default=_env("SDXL_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
-        help=f"requests that may wait; more are turned away as busy [SDXL_QUEUE_SIZE; default {DEFAULT_QUEUE_SIZE}]",
-    )
-    add(
-        "--per-device-batch",
-        type=int,
-        default=_env("SDXL_PER_DEVICE_BATCH", 1),
-        help="images per device per request [SDXL_PER_DEVICE_BATCH; default 1]",
-    )
-    add(
-        "--prompt-filter",
-        metavar="FILE",
-        default=_env("SDXL_PROMPT_FILTER"),
-        help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
-    )
-    add(
-        "--preset",
-        choices=PRESET_NAMES,
-        default=_env("SDXL_PRESET"),
-        help="few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, size; "
-        "flags override it; with --model tiny only its sampler settings [SDXL_PRESET]",
-    )
-    add("--sampler", choices=SAMPLERS, default=_env("SDXL_SAMPLER"), help="default: the checkpoint's [SDXL_SAMPLER]")
-    add(
-        "--timestep-spacing",
-        choices=SPACINGS,
-        default=_env("SDXL_TIMESTEP_SPACING"),
-        help="default: the checkpoint's [SDXL_TIMESTEP_SPACING]",
-    )
-    add("--steps-offset", type=int, default=_env("SDXL_STEPS_OFFSET"), help="default: the checkpoint's")
-    add("--prediction-type", choices=PREDICTION_TYPES, default=_env("SDXL_PREDICTION_TYPE"), help="default: checkpoint")
-    add(
-        "--no-cfg",
-        action="store_true",
-        default=str(_env("SDXL_NO_CFG", "")).lower() in ("1", "true", "yes"),
-        help="guidance-free program: the UNet runs on the prompt only; guidance, negative prompt hidden [SDXL_NO_CFG]",
-    )
-    add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
-    add(
-        "--auth",
-        action="append",
-        metavar="USER:PASSWORD",
-        default=[],
-        help="require this login (repeat for more users) [SDXL_AUTH: one USER:PASSWORD]",
-    )
-    add(
-        "--auth-file",
-        metavar="FILE",
-        default=_env("SDXL_AUTH_FILE"),
-        help="require a login from this file, one USER:PASSWORD a line [SDXL_AUTH_FILE]",
-    )
-    add(
-        "--cpu-devices",
-        type=int,
-        default=_env("SDXL_CPU_DEVICES"),
-        help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
-        "[SDXL_CPU_DEVICES; default one per core]",
-    )
-    distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
+    add_options(parser, APP)
     args = parser.parse_args(argv)
+    check_env_choices(parser, args, APP)
     try:
-        args.auth = read_auth(args.auth or [_env("SDXL_AUTH")], args.auth_file)
+        args.auth = read_auth(args.auth or [os.environ.get("SDXL_AUTH")], args.auth_file)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    if args.queue_size < 1:
-        parser.error("--queue-size must be at least 1")
-    if not 0 < args.port < 65536:
-        parser.error("--port must be between 1 and 65535")
+    if args.sizes and (args.height is not None or args.width is not None):
+        parser.error(
+            "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
+            "lists every offered size, the first the default; --height/--width alone offer that one size"
+        )
     one_size = args.height is not None or args.width is not None
     args.cfg = False if args.no_cfg else None
     if args.preset:  # the preset's settings where no flag gave one
@@ -673,6 +556,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         attention=args.attention,
+        compilation_cache=not getattr(args, "no_compilation_cache", False),
         variant=args.variant,
         unet=args.unet,
         sizes=sizes or None,

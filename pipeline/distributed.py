@@ -45,12 +45,6 @@ logger = logging.getLogger(__name__)
 #: Exit status of a process that gave up on the cluster (a peer died, never joined, or a call overran).
 EXIT_CLUSTER_FAILED = 4
 
-ENV_DISTRIBUTED = "SDXL_DISTRIBUTED"
-ENV_COORDINATOR = "SDXL_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "SDXL_NUM_PROCESSES"
-ENV_PROCESS_ID = "SDXL_PROCESS_ID"
-ENV_TIMEOUT = "SDXL_CLUSTER_TIMEOUT"
-ENV_HEARTBEAT = "SDXL_HEARTBEAT_TIMEOUT"
 
 _REQUEST_KEY = "sdxl/request/{}"
 _HEARTBEAT_KEY = "sdxl/heartbeat/{}"
@@ -75,46 +69,8 @@ class ClusterOptions:
         return self.coordinator_address is not None
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The multi-host flags, shared by app.py and the CLI; each falls back to its environment variable."""
-    group = parser.add_argument_group("multi-host (jax.distributed)")
-    add = group.add_argument
-    add(
-        "--distributed",
-        action="store_true",
-        default=(_env(ENV_DISTRIBUTED) or "0").lower() in ("1", "true", "yes"),
-        help="join a multi-host run detected by JAX (Cloud TPU slice, SLURM, Open MPI); automatic where the "
-        f"environment names several processes [{ENV_DISTRIBUTED}=1]",
-    )
-    add(
-        "--coordinator-address",
-        metavar="HOST:PORT",
-        default=_env(ENV_COORDINATOR),
-        help=f"address of process 0, reachable from every process [{ENV_COORDINATOR}]",
-    )
-    add("--num-processes", type=int, default=_env(ENV_NUM_PROCESSES), help=f"[{ENV_NUM_PROCESSES}]")
-    add("--process-id", type=int, default=_env(ENV_PROCESS_ID), help=f"0 serves the page [{ENV_PROCESS_ID}]")
-    add(
-        "--cluster-timeout",
-        type=float,
-        default=float(_env(ENV_TIMEOUT) or 300),
-        help=f"seconds for all processes to join, and per request [{ENV_TIMEOUT}; default 300]",
-    )
-    add(
-        "--heartbeat-timeout",
-        type=float,
-        default=float(_env(ENV_HEARTBEAT) or 30),
-        help=f"seconds of silence after which a process is taken for dead [{ENV_HEARTBEAT}; default 30]",
-    )
-
-
 def options_from_args(args: argparse.Namespace) -> ClusterOptions:
-    """Check the multi-host flags (all three explicit ones, or none of them)."""
+    """Check the multi-host flags (all three explicit ones, or none of them); pipeline/options.py defines them."""
     explicit = (args.coordinator_address, args.num_processes, args.process_id)
     if any(v is not None for v in explicit) and any(v is None for v in explicit):
         raise InvalidInput("--coordinator-address, --num-processes and --process-id go together; give all three.")
