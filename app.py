@@ -16,12 +16,14 @@ import argparse
 import collections
 import contextlib
 import contextvars
+import errno
 import logging
 import math
 import os
 import pathlib
 import shutil
 import signal
+import socket
 import string
 import sys
 import tempfile
@@ -53,25 +55,29 @@ HEADER_PATH = ASSETS / "header.md"
 FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
 FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model
 FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own card and licence apply
-#: Said at start-up and on the page when a real model runs on JAX's CPU backend (e.g. a GPU Space with CPU JAX).
+#: Logged at start-up (for whoever runs the server) when a real model runs on JAX's CPU backend.
 CPU_NOTICE = (
     "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
     'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy as a Hugging Face Space").'
 )
+
+#: What visitors see instead: short, nothing for them to install.
+CPU_VISITOR_NOTICE = "Running on a CPU: each request takes many minutes."
 
 TITLE = "Stable Diffusion XL on JAX"
 MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
 LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/blob/main/LICENSE.md"
 #: Link to the project's source shown in the header (omitted when empty); SDXL_PROJECT_URL overrides it.
 PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
-JAX_URL = "https://github.com/jax-ml/jax"
 DEFAULT_GUIDANCE = 5.0
 GENERATION_FAILED = "Generation failed on the server; please try again."
-#: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
+#: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
+#: while the app runs it is swept every 5 min and files older than 15 min are removed.
 DELETE_CACHE = (300, 900)
 #: Runs whose PNGs we keep on disk until Gradio has copied them into its cache (only one run is in flight).
 KEEP_RUNS = 4
-#: Seed of example i (fixed, with randomize off, so a cached example shows what its inputs really produce).
+#: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
+#: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
 NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
@@ -122,21 +128,21 @@ def model_texts(model: str, on_cpu: bool) -> dict[str, str]:
         footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
     else:
         footer, about = (FOOTER_PATH, "") if model == SDXL_BASE else (FOOTER_OTHER_PATH, f"Model: `{model}`")
-    notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
+    notice = CPU_VISITOR_NOTICE if on_cpu and not is_tiny(model) else ""
     return {"footer_path": str(footer), "about": about, "notice": notice}
 
 
 def header_links(model: str = SDXL_BASE) -> str:
-    """Markdown links under the title: model card, JAX, and the project's source when PROJECT_URL is set."""
+    """Markdown links under the title: the model card and the project's source when PROJECT_URL is set ("" if none)."""
     card = model_card_url(model)
-    links = ([f"[Model card]({card})"] if card else []) + [f"[JAX]({JAX_URL})"]
+    links = [f"[Model card]({card})"] if card else []
     if PROJECT_URL:
         links.append(f"[Source code]({PROJECT_URL})")
     return " · ".join(links)
 
 
 def sampler_summary(generator: Any) -> str:
-    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the header."""
+    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the log and the advanced settings."""
     sampler = getattr(generator, "sampler", None)
     if sampler is None:
         return ""
@@ -152,10 +158,19 @@ def uses_cfg(generator: Any) -> bool:
 
 
 class _RunFiles:
-    """Per-run directories for the PNGs handed to the gallery; only the last KEEP_RUNS survive."""
+    """The app's temporary folder: per-run directories for the PNGs handed to the gallery (only the last KEEP_RUNS
+    survive) and Gradio's cache of what it served (`gradio/`, see `_gradio_cache`); all removed by `cleanup()`.
+
+    It is made inside GRADIO_TEMP_DIR when that is set (where the operator wants Gradio's files), else the system's
+    temporary directory, so generations never pile up in a cache shared by every Gradio app on the host.
+    """
 
     def __init__(self, keep: int = KEEP_RUNS) -> None:
-        self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-"))
+        base = os.environ.get("GRADIO_TEMP_DIR") or None
+        if base:
+            pathlib.Path(base).mkdir(parents=True, exist_ok=True)
+        self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-", dir=base))
+        self.gradio_cache = self.root / "gradio"
         self._runs: collections.deque[pathlib.Path] = collections.deque()
         self._keep = keep
         self._count = 0
@@ -253,7 +268,8 @@ def make_generate_fn(
         )  # fmt: skip
         plural = "s" if count != 1 else ""
         status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · seed {request.seed}"
-        if not cfg and (request.negative_prompt or request.guidance_scale > 1):  # only an API caller can send them
+        # Only an API caller can send them; gradio_client sends the page's defaults unasked, so only say it for others.
+        if not cfg and (request.negative_prompt or request.guidance_scale != DEFAULT_GUIDANCE):
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
@@ -291,10 +307,7 @@ def build_demo(
         height=config.height,
         steps=config.steps,
         model=config.model,
-        sampler=f" · {summary}" if (summary := sampler_summary(generator)) else "",
-        more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
-        if len(sizes) > 1
-        else "",
+        more_sizes=f" (or {len(sizes) - 1} other size{'s' if len(sizes) > 2 else ''})" if len(sizes) > 1 else "",
         about=texts["about"],
         notice=texts["notice"],
         links=header_links(config.model),
@@ -306,7 +319,7 @@ def build_demo(
         model=config.model,
     )
 
-    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+    with _gradio_cache(files), gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         with gr.Column(elem_id="app"):
             gr.Markdown(header, elem_id="header")
             with gr.Row(elem_id="prompt-row", equal_height=True):
@@ -373,27 +386,35 @@ def build_demo(
                     allow_custom_value=False,
                     elem_id="aspect",
                 )
+                if summary := sampler_summary(generator):  # fixed at start-up; jargon, so not in the header
+                    gr.Markdown(f"Sampler: {summary} · {config.steps} steps", elem_id="server-settings")
             generate_fn = make_generate_fn(generator, styles, prompt_filter, files)
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect]
-            with _examples_cache(files.root / "examples"):
-                gr.Examples(
-                    # Each example fills every input (fixed seed, randomize off): its cached images are honest.
-                    examples=[
-                        [text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0]]
-                        for i, text in enumerate(examples)
-                    ],
-                    example_labels=list(examples),
-                    inputs=inputs,
-                    outputs=[gallery, seed, status],
-                    fn=generate_fn,
-                    cache_examples=True,
-                    cache_mode="lazy",  # computed on first click, so start-up is not slowed
-                    preprocess=False,  # the same raw payloads and validation as the Generate button
-                    label="Examples",
-                    elem_id="examples",
-                )
+            example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
+
+            def generate_example(text, negative_text, style_name, scale, ratio, progress=gr.Progress()):  # noqa: B008
+                """An example with its fixed seed (shown in the seed box); "Randomize seed" stays as it was."""
+                seed_value = example_seeds.get(text, EXAMPLE_SEED_START)
+                return generate_fn(text, negative_text, style_name, scale, seed_value, False, ratio, progress)
+
+            gr.Examples(
+                # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
+                examples=[[text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, size_labels[0]] for text in examples],
+                example_labels=list(examples),
+                inputs=[prompt, negative, style, guidance, aspect],
+                outputs=[gallery, seed, status],
+                fn=generate_example,
+                cache_examples=True,
+                cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                preprocess=False,  # the same raw payloads and validation as the Generate button
+                label="Examples",
+                elem_id="examples",
+            )
             gr.Markdown(footer, elem_id="footer")
 
+        # A new request clears the last one's status line at once (in the browser), so a refused request never
+        # leaves an older request's "8 images in ..." under its error.
+        gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
         gr.on(
             triggers=[run.click, prompt.submit],
             fn=generate_fn,
@@ -416,18 +437,21 @@ def build_demo(
 
 
 @contextlib.contextmanager
-def _examples_cache(directory: pathlib.Path):
-    """Keep this app's cached examples in its own temporary folder (Gradio reads GRADIO_EXAMPLES_CACHE when building
-    gr.Examples), so a restart with another model or size never shows images cached by a previous one."""
-    previous = os.environ.get("GRADIO_EXAMPLES_CACHE")
-    os.environ["GRADIO_EXAMPLES_CACHE"] = str(directory)
+def _gradio_cache(files: _RunFiles):
+    """Point Gradio's cache (GRADIO_TEMP_DIR: served files; GRADIO_EXAMPLES_CACHE: cached examples) into this app's
+    temporary folder while the page is built and launched (Gradio reads both then), so every image a visitor saw goes
+    when the app stops, and a restart with another model or size never shows images cached by a previous one."""
+    values = {"GRADIO_TEMP_DIR": str(files.gradio_cache), "GRADIO_EXAMPLES_CACHE": str(files.root / "examples")}
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("GRADIO_EXAMPLES_CACHE", None)
-        else:
-            os.environ["GRADIO_EXAMPLES_CACHE"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def theme() -> gr.themes.Base:
@@ -446,8 +470,16 @@ def launch(
     auth: Sequence[tuple[str, str]] | None = None,
 ) -> gr.Blocks:
     """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
+    files = getattr(demo, "sdxl_files", None)
+    with _gradio_cache(files) if files is not None else contextlib.nullcontext():
+        _launch(demo, host, port, share, prevent_thread_lock, quiet, auth)
+    return demo
+
+
+def _launch(demo, host, port, share, prevent_thread_lock, quiet, auth) -> None:
     demo.launch(
         auth=list(auth) if auth else None,
+        auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
         server_name=host,
         server_port=port,
         share=share,
@@ -458,7 +490,6 @@ def launch(
         css_paths=[CSS_PATH],
         ssr_mode=False,
     )
-    return demo
 
 
 def close_demo(demo: gr.Blocks) -> None:
@@ -586,11 +617,79 @@ def load_generator(args: argparse.Namespace) -> Generator:
     return generator
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why the page could not be served on host:port (in use, or no such interface), checked before minutes of
+    loading and compiling; None when it is free. Binds the way uvicorn does (SO_REUSEADDR), then lets go."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: not an address of this machine ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use (another server?); pass --port with a free one"
+            return f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     args = parse_args(argv)
+    serves = args.process_id in (None, 0)  # process 0 (or the only one) serves the page; the others follow
+    if serves and (problem := port_problem(args.host, args.port)):
+        print(f"app.py: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        outcome = _start(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or compiling: one line, not the libraries' traceback
+        print("app.py: stopped during start-up", file=sys.stderr, flush=True)
+        return 130
+    if isinstance(outcome, int):
+        return outcome
+    demo, cluster, started = outcome
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        launch(
+            demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True,
+            auth=args.auth,
+        )  # fmt: skip
+    except OSError as exc:  # the port was taken while the model loaded
+        close_demo(demo)
+        cluster.stop()
+        print(f"app.py: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    if args.auth:
+        logger.info("login required: %d user(s)", len(args.auth))
+    logger.info("web UI up in %.2f s", time.perf_counter() - started)
+    print(f"Running on {demo.local_url}", flush=True)
+    if demo.share_url:
+        print(f"Public link: {demo.share_url}", flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        close_demo(demo)
+        cluster.stop()  # STOP to the followers (a no-op on one process)
+        logger.info("stopped")
+    return 0
+
+
+def _start(args: argparse.Namespace):
+    """Everything before the page opens: load, compile, warm up, build the page. An exit status on failure (or on a
+    follower, when it is done), else (demo, cluster, started)."""
     use_cpu_cores(args.cpu_devices)  # before anything imports JAX; app.py itself never does
     quiet_start()
     try:
@@ -611,34 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cluster.is_leader:
         return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
     generator = cluster.lead(generator)
-
     started = time.perf_counter()
     demo = build_demo(
         generator, styles=styles, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size
     )
-    stop = threading.Event()
-
-    def request_stop(signum, _frame):
-        logger.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True, auth=args.auth)
-    if args.auth:
-        logger.info("login required: %d user(s)", len(args.auth))
-    logger.info("web UI up in %.2f s", time.perf_counter() - started)
-    print(f"Running on {demo.local_url}", flush=True)
-    if demo.share_url:
-        print(f"Public link: {demo.share_url}", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        close_demo(demo)
-        cluster.stop()  # STOP to the followers (a no-op on one process)
-        logger.info("stopped")
-    return 0
+    return demo, cluster, started
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from .validation import InvalidInput
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOAD_FAILED
+    except KeyboardInterrupt:  # Ctrl-C while loading or compiling: one line, not the libraries' traceback
+        print("stopped", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
