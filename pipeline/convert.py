@@ -89,6 +89,18 @@ def pytorch_weight_files(component_dir: Path, component: str, variant: str | Non
     return None
 
 
+def weight_variants(component_dir: Path, component: str) -> list[str]:
+    """Variants a component's safetensors come in, e.g. ["fp16"] for `<stem>.fp16.safetensors` (or its shards)."""
+    stem = _stem(component)
+    found = set()
+    for file in component_dir.glob(f"{stem}.*.safetensors"):
+        middle = file.name[len(stem) + 1 : -len(".safetensors")]  # "fp16" or "fp16-00001-of-00002"
+        found.add(middle.split("-", 1)[0])
+    for file in component_dir.glob(f"{stem}.safetensors.index.*.json"):
+        found.add(file.name[len(stem) + len(".safetensors.index.") : -len(".json")])
+    return sorted(found)
+
+
 def weight_patterns(component: str, variant: str | None = None) -> list[list[str]]:
     """Glob patterns (relative to the checkpoint) of a component's safetensors, in order of preference."""
     stem = _stem(component)
