@@ -577,7 +577,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
     sizes = getattr(args, "sizes", None)
     if sizes:  # the first offered size is the default one
         shape["height"], shape["width"] = sizes[0]
-    logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
+    logger.info("loading %s: %d×%d, %d steps", args.model, shape["width"], shape["height"], shape["steps"])
     real_model = not is_tiny(args.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
         logger.warning(CPU_NOTICE.replace("`", ""))
@@ -601,7 +601,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
             logger.info("%-9s %7.2f s", phase, timings[f"{phase}_s"])
     config = generator.config
     logger.info(
-        "ready to compile: %s, %dx%d, %d steps, %s, %s attention, %d images per request",
+        "ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
         generator.device_summary, config.width, config.height, config.steps, config.dtype,
         config.attention, generator.num_images,
     )  # fmt: skip

@@ -248,7 +248,9 @@ class Generator:
             first_run_s = time.perf_counter() - started
             timings["compile_s"] += compile_s
             timings["first_run_s"] += first_run_s
-            logger.info("compiled %dx%d, %d steps in %.1f s; first run %.2f s", *shape, compile_s, first_run_s)
+            height, width, steps = shape  # said width×height, as everywhere else
+            logger.info("compiled %d×%d, %d steps in %.1f s; first run %.2f s", width, height, steps, compile_s,
+                        first_run_s)  # fmt: skip
         return timings
 
     # ---- one call ------------------------------------------------------------------------------------------------
