@@ -24,6 +24,8 @@ touches a heartbeat key each second; a follower silent for `heartbeat_s`, a slic
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import itertools
 import json
 import logging
@@ -365,6 +367,39 @@ class _Leader:
                     raise RuntimeError(message) from None
 
 
+#: What gloo (the CPU collectives) prints to stdout, from C++, for each new communicator; nothing reads it.
+_GLOO_LINE = b"[Gloo] Rank "
+
+
+def _drop_gloo_lines() -> None:
+    """Pass this process's stdout (fd 1) through a thread that drops gloo's "[Gloo] Rank 0 is connected to 1 peer
+    ranks" lines (printed by C++ with no setting to turn them off); restored at exit, after the last line is out."""
+    if os.environ.get("SDXL_KEEP_GLOO_LINES"):
+        return
+    sys.stdout.flush()
+    original = os.dup(1)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as source:
+            for line in source:
+                while line and not line.startswith(_GLOO_LINE):
+                    line = line[os.write(original, line) :]
+
+    thread = threading.Thread(target=pump, name="stdout-without-gloo", daemon=True)
+    thread.start()
+
+    def restore() -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(original, 1)  # closes the pipe's last write end: the pump reads to the end and stops
+        thread.join(timeout=5)
+
+    atexit.register(restore)
+
+
 def start(options: ClusterOptions) -> Cluster:
     """Join the run `options` (or the environment) describe; a single process when neither asks for more.
 
@@ -376,6 +411,7 @@ def start(options: ClusterOptions) -> Cluster:
     global _barrier_timeout_s
     _barrier_timeout_s = options.timeout_s
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs (tests); TPU/GPU use their own
+    _drop_gloo_lines()
     where = options.coordinator_address or detected or "the environment"
     logger.info("joining a multi-process run (%s)", where)
     timeout = options.timeout_s
