@@ -220,3 +220,39 @@ def check_env_choices(parser: argparse.ArgumentParser, args: argparse.Namespace,
         value = getattr(args, option.dest, None)
         if option.choices and value is not None and value not in option.choices:
             parser.error(f"{option.env or option.flag}={value!r}: choose one of {', '.join(option.choices)}")
+
+
+def _values(option: Option) -> str:
+    if option.kind == "switch":
+        return "switch" + (" (`=1`)" if option.env else "")
+    if option.choices:
+        return ", ".join(f"`{choice}`" for choice in option.choices)
+    if option.type is _PORT:
+        return "1–65535"
+    if option.type is _AT_LEAST_ONE:
+        return "whole number ≥ 1"
+    if option.type is _NON_NEGATIVE:
+        return "whole number ≥ 0"
+    return {int: "whole number", float: "number", _positive_float: "number > 0"}.get(option.type, "text")
+
+
+def markdown_table() -> str:
+    """The README's table of options (`python -m pipeline.options` prints it; a test keeps the README in step)."""
+    rows = ["| Flag | Environment variable | Values | Default | Meaning | Taken by |", "|---|---|---|---|---|---|"]
+    for option in OPTIONS:
+        flag = option.flag + (f" {option.metavar}" if option.metavar else "")
+        env = f"`{option.env}`" + (" (one pair)" if option.kind == "append" else "") if option.env else ""
+        if option.required:
+            default = "required"
+        elif option.default_text:
+            default = option.default_text
+        else:
+            default = "" if option.default in (None, False, "") else f"`{option.default:g}`" if isinstance(
+                option.default, float) else f"`{option.default}`"  # fmt: skip
+        programs = ", ".join(name if name == APP else "CLI" for name in (APP, CLI) if name in option.programs)
+        rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {option.help} | {programs} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
