@@ -58,7 +58,7 @@ FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own 
 #: Logged at start-up (for whoever runs the server) when a real model runs on JAX's CPU backend.
 CPU_NOTICE = (
     "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
-    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy as a Hugging Face Space").'
+    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy").'
 )
 
 #: What visitors see instead: short, nothing for them to install.
