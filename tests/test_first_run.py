@@ -309,7 +309,7 @@ def test_login_page_has_the_title(engine):
     demo = app.build_demo(engine, examples=[])
     app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True, auth=[("ada", "pw")])
     try:
-        reply = httpx.get(demo.local_url.rstrip("/") + "/login_check")
+        reply = httpx.get(demo.local_url.rstrip("/") + "/gradio_api/login_check")  # what the login page reads
         assert reply.status_code == 401 and app.TITLE in reply.json()["detail"]["auth_message"]
     finally:
         app.close_demo(demo)
