@@ -350,12 +350,19 @@ def test_status_clears_and_examples_leave_randomize_on(engine):
                 "document.querySelector('#seed input').value !== String(s)",
                 arg=app.EXAMPLE_SEED_START, timeout=page_timeout,
             )  # fmt: skip
-            # Phone width: every caption fits its image, no gallery area far below the last image.
-            fits = page.evaluate(
-                """() => [...document.querySelectorAll('#gallery .caption-label, #gallery figcaption')]
-                    .every(c => c.scrollWidth <= c.clientWidth + 1)"""
+            # Phone width: each caption is whole and under its image (not over it, cut), no blank band below.
+            layout = page.evaluate(
+                """() => { const items = [...document.querySelectorAll('#gallery .thumbnail-item')];
+                const gallery = document.querySelector('#gallery').getBoundingClientRect();
+                const cells = items.map(t => { const i = t.querySelector('img').getBoundingClientRect();
+                  const c = t.querySelector('.caption-label'); const r = c.getBoundingClientRect();
+                  return {whole: c.scrollWidth <= c.clientWidth + 1, under: r.top >= i.bottom - 1,
+                          bottom: t.getBoundingClientRect().bottom}; });
+                return {cells, slack: gallery.bottom - Math.max(...cells.map(c => c.bottom))}; }"""
             )
-            assert fits
+            assert len(layout["cells"]) == engine.num_images
+            assert all(c["whole"] and c["under"] for c in layout["cells"]), layout
+            assert layout["slack"] < 40, layout
     finally:
         app.close_demo(demo)
 
