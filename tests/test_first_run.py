@@ -327,6 +327,7 @@ def test_status_clears_and_examples_leave_randomize_on(engine):
             page.goto(demo.local_url, timeout=page_timeout)
             box = page.locator("#prompt textarea")
             box.wait_for(timeout=page_timeout)
+            page.locator("#advanced").get_by_text("Advanced settings").click()  # the seed box and the checkbox
             box.fill("a watercolor fox")
             page.locator("#generate").click()
             page.wait_for_function("document.querySelector('#status').innerText.includes('images in')",
@@ -341,7 +342,6 @@ def test_status_clears_and_examples_leave_randomize_on(engine):
                 "(s) => document.querySelector('#seed input').value === String(s)",
                 arg=app.EXAMPLE_SEED_START, timeout=page_timeout,
             )  # fmt: skip
-            page.locator("#advanced").get_by_text("Advanced settings").click()
             assert page.locator("#randomize input").is_checked()  # the next prompt gets a fresh seed
             page.locator("#generate").click()
             page.wait_for_function(
