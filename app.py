@@ -471,25 +471,21 @@ def launch(
 ) -> gr.Blocks:
     """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
     files = getattr(demo, "sdxl_files", None)
-    with _gradio_cache(files) if files is not None else contextlib.nullcontext():
-        _launch(demo, host, port, share, prevent_thread_lock, quiet, auth)
+    with _gradio_cache(files) if files is not None else contextlib.nullcontext():  # Gradio reads its cache dir here
+        demo.launch(
+            auth=list(auth) if auth else None,
+            auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
+            server_name=host,
+            server_port=port,
+            share=share,
+            prevent_thread_lock=prevent_thread_lock,
+            quiet=quiet,
+            show_error=True,
+            theme=theme(),
+            css_paths=[CSS_PATH],
+            ssr_mode=False,
+        )
     return demo
-
-
-def _launch(demo, host, port, share, prevent_thread_lock, quiet, auth) -> None:
-    demo.launch(
-        auth=list(auth) if auth else None,
-        auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
-        server_name=host,
-        server_port=port,
-        share=share,
-        prevent_thread_lock=prevent_thread_lock,
-        quiet=quiet,
-        show_error=True,
-        theme=theme(),
-        css_paths=[CSS_PATH],
-        ssr_mode=False,
-    )
 
 
 def close_demo(demo: gr.Blocks) -> None:
