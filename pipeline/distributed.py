@@ -115,6 +115,8 @@ def detected_cluster() -> str | None:
 
 def _fatal(message: str) -> None:
     """One line on stderr, then leave at once: no atexit (JAX's shutdown barrier would wait on the dead peer)."""
+    if _restore_output is not None:
+        _restore_output()  # what is still in the pipe comes out first
     print(f"error: {message}", file=sys.stderr, flush=True)
     logger.error(message)
     os._exit(EXIT_CLUSTER_FAILED)
@@ -369,34 +371,52 @@ class _Leader:
 
 #: What gloo (the CPU collectives) prints to stdout, from C++, for each new communicator; nothing reads it.
 _GLOO_LINE = b"[Gloo] Rank "
+#: Undoes _drop_gloo_lines (set while it is active); _fatal calls it so its last line is not left in the pipe.
+_restore_output: Callable[[], None] | None = None
 
 
 def _drop_gloo_lines() -> None:
-    """Pass this process's stdout (fd 1) through a thread that drops gloo's "[Gloo] Rank 0 is connected to 1 peer
-    ranks" lines (printed by C++ with no setting to turn them off); restored at exit, after the last line is out."""
-    if os.environ.get("SDXL_KEEP_GLOO_LINES"):
+    """Pass this process's output through a thread that drops gloo's "[Gloo] Rank 0 is connected to 1 peer ranks"
+    lines (printed by C++ to stdout, with no setting to turn them off); undone at exit, after the last line is out.
+
+    When stdout and stderr go to the same place (a terminal, `2>&1`), both go through the one pipe, so their lines
+    keep their order; otherwise only stdout does.
+    """
+    global _restore_output
+    if _restore_output is not None or os.environ.get("SDXL_KEEP_GLOO_LINES"):
         return
-    sys.stdout.flush()
-    original = os.dup(1)
+    fds = (1, 2) if os.path.samestat(os.fstat(1), os.fstat(2)) else (1,)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    originals = {fd: os.dup(fd) for fd in fds}
     read_end, write_end = os.pipe()
-    os.dup2(write_end, 1)
+    for fd in fds:
+        os.dup2(write_end, fd)
     os.close(write_end)
+    target = originals[1]
 
     def pump() -> None:
         with os.fdopen(read_end, "rb") as source:
             for line in source:
                 while line and not line.startswith(_GLOO_LINE):
-                    line = line[os.write(original, line) :]
+                    line = line[os.write(target, line) :]
 
-    thread = threading.Thread(target=pump, name="stdout-without-gloo", daemon=True)
+    thread = threading.Thread(target=pump, name="output-without-gloo", daemon=True)
     thread.start()
 
     def restore() -> None:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        os.dup2(original, 1)  # closes the pipe's last write end: the pump reads to the end and stops
+        global _restore_output
+        if _restore_output is None:
+            return
+        _restore_output = None
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, original in originals.items():
+            os.dup2(original, fd)  # the pipe's last write end goes: the pump reads to the end and stops
         thread.join(timeout=5)
 
+    _restore_output = restore
     atexit.register(restore)
 
 
