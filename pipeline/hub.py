@@ -88,18 +88,19 @@ def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_
         ) from None
     except EntryNotFoundError:
         if offline:  # local_files_only raises a subclass of EntryNotFoundError when the file is not cached
-            raise ModelLoadError(_offline_file_message(repo_id, filename, command)) from None
+            raise ModelLoadError(_offline_file_message(repo_id, filename, command, constants.HF_HUB_OFFLINE)) from None
         raise ModelLoadError(f"Hub repository {repo_id} has no file {filename}; check --unet's FILE part.") from None
     except Exception as exc:  # no network after all, a proxy error, a full disk: one line
         if offline or isinstance(exc, (ConnectionError, OSError)):
-            raise ModelLoadError(_offline_file_message(repo_id, filename, command)) from None
+            raise ModelLoadError(_offline_file_message(repo_id, filename, command, constants.HF_HUB_OFFLINE)) from None
         detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
         raise ModelLoadError(f"Could not download {filename} from {repo_id}: {detail}") from None
 
 
-def _offline_file_message(repo_id: str, filename: str, command: str) -> str:
+def _offline_file_message(repo_id: str, filename: str, command: str, offline_mode: bool) -> str:
+    why = "HF_HUB_OFFLINE is set" if offline_mode else "The Hugging Face Hub is unreachable (no network?)"
     return (
-        f"The Hugging Face Hub is unreachable (no network?) and {repo_id}:{filename} is not in the local cache; "
+        f"{why} and {repo_id}:{filename} is not in the local cache; "
         f"where there is network run `{command}` (it fills HF_HOME, default ~/.cache/huggingface), "
         "or pass --unet a local .safetensors file."
     )
