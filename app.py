@@ -16,12 +16,14 @@ import argparse
 import collections
 import contextlib
 import contextvars
+import errno
 import logging
 import math
 import os
 import pathlib
 import shutil
 import signal
+import socket
 import string
 import sys
 import tempfile
@@ -34,14 +36,15 @@ import gradio as gr
 
 from pipeline import Generator, InvalidInput, distributed
 from pipeline.delivery import Outbox
+from pipeline.errors import ModelLoadError
 from pipeline.images import model_name, unet_name
-from pipeline.loading import ModelLoadError
 from pipeline.loop import StopFlag, Stopped
-from pipeline.presets import PRESET_NAMES, get_preset
+from pipeline.options import APP, DEFAULT_QUEUE_SIZE, add_options, check_env_choices
+from pipeline.presets import get_preset
 from pipeline.presets import resolve as resolve_preset
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
-from pipeline.samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
-from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL, shape_defaults
+from pipeline.samplers import SAMPLER_NAMES, sampler_label
+from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.tiny import COMPLETE_MARKER
@@ -66,22 +69,24 @@ HEADER_PATH = ASSETS / "header.md"
 FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
 FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model
 FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own card and licence apply
-#: Said at start-up and on the page when a real model runs on JAX's CPU backend (e.g. a GPU Space with CPU JAX).
+#: Logged at start-up (for whoever runs the server) when a real model runs on JAX's CPU backend.
 CPU_NOTICE = (
     "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
-    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy as a Hugging Face Space").'
+    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy").'
 )
+
+#: What visitors see instead: short, nothing for them to install.
+CPU_VISITOR_NOTICE = "Running on a CPU: each request takes many minutes."
 
 TITLE = "Stable Diffusion XL on JAX"
 MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
 LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/blob/main/LICENSE.md"
 #: Link to the project's source shown in the header (omitted when empty); SDXL_PROJECT_URL overrides it.
 PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
-JAX_URL = "https://github.com/jax-ml/jax"
 DEFAULT_GUIDANCE = 5.0
-DEFAULT_QUEUE_SIZE = 20
 GENERATION_FAILED = "Generation failed on the server; please try again."
-#: Gradio's own cache of served files (every image a user saw): swept every 5 min, files older than 15 min removed.
+#: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
+#: while the app runs it is swept every 5 min and files older than 15 min are removed.
 DELETE_CACHE = (300, 900)
 #: Runs whose files we keep on disk until Gradio has copied them into its cache: two runs are in flight and each
 #: run's PNGs are fetched by a follow-up event just after its answer, so 16 leaves a wide margin.
@@ -91,7 +96,8 @@ KEEP_RUNS = 16
 GENERATE_CONCURRENCY = 2
 #: Seconds the page's PNG event waits for a run's background PNGs before giving up on them.
 PNG_WAIT_S = 120
-#: Seed of example i (fixed, with randomize off, so a cached example shows what its inputs really produce).
+#: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
+#: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
 NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
@@ -148,21 +154,21 @@ def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, 
         about = "" if model == SDXL_BASE else f"Model: `{model_name(model)}`"
     if unet:
         about = f"{about} · UNet: `{unet_name(unet)}`" if about else f"UNet: `{unet_name(unet)}`"
-    notice = CPU_NOTICE if on_cpu and not is_tiny(model) else ""
+    notice = CPU_VISITOR_NOTICE if on_cpu and not is_tiny(model) else ""
     return {"footer_path": str(footer), "about": about, "notice": notice}
 
 
 def header_links(model: str = SDXL_BASE) -> str:
-    """Markdown links under the title: model card, JAX, and the project's source when PROJECT_URL is set."""
+    """Markdown links under the title: the model card and the project's source when PROJECT_URL is set ("" if none)."""
     card = model_card_url(model)
-    links = ([f"[Model card]({card})"] if card else []) + [f"[JAX]({JAX_URL})"]
+    links = [f"[Model card]({card})"] if card else []
     if PROJECT_URL:
         links.append(f"[Source code]({PROJECT_URL})")
     return " · ".join(links)
 
 
 def sampler_summary(generator: Any) -> str:
-    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the header."""
+    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the log and the advanced settings."""
     sampler = getattr(generator, "sampler", None)
     if sampler is None:
         return ""
@@ -178,10 +184,20 @@ def uses_cfg(generator: Any) -> bool:
 
 
 class _RunFiles:
-    """Per-run directories for the files handed to the gallery (and their PNGs); only the last KEEP_RUNS survive."""
+    """The app's temporary folder: per-run directories for the files handed to the gallery (and their PNGs; only the
+    last KEEP_RUNS survive) and Gradio's cache of what it served (`gradio/`, see `_gradio_cache`); all removed by
+    `cleanup()`.
+
+    It is made inside GRADIO_TEMP_DIR when that is set (where the operator wants Gradio's files), else the system's
+    temporary directory, so generations never pile up in a cache shared by every Gradio app on the host.
+    """
 
     def __init__(self, keep: int = KEEP_RUNS) -> None:
-        self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-"))
+        base = os.environ.get("GRADIO_TEMP_DIR") or None
+        if base:
+            pathlib.Path(base).mkdir(parents=True, exist_ok=True)
+        self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-", dir=base))
+        self.gradio_cache = self.root / "gradio"
         self._runs: collections.deque[pathlib.Path] = collections.deque()
         self._keep = keep
         self._count = 0
@@ -360,7 +376,8 @@ def make_generate_fn(
         plural = "s" if count != 1 else ""
         steps_text = f"{result.steps} step{'s' if result.steps != 1 else ''}, {result.sampler}"
         status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · {steps_text} · seed {checked.seed}"
-        if not cfg and (checked.negative_prompt or checked.guidance_scale > 1):  # only an API caller can send them
+        # Only an API caller can send them; gradio_client sends the page's defaults unasked, so only say it for others.
+        if not cfg and (checked.negative_prompt or checked.guidance_scale != DEFAULT_GUIDANCE):
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
@@ -423,10 +440,7 @@ def build_demo(
         height=config.height,
         steps=config.steps,
         model=model_name(config.model),
-        sampler=f" · {summary}" if (summary := sampler_summary(generator)) else "",
-        more_sizes=f" (or {len(sizes) - 1} other aspect ratio{'s' if len(sizes) > 2 else ''})"
-        if len(sizes) > 1
-        else "",
+        more_sizes=f" (or {len(sizes) - 1} other size{'s' if len(sizes) > 2 else ''})" if len(sizes) > 1 else "",
         about=texts["about"],
         notice=texts["notice"],
         links=header_links(config.model),
@@ -438,7 +452,7 @@ def build_demo(
         model=model_name(config.model),
     )
 
-    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+    with _gradio_cache(files), gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         with gr.Column(elem_id="app"):
             gr.Markdown(header, elem_id="header")
             with gr.Row(elem_id="prompt-row", equal_height=True):
@@ -532,31 +546,40 @@ def build_demo(
                         allow_custom_value=False,
                         elem_id="sampler",
                     )
+                if summary := sampler_summary(generator):  # fixed at start-up; jargon, so not in the header
+                    gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
             stops = _StopRequests()
             generate_fn = make_generate_fn(generator, styles, prompt_filter, files, outbox, stops=stops)
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
-            with _examples_cache(files.root / "examples"):
-                gr.Examples(
-                    # Each example fills every input (fixed seed, randomize off): its cached images are honest.
-                    examples=[
-                        [
-                            text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0],
-                            int(config.steps), default_sampler(generator),
-                        ]
-                        for i, text in enumerate(examples)
-                    ],  # fmt: skip
-                    example_labels=list(examples),
-                    inputs=inputs,
-                    outputs=[gallery, seed, status],
-                    fn=generate_fn,
-                    cache_examples=True,
-                    cache_mode="lazy",  # computed on first click, so start-up is not slowed
-                    preprocess=False,  # the same raw payloads and validation as the Generate button
-                    label="Examples",
-                    elem_id="examples",
+            example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
+            example_steps, example_sampler = int(config.steps), default_sampler(generator)
+
+            def generate_example(text, negative_text, style_name, scale, ratio, progress=gr.Progress()):  # noqa: B008
+                """An example with its fixed seed (shown in the seed box); "Randomize seed" stays as it was."""
+                seed_value = example_seeds.get(text, EXAMPLE_SEED_START)
+                return generate_fn(
+                    text, negative_text, style_name, scale, seed_value, False, ratio, example_steps, example_sampler,
+                    progress=progress,
                 )
+
+            gr.Examples(
+                # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
+                examples=[[text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, size_labels[0]] for text in examples],
+                example_labels=list(examples),
+                inputs=[prompt, negative, style, guidance, aspect],
+                outputs=[gallery, seed, status],
+                fn=generate_example,
+                cache_examples=True,
+                cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                preprocess=False,  # the same raw payloads and validation as the Generate button
+                label="Examples",
+                elem_id="examples",
+            )
             gr.Markdown(footer, elem_id="footer")
 
+        # A new request clears the last one's status line at once (in the browser), so a refused request never
+        # leaves an older request's "8 images in ..." under its error.
+        gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
         gr.on(
             triggers=[run.click, prompt.submit],
             fn=generate_fn,
@@ -606,18 +629,21 @@ def build_demo(
 
 
 @contextlib.contextmanager
-def _examples_cache(directory: pathlib.Path):
-    """Keep this app's cached examples in its own temporary folder (Gradio reads GRADIO_EXAMPLES_CACHE when building
-    gr.Examples), so a restart with another model or size never shows images cached by a previous one."""
-    previous = os.environ.get("GRADIO_EXAMPLES_CACHE")
-    os.environ["GRADIO_EXAMPLES_CACHE"] = str(directory)
+def _gradio_cache(files: _RunFiles):
+    """Point Gradio's cache (GRADIO_TEMP_DIR: served files; GRADIO_EXAMPLES_CACHE: cached examples) into this app's
+    temporary folder while the page is built and launched (Gradio reads both then), so every image a visitor saw goes
+    when the app stops, and a restart with another model or size never shows images cached by a previous one."""
+    values = {"GRADIO_TEMP_DIR": str(files.gradio_cache), "GRADIO_EXAMPLES_CACHE": str(files.root / "examples")}
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("GRADIO_EXAMPLES_CACHE", None)
-        else:
-            os.environ["GRADIO_EXAMPLES_CACHE"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def theme() -> gr.themes.Base:
@@ -636,18 +662,21 @@ def launch(
     auth: Sequence[tuple[str, str]] | None = None,
 ) -> gr.Blocks:
     """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
-    demo.launch(
-        auth=list(auth) if auth else None,
-        server_name=host,
-        server_port=port,
-        share=share,
-        prevent_thread_lock=prevent_thread_lock,
-        quiet=quiet,
-        show_error=True,
-        theme=theme(),
-        css_paths=[CSS_PATH],
-        ssr_mode=False,
-    )
+    files = getattr(demo, "sdxl_files", None)
+    with _gradio_cache(files) if files is not None else contextlib.nullcontext():  # Gradio reads its cache dir here
+        demo.launch(
+            auth=list(auth) if auth else None,
+            auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
+            server_name=host,
+            server_port=port,
+            share=share,
+            prevent_thread_lock=prevent_thread_lock,
+            quiet=quiet,
+            show_error=True,
+            theme=theme(),
+            css_paths=[CSS_PATH],
+            ssr_mode=False,
+        )
     return demo
 
 
@@ -666,147 +695,25 @@ def close_demo(demo: gr.Blocks) -> None:
 # Command line
 
 
-def _env(name: str, default: object = None) -> object:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The app's options (pipeline/options.py's table), checked, with the preset's and the model's defaults filled."""
     parser = argparse.ArgumentParser(
         prog="app.py",
         description="Serve Stable Diffusion XL with JAX in a Gradio web app. "
         "Each option can also be set by the environment variable in brackets; the flag wins.",
     )
-    add = parser.add_argument
-    add(
-        "--model",
-        default=_env("SDXL_MODEL"),
-        help=f"Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny' [SDXL_MODEL; {SDXL_BASE}]",
-    )
-    add("--variant", default=_env("SDXL_VARIANT"), help="PyTorch weight variant, e.g. fp16 [SDXL_VARIANT]")
-    add("--unet", default=_env("SDXL_UNET"), help="whole-UNet .safetensors, PATH or REPO:FILE [SDXL_UNET]")
-    add(
-        "--host",
-        default=_env("GRADIO_SERVER_NAME", "127.0.0.1"),
-        help="interface to bind; 0.0.0.0 to accept remote connections [GRADIO_SERVER_NAME; default 127.0.0.1]",
-    )
-    add("--port", type=int, default=_env("GRADIO_SERVER_PORT", 7860), help="port [GRADIO_SERVER_PORT; default 7860]")
-    add(
-        "--height",
-        type=int,
-        default=_env("SDXL_HEIGHT"),
-        help="image height in pixels, multiple of 32 [SDXL_HEIGHT; default 1024, 128 for tiny]",
-    )
-    add(
-        "--width",
-        type=int,
-        default=_env("SDXL_WIDTH"),
-        help="image width in pixels, multiple of 32 [SDXL_WIDTH; default 1024, 128 for tiny]",
-    )
-    add("--steps", type=int, default=_env("SDXL_STEPS"), help="denoising steps [SDXL_STEPS; default 25, 4 for tiny]")
-    add(
-        "--sizes",
-        metavar="WxH,WxH,...",
-        default=_env("SDXL_SIZES"),
-        help="offered sizes, each compiled at start-up, the first the default; 'sdxl' = SDXL's 9 trained sizes "
-        "[SDXL_SIZES; default 1024x1024,1344x768,768x1344, the same ratios at ~128 px for tiny; --height/--width "
-        "alone: that one size]",
-    )
-    add(
-        "--no-progress",
-        action="store_true",
-        default=str(_env("SDXL_NO_PROGRESS", "")).lower() in ("1", "true", "yes"),
-        help="no live step progress: the compiled program has no per-step host callback [SDXL_NO_PROGRESS]",
-    )
-    add(
-        "--dtype",
-        choices=["bfloat16", "float32"],
-        default=_env("SDXL_DTYPE"),
-        help="network dtype [SDXL_DTYPE; default bfloat16 on TPU/GPU, float32 on CPU]",
-    )
-    add(
-        "--attention",
-        choices=ATTENTIONS,
-        default=_env("SDXL_ATTENTION", "auto"),
-        help="UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere [SDXL_ATTENTION; auto]",
-    )
-    add(
-        "--queue-size",
-        type=int,
-        default=_env("SDXL_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
-        help=f"requests that may wait; more are turned away as busy [SDXL_QUEUE_SIZE; default {DEFAULT_QUEUE_SIZE}]",
-    )
-    add(
-        "--per-device-batch",
-        type=int,
-        default=_env("SDXL_PER_DEVICE_BATCH", 1),
-        help="images per device per request [SDXL_PER_DEVICE_BATCH; default 1]",
-    )
-    add(
-        "--prompt-filter",
-        metavar="FILE",
-        default=_env("SDXL_PROMPT_FILTER"),
-        help="block list, one word or phrase a line (see assets/blocked_words.example.txt) [SDXL_PROMPT_FILTER]",
-    )
-    add(
-        "--preset",
-        choices=PRESET_NAMES,
-        default=_env("SDXL_PRESET"),
-        help="few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, size; "
-        "flags override it; with --model tiny only its sampler settings [SDXL_PRESET]",
-    )
-    add(
-        "--sampler",
-        type=sampler_argument,
-        default=_env("SDXL_SAMPLER"),
-        help=f"a request's default sampler: {', '.join(SAMPLER_NAMES)} (requests may pick another); "
-        "default: the checkpoint's [SDXL_SAMPLER]",
-    )
-    add(
-        "--timestep-spacing",
-        choices=SPACINGS,
-        default=_env("SDXL_TIMESTEP_SPACING"),
-        help="default: the checkpoint's [SDXL_TIMESTEP_SPACING]",
-    )
-    add("--steps-offset", type=int, default=_env("SDXL_STEPS_OFFSET"), help="default: the checkpoint's")
-    add("--prediction-type", choices=PREDICTION_TYPES, default=_env("SDXL_PREDICTION_TYPE"), help="default: checkpoint")
-    add(
-        "--no-cfg",
-        action="store_true",
-        default=str(_env("SDXL_NO_CFG", "")).lower() in ("1", "true", "yes"),
-        help="guidance-free program: the UNet runs on the prompt only; guidance, negative prompt hidden [SDXL_NO_CFG]",
-    )
-    add("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")  # fmt: skip
-    add(
-        "--auth",
-        action="append",
-        metavar="USER:PASSWORD",
-        default=[],
-        help="require this login (repeat for more users) [SDXL_AUTH: one USER:PASSWORD]",
-    )
-    add(
-        "--auth-file",
-        metavar="FILE",
-        default=_env("SDXL_AUTH_FILE"),
-        help="require a login from this file, one USER:PASSWORD a line [SDXL_AUTH_FILE]",
-    )
-    add(
-        "--cpu-devices",
-        type=int,
-        default=_env("SDXL_CPU_DEVICES"),
-        help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
-        "[SDXL_CPU_DEVICES; default one per core]",
-    )
-    distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
+    add_options(parser, APP)
     args = parser.parse_args(argv)
+    check_env_choices(parser, args, APP)
     try:
-        args.auth = read_auth(args.auth or [_env("SDXL_AUTH")], args.auth_file)
+        args.auth = read_auth(args.auth or [os.environ.get("SDXL_AUTH")], args.auth_file)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    if args.queue_size < 1:
-        parser.error("--queue-size must be at least 1")
-    if not 0 < args.port < 65536:
-        parser.error("--port must be between 1 and 65535")
+    if args.sizes and (args.height is not None or args.width is not None):
+        parser.error(
+            "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
+            "lists every offered size, the first the default; --height/--width alone offer that one size"
+        )
     one_size = args.height is not None or args.width is not None
     args.cfg = False if args.no_cfg else None
     if args.preset:  # the preset's settings where no flag gave one
@@ -835,14 +742,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def sampler_argument(value: str) -> str:
-    """argparse type of --sampler: A1111's names (any case) or the engine's ids, kept as A1111's name."""
-    try:
-        return sampler_label(sampler_id(value))
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:
     """USER:PASSWORD pairs from flags/env and from a file (one a line, '#' comments) for Gradio's own login."""
     lines = [str(p) for p in pairs if p]
@@ -869,7 +768,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
     sizes = getattr(args, "sizes", None)
     if sizes:  # the first offered size is the default one
         shape["height"], shape["width"] = sizes[0]
-    logger.info("loading %s %s", args.model, " ".join(f"{k}={v}" for k, v in shape.items()))
+    logger.info("loading %s: %d×%d, %d steps", args.model, shape["width"], shape["height"], shape["steps"])
     real_model = not is_tiny(args.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
         logger.warning(CPU_NOTICE.replace("`", ""))
@@ -879,6 +778,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
         dtype=args.dtype,
         per_device_batch=args.per_device_batch,
         attention=args.attention,
+        compilation_cache=not getattr(args, "no_compilation_cache", False),
         variant=args.variant,
         unet=args.unet,
         sizes=sizes or None,
@@ -892,7 +792,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
             logger.info("%-9s %7.2f s", phase, timings[f"{phase}_s"])
     config = generator.config
     logger.info(
-        "ready to compile: %s, %dx%d, %d steps, %s, %s attention, %d images per request",
+        "ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
         generator.device_summary, config.width, config.height, config.steps, config.dtype,
         config.attention, generator.num_images,
     )  # fmt: skip
@@ -908,11 +808,79 @@ def load_generator(args: argparse.Namespace) -> Generator:
     return generator
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why the page could not be served on host:port (in use, or no such interface), checked before minutes of
+    loading and compiling; None when it is free. Binds the way uvicorn does (SO_REUSEADDR), then lets go."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: not an address of this machine ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use (another server?); pass --port with a free one"
+            return f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     args = parse_args(argv)
+    serves = args.process_id in (None, 0)  # process 0 (or the only one) serves the page; the others follow
+    if serves and (problem := port_problem(args.host, args.port)):
+        print(f"app.py: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        outcome = _start(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or compiling: one line, not the libraries' traceback
+        print("app.py: stopped during start-up", file=sys.stderr, flush=True)
+        return 130
+    if isinstance(outcome, int):
+        return outcome
+    demo, cluster, started = outcome
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        launch(
+            demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True,
+            auth=args.auth,
+        )  # fmt: skip
+    except OSError as exc:  # the port was taken while the model loaded
+        close_demo(demo)
+        cluster.stop()
+        print(f"app.py: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    if args.auth:
+        logger.info("login required: %d user(s)", len(args.auth))
+    logger.info("web UI up in %.2f s", time.perf_counter() - started)
+    print(f"Running on {demo.local_url}", flush=True)
+    if demo.share_url:
+        print(f"Public link: {demo.share_url}", flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        close_demo(demo)
+        cluster.stop()  # STOP to the followers (a no-op on one process)
+        logger.info("stopped")
+    return 0
+
+
+def _start(args: argparse.Namespace):
+    """Everything before the page opens: load, compile, warm up, build the page. An exit status on failure (or on a
+    follower, when it is done), else (demo, cluster, started)."""
     use_cpu_cores(args.cpu_devices)  # before anything imports JAX; app.py itself never does
     quiet_start()
     try:
@@ -933,34 +901,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cluster.is_leader:
         return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
     generator = cluster.lead(generator)
-
     started = time.perf_counter()
     demo = build_demo(
         generator, styles=styles, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size
     )
-    stop = threading.Event()
-
-    def request_stop(signum, _frame):
-        logger.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    launch(demo, host=args.host, port=args.port, share=args.share, prevent_thread_lock=True, quiet=True, auth=args.auth)
-    if args.auth:
-        logger.info("login required: %d user(s)", len(args.auth))
-    logger.info("web UI up in %.2f s", time.perf_counter() - started)
-    print(f"Running on {demo.local_url}", flush=True)
-    if demo.share_url:
-        print(f"Public link: {demo.share_url}", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        close_demo(demo)
-        cluster.stop()  # STOP to the followers (a no-op on one process)
-        logger.info("stopped")
-    return 0
+    return demo, cluster, started
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ Outputs go to --out (default bench-results/): results.json (every figure), resul
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from .common import configure_platform
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
@@ -72,15 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.runs < 1 or any(c < 1 for c in args.client_counts) or args.requests_per_client < 1:
         parser.error("--runs, --clients and --requests-per-client must be at least 1")
     return args
-
-
-def configure_platform(cpu_devices: int) -> None:
-    """Set XLA_FLAGS / JAX_PLATFORMS (only where unset) before JAX is imported; see the module docstring."""
-    if "XLA_FLAGS" not in os.environ and cpu_devices > 0:
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
-    accelerators = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*") + glob.glob("/dev/nvidia[0-9]*")
-    if "JAX_PLATFORMS" not in os.environ and not accelerators:
-        os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import platform
 import random
 import socket
@@ -130,3 +132,12 @@ def random_request(rng: random.Random, style_names: Sequence[str]) -> dict[str, 
         "seed": rng.randrange(2**32),
         "randomize_seed": rng.random() < 0.5,
     }
+
+
+def configure_platform(cpu_devices: int) -> None:
+    """Set XLA_FLAGS / JAX_PLATFORMS (only where unset) before JAX is imported; see the module docstring."""
+    if "XLA_FLAGS" not in os.environ and cpu_devices > 0:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
+    accelerators = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*") + glob.glob("/dev/nvidia[0-9]*")
+    if "JAX_PLATFORMS" not in os.environ and not accelerators:
+        os.environ["JAX_PLATFORMS"] = "cpu"

@@ -50,7 +50,7 @@ def _verdict(ok: bool) -> str:
 
 
 def markdown(results: dict) -> str:
-    """The tables of results.md (also what the README's Performance section quotes)."""
+    """The tables of results.md (also what bench/README.md quotes)."""
     setup, machine = results["setup"], results["machine"]
     lines = [
         "# sdxl-jax benchmark",

@@ -312,7 +312,7 @@ def quality(progress, seeds: int = 8) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from .__main__ import configure_platform
+    from .common import configure_platform
 
     args = parse_args(argv)
     configure_platform(args.cpu_devices)

@@ -4,7 +4,7 @@ The chain, one module each: loading -> sharding -> text (tokenize, encode) -> di
 decode) -> images (PNG with parameters); `generator.Generator` wires them into one compiled program.
 """
 
-from .loading import ModelLoadError
+from .errors import CheckpointError, ModelLoadError
 from .settings import SDXL_BASE, TINY_MODEL, EngineConfig
 from .validation import InvalidInput
 
@@ -18,4 +18,6 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["SDXL_BASE", "TINY_MODEL", "EngineConfig", "GenerationResult", "Generator", "InvalidInput", "ModelLoadError"]
+__all__ = [
+    "SDXL_BASE",
+    "CheckpointError", "TINY_MODEL", "EngineConfig", "GenerationResult", "Generator", "InvalidInput", "ModelLoadError"]

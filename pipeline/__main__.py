@@ -13,17 +13,16 @@ import logging
 import sys
 import time
 
-from .convert import CheckpointError
-from .loading import ModelLoadError
-from .presets import PRESET_NAMES
+from .errors import CheckpointError, ModelLoadError
+from .options import CLI, add_options, check_env_choices
 from .runtime import quiet_start, use_cpu_cores
-from .samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
-from .settings import ATTENTIONS, DTYPES, SDXL_BASE, shape_defaults
-from .styles import DEFAULT_STYLE
-from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
+from .samplers import sampler_id, sampler_label
+from .settings import SDXL_BASE, shape_defaults
+from .validation import InvalidInput
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,48 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
 
-    gen = commands.add_parser("generate", help="generate one image per device and write them as PNG")
-    gen.add_argument(
-        "--model", default=None, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
+    gen = commands.add_parser(
+        "generate",
+        help="generate one image per device and write them as PNG",
+        description="Each option can also be set by the environment variable in brackets; the flag wins.",
     )
-    gen.add_argument("--preset", choices=PRESET_NAMES, default=None, help="few-step recipe (assets/presets.json)")
-    gen.add_argument(
-        "--sampler", default=None, help=f"{', '.join(SAMPLER_NAMES)} (default: the checkpoint's scheduler)"
-    )
-    gen.add_argument("--timestep-spacing", choices=SPACINGS, default=None, help="default: the checkpoint's")
-    gen.add_argument("--steps-offset", type=int, default=None, help="added to leading timesteps; default: checkpoint's")
-    gen.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None, help="default: the checkpoint's")
-    gen.add_argument("--no-cfg", action="store_true", help="guidance-free program: the UNet runs on the prompt only")
-    gen.add_argument("--revision", default=None, help="Hub revision (default: refs/pr/95 for SDXL base)")
-    gen.add_argument("--variant", default=None, help="PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)")
-    gen.add_argument("--unet", default=None, help="whole-UNet .safetensors replacing the model's: PATH or REPO:FILE")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--negative-prompt", default="")
-    gen.add_argument("--style", default=DEFAULT_STYLE, help=f"preset from assets/styles.json (default {DEFAULT_STYLE})")
-    gen.add_argument("--seed", default="0", help="0..4294967295, or 'random' (default 0)")
-    gen.add_argument(
-        "--guidance-scale", type=float, default=None, help=f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g} (default 5)"
-    )
-    gen.add_argument("--steps", type=int, default=None, help="default 25, 4 for tiny")
-    gen.add_argument("--height", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
-    gen.add_argument("--width", type=int, default=None, help="pixels, a multiple of 32 (default 1024, 128 for tiny)")
-    gen.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU/GPU, float32 on CPU")
-    gen.add_argument("--per-device-batch", type=int, default=1)
-    gen.add_argument(
-        "--attention", choices=ATTENTIONS, default="auto", help="UNet attention core (default auto; see README)"
-    )
-    gen.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
-    gen.add_argument(
-        "--cpu-devices",
-        type=int,
-        default=None,
-        help="CPU only: JAX devices to split the CPU into (default: 1 per core)",
-    )
-    gen.add_argument("--out", required=True, help="directory for the PNG files")
-    gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
-    from .distributed import add_arguments as add_cluster_arguments
-
-    add_cluster_arguments(gen)  # the same command on every host; process 0 writes the images, the others follow
+    add_options(gen, CLI)  # the table app.py builds its parser from (pipeline/options.py)
     return parser
 
 
@@ -172,8 +135,10 @@ def _settings(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "generate":
+        check_env_choices(parser, args, CLI)
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
     quiet_start()
     try:
@@ -189,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOAD_FAILED
+    except KeyboardInterrupt:  # Ctrl-C while loading or compiling: one line, not the libraries' traceback
+        print("stopped", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

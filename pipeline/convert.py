@@ -30,7 +30,7 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
 
-from .loading import ModelLoadError
+from .errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,6 @@ _SAFETENSORS_DTYPES = {
 }  # fmt: skip
 _MANIFEST = "manifest.json"
 _PARAMS_FILE = "params.safetensors"
-
-
-class CheckpointError(ModelLoadError):
-    """The checkpoint's files are there but cannot be mapped onto SDXL's modules (bad input: the CLI exits 2)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +87,18 @@ def pytorch_weight_files(component_dir: Path, component: str, variant: str | Non
         if (component_dir / index).is_file():
             return _shards(component_dir / index)
     return None
+
+
+def weight_variants(component_dir: Path, component: str) -> list[str]:
+    """Variants a component's safetensors come in, e.g. ["fp16"] for `<stem>.fp16.safetensors` (or its shards)."""
+    stem = _stem(component)
+    found = set()
+    for file in component_dir.glob(f"{stem}.*.safetensors"):
+        middle = file.name[len(stem) + 1 : -len(".safetensors")]  # "fp16" or "fp16-00001-of-00002"
+        found.add(middle.split("-", 1)[0])
+    for file in component_dir.glob(f"{stem}.safetensors.index.*.json"):
+        found.add(file.name[len(stem) + len(".safetensors.index.") : -len(".json")])
+    return sorted(found)
 
 
 def weight_patterns(component: str, variant: str | None = None) -> list[list[str]]:

@@ -26,6 +26,8 @@ touches a heartbeat key each second; a follower silent for `heartbeat_s`, a slic
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import itertools
 import json
 import logging
@@ -42,19 +44,21 @@ from jax.experimental import multihost_utils
 
 from .loop import Stopped
 from .samplers import sampler_id
-from .validation import InvalidInput, check_guidance, check_shape, check_steps, clean_text, resolve_seed
+from .validation import (
+    STYLED_MAX_CHARS,
+    InvalidInput,
+    check_guidance,
+    check_shape,
+    check_steps,
+    clean_text,
+    resolve_seed,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Exit status of a process that gave up on the cluster (a peer died, never joined, or a call overran).
 EXIT_CLUSTER_FAILED = 4
 
-ENV_DISTRIBUTED = "SDXL_DISTRIBUTED"
-ENV_COORDINATOR = "SDXL_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "SDXL_NUM_PROCESSES"
-ENV_PROCESS_ID = "SDXL_PROCESS_ID"
-ENV_TIMEOUT = "SDXL_CLUSTER_TIMEOUT"
-ENV_HEARTBEAT = "SDXL_HEARTBEAT_TIMEOUT"
 
 _REQUEST_KEY = "sdxl/request/{}"
 _STEP_KEY = "sdxl/step/{}/{}"  # request n, step i: "go" or "stop", the leader's decision every process follows
@@ -81,46 +85,8 @@ class ClusterOptions:
         return self.coordinator_address is not None
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The multi-host flags, shared by app.py and the CLI; each falls back to its environment variable."""
-    group = parser.add_argument_group("multi-host (jax.distributed)")
-    add = group.add_argument
-    add(
-        "--distributed",
-        action="store_true",
-        default=(_env(ENV_DISTRIBUTED) or "0").lower() in ("1", "true", "yes"),
-        help="join a multi-host run detected by JAX (Cloud TPU slice, SLURM, Open MPI); automatic where the "
-        f"environment names several processes [{ENV_DISTRIBUTED}=1]",
-    )
-    add(
-        "--coordinator-address",
-        metavar="HOST:PORT",
-        default=_env(ENV_COORDINATOR),
-        help=f"address of process 0, reachable from every process [{ENV_COORDINATOR}]",
-    )
-    add("--num-processes", type=int, default=_env(ENV_NUM_PROCESSES), help=f"[{ENV_NUM_PROCESSES}]")
-    add("--process-id", type=int, default=_env(ENV_PROCESS_ID), help=f"0 serves the page [{ENV_PROCESS_ID}]")
-    add(
-        "--cluster-timeout",
-        type=float,
-        default=float(_env(ENV_TIMEOUT) or 300),
-        help=f"seconds for all processes to join, and per request [{ENV_TIMEOUT}; default 300]",
-    )
-    add(
-        "--heartbeat-timeout",
-        type=float,
-        default=float(_env(ENV_HEARTBEAT) or 30),
-        help=f"seconds of silence after which a process is taken for dead [{ENV_HEARTBEAT}; default 30]",
-    )
-
-
 def options_from_args(args: argparse.Namespace) -> ClusterOptions:
-    """Check the multi-host flags (all three explicit ones, or none of them)."""
+    """Check the multi-host flags (all three explicit ones, or none of them); pipeline/options.py defines them."""
     explicit = (args.coordinator_address, args.num_processes, args.process_id)
     if any(v is not None for v in explicit) and any(v is None for v in explicit):
         raise InvalidInput("--coordinator-address, --num-processes and --process-id go together; give all three.")
@@ -163,6 +129,8 @@ def detected_cluster() -> str | None:
 
 def _fatal(message: str) -> None:
     """One line on stderr, then leave at once: no atexit (JAX's shutdown barrier would wait on the dead peer)."""
+    if _restore_output is not None:
+        _restore_output()  # what is still in the pipe comes out first
     print(f"error: {message}", file=sys.stderr, flush=True)
     logger.error(message)
     os._exit(EXIT_CLUSTER_FAILED)
@@ -396,8 +364,6 @@ class _Leader:
         should_stop=None,
     ):
         """Publish, then run; `progress` and `should_stop` stay on process 0, which decides each step for all."""
-        from .generator import STYLED_MAX_CHARS  # the engine's own limits: a request it would refuse is never sent
-
         generator = self._generator
         height, width = size or generator.sizes[0]
         check_shape(height, width, generator.sizes)
@@ -446,6 +412,57 @@ class _Leader:
                     raise RuntimeError(message) from None
 
 
+#: What gloo (the CPU collectives) prints to stdout, from C++, for each new communicator; nothing reads it.
+_GLOO_LINE = b"[Gloo] Rank "
+#: Undoes _drop_gloo_lines (set while it is active); _fatal calls it so its last line is not left in the pipe.
+_restore_output: Callable[[], None] | None = None
+
+
+def _drop_gloo_lines() -> None:
+    """Pass this process's output through a thread that drops gloo's "[Gloo] Rank 0 is connected to 1 peer ranks"
+    lines (printed by C++ to stdout, with no setting to turn them off); undone at exit, after the last line is out.
+
+    When stdout and stderr go to the same place (a terminal, `2>&1`), both go through the one pipe, so their lines
+    keep their order; otherwise only stdout does.
+    """
+    global _restore_output
+    if _restore_output is not None or os.environ.get("SDXL_KEEP_GLOO_LINES"):
+        return
+    fds = (1, 2) if os.path.samestat(os.fstat(1), os.fstat(2)) else (1,)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    originals = {fd: os.dup(fd) for fd in fds}
+    read_end, write_end = os.pipe()
+    for fd in fds:
+        os.dup2(write_end, fd)
+    os.close(write_end)
+    target = originals[1]
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as source:
+            for line in source:
+                while line and not line.startswith(_GLOO_LINE):
+                    line = line[os.write(target, line) :]
+
+    thread = threading.Thread(target=pump, name="output-without-gloo", daemon=True)
+    thread.start()
+
+    def restore() -> None:
+        global _restore_output
+        if _restore_output is None:
+            return
+        _restore_output = None
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, original in originals.items():
+            os.dup2(original, fd)  # the pipe's last write end goes: the pump reads to the end and stops
+        thread.join(timeout=5)
+
+    _restore_output = restore
+    atexit.register(restore)
+
+
 def start(options: ClusterOptions) -> Cluster:
     """Join the run `options` (or the environment) describe; a single process when neither asks for more.
 
@@ -457,6 +474,7 @@ def start(options: ClusterOptions) -> Cluster:
     global _barrier_timeout_s
     _barrier_timeout_s = options.timeout_s
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs (tests); TPU/GPU use their own
+    _drop_gloo_lines()
     where = options.coordinator_address or detected or "the environment"
     logger.info("joining a multi-process run (%s)", where)
     timeout = options.timeout_s

@@ -38,8 +38,8 @@ from .settings import DTYPES, SDXL_BASE, EngineConfig
 from .sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .text import dropped_text, summarize_dropped, tokenize
 from .validation import (
-    MAX_PROMPT_CHARS,
     MAX_STEPS,
+    STYLED_MAX_CHARS,
     InvalidInput,
     check_guidance,
     check_shape,
@@ -51,8 +51,6 @@ from .validation import (
 logger = logging.getLogger(__name__)
 
 SEED_MODULUS = 2**32
-#: The engine takes prompts after a style template was applied, which adds a few hundred characters.
-STYLED_MAX_CHARS = 2 * MAX_PROMPT_CHARS
 
 
 @dataclass(frozen=True)
@@ -238,7 +236,7 @@ class Generator:
             self.generate("warm-up", seed=0, size=(height, width))
             first_run_s = time.perf_counter() - started
             timings["first_run_s"] += first_run_s
-            logger.info("first run %dx%d, %d steps: %.2f s", width, height, self.config.steps, first_run_s)
+            logger.info("first run %d×%d, %d steps: %.2f s", width, height, self.config.steps, first_run_s)
         return timings
 
     # ---- one call ------------------------------------------------------------------------------------------------

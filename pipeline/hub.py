@@ -53,7 +53,7 @@ def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | N
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from .loading import ModelLoadError
+    from .errors import ModelLoadError
 
     if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
         return repo_id
@@ -68,3 +68,39 @@ def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | N
         ) from None
     logger.info("Hub unreachable: loading %s from the local cache %s", repo_id, path)
     return path
+
+
+def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_dir: str | None = None) -> str:
+    """One file of a Hub repository (`--unet REPO:FILE`): downloaded, or the cached copy when the Hub is unreachable
+    (the same short probe as for --model); else ModelLoadError with the command that fetches it."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    from .errors import ModelLoadError
+
+    offline = constants.HF_HUB_OFFLINE or not hub_reachable(endpoint)
+    command = shlex.join(["huggingface-cli", "download", repo_id, filename])
+    try:
+        return hf_hub_download(repo_id, filename, cache_dir=cache_dir, local_files_only=offline)
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise ModelLoadError(
+            f"Hub repository {repo_id} was not found (or needs a token: set HF_TOKEN); check the REPO part of --unet."
+        ) from None
+    except EntryNotFoundError:
+        if offline:  # local_files_only raises a subclass of EntryNotFoundError when the file is not cached
+            raise ModelLoadError(_offline_file_message(repo_id, filename, command, constants.HF_HUB_OFFLINE)) from None
+        raise ModelLoadError(f"Hub repository {repo_id} has no file {filename}; check --unet's FILE part.") from None
+    except Exception as exc:  # no network after all, a proxy error, a full disk: one line
+        if offline or isinstance(exc, (ConnectionError, OSError)):
+            raise ModelLoadError(_offline_file_message(repo_id, filename, command, constants.HF_HUB_OFFLINE)) from None
+        detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
+        raise ModelLoadError(f"Could not download {filename} from {repo_id}: {detail}") from None
+
+
+def _offline_file_message(repo_id: str, filename: str, command: str, offline_mode: bool) -> str:
+    why = "HF_HUB_OFFLINE is set" if offline_mode else "The Hugging Face Hub is unreachable (no network?)"
+    return (
+        f"{why} and {repo_id}:{filename} is not in the local cache; "
+        f"where there is network run `{command}` (it fills HF_HOME, default ~/.cache/huggingface), "
+        "or pass --unet a local .safetensors file."
+    )

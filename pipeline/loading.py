@@ -21,6 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .errors import CheckpointError, ModelLoadError
 from .settings import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,6 @@ def quiet_diffusers_deprecation() -> None:
             handler.addFilter(_FlaxDeprecationFilter())
 
 
-class ModelLoadError(RuntimeError):
-    """The checkpoint could not be loaded; the message names the problem and what to do, in one line."""
-
-
 @dataclass(frozen=True)
 class LoadedModel:
     """A loaded pipeline: diffusers' module objects, the host parameters, and where they came from."""
@@ -85,7 +82,7 @@ def default_revision(model: str) -> str | None:
     return SDXL_BASE_FLAX_REVISION if model == SDXL_BASE else None
 
 
-def resolve_model(model: str) -> str:
+def resolve_model(model: str, variant: str | None = None) -> str:
     """Map `model` to a local directory or a Hub id, rejecting what cannot be either."""
     if not isinstance(model, str) or not model.strip():
         raise ModelLoadError("No model given: pass a Hub id, a local directory in diffusers' Flax layout, or 'tiny'.")
@@ -96,7 +93,7 @@ def resolve_model(model: str) -> str:
         return str(tiny_checkpoint())
     path = Path(model).expanduser()
     if path.is_dir():
-        check_sdxl_directory(path)
+        check_sdxl_directory(path, variant)
         return str(path)
     if path.exists():
         if path.suffix in (".safetensors", ".ckpt"):
@@ -113,8 +110,13 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def check_sdxl_directory(path: Path) -> None:
-    """Fail early, in one line, on a directory that is not an SDXL checkpoint with Flax weights."""
+def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
+    """Fail early, in one line, on a directory that is not an SDXL checkpoint with weights for every component.
+
+    A component's weights are its Flax file, else its PyTorch safetensors: `variant`'s when it has them (e.g. only
+    `*.fp16.safetensors`, as `huggingface-cli download --include "*.fp16.safetensors"` fetches), else the plain ones.
+    A `variant` that no component needing PyTorch weights has is refused, not silently replaced by the plain files.
+    """
     index_file = path / "model_index.json"
     if not index_file.is_file():
         raise ModelLoadError(f"{path} has no model_index.json: it is not a checkpoint in diffusers' layout.")
@@ -130,14 +132,31 @@ def check_sdxl_directory(path: Path) -> None:
             + (f" and lacks {', '.join(missing)}" if missing else "")
             + "); pass SDXL base or a checkpoint saved by FlaxStableDiffusionXLPipeline.save_pretrained."
         )
-    from .convert import pytorch_weight_files
+    from .convert import pytorch_weight_files, weight_variants
 
-    no_weights = [
-        name
-        for name, file in FLAX_WEIGHTS.items()
-        if not (path / name / file).is_file() and pytorch_weight_files(path / name, name) is None
-    ]
+    needs_pytorch = [name for name, file in FLAX_WEIGHTS.items() if not (path / name / file).is_file()]
+    present = sorted({v for name in needs_pytorch for v in weight_variants(path / name, name)})
+    if variant and needs_pytorch and variant not in present:  # bad input (CLI exit status 2), like unmappable files
+        raise CheckpointError(
+            f"{path} has no {variant!r} variant weights (*.{variant}.safetensors); "
+            + (f"variants there: {', '.join(present)}." if present else "drop --variant: it has plain files only.")
+        )
+    no_weights = []
+    for name in needs_pytorch:
+        try:
+            files = pytorch_weight_files(path / name, name, variant)
+        except CheckpointError:  # e.g. the plain files' shard index without its shards
+            if not present:
+                raise
+            files = None
+        if files is None:
+            no_weights.append(name)
     if no_weights:
+        if present and not variant:
+            raise CheckpointError(
+                f"{path} has only {' / '.join(present)} variant weights for {', '.join(no_weights)}; "
+                f"pass --variant {present[0]}."
+            )
         only_bin = any((path / name).glob("*.bin") for name in no_weights)
         raise ModelLoadError(
             f"{path} has no Flax weights for {', '.join(no_weights)} and no PyTorch .safetensors either"
@@ -185,7 +204,7 @@ def load_model(
     import jax.numpy as jnp
     from diffusers import FlaxStableDiffusionXLPipeline
 
-    source = resolve_model(model)
+    source = resolve_model(model, variant)
     is_local = os.path.isdir(source)
     revision = None if is_local else (revision or default_revision(source))
     directory = source
@@ -197,9 +216,11 @@ def load_model(
         if directory == source:
             try:
                 directory = download_checkpoint(source, revision=revision, variant=variant)
+            except ModelLoadError:
+                raise
             except Exception as exc:  # huggingface_hub raises many types; turn each into one line
                 raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
-        check_sdxl_directory(Path(directory))
+        check_sdxl_directory(Path(directory), variant)
     if unet or not has_flax_weights(Path(directory)):
         return load_per_component(
             Path(directory), source=source, dtype=dtype, variant=variant, unet=unet, use_cache=conversion_cache
@@ -268,6 +289,14 @@ def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | No
         every += [p for name in FLAX_WEIGHTS for group in weight_patterns(name, variant) for p in group]
         return snapshot_download(repo_id, revision=revision, allow_patterns=metadata + every, local_files_only=True)
     patterns = list(metadata)
+    pytorch_only = [name for name, flax_file in FLAX_WEIGHTS.items() if f"{name}/{flax_file}" not in files]
+    if variant and pytorch_only and not any(
+        fnmatch.fnmatch(file, pattern)
+        for name in pytorch_only
+        for pattern in weight_patterns(name, variant)[0]
+        for file in files
+    ):
+        raise CheckpointError(f"Hub model {repo_id} has no {variant!r} variant weights (*.{variant}.safetensors).")
     for name, flax_file in FLAX_WEIGHTS.items():
         if f"{name}/{flax_file}" in files:
             patterns.append(f"{name}/{flax_file}")
@@ -281,8 +310,6 @@ def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | No
 
 def resolve_unet_file(spec: str) -> Path:
     """`--unet`: a local .safetensors path, or REPO:FILE on the Hub (as SDXL-Lightning ships its UNets)."""
-    from .convert import CheckpointError
-
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix != ".safetensors":
@@ -294,12 +321,9 @@ def resolve_unet_file(spec: str) -> Path:
             f"UNet file {spec} does not exist; pass a local .safetensors file or REPO:FILE, e.g. "
             "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors."
         )
-    from huggingface_hub import hf_hub_download
+    from .hub import hub_file
 
-    try:
-        return Path(hf_hub_download(repo_id, filename))
-    except Exception as exc:
-        raise ModelLoadError(_describe_load_failure(spec, None, False, exc)) from exc
+    return Path(hub_file(repo_id, filename))  # offline: the cached copy, or one line with the download command
 
 
 def load_per_component(
@@ -317,7 +341,7 @@ def load_per_component(
     from flax.serialization import msgpack_restore
     from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
-    from .convert import CheckpointError, load_converted, pytorch_weight_files
+    from .convert import load_converted, pytorch_weight_files
 
     started = time.perf_counter()
     jax_dtype = getattr(jnp, dtype)
@@ -335,8 +359,11 @@ def load_per_component(
             ),
         }
         tokenizers = [CLIPTokenizer.from_pretrained(directory / name) for name in ("tokenizer", "tokenizer_2")]
-        # The same call the Flax pipeline makes: the scheduler config is read whole, whatever format the weights.
-        scheduler, scheduler_state = FlaxEulerDiscreteScheduler.from_pretrained(directory, subfolder="scheduler")
+        # The Flax scheduler from the config's fields it takes: a PyTorch config's others (karras sigmas, ...) would
+        # each be warned about; samplers.py reads the file whole and refuses what the engine cannot honour.
+        scheduler_config = _flax_config(FlaxEulerDiscreteScheduler, directory, "scheduler")
+        scheduler = FlaxEulerDiscreteScheduler.from_config(scheduler_config)
+        scheduler_state = scheduler.create_state()
     except (OSError, ValueError, TypeError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
         raise CheckpointError(f"Could not read the configs or tokenizers in {directory}: {detail}") from None

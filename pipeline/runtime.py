@@ -44,8 +44,8 @@ def use_cpu_cores(count: int | None = None) -> int:
     """On a CPU-only machine, split the CPU into `count` JAX devices (default: one per core); returns the count set.
 
     One request then makes one image per core, as it makes one per chip on a TPU, and it costs no more time per image
-    (README, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device count, and
-    does nothing when an accelerator is installed or `count` is 0. Must run before JAX is imported.
+    (bench/README.md, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device
+    count, and does nothing when an accelerator is installed or `count` is 0. Must run before JAX is imported.
     """
     if count == 0 or accelerator_installed() or _DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", ""):
         return 0

@@ -26,9 +26,12 @@ ALL_SDXL_SIZES = "sdxl"
 #: halves the latents twice, so sides must be multiples of 8 x 4 = 32 px; SDXL's own sizes are multiples of 64).
 TINY_SHORT_SIDE = 128
 TINY_MULTIPLE = 32
-#: Named ratios used for labels: the nearest one (within 10 %) names a size, e.g. 1344×768 -> 16:9.
+#: Named ratios used for labels: the nearest one within RATIO_TOLERANCE names a size (1344×768 -> 16:9, 1.6 % off);
+#: a size near none of them is labelled with its own reduced ratio (160×96 -> 5:3, not 16:9).
 NAMED_RATIOS = ((1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (21, 9))
-LATENT_MULTIPLE = 8
+RATIO_TOLERANCE = 1.03
+#: Every side must be a multiple of this: the VAE divides by 8 and the UNet halves the latents twice (8 × 4).
+SIZE_MULTIPLE = 32
 
 Size = tuple[int, int]  # (height, width)
 
@@ -59,23 +62,25 @@ def parse_sizes(text: str, tiny: bool = False) -> list[Size]:
                 f"Sizes are written WIDTHxHEIGHT, comma-separated (e.g. 1024x1024,1344x768); got {part!r}."
             )
         width, height = int(match[1]), int(match[2])
-        if not (LATENT_MULTIPLE <= width <= 4096 and LATENT_MULTIPLE <= height <= 4096) or (
-            width % LATENT_MULTIPLE or height % LATENT_MULTIPLE
+        if not (SIZE_MULTIPLE <= width <= 4096 and SIZE_MULTIPLE <= height <= 4096) or (
+            width % SIZE_MULTIPLE or height % SIZE_MULTIPLE
         ):
-            raise InvalidInput(f"Each size must be a multiple of 8 from 8 to 4096 on both sides; got {part}.")
+            raise InvalidInput(
+                f"Each side of a size must be a multiple of {SIZE_MULTIPLE} from {SIZE_MULTIPLE} to 4096; got {part}."
+            )
         if (height, width) not in sizes:
             sizes.append((height, width))
     return sizes
 
 
 def ratio_name(height: int, width: int) -> str:
-    """'16:9' for 1344×768 (nearest named ratio within 10 %), else the reduced fraction."""
+    """'16:9' for 1344×768 (the nearest named ratio within 3 %), else the reduced fraction ('5:3' for 160×96)."""
     actual = width / height
     best = None
     for a, b in NAMED_RATIOS:
         for w, h in ((a, b), (b, a)):
             error = abs(math.log(actual / (w / h)))
-            if error < math.log(1.1) and (best is None or error < best[0]):
+            if error < math.log(RATIO_TOLERANCE) and (best is None or error < best[0]):
                 best = (error, f"{w}:{h}")
     if best:
         return best[1]

@@ -22,6 +22,7 @@ __all__ = [
     "GUIDANCE_MIN",
     "MAX_PROMPT_CHARS",
     "SEED_MAX",
+    "STYLED_MAX_CHARS",
     "InvalidInput",
     "PromptFilter",
     "Request",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 MAX_PROMPT_CHARS = 2000
+#: The engine takes prompts after a style template was applied, which adds a few hundred characters.
+STYLED_MAX_CHARS = 2 * MAX_PROMPT_CHARS
 GUIDANCE_MIN, GUIDANCE_MAX = 0.0, 20.0
 SEED_MAX = 2**32 - 1
 #: Most denoising steps a request may ask for (the page's slider goes this far).

@@ -150,6 +150,7 @@ def test_cli_on_two_processes_gives_the_eight_images_of_one(tiny_dir, tmp_path, 
     assert follower_summary(follower) == {"process": 1, "requests": 1, "compiles_after_warmup": 0}
     assert not (tmp_path / "follower").exists()  # only the leader writes files
     assert_same_pixels(pixels_of(summary["images"]), expected)
+    assert "[Gloo]" not in leader.output + follower.output  # gloo's connection lines are dropped (issue 20)
 
 
 def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tiny_dir, tmp_path, expected, procs):

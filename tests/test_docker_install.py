@@ -1,14 +1,17 @@
 """The Dockerfile's pip installs resolve, for every ACCELERATOR it offers (Docker itself cannot run here).
 
-Reads the `RUN pip install` lines from the Dockerfile (so the test follows edits to it), then asks a fresh virtual
-environment's pip to resolve them with `--dry-run --report` against PyPI, ignoring this machine's pip config (local
-wheel folders, constraints) the way a clean python:3.11-slim image would. Needs PyPI; skipped when it is unreachable.
-About a minute: the three resolutions run side by side.
+Reads the `RUN pip install` lines from the Dockerfile (so the test follows edits to it). CI checks them from package
+metadata only (`test_accelerator_pins_from_metadata`, a few hundred KB: the index's file lists, and each wheel's
+METADATA read out of the wheel on the index with HTTP range requests, never the whole wheel), because pip itself
+downloads every CUDA wheel (GBs) to read its metadata when the index serves no separate metadata files.
+`python -m pytest -m downloads tests/test_docker_install.py` also runs pip's full `--dry-run` resolution, as before.
+Needs PyPI; skipped when it is unreachable (outside CI).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
 import os
 import pathlib
@@ -17,13 +20,20 @@ import shlex
 import subprocess
 import sys
 import venv
+import zipfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 
-pytestmark = pytest.mark.slow
+#: The index the Docker image installs from (a clean python:3.11-slim has no other).
+INDEX = os.environ.get("SDXL_TEST_INDEX", "https://pypi.org/simple")
+#: The platform the image runs on: CPython 3.11 on x86-64 Linux.
+WHEEL_TAGS = ("py3-none-any", "cp311-cp311-manylinux", "py3-none-manylinux")
+MARKER_ENV = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+              "implementation_name": "cpython", "platform_python_implementation": "CPython"}  # fmt: skip
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -120,6 +130,8 @@ def test_plan_is_read_from_the_dockerfile():
     assert text.index("pip install -r requirements.txt") < text.index("COPY --chown=user:user app.py")
 
 
+@pytest.mark.slow
+@pytest.mark.downloads
 def test_every_accelerator_resolves_with_jaxlib_0_10_2(fresh_pip, tmp_path):
     accelerators = ["cpu", "tpu", "cuda12", "auto"]
     with concurrent.futures.ThreadPoolExecutor(len(accelerators)) as pool:
@@ -138,6 +150,159 @@ def test_every_accelerator_resolves_with_jaxlib_0_10_2(fresh_pip, tmp_path):
     assert resolved["cuda12"].get("jax-cuda12-pjrt") == "0.10.2"
     assert not any(name.startswith(("libtpu", "jax-cuda")) for name in resolved["cpu"])
     assert "libtpu" in resolved["auto"] and resolved["auto"].get("jax-cuda12-plugin") == "0.10.2"
+
+
+# ---- from metadata only --------------------------------------------------------------------------------------------
+
+
+class _RangeFile(io.RawIOBase):
+    """A file on the index read with HTTP range requests: zipfile reads a wheel's directory and METADATA only."""
+
+    def __init__(self, client, url: str):
+        self.client, self.url, self.pos, self.fetched = client, url, 0, 0
+        head = client.head(url, follow_redirects=True)
+        head.raise_for_status()
+        self.size = int(head.headers["content-length"])
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        count = min(len(buffer), self.size - self.pos)
+        if count <= 0:
+            return 0
+        reply = self.client.get(self.url, headers={"Range": f"bytes={self.pos}-{self.pos + count - 1}"},
+                                follow_redirects=True)  # fmt: skip
+        assert reply.status_code == 206, f"{self.url}: the index does not serve byte ranges ({reply.status_code})"
+        data = reply.content
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        self.fetched += len(data)
+        return len(data)
+
+
+class _Index:
+    """Just enough of the simple API (PEP 691 JSON) to list a project's files and read a wheel's requirements."""
+
+    def __init__(self, client):
+        self.client = client
+        self.fetched = 0  # bytes of wheels read (metadata only)
+
+    def files(self, name: str) -> list[dict]:
+        reply = self.client.get(f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+                                follow_redirects=True)  # fmt: skip
+        reply.raise_for_status()
+        return reply.json()["files"]
+
+    def versions(self, name: str) -> set:
+        from packaging.utils import parse_wheel_filename
+
+        found = set()
+        for file in self.files(name):
+            if file["filename"].endswith(".whl") and any(t in file["filename"] for t in WHEEL_TAGS + ("x86_64",)):
+                found.add(parse_wheel_filename(file["filename"])[1])
+        return found
+
+    def requirements(self, name: str, version: str, extras: set[str]) -> list:
+        """Requires-Dist of `name==version` (its wheel for the image's platform) that apply with `extras`."""
+        from packaging.requirements import Requirement
+        from packaging.utils import parse_wheel_filename
+
+        wheels = [f for f in self.files(name) if f["filename"].endswith(".whl")
+                  and str(parse_wheel_filename(f["filename"])[1]) == version
+                  and any(t in f["filename"] for t in WHEEL_TAGS) and f["filename"].endswith(("any.whl", "x86_64.whl"))]
+        assert wheels, f"no {name} {version} wheel for CPython 3.11 on x86-64 Linux on {INDEX}"
+        raw = _RangeFile(self.client, wheels[0]["url"])
+        with zipfile.ZipFile(io.BufferedReader(raw, 64 * 1024)) as wheel:
+            member = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+            text = wheel.read(member).decode("utf-8")
+        self.fetched += raw.fetched
+        wanted = []
+        for line in text.splitlines():
+            if line.startswith("Requires-Dist:"):
+                requirement = Requirement(line.split(":", 1)[1].strip())
+                marker = requirement.marker
+                if marker is None or any(marker.evaluate({**MARKER_ENV, "extra": e}) for e in extras or {""}):
+                    wanted.append(requirement)
+        return wanted
+
+
+def accelerator_closure(index: _Index, requirement_text: str) -> dict:
+    """{name: specifier set} of everything `jax[...]==V` adds for its extras, following the accelerator plugins'
+    own extras (jax-cuda12-plugin[with-cuda]); each leaf is checked to have a satisfying release on the index."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = Requirement(requirement_text)
+    (version,) = [spec.version for spec in root.specifier]
+    found: dict = {}
+    queue = [(canonicalize_name(root.name), version, set(root.extras))]
+    while queue:
+        name, exact, extras = queue.pop()
+        for requirement in index.requirements(name, exact, extras):
+            child = canonicalize_name(requirement.name)
+            found[child] = found.get(child, requirement.specifier) & requirement.specifier
+            if child.startswith("jax-cuda") and child.endswith("-plugin"):  # the plugin's own [with-cuda] extra
+                pinned = max(v for v in index.versions(child) if v in requirement.specifier)
+                queue.append((child, str(pinned), set(requirement.extras)))
+    return found
+
+
+def test_accelerator_pins_from_metadata():
+    """Each ACCELERATOR's `jax[...]==0.10.2` keeps jaxlib at requirements.txt's 0.10.2, brings libtpu 0.0.42.* (TPU)
+    or the CUDA 12 plugin and PJRT at 0.10.2 with the CUDA wheels (GPU), and every one of those exists on the index:
+    read from metadata only (well under 5 MB in all, no wheel downloaded whole)."""
+    import httpx
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pinned = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            pinned[canonicalize_name(requirement.name)] = requirement.specifier
+    assert str(pinned["jax"]) == str(pinned["jaxlib"]) == "==0.10.2"
+    try:
+        client = httpx.Client(timeout=60)
+        index = _Index(client)
+        index.files("jax")
+    except httpx.HTTPError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"package index unreachable: {exc.__class__.__name__}")
+    closures = {}
+    try:
+        for accelerator in ("cpu", "tpu", "cuda12", "auto"):
+            extra = [args for args in install_plan(accelerator) if args != ["-r", "requirements.txt"]]
+            closures[accelerator] = accelerator_closure(index, extra[0][0]) if extra else {}
+        for accelerator, closure in closures.items():
+            if accelerator == "cpu":
+                assert closure == {}
+                continue
+            assert "0.10.2" in closure["jaxlib"], (accelerator, closure["jaxlib"])  # requirements.txt's jaxlib stays
+            for name, specifier in closure.items():
+                if name in pinned:
+                    continue
+                assert any(v in specifier for v in index.versions(name)), f"{accelerator}: no {name}{specifier}"
+        assert str(closures["tpu"]["libtpu"]) == "==0.0.42.*"
+        assert "0.10.2" in closures["cuda12"]["jax-cuda12-plugin"] and "0.10.2" in closures["cuda12"]["jax-cuda12-pjrt"]
+        assert any(name.startswith("nvidia-cudnn") for name in closures["cuda12"])  # CUDA comes as wheels
+        assert "libtpu" not in closures["cuda12"] and not any(name.startswith("nvidia") for name in closures["tpu"])
+        assert set(closures["tpu"]) | set(closures["cuda12"]) == set(closures["auto"])
+        assert index.fetched < 5_000_000, index.fetched
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":  # python tests/test_docker_install.py prints the plans

@@ -1,0 +1,14 @@
+"""The error types the stages raise, in one module no stage depends on, so no stage imports another for them.
+
+`InvalidInput` (bad user input) lives in `validation.py`, which imports nothing of the engine.
+"""
+
+from __future__ import annotations
+
+
+class ModelLoadError(RuntimeError):
+    """The checkpoint could not be loaded; the message names the problem and what to do, in one line."""
+
+
+class CheckpointError(ModelLoadError):
+    """The checkpoint's files are there but cannot be mapped onto SDXL's modules (bad input: the CLI exits 2)."""
