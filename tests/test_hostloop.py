@@ -36,8 +36,9 @@ def client(demo, tmp_path_factory):
 
 
 def parameters_of(item) -> str:
-    with Image.open(item["image"]) as image:
-        return image.info["parameters"]
+    from pipeline.images import read_parameters
+
+    return read_parameters(item["image"])
 
 
 def test_steps_and_sampler_per_request_through_the_api_compile_nothing(client, ui_engine):
