@@ -102,6 +102,7 @@ class Option:
 
 
 _PORT = _bounded_int(1, 65535)
+_STEPS = _bounded_int(1, MAX_STEPS)
 _AT_LEAST_ONE = _bounded_int(1)
 _NON_NEGATIVE = _bounded_int(0)
 
@@ -127,7 +128,7 @@ OPTIONS: tuple[Option, ...] = (
            default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
            "one size)", programs=frozenset({APP})),
     Option("--steps", f"denoising steps of a request that names none (a request may ask for 1..{MAX_STEPS}; no "
-           "recompile)", "SDXL_STEPS", _bounded_int(1, MAX_STEPS), default_text="25, 4 for tiny"),
+           "recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny"),
     Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
            default_text="bfloat16 on TPU/GPU, float32 on CPU"),
     Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", _AT_LEAST_ONE, 1),
@@ -242,6 +243,10 @@ def _values(option: Option) -> str:
         return ", ".join(f"`{choice}`" for choice in option.choices)
     if option.type is _PORT:
         return "1–65535"
+    if option.type is _STEPS:
+        return f"1–{MAX_STEPS}"
+    if option.type is sampler_argument:
+        return ", ".join(f"`{name}`" for name in SAMPLER_NAMES)
     if option.type is _AT_LEAST_ONE:
         return "whole number ≥ 1"
     if option.type is _NON_NEGATIVE:
