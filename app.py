@@ -279,6 +279,7 @@ def make_generate_fn(
     outbox: Outbox | None = None,
     image_format: str | None = None,
     stops: _StopRequests | None = None,
+    shown: _ShownImages | None = None,
 ):
     """The function behind the Generate button, the examples and the /generate API endpoint.
 
@@ -352,6 +353,8 @@ def make_generate_fn(
                 should_stop=lambda: stop() or request_gone(),
             )
             delivery = outbox.deliver(result.images, files.new_dir(), f"sdxl-{checked.seed}", image_format)
+            if shown is not None:
+                shown.remember(session, delivery.gallery)
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, checked.seed)
             message = f"Stopped at step {stopped.done} / {stopped.total}."
@@ -388,15 +391,36 @@ def make_generate_fn(
     return generate
 
 
-def make_png_fn(outbox: Outbox):
-    """The page's follow-up to a new gallery: the lossless PNG (with `parameters`) of each of its images, as files.
+class _ShownImages:
+    """The gallery files each browser session was last shown, so the page's PNG follow-up needs no file input."""
 
-    Runs as its own event once the gallery shows, so the answer never waits for PNG encoding. Images are matched by
-    the gallery file's name (see pipeline.delivery); no path a browser sends is ever opened.
+    def __init__(self, keep: int = 256) -> None:
+        self._names: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def remember(self, session: str, paths: Sequence[pathlib.Path]) -> None:
+        with self._lock:
+            self._names[session] = [pathlib.Path(p).name for p in paths]
+            self._names.move_to_end(session)
+            while len(self._names) > self._keep:
+                self._names.popitem(last=False)
+
+    def names(self, session: str) -> list[str]:
+        with self._lock:
+            return list(self._names.get(session, []))
+
+
+def make_png_fn(outbox: Outbox, shown: _ShownImages):
+    """The page's follow-up to a generation: the lossless PNG (with `parameters`) of each image it just showed.
+
+    Runs as its own event once the answer is in, so the answer never waits for PNG encoding. Images are matched by
+    file name (see pipeline.delivery); no path a browser sends is ever opened.
     """
 
-    def pngs(gallery: list | None) -> dict:
-        futures = [outbox.png_for(item[0] if isinstance(item, (tuple, list)) else item) for item in gallery or []]
+    def pngs(request: gr.Request = None) -> dict:
+        names = shown.names(getattr(request, "session_hash", None) or "")
+        futures = [outbox.png_for(name) for name in names]
         paths = []
         for future in futures:
             try:
@@ -549,7 +573,8 @@ def build_demo(
                 if summary := sampler_summary(generator):  # fixed at start-up; jargon, so not in the header
                     gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
             stops = _StopRequests()
-            generate_fn = make_generate_fn(generator, styles, prompt_filter, files, outbox, stops=stops)
+            shown = _ShownImages()
+            generate_fn = make_generate_fn(generator, styles, prompt_filter, files, outbox, stops=stops, shown=shown)
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
             example_steps, example_sampler = int(config.steps), default_sampler(generator)
@@ -580,7 +605,7 @@ def build_demo(
         # A new request clears the last one's status line at once (in the browser), so a refused request never
         # leaves an older request's "8 images in ..." under its error.
         gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
-        gr.on(
+        generated = gr.on(
             triggers=[run.click, prompt.submit],
             fn=generate_fn,
             inputs=inputs,
@@ -595,6 +620,18 @@ def build_demo(
             concurrency_id="generate",
             show_progress="full",
             show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
+        )
+
+        # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the
+        # background; matched by file name, so no path a browser sends is ever opened).
+        generated.success(
+            fn=make_png_fn(outbox, shown),
+            inputs=None,
+            outputs=pngs,
+            api_visibility="private",  # API callers use /generate_png
+            show_progress="hidden",
+            concurrency_limit=4,  # it only waits on the background pool
+            concurrency_id="pngs",
         )
 
         def stop_request(request: gr.Request) -> None:
@@ -612,15 +649,6 @@ def build_demo(
             preprocess=False,
             concurrency_limit=GENERATE_CONCURRENCY,  # a group takes its events' lowest limit: give the same
             concurrency_id="generate",  # shares /generate's slots
-        )
-        gallery.change(
-            fn=make_png_fn(outbox),
-            inputs=gallery,
-            outputs=pngs,
-            api_visibility="private",  # the page's own follow-up; API callers use /generate_png
-            show_progress="hidden",
-            concurrency_limit=4,  # it only waits on the background pool
-            concurrency_id="pngs",
         )
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
