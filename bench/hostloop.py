@@ -179,8 +179,9 @@ class StopLatency:
 
 def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress) -> StopLatency:
     """Through a launched app: submit, cancel at step 2, then one more request; timed inside the server process."""
-    import app
     from gradio_client import Client
+
+    import app
 
     demo = app.build_demo(generator)
     app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
