@@ -185,12 +185,19 @@ def markdown(results: dict) -> str:
         ]
     if (sp := results.get("stop")) is not None:
         lines += [
-            "## Stop: `job.cancel()` -> the next request's first step",
+            "## Stop: `job.cancel()` -> devices free -> the next request",
             "",
-            f"Cancelled at step {sp.cancelled_at_step} of {sp.steps} (client-side progress); the engine stopped after "
-            f"dispatching {sp.engine_stopped_after} steps. Next request's first step "
-            f"{_ms(sp.cancel_to_next_first_step)} after `cancel()`, a step takes {_ms(sp.step_s)}: "
-            f"**{sp.in_step_times:.2f} step times** (target ≤ {sp.target:g}) {_verdict(sp.meets_target)}.",
+            f"Cancelled at step {sp.cancelled_at_step} of {sp.steps} (client-side progress, which lags); the engine "
+            f"stopped after dispatching {sp.engine_stopped_after} steps. A step takes {_ms(sp.step_s)}.",
+            "",
+            "| from `cancel()` to | ms |",
+            "|---|---|",
+            f"| the devices free (the stopped request's last queued step done) | {_ms(sp.cancel_to_devices_free)} |",
+            f"| the next request's first step queued on the devices | {_ms(sp.cancel_to_next_first_step_queued)} |",
+            f"| that step's result ready | {_ms(sp.cancel_to_next_first_step_ready)} |",
+            "",
+            f"Cancel -> next request's first step: **{sp.in_step_times:.2f} step times** (target ≤ {sp.target:g}) "
+            f"{_verdict(sp.meets_target)}.",
             "",
         ]
     if (sw := results.get("samplers")) is not None:

@@ -116,7 +116,7 @@ class Generator:
             max_tokens=self._max_tokens,
         )
         self._device_lock = threading.Lock()  # one request on the devices at a time
-        #: The last calls' outcomes, newest last: steps, done, stopped, sampler, first_step_at (what Stop did)
+        #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
 
@@ -305,7 +305,7 @@ class Generator:
                 run.update(done=stopped.done, stopped=True)
                 raise
             finally:
-                run["first_step_at"] = loop_timings.get("first_step_at")
+                run.update({k: v for k, v in loop_timings.items() if k.endswith("_at")})
                 self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             off_device = time.perf_counter()

@@ -92,11 +92,14 @@ def run(
     """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
 
     `put` places a small host array on every device (replicated; on several processes each passes the same).
-    `timings`, when given, receives `first_step_s` (from this call to the first step's result being ready) and
-    `first_step_at` (that moment, `time.perf_counter()`).
+    `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
+    (step 0 queued), `first_step_at` (its result ready) and, when stopped, `freed_at` (the last queued step done);
+    and `first_step_s` (started -> first step ready).
     """
     height, width = size
     started = time.perf_counter()
+    if timings is not None:
+        timings["started_at"] = started
     encode = programs.compile(ProgramKey("encode", cfg=cfg))
     start = programs.compile(ProgramKey("start", height, width))
     step = programs.compile(ProgramKey("step", height, width, cfg))
@@ -115,11 +118,17 @@ def run(
     for index in range(plan.steps):
         wants_stop = bool(should_stop and should_stop())
         if gate(index, wants_stop) if gate is not None else wants_stop:
+            if pending:  # the step already queued finishes: the devices are free once it has
+                pending[-1].block_until_ready()
+            if timings is not None:
+                timings["freed_at"] = time.perf_counter()
             raise Stopped(index, plan.steps)
         latents, previous = step(
             unet, latents, previous, hidden, pooled, inputs.guidance, inputs.seeds, rows[index], indices[index]
         )
         pending.append(latents)
+        if index == 0 and timings is not None:
+            timings["first_dispatch_at"] = time.perf_counter()
         if len(pending) > 1:  # step `index` is queued behind the one we now wait for
             done = _ready(pending.pop(0), done, plan.steps, on_step, timings, started)
     while pending:
