@@ -599,6 +599,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device "
         "[SDXL_CPU_DEVICES; default one per core]",
     )
+    add(
+        "--precompiled",
+        metavar="DIR",
+        default=_env("SDXL_PRECOMPILED"),
+        help="load the matching executables written by `python -m pipeline precompile` from DIR; compile the rest "
+        "[SDXL_PRECOMPILED]",
+    )
     distributed.add_arguments(parser)  # multi-host: the same command on every host; process 0 serves the page
     args = parser.parse_args(argv)
     try:
@@ -695,6 +702,10 @@ def load_generator(args: argparse.Namespace) -> Generator:
     if sizes:
         logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in sizes))
     logger.info("sampler: %s", sampler_summary(generator))
+    if getattr(args, "precompiled", None):  # one line: which programs were loaded, which are compiled and why
+        from pipeline.aot import load_precompiled
+
+        load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))

@@ -1,4 +1,5 @@
-"""Command line: `python -m pipeline make-tiny DIR` and `python -m pipeline generate ...`.
+"""Command line: `python -m pipeline make-tiny DIR`, `python -m pipeline generate ...` and
+`python -m pipeline precompile --topology v5e:2x2 [app options] --out DIR` (executables for a precompiled start-up).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
@@ -16,9 +17,9 @@ import time
 from .convert import CheckpointError
 from .loading import ModelLoadError
 from .presets import PRESET_NAMES
-from .runtime import quiet_start, use_cpu_cores
+from .runtime import quiet_start, skip_absent_tpu, use_cpu_cores
 from .samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
-from .settings import ATTENTIONS, DTYPES, SDXL_BASE, shape_defaults
+from .settings import ATTENTIONS, DTYPES, SDXL_BASE, TINY_MODEL, shape_defaults
 from .styles import DEFAULT_STYLE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
 
@@ -71,9 +72,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--out", required=True, help="directory for the PNG files")
     gen.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    gen.add_argument("--precompiled", metavar="DIR", default=None,
+                     help="load the matching executables of `precompile` from DIR; compile the rest")  # fmt: skip
     from .distributed import add_arguments as add_cluster_arguments
 
     add_cluster_arguments(gen)  # the same command on every host; process 0 writes the images, the others follow
+
+    pre = commands.add_parser("precompile", help="compile the served programs for a topology into a directory")
+    pre.add_argument("--topology", default="v5e:2x2",
+                     help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
+                     "devices (default v5e:2x2)")  # fmt: skip
+    pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
+    pre.add_argument("--model", default=None, help=f"as app.py (default {SDXL_BASE}); weights are read for shapes")
+    pre.add_argument("--preset", choices=PRESET_NAMES, default=None)
+    pre.add_argument("--sampler", choices=SAMPLERS, default=None)
+    pre.add_argument("--timestep-spacing", choices=SPACINGS, default=None)
+    pre.add_argument("--steps-offset", type=int, default=None)
+    pre.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None)
+    pre.add_argument("--no-cfg", action="store_true")
+    pre.add_argument("--revision", default=None)
+    pre.add_argument("--variant", default=None)
+    pre.add_argument("--unet", default=None)
+    pre.add_argument("--height", type=int, default=None)
+    pre.add_argument("--width", type=int, default=None)
+    pre.add_argument("--sizes", default=None, help="as app.py (default: the app's three; --height/--width: one)")
+    pre.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU, float32 on cpu")
+    pre.add_argument("--per-device-batch", type=int, default=1)
+    pre.add_argument("--attention", choices=ATTENTIONS, default="auto")
+    pre.add_argument("--cpu-devices", type=int, default=None, help="with --topology cpu: as app.py")
+    pre.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
+    pre.set_defaults(steps=None, guidance_scale=None)
     return parser
 
 
@@ -102,6 +130,11 @@ def _generate(args: argparse.Namespace) -> int:
         attention=args.attention,
         **settings,  # model, shape, sampler settings, unet, variant (a preset's, the flags winning)
     )
+    if args.precompiled:
+        from .aot import load_precompiled
+
+        report = load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
+        print(report.summary(args.precompiled), file=sys.stderr)  # which were loaded, which are compiled and why
     warmup = generator.warmup()
     warmup_compiles = generator.compile_count
     if not cluster.is_leader:
@@ -144,6 +177,32 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _precompile(args: argparse.Namespace) -> int:
+    from .aot import precompile
+    from .sizes import default_sizes, parse_sizes
+
+    settings = _settings(args)
+    tiny = settings["model"].strip() == TINY_MODEL
+    if args.sizes:
+        sizes = parse_sizes(args.sizes, tiny=tiny)
+    elif (settings["height"], settings["width"]) != shape_defaults(settings["model"])[:2]:
+        sizes = [(settings["height"], settings["width"])]  # --height/--width (or a preset's size): that one, as app.py
+    else:
+        sizes = default_sizes(tiny=tiny)
+    overrides = {k: settings.get(k) for k in ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")}
+    started = time.perf_counter()
+    manifest = precompile(
+        settings["model"], topology=args.topology, out=args.out, sizes=sizes, dtype=args.dtype,
+        per_device_batch=args.per_device_batch, attention=args.attention, revision=args.revision,
+        variant=settings.get("variant"), unet=settings.get("unet"),
+        sampler_overrides={k: v for k, v in overrides.items() if v is not None},
+        compilation_cache=not args.no_compilation_cache, progress=print,
+    )  # fmt: skip
+    print(f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
+          f"{args.out} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+    return 0
+
+
 def _settings(args: argparse.Namespace) -> dict:
     """Model, shape, sampler settings and default guidance: explicit flags, else the preset's, else the model's."""
     from .presets import get_preset, resolve
@@ -169,8 +228,10 @@ def _settings(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    if args.command == "generate":
+    if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
+    elif args.command == "precompile":
+        skip_absent_tpu()  # compiling for a TPU topology needs libtpu, not a TPU: no probe for one
     quiet_start()
     try:
         if args.command == "make-tiny":
@@ -178,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(make_tiny(args.directory, seed=args.seed))
             return 0
+        if args.command == "precompile":
+            return _precompile(args)
         return _generate(args)
     except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -64,6 +64,12 @@ def _log_once(key, message: str, *args) -> None:
     logger.info(message, *args)
 
 
+def reset_fallback_log() -> None:
+    """Log each fallback again (the TPU report collects every program's own fallbacks)."""
+    with _logged_lock:
+        _logged.clear()
+
+
 def resolve(kind: str, platform: str, dtype: str) -> str:
     """The concrete kind for `kind` on `platform` ("cpu", "gpu"/"cuda", "tpu") with network `dtype`.
 
