@@ -4,6 +4,7 @@
     python -m bench tpu --only "step 1024x1024 cfg" --attention splash    # one program (9-15 min here at full size)
     python -m bench tpu --topology v6e:2x2 --kinds step --sizes 1024x1024
     python -m bench tpu --model tiny --sizes 64x64                # the tiny checkpoint's geometry: a minute or two
+    python -m bench tpu --startup                                 # precompiled vs cold start-up (tiny, this CPU)
 
 Needs libtpu (`pip install "jax[tpu]==0.10.2"`, in requirements-dev.txt). `--topology` is any name libtpu knows
 (v5e:2x2 = v5e-4, v5e:2x4, v6e:2x2, the multi-host v5e:4x4...); the batch is one image per chip (x
@@ -17,6 +18,10 @@ for SDXL base (25 steps, CFG) and Lightning-4 (4 steps, no CFG) from the rooflin
 decode, a lower bound. Results go to --out/tpu.json (merged with the rows already there, so programs compiled by
 separate runs add up) and a table is printed. Only the UNet step depends on the attention core; the other programs
 are compiled once (attention null).
+
+`--startup` measures the precompiled start-up instead, on this host's CPU devices with the tiny checkpoint (128x128,
+4 steps): `python -m pipeline precompile --topology cpu`, then `python -m pipeline generate` cold (no compilation
+cache) and with `--precompiled`, each a fresh process; writes startup.json.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
+    add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
+    add("--runs", type=int, default=1, help="with --startup: start-ups of each kind (default 1)")
     args = parser.parse_args(argv)
     args.attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
     args.kind_list = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -263,8 +270,63 @@ def table(rows: list[dict], requests: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def startup(runs: int, out: Path, progress) -> dict:
+    """Process start-up to the first image: cold (compiles everything, no cache) vs loading precompiled executables."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from .common import Stats
+
+    shape = ["--model", "tiny", "--height", "128", "--width", "128"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def run(*extra) -> dict:
+        command = [sys.executable, "-m", "pipeline", *extra]
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - started
+        return {"wall_s": wall, **(json.loads(done.stdout) if "--json" in extra else {})}
+
+    with tempfile.TemporaryDirectory() as directory:
+        progress("startup: precompile --topology cpu (tiny, 128x128) ...")
+        built = run("precompile", "--topology", "cpu", *shape, "--no-compilation-cache", "--out", directory)
+        results: dict = {"precompile_s": built["wall_s"], "cold": [], "precompiled": []}
+        for index in range(runs):
+            for name, extra in (("cold", ()), ("precompiled", ("--precompiled", directory))):
+                summary = run("generate", *shape, "--prompt", "a lighthouse", "--no-compilation-cache",
+                              "--out", str(Path(directory) / "images"), "--json", *extra)  # fmt: skip
+                timings = summary["timings"]
+                row = {"wall_s": summary["wall_s"], "process_s": summary["process_s"], "compiles": summary["compiles"],
+                       "compile_s": timings["compile_s"], "load_s": timings["load_s"],
+                       "first_run_s": timings["first_run_s"]}  # fmt: skip
+                results[name].append(row)
+                progress(f"startup {index + 1}/{runs} {name}: process {row['wall_s']:.1f} s, compile "
+                         f"{row['compile_s']:.1f} s, first run {row['first_run_s']:.1f} s, {row['compiles']} XLA "
+                         f"compilations (loading the tiny model compiles a few small programs)")  # fmt: skip
+    for name in ("cold", "precompiled"):
+        results[f"{name}_wall_s"] = Stats.of([r["wall_s"] for r in results[name]])
+        results[f"{name}_compile_s"] = Stats.of([r["compile_s"] for r in results[name]])
+    return results
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.startup:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        from .common import machine_info, progress
+        from .report import write_json
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        results = {"machine": machine_info(), "startup": startup(args.runs, out, progress)}
+        path = write_json(results, out / "startup.json")
+        st = results["startup"]
+        progress(f"startup: cold {st['cold_wall_s'].median:.1f} s vs precompiled {st['precompiled_wall_s'].median:.1f}"
+                 f" s to the first image (compile {st['cold_compile_s'].median:.1f} s vs "
+                 f"{st['precompiled_compile_s'].median:.1f} s): {path}")  # fmt: skip
+        return 0
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the topology API needs no TPU; skip the probe for one
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -4,8 +4,9 @@ start-up as a CPU round trip (executables written by `python -m pipeline precomp
 starts with zero compilations and makes the same pixels).
 
 What is compiled for TPU is kept small (about 1.5 min on 2 cores): the step program with `xla` at 64x64 (CFG) and
-with `splash` at 256x128 (no CFG: the tiny UNet's first attention level then has 128 tokens, so the Mosaic kernel is
-in the program; at 64x64 every shape falls back to xla), encode and decode once.
+with `splash` at 192x160 (no CFG: the tiny UNet's first attention level then has 120 tokens, which splash pads to
+128 and masks, so the Mosaic kernel with segment ids is in the program; at 64x64 every shape falls back to xla),
+encode and decode once.
 """
 
 import json
@@ -20,6 +21,8 @@ from conftest import TEST_SIZE, TEST_STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "v5e:2x2"
+#: (height, width) where the tiny UNet's first attention level has 10 x 12 = 120 tokens: splash, padded to 128.
+SPLASH_SIZE = (160, 192)
 
 
 def _libtpu() -> bool:
@@ -57,7 +60,7 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
     rows = []
     for core, key in (
         ("xla", ProgramKey("step", TEST_SIZE, TEST_SIZE, True)),
-        ("splash", ProgramKey("step", 128, 256, False)),
+        ("splash", ProgramKey("step", *SPLASH_SIZE, False)),
         (None, ProgramKey("encode", cfg=True)),
         (None, ProgramKey("decode", TEST_SIZE, TEST_SIZE)),
     ):
@@ -69,8 +72,8 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
         assert row["flops"] > 0 and row["bytes_accessed"] > 0 and row["roofline_s"] > 0, row
         assert row["hbm_bytes"]["arguments"] > 0 and row["hbm_bytes"]["code"] > 0, row
     splash = rows[1]
-    # The 128-token self-attention runs in the kernel; the 32-token level and the 77-key cross-attention fall back.
-    assert splash["fallbacks"] and not any("(1, 128, 4, 16), k (1, 128" in line for line in splash["fallbacks"])
+    # The 120-token self-attention runs in the kernel; the 30-token level and the 77-key cross-attention fall back.
+    assert splash["fallbacks"] and not any("q (1, 120, 4, 16), k (1, 120" in line for line in splash["fallbacks"])
     assert any("k (1, 77" in line for line in splash["fallbacks"]), splash["fallbacks"]
 
 
@@ -78,8 +81,24 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
 def test_splash_kernel_is_in_the_tpu_program(tpu_programs):
     from pipeline.programs import ProgramKey
 
-    text = tpu_programs["splash"].lower(ProgramKey("step", 128, 256, False)).as_text()
+    text = tpu_programs["splash"].lower(ProgramKey("step", *SPLASH_SIZE, False)).as_text()
     assert "tpu_custom_call" in text  # the Mosaic kernel, not an xla fallback
+
+
+@pytest.mark.parametrize("length", [120, 248])
+def test_splash_pads_lengths_off_128_exactly(length):
+    """SDXL's 1344x768 has 4032- and 1008-token self-attention: splash pads to 128 and masks the padding off."""
+    import jax.numpy as jnp
+
+    from pipeline import attention
+
+    rng = np.random.default_rng(length)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, 2, 64)), jnp.float32) for _ in range(3))
+    assert attention.splash_supported(q.shape, k.shape) and attention.splash_length(length) % 128 == 0
+    out = attention.splash_attention(q, k, v, 0.125, interpret=True, block=128)
+    exact = attention.reference_attention(q, k, v, 0.125)
+    assert np.abs(np.asarray(out, np.float64) - exact).max() <= 1e-5
+    assert not attention.splash_supported((1, 30, 2, 64), (1, 30, 2, 64))  # 30 -> 128 would pad too much
 
 
 def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
