@@ -137,8 +137,9 @@ def jobs(args, sizes) -> list[tuple]:
             order.append((ProgramKey("start", height, width), None))
         if index == 0 and "encode" in args.kind_list:
             order += [(ProgramKey("encode", cfg=cfg), None) for cfg in args.cfgs]
-    if args.only_labels is not None:
+    if args.only_labels is not None:  # those, in the order given
         order = [(key, a) for key, a in order if key.label in args.only_labels]
+        order.sort(key=lambda job: args.only_labels.index(job[0].label))
     return order
 
 
@@ -291,7 +292,7 @@ def startup(runs: int, out: Path, progress) -> dict:
 
     with tempfile.TemporaryDirectory() as directory:
         progress("startup: precompile --topology cpu (tiny, 128x128) ...")
-        built = run("precompile", "--topology", "cpu", *shape, "--no-compilation-cache", "--out", directory)
+        built = run("precompile", "--topology", "cpu", *shape, "--out", directory)
         results: dict = {"precompile_s": built["wall_s"], "cold": [], "precompiled": []}
         for index in range(runs):
             for name, extra in (("cold", ()), ("precompiled", ("--precompiled", directory))):
@@ -340,6 +341,9 @@ def main(argv: list[str]) -> int:
     from .report import write_json
 
     quiet_start()
+    from pipeline.compilation import configure_compilation_cache
+
+    configure_compilation_cache(False)  # a topology's compile-only client cannot use JAX's persistent cache
     if not libtpu_available():
         progress('tpu: libtpu is not installed: pip install "jax[tpu]==0.10.2" (requirements-dev.txt has it)')
         return 2

@@ -100,7 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--per-device-batch", type=int, default=1)
     pre.add_argument("--attention", choices=ATTENTIONS, default="auto")
     pre.add_argument("--cpu-devices", type=int, default=None, help="with --topology cpu: as app.py")
-    pre.add_argument("--no-compilation-cache", action="store_true", help="do not use JAX's persistent cache")
     pre.set_defaults(steps=None, guidance_scale=None)
     return parser
 
@@ -195,8 +194,7 @@ def _precompile(args: argparse.Namespace) -> int:
         settings["model"], topology=args.topology, out=args.out, sizes=sizes, dtype=args.dtype,
         per_device_batch=args.per_device_batch, attention=args.attention, revision=args.revision,
         variant=settings.get("variant"), unet=settings.get("unet"),
-        sampler_overrides={k: v for k, v in overrides.items() if v is not None},
-        compilation_cache=not args.no_compilation_cache, progress=print,
+        sampler_overrides={k: v for k, v in overrides.items() if v is not None}, progress=print,
     )  # fmt: skip
     print(f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
           f"{args.out} ({time.perf_counter() - started:.0f} s)")  # fmt: skip

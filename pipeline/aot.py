@@ -164,8 +164,12 @@ def save_precompiled(
     programs: ServedPrograms, keys: list[ProgramKey], directory: str | Path, *, topology: str, settings: dict,
     progress=logger.info,
 ) -> dict:  # fmt: skip
-    """Write `keys`' executables (compiled for `programs`' mesh now, unless `programs` has them already, e.g. a warm
-    Generator's) serialized, plus `manifest.json`; returns the manifest."""
+    """Compile `keys` for `programs`' mesh and write each serialized executable plus `manifest.json`; the manifest.
+
+    Compiled here and now, never taken from JAX's persistent cache: an XLA:CPU executable the cache loaded serializes
+    without its kernels ("Function ... not found" when the copy runs), and a TPU topology's compile-only client
+    cannot read the cache at all. Call it with the cache off (`precompile` turns it off).
+    """
     from jax.experimental.serialize_executable import serialize
 
     directory = Path(directory)
@@ -175,7 +179,7 @@ def save_precompiled(
     entries = []
     for key in keys:
         started = time.perf_counter()
-        compiled = programs.compile(key)
+        compiled = programs.lower(key).compile()
         blob = pickle.dumps(serialize(compiled))  # (executable bytes, argument tree, result tree)
         (directory / _file_name(key)).write_bytes(blob)
         seconds = time.perf_counter() - started
@@ -277,8 +281,7 @@ def _logged(report: LoadReport, directory, started: float) -> LoadReport:
 def precompile(
     model: str, *, topology: str, out: str | Path, sizes: list[tuple[int, int]], dtype: str | None = None,
     per_device_batch: int = 1, attention: str = "auto", revision: str | None = None, variant: str | None = None,
-    unet: str | None = None, sampler_overrides: dict | None = None, compilation_cache: bool = True,
-    progress=logger.info,
+    unet: str | None = None, sampler_overrides: dict | None = None, progress=logger.info,
 ) -> dict:  # fmt: skip
     """Compile every program a server with these settings runs, for `topology`'s devices, into `out`; the manifest.
 
@@ -295,7 +298,7 @@ def precompile(
     from .samplers import SamplerConfig, read_scheduler_config
     from .sharding import data_mesh
 
-    configure_compilation_cache(compilation_cache)  # as the server does: a rebuild reuses what was compiled
+    configure_compilation_cache(False)  # every executable compiled here (see save_precompiled)
     devices = topology_devices(topology)
     platform = devices[0].platform
     dtype = dtype or default_dtype(platform)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from conftest import TEST_SIZE, TEST_STEPS
@@ -42,6 +43,7 @@ def tpu_programs():
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
     from bench.tpu import tiny_model
     from pipeline.aot import topology_devices
+    from pipeline.compilation import configure_compilation_cache
     from pipeline.programs import ServedPrograms
     from pipeline.sharding import data_mesh
 
@@ -49,7 +51,10 @@ def tpu_programs():
     assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
     modules, params = tiny_model("bfloat16")
     mesh = data_mesh(devices)
-    return {core: ServedPrograms(modules, params, mesh, attention=core) for core in ("xla", "splash")}
+    cached = jax.config.jax_enable_compilation_cache
+    configure_compilation_cache(False)  # a topology's compile-only client cannot read JAX's persistent cache
+    yield {core: ServedPrograms(modules, params, mesh, attention=core) for core in ("xla", "splash")}
+    configure_compilation_cache(cached)
 
 
 @needs_libtpu
