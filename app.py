@@ -34,15 +34,26 @@ import gradio as gr
 
 from pipeline import Generator, InvalidInput, distributed
 from pipeline.loading import ModelLoadError
+from pipeline.loop import StopFlag, Stopped
 from pipeline.presets import PRESET_NAMES, get_preset
 from pipeline.presets import resolve as resolve_preset
 from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
-from pipeline.samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
+from pipeline.samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from pipeline.settings import ATTENTIONS, SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
 from pipeline.styles import DEFAULT_STYLE, StyleFileError, load_examples, load_styles
 from pipeline.tiny import COMPLETE_MARKER
-from pipeline.validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, SEED_MAX, PromptFilter, validate_request
+from pipeline.validation import (
+    GUIDANCE_MAX,
+    GUIDANCE_MIN,
+    MAX_PROMPT_CHARS,
+    MAX_STEPS,
+    SEED_MAX,
+    PromptFilter,
+    check_choice,
+    check_steps,
+    validate_request,
+)
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -176,6 +187,54 @@ class _RunFiles:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def default_sampler(generator: Any) -> str:
+    """The sampler a request gets unless it asks for another, by A1111's name (the checkpoint's or the preset's)."""
+    sampler = getattr(generator, "sampler", None)
+    return sampler_label(sampler.sampler) if sampler is not None else "Euler"
+
+
+class _StopRequests:
+    """The page's Stop button: one flag per browser session, set by Stop, read by that session's running request."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, StopFlag] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, session: str) -> StopFlag:
+        with self._lock:
+            flag = self._flags[session] = StopFlag()
+            return flag
+
+    def end(self, session: str, flag: StopFlag) -> None:
+        with self._lock:
+            if self._flags.get(session) is flag:
+                del self._flags[session]
+
+    def stop(self, session: str) -> bool:
+        """Stop this session's request, if one runs; True if there was one."""
+        with self._lock:
+            flag = self._flags.get(session)
+        if flag is not None:
+            flag.set()
+        return flag is not None
+
+
+def request_gone() -> bool:
+    """True once Gradio no longer runs the calling request: cancelled (`job.cancel()`, another event's `cancels`)
+    or its page closed (the queue marks its job not alive). Read from Gradio's queue, between two steps."""
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return False  # not run by the queue (a direct call): nothing can cancel it
+    for job in list(queue.active_jobs):
+        for event in job or ():
+            if event._id == event_id:
+                return not event.alive
+    return True  # no longer among the running jobs: its task was cancelled
+
+
 def offered_sizes(generator: Any) -> list[tuple[int, int]]:
     """The generator's precompiled (height, width) sizes, the default first."""
     config = generator.config
@@ -187,10 +246,14 @@ def make_generate_fn(
     styles: Mapping[str, Any],
     prompt_filter: PromptFilter | None,
     files: _RunFiles,
+    stops: _StopRequests | None = None,
 ):
     """The function behind the Generate button, the examples and the /generate API endpoint."""
     sizes = offered_sizes(generator)
     cfg = uses_cfg(generator)
+    stops = stops or _StopRequests()
+    default_steps = int(generator.config.steps)
+    sampler_default = default_sampler(generator)
 
     def generate(
         prompt: str,
@@ -200,14 +263,18 @@ def make_generate_fn(
         seed: int = 0,
         randomize_seed: bool = True,
         aspect_ratio: str = size_label(*sizes[0]),
+        steps: int = default_steps,
+        sampler: str = sampler_default,
+        request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
         progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
     ) -> tuple[list[tuple[str, str]], int, str]:
         """Generate one image per accelerator core.
 
         Returns the images (PNG files carrying a `parameters` text chunk), the seed used and a status line.
+        Stop, `job.cancel()` or a closed page end the request at the next denoising step.
         """
         try:
-            request = validate_request(
+            checked = validate_request(
                 prompt,
                 negative_prompt,
                 style,
@@ -218,6 +285,8 @@ def make_generate_fn(
                 prompt_filter=prompt_filter,
             )
             height, width = check_size(aspect_ratio, sizes)
+            steps = check_steps(steps)
+            sampler = check_choice(sampler, SAMPLER_NAMES, "sampler")
         except InvalidInput as exc:
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
 
@@ -229,38 +298,50 @@ def make_generate_fn(
             with context_lock:
                 context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
+        session = getattr(request, "session_hash", None) or ""
+        stop = stops.begin(session)
         started = time.perf_counter()
         try:
             result = generator.generate(
-                request.styled_prompt,
-                negative_prompt=request.styled_negative_prompt,
-                seed=request.seed,
-                guidance_scale=request.guidance_scale,
+                checked.styled_prompt,
+                negative_prompt=checked.styled_negative_prompt,
+                seed=checked.seed,
+                guidance_scale=checked.guidance_scale,
                 size=(height, width),
+                steps=steps,
+                sampler=sampler,
                 progress=on_step,
+                should_stop=lambda: stop() or request_gone(),
             )
-            paths = result.save_pngs(files.new_dir(), stem=f"sdxl-{request.seed}")
+            paths = result.save_pngs(files.new_dir(), stem=f"sdxl-{checked.seed}")
+        except Stopped as stopped:
+            logger.info("request %s (seed %d)", stopped, checked.seed)
+            message = f"Stopped at step {stopped.done} / {stopped.total}."
+            return gr.skip(), checked.seed, message  # the previous images stay
         except InvalidInput as exc:  # the engine re-checks what it is given (e.g. a styled prompt over the cap)
             raise gr.Error(str(exc), title="Invalid input", print_exception=False) from None
         except Exception:
-            logger.exception("generation failed (seed %d, style %s)", request.seed, request.style)
+            logger.exception("generation failed (seed %d, style %s)", checked.seed, checked.style)
             raise gr.Error(GENERATION_FAILED, print_exception=False) from None  # logged above
+        finally:
+            stops.end(session, stop)
         elapsed = time.perf_counter() - started
         count = len(paths)
         engine_s = float(result.timings.get("total_s", elapsed))
         logger.info(
-            "generated %d images: seed %d, style %s, guidance %g, engine %.2f s, with PNGs %.2f s",
-            count, request.seed, request.style, request.guidance_scale, engine_s, elapsed,
+            "generated %d images: seed %d, style %s, guidance %g, %d steps %s, engine %.2f s, with PNGs %.2f s",
+            count, checked.seed, checked.style, checked.guidance_scale, steps, sampler, engine_s, elapsed,
         )  # fmt: skip
         plural = "s" if count != 1 else ""
-        status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · seed {request.seed}"
-        if not cfg and (request.negative_prompt or request.guidance_scale > 1):  # only an API caller can send them
+        steps_text = f"{result.steps} step{'s' if result.steps != 1 else ''}, {result.sampler}"
+        status = f"{count} image{plural} in {engine_s:.1f} s · {width}×{height} · {steps_text} · seed {checked.seed}"
+        if not cfg and (checked.negative_prompt or checked.guidance_scale > 1):  # only an API caller can send them
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
         captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
-        return [(str(p), c) for p, c in zip(paths, captions, strict=True)], request.seed, status
+        return [(str(p), c) for p, c in zip(paths, captions, strict=True)], checked.seed, status
 
     return generate
 
@@ -324,6 +405,7 @@ def build_demo(
                     elem_id="prompt",
                 )
                 run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
+                stop = gr.Button("Stop", variant="stop", scale=0, min_width=90, elem_id="stop")
             gallery = gr.Gallery(
                 label="Generated images",
                 show_label=False,
@@ -374,15 +456,36 @@ def build_demo(
                     allow_custom_value=False,
                     elem_id="aspect",
                 )
-            generate_fn = make_generate_fn(generator, styles, prompt_filter, files)
-            inputs = [prompt, negative, style, guidance, seed, randomize, aspect]
+                with gr.Row(equal_height=True):
+                    steps = gr.Slider(
+                        minimum=1,
+                        maximum=MAX_STEPS,
+                        value=int(config.steps),
+                        step=1,
+                        label="Steps",
+                        info="Denoising steps; any number runs without recompiling",
+                        elem_id="steps",
+                    )
+                    sampler = gr.Dropdown(
+                        choices=list(SAMPLER_NAMES),
+                        value=default_sampler(generator),
+                        label="Sampler",
+                        allow_custom_value=False,
+                        elem_id="sampler",
+                    )
+            stops = _StopRequests()
+            generate_fn = make_generate_fn(generator, styles, prompt_filter, files, stops)
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
             with _examples_cache(files.root / "examples"):
                 gr.Examples(
                     # Each example fills every input (fixed seed, randomize off): its cached images are honest.
                     examples=[
-                        [text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0]]
+                        [
+                            text, "", DEFAULT_STYLE, DEFAULT_GUIDANCE, EXAMPLE_SEED_START + i, False, size_labels[0],
+                            int(config.steps), default_sampler(generator),
+                        ]
                         for i, text in enumerate(examples)
-                    ],
+                    ],  # fmt: skip
                     example_labels=list(examples),
                     inputs=inputs,
                     outputs=[gallery, seed, status],
@@ -411,6 +514,12 @@ def build_demo(
             show_progress="full",
             show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
         )
+
+        def stop_request(request: gr.Request) -> None:
+            stops.stop(getattr(request, "session_hash", None) or "")  # the request answers "Stopped at step k / N"
+
+        # Not queued: it must run while this session's generation holds the queue.
+        stop.click(stop_request, inputs=None, outputs=None, queue=False, api_name=False)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     demo.sdxl_files = files  # type: ignore[attr-defined]  # cleaned up by close_demo()
     return demo
@@ -563,7 +672,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, size; "
         "flags override it; with --model tiny only its sampler settings [SDXL_PRESET]",
     )
-    add("--sampler", choices=SAMPLERS, default=_env("SDXL_SAMPLER"), help="default: the checkpoint's [SDXL_SAMPLER]")
+    add(
+        "--sampler",
+        type=sampler_argument,
+        default=_env("SDXL_SAMPLER"),
+        help=f"a request's default sampler: {', '.join(SAMPLER_NAMES)} (requests may pick another); "
+        "default: the checkpoint's [SDXL_SAMPLER]",
+    )
     add(
         "--timestep-spacing",
         choices=SPACINGS,
@@ -642,6 +757,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, key) is None:  # one set of defaults per model, shared with the CLI (pipeline.settings)
             setattr(args, key, value)
     return args
+
+
+def sampler_argument(value: str) -> str:
+    """argparse type of --sampler: A1111's names (any case) or the engine's ids, kept as A1111's name."""
+    try:
+        return sampler_label(sampler_id(value))
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:

@@ -23,8 +23,10 @@ import time
 import warnings
 from pathlib import Path
 
-PARTS = ("reference", "startup", "app", "recompiles", "flops", "soak", "progress", "sizes", "fewstep")
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "progress", "fewstep")
+PARTS = (
+    "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep"
+)  # fmt: skip
+DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cap on requests per concurrency level; fewer per client when exceeded (default 32)")  # fmt: skip
     add("--queue-size", type=int, default=20, help="the app's queue size (default 20, the app's default)")
     add("--recompile-requests", type=int, default=100, help="random requests in the recompile part (default 100)")
+    add("--loop-steps", type=int, default=20, help="steps per timed call in the hostloop part (default 20)")
     add("--no-text-flops", action="store_true", help="skip costing the SDXL text encoders in the flops part")
     add("--soak-requests", type=int, default=200, help="requests in the soak part (default 200)")
     add("--soak-clients", type=int, default=16, help="concurrent clients in the soak part (default 16)")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> dict:
              f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
              f"parts: {', '.join(args.parts)}")  # fmt: skip
     generator = None
-    if {"reference", "app", "recompiles", "soak", "progress"} & set(args.parts):
+    if {"reference", "app", "recompiles", "soak", "hostloop", "stop", "samplers"} & set(args.parts):
         from pipeline.generator import Generator
 
         progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
@@ -154,16 +157,26 @@ def run(args: argparse.Namespace) -> dict:
         results["soak"] = soak(
             generator, requests=args.soak_requests, clients=args.soak_clients, queue_size=args.queue_size
         )
-    if "progress" in args.parts:
-        from .progress import progress_overhead
+    if "hostloop" in args.parts:
+        from .hostloop import host_loop_cost
 
-        progress(f"progress: per call with vs without a host callback per step ({args.runs} interleaved runs) ...")
-        results["progress"] = progress_overhead(generator, args.runs)
+        progress(f"hostloop: ms per step, host loop vs fused loop ({args.runs} interleaved runs) ...")
+        results["hostloop"] = host_loop_cost(generator, args.loop_steps, args.runs)
+    if "stop" in args.parts:
+        from .hostloop import stop_latency
+
+        progress(f"stop: job.cancel() at step 2 of 50 -> next request's first step ({args.runs} runs) ...")
+        results["stop"] = stop_latency(generator, args.runs)
+    if "samplers" in args.parts:
+        from .hostloop import sampler_sweep
+
+        progress("samplers: steps 1..50 x 4 samplers, counting compilations ...")
+        results["samplers"] = sampler_sweep(generator)
     if "sizes" in args.parts:
-        from .progress import sizes_startup
+        from .hostloop import warm_start
 
-        progress("sizes: app start-up with 1 size vs all, cold and warm cache (six app starts) ...")
-        results["sizes"] = sizes_startup(args.steps, args.dtype)
+        progress("sizes: app start-up, 3 sizes, progress on, cold then warm cache (JAX_LOG_COMPILES=1) ...")
+        results["sizes"] = warm_start(args.steps, args.dtype)
     if "fewstep" in args.parts:
         from .fewstep import base_vs_lightning
 

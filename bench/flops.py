@@ -193,13 +193,13 @@ def measure_flops(include_text: bool = True, progress=print) -> FlopsResult:
 
 @dataclass(frozen=True)
 class AchievedFlops:
-    """What the engine's own compiled program achieves on the device the bench runs on."""
+    """What the engine's own compiled programs achieve on the device the bench runs on."""
 
     device_kind: str  # jax's name for the device
-    device_count: int  # devices the program runs on
-    compiled_flops_reported: float  # XLA's cost analysis of the compiled per-device program (loop body counted once)
-    unet_step_flops_per_device: float  # one UNet call of the denoising loop, per device (lowered on its own)
-    flops_per_call: float  # every device, whole call: (reported + (steps - 1) x UNet step) x devices
+    device_count: int  # devices the programs run on
+    compiled_flops_reported: float  # XLA's cost analysis of one call's programs, per device: encode + decode + start
+    unet_step_flops_per_device: float  # the compiled step program (one UNet call + sampler update), per device
+    flops_per_call: float  # every device, whole call: (reported + steps x step) x devices
     seconds_per_call: float  # median device seconds of a generate call
     achieved_flops_per_s: float  # flops_per_call / seconds_per_call
     peak_flops_per_s: float | None  # known peak bf16 FLOP/s of all devices together; None when unknown (CPU)
@@ -207,43 +207,33 @@ class AchievedFlops:
 
 
 def achieved_flops(generator, seconds_per_call: float) -> AchievedFlops:
-    """Achieved FLOP/s of the engine: XLA's cost of its compiled program (loop corrected) / measured seconds."""
-    analysis = generator.compiled().cost_analysis()
-    if isinstance(analysis, list | tuple):
-        analysis = analysis[0]
-    reported = float(analysis["flops"])
-    # The engine's internals, read-only: its UNet module and parameter shapes, to cost one loop step on its own.
-    modules, params = generator._modules, generator._params
-    config = generator.config
-    batch = 2 * config.per_device_batch
-    latent = (config.height // modules.vae_scale_factor, config.width // modules.vae_scale_factor)
-    dtype = jnp.dtype(config.dtype)
-    unet_params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params["unet"])
-    unet_config = modules.unet.config
-    text_dim = unet_config.projection_class_embeddings_input_dim - 6 * unet_config.addition_time_embed_dim
+    """Achieved FLOP/s of the engine: XLA's cost of its compiled programs for one call / measured seconds."""
+    from pipeline.programs import ProgramKey
 
-    def apply(params, sample, timesteps, hidden, added):
-        return modules.unet.apply({"params": params}, sample, timesteps, hidden, added_cond_kwargs=added).sample
+    config, cfg = generator.config, generator.sampler.cfg
+    height, width = generator.sizes[0]
 
-    step = lowered_flops(
-        apply,
-        unet_params,
-        jax.ShapeDtypeStruct((batch, 4, *latent), dtype),
-        jax.ShapeDtypeStruct((batch,), jnp.int32),
-        jax.ShapeDtypeStruct((batch, 77, unet_config.cross_attention_dim), dtype),
-        {
-            "text_embeds": jax.ShapeDtypeStruct((batch, text_dim), dtype),
-            "time_ids": jax.ShapeDtypeStruct((batch, 6), dtype),
-        },
-    )
-    per_call = (reported + (config.steps - 1) * step) * generator.device_count
+    def flops(key) -> float:
+        analysis = generator.programs.compile(key).cost_analysis()
+        if isinstance(analysis, list | tuple):
+            analysis = analysis[0]
+        return float(analysis["flops"])
+
+    once = sum(
+        flops(key)
+        for key in (
+            ProgramKey("encode", cfg=cfg), ProgramKey("start", height, width), ProgramKey("decode", height, width)
+        )
+    )  # fmt: skip
+    step = flops(ProgramKey("step", height, width, cfg))
+    per_call = (once + config.steps * step) * generator.device_count
     achieved = per_call / seconds_per_call
     peak_one = PEAK_BY_DEVICE_KIND.get(generator.device_kind)
     peak = peak_one * generator.device_count if peak_one else None
     return AchievedFlops(
         device_kind=generator.device_kind,
         device_count=generator.device_count,
-        compiled_flops_reported=reported,
+        compiled_flops_reported=once,
         unet_step_flops_per_device=step,
         flops_per_call=per_call,
         seconds_per_call=seconds_per_call,

@@ -169,28 +169,58 @@ def markdown(results: dict) -> str:
             f"**{ac.achieved_flops_per_s / 1e9:.1f} GFLOP/s** on {ac.device_count} × {ac.device_kind}; peak {peak}.",
             "",
         ]
-    if (pg := results.get("progress")) is not None:
+    if (hl := results.get("hostloop")) is not None:
         lines += [
-            "## Live progress: one host callback per denoising step",
+            f"## The loop on the host: ms per denoising step ({hl.size}, {hl.steps} steps, {hl.devices} devices)",
             "",
-            "| program | per call |",
-            "|---|---|",
-            f"| without progress | {_ms(pg.without)} |",
-            f"| with progress ({pg.steps} callbacks per device, {pg.reports_per_call} reports) | "
-            f"{_ms(pg.with_progress)} |",
-            f"| **overhead** | **{pg.overhead:+.1%}** (target ≤ {pg.target:.0%}) {_verdict(pg.meets_target)} |",
+            "| loop | per call (median) | per step |",
+            "|---|---|---|",
+            f"| fused `fori_loop` program (before) | {_ms(hl.fused_call)} | {hl.fused_step_ms:.1f} ms |",
+            f"| host loop, one compiled step per step | {_ms(hl.host_loop_call)} | {hl.host_loop_step_ms:.1f} ms |",
+            f"| **difference** | | **{hl.difference:+.1%}** (target within ±{hl.target:.0%}) "
+            f"{_verdict(hl.meets_target)} |",
+            "",
+            f"Compilations while timing: {hl.compiles_while_timing}.",
             "",
         ]
-    if (sz := results.get("sizes")) is not None:
+    if (sp := results.get("stop")) is not None:
         lines += [
-            "## App start-up by offered sizes (`python app.py --model tiny` until it serves)",
+            "## Stop: `job.cancel()` -> the next request's first step",
             "",
-            "| sizes | cold cache (s) | warm cache (s) |",
+            f"Cancelled at step {sp.cancelled_at_step} of {sp.steps} (client-side progress); the engine stopped after "
+            f"dispatching {sp.engine_stopped_after} steps. Next request's first step "
+            f"{_ms(sp.cancel_to_next_first_step)} after `cancel()`, a step takes {_ms(sp.step_s)}: "
+            f"**{sp.in_step_times:.2f} step times** (target ≤ {sp.target:g}) {_verdict(sp.meets_target)}.",
+            "",
+        ]
+    if (sw := results.get("samplers")) is not None:
+        lines += [
+            f"## Steps and samplers per request: {sw.requests} requests (steps 1..{sw.max_steps} × "
+            f"{', '.join(sw.samplers)}): **{sw.compiles_added} compilations** in {sw.seconds:.0f} s",
+            "",
+        ]
+    if (ws := results.get("sizes")) is not None:
+        lines += [
+            f"## App start-up, cold vs warm compilation cache (`python app.py {' '.join(ws.args)}`)",
+            "",
+            "| | cold | warm |",
             "|---|---|---|",
-            f"| 1 (128×128) | {sz.one_size_cold:.1f} | {sz.one_size_warm:.1f} |",
-            f"| {sz.sizes} (`--sizes sdxl`) | {sz.all_sizes_cold:.1f} | {sz.all_sizes_warm:.1f} |",
-            f"| {sz.sizes} (`--sizes sdxl --no-progress`) | {sz.all_sizes_no_progress_cold:.1f} | "
-            f"{sz.all_sizes_no_progress_warm:.1f} |",
+            f"| launch -> serving (s) | {ws.cold.ready_s:.1f} | {ws.warm.ready_s:.1f} |",
+            f"| XLA compilation, all programs (s) | {ws.cold.xla_compile_s:.1f} | {ws.warm.xla_compile_s:.1f} |",
+            f"| XLA compilation, served programs (s) | {ws.cold.served_compile_s:.1f} | "
+            f"{ws.warm.served_compile_s:.1f} |",
+            f"| served programs from the cache | {ws.cold.served_hits}/{ws.cold.served_programs} | "
+            f"{ws.warm.served_hits}/{ws.warm.served_programs} |",
+            f"| tracing (s) | {ws.cold.tracing_s:.1f} | {ws.warm.tracing_s:.1f} |",
+            f"| lowering to MLIR (s) | {ws.cold.lowering_s:.1f} | {ws.warm.lowering_s:.1f} |",
+            *[
+                f"| {phase} (s) | {ws.cold.phases.get(phase, float('nan')):.2f} | "
+                f"{ws.warm.phases.get(phase, float('nan')):.2f} |"
+                for phase in ("load", "cast", "replicate", "compile", "first run")
+            ],
+            "",
+            f"Warm XLA seconds / cold: **{ws.compile_ratio:.0%}** (target ≤ {ws.target:.0%}, every served program a "
+            f"cache hit) {_verdict(ws.meets_target)}; entries JAX would not cache: {ws.warm.not_cached}.",
             "",
         ]
     if (fs := results.get("fewstep")) is not None:

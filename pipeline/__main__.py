@@ -18,7 +18,7 @@ from .convert import CheckpointError
 from .loading import ModelLoadError
 from .presets import PRESET_NAMES
 from .runtime import quiet_start, skip_absent_tpu, use_cpu_cores
-from .samplers import PREDICTION_TYPES, SAMPLERS, SPACINGS
+from .samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .settings import ATTENTIONS, DTYPES, SDXL_BASE, TINY_MODEL, shape_defaults
 from .styles import DEFAULT_STYLE
 from .validation import GUIDANCE_MAX, GUIDANCE_MIN, InvalidInput
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=None, help=f"Hub id, local diffusers Flax directory, or 'tiny' (default {SDXL_BASE})"
     )
     gen.add_argument("--preset", choices=PRESET_NAMES, default=None, help="few-step recipe (assets/presets.json)")
-    gen.add_argument("--sampler", choices=SAMPLERS, default=None, help="default: the checkpoint's scheduler")
+    gen.add_argument(
+        "--sampler", default=None, help=f"{', '.join(SAMPLER_NAMES)} (default: the checkpoint's scheduler)"
+    )
     gen.add_argument("--timestep-spacing", choices=SPACINGS, default=None, help="default: the checkpoint's")
     gen.add_argument("--steps-offset", type=int, default=None, help="added to leading timesteps; default: checkpoint's")
     gen.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None, help="default: the checkpoint's")
@@ -85,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
     pre.add_argument("--model", default=None, help=f"as app.py (default {SDXL_BASE}); weights are read for shapes")
     pre.add_argument("--preset", choices=PRESET_NAMES, default=None)
-    pre.add_argument("--sampler", choices=SAMPLERS, default=None)
+    pre.add_argument("--sampler", default=None, help=f"{', '.join(SAMPLER_NAMES)} (as app.py)")
     pre.add_argument("--timestep-spacing", choices=SPACINGS, default=None)
     pre.add_argument("--steps-offset", type=int, default=None)
     pre.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None)
@@ -216,6 +218,8 @@ def _settings(args: argparse.Namespace) -> dict:
     else:
         settings = {"model": args.model or SDXL_BASE, **explicit}
     settings = {key: value for key, value in settings.items() if value is not None}
+    if "sampler" in settings:  # A1111's names or the engine's ids; an unknown one is bad input (exit 2)
+        settings["sampler"] = sampler_label(sampler_id(settings["sampler"]))
     settings = {"cfg": True, "guidance_scale": 5.0, **settings}
     defaults = shape_defaults(settings["model"])
     for key, default in zip(("height", "width", "steps"), defaults, strict=True):

@@ -14,7 +14,9 @@ program on one global mesh, and every compiled call must be entered by every pro
 Requests travel through the coordinator's key-value store (part of `jax.distributed`, served by process 0), not a
 device collective: an idle follower waits on a key with a short timeout and loops, so no collective is ever left
 pending while the page is idle. The leader checks a request with the engine's own rules before publishing it, so a
-bad input can never reach one process and not another.
+bad input can never reach one process and not another. Stop is one decision per step: before each step the leader
+publishes "go" or "stop" under that step's key and every follower waits for it, so all processes stop at the same
+step (the followers wait while their devices still run the step before, so the wait costs nothing).
 
 Faults are bounded by our own deadlines, which fire before JAX's (JAX aborts with a C++ stack trace): every follower
 touches a heartbeat key each second; a follower silent for `heartbeat_s`, a slice that does not assemble within
@@ -38,7 +40,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from .validation import InvalidInput, check_guidance, check_shape, clean_text, resolve_seed
+from .loop import Stopped
+from .samplers import sampler_id
+from .validation import InvalidInput, check_guidance, check_shape, check_steps, clean_text, resolve_seed
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ ENV_TIMEOUT = "SDXL_CLUSTER_TIMEOUT"
 ENV_HEARTBEAT = "SDXL_HEARTBEAT_TIMEOUT"
 
 _REQUEST_KEY = "sdxl/request/{}"
+_STEP_KEY = "sdxl/step/{}/{}"  # request n, step i: "go" or "stop", the leader's decision every process follows
+_STEP_DIR = "sdxl/step/{}"
 _HEARTBEAT_KEY = "sdxl/heartbeat/{}"
 _POLL_MS = 1000  # how long a follower's wait on the next request blocks before it loops
 _gathers = itertools.count()  # every process gathers in the same order, so the n-th barrier is the same everywhere
@@ -277,10 +283,24 @@ class Cluster:
         self._requests += 1
         self._client.key_value_set(_REQUEST_KEY.format(self._requests), json.dumps(request))
         if self._requests > 2:  # every follower has finished request n-2 (request n-1 needed them all)
-            try:
-                self._client.key_value_delete(_REQUEST_KEY.format(self._requests - 2))
-            except Exception:
-                logger.debug("could not delete an old request key", exc_info=True)
+            for old in (_REQUEST_KEY.format(self._requests - 2), _STEP_DIR.format(self._requests - 2)):
+                try:
+                    self._client.key_value_delete(old)  # a directory key takes every step key under it
+                except Exception:
+                    logger.debug("could not delete an old request key", exc_info=True)
+
+    def decide(self, request: int, step: int, stop: bool) -> bool:
+        """Leader: publish whether request `request` stops before `step`; returns the decision."""
+        if self._client is not None:
+            self._client.key_value_set(_STEP_KEY.format(request, step), "stop" if stop else "go")
+        return stop
+
+    def follow_decision(self, request: int, step: int) -> bool:
+        """Follower: the leader's decision for `step` of request `request` (True = stop)."""
+        try:
+            return self._wait(_STEP_KEY.format(request, step)) == "stop"
+        except ConnectionError as exc:
+            _fatal(f"{self.describe()}: lost process 0 ({exc}). Stopping.")
 
     def stop(self) -> None:
         """Leader: STOP every follower and leave the cluster; followers: leave. Idempotent."""
@@ -318,7 +338,13 @@ class Cluster:
                     seed=request["seed"],
                     guidance_scale=request["guidance_scale"],
                     size=tuple(request["size"]),
+                    steps=request["steps"],
+                    sampler=request["sampler"],
+                    gate=lambda step, _wants, n=number: self.follow_decision(n, step),
                 )
+            except Stopped as stopped:  # the leader stopped it at this same step
+                print(f"{self.describe()}: request {number} {stopped}, as process 0 decided", file=sys.stderr,
+                      flush=True)  # fmt: skip
             except Exception as exc:  # the leader is now blocked in the same call: make it give up, loudly
                 logger.exception("request %d failed", number)
                 _fatal(f"{self.describe()}: request {number} failed ({exc}); the cluster cannot continue.")
@@ -364,14 +390,17 @@ class _Leader:
         seed: int = 0,
         guidance_scale: float = 5.0,
         size: tuple[int, int] | None = None,
+        steps: int | None = None,
+        sampler: str | None = None,
         progress=None,
+        should_stop=None,
     ):
-        """Publish, then run; `progress` stays on process 0 (the followers run the same program, unobserved)."""
+        """Publish, then run; `progress` and `should_stop` stay on process 0, which decides each step for all."""
         from .generator import STYLED_MAX_CHARS  # the engine's own limits: a request it would refuse is never sent
 
         generator = self._generator
         height, width = size or generator.sizes[0]
-        check_shape(height, width, generator.config.steps, generator.supported_shapes())
+        check_shape(height, width, generator.sizes)
         request = {
             "command": "generate",
             "prompt": clean_text(prompt, field="prompt", max_chars=STYLED_MAX_CHARS),
@@ -379,6 +408,8 @@ class _Leader:
             "seed": resolve_seed(seed),
             "guidance_scale": check_guidance(guidance_scale),
             "size": [int(height), int(width)],
+            "steps": check_steps(generator.config.steps if steps is None else steps),
+            "sampler": sampler_id(generator.sampler.sampler if sampler is None else sampler),
         }
         cluster = self._cluster
         with cluster._lock:  # one request at a time, in the order published
@@ -398,10 +429,14 @@ class _Leader:
                         seed=request["seed"],
                         guidance_scale=request["guidance_scale"],
                         size=(height, width),
+                        steps=request["steps"],
+                        sampler=request["sampler"],
                         progress=progress,
+                        should_stop=should_stop,
+                        gate=lambda step, wants_stop: cluster.decide(number, step, wants_stop),
                     )
-                except InvalidInput:
-                    raise  # cannot happen after the checks above; if it did, every process raised it alike
+                except (InvalidInput, Stopped):
+                    raise  # InvalidInput cannot happen after the checks above; Stopped: every process stopped alike
                 except Exception as exc:
                     # A collective failed (a peer died mid-request): the slice is unusable. Answer this request
                     # with an error, then leave with one line (the followers see the coordinator go and exit too).

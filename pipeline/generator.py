@@ -13,6 +13,7 @@ step, so no request can trigger a compilation. This module wires loading, shardi
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from . import attention as attention_core
@@ -118,6 +118,8 @@ class Generator:
             max_tokens=self._max_tokens,
         )
         self._device_lock = threading.Lock()  # one request on the devices at a time
+        #: The last calls' outcomes, newest last: steps, done, stopped, sampler, first_step_at (what Stop did)
+        self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
 
     @classmethod
@@ -284,23 +286,32 @@ class Generator:
             *global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
         )
         loop_timings: dict[str, float] = {}
+        run = {"steps": steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         with self._device_lock:
             on_device = time.perf_counter()
-            pixels = loop.run(
-                self.programs,
-                self._params,
-                inputs,
-                plan,
-                size=(height, width),
-                cfg=self.sampler.cfg,
-                put=self._put,
-                on_step=progress if self.config.progress else None,
-                should_stop=should_stop,
-                gate=gate,
-                timings=loop_timings,
-            )
+            try:
+                pixels = loop.run(
+                    self.programs,
+                    self._params,
+                    inputs,
+                    plan,
+                    size=(height, width),
+                    cfg=self.sampler.cfg,
+                    put=self._put,
+                    on_step=progress if self.config.progress else None,
+                    should_stop=should_stop,
+                    gate=gate,
+                    timings=loop_timings,
+                )
+            except loop.Stopped as stopped:
+                run.update(done=stopped.done, stopped=True)
+                raise
+            finally:
+                run["first_step_at"] = loop_timings.get("first_step_at")
+                self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             off_device = time.perf_counter()
+            run["done"] = steps
 
         dropped = dropped_text(self._tokenizers[0], prompt)
         truncated = summarize_dropped(dropped)  # first words and a count: fits in a toast
@@ -326,7 +337,7 @@ class Generator:
             "total_s": finished - started,
             "device_s": off_device - on_device,
             "host_s": (finished - started) - (off_device - on_device),
-            **loop_timings,
+            "first_step_s": loop_timings.get("first_step_s", 0.0),
         }
         return GenerationResult(
             images=images,

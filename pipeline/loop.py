@@ -14,6 +14,7 @@ can live in the persistent compilation cache). On several processes every proces
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import numpy as np
 
 from .programs import ProgramKey, ServedPrograms
 from .samplers import Plan, SamplerConfig
+
+logger = logging.getLogger(__name__)
 
 #: What a progress listener receives after each denoising step: (steps done, total steps).
 Listener = Callable[[int, int], None]
@@ -89,7 +92,8 @@ def run(
     """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
 
     `put` places a small host array on every device (replicated; on several processes each passes the same).
-    `timings`, when given, receives `first_step_s`: from the call to the first step's result being ready.
+    `timings`, when given, receives `first_step_s` (from this call to the first step's result being ready) and
+    `first_step_at` (that moment, `time.perf_counter()`).
     """
     height, width = size
     started = time.perf_counter()
@@ -127,7 +131,31 @@ def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started)
     latents.block_until_ready()
     done += 1
     if timings is not None and done == 1:
-        timings["first_step_s"] = time.perf_counter() - started
+        timings["first_step_at"] = now = time.perf_counter()
+        timings["first_step_s"] = now - started
     if on_step is not None:
-        on_step(done, total)
+        try:
+            on_step(done, total)
+        except Exception:  # a listener must never break the loop
+            logger.exception("progress listener failed at step %d", done)
     return done
+
+
+def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
+              cfg: bool = True, prediction_type: str = "epsilon", seeds=None) -> np.ndarray:  # fmt: skip
+    """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
+
+    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
+    """
+    from .diffusion import decode_local, encode_local, step_local
+
+    encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
+    step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
+    decode = jax.jit(functools.partial(decode_local, modules))
+    seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
+    hidden, pooled = encode(params, prompt_ids, negative_ids, has_negative)
+    latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
+    previous = latents
+    for index, row in enumerate(plan.coefficients):
+        latents, previous = step(params, latents, previous, hidden, pooled, guidance, seeds, row, np.int32(index))
+    return np.asarray(decode(params, latents))

@@ -132,7 +132,7 @@ class ServedPrograms:
             in_specs, out_specs = (one, batch), batch
         else:
             raise ValueError(f"unknown program kind {key.kind!r}")
-        body = attention_core.hooked(body, self.attention)  # entered while tracing: static, part of the key
+        body = _named(attention_core.hooked(body, self.attention), f"sdxl_{key.kind}")  # JAX's logs name it
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(sharded)
 
@@ -183,6 +183,16 @@ class ServedPrograms:
 
     def is_compiled(self, key: ProgramKey) -> bool:
         return key in self._compiled
+
+
+def _named(fn, name: str):
+    """`fn` under `name`, the name JAX gives the program in its logs (JAX_LOG_COMPILES, cache hits)."""
+
+    def program(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    program.__name__ = program.__qualname__ = name
+    return program
 
 
 def _without_weights(fn):

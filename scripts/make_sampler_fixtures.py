@@ -1,10 +1,12 @@
-"""Regenerate tests/fixtures/sampler_schedules.json from diffusers' PyTorch Euler schedulers.
+"""Regenerate tests/fixtures/sampler_schedules.json from diffusers' PyTorch Euler and DPM-Solver++ schedulers.
 
     /work/torchenv/bin/python scripts/make_sampler_fixtures.py    # needs torch + diffusers; never run by CI
 
 Timesteps, sigmas and init_noise_sigma of `EulerDiscreteScheduler` and `EulerAncestralDiscreteScheduler` for SDXL
 base's scheduler config, each spacing, 1/2/4/8/25 steps, epsilon and v-prediction; plus one `step` of each
-scheduler on fixed arrays (the ancestral one with its noise saved), so CI checks the engine's arithmetic without torch.
+scheduler on fixed arrays (the ancestral one with its noise saved), so CI checks the engine's arithmetic without torch;
+and for DPM++ 2M (with and without Karras sigmas; dpmsolver++, order 2) the timesteps and sigmas of each spacing and
+whole runs on a fixed linear stand-in for the UNet (every step, so the multistep history is checked).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
+from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sampler_schedules.json"
 
@@ -36,6 +38,14 @@ SDXL_BASE_SCHEDULER = {
     "use_karras_sigmas": False,
 }
 CLASSES = {"euler": EulerDiscreteScheduler, "euler_ancestral": EulerAncestralDiscreteScheduler}
+#: DPM++ 2M as A1111 names it: dpmsolver++, order 2, midpoint; "Karras" = use_karras_sigmas.
+DPM = {"dpmpp_2m": {"use_karras_sigmas": False}, "dpmpp_2m_karras": {"use_karras_sigmas": True}}
+
+
+def make_dpm(sampler: str, **overrides):
+    return DPMSolverMultistepScheduler.from_config(
+        {**SDXL_BASE_SCHEDULER, **overrides}, algorithm_type="dpmsolver++", solver_order=2, **DPM[sampler]
+    )
 
 
 def make(cls, **overrides):
@@ -55,6 +65,12 @@ def schedules() -> list[dict]:
             scheduler = make(cls, timestep_spacing="leading", steps_offset=0)
             scheduler.set_timesteps(steps)
             cases.append(_schedule_case(scheduler, sampler, "leading", "epsilon", steps, 0))
+    for sampler in DPM:
+        for spacing in ("leading", "linspace", "trailing"):
+            for steps in (1, 2, 4, 8, 25, 50):
+                scheduler = make_dpm(sampler, timestep_spacing=spacing)
+                scheduler.set_timesteps(steps)
+                cases.append(_schedule_case(scheduler, sampler, spacing, "epsilon", steps, 1))
     return cases
 
 
@@ -99,16 +115,41 @@ def steps() -> list[dict]:
     return cases
 
 
+def dpm_runs() -> list[dict]:
+    """Whole DPM++ 2M runs (every step, so the multistep history counts) on a fixed linear 'model'."""
+    rng = np.random.default_rng(1)
+    start = rng.standard_normal((1, 4, 4, 4)).astype(np.float32)
+    weight = np.float32(0.3)
+    cases = []
+    for sampler in DPM:
+        for prediction in ("epsilon", "v_prediction"):
+            for steps in (1, 3, 8):
+                scheduler = make_dpm(sampler, timestep_spacing="leading", prediction_type=prediction)
+                scheduler.set_timesteps(steps)
+                sample = torch.from_numpy(start) * scheduler.init_noise_sigma
+                for t in scheduler.timesteps:
+                    model_input = scheduler.scale_model_input(sample, t)
+                    output = weight * model_input + 0.01 * float(t) / 1000  # stands in for the UNet
+                    sample = scheduler.step(output, t, sample).prev_sample
+                cases.append({
+                    "sampler": sampler, "prediction_type": prediction, "steps": steps, "start": start.tolist(),
+                    "weight": float(weight), "final": sample.numpy().tolist(),
+                })  # fmt: skip
+    return cases
+
+
 def main() -> None:
     import diffusers
 
     data = {
-        "what": "diffusers' PyTorch Euler schedulers, SDXL base's scheduler config (scripts/make_sampler_fixtures.py)",
+        "what": "diffusers' PyTorch Euler and DPM++ 2M schedulers, SDXL base's scheduler config "
+        "(scripts/make_sampler_fixtures.py)",
         "diffusers": diffusers.__version__,
         "torch": torch.__version__,
         "config": SDXL_BASE_SCHEDULER,
         "schedules": schedules(),
         "steps": steps(),
+        "dpm_runs": dpm_runs(),
     }
     OUT.write_text(json.dumps(data) + "\n")
     print(OUT, len(data["schedules"]), "schedules,", len(data["steps"]), "steps")

@@ -4,6 +4,7 @@ Needs torch, so it runs only in a separate environment, never in CI or at run ti
 
     /work/torchenv/bin/python scripts/make_torch_fixtures.py                      # writes tests/fixtures/
     /work/torchenv/bin/python scripts/make_torch_fixtures.py --sdxl-unet-shapes   # assets/sdxl_unet_pt_shapes.json
+    /work/torchenv/bin/python scripts/make_torch_fixtures.py --references-only    # only the reference images
 
 What it writes (all from diffusers' and transformers' PYTORCH classes, torch-seeded):
 - tests/fixtures/tiny-pt/: `StableDiffusionXLPipeline.save_pretrained(safe_serialization=True)` of a checkpoint with
@@ -16,7 +17,8 @@ What it writes (all from diffusers' and transformers' PYTORCH classes, torch-see
 - tests/fixtures/tiny-pt-expected.npz + .json: images from diffusers' PyTorch `StableDiffusionXLPipeline` for fixed
   initial latents (float32, 64x64): leading spacing with classifier-free guidance, with no negative prompt (None:
   PyTorch then uses zero embeddings, as the engine does for an empty negative) and with one; and, for the sampler
-  work, trailing spacing with guidance 0 (no CFG) at 2 and 4 steps. The latents, prompts and settings are saved too.
+  work, trailing spacing with guidance 0 (no CFG) at 2 and 4 steps; for the host loop's samplers, DPM++ 2M with and
+  without Karras sigmas at 8 steps with CFG. The latents, prompts and settings are saved too.
 """
 
 from __future__ import annotations
@@ -42,13 +44,18 @@ SEED = 0
 UNET_SHARD_SIZE = "5MB"
 FLAX_ONLY_KEYS = {"split_head_dim", "use_memory_efficient_attention", "dtype"}
 
-#: Reference generations: (name, prompt, negative prompt or None, guidance, steps, timestep_spacing).
+#: Reference generations: (name, prompt, negative prompt or None, guidance, steps, timestep_spacing, sampler).
 CASES = [
-    ("leading_cfg_no_negative", "a cozy cabin in a snowy forest, warm light", None, 6.5, 2, "leading"),
-    ("leading_cfg_negative", "a cozy cabin in a snowy forest, warm light", "blurry, low quality", 6.5, 2, "leading"),
-    ("trailing_no_cfg_2_steps", "a red fox in a green field", None, 0.0, 2, "trailing"),
-    ("trailing_no_cfg_4_steps", "a red fox in a green field", None, 0.0, 4, "trailing"),
-]
+    ("leading_cfg_no_negative", "a cozy cabin in a snowy forest, warm light", None, 6.5, 2, "leading", "euler"),
+    ("leading_cfg_negative", "a cozy cabin in a snowy forest, warm light", "blurry, low quality", 6.5, 2, "leading",
+     "euler"),
+    ("trailing_no_cfg_2_steps", "a red fox in a green field", None, 0.0, 2, "trailing", "euler"),
+    ("trailing_no_cfg_4_steps", "a red fox in a green field", None, 0.0, 4, "trailing", "euler"),
+    # The host loop's samplers: DPMSolverMultistepScheduler (dpmsolver++, order 2), 8 steps with CFG.
+    ("dpmpp_2m_karras_cfg_8_steps", "a lighthouse on a cliff at dusk", "blurry, low quality", 6.5, 8, "leading",
+     "dpmpp_2m_karras"),
+    ("dpmpp_2m_cfg_8_steps", "a lighthouse on a cliff at dusk", None, 6.5, 8, "leading", "dpmpp_2m"),
+]  # fmt: skip
 SIZE = 64
 LATENT_SEED = 1234
 
@@ -133,16 +140,27 @@ def flax_from_pt_digests(pipe, scratch: Path) -> dict:
     return digests
 
 
-def reference_images(pipe) -> tuple[dict, dict]:
-    from diffusers import EulerDiscreteScheduler
+def scheduler_for(config, sampler: str, spacing: str):
+    """diffusers' PyTorch scheduler for one of the engine's samplers, from the checkpoint's scheduler config."""
+    from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 
+    if sampler.startswith("dpmpp_2m"):
+        return DPMSolverMultistepScheduler.from_config(
+            config, timestep_spacing=spacing, algorithm_type="dpmsolver++", solver_order=2,
+            use_karras_sigmas=sampler == "dpmpp_2m_karras",
+        )  # fmt: skip
+    cls = EulerAncestralDiscreteScheduler if sampler == "euler_ancestral" else EulerDiscreteScheduler
+    return cls.from_config(config, timestep_spacing=spacing)
+
+
+def reference_images(pipe) -> tuple[dict, dict]:
     latent_shape = (1, 4, SIZE // 8, SIZE // 8)
     latents = np.random.default_rng(LATENT_SEED).standard_normal(latent_shape).astype(np.float32)  # [1, 4, 8, 8]
     base_scheduler = pipe.scheduler
     arrays = {"latents": latents}
     cases = []
-    for name, prompt, negative, guidance, steps, spacing in CASES:
-        pipe.scheduler = EulerDiscreteScheduler.from_config(base_scheduler.config, timestep_spacing=spacing)
+    for name, prompt, negative, guidance, steps, spacing, sampler in CASES:
+        pipe.scheduler = scheduler_for(base_scheduler.config, sampler, spacing)
         with torch.no_grad():
             image = pipe(
                 prompt=prompt,
@@ -163,6 +181,7 @@ def reference_images(pipe) -> tuple[dict, dict]:
                 "guidance_scale": guidance,
                 "steps": steps,
                 "timestep_spacing": spacing,
+                "sampler": sampler,
                 "timesteps": [float(t) for t in pipe.scheduler.timesteps],
             }
         )
@@ -205,6 +224,15 @@ def sdxl_unet_shapes() -> None:
 def main() -> None:
     if "--sdxl-unet-shapes" in sys.argv[1:]:
         sdxl_unet_shapes()
+        return
+    if "--references-only" in sys.argv[1:]:  # keep the committed checkpoint; only (re)compute the images
+        from diffusers import StableDiffusionXLPipeline
+
+        pipe = StableDiffusionXLPipeline.from_pretrained(str(CHECKPOINT), torch_dtype=torch.float32)
+        arrays, manifest = reference_images(pipe)
+        np.savez(FIXTURES / "tiny-pt-expected.npz", **arrays)
+        (FIXTURES / "tiny-pt-expected.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        print(f"wrote the references of {CHECKPOINT} under {FIXTURES}")
         return
     from pipeline.tiny import make_tiny
 

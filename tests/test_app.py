@@ -147,8 +147,11 @@ def test_api_parameters_are_named_with_defaults(client):
     info = client.view_api(print_info=False, return_format="dict")
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
-    assert names == ["prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio"]
-    assert [p["parameter_has_default"] for p in params] == [False, True, True, True, True, True, True]
+    assert names == [
+        "prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio", "steps",
+        "sampler",
+    ]  # fmt: skip
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 8
 
 
 def test_page_shows_device_line_and_allows_embedding(demo, generator):

@@ -170,14 +170,26 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
         client.predict(PROMPT, "", "No style", GUIDANCE, -3, False, api_name="/generate")
     gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
     assert len(gallery) == 8
+    # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels.
+    job = client.submit(PROMPT, steps=100, api_name="/generate")
+    while not (data := job.status().progress_data) or data[0].index is None or data[0].index < 2:
+        assert not job.done(), "the request ended before it could be cancelled"
+        time.sleep(0.01)
+    job.cancel()
+    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
+    after_stop = pixels_of([item["image"] for item in gallery])
+    assert follower.wait_for("request 3 stopped at step", timeout=60), follower.output
+    followed = follower.output.split("request 3 stopped at step ")[1].split(",")[0]  # "k / 100"
+    assert f"request stopped at step {followed} (seed" in leader.output, leader.output
     started = time.monotonic()
     leader.popen.send_signal(signal.SIGTERM)
     assert leader.finish(timeout=60) == 0, leader.output
     assert follower.finish(timeout=60) == 0, follower.output
     assert time.monotonic() - started < 30
-    assert follower_summary(follower) == {"process": 1, "requests": 2, "compiles_after_warmup": 0}
+    assert follower_summary(follower) == {"process": 1, "requests": 4, "compiles_after_warmup": 0}
     assert "Traceback" not in leader.output and "Traceback" not in follower.output
     assert_same_pixels(got, expected)
+    assert_same_pixels(after_stop, expected)
 
 
 def test_a_killed_follower_makes_the_leader_exit_with_one_line(tiny_dir, tmp_path, procs):

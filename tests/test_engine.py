@@ -40,7 +40,7 @@ def test_one_image_per_device_params_replicated(engine):
     result = engine.generate("a red apple on a table", seed=3)
     assert len(result.images) == 8 and result.seeds == list(range(3, 11))
     assert all(image.size == (TEST_SIZE, TEST_SIZE) and image.mode == "RGB" for image in result.images)
-    assert set(result.timings) == {"total_s", "device_s", "host_s"}
+    assert set(result.timings) == {"total_s", "device_s", "host_s", "first_step_s"}
 
 
 def test_same_seed_same_pixels_other_seed_other_pixels(engine):
@@ -71,7 +71,7 @@ def test_twenty_random_calls_add_no_compilation(engine):
         negative = " ".join(rng.choices(words, k=rng.randint(0, 5)))
         engine.generate(prompt, negative_prompt=negative, seed=rng.randrange(2**32), guidance_scale=rng.uniform(0, 20))
     assert engine.compile_count == before
-    assert engine.supported_shapes() == [(TEST_SIZE, TEST_SIZE, TEST_STEPS)]
+    assert engine.sizes == [(TEST_SIZE, TEST_SIZE)]
 
 
 def test_same_pixels_whatever_the_device_count(tiny_dir, engine):
@@ -115,9 +115,9 @@ def test_bad_input_is_one_clear_sentence_and_next_call_works(engine, kwargs):
     assert len(engine.generate("a cat", seed=0).images) == 8
 
 
-def test_unsupported_shape_lists_the_compiled_ones(engine):
-    with pytest.raises(InvalidInput, match=f"{TEST_SIZE}×{TEST_SIZE} at {TEST_STEPS} steps"):
-        engine.compiled((512, 512, 25))
+def test_unsupported_size_lists_the_compiled_ones(engine):
+    with pytest.raises(InvalidInput, match=f"compiled {TEST_SIZE}×{TEST_SIZE} only; got 512×512"):
+        engine.generate("a cat", size=(512, 512))
 
 
 def test_per_device_batch_two_on_four_devices(tiny_dir, engine):

@@ -1,4 +1,4 @@
-"""Engine side of live progress and aspect ratios: one report per step from the compiled loop, sizes never compile."""
+"""Engine side of live progress and aspect ratios: one report per step from the host loop, sizes never compile."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import jax
 import numpy as np
 import pytest
-from conftest import TEST_SIZE, TEST_STEPS, UI_SIZES, UI_STEPS
+from conftest import UI_SIZES, UI_STEPS
 
 from pipeline.sizes import check_size, default_sizes, parse_sizes, ratio_name, size_label
 from pipeline.validation import InvalidInput
@@ -49,17 +49,20 @@ def test_sizes_give_their_own_pixels_and_bad_size_is_refused(ui_engine):
     with pytest.raises(InvalidInput, match="compiled"):
         ui_engine.generate("a lighthouse", seed=3, size=(128, 128))
     assert ui_engine.compile_count == before
-    assert ui_engine.supported_shapes() == [(h, w, UI_STEPS) for h, w in UI_SIZES]
+    assert ui_engine.sizes == UI_SIZES
 
 
-def test_no_progress_program_has_no_callback(engine, ui_engine):
-    """Progress is static: without it the lowered program holds no host callback; with it, it does."""
-    plain = engine._program(engine.config.shape).lower(*engine._abstract_inputs()).as_text()
-    live = ui_engine._program(ui_engine.config.shape).lower(*ui_engine._abstract_inputs()).as_text()
-    assert engine.config.progress is False and engine._reporter is None
-    assert "custom_call" not in plain and "callback" not in plain
-    assert "callback" in live
-    assert engine.supported_shapes() == [(TEST_SIZE, TEST_SIZE, TEST_STEPS)]
+def test_no_served_program_has_a_host_callback(ui_engine):
+    """Progress is reported by the host between steps: every program can go to the persistent compilation cache."""
+    keys = ui_engine.program_keys()
+    assert [key.label for key in keys] == [
+        "encode cfg", "start 64x64", "step 64x64 cfg", "decode 64x64", "start 224x128", "step 224x128 cfg",
+        "decode 224x128",
+    ]  # fmt: skip
+    for key in keys:
+        text = ui_engine.programs.lower(key).as_text()
+        assert "callback" not in text and "host_callback" not in text, key.label
+    assert ui_engine.config.progress is True
 
 
 def test_size_parsing_and_labels():
@@ -84,10 +87,10 @@ def test_size_parsing_and_labels():
     assert jax.device_count() == 8
 
 
-def test_bench_progress_part_measures_both_programs(engine):
-    """`python -m bench --only progress` on the shared engine: both medians measured, every step reported."""
-    from bench.progress import progress_overhead
+def test_bench_hostloop_part_measures_both_loops(engine):
+    """`python -m bench --only hostloop` on the shared engine: both loops timed, no compilation while timing."""
+    from bench.hostloop import host_loop_cost
 
-    result = progress_overhead(engine, runs=1, say=lambda _line: None)
-    assert result.without.median > 0 and result.with_progress.median > 0
-    assert result.reports_per_call == result.steps == engine.config.steps
+    result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
+    assert result.host_loop_call.median > 0 and result.fused_call.median > 0
+    assert result.compiles_while_timing == 0 and result.steps == 3

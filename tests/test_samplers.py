@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.presets import PRESET_NAMES, get_preset, load_presets, resolve
-from pipeline.samplers import SamplerConfig, ancestral_step, euler_step, scale_model_input
+from pipeline.samplers import SAMPLER_NAMES, SamplerConfig, ancestral_step, euler_step, scale_model_input
 from pipeline.settings import SDXL_BASE
 from pipeline.styles import DEFAULT_STYLE, load_styles
 from pipeline.validation import InvalidInput
@@ -35,7 +35,7 @@ def _config(case) -> SamplerConfig:
 
 @pytest.mark.parametrize(
     "case",
-    PYTORCH["schedules"],
+    [c for c in PYTORCH["schedules"] if not c["sampler"].startswith("dpmpp")],
     ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['prediction_type']}-{c['steps']}-{c['steps_offset']}",
 )
 def test_schedule_equals_pytorch_scheduler(case):
@@ -82,10 +82,61 @@ def test_scheduler_config_is_read_whole_and_refuses_what_it_cannot_honour():
         with pytest.raises(InvalidInput, match=f"cannot honour.*{next(iter(bad))}") as info:
             SamplerConfig.from_scheduler_config({**sdxl, **bad})
         assert "\n" not in str(info.value)
-    with pytest.raises(InvalidInput, match="Unsupported sampler 'dpm'"):
+    with pytest.raises(InvalidInput, match="Unknown sampler 'dpm'; choose one of: Euler, Euler a, DPM"):
         SamplerConfig.from_scheduler_config(sdxl, sampler="dpm")
+    dpm = {**sdxl, "_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True}
+    assert SamplerConfig.from_scheduler_config(dpm).sampler == "dpmpp_2m_karras"
     with pytest.raises(InvalidInput, match="Unsupported timestep spacing"):
         SamplerConfig(timestep_spacing="karras")
+
+
+# ---- DPM++ 2M (Karras): schedules and whole runs against diffusers' PyTorch DPMSolverMultistepScheduler -----------
+
+DPM_SCHEDULES = [c for c in PYTORCH["schedules"] if c["sampler"].startswith("dpmpp")]
+
+
+@pytest.mark.parametrize("case", DPM_SCHEDULES, ids=lambda c: f"{c['sampler']}-{c['timestep_spacing']}-{c['steps']}")
+def test_dpm_schedule_equals_pytorch_scheduler(case):
+    config = SamplerConfig.from_scheduler_config(PYTORCH["config"], timestep_spacing=case["timestep_spacing"])
+    plan = config.plan(case["steps"], case["sampler"])
+    assert plan.timesteps.tolist() == case["timesteps"]
+    np.testing.assert_allclose(plan.sigmas, case["sigmas"], rtol=1e-5, atol=1e-6)
+    assert plan.coefficients.shape == (case["steps"], 6)
+
+
+@pytest.mark.parametrize(
+    "case", PYTORCH["dpm_runs"], ids=lambda c: f"{c['sampler']}-{c['prediction_type']}-{c['steps']}"
+)
+def test_dpm_run_equals_pytorch_scheduler(case):
+    """Every step of a run with a linear stand-in for the UNet: the multistep history (D_prev) is PyTorch's."""
+    from pipeline.samplers import sampler_update
+
+    config = SamplerConfig.from_scheduler_config(PYTORCH["config"], prediction_type=case["prediction_type"])
+    plan = config.plan(case["steps"], case["sampler"])
+    x = np.asarray(case["start"], np.float32) * plan.init_sigma
+    previous = x
+    for row in plan.coefficients:
+        model_input = x / np.sqrt(row[1] ** 2 + 1)  # what the UNet sees: DPM-Solver's own sample
+        output = case["weight"] * model_input + 0.01 * row[0] / 1000
+        x, previous = sampler_update(case["prediction_type"], output, x, row, previous, np.zeros_like(x))
+    np.testing.assert_allclose(x, case["final"], rtol=1e-4, atol=1e-5)
+
+
+def test_plans_for_every_sampler_and_step_count():
+    config = SamplerConfig()
+    for name, ident in SAMPLER_NAMES.items():
+        for steps in (1, 2, 50, 100):
+            plan = config.plan(steps, name)
+            assert plan.sampler == ident and plan.coefficients.shape == (steps, 6) and plan.label == name
+            assert np.isfinite(plan.coefficients).all()
+            adds_noise = (plan.coefficients[:, 5] != 0).any()  # only Euler a does, before its final step
+            assert adds_noise == (ident == "euler_ancestral" and steps > 1)
+            assert plan.coefficients[0, 4] == 0  # the first step has no previous prediction
+    assert config.plan(4, "dpm++ 2m karras").sampler == "dpmpp_2m_karras"  # A1111's names, any case
+    with pytest.raises(InvalidInput, match="Unknown sampler 'LMS'"):
+        config.plan(4, "LMS")
+    with pytest.raises(InvalidInput, match="Steps must be between 1 and 1000; got 0"):
+        config.plan(0, "Euler")
 
 
 # ---- presets (no JAX) ---------------------------------------------------------------------------------------------
@@ -142,12 +193,12 @@ def test_cli_and_app_flags_apply_a_preset():
 
     assert cli("--preset", "lightning-2step") == {
         "model": SDXL_BASE, "unet": "ByteDance/SDXL-Lightning:sdxl_lightning_2step_unet.safetensors", "steps": 2,
-        "sampler": "euler", "timestep_spacing": "trailing", "cfg": False, "guidance_scale": 0.0,
+        "sampler": "Euler", "timestep_spacing": "trailing", "cfg": False, "guidance_scale": 0.0,
         "preset": "lightning-2step", "height": 1024, "width": 1024,
     }  # fmt: skip
     on_tiny = cli("--preset", "turbo", "--model", "tiny", "--guidance-scale", "2")
     assert (on_tiny["steps"], on_tiny["height"], on_tiny["sampler"], on_tiny["guidance_scale"]) == (
-        1, 128, "euler_ancestral", 2.0,
+        1, 128, "Euler a", 2.0,
     )  # fmt: skip
     assert "unet" not in on_tiny and "variant" not in on_tiny
     plain = cli("--model", "tiny", "--no-cfg", "--timestep-spacing", "linspace", "--steps-offset", "0")
@@ -159,7 +210,7 @@ def test_cli_and_app_flags_apply_a_preset():
         "stabilityai/sdxl-turbo", "fp16", None, 512, 1, False,
     )  # fmt: skip
     args = app.parse_args(["--preset", "lightning-4step", "--model", "tiny", "--sampler", "euler_ancestral"])
-    assert (args.unet, args.steps, args.sampler, args.cfg, args.height) == (None, 4, "euler_ancestral", False, 128)
+    assert (args.unet, args.steps, args.sampler, args.cfg, args.height) == (None, 4, "Euler a", False, 128)
     assert len(args.sizes) == 3  # the tiny model's offered sizes, as without a preset
 
 
@@ -175,9 +226,8 @@ def tiny_pt():
 
 def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     """PyTorch's trailing, guidance-0 images: the guidance-free program, and the CFG program at g = 0 and g = 1."""
-    import jax
-
-    from pipeline.diffusion import Modules, generate_from_latents
+    from pipeline.diffusion import Modules
+    from pipeline.loop import run_local
     from pipeline.text import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
@@ -189,14 +239,15 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     trailing = SamplerConfig.from_scheduler_config(manifest["scheduler"], timestep_spacing="trailing")
     assert trailing.steps_offset == 1 and trailing.sampler == "euler"
 
-    def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8-rounded [b, 64, 64, 3]
-        program = jax.jit(lambda *a: generate_from_latents(modules, *a, steps=steps, sampler=sampler))
+    def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8 [b, 64, 64, 3] as int
         b = len(guidance)
         ids = np.stack([tokenize(tokenizers, prompt)] * b)  # [b, 2, 77]
         negative_ids = np.stack([tokenize(tokenizers, negative)] * b)  # [b, 2, 77]
         latents = np.repeat(arrays["latents"], b, axis=0)  # [b, 4, 8, 8]
         flags, scales = np.array(has_negative), np.array(guidance, np.float32)  # [b], [b]
-        return np.round(np.asarray(program(tiny_pt.params, ids, negative_ids, flags, scales, latents)) * 255)
+        return run_local(
+            modules, tiny_pt.params, ids, negative_ids, flags, scales, latents, sampler.plan(steps), cfg=sampler.cfg
+        ).astype(np.int16)
 
     def assert_matches(got, expected, what):
         assert np.abs(got - expected).max() <= 1, what
@@ -214,6 +265,31 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     assert_matches(images[0], expected, "guidance 0")
     assert np.array_equal(images[0], images[1])  # guidance 1: the same program path, bit for bit
     assert np.mean(images[2] != expected) > 0.5  # guidance 5 still guides
+
+
+@pytest.mark.parametrize("name", ["dpmpp_2m_karras_cfg_8_steps", "dpmpp_2m_cfg_8_steps"])
+def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
+    """DPM++ 2M (Karras), 8 steps with CFG, through the served step program's body: within 1 level of PyTorch's."""
+    from pipeline.diffusion import Modules
+    from pipeline.loop import run_local
+    from pipeline.text import tokenize
+
+    manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
+    case = next(c for c in manifest["cases"] if c["name"] == name)
+    expected = np.round(np.load(FIXTURES / "tiny-pt-expected.npz")[name][0] * 255)  # [64, 64, 3]
+    latents = np.load(FIXTURES / "tiny-pt-expected.npz")["latents"]  # [1, 4, 8, 8]
+    config = SamplerConfig.from_scheduler_config(manifest["scheduler"])
+    plan = config.plan(case["steps"], case["sampler"])
+    assert plan.timesteps.tolist() == case["timesteps"]
+    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    negative = case["negative_prompt"]
+    image = run_local(
+        Modules.of(tiny_pt.pipeline), tiny_pt.params, tokenize(tokenizers, case["prompt"])[None],
+        tokenize(tokenizers, negative or "")[None], np.array([negative is not None]),
+        np.array([case["guidance_scale"]], np.float32), latents, plan,
+    )[0].astype(np.int16)  # fmt: skip
+    assert np.abs(image - expected).max() <= 1, name
+    assert np.mean(image != expected) < 0.02, name
 
 
 # ---- the engine: the guidance-free program, presets, Euler-ancestral across device counts ----------------------
@@ -248,7 +324,9 @@ def lightning(tiny_dir):
 
 def test_guidance_free_program_compiles_once_and_never_again(lightning):
     assert lightning.sampler.cfg is False and lightning.sampler.timestep_spacing == "trailing"
-    assert len(lightning._compiled) == 1 and lightning.compile_count >= 1  # built at start-up (warm-up)
+    keys = lightning.program_keys()
+    assert all(key.cfg is False for key in keys if key.cfg is not None)  # only guidance-free programs are served
+    assert all(lightning.programs.is_compiled(key) for key in keys) and lightning.compile_count >= len(keys)
     before = lightning.compile_count
     first = lightning.generate(PROMPT, seed=3, guidance_scale=0.0)
     for i, guidance in enumerate((1.0, 7.5, 20.0)):
@@ -256,7 +334,7 @@ def test_guidance_free_program_compiles_once_and_never_again(lightning):
         assert result.negative_prompt == "" and "CFG scale: 0," in result.parameters[0]
     again = lightning.generate(PROMPT, negative_prompt="anything", seed=3, guidance_scale=12.0)
     assert np.array_equal(_pixels(first), _pixels(again))  # negative prompt and guidance are ignored
-    assert lightning.compile_count == before and len(lightning._compiled) == 1
+    assert lightning.compile_count == before
     text = first.parameters[0]
     assert "Steps: 2, Sampler: Euler," in text and text.endswith("Timestep spacing: trailing")
 

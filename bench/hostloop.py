@@ -1,0 +1,322 @@
+"""The denoising loop on the host: what it costs per step, what Stop frees, and a restart on a warm cache.
+
+    python -m bench --only hostloop     # ms per step: host loop vs the fused fori_loop program (interleaved)
+    python -m bench --only stop         # job.cancel() at step 2 of 50 -> the next request's first step
+    python -m bench --only samplers     # compilations over steps 1..50 x the four samplers (must be 0)
+    python -m bench --only sizes        # app start-up, 3 sizes, progress on: cold vs warm compilation cache
+
+The fused program is the engine as it served before the host loop (text -> `fori_loop` over the steps -> VAE in
+one program, `diffusion.generate_local`); it is compiled here for the same size and steps, so both run the same
+network on the same devices. Per-step cost = (call seconds - the same call at 1 step) / (steps - 1), so text
+encoding and VAE decode cancel out.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .common import Progress, Stats, free_port, progress
+
+PROMPT = "a photo of an astronaut riding a horse on the moon"
+TARGET_HOST_LOOP = 0.03  # host loop at most 3 % slower per step than the fused loop
+TARGET_WARM_COMPILE = 0.25  # warm start: XLA compile seconds at most 25 % of the cold start's
+TARGET_STOP_STEPS = 2.0  # cancel -> next request's first step within 2 step times
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- host loop vs fused loop ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostLoopCost:
+    """Seconds per denoising step: the host loop (one compiled step per step) vs one fused fori_loop program."""
+
+    size: str  # width×height
+    steps: int  # steps per timed call
+    devices: int  # devices (one image each)
+    host_loop_call: Stats  # Generator.generate device seconds (encode + steps + decode, dispatched a step ahead)
+    fused_call: Stats  # the fused program, same inputs
+    host_loop_step_ms: float  # median per-step ms: (call - 1-step call) / (steps - 1)
+    fused_step_ms: float
+    difference: float  # host / fused per-step - 1
+    target: float
+    meets_target: bool
+    compiles_while_timing: int  # XLA compilations during the timed calls (must be 0)
+
+
+def fused_program(generator, steps: int):
+    """The engine's pre-host-loop program for its first size: jit(shard_map(generate_local)), Euler, compiled."""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from pipeline.attention import hooked
+    from pipeline.diffusion import generate_local
+    from pipeline.sharding import DATA_AXIS, batch_sharded
+
+    height, width = generator.sizes[0]
+    local = functools.partial(
+        generate_local, generator._modules, height=height, width=width, steps=steps, sampler=generator.sampler
+    )
+    batch = P(DATA_AXIS)
+    program = jax.jit(
+        jax.shard_map(
+            hooked(local, generator.config.attention), mesh=generator.mesh,
+            in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False,
+        )
+    )  # fmt: skip
+    n, sharding = generator.num_images, batch_sharded(generator.mesh)
+    params = generator._params
+    abstract = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)]
+    for shape, dtype in (((n, 2, 77), np.int32), ((n, 2, 77), np.int32), ((n,), np.bool_), ((n,), np.float32),
+                         ((n,), np.uint32)):  # fmt: skip
+        abstract.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
+    compiled = program.lower(*abstract).compile()
+    tokens = np.zeros((n, 2, 77), np.int32)
+    inputs = jax.device_put(
+        (tokens, tokens, np.zeros(n, bool), np.full(n, 5.0, np.float32), np.arange(n, dtype=np.uint32)), sharding
+    )
+
+    def call() -> float:
+        started = time.perf_counter()
+        np.asarray(compiled(params, *inputs))  # uint8 images back on the host, as the engine does
+        return time.perf_counter() - started
+
+    return call
+
+
+def host_loop_cost(generator, steps: int, runs: int, say: Progress = progress) -> HostLoopCost:
+    """Interleaved calls of both at `steps` and at 1 step; medians; Euler on the engine's first size."""
+    fused = {n: fused_program(generator, n) for n in (1, steps)}
+    for call in fused.values():
+        call()  # first run, untimed
+    sampler = "Euler"
+
+    def host(n: int) -> float:
+        result = generator.generate(PROMPT, seed=0, steps=n, sampler=sampler)
+        return result.timings["device_s"]
+
+    host(steps), host(1)
+    before = generator.compile_count
+    times: dict[str, list[float]] = {"host": [], "host1": [], "fused": [], "fused1": []}
+    for _ in range(runs):
+        times["host"].append(host(steps))
+        times["fused"].append(fused[steps]())
+        times["host1"].append(host(1))
+        times["fused1"].append(fused[1]())
+    compiles = generator.compile_count - before
+    stats = {name: Stats.of(values) for name, values in times.items()}
+    host_ms = (stats["host"].median - stats["host1"].median) / (steps - 1) * 1000
+    fused_ms = (stats["fused"].median - stats["fused1"].median) / (steps - 1) * 1000
+    difference = host_ms / fused_ms - 1
+    height, width = generator.sizes[0]
+    say(f"host loop: {host_ms:.1f} ms per step vs fused {fused_ms:.1f} ms ({difference:+.1%}), "
+        f"{width}×{height}, {steps} steps, {runs} interleaved runs, {compiles} compilations")  # fmt: skip
+    return HostLoopCost(
+        f"{width}×{height}", steps, generator.device_count, stats["host"], stats["fused"], host_ms, fused_ms,
+        difference, TARGET_HOST_LOOP, abs(difference) <= TARGET_HOST_LOOP, compiles,
+    )  # fmt: skip
+
+
+# ---- compilations over steps and samplers --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplerSweep:
+    requests: int  # requests made: every step count in 1..max_steps with each sampler
+    max_steps: int
+    samplers: tuple[str, ...]
+    compiles_added: int  # XLA compilations during the sweep (must be 0)
+    seconds: float
+
+
+def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> SamplerSweep:
+    """Every step count 1..max_steps with every sampler, one request each; counts compilations."""
+    from pipeline.samplers import SAMPLER_NAMES
+
+    before, started, requests = generator.compile_count, time.perf_counter(), 0
+    for steps in range(1, max_steps + 1):
+        for sampler in SAMPLER_NAMES:
+            generator.generate(PROMPT, seed=steps, steps=steps, sampler=sampler)
+            requests += 1
+    compiles = generator.compile_count - before
+    say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(SAMPLER_NAMES)} samplers), {compiles} compiles")
+    return SamplerSweep(requests, max_steps, tuple(SAMPLER_NAMES), compiles, time.perf_counter() - started)
+
+
+# ---- Stop -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopLatency:
+    """job.cancel() at step 2 of a 50-step request (through gradio_client) -> the next request's first step."""
+
+    steps: int  # steps the cancelled request asked for
+    cancelled_at_step: int  # the client-side progress when cancel() was called
+    engine_stopped_after: int  # steps the engine had dispatched when it stopped
+    step_s: Stats  # seconds per step of this server (uncancelled requests)
+    cancel_to_next_first_step: Stats  # seconds, per run
+    in_step_times: float  # median of cancel_to_next_first_step / median step time
+    target: float
+    meets_target: bool
+
+
+def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress) -> StopLatency:
+    """Through a launched app: submit, cancel at step 2, then one more request; timed inside the server process."""
+    from gradio_client import Client
+
+    import app
+
+    demo = app.build_demo(generator)
+    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        step_times, latencies, at, dispatched = [], [], 0, 0
+        for run in range(runs):
+            result = generator.generate(PROMPT, seed=run, steps=steps)
+            step_times.append((result.timings["device_s"]) / steps)
+            job = client.submit(PROMPT, steps=steps, api_name="/generate")
+            while True:
+                status = job.status()
+                data = status.progress_data
+                if data and data[0].index is not None and data[0].index >= 2:
+                    at = data[0].index
+                    break
+                if job.done():
+                    raise RuntimeError("the request finished before it could be cancelled")
+                time.sleep(0.005)
+            cancelled = time.perf_counter()
+            job.cancel()
+            follow = client.submit(PROMPT, steps=2, api_name="/generate")
+            follow.result()
+            runs_seen = list(generator.recent_runs)
+            latencies.append(runs_seen[-1]["first_step_at"] - cancelled)
+            stopped = runs_seen[-2]
+            if not stopped["stopped"]:
+                raise RuntimeError("the cancelled request ran to its end")
+            dispatched = stopped["done"]
+    finally:
+        app.close_demo(demo)
+    step_s, latency = Stats.of(step_times), Stats.of(latencies)
+    ratio = latency.median / step_s.median
+    say(f"stop: cancel at step {at} -> next first step {latency.median * 1000:.0f} ms = {ratio:.2f} step times "
+        f"(a step {step_s.median * 1000:.0f} ms; the engine stopped after {dispatched} of {steps})")  # fmt: skip
+    return StopLatency(steps, at, dispatched, step_s, latency, ratio, TARGET_STOP_STEPS, ratio <= TARGET_STOP_STEPS)
+
+
+# ---- start-up on a warm cache ------------------------------------------------------------------------------------
+
+_COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) sec")
+_TRACED = re.compile(r"Finished tracing \S+ for jit in ([0-9.]+) sec")
+_LOWERED = re.compile(r"Finished jaxpr to MLIR module conversion \S+ in ([0-9.]+) sec")
+_HIT = re.compile(r"Persistent compilation cache hit for '([^']+)'")
+_MISS = re.compile(r"PERSISTENT COMPILATION CACHE MISS for '([^']+)'")
+_NOT_WRITTEN = re.compile(r"Not writing persistent cache entry for '([^']+)'")
+
+
+@dataclass(frozen=True)
+class AppStart:
+    """One `python app.py` start until it serves, with JAX_LOG_COMPILES=1; seconds."""
+
+    cache: str  # "cold" (empty compilation cache) or "warm" (filled by the cold start)
+    ready_s: float  # launch -> "Running on" (loaded, compiled, warmed up, serving)
+    xla_compile_s: float  # sum of "Finished XLA compilation" (compiling, or loading from the cache)
+    tracing_s: float  # sum of "Finished tracing"
+    lowering_s: float  # sum of "Finished jaxpr to MLIR module conversion"
+    programs: int  # XLA compilations logged
+    cache_hits: int
+    cache_misses: int
+    not_cached: int  # "Not writing persistent cache entry" (e.g. host callbacks): must be 0
+    served_compile_s: float  # XLA seconds of the served programs alone (encode/start/step/decode)
+    served_hits: int  # of the served programs, cache hits
+    served_programs: int
+    phases: dict  # the app's own phase lines: load, cast, replicate, compile, first run (seconds)
+
+
+def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1200) -> AppStart:
+    command = [sys.executable, "app.py", "--port", str(free_port()), *args]
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1",
+           "JAX_LOG_COMPILES": "1"}  # fmt: skip
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = None
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("Running on"):
+                ready = time.perf_counter() - started
+                break
+            if time.perf_counter() - started > timeout_s:
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    if ready is None:
+        raise RuntimeError(f"app did not start (exit code {process.poll()}): {''.join(lines[-20:])}")
+    text = "".join(lines)
+    compiled = [(name, float(s)) for name, s in _COMPILED.findall(text)]
+    served = [(name, s) for name, s in compiled if _is_served(name)]
+    hits = _HIT.findall(text)
+    phases = {}
+    for phase in ("load", "cast", "replicate", "compile", "first run"):
+        match = re.search(rf"INFO sdxl_jax\.app: {phase}\s+([0-9.]+) s", text)
+        if match:
+            phases[phase] = float(match.group(1))
+    return AppStart(
+        cache=cache,
+        ready_s=ready,
+        xla_compile_s=sum(s for _, s in compiled),
+        tracing_s=sum(float(s) for s in _TRACED.findall(text)),
+        lowering_s=sum(float(s) for s in _LOWERED.findall(text)),
+        programs=len(compiled),
+        cache_hits=len(hits),
+        cache_misses=len(_MISS.findall(text)),
+        not_cached=len(_NOT_WRITTEN.findall(text)),
+        served_compile_s=sum(s for _, s in served),
+        served_hits=sum(1 for name in hits if _is_served(name)),
+        served_programs=len(served),
+        phases=phases,
+    )
+
+
+def _is_served(name: str) -> bool:
+    """The served programs are named sdxl_encode, sdxl_start, sdxl_step and sdxl_decode (programs.py)."""
+    return any(kind in name for kind in ("sdxl_encode", "sdxl_start", "sdxl_step", "sdxl_decode"))
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """App start-up with progress on (the default) and the default three sizes: cold vs warm compilation cache."""
+
+    args: list[str]
+    cold: AppStart
+    warm: AppStart
+    compile_ratio: float  # warm.xla_compile_s / cold.xla_compile_s
+    target: float
+    meets_target: bool  # ratio <= target and every served program a cache hit on the warm start
+
+
+def warm_start(steps: int, dtype: str, say: Progress = progress) -> WarmStart:
+    args = ["--model", "tiny", "--steps", str(steps), "--dtype", dtype]
+    with tempfile.TemporaryDirectory(prefix="sdxl-bench-warm-") as tmp:
+        cold = app_start(args, Path(tmp) / "cache", "cold")
+        say(f"sizes: cold start {cold.ready_s:.1f} s, XLA {cold.xla_compile_s:.1f} s over {cold.programs} programs")
+        warm = app_start(args, Path(tmp) / "cache", "warm")
+        say(f"sizes: warm start {warm.ready_s:.1f} s, XLA {warm.xla_compile_s:.1f} s, "
+            f"{warm.served_hits}/{warm.served_programs} served programs from the cache")  # fmt: skip
+    ratio = warm.xla_compile_s / cold.xla_compile_s
+    all_hits = warm.served_hits == warm.served_programs > 0
+    return WarmStart(args, cold, warm, ratio, TARGET_WARM_COMPILE, ratio <= TARGET_WARM_COMPILE and all_hits)
