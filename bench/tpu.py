@@ -15,9 +15,9 @@ is downloaded); `--model tiny` uses the tiny checkpoint. Each program is compile
 of the compiled program (cost analysis, per chip; fused Pallas kernels report no FLOPs) and the roofline
 max(FLOPs / peak, bytes / bandwidth). Per request it predicts device seconds on the topology (4 images on v5e:2x2)
 for SDXL base (25 steps, CFG) and Lightning-4 (4 steps, no CFG) from the rooflines: encode + start + steps x step +
-decode, a lower bound. Results go to --out/tpu.json (merged with the rows already there, so programs compiled by
-separate runs add up) and a table is printed. Only the UNet step depends on the attention core; the other programs
-are compiled once (attention null).
+decode, a lower bound, at every size compiled. Results go to --out/tpu.json (merged with the rows already there, so
+programs compiled by separate runs add up) and a table is printed (`--report`: only that, nothing compiled). Only
+the UNet step depends on the attention core; the other programs are compiled once (attention null).
 
 `--startup` measures the precompiled start-up instead, on this host's CPU devices with the tiny checkpoint (128x128,
 4 steps): `python -m pipeline precompile --topology cpu`, then `python -m pipeline generate` cold (no compilation
@@ -60,6 +60,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
+    add("--report", action="store_true", help="only: the table and predictions of --out/tpu.json (nothing compiled)")
     add("--runs", type=int, default=1, help="with --startup: start-ups of each kind (default 1)")
     args = parser.parse_args(argv)
     args.attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
@@ -246,6 +247,12 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
     return out
 
 
+def all_predictions(rows: list[dict], topology: str) -> list[dict]:
+    """`predictions` at every size with a step program compiled for `topology`."""
+    sizes = sorted({r["size"] for r in rows if r["kind"] == "step" and r["topology"] == topology})
+    return [p for size in sizes for p in predictions(rows, topology, size)]
+
+
 def table(rows: list[dict], requests: list[dict]) -> str:
     """The markdown table of programs and the predictions."""
     lines = [
@@ -314,6 +321,18 @@ def startup(runs: int, out: Path, progress) -> dict:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.report:
+        import json
+
+        from .report import write_json
+
+        path = Path(args.out) / "tpu.json"
+        results = json.loads(path.read_text())
+        rows = [r for r in results["programs"] if r.get("model") == args.model and r["topology"] == args.topology]
+        results["requests"] = all_predictions(rows, args.topology)
+        write_json(results, path)
+        print(table(rows, results["requests"]))
+        return 0
     if args.startup:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         from .common import machine_info, progress
@@ -363,7 +382,6 @@ def main(argv: list[str]) -> int:
 
         rows = json.loads(path.read_text()).get("programs", [])
     todo = jobs(args, sizes)
-    first = f"{sizes[0][1]}x{sizes[0][0]}"  # the size requests are predicted at (the first offered)
     progress(f"tpu: {len(todo)} program(s) to compile: "
              + ", ".join(f"{k.label}" + (f" [{a}]" if a else "") for k, a in todo))  # fmt: skip
     for key, attention in todo:
@@ -377,9 +395,9 @@ def main(argv: list[str]) -> int:
         same = ("program", "topology", "attention", "model", "images")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
-        results = {"machine": machine_info(), "programs": rows, "requests": predictions(mine, args.topology, first)}
+        results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology)}
         write_json(results, path)  # after every program: a long run keeps what it measured
-    requests = predictions([r for r in rows if r.get("model") == args.model], args.topology, first)
+    requests = all_predictions([r for r in rows if r.get("model") == args.model], args.topology)
     print(table([r for r in rows if r.get("model") == args.model and r["topology"] == args.topology], requests))
     progress(f"done: {path}")
     return 0
