@@ -829,6 +829,10 @@ def load_generator(args: argparse.Namespace) -> Generator:
     if sizes:
         logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in sizes))
     logger.info("sampler: %s", sampler_summary(generator))
+    if getattr(args, "precompiled", None):  # one line: which programs were loaded, which are compiled and why
+        from pipeline.aot import load_precompiled
+
+        load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
     warm = generator.warmup() or {}
     logger.info("%-9s %7.2f s", "compile", warm.get("compile_s", float("nan")))
     logger.info("%-9s %7.2f s", "first run", warm.get("first_run_s", float("nan")))

@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         from .unet import main as unet_main
 
         return unet_main(argv[1:])
+    if argv[:1] == ["tpu"]:  # `python -m bench tpu ...`: served programs compiled for a TPU topology (bench/tpu.py)
+        from .tpu import main as tpu_main
+
+        return tpu_main(argv[1:])
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
     # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.

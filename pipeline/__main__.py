@@ -1,4 +1,5 @@
-"""Command line: `python -m pipeline make-tiny DIR` and `python -m pipeline generate ...`.
+"""Command line: `python -m pipeline make-tiny DIR`, `python -m pipeline generate ...` and
+`python -m pipeline precompile --topology v5e:2x2 [app options] --out DIR` (executables for a precompiled start-up).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
@@ -15,9 +16,10 @@ import time
 
 from .errors import CheckpointError, ModelLoadError
 from .options import CLI, add_options, check_env_choices
-from .runtime import quiet_start, use_cpu_cores
-from .samplers import sampler_id, sampler_label
-from .settings import SDXL_BASE, shape_defaults
+from .presets import PRESET_NAMES
+from .runtime import quiet_start, skip_absent_tpu, use_cpu_cores
+from .samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
+from .settings import ATTENTIONS, DTYPES, SDXL_BASE, TINY_MODEL, shape_defaults
 from .validation import InvalidInput
 
 EXIT_BAD_INPUT = 2
@@ -39,6 +41,30 @@ def build_parser() -> argparse.ArgumentParser:
         description="Each option can also be set by the environment variable in brackets; the flag wins.",
     )
     add_options(gen, CLI)  # the table app.py builds its parser from (pipeline/options.py)
+
+    pre = commands.add_parser("precompile", help="compile the served programs for a topology into a directory")
+    pre.add_argument("--topology", default="v5e:2x2",
+                     help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
+                     "devices (default v5e:2x2)")  # fmt: skip
+    pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
+    pre.add_argument("--model", default=None, help=f"as app.py (default {SDXL_BASE}); weights are read for shapes")
+    pre.add_argument("--preset", choices=PRESET_NAMES, default=None)
+    pre.add_argument("--sampler", default=None, help=f"{', '.join(SAMPLER_NAMES)} (as app.py)")
+    pre.add_argument("--timestep-spacing", choices=SPACINGS, default=None)
+    pre.add_argument("--steps-offset", type=int, default=None)
+    pre.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None)
+    pre.add_argument("--no-cfg", action="store_true")
+    pre.add_argument("--revision", default=None)
+    pre.add_argument("--variant", default=None)
+    pre.add_argument("--unet", default=None)
+    pre.add_argument("--height", type=int, default=None)
+    pre.add_argument("--width", type=int, default=None)
+    pre.add_argument("--sizes", default=None, help="as app.py (default: the app's three; --height/--width: one)")
+    pre.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU, float32 on cpu")
+    pre.add_argument("--per-device-batch", type=int, default=1)
+    pre.add_argument("--attention", choices=ATTENTIONS, default="auto")
+    pre.add_argument("--cpu-devices", type=int, default=None, help="with --topology cpu: as app.py")
+    pre.set_defaults(steps=None, guidance_scale=None)
     return parser
 
 
@@ -67,6 +93,11 @@ def _generate(args: argparse.Namespace) -> int:
         attention=args.attention,
         **settings,  # model, shape, sampler settings, unet, variant (a preset's, the flags winning)
     )
+    if args.precompiled:
+        from .aot import load_precompiled
+
+        report = load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
+        print(report.summary(args.precompiled), file=sys.stderr)  # which were loaded, which are compiled and why
     warmup = generator.warmup()
     warmup_compiles = generator.compile_count
     if not cluster.is_leader:
@@ -109,6 +140,31 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _precompile(args: argparse.Namespace) -> int:
+    from .aot import precompile
+    from .sizes import default_sizes, parse_sizes
+
+    settings = _settings(args)
+    tiny = settings["model"].strip() == TINY_MODEL
+    if args.sizes:
+        sizes = parse_sizes(args.sizes, tiny=tiny)
+    elif (settings["height"], settings["width"]) != shape_defaults(settings["model"])[:2]:
+        sizes = [(settings["height"], settings["width"])]  # --height/--width (or a preset's size): that one, as app.py
+    else:
+        sizes = default_sizes(tiny=tiny)
+    overrides = {k: settings.get(k) for k in ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")}
+    started = time.perf_counter()
+    manifest = precompile(
+        settings["model"], topology=args.topology, out=args.out, sizes=sizes, dtype=args.dtype,
+        per_device_batch=args.per_device_batch, attention=args.attention, revision=args.revision,
+        variant=settings.get("variant"), unet=settings.get("unet"),
+        sampler_overrides={k: v for k, v in overrides.items() if v is not None}, progress=print,
+    )  # fmt: skip
+    print(f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
+          f"{args.out} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+    return 0
+
+
 def _settings(args: argparse.Namespace) -> dict:
     """Model, shape, sampler settings and default guidance: explicit flags, else the preset's, else the model's."""
     from .presets import get_preset, resolve
@@ -139,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         check_env_choices(parser, args, CLI)
+    if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
+    elif args.command == "precompile":
+        skip_absent_tpu()  # compiling for a TPU topology needs libtpu, not a TPU: no probe for one
     quiet_start()
     try:
         if args.command == "make-tiny":
@@ -147,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(make_tiny(args.directory, seed=args.seed))
             return 0
+        if args.command == "precompile":
+            return _precompile(args)
         return _generate(args)
     except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)

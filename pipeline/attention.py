@@ -12,13 +12,19 @@ Kinds (`ATTENTIONS`):
 - `diffusers`: no hook; diffusers' own einsum + softmax in the compute dtype (the reference).
 - `xla`: `jax.nn.dot_product_attention(implementation="xla")`: logits and softmax in float32, any device.
 - `cudnn`: cuDNN flash attention (`implementation="cudnn"`) on NVIDIA GPUs in bf16/fp16.
-- `splash`: Pallas splash attention on TPU for self-attention whose length is a multiple of 128 (SDXL: 4096 and
-  1024 tokens at 1024x1024); heads are zero-padded to 128 lanes (exact: zero columns add nothing to q.k, and the
-  padded value columns are sliced off), queries pre-scaled (the kernel does not scale).
-- `auto`: splash on TPU, cudnn on GPU with bf16/fp16, xla elsewhere (so on CPU `auto` is exactly `xla`).
+- `splash`: Pallas splash attention on TPU for self-attention (SDXL: 4096 and 1024 tokens at 1024x1024); heads are
+  zero-padded to 128 lanes (exact: zero columns add nothing to q.k, and the padded value columns are sliced off),
+  queries pre-scaled (the kernel does not scale). A length that is not a multiple of 128 is padded up to one when
+  that adds at most 1/8 (SDXL's 1344x768: 4032 -> 4096 and 1008 -> 1024 tokens), the padding masked off with
+  segment ids (real tokens attend only to real ones: exact).
+- `auto`: splash on TPU, cudnn on GPU with bf16/fp16, xla elsewhere (so on CPU `auto` is exactly `xla`). The TPU
+  choice is the compiled cost (`python -m bench tpu`, the real TPU compiler, bench/README.md): one SDXL UNet call
+  at 1024x1024 with CFG on a v5e chip is 12.46 TFLOP / 73.1 GB with splash against 13.99 TFLOP / 111.7 GB with
+  xla, a roofline of 89 ms against 136 ms (xla is bound by HBM traffic: it writes every score matrix).
 
-Shapes a fused kernel cannot take (cross-attention with 77 keys, float32 on cuDNN, lengths not a multiple of 128)
-fall back to `xla`, logged once per shape. Every path keeps the softmax in float32.
+Shapes a fused kernel cannot take (cross-attention with 77 keys, float32 on cuDNN, short lengths splash would pad by
+more than 1/8, e.g. the tiny checkpoint's) fall back to `xla`, logged once per shape. Every path keeps the softmax in
+float32.
 
 JAX's trace cache does not see an interceptor, so the kind must be a static part of whatever is traced: the engine
 keeps it in `EngineConfig.attention` and builds one program per kind (`hooked` closes over it).
@@ -45,6 +51,8 @@ REQUIRED_PLATFORM = {"splash": "tpu", "cudnn": "gpu"}
 LANES = 128
 #: Largest splash tile along queries and keys; smaller powers of two down to LANES are tried when it does not divide.
 SPLASH_MAX_BLOCK = 512
+#: splash pads a self-attention length to a multiple of LANES when that adds at most this fraction of it.
+SPLASH_MAX_PADDING = 1 / 8
 #: dtypes cuDNN's flash attention takes.
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -62,6 +70,12 @@ def _log_once(key, message: str, *args) -> None:
             return
         _logged.add(key)
     logger.info(message, *args)
+
+
+def reset_fallback_log() -> None:
+    """Log each fallback again (the TPU report collects every program's own fallbacks)."""
+    with _logged_lock:
+        _logged.clear()
 
 
 def resolve(kind: str, platform: str, dtype: str) -> str:
@@ -125,9 +139,15 @@ def splash_block(length: int) -> int | None:
     return None
 
 
+def splash_length(length: int) -> int | None:
+    """The length splash runs `length` tokens at: the next multiple of 128, if that pads at most 1/8; else None."""
+    padded = -(-length // LANES) * LANES
+    return padded if padded - length <= length * SPLASH_MAX_PADDING else None
+
+
 def splash_supported(q_shape, k_shape) -> bool:
-    """Self-attention (queries are keys) whose length splash can tile (a multiple of 128)."""
-    return q_shape[1] == k_shape[1] and splash_block(q_shape[1]) is not None
+    """Self-attention (queries are keys) whose length splash can tile (a multiple of 128, or padded to one)."""
+    return q_shape[1] == k_shape[1] and splash_length(q_shape[1]) is not None
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,23 +168,28 @@ def splash_attention(q, k, v, scale: float, *, interpret: bool = False, block: i
     are dropped. The kernel keeps its running max, sum and output in float32.
     """
     if not splash_supported(q.shape, k.shape):
-        _log_once(("splash", q.shape, k.shape), "attention: splash takes self-attention of a multiple of 128 "
-                  "tokens; using xla for q %s, k %s", q.shape, k.shape)  # fmt: skip
+        why = "cross-attention" if q.shape[1] != k.shape[1] else "a length splash would pad by more than 1/8"
+        _log_once(("splash", q.shape, k.shape), "attention: splash takes self-attention; %s: using xla for q %s, "
+                  "k %s", why, q.shape, k.shape)  # fmt: skip
         return xla_attention(q, k, v, scale)
     batch, q_len, heads, head_dim = q.shape
-    kv_len = k.shape[1]
+    length = splash_length(q_len)  # tokens, padded to a multiple of 128
     padded = -(-head_dim // LANES) * LANES
-    width = [(0, 0), (0, 0), (0, 0), (0, padded - head_dim)]
+    width = [(0, 0), (0, length - q_len), (0, 0), (0, padded - head_dim)]
 
-    def to_kernel(x):  # [B, L, N, H] -> [B, N, L, padded]
+    def to_kernel(x):  # [B, L, N, H] -> [B, N, length, padded]
         return jnp.pad(x, width).transpose(0, 2, 1, 3)
 
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)  # the kernel applies no scale
-    block_q = block or splash_block(q_len)
-    block_kv = block or splash_block(kv_len)
-    kernel = _splash_kernel(heads, q_len, kv_len, block_q, block_kv, interpret)
-    out = jax.vmap(kernel)(to_kernel(q), to_kernel(k), to_kernel(v))  # [B, N, Lq, padded]
-    return out[..., :head_dim].transpose(0, 2, 1, 3)
+    tile = block or splash_block(length)
+    kernel = _splash_kernel(heads, length, length, tile, tile, interpret)
+    if length > q_len:  # padded tokens form their own segment: real queries never see them, nor they real keys
+        from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+        ids = (jnp.arange(length) >= q_len).astype(jnp.int32)
+        kernel = functools.partial(kernel, segment_ids=splash.SegmentIds(q=ids, kv=ids))
+    out = jax.vmap(kernel)(to_kernel(q), to_kernel(k), to_kernel(v))  # [B, N, length, padded]
+    return out[:, :, :q_len, :head_dim].transpose(0, 2, 1, 3)
 
 
 CORES = {"diffusers": diffusers_attention, "xla": xla_attention, "cudnn": cudnn_attention, "splash": splash_attention}

@@ -140,6 +140,8 @@ OPTIONS: tuple[Option, ...] = (
            "SDXL_NO_COMPILATION_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
            "SDXL_CPU_DEVICES", _NON_NEGATIVE, default_text="one per core", metavar="N"),
+    Option("--precompiled", "load the matching executables written by `python -m pipeline precompile` from DIR; "
+           "compile the rest (one line says which and why)", "SDXL_PRECOMPILED", metavar="DIR"),
     # -- the sampler (the checkpoint's scheduler config unless set)
     Option("--sampler", f"sampler of a request that names none: {', '.join(SAMPLER_NAMES)} (a request may pick "
            "another; no recompile)", "SDXL_SAMPLER", sampler_argument, default_text="the checkpoint's"),

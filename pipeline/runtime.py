@@ -5,6 +5,7 @@ Kept free of JAX: `use_cpu_cores` must run before anything imports JAX, because 
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import logging
 import os
@@ -13,6 +14,8 @@ import warnings
 #: JAX plugins whose presence means JAX will pick an accelerator, not the CPU.
 ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+#: Device nodes a TPU VM has (v4/v5e/v6e: /dev/accel*; v5p and some images: /dev/vfio/N).
+TPU_DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 
 
 def quiet_start() -> None:
@@ -37,7 +40,29 @@ def accelerator_installed() -> bool:
     platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
     if platforms:
         return platforms.split(",")[0] != "cpu"
-    return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
+    return any(
+        importlib.util.find_spec(name) is not None and (name != "libtpu" or tpu_device_present())
+        for name in ACCELERATOR_PLUGINS
+    )
+
+
+def tpu_device_present() -> bool:
+    """True when this host has a TPU device node (libtpu alone, e.g. for AOT compiles on a CPU host, is no TPU)."""
+    return any(glob.glob(pattern) for pattern in TPU_DEVICE_NODES)
+
+
+def skip_absent_tpu() -> bool:
+    """With libtpu installed on a host without a TPU (a dev venv that compiles for TPU topologies), run JAX on the CPU.
+
+    Otherwise every process first probes for the TPU (1-3 s and ~6 lines of libtpu errors). Sets JAX_PLATFORMS=cpu
+    only when unset; the topology API (`pipeline.aot`) works with it set. Returns True when it set it. Before JAX.
+    """
+    if os.environ.get("JAX_PLATFORMS") or tpu_device_present() or importlib.util.find_spec("libtpu") is None:
+        return False
+    if any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS if name != "libtpu"):
+        return False  # a GPU plugin: let JAX pick it
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    return True
 
 
 def use_cpu_cores(count: int | None = None) -> int:
@@ -45,8 +70,10 @@ def use_cpu_cores(count: int | None = None) -> int:
 
     One request then makes one image per core, as it makes one per chip on a TPU, and it costs no more time per image
     (bench/README.md, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device
-    count, and does nothing when an accelerator is installed or `count` is 0. Must run before JAX is imported.
+    count, and does nothing when an accelerator is installed or `count` is 0 (libtpu without a TPU device is no
+    accelerator: JAX is then told to use the CPU, see `skip_absent_tpu`). Must run before JAX is imported.
     """
+    skip_absent_tpu()
     if count == 0 or accelerator_installed() or _DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", ""):
         return 0
     count = count or os.cpu_count() or 1

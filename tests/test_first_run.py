@@ -416,7 +416,7 @@ def test_readme_lists_every_app_option_and_is_for_users():
         assert option.flag in rows, option.flag
         if option.env:
             assert option.env in rows[option.flag], option.flag
-    assert len(text.splitlines()) < 450  # the measurement record lives in bench/README.md
+    assert len(text.splitlines()) < 480  # for users: the measurement record lives in bench/README.md
     assert (REPO / "bench" / "README.md").is_file() and "bench/README.md" in text
     for section in ("## Install", "## Run", "## Options", "## API", "## Deploy", "## Figures"):
         assert re.search(rf"^{section}", text, re.M), section

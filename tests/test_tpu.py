@@ -1,0 +1,164 @@
+"""TPU without a TPU: the served programs compiled by the real TPU compiler (libtpu, topology v5e:2x2) on this CPU
+host, so a change that breaks TPU lowering, the splash (Mosaic) kernel or HBM fit fails here; and the precompiled
+start-up as a CPU round trip (executables written by `python -m pipeline precompile --topology cpu`, a server that
+starts with zero compilations and makes the same pixels).
+
+What is compiled for TPU is kept small (about 1.5 min on 2 cores): the step program with `xla` at 64x64 (CFG) and
+with `splash` at 192x160 (no CFG: the tiny UNet's first attention level then has 120 tokens, which splash pads to
+128 and masks, so the Mosaic kernel with segment ids is in the program; at 64x64 every shape falls back to xla),
+encode and decode once.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import TEST_SIZE, TEST_STEPS
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY = "v5e:2x2"
+#: (height, width) where the tiny UNet's first attention level has 10 x 12 = 120 tokens: splash, padded to 128.
+SPLASH_SIZE = (160, 192)
+
+
+def _libtpu() -> bool:
+    from pipeline.aot import libtpu_available
+
+    return libtpu_available()
+
+
+needs_libtpu = pytest.mark.skipif(
+    not _libtpu(), reason='libtpu is not installed (pip install "jax[tpu]==0.10.2", in requirements-dev.txt)'
+)
+
+
+@pytest.fixture(scope="module")
+def tpu_programs():
+    """The tiny checkpoint's served programs on v5e:2x2's 4 chips (abstract bf16 weights), one per core."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
+    from bench.tpu import tiny_model
+    from pipeline.aot import topology_devices
+    from pipeline.compilation import configure_compilation_cache
+    from pipeline.programs import ServedPrograms
+    from pipeline.sharding import data_mesh
+
+    devices = topology_devices(TOPOLOGY)
+    assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
+    modules, params = tiny_model("bfloat16")
+    mesh = data_mesh(devices)
+    cached = jax.config.jax_enable_compilation_cache
+    configure_compilation_cache(False)  # a topology's compile-only client cannot read JAX's persistent cache
+    yield {core: ServedPrograms(modules, params, mesh, attention=core) for core in ("xla", "splash")}
+    configure_compilation_cache(cached)
+
+
+@needs_libtpu
+def test_served_programs_compile_for_tpu_v5e(tpu_programs):
+    from bench.tpu import compile_one
+    from pipeline.programs import ProgramKey
+
+    rows = []
+    for core, key in (
+        ("xla", ProgramKey("step", TEST_SIZE, TEST_SIZE, True)),
+        ("splash", ProgramKey("step", *SPLASH_SIZE, False)),
+        (None, ProgramKey("encode", cfg=True)),
+        (None, ProgramKey("decode", TEST_SIZE, TEST_SIZE)),
+    ):
+        programs = tpu_programs[core or "xla"]
+        size = (key.height, key.width) if key.height else None
+        rows.append(compile_one(programs, key, core, TOPOLOGY, size, progress=lambda _: None))
+    for row in rows:
+        assert row["fits"], f"{row['program']} needs {row['hbm_total_bytes']} bytes of HBM per chip"
+        assert row["flops"] > 0 and row["bytes_accessed"] > 0 and row["roofline_s"] > 0, row
+        assert row["hbm_bytes"]["arguments"] > 0 and row["hbm_bytes"]["code"] > 0, row
+    splash = rows[1]
+    # The 120-token self-attention runs in the kernel; the 30-token level and the 77-key cross-attention fall back.
+    assert splash["fallbacks"] and not any("q (1, 120, 4, 16), k (1, 120" in line for line in splash["fallbacks"])
+    assert any("k (1, 77" in line for line in splash["fallbacks"]), splash["fallbacks"]
+
+
+@needs_libtpu
+def test_splash_kernel_is_in_the_tpu_program(tpu_programs):
+    from pipeline.programs import ProgramKey
+
+    text = tpu_programs["splash"].lower(ProgramKey("step", *SPLASH_SIZE, False)).as_text()
+    assert "tpu_custom_call" in text  # the Mosaic kernel, not an xla fallback
+
+
+@pytest.mark.parametrize("length", [120, 248])
+def test_splash_pads_lengths_off_128_exactly(length):
+    """SDXL's 1344x768 has 4032- and 1008-token self-attention: splash pads to 128 and masks the padding off."""
+    import jax.numpy as jnp
+
+    from pipeline import attention
+
+    rng = np.random.default_rng(length)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, 2, 64)), jnp.float32) for _ in range(3))
+    assert attention.splash_supported(q.shape, k.shape) and attention.splash_length(length) % 128 == 0
+    out = attention.splash_attention(q, k, v, 0.125, interpret=True, block=128)
+    exact = attention.reference_attention(q, k, v, 0.125)
+    assert np.abs(np.asarray(out, np.float64) - exact).max() <= 1e-5
+    assert not attention.splash_supported((1, 30, 2, 64), (1, 30, 2, 64))  # 30 -> 128 would pad too much
+
+
+def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
+    """`precompile --topology cpu` (in a subprocess, like a build step), then a server that loads every program:
+    zero compilations, the same pixels as the engine that compiled its own."""
+    from pipeline.aot import MANIFEST, load_precompiled
+    from pipeline.generator import Generator
+
+    out = tmp_path / "precompiled"
+    size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32"]
+    command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir), *size,
+               "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
+    assert {p["label"] for p in manifest["programs"]} == {key.label for key in engine.program_keys()}
+
+    generator = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False
+    )
+    report = load_precompiled(generator.programs, generator.program_keys(), out)
+    assert report.compile == {} and len(report.loaded) == len(engine.program_keys())
+    generator.warmup()
+    assert generator.compile_count == 0
+    mine = generator.generate("a lighthouse at dusk", seed=11)
+    theirs = engine.generate("a lighthouse at dusk", seed=11)
+    for a, b in zip(mine.images, theirs.images, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
+    manifest["versions"]["jaxlib"] = "0.0.1"
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    other = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False
+    )
+    report = load_precompiled(other.programs, other.program_keys(), out)
+    assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
+    assert "loaded 0 of 4" in report.summary(out) and not any(map(other.programs.is_compiled, other.program_keys()))
+
+
+def test_app_takes_precompiled_option():
+    import app
+
+    assert app.parse_args(["--model", "tiny", "--precompiled", "/tmp/x"]).precompiled == "/tmp/x"
+
+
+def test_libtpu_without_a_tpu_runs_jax_on_cpu(monkeypatch):
+    """A dev venv with libtpu on a host without a TPU: the app/CLI run JAX on the CPU (no TPU probe, no error lines)."""
+    from pipeline import runtime
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(runtime, "tpu_device_present", lambda: False)
+    if not _libtpu():
+        assert runtime.skip_absent_tpu() is False
+        return
+    assert runtime.skip_absent_tpu() is True and os.environ["JAX_PLATFORMS"] == "cpu"
+    assert not runtime.accelerator_installed()
