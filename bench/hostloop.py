@@ -169,6 +169,8 @@ class StopLatency:
     cancelled_at_step: int  # the client-side progress when cancel() was called
     engine_stopped_after: int  # steps the engine had dispatched when it stopped (median)
     step_s: Stats  # seconds per step of this server (uncancelled requests)
+    cancel_to_stop_seen: Stats  # seconds: cancel() -> the engine decides to stop (before its next step)
+    stop_seen_to_devices_free: Stats  # seconds: the one step it had already queued finishes
     cancel_to_devices_free: Stats  # seconds
     cancel_to_next_first_step_queued: Stats  # seconds
     cancel_to_next_first_step_ready: Stats  # seconds (includes the next request's own text encoding and step)
@@ -185,7 +187,7 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
 
     demo = app.build_demo(generator)
     app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    moments: dict[str, list[float]] = {"free": [], "queued": [], "ready": []}
+    moments: dict[str, list[float]] = {"seen": [], "seen_free": [], "free": [], "queued": [], "ready": []}
     step_times, at, dispatched = [], 0, []
     try:
         client = Client(demo.local_url, verbose=False)
@@ -208,20 +210,26 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
             if not stopped["stopped"]:
                 raise RuntimeError("the cancelled request ran to its end")
             dispatched.append(stopped["done"])
+            moments["seen"].append(stopped["stop_seen_at"] - cancelled)
+            moments["seen_free"].append(stopped["freed_at"] - stopped["stop_seen_at"])
             moments["free"].append(stopped["freed_at"] - cancelled)
             moments["queued"].append(follow["first_dispatch_at"] - cancelled)
             moments["ready"].append(follow["first_step_at"] - cancelled)
     finally:
         app.close_demo(demo)
     step_s = Stats.of(step_times)
-    free, queued, ready = (Stats.of(moments[name]) for name in ("free", "queued", "ready"))
+    seen, seen_free, free, queued, ready = (
+        Stats.of(moments[name]) for name in ("seen", "seen_free", "free", "queued", "ready")
+    )
     ratio = queued.median / step_s.median
-    say(f"stop: cancel at step {at} -> devices free {free.median * 1000:.0f} ms, next request's first step queued "
+    say(f"stop: cancel at step {at} -> stop decided {seen.median * 1000:.0f} ms -> devices free "
+        f"+{seen_free.median * 1000:.0f} ms = {free.median * 1000:.0f} ms; next request's first step queued "
         f"{queued.median * 1000:.0f} ms ({ratio:.2f} step times), ready {ready.median * 1000:.0f} ms; a step "
         f"{step_s.median * 1000:.0f} ms; the engine stopped after {sorted(dispatched)[len(dispatched) // 2]} of "
         f"{steps}")  # fmt: skip
     return StopLatency(
-        steps, at, sorted(dispatched)[len(dispatched) // 2], step_s, free, queued, ready, ratio, TARGET_STOP_STEPS,
+        steps, at, sorted(dispatched)[len(dispatched) // 2], step_s, seen, seen_free, free, queued, ready, ratio,
+        TARGET_STOP_STEPS,
         ratio <= TARGET_STOP_STEPS,
     )  # fmt: skip
 

@@ -192,6 +192,8 @@ def markdown(results: dict) -> str:
             "",
             "| from `cancel()` to | ms |",
             "|---|---|",
+            f"| the engine deciding to stop (before its next step) | {_ms(sp.cancel_to_stop_seen)} |",
+            f"| ↳ then the one step it had queued finishing | +{_ms(sp.stop_seen_to_devices_free)} |",
             f"| the devices free (the stopped request's last queued step done) | {_ms(sp.cancel_to_devices_free)} |",
             f"| the next request's first step queued on the devices | {_ms(sp.cancel_to_next_first_step_queued)} |",
             f"| that step's result ready | {_ms(sp.cancel_to_next_first_step_ready)} |",

@@ -93,7 +93,8 @@ def run(
 
     `put` places a small host array on every device (replicated; on several processes each passes the same).
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
-    (step 0 queued), `first_step_at` (its result ready) and, when stopped, `freed_at` (the last queued step done);
+    (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
+    `freed_at` (the last queued step done);
     and `first_step_s` (started -> first step ready).
     """
     height, width = size
@@ -118,6 +119,8 @@ def run(
     for index in range(plan.steps):
         wants_stop = bool(should_stop and should_stop())
         if gate(index, wants_stop) if gate is not None else wants_stop:
+            if timings is not None:
+                timings["stop_seen_at"] = time.perf_counter()
             if pending:  # the step already queued finishes: the devices are free once it has
                 pending[-1].block_until_ready()
             if timings is not None:
