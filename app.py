@@ -42,7 +42,7 @@ from pipeline.loop import StopFlag, Stopped
 from pipeline.options import APP, DEFAULT_QUEUE_SIZE, add_options, check_env_choices
 from pipeline.presets import get_preset
 from pipeline.presets import resolve as resolve_preset
-from pipeline.runtime import accelerator_installed, quiet_start, use_cpu_cores
+from pipeline.runtime import InterruptRecord, accelerator_installed, quiet_start, use_cpu_cores
 from pipeline.samplers import SAMPLER_NAMES, sampler_label
 from pipeline.settings import SDXL_BASE, TINY_MODEL, shape_defaults
 from pipeline.sizes import check_size, default_sizes, parse_sizes, size_label
@@ -869,13 +869,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"app.py: error: {problem}", file=sys.stderr)
         return 2
     try:
-        outcome = _start(args)
+        with InterruptRecord() as interrupt:
+            outcome = _start(args)
     except KeyboardInterrupt:  # Ctrl-C while loading or compiling: one line, not the libraries' traceback
         print("app.py: stopped during start-up", file=sys.stderr, flush=True)
         return 130
     if isinstance(outcome, int):
         return outcome
     demo, cluster, started = outcome
+    if interrupt.interrupted:  # Ctrl-C that a library swallowed: stop now rather than serve
+        close_demo(demo)
+        cluster.stop()
+        print("app.py: stopped during start-up", file=sys.stderr, flush=True)
+        return 130
     stop = threading.Event()
 
     def request_stop(signum, _frame):

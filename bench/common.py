@@ -6,8 +6,10 @@ import glob
 import os
 import platform
 import random
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -141,3 +143,12 @@ def configure_platform(cpu_devices: int) -> None:
     accelerators = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*") + glob.glob("/dev/nvidia[0-9]*")
     if "JAX_PLATFORMS" not in os.environ and not accelerators:
         os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """End an app the bench started the way Ctrl-C would (SIGTERM), killing it if it does not exit in time."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()

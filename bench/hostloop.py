@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, Stats, free_port, progress
+from .common import Progress, Stats, free_port, progress, stop_process
 
 PROMPT = "a photo of an astronaut riding a horse on the moon"
 TARGET_HOST_LOOP = 0.03  # host loop at most 3 % slower per step than the fused loop
@@ -280,11 +279,7 @@ def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1
             if time.perf_counter() - started > timeout_s:
                 break
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
     if ready is None:
         raise RuntimeError(f"app did not start (exit code {process.poll()}): {''.join(lines[-20:])}")
     text = "".join(lines)

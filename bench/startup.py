@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, free_port, progress
+from .common import Progress, free_port, progress, stop_process
 
 TARGET_RATIO = 0.4
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,11 +90,7 @@ def app_ready(args: list[str], cache_dir: Path, timeout_s: float) -> float:
                 break
         raise RuntimeError(f"app did not start (exit code {process.poll()})")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
 
 
 def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,

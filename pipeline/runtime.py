@@ -9,6 +9,8 @@ import glob
 import importlib.util
 import logging
 import os
+import signal
+import sys
 import warnings
 
 #: JAX plugins whose presence means JAX will pick an accelerator, not the CPU.
@@ -33,6 +35,37 @@ def quiet_start() -> None:
     from .loading import quiet_diffusers_deprecation
 
     quiet_diffusers_deprecation()
+
+
+class InterruptRecord:
+    """Ctrl-C that start-up notices even when a library swallows the KeyboardInterrupt.
+
+    Python raises KeyboardInterrupt in whatever code runs when SIGINT arrives; inside a gc callback (JAX's
+    `_xla_gc_callback`) or a `__del__` it is printed as "Exception ignored ..." and start-up goes on to serve. So the
+    handler also records it (and that printout is dropped), and the caller checks `interrupted` when start-up returns.
+    """
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._previous_handler = None
+        self._previous_hook = None
+
+    def _handle(self, signum, frame) -> None:
+        self.interrupted = True
+        raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self._previous_hook(unraisable)
+
+    def __enter__(self) -> InterruptRecord:
+        self._previous_handler = signal.signal(signal.SIGINT, self._handle)
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        signal.signal(signal.SIGINT, self._previous_handler)
+        sys.unraisablehook = self._previous_hook
 
 
 def accelerator_installed() -> bool:

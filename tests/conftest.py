@@ -78,6 +78,21 @@ def served(generator, **build_kwargs):
         app.close_demo(demo)
 
 
+@pytest.fixture(scope="module")
+def ui_demo(ui_engine):
+    """The app around `ui_engine`, one per test file that asks for it."""
+    with served(ui_engine) as demo:
+        yield demo
+
+
+@pytest.fixture(scope="module")
+def ui_client(ui_demo, tmp_path_factory):
+    """A gradio_client for `ui_demo`, downloading into a temporary folder."""
+    from gradio_client import Client
+
+    return Client(ui_demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+
+
 @contextlib.contextmanager
 def headless_chromium():
     """Debian's Chromium through Playwright (never `playwright install`)."""

@@ -16,7 +16,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import UI_STEPS, headless_chromium, served
+from conftest import UI_STEPS, headless_chromium
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
@@ -118,21 +118,10 @@ def test_outbox_writes_jpegs_now_and_finds_each_png_by_name(tmp_path):
 # ---- through the API ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def demo(ui_engine):
-    with served(ui_engine) as demo:
-        yield demo
-
-
-@pytest.fixture(scope="module")
-def client(demo, tmp_path_factory):
-    return Client(demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
-
-
-def test_generate_answers_jpegs_and_generate_png_lossless_pngs(client, ui_engine):
+def test_generate_answers_jpegs_and_generate_png_lossless_pngs(ui_client, ui_engine):
     kwargs = {"prompt": PROMPT, "seed": 11, "randomize_seed": False}
-    gallery, seed, status = client.predict(**kwargs, api_name="/generate")
-    pngs, png_seed, png_status = client.predict(**kwargs, api_name="/generate_png")
+    gallery, seed, status = ui_client.predict(**kwargs, api_name="/generate")
+    pngs, png_seed, png_status = ui_client.predict(**kwargs, api_name="/generate_png")
     assert seed == png_seed == 11 and status.startswith("8 images in ") and png_status.startswith("8 images in ")
     expected = ui_engine.generate(PROMPT, seed=11)
     for i, (item, png_item) in enumerate(zip(gallery, pngs, strict=True)):
@@ -147,15 +136,15 @@ def test_generate_answers_jpegs_and_generate_png_lossless_pngs(client, ui_engine
         assert f"Seed: {11 + i}," in image_io.read_parameters(jpeg)
         np.testing.assert_array_equal(lossless, np.asarray(expected.images[i]))  # the engine's pixels, bit for bit
         assert np.abs(shown - lossless).mean() < 20  # JPEG q90 of random-weight noise: close, not equal
-    info = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    info = ui_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert [p["parameter_name"] for p in info["/generate_png"]["parameters"]] == [
         p["parameter_name"] for p in info["/generate"]["parameters"]
     ]
 
 
-def test_concurrent_requests_get_their_own_images_progress_and_errors(demo, tmp_path):
+def test_concurrent_requests_get_their_own_images_progress_and_errors(ui_demo, tmp_path):
     """Two requests in the generate event at once (one on the devices, one on the host): nothing crosses over."""
-    clients = [Client(demo.local_url, verbose=False, download_files=str(tmp_path / str(i))) for i in range(3)]
+    clients = [Client(ui_demo.local_url, verbose=False, download_files=str(tmp_path / str(i))) for i in range(3)]
     seeds = (101, 202)
     jobs = [
         c.submit(prompt=f"{PROMPT} {s}", seed=s, randomize_seed=False, api_name="/generate")
@@ -184,18 +173,18 @@ def test_concurrent_requests_get_their_own_images_progress_and_errors(demo, tmp_
     with pytest.raises(AppError, match="^Please enter a prompt.$"):
         bad.result()
     assert overlapped, "the second request waited for the first to finish: no overlap"
-    generate = next(fn for fn in demo.fns.values() if fn.api_name == "generate")
+    generate = next(fn for fn in ui_demo.fns.values() if fn.api_name == "generate")
     assert generate.concurrency_limit == app.GENERATE_CONCURRENCY == 2
 
 
-def test_no_output_names_the_server_checkpoint_path(demo, client, ui_engine, tiny_dir):
+def test_no_output_names_the_server_checkpoint_path(ui_demo, ui_client, ui_engine, tiny_dir):
     """PNG and JPEG metadata, the page, its config, the API's description and answers: the model by name only."""
     secret = str(pathlib.Path(tiny_dir).resolve())
     assert secret.startswith("/") and ui_engine.config.model in (secret, str(tiny_dir))
     name = pathlib.Path(secret).name
     seen = []
     for api_name in ("/generate", "/generate_png"):
-        gallery, seed, status = client.predict(prompt=PROMPT, api_name=api_name)
+        gallery, seed, status = ui_client.predict(prompt=PROMPT, api_name=api_name)
         texts = [image_io.read_parameters(item["image"]) for item in gallery]
         assert all(f"Model: {name}," in t for t in texts), texts[0]
         seen += [json.dumps([gallery, seed, status], ensure_ascii=False), *texts]
@@ -203,7 +192,7 @@ def test_no_output_names_the_server_checkpoint_path(demo, client, ui_engine, tin
             seen.append(pathlib.Path(item["image"]).read_bytes().decode("latin-1"))
             for start in (0, 1):  # EXIF UserComment is UTF-16: read the bytes at both alignments
                 seen.append(pathlib.Path(item["image"]).read_bytes()[start:].decode("utf-16-be", errors="ignore"))
-    base = demo.local_url.rstrip("/")
+    base = ui_demo.local_url.rstrip("/")
     for path in ("/", "/config", "/gradio_api/info", "/gradio_api/openapi.json"):
         response = httpx.get(base + path)
         if response.status_code == 200:
@@ -219,13 +208,13 @@ def test_no_output_names_the_server_checkpoint_path(demo, client, ui_engine, tin
 
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_page_shows_jpegs_and_offers_each_png_with_parameters(demo, tiny_dir):
+def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_demo, tiny_dir):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with headless_chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(demo.local_url, timeout=TIMEOUT_MS)
+        page.goto(ui_demo.local_url, timeout=TIMEOUT_MS)
         assert page.locator("#pngs").count() == 0 or not page.locator("#pngs").is_visible()
         page.locator("#prompt textarea").fill(PROMPT)
         page.locator("#generate").click()

@@ -163,7 +163,10 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
     assert leader.wait_for("Running on", timeout=400), leader.output + follower.output
     assert "8 images per request" in leader.output
     client = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=str(tmp_path / "downloads"))
-    gallery, seed, status = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
+    # Pixels are compared on /generate_png's lossless answer (the page's /generate answers JPEGs).
+    gallery, seed, status = client.predict(
+        PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png"
+    )
     assert seed == SEED and status.startswith("8 images")
     got = pixels_of([item["image"] for item in gallery])
     # A bad request is refused on the leader and never reaches the follower; the next request still works.
@@ -177,7 +180,7 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
         assert not job.done(), "the request ended before it could be cancelled"
         time.sleep(0.01)
     job.cancel()
-    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
+    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png")
     after_stop = pixels_of([item["image"] for item in gallery])
     assert follower.wait_for("request 3 stopped at step", timeout=60), follower.output
     followed = follower.output.split("request 3 stopped at step ")[1].split(",")[0]  # "k / 100"

@@ -218,9 +218,14 @@ class _Index:
         from packaging.requirements import Requirement
         from packaging.utils import parse_wheel_filename
 
-        wheels = [f for f in self.files(name) if f["filename"].endswith(".whl")
-                  and str(parse_wheel_filename(f["filename"])[1]) == version
-                  and any(t in f["filename"] for t in WHEEL_TAGS) and f["filename"].endswith(("any.whl", "x86_64.whl"))]
+        wheels = [
+            f
+            for f in self.files(name)
+            if f["filename"].endswith(".whl")
+            and str(parse_wheel_filename(f["filename"])[1]) == version
+            and any(t in f["filename"] for t in WHEEL_TAGS)
+            and f["filename"].endswith(("any.whl", "x86_64.whl"))
+        ]
         assert wheels, f"no {name} {version} wheel for CPython 3.11 on x86-64 Linux on {INDEX}"
         raw = _RangeFile(self.client, wheels[0]["url"])
         with zipfile.ZipFile(io.BufferedReader(raw, 64 * 1024)) as wheel:

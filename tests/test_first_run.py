@@ -273,6 +273,22 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     assert not list(tmp_path.glob("sdxl-jax-app-*"))
 
 
+def test_a_swallowed_ctrl_c_is_still_noticed(capsys):
+    """SIGINT landing in a __del__ or gc callback is printed and dropped by Python; start-up must still stop."""
+    from pipeline.runtime import InterruptRecord
+
+    class InterruptedWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here, inside __del__, where Python cannot propagate it
+
+    with InterruptRecord() as interrupt:
+        InterruptedWhileCollected()  # collected at once: the KeyboardInterrupt is swallowed
+    assert interrupt.interrupted
+    assert "KeyboardInterrupt" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 # ---- the page ------------------------------------------------------------------------------------------------------
 
 

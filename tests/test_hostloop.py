@@ -12,8 +12,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import UI_SIZES, headless_chromium, served
-from gradio_client import Client
+from conftest import UI_SIZES, headless_chromium
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -24,27 +23,16 @@ TIMEOUT_MS = 180_000
 LONG = 100  # steps of a request that gets stopped: long enough to press Stop in the middle
 
 
-@pytest.fixture(scope="module")
-def demo(ui_engine):
-    with served(ui_engine) as demo:
-        yield demo
-
-
-@pytest.fixture(scope="module")
-def client(demo, tmp_path_factory):
-    return Client(demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
-
-
 def parameters_of(item) -> str:
     from pipeline.images import read_parameters
 
     return read_parameters(item["image"])
 
 
-def test_steps_and_sampler_per_request_through_the_api_compile_nothing(client, ui_engine):
+def test_steps_and_sampler_per_request_through_the_api_compile_nothing(ui_client, ui_engine):
     before = ui_engine.compile_count
     for steps, sampler in [(1, "Euler"), (7, "Euler a"), (3, "DPM++ 2M"), (9, "DPM++ 2M Karras"), (2, "dpm++ 2m")]:
-        gallery, seed, status = client.predict(
+        gallery, seed, status = ui_client.predict(
             prompt="a lighthouse", seed=4, randomize_seed=False, steps=steps, sampler=sampler, api_name="/generate"
         )
         name = next(label for label in SAMPLER_NAMES if label.lower() == sampler.lower())
@@ -55,9 +43,9 @@ def test_steps_and_sampler_per_request_through_the_api_compile_nothing(client, u
     assert ui_engine.compile_count == before  # steps and sampler are arguments, never a new program
 
 
-def test_same_request_same_pixels_and_samplers_differ(client):
+def test_same_request_same_pixels_and_samplers_differ(ui_client):
     def pixels(sampler):
-        gallery, _, _ = client.predict(
+        gallery, _, _ = ui_client.predict(
             prompt="a red kite", seed=9, randomize_seed=False, steps=6, sampler=sampler, api_name="/generate"
         )
         with Image.open(gallery[0]["image"]) as image:
@@ -77,14 +65,14 @@ def test_same_request_same_pixels_and_samplers_differ(client):
         ({"sampler": "LMS"}, "Unknown sampler 'LMS'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
     ],
 )
-def test_bad_steps_or_sampler_is_one_sentence(client, kwargs, message):
+def test_bad_steps_or_sampler_is_one_sentence(ui_client, kwargs, message):
     with pytest.raises(AppError) as error:
-        client.predict(prompt="a cat", api_name="/generate", **kwargs)
+        ui_client.predict(prompt="a cat", api_name="/generate", **kwargs)
     assert str(error.value) == message
 
 
-def test_cancel_through_the_client_stops_at_the_next_step_and_frees_the_queue(client, ui_engine):
-    job = client.submit(prompt="a castle", steps=LONG, api_name="/generate")
+def test_cancel_through_the_client_stops_at_the_next_step_and_frees_the_queue(ui_client, ui_engine):
+    job = ui_client.submit(prompt="a castle", steps=LONG, api_name="/generate")
     while True:
         data = job.status().progress_data
         if data and data[0].index is not None and data[0].index >= 2:
@@ -93,15 +81,15 @@ def test_cancel_through_the_client_stops_at_the_next_step_and_frees_the_queue(cl
         time.sleep(0.005)
     runs = len(ui_engine.recent_runs)
     job.cancel()
-    gallery, _, status = client.predict(prompt="a castle", steps=2, api_name="/generate")  # the next request runs
+    gallery, _, status = ui_client.predict(prompt="a castle", steps=2, api_name="/generate")  # the next request runs
     assert len(gallery) == 8 and "2 steps" in status
     history = list(ui_engine.recent_runs)
     cancelled = history[runs - 1] if history[runs - 1]["steps"] == LONG else history[runs]
     assert cancelled["stopped"] and 2 <= cancelled["done"] < LONG  # stopped between steps, well before the end
 
 
-def test_api_lists_steps_and_sampler_with_defaults(client, ui_engine):
-    info = client.view_api(print_info=False, return_format="dict")
+def test_api_lists_steps_and_sampler_with_defaults(ui_client, ui_engine):
+    info = ui_client.view_api(print_info=False, return_format="dict")
     params = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
     assert params["steps"]["parameter_default"] == ui_engine.config.steps
     assert params["sampler"]["parameter_default"] == "Euler"
@@ -128,13 +116,13 @@ def set_steps(page, steps: int) -> None:
 
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_steps_slider_sampler_menu_and_stop_in_the_browser(demo, browser, ui_engine):
+def test_steps_slider_sampler_menu_and_stop_in_the_browser(ui_demo, browser, ui_engine):
     artifacts = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"
     artifacts.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
+    page.goto(ui_demo.local_url, timeout=TIMEOUT_MS)
     open_advanced(page)
     page.locator("#sampler input").click()
     page.get_by_role("option", name="DPM++ 2M Karras", exact=True).click()
@@ -166,9 +154,9 @@ def test_steps_slider_sampler_menu_and_stop_in_the_browser(demo, browser, ui_eng
 
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_closing_the_tab_stops_its_request(demo, browser, ui_engine):
+def test_closing_the_tab_stops_its_request(ui_demo, browser, ui_engine):
     page = browser.new_page()
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
+    page.goto(ui_demo.local_url, timeout=TIMEOUT_MS)
     open_advanced(page)
     set_steps(page, LONG)
     page.locator("#prompt textarea").fill("a closed tab")

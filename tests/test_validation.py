@@ -222,22 +222,20 @@ def test_echo_never_exceeds_forty_characters(text):
 
 
 def test_check_shape():
-    check_shape(1024, 1024, 25, [(1024, 1024, 25)])
-    check_shape(768, 1024, 25, [(1024, 1024, 25), (768, 1024, 25)])
+    check_shape(1024, 1024, [(1024, 1024)])
+    check_shape(768, 1344, [(1024, 1024), (768, 1344)])
     with pytest.raises(InvalidInput) as info:
-        check_shape(512, 512, 25, [(1024, 1024, 25)])
-    assert str(info.value) == "This server compiled 1024×1024 at 25 steps only; got 512×512 at 25 steps."
+        check_shape(512, 512, [(1024, 1024)])
+    assert str(info.value) == "This server compiled 1024×1024 only; got 512×512."
     with pytest.raises(InvalidInput) as info:
-        check_shape(64, 128, 2, [(64, 64, 2), (128, 128, 4)])
-    assert str(info.value) == (
-        "This server compiled 64×64 at 2 steps or 128×128 at 4 steps only; got 128×64 at 2 steps."
-    )
+        check_shape(64, 128, [(64, 64), (96, 160)])  # sizes read width×height
+    assert str(info.value) == "This server compiled 64×64 or 160×96 only; got 128×64."
     with pytest.raises(InvalidInput):
-        check_shape("1024", 1024, 25, [(1024, 1024, 25)])
+        check_shape("1024", 1024, [(1024, 1024)])
     with pytest.raises(InvalidInput):
-        check_shape(True, 1, 1, [(1, 1, 1)])
+        check_shape(True, 1, [(1, 1)])
     with pytest.raises(InvalidInput) as info:
-        check_shape(64, 64, 2, [])
+        check_shape(64, 64, [])
     assert_one_line(info.value)
 
 
