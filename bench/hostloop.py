@@ -168,6 +168,7 @@ class StopLatency:
     cancelled_at_step: int  # the client-side progress when cancel() was called
     engine_stopped_after: int  # steps the engine had dispatched when it stopped (median)
     step_s: Stats  # seconds per step of this server (uncancelled requests)
+    cancel_answered: Stats  # seconds: cancel() returns (gradio_client's POST /cancel answered by the server)
     cancel_to_stop_seen: Stats  # seconds: cancel() -> the engine decides to stop (before its next step)
     stop_seen_to_devices_free: Stats  # seconds: the one step it had already queued finishes
     cancel_to_devices_free: Stats  # seconds
@@ -186,7 +187,9 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
 
     demo = app.build_demo(generator)
     app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    moments: dict[str, list[float]] = {"seen": [], "seen_free": [], "free": [], "queued": [], "ready": []}
+    moments: dict[str, list[float]] = {
+        "answered": [], "seen": [], "seen_free": [], "free": [], "queued": [], "ready": [],
+    }  # fmt: skip
     step_times, at, dispatched = [], 0, []
     try:
         client = Client(demo.local_url, verbose=False)
@@ -204,6 +207,7 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
                 time.sleep(0.005)
             cancelled = time.perf_counter()
             job.cancel()
+            moments["answered"].append(time.perf_counter() - cancelled)
             client.submit(PROMPT, steps=2, api_name="/generate").result()
             stopped, follow = list(generator.recent_runs)[-2:]
             if not stopped["stopped"]:
@@ -217,18 +221,19 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
     finally:
         app.close_demo(demo)
     step_s = Stats.of(step_times)
-    seen, seen_free, free, queued, ready = (
-        Stats.of(moments[name]) for name in ("seen", "seen_free", "free", "queued", "ready")
+    answered, seen, seen_free, free, queued, ready = (
+        Stats.of(moments[name]) for name in ("answered", "seen", "seen_free", "free", "queued", "ready")
     )
     ratio = queued.median / step_s.median
-    say(f"stop: cancel at step {at} -> stop decided {seen.median * 1000:.0f} ms -> devices free "
+    say(f"stop: cancel at step {at} -> cancel() answered {answered.median * 1000:.0f} ms -> stop decided "
+        f"{seen.median * 1000:.0f} ms -> devices free "
         f"+{seen_free.median * 1000:.0f} ms = {free.median * 1000:.0f} ms; next request's first step queued "
         f"{queued.median * 1000:.0f} ms ({ratio:.2f} step times), ready {ready.median * 1000:.0f} ms; a step "
         f"{step_s.median * 1000:.0f} ms; the engine stopped after {sorted(dispatched)[len(dispatched) // 2]} of "
         f"{steps}")  # fmt: skip
     return StopLatency(
-        steps, at, sorted(dispatched)[len(dispatched) // 2], step_s, seen, seen_free, free, queued, ready, ratio,
-        TARGET_STOP_STEPS,
+        steps, at, sorted(dispatched)[len(dispatched) // 2], step_s, answered, seen, seen_free, free, queued, ready,
+        ratio, TARGET_STOP_STEPS,
         ratio <= TARGET_STOP_STEPS,
     )  # fmt: skip
 

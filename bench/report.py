@@ -192,6 +192,7 @@ def markdown(results: dict) -> str:
             "",
             "| from `cancel()` to | ms |",
             "|---|---|",
+            f"| `cancel()` answered (gradio_client's POST /cancel) | {_ms(sp.cancel_answered)} |",
             f"| the engine deciding to stop (before its next step) | {_ms(sp.cancel_to_stop_seen)} |",
             f"| ↳ then the one step it had queued finishing | +{_ms(sp.stop_seen_to_devices_free)} |",
             f"| the devices free (the stopped request's last queued step done) | {_ms(sp.cancel_to_devices_free)} |",
