@@ -499,7 +499,7 @@ def build_demo(
                 show_label=False,
                 columns=gallery_columns(count),
                 format="jpeg",  # what the page shows: fast to encode, light to send; the PNGs are below
-                type="filepath",  # the PNG event reads only the file names
+                type="filepath",
                 object_fit="contain",
                 height="auto",
                 preview=False,
@@ -577,14 +577,12 @@ def build_demo(
             generate_fn = make_generate_fn(generator, styles, prompt_filter, files, outbox, stops=stops, shown=shown)
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-            example_steps, example_sampler = int(config.steps), default_sampler(generator)
 
             def generate_example(text, negative_text, style_name, scale, ratio, progress=gr.Progress()):  # noqa: B008
                 """An example with its fixed seed (shown in the seed box); "Randomize seed" stays as it was."""
                 seed_value = example_seeds.get(text, EXAMPLE_SEED_START)
-                return generate_fn(
-                    text, negative_text, style_name, scale, seed_value, False, ratio, example_steps, example_sampler,
-                    progress=progress,
+                return generate_fn(  # steps and sampler: the server's defaults
+                    text, negative_text, style_name, scale, seed_value, False, ratio, progress=progress
                 )
 
             gr.Examples(
@@ -877,11 +875,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(outcome, int):
         return outcome
     demo, cluster, started = outcome
-    if interrupt.interrupted:  # Ctrl-C that a library swallowed: stop now rather than serve
+    try:
+        if interrupt.interrupted:  # Ctrl-C that a library swallowed: stop now rather than serve
+            print("app.py: stopped during start-up", file=sys.stderr, flush=True)
+            return 130
+        return _serve(args, demo, started)
+    finally:
         close_demo(demo)
-        cluster.stop()
-        print("app.py: stopped during start-up", file=sys.stderr, flush=True)
-        return 130
+        cluster.stop()  # STOP to the followers (a no-op on one process)
+
+
+def _serve(args: argparse.Namespace, demo: gr.Blocks, started: float) -> int:
+    """Open the page and serve until SIGTERM or Ctrl-C; the caller closes it. The exit status."""
     stop = threading.Event()
 
     def request_stop(signum, _frame):
@@ -896,8 +901,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             auth=args.auth,
         )  # fmt: skip
     except OSError as exc:  # the port was taken while the model loaded
-        close_demo(demo)
-        cluster.stop()
         print(f"app.py: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     if args.auth:
@@ -906,13 +909,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Running on {demo.local_url}", flush=True)
     if demo.share_url:
         print(f"Public link: {demo.share_url}", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        close_demo(demo)
-        cluster.stop()  # STOP to the followers (a no-op on one process)
-        logger.info("stopped")
+    while not stop.wait(1.0):
+        pass
+    logger.info("stopped")
     return 0
 
 

@@ -208,24 +208,16 @@ class AchievedFlops:
 
 def achieved_flops(generator, seconds_per_call: float) -> AchievedFlops:
     """Achieved FLOP/s of the engine: XLA's cost of its compiled programs for one call / measured seconds."""
-    from pipeline.programs import ProgramKey
+    from pipeline.aot import compiled_cost
+    from pipeline.programs import program_keys
 
-    config, cfg = generator.config, generator.sampler.cfg
-    height, width = generator.sizes[0]
-
-    def flops(key) -> float:
-        analysis = generator.programs.compile(key).cost_analysis()
-        if isinstance(analysis, list | tuple):
-            analysis = analysis[0]
-        return float(analysis["flops"])
-
-    once = sum(
-        flops(key)
-        for key in (
-            ProgramKey("encode", cfg=cfg), ProgramKey("start", height, width), ProgramKey("decode", height, width)
-        )
-    )  # fmt: skip
-    step = flops(ProgramKey("step", height, width, cfg))
+    config = generator.config
+    flops = {  # one call of each program the engine serves for its first size: encode, start, step, decode
+        key.kind: compiled_cost(generator.programs.compile(key)).flops
+        for key in program_keys(generator.sizes[:1], generator.sampler.cfg)
+    }
+    step = flops.pop("step")
+    once = sum(flops.values())
     per_call = (once + config.steps * step) * generator.device_count
     achieved = per_call / seconds_per_call
     peak_one = PEAK_BY_DEVICE_KIND.get(generator.device_kind)

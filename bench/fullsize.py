@@ -123,34 +123,28 @@ def synthetic_pixels(count: int, size: int, content: str, seed: int = 0) -> np.n
     return out
 
 
+#: The codecs the host-path part compares: label -> (PIL format, save options); the first is the gallery's.
+CODECS = {
+    "JPEG q90 (gallery)": ("JPEG", {"quality": 90}),
+    "JPEG q92": ("JPEG", {"quality": 92}),
+    "WebP q90, method 0 (fastest)": ("WEBP", {"quality": 90, "method": 0}),
+    "WebP q90 (default method 4)": ("WEBP", {"quality": 90}),
+    "PNG level 1 (the app before)": ("PNG", {"compress_level": 1}),
+    "PNG default level 6": ("PNG", {}),
+}
+
+
 def _encode_ms(image, codec: str, runs: int) -> tuple[Stats, Stats, float]:
-    options = {
-        "JPEG q90 (gallery)": ("JPEG", {"quality": 90}),
-        "JPEG q92": ("JPEG", {"quality": 92}),
-        "WebP q90, method 0 (fastest)": ("WEBP", {"quality": 90, "method": 0}),
-        "WebP q90 (default method 4)": ("WEBP", {"quality": 90}),
-        "PNG level 1 (the app before)": ("PNG", {"compress_level": 1}),
-        "PNG default level 6": ("PNG", {}),
-    }[codec]
+    image_format, save_options = CODECS[codec]
     times, cpu, size = [], [], 0
     for _ in range(runs):
         buffer = io.BytesIO()
         started, cpu_started = time.perf_counter(), time.thread_time()
-        image.save(buffer, options[0], **options[1])
+        image.save(buffer, image_format, **save_options)
         times.append((time.perf_counter() - started) * 1000)
         cpu.append((time.thread_time() - cpu_started) * 1000)
         size = buffer.tell()
     return Stats.of(times), Stats.of(cpu), size / 1000
-
-
-CODECS = (
-    "JPEG q90 (gallery)",
-    "JPEG q92",
-    "WebP q90, method 0 (fastest)",
-    "WebP q90 (default method 4)",
-    "PNG level 1 (the app before)",
-    "PNG default level 6",
-)
 
 
 def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: Progress = progress) -> HostPathResult:
@@ -270,11 +264,10 @@ def full_size(
 ) -> FullSizeResult:  # fmt: skip
     """Serve the checkpoint at size² on `devices` devices and call both endpoints through gradio_client in turn."""
     import jax
-    from gradio_client import Client
 
     from pipeline.generator import Generator
 
-    from .serving import close_app, gradio_floor, launch_app
+    from .serving import close_app, gradio_floor, launch_app, make_client
 
     say(f"fullsize: loading {model} at {size}x{size}, {steps} step(s), no CFG, on {devices} device(s) ...")
     real = Generator.from_pretrained(
@@ -291,7 +284,7 @@ def full_size(
     overheads: dict[str, list[float]] = {"after": [], "before": []}
     fetched: dict[str, list[float]] = {"after": [], "before": []}
     try:
-        client = Client(demo.local_url, verbose=False, download_files=downloads)
+        client = make_client(demo.local_url, downloads)
         client.predict(**api, seed=0, api_name="/generate_png")  # the first call of the app pays Gradio's set-up
         for run in range(runs):
             seed = 100 + run

@@ -14,22 +14,19 @@ encoding and VAE decode cancel out.
 from __future__ import annotations
 
 import functools
-import os
 import re
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, Stats, free_port, progress, stop_process
+from .common import Progress, Stats, progress
+from .startup import app_ready
 
 PROMPT = "a photo of an astronaut riding a horse on the moon"
 TARGET_HOST_LOOP = 0.03  # host loop at most 3 % slower per step than the fused loop
 TARGET_WARM_COMPILE = 0.25  # warm start: XLA compile seconds at most 25 % of the cold start's
 TARGET_STOP_STEPS = 2.0  # cancel -> next request's first step within 2 step times
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---- host loop vs fused loop ----------------------------------------------------------------------------------
@@ -183,10 +180,11 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
     """Through a launched app: submit, cancel at step 2, then one more request; timed inside the server process."""
     from gradio_client import Client
 
-    import app
+    from app import DEFAULT_QUEUE_SIZE
 
-    demo = app.build_demo(generator)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    from .serving import close_app, launch_app
+
+    demo = launch_app(generator, queue_size=DEFAULT_QUEUE_SIZE)
     moments: dict[str, list[float]] = {
         "answered": [], "seen": [], "seen_free": [], "free": [], "queued": [], "ready": [],
     }  # fmt: skip
@@ -219,7 +217,7 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
             moments["queued"].append(follow["first_dispatch_at"] - cancelled)
             moments["ready"].append(follow["first_step_at"] - cancelled)
     finally:
-        app.close_demo(demo)
+        close_app(demo)
     step_s = Stats.of(step_times)
     answered, seen, seen_free, free, queued, ready = (
         Stats.of(moments[name]) for name in ("answered", "seen", "seen_free", "free", "queued", "ready")
@@ -268,25 +266,7 @@ class AppStart:
 
 
 def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1200) -> AppStart:
-    command = [sys.executable, "app.py", "--port", str(free_port()), *args]
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1",
-           "JAX_LOG_COMPILES": "1"}  # fmt: skip
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = None
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            if line.startswith("Running on"):
-                ready = time.perf_counter() - started
-                break
-            if time.perf_counter() - started > timeout_s:
-                break
-    finally:
-        stop_process(process)
-    if ready is None:
-        raise RuntimeError(f"app did not start (exit code {process.poll()}): {''.join(lines[-20:])}")
+    ready, lines = app_ready(args, cache_dir, timeout_s, extra_env={"JAX_LOG_COMPILES": "1"})
     text = "".join(lines)
     compiled = [(name, float(s)) for name, s in _COMPILED.findall(text)]
     served = [(name, s) for name, s in compiled if _is_served(name)]

@@ -76,19 +76,24 @@ def start_once(command: list[str], cache_dir: Path, cache: str, timeout_s: float
     return StartupRun(cache, wall, imports, *phases, first_image_s=imports + sum(phases))
 
 
-def app_ready(args: list[str], cache_dir: Path, timeout_s: float) -> float:
-    """Seconds from starting `python app.py ARGS` to its "Running on" line; the app is then stopped with SIGTERM."""
+def app_ready(
+    args: list[str], cache_dir: Path, timeout_s: float, extra_env: dict[str, str] | None = None
+) -> tuple[float, list[str]]:
+    """Seconds from starting `python app.py ARGS` to its "Running on" line, and the lines it printed until then;
+    the app is then stopped with SIGTERM."""
     command = [sys.executable, "app.py", "--port", str(free_port()), *args]
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
     try:
         for line in process.stdout:
+            lines.append(line)
             if line.startswith("Running on"):
-                return time.perf_counter() - started
+                return time.perf_counter() - started, lines
             if time.perf_counter() - started > timeout_s:
                 break
-        raise RuntimeError(f"app did not start (exit code {process.poll()})")
+        raise RuntimeError(f"app did not start (exit code {process.poll()}): {''.join(lines[-20:])}")
     finally:
         stop_process(process)
 
@@ -99,7 +104,7 @@ def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, 
     args = [
         "--model", model, "--height", str(height), "--width", str(width), "--steps", str(steps), "--dtype", dtype,
     ]  # fmt: skip
-    return app_ready(args, cache_dir, timeout_s)
+    return app_ready(args, cache_dir, timeout_s)[0]
 
 
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,

@@ -155,7 +155,7 @@ class _Fallbacks(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def compile_one(programs, key, attention, topology, size, progress) -> dict:
+def compile_one(programs, key, attention, topology, progress) -> dict:
     """Compile one program; its row of tpu.json."""
     from pipeline import attention as attention_core
     from pipeline.aot import HBM_PER_CHIP, compiled_cost
@@ -187,7 +187,7 @@ def compile_one(programs, key, attention, topology, size, progress) -> dict:
         "device_kind": device_kind,
         "chips": int(programs.mesh.devices.size),
         "images": programs.batch,
-        "size": f"{size[1]}x{size[0]}" if size else None,
+        "size": f"{key.width}x{key.height}" if key.height else None,
         "attention": attention,
         "cfg": key.cfg,
         "compile_s": round(compile_s, 1),
@@ -278,7 +278,7 @@ def table(rows: list[dict], requests: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def startup(runs: int, out: Path, progress) -> dict:
+def startup(runs: int, progress) -> dict:
     """Process start-up to the first image: cold (compiles everything, no cache) vs loading precompiled executables."""
     import json
     import subprocess
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> int:
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        results = {"machine": machine_info(), "startup": startup(args.runs, out, progress)}
+        results = {"machine": machine_info(), "startup": startup(args.runs, progress)}
         path = write_json(results, out / "startup.json")
         st = results["startup"]
         progress(f"startup: cold {st['cold_wall_s'].median:.1f} s vs precompiled {st['precompiled_wall_s'].median:.1f}"
@@ -389,8 +389,7 @@ def main(argv: list[str]) -> int:
         if core not in programs:
             programs[core] = ServedPrograms(modules, params, mesh, per_device_batch=args.per_device_batch,
                                             attention=core)  # fmt: skip
-        size = (key.height, key.width) if key.height else None
-        row = compile_one(programs[core], key, attention, args.topology, size, progress)
+        row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
         same = ("program", "topology", "attention", "model", "images")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]

@@ -81,13 +81,13 @@ def conditioning(
 
 def denoise(
     modules: Modules, params, latents, hidden, added_cond, guidance, steps: int, sampler: SamplerConfig = DEFAULT,
-    seeds=None, on_step=None,
+    seeds=None,
 ):  # fmt: skip
     """Euler (or Euler-ancestral) sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised.
 
     The timestep/sigma table is computed on the host (samplers.py) and baked in as constants; `seeds` uint32 [b]
-    give each image its own ancestral noise. `on_step(index, latents)`, when given (static), is traced into the
-    loop body after each step (live progress).
+    give each image its own ancestral noise. The served engine runs one step per program instead (`step_local`);
+    this fused loop stays for the benchmark and the reference tests.
     """
     schedule = sampler.schedule(steps)
     timesteps, sigmas = jnp.asarray(schedule.timesteps), jnp.asarray(schedule.sigmas)  # [steps], [steps + 1]
@@ -118,8 +118,6 @@ def denoise(
             latents = samplers.ancestral_step(
                 sampler, noise, latents, sigma, sigmas_up[index], sigmas_down[index], fresh
             )
-        if on_step is not None:
-            on_step(index, latents)
         return latents
 
     return jax.lax.fori_loop(0, steps, step, latents)
@@ -139,26 +137,25 @@ def to_uint8(image):
 
 def generate_from_latents(
     modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int, sampler=DEFAULT,
-    seeds=None, on_step=None,
+    seeds=None,
 ):  # fmt: skip
     """Images in [0, 1] for given initial latents: text encoders -> denoising loop -> VAE decode."""
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     hidden, added_cond = conditioning(
         modules, params, prompt_ids, negative_ids, has_negative, height, width, cfg=sampler.cfg
     )
-    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps, sampler, seeds, on_step=on_step)
+    latents = denoise(modules, params, latents, hidden, added_cond, guidance, steps, sampler, seeds)
     return decode(modules, params, latents)
 
 
 def generate_local(
-    modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps, sampler=DEFAULT,
-    on_step=None,
+    modules, params, prompt_ids, negative_ids, has_negative, guidance, seeds, *, height, width, steps, sampler=DEFAULT
 ):
     """The per-device program: seeds uint32 [b] (+ ids [b, 2, 77], flags [b], guidance [b]) -> uint8 [b, H, W, 3]."""
     latents = initial_latents(seeds, height, width, modules.vae_scale_factor)
     image = generate_from_latents(
         modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps, sampler=sampler,
-        seeds=seeds, on_step=on_step,
+        seeds=seeds,
     )  # fmt: skip
     return to_uint8(image)
 

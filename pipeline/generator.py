@@ -347,7 +347,7 @@ class Generator:
             parameters=parameters,
             timings=timings,
             steps=steps,
-            sampler=sampler_label(plan.sampler),
+            sampler=plan.label,
         )
 
     def _put(self, array: np.ndarray) -> jax.Array:

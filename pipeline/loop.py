@@ -105,9 +105,6 @@ def run(
     start = programs.compile(ProgramKey("start", height, width))
     step = programs.compile(ProgramKey("step", height, width, cfg))
     decode = programs.compile(ProgramKey("decode", height, width))
-    rows = [put(row) for row in plan.coefficients]  # float32 [6] each, replicated
-    indices = [put(np.asarray(i, np.int32)) for i in range(plan.steps)]
-
     hidden, pooled = encode(
         programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative
     )
@@ -126,9 +123,9 @@ def run(
             if timings is not None:
                 timings["freed_at"] = time.perf_counter()
             raise Stopped(index, plan.steps)
-        latents, previous = step(
-            unet, latents, previous, hidden, pooled, inputs.guidance, inputs.seeds, rows[index], indices[index]
-        )
+        # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.
+        row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
+        latents, previous = step(unet, latents, previous, hidden, pooled, inputs.guidance, inputs.seeds, row, at)
         pending.append(latents)
         if index == 0 and timings is not None:
             timings["first_dispatch_at"] = time.perf_counter()

@@ -379,23 +379,23 @@ def guide(noise, guidance, cfg: bool):
     return jnp.where(guidance > 1, uncond + guidance * (cond - uncond), cond)
 
 
-def predicted_original(config: SamplerConfig, model_output, sample, sigma):
+def predicted_original(prediction_type: str, model_output, sample, sigma):
     """x0 from the UNet's output: epsilon or v-prediction (as PyTorch's Euler schedulers)."""
-    if config.prediction_type == "v_prediction":
+    if prediction_type == "v_prediction":
         return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
     return sample - sigma * model_output
 
 
 def euler_step(config: SamplerConfig, model_output, sample, sigma, sigma_next):
     """One Euler step (s_churn = 0, as diffusers' pipelines call it): float32 latents -> float32 latents."""
-    denoised = predicted_original(config, model_output, sample, sigma)
+    denoised = predicted_original(config.prediction_type, model_output, sample, sigma)
     derivative = (sample - denoised) / sigma
     return sample + derivative * (sigma_next - sigma)
 
 
 def ancestral_step(config: SamplerConfig, model_output, sample, sigma, sigma_up, sigma_down, noise):
     """One Euler-ancestral step: deterministic step to sigma_down, then fresh noise scaled by sigma_up."""
-    denoised = predicted_original(config, model_output, sample, sigma)
+    denoised = predicted_original(config.prediction_type, model_output, sample, sigma)
     derivative = (sample - denoised) / sigma
     return sample + derivative * (sigma_down - sigma) + noise * sigma_up
 
@@ -421,8 +421,5 @@ def sampler_update(prediction_type: str, model_output, sample, coefficients, pre
     coefficients: float32 [6] (COEFFICIENTS, one row of a plan); previous: the last step's D (zeros at step 0).
     """
     sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))
-    if prediction_type == "v_prediction":
-        denoised = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
-    else:
-        denoised = sample - sigma * model_output
+    denoised = predicted_original(prediction_type, model_output, sample, sigma)
     return a * sample + b * denoised + c * previous + d * noise, denoised

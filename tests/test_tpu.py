@@ -70,8 +70,7 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
         (None, ProgramKey("decode", TEST_SIZE, TEST_SIZE)),
     ):
         programs = tpu_programs[core or "xla"]
-        size = (key.height, key.width) if key.height else None
-        rows.append(compile_one(programs, key, core, TOPOLOGY, size, progress=lambda _: None))
+        rows.append(compile_one(programs, key, core, TOPOLOGY, progress=lambda _: None))
     for row in rows:
         assert row["fits"], f"{row['program']} needs {row['hbm_total_bytes']} bytes of HBM per chip"
         assert row["flops"] > 0 and row["bytes_accessed"] > 0 and row["roofline_s"] > 0, row
