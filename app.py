@@ -13,8 +13,8 @@ and everything JAX in pipeline.generator (this module never imports JAX).
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
-import contextlib
 import contextvars
 import errno
 import logging
@@ -183,25 +183,70 @@ def uses_cfg(generator: Any) -> bool:
     return sampler is None or bool(sampler.cfg)
 
 
-class _RunFiles:
-    """The app's temporary folder: per-run directories for the files handed to the gallery (and their PNGs; only the
-    last KEEP_RUNS survive) and Gradio's cache of what it served (`gradio/`, see `_gradio_cache`); all removed by
-    `cleanup()`.
+class _ProcessFolder:
+    """This process's temporary folder while a page is open: Gradio's cache of served files (`gradio/`), cached
+    examples (`examples/`) and one folder per open page; removed when the last page closes.
 
-    It is made inside GRADIO_TEMP_DIR when that is set (where the operator wants Gradio's files), else the system's
-    temporary directory, so generations never pile up in a cache shared by every Gradio app on the host.
+    Gradio reads GRADIO_TEMP_DIR whenever it makes a component, not only while the page is built: an answer that
+    updates an output (`gr.skip()` after a Stop, `gr.update(...)`) rebuilds that component in the session's state at
+    request time, and the copy caches its files wherever the variable then points. The file route serves only the
+    folder the variable named at launch, so both variables point here for as long as any page is open; pointing them
+    here only while the page was built sent every later image of a stopped tab to $TMPDIR/gradio (403, left behind).
+
+    It is made inside GRADIO_TEMP_DIR when the operator sets it, else the system's temporary directory.
     """
 
+    _lock = threading.Lock()
+    _pages = 0
+    root: pathlib.Path | None = None
+    _saved: dict[str, str | None] = {}
+
+    @classmethod
+    def open_page(cls) -> pathlib.Path:
+        """A new page's own folder inside the process folder (made, and the variables set, for the first page)."""
+        with cls._lock:
+            if cls._pages == 0:
+                base = os.environ.get("GRADIO_TEMP_DIR") or None
+                if base:
+                    pathlib.Path(base).mkdir(parents=True, exist_ok=True)
+                cls.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-", dir=base))
+                atexit.register(shutil.rmtree, cls.root, True)  # also when the process ends another way
+                values = {"GRADIO_TEMP_DIR": cls.root / "gradio", "GRADIO_EXAMPLES_CACHE": cls.root / "examples"}
+                cls._saved = {name: os.environ.get(name) for name in values}
+                os.environ.update({name: str(value) for name, value in values.items()})
+            cls._pages += 1
+            return pathlib.Path(tempfile.mkdtemp(prefix="page-", dir=cls.root))
+
+    @classmethod
+    def close_page(cls, folder: pathlib.Path) -> None:
+        """Remove a page's folder; with the last page, the whole process folder, and restore the variables."""
+        with cls._lock:
+            shutil.rmtree(folder, ignore_errors=True)
+            cls._pages = max(cls._pages - 1, 0)
+            if cls._pages or cls.root is None:
+                return
+            shutil.rmtree(cls.root, ignore_errors=True)
+            cls.root = None
+            for name, value in cls._saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+class _RunFiles:
+    """One page's temporary files: per-run directories for the files handed to the gallery (and their PNGs; only the
+    last KEEP_RUNS survive), inside the process folder beside Gradio's cache (see `_ProcessFolder`); removed by
+    `cleanup()`, Gradio's copies with the last page."""
+
     def __init__(self, keep: int = KEEP_RUNS) -> None:
-        base = os.environ.get("GRADIO_TEMP_DIR") or None
-        if base:
-            pathlib.Path(base).mkdir(parents=True, exist_ok=True)
-        self.root = pathlib.Path(tempfile.mkdtemp(prefix="sdxl-jax-app-", dir=base))
-        self.gradio_cache = self.root / "gradio"
+        self.root = _ProcessFolder.open_page()
+        self.gradio_cache = pathlib.Path(os.environ["GRADIO_TEMP_DIR"])
         self._runs: collections.deque[pathlib.Path] = collections.deque()
         self._keep = keep
         self._count = 0
         self._lock = threading.Lock()
+        self._closed = False
 
     def new_dir(self) -> pathlib.Path:
         with self._lock:
@@ -214,7 +259,11 @@ class _RunFiles:
             return path
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _ProcessFolder.close_page(self.root)
 
 
 def default_sampler(generator: Any) -> str:
@@ -476,7 +525,7 @@ def build_demo(
         model=model_name(config.model),
     )
 
-    with _gradio_cache(files), gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         with gr.Column(elem_id="app"):
             gr.Markdown(header, elem_id="header")
             with gr.Row(elem_id="prompt-row", equal_height=True):
@@ -654,24 +703,6 @@ def build_demo(
     return demo
 
 
-@contextlib.contextmanager
-def _gradio_cache(files: _RunFiles):
-    """Point Gradio's cache (GRADIO_TEMP_DIR: served files; GRADIO_EXAMPLES_CACHE: cached examples) into this app's
-    temporary folder while the page is built and launched (Gradio reads both then), so every image a visitor saw goes
-    when the app stops, and a restart with another model or size never shows images cached by a previous one."""
-    values = {"GRADIO_TEMP_DIR": str(files.gradio_cache), "GRADIO_EXAMPLES_CACHE": str(files.root / "examples")}
-    previous = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def theme() -> gr.themes.Base:
     """Gradio's default theme with a violet accent; fonts are served by Gradio itself (works offline)."""
     return gr.themes.Default(primary_hue="violet", secondary_hue="slate", radius_size="lg")
@@ -688,21 +719,19 @@ def launch(
     auth: Sequence[tuple[str, str]] | None = None,
 ) -> gr.Blocks:
     """Start serving `demo` (Gradio 6 takes the theme and CSS at launch time); `auth`: Gradio's login, if given."""
-    files = getattr(demo, "sdxl_files", None)
-    with _gradio_cache(files) if files is not None else contextlib.nullcontext():  # Gradio reads its cache dir here
-        demo.launch(
-            auth=list(auth) if auth else None,
-            auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
-            server_name=host,
-            server_port=port,
-            share=share,
-            prevent_thread_lock=prevent_thread_lock,
-            quiet=quiet,
-            show_error=True,
-            theme=theme(),
-            css_paths=[CSS_PATH],
-            ssr_mode=False,
-        )
+    demo.launch(
+        auth=list(auth) if auth else None,
+        auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        show_error=True,
+        theme=theme(),
+        css_paths=[CSS_PATH],
+        ssr_mode=False,
+    )
     return demo
 
 

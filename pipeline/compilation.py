@@ -6,7 +6,10 @@ benchmark prove that no user input ever triggers a compilation after warm-up.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import platform
 import threading
 from pathlib import Path
 
@@ -25,10 +28,34 @@ def default_cache_root() -> Path:
     return Path(xdg).expanduser() / "sdxl-jax"
 
 
+def host_cpu_signature() -> str:
+    """A short hash of this host's CPU model and instruction-set features.
+
+    XLA:CPU compiles for the host's features (AVX2, AVX-512, AMX...), and the pixels depend on them: the tiny
+    model's images differ between `--xla_cpu_max_isa=AVX2` and AVX-512 on one machine. JAX's cache key names the
+    platform and its version, not the CPU, so a cache shared between hosts (a home folder or a project folder
+    that moves between machines) would hand one host's executables to another: other pixels than a fresh compile,
+    or an illegal instruction. Keying the cache folder by this signature keeps each host to its own executables.
+    """
+    model = flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+    identity = "|".join((platform.machine(), model or platform.processor(), flags))
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
 def compilation_cache_dir() -> Path:
-    """Where compiled programs persist: $JAX_COMPILATION_CACHE_DIR when set, else <cache root>/jax-compilation-cache."""
+    """Where compiled programs persist: one folder per host CPU (`host-<signature>`, see `host_cpu_signature`) in
+    $JAX_COMPILATION_CACHE_DIR when set, else in <cache root>/jax-compilation-cache."""
     env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    return Path(env).expanduser() if env else default_cache_root() / "jax-compilation-cache"
+    base = Path(env).expanduser() if env else default_cache_root() / "jax-compilation-cache"
+    return base / f"host-{host_cpu_signature()}"
 
 
 def configure_compilation_cache(enabled: bool = True) -> Path | None:

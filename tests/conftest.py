@@ -106,3 +106,43 @@ def headless_chromium():
             yield browser
         finally:
             browser.close()
+
+
+# ---- the page in a browser ------------------------------------------------------------------------------------------
+
+TIMEOUT_MS = 180_000
+LONG = 100  # steps of a request that gets stopped: long enough to press Stop in the middle
+
+
+def open_advanced(page) -> None:
+    page.locator("#advanced").get_by_text("Advanced settings").click()
+
+
+def set_steps(page, steps: int) -> None:
+    box = page.locator("#steps input[type=number]")
+    box.fill(str(steps))
+    box.press("Enter")
+
+
+#: Each gallery image of the page: (HTTP status of its file, whether the browser decoded it).
+GALLERY_LOADS = """async () => Promise.all([...document.querySelectorAll('#gallery img')].map(async (img) => {
+    if (!img.complete) await new Promise((done) => { img.onload = img.onerror = done; });
+    return [(await fetch(img.src)).status, img.naturalWidth > 0];
+}))"""
+
+
+def stop_then_generate(page, url: str, done_text: str) -> list:
+    """Steps 100, Generate, Stop, steps 4, Generate: the sequence that once broke a tab's images (issue 26)."""
+    page.goto(url, timeout=TIMEOUT_MS)
+    open_advanced(page)
+    set_steps(page, LONG)
+    page.locator("#prompt textarea").fill("a kite over the dunes")
+    page.locator("#generate").click()
+    page.wait_for_function("() => /step ([2-9]|\\d\\d) \\/ 100/.test(document.body.innerText)", timeout=TIMEOUT_MS)
+    page.locator("#stop").click()
+    page.locator("#status").get_by_text("Stopped at step").wait_for(timeout=60_000)
+    set_steps(page, 4)
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text(done_text).wait_for(timeout=TIMEOUT_MS)
+    page.wait_for_function("() => document.querySelectorAll('#gallery img').length > 0", timeout=TIMEOUT_MS)
+    return page.evaluate(GALLERY_LOADS)

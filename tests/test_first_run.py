@@ -153,7 +153,8 @@ def test_served_images_live_in_the_apps_folder_and_go_at_exit(engine, tmp_path):
     app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     files = demo.sdxl_files
     try:
-        assert os.environ.get("GRADIO_TEMP_DIR") == before  # set only while Gradio builds and launches the page
+        # Gradio reads it at request time too (a session's copy of an updated output): it points here while serving.
+        assert os.environ.get("GRADIO_TEMP_DIR") == str(files.gradio_cache) != before
         assert demo.delete_cache == app.DELETE_CACHE  # bounded while running: old files are swept
         client = Client(demo.local_url, verbose=False, download_files=str(tmp_path / "client"))
         gallery, _, _ = client.predict(prompt="a red kite", seed=seed, randomize_seed=False, api_name="/generate")
@@ -163,7 +164,8 @@ def test_served_images_live_in_the_apps_folder_and_go_at_exit(engine, tmp_path):
         assert not list(shared.rglob(f"sdxl-{seed}-*")) if shared.is_dir() else True
     finally:
         app.close_demo(demo)
-    assert not files.root.exists()
+    assert not files.root.exists() and not files.gradio_cache.exists()
+    assert os.environ.get("GRADIO_TEMP_DIR") == before  # restored with the last page
 
 
 # ---- defect 5: a busy port is found before loading -----------------------------------------------------------------

@@ -12,15 +12,22 @@ import tempfile
 import time
 
 import pytest
-from conftest import UI_SIZES, headless_chromium
+from conftest import (
+    GALLERY_LOADS,
+    LONG,
+    TIMEOUT_MS,
+    UI_SIZES,
+    headless_chromium,
+    open_advanced,
+    set_steps,
+    stop_then_generate,
+)
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from pipeline.samplers import SAMPLER_NAMES
 
 CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 180_000
-LONG = 100  # steps of a request that gets stopped: long enough to press Stop in the middle
 
 
 def parameters_of(item) -> str:
@@ -104,16 +111,6 @@ def browser():
         yield browser
 
 
-def open_advanced(page) -> None:
-    page.locator("#advanced").get_by_text("Advanced settings").click()
-
-
-def set_steps(page, steps: int) -> None:
-    box = page.locator("#steps input[type=number]")
-    box.fill(str(steps))
-    box.press("Enter")
-
-
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
 def test_steps_slider_sampler_menu_and_stop_in_the_browser(ui_demo, browser, ui_engine):
@@ -149,6 +146,21 @@ def test_steps_slider_sampler_menu_and_stop_in_the_browser(ui_demo, browser, ui_
     page.locator("#generate").click()
     page.locator("#status").get_by_text("2 steps, DPM++ 2M Karras").wait_for(timeout=TIMEOUT_MS)
     assert not errors, errors
+    page.close()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
+def test_images_after_a_stop_load_in_the_same_tab(ui_demo, browser, ui_engine):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    loads = stop_then_generate(page, ui_demo.local_url, "4 steps")
+    assert len(loads) == ui_engine.num_images
+    assert all(status == 200 and decoded for status, decoded in loads), loads
+    set_steps(page, 3)  # and every later request of that tab
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("3 steps").wait_for(timeout=TIMEOUT_MS)
+    loads = page.evaluate(GALLERY_LOADS)
+    assert loads and all(status == 200 and decoded for status, decoded in loads), loads
     page.close()
 
 

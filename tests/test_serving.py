@@ -104,3 +104,38 @@ def test_app_process_starts_warm_and_stops_cleanly_on_signal(tiny_dir, sig):
     output = "".join(lines)
     assert "stopped" in output and "Traceback" not in output
     assert SECRET not in output
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_no_generated_file_is_left_under_tmpdir_after_a_stopped_tab_and_sigterm(tiny_dir, tmp_path):
+    """The sequence that once sent a tab's images to $TMPDIR/gradio (403, never removed), then SIGTERM: the tab's
+    images load, and no image file of this run is left anywhere under TMPDIR (issue 26)."""
+    from conftest import headless_chromium, stop_then_generate
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    port = free_port()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    env.pop("GRADIO_TEMP_DIR", None)
+    command = [
+        sys.executable, "app.py", "--model", str(tiny_dir), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
+        "--steps", str(TEST_STEPS), "--dtype", "float32", "--port", str(port),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = _read_until(process, "Running on", timeout=300)
+        assert "Running on" in "".join(lines), "".join(lines)
+        with headless_chromium() as browser:
+            page = browser.new_page()
+            loads = stop_then_generate(page, f"http://127.0.0.1:{port}/", "4 steps")
+        assert len(loads) == 2 and all(status == 200 and decoded for status, decoded in loads), loads
+        assert list(temp.rglob("*.jpg")), "the run's images should be under TMPDIR while the app serves"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    left = [p for p in temp.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp")]
+    assert not left, left
