@@ -208,8 +208,8 @@ class AchievedFlops:
 
 def achieved_flops(generator, seconds_per_call: float) -> AchievedFlops:
     """Achieved FLOP/s of the engine: XLA's cost of its compiled programs for one call / measured seconds."""
-    from pipeline.aot import compiled_cost
-    from pipeline.programs import program_keys
+    from pipeline.host.aot import compiled_cost
+    from pipeline.host.programs import program_keys
 
     config = generator.config
     flops = {  # one call of each program the engine serves for its first size: encode, start, step, decode

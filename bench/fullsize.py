@@ -152,7 +152,7 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
     import os
 
     from pipeline import images as image_io
-    from pipeline.delivery import Outbox
+    from web.delivery import Outbox
 
     codecs: list[EncodeFigure] = []
     requests: list[RequestPath] = []

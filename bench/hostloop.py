@@ -55,9 +55,9 @@ def fused_program(generator, steps: int):
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from pipeline.attention import hooked
-    from pipeline.diffusion import generate_local
-    from pipeline.sharding import DATA_AXIS, batch_sharded
+    from bench.fused import generate_local
+    from pipeline.device.attention import hooked
+    from pipeline.device.sharding import DATA_AXIS, batch_sharded
 
     height, width = generator.sizes[0]
     local = functools.partial(
@@ -137,7 +137,7 @@ class SamplerSweep:
 
 def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> SamplerSweep:
     """Every step count 1..max_steps with every sampler, one request each; counts compilations."""
-    from pipeline.samplers import SAMPLER_NAMES
+    from pipeline.host.plan import SAMPLER_NAMES
 
     before, started, requests = generator.compile_count, time.perf_counter(), 0
     for steps in range(1, max_steps + 1):

@@ -46,7 +46,7 @@ def load_reference(model: str, dtype: str):
     from diffusers import FlaxStableDiffusionXLPipeline
     from flax.jax_utils import replicate
 
-    from pipeline.loading import resolve_model
+    from pipeline.checkpoint.loading import resolve_model
 
     pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(
         resolve_model(model), split_head_dim=True, dtype=getattr(jnp, dtype)

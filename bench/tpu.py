@@ -85,7 +85,7 @@ def sdxl_model(dtype):
     from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
     from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
-    from pipeline.diffusion import Modules
+    from pipeline.device.modules import Modules
 
     from .flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
 
@@ -115,8 +115,8 @@ def tiny_model(dtype):
     """The tiny checkpoint's modules and (abstract) weights, as the app loads them."""
     import jax
 
-    from pipeline.diffusion import Modules
-    from pipeline.loading import load_model
+    from pipeline.checkpoint.loading import load_model
+    from pipeline.device.modules import Modules
 
     loaded = load_model("tiny", dtype=dtype)
     params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), loaded.params)
@@ -126,7 +126,7 @@ def tiny_model(dtype):
 def jobs(args, sizes) -> list[tuple]:
     """(ProgramKey, attention or None) in the order they are compiled: per size, the steps (CFG first) per core,
     then decode and start; the encoders after the first size's."""
-    from pipeline.programs import ProgramKey
+    from pipeline.host.programs import ProgramKey
 
     order = []
     for index, (height, width) in enumerate(sizes):
@@ -158,7 +158,7 @@ class _Fallbacks(logging.Handler):
 def compile_one(programs, key, attention, topology, progress) -> dict:
     """Compile one program; its row of tpu.json."""
     from pipeline import attention as attention_core
-    from pipeline.aot import HBM_PER_CHIP, compiled_cost
+    from pipeline.host.aot import HBM_PER_CHIP, compiled_cost
 
     device_kind = next(iter(programs.mesh.devices.flat)).device_kind
     handler = _Fallbacks()
@@ -350,17 +350,17 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the topology API needs no TPU; skip the probe for one
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from pipeline.aot import libtpu_available, topology_devices
-    from pipeline.programs import ServedPrograms
-    from pipeline.runtime import quiet_start
-    from pipeline.sharding import data_mesh
+    from pipeline.device.sharding import data_mesh
+    from pipeline.host.aot import libtpu_available, topology_devices
+    from pipeline.host.programs import ServedPrograms
+    from pipeline.platform import quiet_start
     from pipeline.sizes import default_sizes, parse_sizes
 
     from .common import machine_info, progress
     from .report import write_json
 
     quiet_start()
-    from pipeline.compilation import configure_compilation_cache
+    from pipeline.host.compilation import configure_compilation_cache
 
     configure_compilation_cache(False)  # a topology's compile-only client cannot use JAX's persistent cache
     if not libtpu_available():

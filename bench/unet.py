@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     args = parser.parse_args(argv)
     args.kinds = [kind.strip() for kind in args.attention.split(",") if kind.strip()]
-    from pipeline.settings import ATTENTIONS
+    from pipeline.config import ATTENTIONS
 
     unknown = sorted(set(args.kinds) - set(ATTENTIONS))
     if unknown or not args.kinds:
@@ -66,7 +66,7 @@ def build_unet(model: str, dtype):
 
     if model == SDXL:
         return FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=dtype)
-    from pipeline.tiny import tiny_checkpoint
+    from pipeline.checkpoint.tiny import tiny_checkpoint
 
     config = FlaxUNet2DConditionModel.load_config(str(tiny_checkpoint()), subfolder="unet")
     return FlaxUNet2DConditionModel.from_config(config, split_head_dim=True, dtype=dtype)
@@ -92,7 +92,7 @@ def unet_inputs(unet, batch: int, height: int, width: int, dtype):
 
 def step_function(unet, kind: str):
     """One UNet call with attention core `kind` (resolved) hooked in while it is traced."""
-    from pipeline.attention import hooked
+    from pipeline.device.attention import hooked
 
     def apply(params, sample, timesteps, hidden, added):
         return unet.apply({"params": params}, sample, timesteps, hidden, added_cond_kwargs=added).sample
@@ -193,7 +193,7 @@ def tiny_params(dtype):
     import jax
     from diffusers import FlaxUNet2DConditionModel
 
-    from pipeline.tiny import tiny_checkpoint
+    from pipeline.checkpoint.tiny import tiny_checkpoint
 
     _, params = FlaxUNet2DConditionModel.from_pretrained(str(tiny_checkpoint()), subfolder="unet")
     return jax.device_put(jax.tree_util.tree_map(lambda leaf: jax.numpy.asarray(leaf, dtype), params))
@@ -205,7 +205,7 @@ def time_kinds(args, progress) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipeline.attention import resolve
+    from pipeline.device.attention import resolve
 
     from .common import Stats
     from .flops import PEAK_BY_DEVICE_KIND, lowered_flops

@@ -1,16 +1,21 @@
-"""SDXL on JAX: load once, replicate over every device, compile once, one image per device.
+"""SDXL on JAX, the engine: load once, replicate over every device, compile once, one image per device per request.
 
-The chain, one module each: loading -> sharding -> text (tokenize, encode) -> diffusion (denoising loop, VAE
-decode) -> images (PNG with parameters); `generator.Generator` wires them into one compiled program.
+    request (request.py: every field, checked once where it enters)
+      -> generator.py: tokens (host/tokens.py) -> device arrays (cluster/arrays.py)
+      -> host/loop.py: the compiled programs (host/programs.py over device/*) step by step
+      -> pixels -> images with their parameters (host/images.py)
+
+Folders by role: `checkpoint/` (files -> weights), `device/` (what runs on the accelerator, traced), `host/` (plans,
+programs, the loop, images), `cluster/` (several processes). No Gradio here: the page is `web/`.
 """
 
-from .errors import CheckpointError, ModelLoadError
-from .settings import SDXL_BASE, TINY_MODEL, EngineConfig
-from .validation import InvalidInput
+from .config import SDXL_BASE, TINY_MODEL, EngineConfig
+from .errors import CheckpointError, InvalidInput, ModelLoadError
+from .request import Request, RequestRules, parse_request
 
 
 def __getattr__(name: str):
-    # Generator imports JAX; keep `import pipeline` light for UI code that only needs validation and styles.
+    # Generator imports JAX; keep `import pipeline` light for code that only needs requests, options and styles.
     if name in ("Generator", "GenerationResult"):
         from . import generator
 
@@ -19,5 +24,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "SDXL_BASE",
-    "CheckpointError", "TINY_MODEL", "EngineConfig", "GenerationResult", "Generator", "InvalidInput", "ModelLoadError"]
+    "SDXL_BASE", "TINY_MODEL", "CheckpointError", "EngineConfig", "GenerationResult", "Generator", "InvalidInput",
+    "ModelLoadError", "Request", "RequestRules", "parse_request",
+]  # fmt: skip

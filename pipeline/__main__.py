@@ -1,5 +1,6 @@
 """Command line: `python -m pipeline make-tiny DIR`, `python -m pipeline generate ...` and
-`python -m pipeline precompile --topology v5e:2x2 [app options] --out DIR` (executables for a precompiled start-up).
+`python -m pipeline precompile --topology v5e:2x2 [engine options] --out DIR` (executables for a precompiled
+start-up). Both read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
@@ -14,13 +15,11 @@ import logging
 import sys
 import time
 
-from .errors import CheckpointError, ModelLoadError
-from .options import CLI, add_options, check_env_choices
-from .presets import PRESET_NAMES
-from .runtime import quiet_start, skip_absent_tpu, use_cpu_cores
-from .samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
-from .settings import ATTENTIONS, DTYPES, SDXL_BASE, TINY_MODEL, shape_defaults
-from .validation import InvalidInput
+from .config import engine_config
+from .errors import CheckpointError, InvalidInput, ModelLoadError
+from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices
+from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
+from .request import RequestRules, parse_request
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -28,8 +27,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline", description="SDXL on JAX, one image per device.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m pipeline", description="SDXL on JAX, one image per device.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     tiny = commands.add_parser("make-tiny", help="write a tiny random-weight SDXL-shaped checkpoint")
     tiny.add_argument("directory")
@@ -40,61 +39,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate one image per device and write them as PNG",
         description="Each option can also be set by the environment variable in brackets; the flag wins.",
     )
-    add_options(gen, CLI)  # the table app.py builds its parser from (pipeline/options.py)
+    add_options(gen, CLI)  # the options table (pipeline/options.py), as the app's
 
-    pre = commands.add_parser("precompile", help="compile the served programs for a topology into a directory")
+    pre = commands.add_parser(
+        "precompile",
+        help="compile the served programs for a topology into a directory",
+        description="The app's engine options, read as the app reads them; the programs go to --out.",
+    )
     pre.add_argument("--topology", default="v5e:2x2",
                      help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
                      "devices (default v5e:2x2)")  # fmt: skip
     pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
-    pre.add_argument("--model", default=None, help=f"as app.py (default {SDXL_BASE}); weights are read for shapes")
-    pre.add_argument("--preset", choices=PRESET_NAMES, default=None)
-    pre.add_argument("--sampler", default=None, help=f"{', '.join(SAMPLER_NAMES)} (as app.py)")
-    pre.add_argument("--timestep-spacing", choices=SPACINGS, default=None)
-    pre.add_argument("--steps-offset", type=int, default=None)
-    pre.add_argument("--prediction-type", choices=PREDICTION_TYPES, default=None)
-    pre.add_argument("--no-cfg", action="store_true")
-    pre.add_argument("--revision", default=None)
-    pre.add_argument("--variant", default=None)
-    pre.add_argument("--unet", default=None)
-    pre.add_argument("--height", type=int, default=None)
-    pre.add_argument("--width", type=int, default=None)
-    pre.add_argument("--sizes", default=None, help="as app.py (default: the app's three; --height/--width: one)")
-    pre.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on TPU, float32 on cpu")
-    pre.add_argument("--per-device-batch", type=int, default=1)
-    pre.add_argument("--attention", choices=ATTENTIONS, default="auto")
-    pre.add_argument("--cpu-devices", type=int, default=None, help="with --topology cpu: as app.py")
-    pre.set_defaults(steps=None, guidance_scale=None)
+    add_options(pre, PRECOMPILE)
     return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from . import distributed
-    from .compilation import CompileCounter
+    from .cluster.options import options_from_args
+    from .cluster.startup import start
     from .generator import Generator
-    from .validation import validate_request
+    from .host.compilation import CompileCounter
 
-    # Check what the user typed before spending time on loading and compiling: the same checks as the UI and API.
-    settings = _settings(args)
+    # Check what the user typed before spending time on loading and compiling: the same checks as the page and API.
+    config = engine_config(args)
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
-    request = validate_request(
-        args.prompt, args.negative_prompt, args.style, settings.pop("guidance_scale"), None if randomize else args.seed,
-        randomize,
+    request = parse_request(
+        args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,
+        randomize, rules=RequestRules.of(config),
     )  # fmt: skip
-    if not settings["cfg"] and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
+    if not config.cfg and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
         print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)
     started = time.perf_counter()
-    cluster = distributed.start(distributed.options_from_args(args))  # before anything else touches JAX
-    generator = Generator.from_pretrained(
-        revision=args.revision,
-        dtype=args.dtype,
-        per_device_batch=args.per_device_batch,
-        compilation_cache=not args.no_compilation_cache,
-        attention=args.attention,
-        **settings,  # model, shape, sampler settings, unet, variant (a preset's, the flags winning)
-    )
+    cluster = start(options_from_args(args))  # before anything else touches JAX
+    generator = Generator.load(config)
     if args.precompiled:
-        from .aot import load_precompiled
+        from .host.aot import load_precompiled
 
         report = load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
         print(report.summary(args.precompiled), file=sys.stderr)  # which were loaded, which are compiled and why
@@ -103,12 +82,7 @@ def _generate(args: argparse.Namespace) -> int:
     if not cluster.is_leader:
         return cluster.follow(generator, json_summary=args.json)
     try:
-        result = cluster.lead(generator).generate(
-            request.styled_prompt,
-            negative_prompt=request.styled_negative_prompt,
-            seed=request.seed,
-            guidance_scale=request.guidance_scale,
-        )
+        result = cluster.lead(generator).generate(request)
     finally:
         cluster.stop()
     paths = result.save_pngs(args.out)
@@ -141,60 +115,21 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    from .aot import precompile
-    from .sizes import default_sizes, parse_sizes
+    from .precompile import precompile
 
-    settings = _settings(args)
-    tiny = settings["model"].strip() == TINY_MODEL
-    if args.sizes:
-        sizes = parse_sizes(args.sizes, tiny=tiny)
-    elif (settings["height"], settings["width"]) != shape_defaults(settings["model"])[:2]:
-        sizes = [(settings["height"], settings["width"])]  # --height/--width (or a preset's size): that one, as app.py
-    else:
-        sizes = default_sizes(tiny=tiny)
-    overrides = {k: settings.get(k) for k in ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")}
     started = time.perf_counter()
-    manifest = precompile(
-        settings["model"], topology=args.topology, out=args.out, sizes=sizes, dtype=args.dtype,
-        per_device_batch=args.per_device_batch, attention=args.attention, revision=args.revision,
-        variant=settings.get("variant"), unet=settings.get("unet"),
-        sampler_overrides={k: v for k, v in overrides.items() if v is not None}, progress=print,
-    )  # fmt: skip
+    manifest = precompile(engine_config(args), topology=args.topology, out=args.out, progress=print)
     print(f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
           f"{args.out} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
     return 0
-
-
-def _settings(args: argparse.Namespace) -> dict:
-    """Model, shape, sampler settings and default guidance: explicit flags, else the preset's, else the model's."""
-    from .presets import get_preset, resolve
-
-    explicit = {
-        "height": args.height, "width": args.width, "steps": args.steps, "sampler": args.sampler,
-        "timestep_spacing": args.timestep_spacing, "steps_offset": args.steps_offset,
-        "prediction_type": args.prediction_type, "cfg": False if args.no_cfg else None,
-        "guidance_scale": args.guidance_scale, "unet": args.unet, "variant": args.variant,
-    }  # fmt: skip
-    if args.preset:
-        settings = resolve(get_preset(args.preset), model=args.model, **explicit)
-    else:
-        settings = {"model": args.model or SDXL_BASE, **explicit}
-    settings = {key: value for key, value in settings.items() if value is not None}
-    if "sampler" in settings:  # A1111's names or the engine's ids; an unknown one is bad input (exit 2)
-        settings["sampler"] = sampler_label(sampler_id(settings["sampler"]))
-    settings = {"cfg": True, "guidance_scale": 5.0, **settings}
-    defaults = shape_defaults(settings["model"])
-    for key, default in zip(("height", "width", "steps"), defaults, strict=True):
-        settings.setdefault(key, default)
-    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "generate":
-        check_env_choices(parser, args, CLI)
+    if args.command in ("generate", "precompile"):
+        check_env_choices(parser, args, CLI if args.command == "generate" else PRECOMPILE)
     if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
     elif args.command == "precompile":
@@ -202,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_start()
     try:
         if args.command == "make-tiny":
-            from .tiny import make_tiny
+            from .checkpoint.tiny import make_tiny
 
             print(make_tiny(args.directory, seed=args.seed))
             return 0

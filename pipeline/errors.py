@@ -1,7 +1,4 @@
-"""The error types the stages raise, in one module no stage depends on, so no stage imports another for them.
-
-`InvalidInput` (bad user input) lives in `validation.py`, which imports nothing of the engine.
-"""
+"""The error types the stages raise, in one module no stage depends on, so no stage imports another for them."""
 
 from __future__ import annotations
 
@@ -12,3 +9,7 @@ class ModelLoadError(RuntimeError):
 
 class CheckpointError(ModelLoadError):
     """The checkpoint's files are there but cannot be mapped onto SDXL's modules (bad input: the CLI exits 2)."""
+
+
+class InvalidInput(ValueError):
+    """Bad user input; str(error) is one sentence fit to show to the user, no traceback needed."""

@@ -1,8 +1,10 @@
-"""Every command-line option of the app (`app.py`) and the CLI (`python -m pipeline generate`), in one table.
+"""Every option of the engine, declared once: its flag, environment variable, type, default, help, which programs
+take it and whether changing it compiles other programs.
 
-Both parsers are built from OPTIONS, so an option's flag, environment variable, type, default and help are written
-once, and the next option is one line. The environment variable is read by whichever program takes the option;
-the flag wins. Kept free of JAX (the app imports it).
+The app (`app.py`, which adds the server's own options from `web/options.py`), `python -m pipeline generate`,
+`python -m pipeline precompile` and `python -m bench` build their parsers from these tables, and the README's
+options table is printed from them (`python -m web.options`), so the next option is one line here. The environment
+variable is read by whichever program takes the option; the flag wins. Kept free of JAX.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .config import ATTENTIONS, DTYPES, SDXL_BASE
+from .errors import InvalidInput
+from .fields import GUIDANCE_MAX, GUIDANCE_MIN, MAX_STEPS
+from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
-from .samplers import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
-from .settings import ATTENTIONS, DTYPES, SDXL_BASE
 from .styles import DEFAULT_STYLE
-from .validation import GUIDANCE_MAX, GUIDANCE_MIN, MAX_STEPS, InvalidInput
 
-APP, CLI = "app", "cli"
+#: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
+APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"
 BOTH = frozenset({APP, CLI})
-#: Requests that may wait in the app's queue by default.
-DEFAULT_QUEUE_SIZE = 20
+#: Options that shape the compiled programs, taken by every program that loads the model.
+ENGINE = frozenset({APP, CLI, PRECOMPILE, BENCH})
+#: The names the README's table uses for the programs.
+PROGRAM_NAMES = {APP: "app", CLI: "CLI", PRECOMPILE: "precompile", BENCH: "bench"}
 #: Truthy spellings of a switch's environment variable (SDXL_NO_CFG=1).
 TRUE_WORDS = ("1", "true", "yes", "on")
 #: The multi-host group's title in --help.
@@ -45,7 +51,7 @@ def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         value = float(str(text).strip())
     except ValueError:
@@ -55,7 +61,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-_positive_float.__name__ = "float"
+positive_float.__name__ = "float"
 
 
 def sampler_argument(text: str) -> str:
@@ -81,7 +87,8 @@ class Option:
     default_text: str = ""  # what --help says about a default resolved later, e.g. "1024, 128 for tiny"
     choices: tuple[str, ...] = ()  # allowed values (checked for the env variable too)
     kind: str = "value"  # "value", "switch" (store_true; env: 1/true/yes) or "append" (repeatable)
-    programs: frozenset[str] = BOTH  # which programs take it: "app", "cli"
+    programs: frozenset[str] = BOTH  # which programs take it: APP, CLI, PRECOMPILE, BENCH
+    recompiles: bool = False  # True: another value compiles other programs (at start-up; a request never does)
     metavar: str | None = None  # placeholder in --help
     required: bool = False  # the CLI's --prompt and --out
     group: str = ""  # an argparse group title ("" = the main list)
@@ -91,83 +98,74 @@ class Option:
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
-    def note(self) -> str:
-        """The bracketed note --help appends: env variable and default."""
+    def note(self, default: object = None) -> str:
+        """The bracketed note --help appends: env variable and default (`default`: a program's own, if given)."""
         if self.env_text:
             return f" [{self.env_text}]"
-        default = self.default_text or ("" if self.default in (None, False, []) else str(self.default))
+        value = self.default if default is None else default
+        default = (self.default_text if default is None else "") or ("" if value in (None, False, []) else str(value))
         parts = [self.env or ""] + ([f"default {default}"] if default else [])
         text = "; ".join(p for p in parts if p)
         return f" [{text}]" if text else ""
 
 
-_PORT = _bounded_int(1, 65535)
+port_number = _bounded_int(1, 65535)
 _STEPS = _bounded_int(1, MAX_STEPS)
-_AT_LEAST_ONE = _bounded_int(1)
-_NON_NEGATIVE = _bounded_int(0)
+at_least_one = _bounded_int(1)
+non_negative = _bounded_int(0)
 
-#: The table. Order is the order of --help.
+#: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.
 OPTIONS: tuple[Option, ...] = (
     # -- the model
     Option("--model", "Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny'", "SDXL_MODEL",
-           default_text=SDXL_BASE),
+           default_text=SDXL_BASE, programs=ENGINE, recompiles=True),
     Option("--revision", "Hub revision (branch, tag or commit)", default_text="refs/pr/95 for SDXL base",
-           programs=frozenset({CLI})),
-    Option("--variant", "PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)", "SDXL_VARIANT"),
-    Option("--unet", "whole-UNet .safetensors replacing the model's: PATH or REPO:FILE", "SDXL_UNET"),
+           programs=frozenset({CLI, PRECOMPILE}), recompiles=True),
+    Option("--variant", "PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)", "SDXL_VARIANT",
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--unet", "whole-UNet .safetensors replacing the model's: PATH or REPO:FILE", "SDXL_UNET",
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--preset", "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
            "size; flags override it; with another model (e.g. tiny) only its sampler settings", "SDXL_PRESET",
-           choices=PRESET_NAMES),
-    # -- the shape of the compiled program
+           choices=PRESET_NAMES, programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    # -- the shape of the compiled programs
     Option("--height", "image height in pixels, a multiple of 32", "SDXL_HEIGHT", int,
-           default_text="1024, 128 for tiny"),
+           default_text="1024, 128 for tiny", programs=ENGINE, recompiles=True),
     Option("--width", "image width in pixels, a multiple of 32", "SDXL_WIDTH", int,
-           default_text="1024, 128 for tiny"),
+           default_text="1024, 128 for tiny", programs=ENGINE, recompiles=True),
     Option("--sizes", "offered sizes, each compiled at start-up, the first the default; each side a multiple of 32; "
            "'sdxl' = SDXL's 9 trained sizes; not with --height/--width", "SDXL_SIZES", metavar="WxH,WxH,...",
            default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
-           "one size)", programs=frozenset({APP})),
+           "one size)", programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--steps", f"denoising steps of a request that names none (a request may ask for 1..{MAX_STEPS}; no "
-           "recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny"),
+           "recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny", programs=ENGINE),
     Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
-           default_text="bfloat16 on TPU/GPU, float32 on CPU"),
-    Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", _AT_LEAST_ONE, 1),
+           default_text="bfloat16 on TPU/GPU, float32 on CPU", programs=ENGINE, recompiles=True),
+    Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", at_least_one, 1,
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
-           "SDXL_ATTENTION", choices=ATTENTIONS, default="auto"),
-    Option("--no-progress", "no live step progress on the page (reported by the host between steps; the programs "
-           "are the same)", "SDXL_NO_PROGRESS", kind="switch", programs=frozenset({APP})),
+           "SDXL_ATTENTION", choices=ATTENTIONS, default="auto", programs=frozenset({APP, CLI, PRECOMPILE}),
+           recompiles=True),
     Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
            "SDXL_NO_COMPILATION_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
-           "SDXL_CPU_DEVICES", _NON_NEGATIVE, default_text="one per core", metavar="N"),
+           "SDXL_CPU_DEVICES", non_negative, default_text="one per core", metavar="N", programs=ENGINE,
+           recompiles=True),
     Option("--precompiled", "load the matching executables written by `python -m pipeline precompile` from DIR; "
            "compile the rest (one line says which and why)", "SDXL_PRECOMPILED", metavar="DIR"),
     # -- the sampler (the checkpoint's scheduler config unless set)
     Option("--sampler", f"sampler of a request that names none: {', '.join(SAMPLER_NAMES)} (a request may pick "
-           "another; no recompile)", "SDXL_SAMPLER", sampler_argument, default_text="the checkpoint's"),
+           "another; no recompile)", "SDXL_SAMPLER", sampler_argument, default_text="the checkpoint's",
+           programs=frozenset({APP, CLI, PRECOMPILE})),
     Option("--timestep-spacing", "timestep spacing", "SDXL_TIMESTEP_SPACING", choices=SPACINGS,
-           default_text="the checkpoint's"),
+           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE})),
     Option("--steps-offset", "added to leading timesteps", "SDXL_STEPS_OFFSET", int,
-           default_text="the checkpoint's"),
+           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE})),
     Option("--prediction-type", "what the UNet predicts", "SDXL_PREDICTION_TYPE", choices=PREDICTION_TYPES,
-           default_text="the checkpoint's"),
+           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--no-cfg", "guidance-free program: the UNet runs on the prompt only; guidance and negative prompt are "
-           "ignored (hidden on the page)", "SDXL_NO_CFG", kind="switch"),
-    # -- the web server (app only)
-    Option("--host", "interface to bind; 0.0.0.0 to accept remote connections", "GRADIO_SERVER_NAME",
-           default="127.0.0.1", programs=frozenset({APP})),
-    Option("--port", "port to listen on (checked before the model loads)", "GRADIO_SERVER_PORT", _PORT, 7860,
-           programs=frozenset({APP})),
-    Option("--queue-size", "requests that may wait; more are turned away as busy", "SDXL_QUEUE_SIZE", _AT_LEAST_ONE,
-           DEFAULT_QUEUE_SIZE, programs=frozenset({APP})),
-    Option("--prompt-filter", "block list, one word or phrase a line (see assets/blocked_words.example.txt)",
-           "SDXL_PROMPT_FILTER", metavar="FILE", programs=frozenset({APP})),
-    Option("--auth", "require this login (repeat for more users)", "SDXL_AUTH", kind="append",
-           metavar="USER:PASSWORD", programs=frozenset({APP}), env_text="SDXL_AUTH: one USER:PASSWORD"),
-    Option("--auth-file", "require a login from this file, one USER:PASSWORD a line", "SDXL_AUTH_FILE",
-           metavar="FILE", programs=frozenset({APP})),
-    Option("--share", "also open a public *.gradio.live link (needs internet)", kind="switch",
-           programs=frozenset({APP})),
+           "ignored (hidden on the page)", "SDXL_NO_CFG", kind="switch", programs=frozenset({APP, CLI, PRECOMPILE}),
+           recompiles=True),
     # -- one request (CLI only)
     Option("--prompt", "what to draw", required=True, programs=frozenset({CLI})),
     Option("--negative-prompt", "what to keep out", default="", programs=frozenset({CLI})),
@@ -182,19 +180,19 @@ OPTIONS: tuple[Option, ...] = (
            "where the environment names several processes", "SDXL_DISTRIBUTED", kind="switch", group=CLUSTER_GROUP),
     Option("--coordinator-address", "address of process 0, reachable from every process (one machine: "
            "127.0.0.1:PORT)", "SDXL_COORDINATOR_ADDRESS", metavar="HOST:PORT", group=CLUSTER_GROUP),
-    Option("--num-processes", "processes in the run", "SDXL_NUM_PROCESSES", _AT_LEAST_ONE, group=CLUSTER_GROUP),
+    Option("--num-processes", "processes in the run", "SDXL_NUM_PROCESSES", at_least_one, group=CLUSTER_GROUP),
     Option("--process-id", "this process, 0 .. num-processes - 1; 0 serves the page", "SDXL_PROCESS_ID",
-           _NON_NEGATIVE, group=CLUSTER_GROUP),
+           non_negative, group=CLUSTER_GROUP),
     Option("--cluster-timeout", "seconds for all processes to join, and per request", "SDXL_CLUSTER_TIMEOUT",
-           _positive_float, 300.0, group=CLUSTER_GROUP),
+           positive_float, 300.0, group=CLUSTER_GROUP),
     Option("--heartbeat-timeout", "seconds of silence after which a process is taken for dead",
-           "SDXL_HEARTBEAT_TIMEOUT", _positive_float, 30.0, group=CLUSTER_GROUP),
+           "SDXL_HEARTBEAT_TIMEOUT", positive_float, 30.0, group=CLUSTER_GROUP),
 )  # fmt: skip
 
 
-def options_for(program: str) -> list[Option]:
-    """The options `program` ("app" or "cli") takes, in table order."""
-    return [option for option in OPTIONS if program in option.programs]
+def options_for(program: str, table: tuple[Option, ...] = OPTIONS) -> list[Option]:
+    """The options of `table` that `program` (APP, CLI, PRECOMPILE or BENCH) takes, in table order."""
+    return [option for option in table if program in option.programs]
 
 
 def env_value(option: Option) -> str | None:
@@ -203,22 +201,37 @@ def env_value(option: Option) -> str | None:
     return value if value not in (None, "") else None
 
 
-def add_options(parser: argparse.ArgumentParser, program: str) -> None:
-    """Add `program`'s options to `parser`, each defaulting to its environment variable, then the table's default."""
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: "prog: error: what is wrong (see prog --help)", exit status 2.
+
+    argparse prints the whole usage (20+ lines for the app) before the one line that matters.
+    """
+
+    def error(self, message: str):  # noqa: D102 - argparse's own hook
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_options(
+    parser: argparse.ArgumentParser, program: str, table: tuple[Option, ...] = OPTIONS, defaults: dict | None = None
+) -> None:
+    """Add `program`'s options of `table` to `parser`, each defaulting to its environment variable, then to
+    `defaults` (a program's own, e.g. the bench's tiny model), then to the table's default."""
+    defaults = defaults or {}
     groups: dict[str, argparse._ActionsContainer] = {"": parser}
-    for option in options_for(program):
+    for option in options_for(program, table):
         if option.group not in groups:
             groups[option.group] = parser.add_argument_group(option.group)
         add = groups[option.group].add_argument
         env = env_value(option) if option.kind != "append" else None  # --auth reads SDXL_AUTH itself
-        help_text = option.help + option.note()
+        default = defaults.get(option.dest, option.default)
+        help_text = option.help + option.note(default)
         if option.kind == "switch":
-            default = env.strip().lower() in TRUE_WORDS if env is not None else bool(option.default)
-            add(option.flag, action="store_true", default=default, help=help_text)
+            value = env.strip().lower() in TRUE_WORDS if env is not None else bool(default)
+            add(option.flag, action="store_true", default=value, help=help_text)
         elif option.kind == "append":
             add(option.flag, action="append", default=[], metavar=option.metavar, help=help_text)
         else:
-            kwargs: dict = {"default": env if env is not None else option.default, "help": help_text}
+            kwargs: dict = {"default": env if env is not None else default, "help": help_text}
             if option.type is not None:
                 kwargs["type"] = option.type  # argparse applies it to a string default (the env value) too
             if option.choices:
@@ -230,9 +243,11 @@ def add_options(parser: argparse.ArgumentParser, program: str) -> None:
             add(option.flag, **kwargs)
 
 
-def check_env_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, program: str) -> None:
+def check_env_choices(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, program: str, table: tuple[Option, ...] = OPTIONS
+) -> None:
     """argparse checks choices of flags only; an environment variable's value gets the same one-line refusal."""
-    for option in options_for(program):
+    for option in options_for(program, table):
         value = getattr(args, option.dest, None)
         if option.choices and value is not None and value not in option.choices:
             parser.error(f"{option.env or option.flag}={value!r}: choose one of {', '.join(option.choices)}")
@@ -243,23 +258,27 @@ def _values(option: Option) -> str:
         return "switch" + (" (`=1`)" if option.env else "")
     if option.choices:
         return ", ".join(f"`{choice}`" for choice in option.choices)
-    if option.type is _PORT:
+    if option.type is port_number:
         return "1–65535"
     if option.type is _STEPS:
         return f"1–{MAX_STEPS}"
     if option.type is sampler_argument:
         return ", ".join(f"`{name}`" for name in SAMPLER_NAMES)
-    if option.type is _AT_LEAST_ONE:
+    if option.type is at_least_one:
         return "whole number ≥ 1"
-    if option.type is _NON_NEGATIVE:
+    if option.type is non_negative:
         return "whole number ≥ 0"
-    return {int: "whole number", float: "number", _positive_float: "number > 0"}.get(option.type, "text")
+    return {int: "whole number", float: "number", positive_float: "number > 0"}.get(option.type, "text")
 
 
-def markdown_table() -> str:
-    """The README's table of options (`python -m pipeline.options` prints it; a test keeps the README in step)."""
-    rows = ["| Flag | Environment variable | Values | Default | Meaning | Taken by |", "|---|---|---|---|---|---|"]
-    for option in OPTIONS:
+def markdown_table(table: tuple[Option, ...]) -> str:
+    """The README's table of options (`python -m web.options` prints it for every option; a test keeps the README
+    in step)."""
+    rows = [
+        "| Flag | Environment variable | Values | Default | Meaning | Recompiles | Taken by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for option in table:
         flag = option.flag + (f" {option.metavar}" if option.metavar else "")
         env = f"`{option.env}`" + (" (one pair)" if option.kind == "append" else "") if option.env else ""
         if option.required:
@@ -269,10 +288,7 @@ def markdown_table() -> str:
         else:
             default = "" if option.default in (None, False, "") else f"`{option.default:g}`" if isinstance(
                 option.default, float) else f"`{option.default}`"  # fmt: skip
-        programs = ", ".join(name if name == APP else "CLI" for name in (APP, CLI) if name in option.programs)
-        rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {option.help} | {programs} |")
+        programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
+        recompiles = "yes" if option.recompiles else ""
+        rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {option.help} | {recompiles} | {programs} |")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

@@ -3,24 +3,21 @@
     python -m pipeline generate --preset lightning-4step --prompt "..." --out out/
     python app.py --preset turbo --model tiny        # a preset's sampler settings on the offline tiny checkpoint
 
-Explicit flags override the preset. With `--model tiny` (or any model other than the preset's own) a preset applies
-only its sampler settings (steps, spacing, sampler, CFG on/off, guidance): the UNet file and the size belong to the
-preset's model, so every preset also runs offline on the tiny checkpoint. Kept free of JAX (the app imports it).
+Explicit flags override the preset (`config.preset_settings`). With `--model tiny` (or any model other than the
+preset's own) a preset applies only its sampler settings (steps, spacing, sampler, CFG on/off, guidance): the UNet
+file and the size belong to the preset's model, so every preset also runs offline on the tiny checkpoint. Kept free
+of JAX (the app imports it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .samplers import SamplerConfig
-from .settings import TINY_MODEL
-from .validation import InvalidInput
-
-logger = logging.getLogger(__name__)
+from .errors import InvalidInput
+from .host.plan import SamplerConfig
 
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
 #: Names, for --help and the argparse choices (the file is checked when a preset is used).
@@ -78,27 +75,3 @@ def get_preset(name: str, path: str | Path = PRESETS_PATH) -> Preset:
     if key not in presets:
         raise InvalidInput(f"Unknown preset {name!r}; choose one of: {', '.join(presets)}.")
     return presets[key]
-
-
-def resolve(preset: Preset, *, model: str | None = None, **explicit) -> dict:
-    """Generator settings for `preset`, explicit values (not None) winning; includes "guidance_scale" (a default).
-
-    Keys: model, steps, sampler, timestep_spacing, cfg, guidance_scale, preset, and, when the preset's own model
-    runs, unet, variant, height and width.
-    """
-    own_model = model is None or model.strip() == preset.model
-    settings: dict = {
-        "model": preset.model if model is None else model,
-        "steps": preset.steps,
-        "sampler": preset.sampler,
-        "timestep_spacing": preset.timestep_spacing,
-        "cfg": preset.cfg,
-        "guidance_scale": preset.guidance_scale,
-        "preset": preset.name,
-    }
-    if own_model:
-        settings.update(unet=preset.unet, variant=preset.variant, height=preset.height, width=preset.width)
-    elif model.strip() != TINY_MODEL:
-        logger.info("preset %s on %s: its sampler settings only (not its UNet file or size)", preset.name, model)
-    settings.update({key: value for key, value in explicit.items() if value is not None})
-    return settings

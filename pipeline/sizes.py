@@ -1,16 +1,15 @@
-"""The image sizes a server offers: SDXL's trained aspect ratios, `--sizes` parsing, labels, and the user's choice.
+"""The image sizes a server offers: SDXL's trained aspect ratios and `--sizes` parsing (a request's choice among
+them: `fields.check_size`; the page's labels: `web/sizes.py`).
 
-Kept free of JAX so the UI can import it. Sizes are written width×height (the usual image notation) in text and
+Sizes are written width×height (the usual image notation) in text and
 handled as (height, width) tuples in code, like the engine's shapes.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Sequence
 
-from .validation import InvalidInput
+from .errors import InvalidInput
 
 #: SDXL's trained resolutions (width, height), square first: `--sizes sdxl` offers all nine.
 SDXL_SIZES_WH = (
@@ -26,10 +25,6 @@ ALL_SDXL_SIZES = "sdxl"
 #: halves the latents twice, so sides must be multiples of 8 x 4 = 32 px; SDXL's own sizes are multiples of 64).
 TINY_SHORT_SIDE = 128
 TINY_MULTIPLE = 32
-#: Named ratios used for labels: the nearest one within RATIO_TOLERANCE names a size (1344×768 -> 16:9, 1.6 % off);
-#: a size near none of them is labelled with its own reduced ratio (160×96 -> 5:3, not 16:9).
-NAMED_RATIOS = ((1, 1), (5, 4), (4, 3), (3, 2), (16, 9), (21, 9))
-RATIO_TOLERANCE = 1.03
 #: Every side must be a multiple of this: the VAE divides by 8 and the UNet halves the latents twice (8 × 4).
 SIZE_MULTIPLE = 32
 
@@ -71,41 +66,3 @@ def parse_sizes(text: str, tiny: bool = False) -> list[Size]:
         if (height, width) not in sizes:
             sizes.append((height, width))
     return sizes
-
-
-def ratio_name(height: int, width: int) -> str:
-    """'16:9' for 1344×768 (the nearest named ratio within 3 %), else the reduced fraction ('5:3' for 160×96)."""
-    actual = width / height
-    best = None
-    for a, b in NAMED_RATIOS:
-        for w, h in ((a, b), (b, a)):
-            error = abs(math.log(actual / (w / h)))
-            if error < math.log(RATIO_TOLERANCE) and (best is None or error < best[0]):
-                best = (error, f"{w}:{h}")
-    if best:
-        return best[1]
-    g = math.gcd(width, height)
-    return f"{width // g}:{height // g}"
-
-
-def size_label(height: int, width: int) -> str:
-    """The dropdown label of a size, e.g. '1344×768 (16:9)'."""
-    return f"{width}×{height} ({ratio_name(height, width)})"
-
-
-def check_size(value: object, sizes: Sequence[Size]) -> Size:
-    """The (height, width) a user chose: a label from `size_label` or 'WxH'; None means the first (default) size."""
-    if value is None or value == "":
-        return tuple(sizes[0])
-    if isinstance(value, str):
-        for height, width in sizes:
-            if value == size_label(height, width):
-                return (height, width)
-        match = re.fullmatch(r"\s*(\d{1,5})\s*[x×]\s*(\d{1,5})\s*(\(.*\))?\s*", value)
-        if match and (int(match[2]), int(match[1])) in [tuple(s) for s in sizes]:
-            return (int(match[2]), int(match[1]))
-    shown = value if isinstance(value, str) else type(value).__name__
-    if isinstance(shown, str) and len(shown) > 40:
-        shown = shown[:39] + "…"
-    offered = ", ".join(f"{w}×{h}" for h, w in sizes)
-    raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered}.")

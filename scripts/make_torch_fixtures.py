@@ -234,7 +234,7 @@ def main() -> None:
         (FIXTURES / "tiny-pt-expected.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         print(f"wrote the references of {CHECKPOINT} under {FIXTURES}")
         return
-    from pipeline.tiny import make_tiny
+    from pipeline.checkpoint.tiny import make_tiny
 
     with tempfile.TemporaryDirectory(prefix="torch-fixtures-") as tmp:
         scratch = Path(tmp)

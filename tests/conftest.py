@@ -22,7 +22,7 @@ TEST_STEPS = 2
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     """The tiny random-weight SDXL checkpoint, built once per machine."""
-    from pipeline.tiny import tiny_checkpoint
+    from pipeline.checkpoint.tiny import tiny_checkpoint
 
     return tiny_checkpoint()
 

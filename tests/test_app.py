@@ -20,9 +20,9 @@ from gradio_client.utils import QueueError
 from PIL import Image
 
 import app
-from pipeline.images import read_parameters
+from pipeline.errors import InvalidInput
+from pipeline.host.images import read_parameters
 from pipeline.styles import apply_style, load_examples, load_styles
-from pipeline.validation import InvalidInput, validate_request
 
 PROMPT = "a lighthouse on a cliff at dawn"
 
@@ -231,8 +231,7 @@ def test_long_prompt_warns_about_truncation(client):
 
 def test_prompt_filter_blocks_with_its_message(generator):
     import gradio as gr
-
-    from pipeline.validation import PromptFilter
+    from web.prompt_filter import PromptFilter
 
     files = app._RunFiles()
     try:

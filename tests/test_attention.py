@@ -15,10 +15,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from pipeline import attention
+from pipeline.checkpoint.loading import load_model
+from pipeline.device.sharding import DATA_AXIS, data_mesh, replicate_tree
+from pipeline.errors import InvalidInput
 from pipeline.generator import Generator
-from pipeline.loading import load_model
-from pipeline.sharding import DATA_AXIS, data_mesh, replicate_tree
-from pipeline.validation import InvalidInput
 
 HEAD_DIM = 64  # SDXL's head width
 SCALE = HEAD_DIM**-0.5
@@ -160,7 +160,7 @@ def same_engine(engine, attention_kind) -> Generator:
 
 def test_engine_auto_is_xla_on_cpu_without_another_compilation(engine):
     """The session engine runs the default, auto; an xla engine is the same program, served by the cache."""
-    from pipeline.compilation import CompileCounter
+    from pipeline.host.compilation import CompileCounter
 
     assert engine.config.attention == "xla"
     hits = CompileCounter.cache_hits()

@@ -19,8 +19,8 @@ from flax.traverse_util import flatten_dict
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from pipeline.convert import CheckpointError, pytorch_weight_files
-from pipeline.loading import load_model, resolve_model
+from pipeline.checkpoint.convert import CheckpointError, pytorch_weight_files
+from pipeline.checkpoint.loading import load_model, resolve_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CHECKPOINT = FIXTURES / "tiny-pt"
@@ -79,10 +79,10 @@ def test_params_equal_the_libraries_from_pt_conversion_without_torch(converted):
 
 def test_engine_matches_pytorch_pipeline_images(converted):
     """diffusers' PyTorch StableDiffusionXLPipeline, same latents: within 1 level (Flax uses tanh-approximate GELU)."""
-    from pipeline.diffusion import Modules
-    from pipeline.loop import run_local
-    from pipeline.samplers import SamplerConfig
-    from pipeline.text import tokenize
+    from pipeline.device.modules import Modules
+    from pipeline.host.loop import run_local
+    from pipeline.host.plan import SamplerConfig
+    from pipeline.host.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
@@ -244,7 +244,7 @@ def test_truncated_file_and_single_file_checkpoint(tmp_path):
 def test_hub_id_without_network_says_so_in_one_line(monkeypatch, tmp_path):
     import huggingface_hub.constants
 
-    from pipeline.loading import ModelLoadError
+    from pipeline.checkpoint.loading import ModelLoadError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))

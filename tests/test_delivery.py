@@ -24,7 +24,7 @@ from PIL import Image
 
 import app
 from pipeline import images as image_io
-from pipeline.delivery import Outbox
+from web.delivery import Outbox
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"

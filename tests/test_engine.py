@@ -11,9 +11,9 @@ import pytest
 from conftest import TEST_SIZE, TEST_STEPS
 from PIL import Image
 
+from pipeline.checkpoint.loading import load_model
+from pipeline.errors import InvalidInput
 from pipeline.generator import Generator
-from pipeline.loading import load_model
-from pipeline.validation import InvalidInput
 
 
 def pixels(result) -> np.ndarray:

@@ -65,7 +65,7 @@ def fp16_only(tmp_path: Path, keep_plain_index: bool) -> Path:
 
 @pytest.mark.parametrize("keep_plain_index", [False, True], ids=["fp16-only", "fp16-and-plain-index"])
 def test_fp16_only_folder_loads_with_variant(tmp_path, monkeypatch, capfd, keep_plain_index):
-    from pipeline.loading import load_model
+    from pipeline.checkpoint.loading import load_model
 
     monkeypatch.setenv("SDXL_JAX_CACHE", str(tmp_path / "cache"))
     folder = fp16_only(tmp_path, keep_plain_index)
@@ -76,7 +76,7 @@ def test_fp16_only_folder_loads_with_variant(tmp_path, monkeypatch, capfd, keep_
 
 
 def test_fp16_only_folder_without_variant_and_an_absent_variant_say_so(tmp_path):
-    from pipeline.loading import check_sdxl_directory
+    from pipeline.checkpoint.loading import check_sdxl_directory
 
     folder = fp16_only(tmp_path, keep_plain_index=True)
     with pytest.raises(CheckpointError, match=r"has only fp16 variant weights for unet, .*; pass --variant fp16\.$"):
@@ -205,7 +205,7 @@ def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
 
 
 def test_unet_from_the_hub_offline_uses_the_cached_file(tmp_path):
-    from pipeline.hub import hub_file
+    from pipeline.checkpoint.hub import hub_file
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--acme--unets"
@@ -309,7 +309,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
 
 def test_a_swallowed_ctrl_c_is_still_noticed(capsys):
     """SIGINT landing in a __del__ or gc callback is printed and dropped by Python; start-up must still stop."""
-    from pipeline.runtime import InterruptRecord
+    from web.server import InterruptRecord
 
     class InterruptedWhileCollected:
         def __del__(self):

@@ -25,13 +25,13 @@ from conftest import (
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from pipeline.samplers import SAMPLER_NAMES
+from pipeline.host.plan import SAMPLER_NAMES
 
 CHROMIUM = "/usr/bin/chromium"
 
 
 def parameters_of(item) -> str:
-    from pipeline.images import read_parameters
+    from pipeline.host.images import read_parameters
 
     return read_parameters(item["image"])
 

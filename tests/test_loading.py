@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from pipeline.loading import ModelLoadError, load_model, resolve_model
-from pipeline.settings import SDXL_BASE
+from pipeline.checkpoint.loading import ModelLoadError, load_model, resolve_model
+from pipeline.config import SDXL_BASE
 
 
 def test_missing_directory():

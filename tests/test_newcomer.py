@@ -22,7 +22,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
-from pipeline.settings import SDXL_BASE, shape_defaults
+from pipeline.config import SDXL_BASE, shape_defaults
 
 REPO = Path(__file__).resolve().parent.parent
 LOGIN = ("ada", "s3cret:with-colon")
@@ -107,8 +107,8 @@ def test_no_network_fails_fast_with_the_download_command(tmp_path):
 
 def test_offline_uses_the_cached_snapshot(tiny_dir, tmp_path):
     """A Hub id already in the cache loads from it when the Hub cannot be reached; another revision is refused."""
-    from pipeline.hub import source_when_offline
-    from pipeline.loading import ModelLoadError
+    from pipeline.checkpoint.hub import source_when_offline
+    from pipeline.checkpoint.loading import ModelLoadError
 
     repo = tmp_path / "hub" / "models--acme--tiny-sdxl"
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -138,7 +138,7 @@ def test_quiet_start_silences_gradios_starlette_warning():
     """The warning Gradio 6.17.3 triggers on each request, raised as Starlette raises it (its own class)."""
     from starlette.exceptions import StarletteDeprecationWarning
 
-    from pipeline.runtime import quiet_start
+    from pipeline.platform import quiet_start
 
     message = "'HTTP_422_UNPROCESSABLE_ENTITY' is deprecated. Use 'HTTP_422_UNPROCESSABLE_CONTENT' instead."
     with warnings.catch_warnings(record=True) as caught:

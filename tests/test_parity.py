@@ -9,7 +9,7 @@ from conftest import TEST_SIZE, TEST_STEPS
 from flax.jax_utils import replicate
 from flax.training.common_utils import shard
 
-from pipeline.diffusion import initial_latents
+from pipeline.device.denoise import initial_latents
 
 #: Largest difference allowed, in 8-bit levels (the engine rounds to uint8 on device; the reference returns floats).
 MAX_LEVELS = 1

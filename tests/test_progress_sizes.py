@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from conftest import UI_SIZES, UI_STEPS
 
-from pipeline.sizes import check_size, default_sizes, parse_sizes, ratio_name, size_label
-from pipeline.validation import InvalidInput
+from pipeline.errors import InvalidInput
+from pipeline.fields import check_size
+from pipeline.sizes import default_sizes, parse_sizes
+from web.sizes import ratio_name, size_label
 
 
 def test_progress_fires_once_per_step_in_order(ui_engine):

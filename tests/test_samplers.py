@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.presets import PRESET_NAMES, get_preset, load_presets, resolve
-from pipeline.samplers import SAMPLER_NAMES, SamplerConfig, ancestral_step, euler_step, scale_model_input
-from pipeline.settings import SDXL_BASE
+from bench.fused import ancestral_step, euler_step
+from pipeline.config import SDXL_BASE
+from pipeline.device.sampler_update import scale_model_input
+from pipeline.errors import InvalidInput
+from pipeline.host.plan import SAMPLER_NAMES, SamplerConfig
+from pipeline.presets import PRESET_NAMES, get_preset, load_presets
 from pipeline.styles import DEFAULT_STYLE, load_styles
-from pipeline.validation import InvalidInput
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -109,7 +111,7 @@ def test_dpm_schedule_equals_pytorch_scheduler(case):
 )
 def test_dpm_run_equals_pytorch_scheduler(case):
     """Every step of a run with a linear stand-in for the UNet: the multistep history (D_prev) is PyTorch's."""
-    from pipeline.samplers import sampler_update
+    from pipeline.device.sampler_update import sampler_update
 
     config = SamplerConfig.from_scheduler_config(PYTORCH["config"], prediction_type=case["prediction_type"])
     plan = config.plan(case["steps"], case["sampler"])
@@ -219,16 +221,16 @@ def test_cli_and_app_flags_apply_a_preset():
 
 @pytest.fixture(scope="module")
 def tiny_pt():
-    from pipeline.loading import load_model
+    from pipeline.checkpoint.loading import load_model
 
     return load_model(str(FIXTURES / "tiny-pt"), dtype="float32", conversion_cache=False)
 
 
 def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     """PyTorch's trailing, guidance-0 images: the guidance-free program, and the CFG program at g = 0 and g = 1."""
-    from pipeline.diffusion import Modules
-    from pipeline.loop import run_local
-    from pipeline.text import tokenize
+    from pipeline.device.modules import Modules
+    from pipeline.host.loop import run_local
+    from pipeline.host.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
@@ -270,9 +272,9 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
 @pytest.mark.parametrize("name", ["dpmpp_2m_karras_cfg_8_steps", "dpmpp_2m_cfg_8_steps"])
 def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     """DPM++ 2M (Karras), 8 steps with CFG, through the served step program's body: within 1 level of PyTorch's."""
-    from pipeline.diffusion import Modules
-    from pipeline.loop import run_local
-    from pipeline.text import tokenize
+    from pipeline.device.modules import Modules
+    from pipeline.host.loop import run_local
+    from pipeline.host.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     case = next(c for c in manifest["cases"] if c["name"] == name)

@@ -27,7 +27,7 @@ SPLASH_SIZE = (160, 192)
 
 
 def _libtpu() -> bool:
-    from pipeline.aot import libtpu_available
+    from pipeline.host.aot import libtpu_available
 
     return libtpu_available()
 
@@ -42,10 +42,10 @@ def tpu_programs():
     """The tiny checkpoint's served programs on v5e:2x2's 4 chips (abstract bf16 weights), one per core."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
     from bench.tpu import tiny_model
-    from pipeline.aot import topology_devices
-    from pipeline.compilation import configure_compilation_cache
-    from pipeline.programs import ServedPrograms
-    from pipeline.sharding import data_mesh
+    from pipeline.device.sharding import data_mesh
+    from pipeline.host.aot import topology_devices
+    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.programs import ServedPrograms
 
     devices = topology_devices(TOPOLOGY)
     assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
@@ -60,7 +60,7 @@ def tpu_programs():
 @needs_libtpu
 def test_served_programs_compile_for_tpu_v5e(tpu_programs):
     from bench.tpu import compile_one
-    from pipeline.programs import ProgramKey
+    from pipeline.host.programs import ProgramKey
 
     rows = []
     for core, key in (
@@ -83,7 +83,7 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
 
 @needs_libtpu
 def test_splash_kernel_is_in_the_tpu_program(tpu_programs):
-    from pipeline.programs import ProgramKey
+    from pipeline.host.programs import ProgramKey
 
     text = tpu_programs["splash"].lower(ProgramKey("step", *SPLASH_SIZE, False)).as_text()
     assert "tpu_custom_call" in text  # the Mosaic kernel, not an xla fallback
@@ -108,8 +108,8 @@ def test_splash_pads_lengths_off_128_exactly(length):
 def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
     """`precompile --topology cpu` (in a subprocess, like a build step), then a server that loads every program:
     zero compilations, the same pixels as the engine that compiled its own."""
-    from pipeline.aot import MANIFEST, load_precompiled
     from pipeline.generator import Generator
+    from pipeline.host.aot import MANIFEST, load_precompiled
 
     out = tmp_path / "precompiled"
     size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32"]

@@ -19,8 +19,8 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
-from pipeline.images import read_parameters
-from pipeline.sizes import size_label
+from pipeline.host.images import read_parameters
+from web.sizes import size_label
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"

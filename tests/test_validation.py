@@ -11,23 +11,22 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from web.prompt_filter import PromptFilter
 
-from pipeline.styles import load_styles
-from pipeline.validation import (
+from pipeline.errors import InvalidInput
+from pipeline.fields import (
     GUIDANCE_MAX,
     GUIDANCE_MIN,
     MAX_PROMPT_CHARS,
     SEED_MAX,
-    InvalidInput,
-    PromptFilter,
-    Request,
     check_guidance,
     check_shape,
     check_style,
     clean_text,
     resolve_seed,
-    validate_request,
 )
+from pipeline.request import Request
+from pipeline.styles import load_styles
 
 FAST = settings(max_examples=200, deadline=None)
 STYLES = load_styles()
@@ -356,8 +355,9 @@ def test_modules_do_not_import_jax():
     import ast
     import pathlib
 
-    import pipeline.styles
     import pipeline.validation
+
+    import pipeline.styles
 
     for module in (pipeline.validation, pipeline.styles):
         tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))

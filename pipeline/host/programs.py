@@ -26,10 +26,13 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from . import attention as attention_core
-from .diffusion import LATENT_CHANNELS, Modules, decode_local, encode_local, start_local, step_local
-from .samplers import COEFFICIENTS
-from .sharding import DATA_AXIS, batch_sharded, replicated
+from ..device import attention as attention_core
+from ..device.denoise import LATENT_CHANNELS, start_local, step_local
+from ..device.modules import Modules
+from ..device.sharding import DATA_AXIS, batch_sharded, replicated
+from ..device.text import encode_local
+from ..device.vae import decode_local
+from .plan import COEFFICIENTS
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("encode", "start", "step", "decode")

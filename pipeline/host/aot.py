@@ -5,7 +5,7 @@
     compiled = programs.lower(key).compile()        # the real TPU compiler, on this CPU host
     report = compiled_report(compiled)              # HBM per chip, FLOPs and bytes of the compiled program
 
-    save_precompiled(programs, keys, "precompiled/", topology="v5e:2x2")      # python -m pipeline precompile
+    save_precompiled(programs, keys, "precompiled/", topology="v5e:2x2")      # pipeline/precompile.py
     load_precompiled(programs, keys, "precompiled/")  # app.py --precompiled: installs those that match
 
 A precompiled directory holds one serialized executable per program (`jax.experimental.serialize_executable`)
@@ -122,7 +122,8 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 
 
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
-PROGRAM_SOURCES = ("programs.py", "diffusion.py", "samplers.py", "attention.py", "text.py", "sharding.py")
+PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/sampler_update.py", "device/text.py",
+                   "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py")
 
 
 def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
@@ -139,7 +140,7 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     digest.update(repr(programs.modules.vae_scale_factor).encode())
     leaves = jax.tree_util.tree_flatten_with_path(programs.weights(key, programs._params))[0]
     digest.update(repr([(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype)) for path, leaf in leaves]).encode())
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # pipeline/
     for name in PROGRAM_SOURCES:
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:20]
@@ -273,53 +274,3 @@ def _logged(report: LoadReport, directory, started: float) -> LoadReport:
     report.seconds = time.perf_counter() - started
     logger.info("%s", report.summary(directory))
     return report
-
-
-# ---- python -m pipeline precompile ----------------------------------------------------------------------------------
-
-
-def precompile(
-    model: str, *, topology: str, out: str | Path, sizes: list[tuple[int, int]], dtype: str | None = None,
-    per_device_batch: int = 1, attention: str = "auto", revision: str | None = None, variant: str | None = None,
-    unet: str | None = None, sampler_overrides: dict | None = None, progress=logger.info,
-) -> dict:  # fmt: skip
-    """Compile every program a server with these settings runs, for `topology`'s devices, into `out`; the manifest.
-
-    The programs are built as the Generator builds them (same modules, weight shapes, attention core resolved for
-    the topology's platform, the checkpoint's sampler config with `sampler_overrides`), so a server started with the
-    same options finds each one. The weights are read for their shapes only.
-    """
-    from . import attention as attention_core
-    from .compilation import configure_compilation_cache
-    from .diffusion import Modules
-    from .generator import default_dtype
-    from .loading import load_model
-    from .programs import program_keys
-    from .samplers import SamplerConfig, read_scheduler_config
-    from .sharding import data_mesh
-
-    configure_compilation_cache(False)  # every executable compiled here (see save_precompiled)
-    devices = topology_devices(topology)
-    platform = devices[0].platform
-    dtype = dtype or default_dtype(platform)
-    attention = attention_core.resolve(attention, platform, dtype)
-    loaded = load_model(model, dtype=dtype, revision=revision, variant=variant, unet=unet)
-    sampler = SamplerConfig.from_scheduler_config(
-        read_scheduler_config(loaded.source, revision, fallback=dict(loaded.pipeline.scheduler.config)),
-        **(sampler_overrides or {}),
-    )
-    programs = ServedPrograms(
-        Modules.of(loaded.pipeline),
-        loaded.params,
-        data_mesh(devices),
-        per_device_batch=per_device_batch,
-        attention=attention,
-        prediction_type=sampler.prediction_type,
-        max_tokens=loaded.pipeline.tokenizer.model_max_length,
-    )
-    keys = program_keys(sizes, sampler.cfg)
-    progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
-             f"{dtype}, {attention} attention, {programs.batch} images per call")  # fmt: skip
-    settings = {"model": model, "sizes": [list(s) for s in sizes], "dtype": dtype, "per_device_batch": per_device_batch,
-                "attention": attention, "cfg": sampler.cfg, "prediction_type": sampler.prediction_type}  # fmt: skip
-    return save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)

@@ -1,4 +1,5 @@
-"""Process start-up shared by the app and the CLI: quiet logs, and one JAX device per CPU core.
+"""Which devices a process runs on, set before JAX starts: one JAX device per CPU core, no probe for an absent TPU;
+and quiet logs. Shared by the app, the CLI and the benchmark.
 
 Kept free of JAX: `use_cpu_cores` must run before anything imports JAX, because XLA reads XLA_FLAGS once.
 """
@@ -9,8 +10,6 @@ import glob
 import importlib.util
 import logging
 import os
-import signal
-import sys
 import warnings
 
 #: JAX plugins whose presence means JAX will pick an accelerator, not the CPU.
@@ -32,40 +31,9 @@ def quiet_start() -> None:
     from huggingface_hub.utils import logging as hub_logging
 
     hub_logging.disable_propagation()
-    from .loading import quiet_diffusers_deprecation
+    from .checkpoint.loading import quiet_diffusers_deprecation
 
     quiet_diffusers_deprecation()
-
-
-class InterruptRecord:
-    """Ctrl-C that start-up notices even when a library swallows the KeyboardInterrupt.
-
-    Python raises KeyboardInterrupt in whatever code runs when SIGINT arrives; inside a gc callback (JAX's
-    `_xla_gc_callback`) or a `__del__` it is printed as "Exception ignored ..." and start-up goes on to serve. So the
-    handler also records it (and that printout is dropped), and the caller checks `interrupted` when start-up returns.
-    """
-
-    def __init__(self) -> None:
-        self.interrupted = False
-        self._previous_handler = None
-        self._previous_hook = None
-
-    def _handle(self, signum, frame) -> None:
-        self.interrupted = True
-        raise KeyboardInterrupt
-
-    def _unraisable(self, unraisable) -> None:
-        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
-            self._previous_hook(unraisable)
-
-    def __enter__(self) -> InterruptRecord:
-        self._previous_handler = signal.signal(signal.SIGINT, self._handle)
-        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        signal.signal(signal.SIGINT, self._previous_handler)
-        sys.unraisablehook = self._previous_hook
 
 
 def accelerator_installed() -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ def _rename_transformers(pt_key: str, tensor: np.ndarray, lookup: dict, prefix: 
 
 
 def cache_root() -> Path:
-    from .compilation import default_cache_root
+    from ..host.compilation import default_cache_root
 
     return default_cache_root() / "converted"
 

@@ -17,14 +17,12 @@ runs on device in float32. Guidance follows diffusers: g <= 1 means the conditio
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .validation import InvalidInput
+from ..errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +54,6 @@ _UNSUPPORTED = (
     ("interpolation_type", "linear"),
     ("trained_betas", None),
 )
-#: Stream id folded into an image's key for its ancestral noise (its initial noise uses the key itself).
-ANCESTRAL_STREAM = 1
-
-
 @dataclass(frozen=True)
 class SamplerConfig:
     """How the denoising loop samples. Every field is static: it selects (and is baked into) the compiled program."""
@@ -325,101 +319,3 @@ def plan(config: SamplerConfig, steps: int, sampler: str | None = None) -> Plan:
         sigmas=sigmas.astype(np.float32),
         coefficients=table.astype(np.float32),
     )
-
-
-def read_scheduler_config(source: str, revision: str | None = None, fallback: dict | None = None) -> dict:
-    """The checkpoint's `scheduler/scheduler_config.json` whole (local directory or Hub cache), else `fallback`.
-
-    Read from the local cache only: the loader has just fetched the checkpoint, so this never touches the network.
-    diffusers' Flax scheduler keeps only the keys it knows (no `steps_offset`, no `_class_name` of the PyTorch
-    scheduler), so its config is the fallback, not the source.
-    """
-    path = Path(source) / "scheduler" / "scheduler_config.json"
-    try:
-        if not path.is_file():
-            from huggingface_hub import hf_hub_download
-
-            from .loading import default_revision
-
-            path = Path(
-                hf_hub_download(
-                    source, "scheduler/scheduler_config.json", revision=revision or default_revision(source),
-                    local_files_only=True,
-                )
-            )  # fmt: skip
-        config = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-        return config
-    except Exception as exc:  # not cached, not JSON...: the loaded scheduler's config is next best
-        if fallback is None:
-            raise InvalidInput(f"Could not read the scheduler config of {source} ({exc.__class__.__name__}).") from None
-        logger.warning("could not read %s (%s); using the loaded scheduler's config", path, exc.__class__.__name__)
-        return dict(fallback)
-
-
-# ---- on device (traced; float32) ---------------------------------------------------------------------------------
-
-
-def scale_model_input(latents, sigma):
-    """The UNet sees latents / sqrt(sigma^2 + 1) (the Euler schedulers' `scale_model_input`)."""
-    return latents / ((sigma**2 + 1) ** 0.5)
-
-
-def guide(noise, guidance, cfg: bool):
-    """Classifier-free guidance as diffusers defines it: g <= 1 -> the conditional prediction alone.
-
-    noise: [2b, ...] (unconditional half first) when `cfg`, else [b, ...]; guidance: [b, 1, 1, 1] (traced).
-    """
-    if not cfg:
-        return noise
-    import jax.numpy as jnp
-
-    uncond, cond = jnp.split(noise, 2, axis=0)
-    return jnp.where(guidance > 1, uncond + guidance * (cond - uncond), cond)
-
-
-def predicted_original(prediction_type: str, model_output, sample, sigma):
-    """x0 from the UNet's output: epsilon or v-prediction (as PyTorch's Euler schedulers)."""
-    if prediction_type == "v_prediction":
-        return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
-    return sample - sigma * model_output
-
-
-def euler_step(config: SamplerConfig, model_output, sample, sigma, sigma_next):
-    """One Euler step (s_churn = 0, as diffusers' pipelines call it): float32 latents -> float32 latents."""
-    denoised = predicted_original(config.prediction_type, model_output, sample, sigma)
-    derivative = (sample - denoised) / sigma
-    return sample + derivative * (sigma_next - sigma)
-
-
-def ancestral_step(config: SamplerConfig, model_output, sample, sigma, sigma_up, sigma_down, noise):
-    """One Euler-ancestral step: deterministic step to sigma_down, then fresh noise scaled by sigma_up."""
-    denoised = predicted_original(config.prediction_type, model_output, sample, sigma)
-    derivative = (sample - denoised) / sigma
-    return sample + derivative * (sigma_down - sigma) + noise * sigma_up
-
-
-def ancestral_keys(seeds):
-    """Per-image keys of the ancestral noise: from the image's own seed, so no image depends on the others."""
-    import jax
-
-    return jax.vmap(lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), ANCESTRAL_STREAM))(seeds)
-
-
-def ancestral_noise(keys, index, shape):
-    """Standard-normal noise for step `index` of each image: keys [b] -> float32 [b, *shape]."""
-    import jax
-    import jax.numpy as jnp
-
-    return jax.vmap(lambda key: jax.random.normal(jax.random.fold_in(key, index), shape, dtype=jnp.float32))(keys)
-
-
-def sampler_update(prediction_type: str, model_output, sample, coefficients, previous, noise):
-    """One step of any sampler: (x', D) with D the denoised prediction and x' = a·x + b·D + c·D_prev + d·noise.
-
-    coefficients: float32 [6] (COEFFICIENTS, one row of a plan); previous: the last step's D (zeros at step 0).
-    """
-    sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))
-    denoised = predicted_original(prediction_type, model_output, sample, sigma)
-    return a * sample + b * denoised + c * previous + d * noise, denoised

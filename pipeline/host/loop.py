@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms
-from .samplers import Plan, SamplerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,9 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
 
     For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
     """
-    from .diffusion import decode_local, encode_local, step_local
+    from ..device.denoise import step_local
+    from ..device.text import encode_local
+    from ..device.vae import decode_local
 
     encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
     step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))

@@ -21,8 +21,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import CheckpointError, ModelLoadError
-from .settings import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
+from ..config import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
+from ..errors import CheckpointError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 

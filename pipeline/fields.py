@@ -1,40 +1,22 @@
-"""One validation layer shared by the CLI, the Gradio app and the engine.
+"""Checks of one request field each, shared by every entry point through `request.parse_request`.
 
 Every rejection is an InvalidInput whose message is a single readable sentence (what is wrong, what is allowed),
-so the UI can show str(error) as-is. Kept free of JAX so the UI can import it cheaply.
+so the page can show str(error) as-is. Kept free of JAX so the page can import it cheaply.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import pathlib
 import re
 import secrets
 import unicodedata
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 
-from pipeline.styles import DEFAULT_STYLE, Style, apply_style, load_styles
+from .errors import InvalidInput
+from .styles import DEFAULT_STYLE
 
-__all__ = [
-    "GUIDANCE_MAX",
-    "GUIDANCE_MIN",
-    "MAX_PROMPT_CHARS",
-    "SEED_MAX",
-    "STYLED_MAX_CHARS",
-    "InvalidInput",
-    "PromptFilter",
-    "Request",
-    "check_choice",
-    "check_guidance",
-    "check_shape",
-    "check_steps",
-    "check_style",
-    "clean_text",
-    "resolve_seed",
-    "validate_request",
-]
+Size = tuple[int, int]  # (height, width)
 
 MAX_PROMPT_CHARS = 2000
 #: The engine takes prompts after a style template was applied, which adds a few hundred characters.
@@ -51,10 +33,6 @@ _RAW_FACTOR = 10
 # Unicode categories removed outright: control, format (zero-width, bidi overrides) and lone surrogates,
 # which cannot be encoded to UTF-8 and would break tokenizers and PNG text chunks.
 _DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs"})
-
-
-class InvalidInput(ValueError):
-    """Bad user input; str(error) is one sentence fit to show to the user, no traceback needed."""
 
 
 def _echo(value: object) -> str:
@@ -198,89 +176,17 @@ def check_choice(value: object, choices: Iterable[str], field: str) -> str:
     raise InvalidInput(f"Unknown {field} {_echo(value)}; choose one of: {', '.join(options)}.")
 
 
-@dataclass(frozen=True)
-class Request:
-    """A fully checked generation request: everything the engine needs, nothing left to validate."""
-
-    prompt: str  # the user's prompt after clean_text (before the style template)
-    negative_prompt: str  # the user's negative prompt after clean_text (before the style's negative)
-    style: str  # a name present in the styles mapping
-    guidance_scale: float  # finite, within [GUIDANCE_MIN, GUIDANCE_MAX]
-    seed: int  # in 0..SEED_MAX; already randomised if the user asked for it
-    styled_prompt: str = ""  # the prompt with the style template applied: what the engine should encode
-    styled_negative_prompt: str = ""  # the style's negative joined with the user's: what the engine should encode
-
-
-class PromptFilter:
-    """An optional deny-list for prompts, off unless a file is given (see assets/blocked_words.example.txt).
-
-    Matches whole words case-insensitively, so "ass" does not block "class"; a phrase matches across any whitespace.
-    """
-
-    MESSAGE = "This prompt contains a blocked word; please rephrase it."
-
-    def __init__(self, words: Iterable[str]) -> None:
-        terms = sorted({" ".join(word.casefold().split()) for word in words} - {""}, key=len, reverse=True)
-        self.words: tuple[str, ...] = tuple(terms)  # the normalised (casefolded) terms
-        alternatives = [r"\s+".join(re.escape(part) for part in term.split(" ")) for term in terms]
-        # (?<!\w)/(?!\w) rather than \b, so terms that start or end with punctuation still match as whole words.
-        self._pattern = re.compile(rf"(?<!\w)(?:{'|'.join(alternatives)})(?!\w)") if alternatives else None
-
-    @classmethod
-    def from_file(cls, path: str | pathlib.Path) -> PromptFilter:
-        """Load one word or phrase per line (UTF-8); lines starting with '#' and blank lines are ignored."""
-        text = pathlib.Path(path).read_text(encoding="utf-8-sig")
-        lines = (line.strip() for line in text.splitlines())
-        return cls(line for line in lines if line and not line.startswith("#"))
-
-    def __len__(self) -> int:
-        return len(self.words)
-
-    def blocks(self, text: str) -> bool:
-        """True if text contains any listed word or phrase as a whole word."""
-        return self._pattern is not None and self._pattern.search(text.casefold()) is not None
-
-    def check(self, text: str) -> None:
-        """Raise InvalidInput (without naming the word) if the text contains a blocked term."""
-        if self.blocks(text):
-            raise InvalidInput(self.MESSAGE)
-
-
-def validate_request(
-    prompt: object,
-    negative_prompt: object = "",
-    style: object = DEFAULT_STYLE,
-    guidance_scale: object = 5.0,
-    seed: object = 0,
-    randomize_seed: bool = False,
-    styles: Mapping[str, Style] | None = None,
-    prompt_filter: PromptFilter | None = None,
-) -> Request:
-    """Apply every check in one place, in the order a user would fix them, and return a Request.
-
-    The filter sees only the user's prompt: style templates and negative prompts are not the user's request.
-    """
-    styles = load_styles() if styles is None else styles
-    text = clean_text(prompt, field="prompt")
-    if not text:
-        raise InvalidInput("Please enter a prompt.")
-    negative = clean_text(negative_prompt, field="negative prompt")
-    style_name = check_style(style, styles)
-    if prompt_filter is not None:
-        prompt_filter.check(text)
-    guidance = check_guidance(guidance_scale)
-    resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
-    preset = styles[style_name]
-    if isinstance(preset, Style):
-        styled, styled_negative = apply_style(preset, text, negative)
-    else:
-        styled, styled_negative = text, negative
-    return Request(
-        prompt=text,
-        negative_prompt=negative,
-        style=style_name,
-        guidance_scale=guidance,
-        seed=resolved_seed,
-        styled_prompt=" ".join(styled.split()),
-        styled_negative_prompt=" ".join(styled_negative.split()),
-    )
+def check_size(value: object, sizes: Sequence[Size]) -> Size:
+    """The (height, width) a user chose as text: 'WxH', optionally followed by a label in brackets (the page's
+    '1344×768 (16:9)'); None or "" means the first (default) size."""
+    if value is None or value == "":
+        return tuple(sizes[0])
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d{1,5})\s*[x×]\s*(\d{1,5})\s*(\(.*\))?\s*", value)
+        if match and (int(match[2]), int(match[1])) in [tuple(s) for s in sizes]:
+            return (int(match[2]), int(match[1]))
+    shown = value if isinstance(value, str) else type(value).__name__
+    if isinstance(shown, str) and len(shown) > 40:
+        shown = shown[:39] + "…"
+    offered = ", ".join(f"{w}×{h}" for h, w in sizes)
+    raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered}.")

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .settings import ATTENTIONS
+from ..config import ATTENTIONS
 
 logger = logging.getLogger(__name__)
 

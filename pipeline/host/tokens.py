@@ -1,4 +1,4 @@
-"""Text: tokenize prompts on the host for both CLIP encoders, and encode them on the device.
+"""Prompts to token ids on the host, for both CLIP tokenizers (the encoders run on the device: `device/text.py`).
 
 SDXL conditions on two text encoders. Their token ids travel together as `[B, 2, 77]` int32 (encoder 1, encoder 2),
 exactly as diffusers' `prepare_inputs` builds them, so the compiled program has one fixed input shape whatever the
@@ -7,7 +7,6 @@ prompt. A prompt longer than 77 tokens is cut as CLIP cuts it; `dropped_text` sa
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -55,15 +54,3 @@ def summarize_dropped(dropped: str, shown: int = 8) -> str:
     quoted = " ".join(words[:shown]) + ("…" if len(words) > shown else "")
     more = f" and {len(words) - shown} more word{'s' if len(words) - shown != 1 else ''}" if len(words) > shown else ""
     return f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{quoted}”{more}."
-
-
-def encode_prompts(text_encoder, text_encoder_2, params: dict, prompt_ids):
-    """Embeddings SDXL's UNet is conditioned on, computed as diffusers' reference pipeline computes them.
-
-    prompt_ids: int32 [N, 2, 77]. Returns (hidden states [N, 77, D1 + D2] from the penultimate layers, pooled
-    projection of encoder 2 [N, P]).
-    """
-    out_1 = text_encoder(prompt_ids[:, 0, :], params=params["text_encoder"], output_hidden_states=True)
-    out_2 = text_encoder_2(prompt_ids[:, 1, :], params=params["text_encoder_2"], output_hidden_states=True)
-    hidden = jnp.concatenate([out_1["hidden_states"][-2], out_2["hidden_states"][-2]], axis=-1)  # [N, 77, D1+D2]
-    return hidden, out_2["text_embeds"]  # [N, 77, D], [N, P]

@@ -22,7 +22,7 @@ FLAX_ONLY_PATTERNS = ("model_index.json", "*/*.json", "*/*.txt", "*/*.msgpack")
 
 def download_command(repo_id: str, revision: str | None) -> str:
     """The shell command that puts what the loader needs into the Hugging Face cache (HF_HOME)."""
-    from .settings import SDXL_BASE_FLAX_REVISION
+    from ..config import SDXL_BASE_FLAX_REVISION
 
     words = ["huggingface-cli", "download", repo_id]
     if revision:
@@ -53,7 +53,7 @@ def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | N
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from .errors import ModelLoadError
+    from ..errors import ModelLoadError
 
     if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
         return repo_id
@@ -76,7 +76,7 @@ def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 
-    from .errors import ModelLoadError
+    from ..errors import ModelLoadError
 
     offline = constants.HF_HUB_OFFLINE or not hub_reachable(endpoint)
     command = shlex.join(["huggingface-cli", "download", repo_id, filename])

@@ -1,0 +1,177 @@
+"""The engine's static settings, `EngineConfig`, and the one function that resolves them from a command line.
+
+Every field is fixed when the server starts and never comes from a user's request: the fields marked *static* select
+(and are baked into) the compiled programs; the others are what a request gets when it names nothing (a request
+may pick its own steps, sampler and guidance: traced arguments, never a new program).
+
+    config = engine_config(args)     # app, `python -m pipeline generate|precompile`, the bench: flags, else the
+                                     # preset's settings, else the model's defaults
+    generator = Generator.load(config)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from .errors import InvalidInput
+from .fields import MAX_STEPS
+from .presets import Preset, get_preset
+from .sizes import default_sizes, parse_sizes
+
+logger = logging.getLogger(__name__)
+
+#: The model the product serves, and the Hub revision where its Flax weights live.
+SDXL_BASE = "stabilityai/stable-diffusion-xl-base-1.0"
+SDXL_BASE_FLAX_REVISION = "refs/pr/95"
+
+#: `model` value that selects the project's own tiny random-weight checkpoint (built once into a cache dir).
+TINY_MODEL = "tiny"
+
+#: Shape each model starts with when the user gives no --height/--width/--steps: (height, width, steps).
+#: The tiny model's is small enough to start in seconds on a laptop CPU; every other model gets SDXL's own.
+SHAPE_DEFAULTS = {TINY_MODEL: (128, 128, 4)}
+SDXL_SHAPE = (1024, 1024, 25)
+
+#: Dtypes the engine can run its networks in.
+DTYPES = ("bfloat16", "float32")
+
+#: Attention cores of the UNet (see device/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
+ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
+
+#: The sampler settings a config may set (None = the checkpoint's own).
+SAMPLER_FIELDS = ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")
+
+
+def shape_defaults(model: str) -> tuple[int, int, int]:
+    """(height, width, steps) for `model` when the user sets none: one place for the app, the CLI and the engine."""
+    return SHAPE_DEFAULTS.get(str(model).strip(), SDXL_SHAPE)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine loads and compiles, and the defaults of a request; checked when made."""
+
+    model: str = SDXL_BASE  # Hub id, local directory in diffusers' layout (Flax or PyTorch safetensors), or "tiny"
+    revision: str | None = None  # Hub revision; SDXL base defaults to refs/pr/95 (its Flax weights)
+    variant: str | None = None  # PyTorch weight variant to prefer, e.g. "fp16" (*.fp16.safetensors); Flax has none
+    unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
+    conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
+    height: int = 1024  # static: the default size's height in pixels, a multiple of 32
+    width: int = 1024  # static: the default size's width in pixels, a multiple of 32
+    sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
+    steps: int = 25  # denoising steps of a request that names none (each request may ask for 1..100)
+    guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
+    dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
+    per_device_batch: int = 1  # static: images per device per call
+    attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
+    compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
+    timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
+    prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's
+    steps_offset: int | None = None  # added to leading timesteps; None = the checkpoint's
+    cfg: bool = True  # static: False = guidance-free program (UNet on the prompt only; guidance, negative ignored)
+    preset: str | None = None  # the preset (assets/presets.json) these settings came from, if any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
+        for name in ("height", "width", "steps", "per_device_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                label = name.replace("_", " ").capitalize()
+                raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
+        if self.height > 4096 or self.width > 4096 or self.steps > MAX_STEPS:
+            raise InvalidInput(f"Height and width must be at most 4096 and steps at most {MAX_STEPS}.")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InvalidInput(f"Unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}.")
+        if self.attention not in ATTENTIONS:
+            raise InvalidInput(f"Unknown attention {self.attention!r}; choose one of: {', '.join(ATTENTIONS)}.")
+
+    @property
+    def offered_sizes(self) -> tuple[tuple[int, int], ...]:
+        """The offered (height, width) sizes, the default (height × width) first."""
+        first = (self.height, self.width)
+        return (first,) + tuple(size for size in dict.fromkeys(self.sizes) if size != first)
+
+    def sampler_overrides(self) -> dict:
+        """The sampler settings this config sets explicitly (None = keep the checkpoint's)."""
+        return {name: getattr(self, name) for name in SAMPLER_FIELDS}
+
+    def replace(self, **changes) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def preset_settings(preset: Preset, *, model: str | None = None, **explicit) -> dict:
+    """Generator settings for `preset`, explicit values (not None) winning; includes "guidance_scale" (a default).
+
+    Keys: model, steps, sampler, timestep_spacing, cfg, guidance_scale, preset, and, when the preset's own model
+    runs, unet, variant, height and width.
+    """
+    own_model = model is None or model.strip() == preset.model
+    settings: dict = {
+        "model": preset.model if model is None else model,
+        "steps": preset.steps,
+        "sampler": preset.sampler,
+        "timestep_spacing": preset.timestep_spacing,
+        "cfg": preset.cfg,
+        "guidance_scale": preset.guidance_scale,
+        "preset": preset.name,
+    }
+    if own_model:
+        settings.update(unet=preset.unet, variant=preset.variant, height=preset.height, width=preset.width)
+    elif model.strip() != TINY_MODEL:
+        logger.info("preset %s on %s: its sampler settings only (not its UNet file or size)", preset.name, model)
+    settings.update({key: value for key, value in explicit.items() if value is not None})
+    return settings
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The config a command line asks for: explicit flags, else the preset's settings, else the model's defaults.
+
+    Takes what `add_options` declared for the program (absent flags count as unset). Offered sizes: `--sizes`; else
+    `--height/--width` (or a preset's own size) alone; else the default three for programs that take `--sizes`,
+    the model's one size for the others. Raises InvalidInput with one sentence.
+    """
+    get = vars(args).get
+    explicit = {
+        "height": get("height"), "width": get("width"), "steps": get("steps"), "sampler": get("sampler"),
+        "timestep_spacing": get("timestep_spacing"), "steps_offset": get("steps_offset"),
+        "prediction_type": get("prediction_type"), "cfg": False if get("no_cfg") else None,
+        "guidance_scale": get("guidance_scale"), "unet": get("unet"), "variant": get("variant"),
+    }  # fmt: skip
+    if get("sizes") and (explicit["height"] is not None or explicit["width"] is not None):
+        raise InvalidInput(
+            "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
+            "lists every offered size, the first the default; --height/--width alone offer that one size"
+        )
+    model = get("model")
+    settings = preset_settings(get_preset(get("preset")), model=model, **explicit) if get("preset") else dict(explicit)
+    settings = {key: value for key, value in settings.items() if value is not None}
+    model = settings.pop("model", None) or model or SDXL_BASE
+    height, width, steps = shape_defaults(model)
+    own_size = (settings.get("height"), settings.get("width"))  # flags', else a preset's own size
+    one_size = get("height") is not None or get("width") is not None or (None not in own_size and own_size != (
+        height, width))  # fmt: skip
+    settings.setdefault("height", height)
+    settings.setdefault("width", width)
+    settings.setdefault("steps", steps)
+    tiny = model.strip() == TINY_MODEL
+    sizes: tuple = ()
+    if get("sizes"):
+        sizes = tuple(parse_sizes(get("sizes"), tiny=tiny))
+    elif "sizes" in vars(args) and not one_size:  # the program offers several sizes: the default three
+        sizes = tuple(default_sizes(tiny=tiny))
+    if sizes:
+        settings["height"], settings["width"] = sizes[0]
+    return EngineConfig(
+        model=model,
+        revision=get("revision"),
+        sizes=sizes,
+        dtype=get("dtype"),
+        per_device_batch=get("per_device_batch") or 1,
+        attention=get("attention") or "auto",
+        compilation_cache=not get("no_compilation_cache"),
+        **settings,
+    )

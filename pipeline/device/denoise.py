@@ -1,0 +1,62 @@
+"""One denoising step on the device, for the images on one device: the initial noise, and UNet + guidance + the
+sampler's update.
+
+The host loops over the steps (`host/loop.py`) and tells each step its plan row (timestep, sigma and the update's
+coefficients), so one step program serves every sampler and step count. The noise of image i comes from its own seed,
+so an image does not depend on how many devices share the batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import sampler_update
+from .modules import Modules
+
+LATENT_CHANNELS = 4
+
+
+def initial_latents(seeds, height: int, width: int, vae_scale_factor: int):
+    """Standard-normal noise, one independent draw per seed: uint32 [b] -> float32 [b, 4, h/8, w/8]."""
+    shape = (LATENT_CHANNELS, height // vae_scale_factor, width // vae_scale_factor)
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    return jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
+
+
+def time_ids(batch: int, height: int, width: int, dtype):
+    """SDXL's size conditioning (original size, crop top-left, target size): [batch, 6]."""
+    return jnp.array([[height, width, 0, 0, height, width]] * batch, dtype=dtype)
+
+
+def start_local(seeds, init_sigma, *, height: int, width: int, vae_scale_factor: int):
+    """Initial latents: each image's own standard-normal noise × the plan's init sigma: float32 [b, 4, h, w]."""
+    return initial_latents(seeds, height, width, vae_scale_factor) * init_sigma
+
+
+def step_local(
+    modules: Modules, params, latents, previous, hidden, pooled, guidance, seeds, coefficients, index, *,
+    cfg: bool, prediction_type: str,
+):  # fmt: skip
+    """One denoising step of any sampler: (latents, D) -> (latents', D). Shapes: latents/previous float32
+    [b, 4, h, w], hidden [2b or b, 77, D], pooled [2b or b, P], guidance [b], seeds uint32 [b]; coefficients
+    float32 [6] (one row of a `sampler_update.Plan`) and index int32 [] are the same on every device.
+    """
+    height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
+    timestep, sigma = coefficients[0], coefficients[1]
+    model_input = sampler_update.scale_model_input(latents, sigma)  # [b, 4, h, w]
+    if cfg:
+        model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
+    noise = modules.unet.apply(
+        {"params": params["unet"]},
+        model_input,
+        jnp.broadcast_to(timestep, model_input.shape[:1]),  # float32, as PyTorch feeds it
+        encoder_hidden_states=hidden,
+        added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)},
+    ).sample
+    guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
+    noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
+    # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.
+    keys = sampler_update.ancestral_keys(seeds)  # [b]
+    fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
+    return sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh)

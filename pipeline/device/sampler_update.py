@@ -1,0 +1,57 @@
+"""The sampler's update on the device, traced in float32: one step of any sampler from its plan row.
+
+The host computes each sampler as per-step coefficients (`host/plan.py`); the step program applies them here:
+x' = a·x + b·D + c·D_prev + d·noise, with D the denoised prediction. Guidance follows diffusers: g <= 1 means the
+conditional prediction alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+#: Stream id folded into an image's key for its ancestral noise (its initial noise uses the key itself).
+ANCESTRAL_STREAM = 1
+
+
+def scale_model_input(latents, sigma):
+    """The UNet sees latents / sqrt(sigma^2 + 1) (the Euler schedulers' `scale_model_input`)."""
+    return latents / ((sigma**2 + 1) ** 0.5)
+
+
+def guide(noise, guidance, cfg: bool):
+    """Classifier-free guidance as diffusers defines it: g <= 1 -> the conditional prediction alone.
+
+    noise: [2b, ...] (unconditional half first) when `cfg`, else [b, ...]; guidance: [b, 1, 1, 1] (traced).
+    """
+    if not cfg:
+        return noise
+    uncond, cond = jnp.split(noise, 2, axis=0)
+    return jnp.where(guidance > 1, uncond + guidance * (cond - uncond), cond)
+
+
+def predicted_original(prediction_type: str, model_output, sample, sigma):
+    """x0 from the UNet's output: epsilon or v-prediction (as PyTorch's Euler schedulers)."""
+    if prediction_type == "v_prediction":
+        return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
+    return sample - sigma * model_output
+
+
+def ancestral_keys(seeds):
+    """Per-image keys of the ancestral noise: from the image's own seed, so no image depends on the others."""
+    return jax.vmap(lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), ANCESTRAL_STREAM))(seeds)
+
+
+def ancestral_noise(keys, index, shape):
+    """Standard-normal noise for step `index` of each image: keys [b] -> float32 [b, *shape]."""
+    return jax.vmap(lambda key: jax.random.normal(jax.random.fold_in(key, index), shape, dtype=jnp.float32))(keys)
+
+
+def sampler_update(prediction_type: str, model_output, sample, coefficients, previous, noise):
+    """One step of any sampler: (x', D) with D the denoised prediction and x' = a·x + b·D + c·D_prev + d·noise.
+
+    coefficients: float32 [6] (COEFFICIENTS, one row of a plan); previous: the last step's D (zeros at step 0).
+    """
+    sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))
+    denoised = predicted_original(prediction_type, model_output, sample, sigma)
+    return a * sample + b * denoised + c * previous + d * noise, denoised

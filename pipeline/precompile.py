@@ -1,0 +1,41 @@
+"""`python -m pipeline precompile`: every program a server with these settings runs, compiled for a topology's
+devices (a TPU topology needs libtpu, not a TPU) and written to a directory a server loads with `--precompiled`.
+
+The programs are built by the generator's own `build_programs` from the same `EngineConfig` (same modules, weight
+shapes, attention core resolved for the topology's platform, the checkpoint's sampler config with the config's
+overrides), so a server started with the same options finds each one. The weights are read for their shapes only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .checkpoint.loading import load_model
+from .config import EngineConfig
+from .device.sharding import data_mesh
+from .generator import build_programs, for_platform, sampler_of
+from .host.aot import save_precompiled, topology_devices
+from .host.compilation import configure_compilation_cache
+from .host.programs import program_keys
+
+logger = logging.getLogger(__name__)
+
+
+def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress=logger.info) -> dict:
+    """Compile every program of a server with `config` for `topology`'s devices into `out`; the manifest."""
+    configure_compilation_cache(False)  # every executable compiled here (see host/aot.save_precompiled)
+    devices = topology_devices(topology)
+    config = for_platform(config, devices[0].platform)
+    loaded = load_model(config.model, dtype=config.dtype, revision=config.revision, variant=config.variant,
+                        unet=config.unet)  # fmt: skip
+    sampler = sampler_of(loaded, config)
+    programs = build_programs(loaded, config, loaded.params, data_mesh(devices), sampler)
+    sizes = list(config.offered_sizes)
+    keys = program_keys(sizes, sampler.cfg)
+    progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
+             f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
+    settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,
+                "per_device_batch": config.per_device_batch, "attention": config.attention, "cfg": sampler.cfg,
+                "prediction_type": sampler.prediction_type}  # fmt: skip
+    return save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)

@@ -1,0 +1,147 @@
+"""One request contract: every field a request may set, checked once where it enters.
+
+    rules = generator.rules                                   # what this server accepts and assumes
+    request = parse_request("a cat", seed=7, steps=30, rules=rules)   # page, API, CLI and Python call this
+    result = generator.generate(request)                      # the engine runs it as it is
+
+The page, the API, the CLI and Python code all build a `Request` with `parse_request`; nothing below that edge checks
+a field again. On several processes the leader sends `request.to_dict()` and the followers rebuild it with
+`Request.from_dict` (trusted data, not checked twice). A new per-request input is a field here, its check in
+`parse_request`, the page's control and the engine stage that uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .config import EngineConfig
+from .errors import InvalidInput
+from .fields import (
+    check_choice,
+    check_guidance,
+    check_shape,
+    check_size,
+    check_steps,
+    check_style,
+    clean_text,
+    resolve_seed,
+)
+from .host.plan import SAMPLER_NAMES, sampler_label
+from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
+
+#: A request's default guidance scale (a preset may set another: `EngineConfig.guidance_scale`).
+DEFAULT_GUIDANCE = 5.0
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """What a server accepts, and what it assumes for the fields a request leaves out (from its static settings)."""
+
+    sizes: tuple[tuple[int, int], ...] = ((1024, 1024),)  # compiled (height, width) sizes, the default first
+    steps: int = 25  # steps of a request that names none
+    sampler: str | None = None  # sampler (A1111 name) of a request that names none; None = the checkpoint's
+    guidance_scale: float = DEFAULT_GUIDANCE  # guidance of a request that names none
+    cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
+    styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> RequestRules:
+        """The rules a server with `config` will have, known before the model loads (the sampler's default is the
+        checkpoint's unless the config sets one: None until then)."""
+        sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name
+        return cls(
+            sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
+            cfg=config.cfg,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request, checked: the engine runs it as it is, and followers receive it as data."""
+
+    prompt: str  # the user's prompt, cleaned (before the style template)
+    negative_prompt: str = ""  # the user's negative prompt, cleaned ("" = none; "" when the server has no CFG)
+    style: str = DEFAULT_STYLE  # a name from the server's styles
+    seed: int = 0  # image i uses seed (seed + i) mod 2**32; already drawn when the user asked for a random one
+    guidance_scale: float = DEFAULT_GUIDANCE  # 0..20; <= 1 means no guidance (0 when the server has no CFG)
+    size: tuple[int, int] = (1024, 1024)  # (height, width): one of the server's compiled sizes
+    steps: int = 25  # denoising steps, 1..100
+    sampler: str | None = None  # A1111's name of the sampler; None = the server's default (its checkpoint's)
+    styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template
+    styled_negative_prompt: str = ""  # the style's negative words joined with the user's
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (what the leader publishes to the followers)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Request:
+        """Rebuild a request the leader checked and published: trusted, so nothing is checked again."""
+        values = dict(data)
+        values["size"] = tuple(values["size"])  # JSON has no tuples
+        return cls(**values)
+
+
+def parse_request(
+    prompt: object,
+    negative_prompt: object = "",
+    style: object = DEFAULT_STYLE,
+    guidance_scale: object = None,
+    seed: object = 0,
+    randomize_seed: bool = False,
+    *,
+    size: object = None,  # (height, width), or text: 'WxH' or the page's '1344×768 (16:9)'
+    steps: object = None,
+    sampler: object = None,
+    rules: RequestRules | None = None,
+    check_prompt: Callable[[str], None] | None = None,
+) -> Request:
+    """Check every field in the order a user would fix them and return the `Request`; one `InvalidInput` otherwise.
+
+    None means the server's default (`rules`) for guidance, size, steps and sampler. `check_prompt` is a server's
+    own policy on the user's prompt (a word filter): it sees the cleaned prompt only, never the style's template or
+    the negative prompt, and raises InvalidInput to refuse.
+    """
+    rules = rules or RequestRules()
+    text = clean_text(prompt, field="prompt")
+    if not text:
+        raise InvalidInput("Please enter a prompt.")
+    negative = clean_text(negative_prompt, field="negative prompt")
+    style_name = check_style(style, rules.styles)
+    if check_prompt is not None:
+        check_prompt(text)
+    guidance = check_guidance(rules.guidance_scale if guidance_scale is None else guidance_scale)
+    resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
+    height, width = _size(size, rules.sizes)
+    checked_steps = check_steps(rules.steps if steps is None else steps)
+    sampler = rules.sampler if sampler is None else sampler
+    sampler_name = None if sampler is None else check_choice(sampler, SAMPLER_NAMES, "sampler")
+    if not rules.cfg:  # the guidance-free program reads neither (the page hides both, the API says so)
+        negative, guidance = "", 0.0
+    template = rules.styles[style_name]
+    styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
+    if not rules.cfg:
+        styled_negative = ""
+    return Request(
+        prompt=text,
+        negative_prompt=negative,
+        style=style_name,
+        seed=resolved_seed,
+        guidance_scale=guidance,
+        size=(height, width),
+        steps=checked_steps,
+        sampler=sampler_name,
+        styled_prompt=" ".join(styled.split()),
+        styled_negative_prompt=" ".join(styled_negative.split()),
+    )
+
+
+def _size(size: object, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """(height, width) of a request: None = the default size; text = 'WxH' or the page's label; else a pair."""
+    if size is None or isinstance(size, str):
+        return check_size(size, sizes)
+    height, width = size if isinstance(size, tuple | list) and len(size) == 2 else (size, None)
+    check_shape(height, width, sizes)
+    return int(height), int(width)

@@ -1,0 +1,94 @@
+"""The web server's own options (the app takes these beside the engine's, `pipeline/options.py`), declared once,
+and the app's command line read from both.
+
+    python -m web.options          # prints the README's table of every option, engine and server
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+from collections.abc import Sequence
+
+from pipeline.config import engine_config
+from pipeline.errors import InvalidInput
+from pipeline.options import (
+    APP,
+    OPTIONS,
+    Option,
+    Parser,
+    add_options,
+    at_least_one,
+    check_env_choices,
+    markdown_table,
+    port_number,
+)
+
+#: Requests that may wait in the app's queue by default.
+DEFAULT_QUEUE_SIZE = 20
+_APP = frozenset({APP})
+
+#: The server's options. Order is the order of --help, after the engine's.
+SERVER_OPTIONS: tuple[Option, ...] = (
+    Option("--no-progress", "no live step progress on the page (reported by the host between steps; the programs "
+           "are the same)", "SDXL_NO_PROGRESS", kind="switch", programs=_APP),
+    Option("--host", "interface to bind; 0.0.0.0 to accept remote connections", "GRADIO_SERVER_NAME",
+           default="127.0.0.1", programs=_APP),
+    Option("--port", "port to listen on (checked before the model loads)", "GRADIO_SERVER_PORT", port_number, 7860,
+           programs=_APP),
+    Option("--queue-size", "requests that may wait; more are turned away as busy", "SDXL_QUEUE_SIZE", at_least_one,
+           DEFAULT_QUEUE_SIZE, programs=_APP),
+    Option("--prompt-filter", "block list, one word or phrase a line (see assets/blocked_words.example.txt)",
+           "SDXL_PROMPT_FILTER", metavar="FILE", programs=_APP),
+    Option("--auth", "require this login (repeat for more users)", "SDXL_AUTH", kind="append",
+           metavar="USER:PASSWORD", programs=_APP, env_text="SDXL_AUTH: one USER:PASSWORD"),
+    Option("--auth-file", "require a login from this file, one USER:PASSWORD a line", "SDXL_AUTH_FILE",
+           metavar="FILE", programs=_APP),
+    Option("--share", "also open a public *.gradio.live link (needs internet)", kind="switch", programs=_APP),
+)  # fmt: skip
+
+#: Every option of every program: the app's parser and the README's table come from it.
+ALL_OPTIONS: tuple[Option, ...] = OPTIONS + SERVER_OPTIONS
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The app's command line, checked: the flags as given, plus `config` (the engine's settings, resolved: flags,
+    else the preset's, else the model's) and `auth` (the logins). A problem exits with one line, status 2."""
+    parser = Parser(
+        prog="app.py",
+        description="Serve Stable Diffusion XL with JAX in a Gradio web app. "
+        "Each option can also be set by the environment variable in brackets; the flag wins.",
+    )
+    add_options(parser, APP, ALL_OPTIONS)
+    args = parser.parse_args(argv)
+    check_env_choices(parser, args, APP, ALL_OPTIONS)
+    try:
+        args.auth = read_auth(args.auth or [os.environ.get("SDXL_AUTH")], args.auth_file)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    try:
+        args.config = engine_config(args)
+    except InvalidInput as exc:
+        parser.error(str(exc))
+    return args
+
+
+def read_auth(pairs: Sequence[object], path: str | None = None) -> list[tuple[str, str]]:
+    """USER:PASSWORD pairs from flags/env and from a file (one a line, '#' comments) for Gradio's own login."""
+    lines = [str(p) for p in pairs if p]
+    if path:
+        text = pathlib.Path(path).read_text(encoding="utf-8-sig")
+        lines += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    logins = []
+    for number, line in enumerate(lines, 1):
+        user, sep, password = line.partition(":")
+        if not (sep and user.strip() and password):
+            where = f"{path}, login {number}" if path else f"login {number}"
+            raise ValueError(f"{where}: expected USER:PASSWORD with both parts non-empty")  # never echo a password
+        logins.append((user.strip(), password))
+    return logins
+
+
+if __name__ == "__main__":
+    print(markdown_table(ALL_OPTIONS))

@@ -1,0 +1,283 @@
+"""The page: its layout, and its events wired to the handlers (web/handlers.py), in the order Gradio's demos use.
+
+    page = build_page(engine)        # a ready (loaded, warmed-up) engine
+    page.launch(port=7860)           # web/server.py's settings: theme, CSS, auth
+    page.close()                     # the server, the background PNG writers, and every file this page wrote
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import gradio as gr
+
+from pipeline.fields import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, MAX_STEPS, SEED_MAX
+from pipeline.host.images import model_name
+from pipeline.host.plan import SAMPLER_NAMES
+from pipeline.styles import DEFAULT_STYLE, load_examples
+
+from .delivery import Outbox
+from .files import RunFiles
+from .handlers import Handlers
+from .options import DEFAULT_QUEUE_SIZE
+from .prompt_filter import PromptFilter
+from .sizes import size_label
+from .texts import (
+    HEADER_PATH,
+    LICENSE_URL,
+    MODEL_CARD_URL,
+    NO_CFG_NOTE,
+    TITLE,
+    gallery_columns,
+    header_links,
+    model_card_url,
+    model_texts,
+    read_template,
+    sampler_summary,
+)
+
+#: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
+#: while the app runs it is swept every 5 min and files older than 15 min are removed.
+DELETE_CACHE = (300, 900)
+#: Requests in the generate event at once: one on the devices while the other does its host work (tokenizing before,
+#: writing files after); the engine's device lock keeps device calls one at a time.
+GENERATE_CONCURRENCY = 2
+#: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
+#: the visitor set it, so the next prompt gets a fresh seed).
+EXAMPLE_SEED_START = 1
+
+
+@dataclass
+class Page:
+    """The page around one engine: the Gradio app, its handlers, and the files and PNG writers it owns."""
+
+    demo: gr.Blocks  # the Gradio app (launch with `launch`)
+    handlers: Handlers  # what its events run
+    files: RunFiles  # this page's temporary files
+    outbox: Outbox  # writes each run's gallery files and, in the background, its PNGs
+
+    @property
+    def local_url(self) -> str:
+        return self.demo.local_url
+
+    def launch(self, **settings) -> Page:
+        """Start serving (settings: web/server.launch's keywords)."""
+        from .server import launch
+
+        launch(self.demo, **settings)
+        return self
+
+    def close(self) -> None:
+        """Stop the server and the background PNG writers, and remove this page's files."""
+        self.demo.close()
+        self.outbox.close()
+        self.files.cleanup()
+
+
+def header_text(engine: Any, texts: dict[str, str]) -> str:
+    """The header under the title: devices, images per request, size, steps, the model (assets/header.md)."""
+    config, count, sizes = engine.config, engine.num_images, engine.rules.sizes
+    return read_template(
+        HEADER_PATH,
+        title=TITLE,
+        device_summary=engine.device_summary,
+        count=count,
+        images=f"{count} image{'s' if count != 1 else ''}",
+        width=sizes[0][1],
+        height=sizes[0][0],
+        steps=config.steps,
+        model=model_name(config.model),
+        more_sizes=f" (or {len(sizes) - 1} other size{'s' if len(sizes) > 2 else ''})" if len(sizes) > 1 else "",
+        about=texts["about"],
+        notice=texts["notice"],
+        links=header_links(config.model),
+    )
+
+
+def build_page(
+    engine: Any,
+    *,
+    styles: Mapping[str, Any] | None = None,
+    examples: Sequence[str] | None = None,
+    prompt_filter: PromptFilter | None = None,
+    queue_size: int = DEFAULT_QUEUE_SIZE,
+    progress: bool = True,
+) -> Page:
+    """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`."""
+    examples = load_examples() if examples is None else list(examples)
+    rules = engine.rules if styles is None else replace(engine.rules, styles=styles)
+    files = RunFiles()  # first: Gradio reads its cache folder when it makes each component
+    outbox = Outbox()
+    handlers = Handlers(engine, rules, files=files, outbox=outbox, prompt_filter=prompt_filter, progress=progress)
+    config = engine.config
+    texts = model_texts(config.model, on_cpu=str(engine.device_kind).lower() == "cpu", unet=config.unet)
+    size_labels = [size_label(h, w) for h, w in rules.sizes]
+    footer = read_template(
+        pathlib.Path(texts["footer_path"]),
+        license_url=LICENSE_URL,
+        model_card_url=model_card_url(config.model) or MODEL_CARD_URL,
+        model=model_name(config.model),
+    )
+
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+        with gr.Column(elem_id="app"):
+            gr.Markdown(header_text(engine, texts), elem_id="header")
+            with gr.Row(elem_id="prompt-row", equal_height=True):
+                prompt = gr.Textbox(
+                    label="Prompt",
+                    show_label=False,
+                    placeholder="Describe the image you want",
+                    lines=1,
+                    max_lines=3,  # no max_length: a longer prompt gets a message naming the limit, not a silent cut
+                    autofocus=True,
+                    container=False,
+                    scale=5,
+                    min_width=240,
+                    elem_id="prompt",
+                )
+                run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
+                stop = gr.Button("Stop", variant="stop", scale=0, min_width=90, elem_id="stop")
+            gallery = gr.Gallery(
+                label="Generated images",
+                show_label=False,
+                columns=gallery_columns(engine.num_images),
+                format="jpeg",  # what the page shows: fast to encode, light to send; the PNGs are below
+                type="filepath",
+                object_fit="contain",
+                height="auto",
+                preview=False,
+                interactive=False,
+                buttons=["download", "fullscreen"],
+                elem_id="gallery",
+            )
+            status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
+            png_api = gr.Button(visible=False, elem_id="generate-png")  # only the /generate_png endpoint uses it
+            pngs = gr.File(
+                label="Full quality: lossless PNGs with their parameters",
+                file_count="multiple",
+                interactive=False,
+                visible=False,  # shown once a gallery's PNGs are written
+                elem_id="pngs",
+            )
+            with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
+                with gr.Row():
+                    style = gr.Dropdown(
+                        choices=list(rules.styles), value=DEFAULT_STYLE, label="Style", allow_custom_value=False
+                    )
+                    guidance = gr.Slider(
+                        minimum=GUIDANCE_MIN,
+                        maximum=GUIDANCE_MAX,
+                        value=rules.guidance_scale,
+                        step=0.5,
+                        label="Guidance scale",
+                        info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
+                        "a number typed outside is set to the nearest limit)",
+                        visible=rules.cfg,  # static: the guidance-free program has no guidance
+                    )
+                negative = gr.Textbox(
+                    value="",  # an initial value makes the API parameter optional
+                    label="Negative prompt",
+                    placeholder="What to keep out of the image",
+                    info=f"Up to {MAX_PROMPT_CHARS:,} characters, like the prompt",
+                    lines=1,
+                    max_lines=3,
+                    visible=rules.cfg,
+                )
+                with gr.Row(equal_height=True):
+                    seed = gr.Number(
+                        label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
+                    )
+                    randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
+                aspect = gr.Dropdown(
+                    choices=size_labels,
+                    value=size_labels[0],
+                    label="Aspect ratio",
+                    info="Width×height; every size is precompiled",
+                    allow_custom_value=False,
+                    elem_id="aspect",
+                )
+                with gr.Row(equal_height=True):
+                    steps = gr.Slider(
+                        minimum=1,
+                        maximum=MAX_STEPS,
+                        value=int(rules.steps),
+                        step=1,
+                        label="Steps",
+                        info="Denoising steps; any number runs without recompiling",
+                        elem_id="steps",
+                    )
+                    sampler = gr.Dropdown(
+                        choices=list(SAMPLER_NAMES),
+                        value=rules.sampler,
+                        label="Sampler",
+                        allow_custom_value=False,
+                        elem_id="sampler",
+                    )
+                if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
+                    gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
+            example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
+            gr.Examples(
+                # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
+                examples=[[text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0]] for text in examples],
+                example_labels=list(examples),
+                inputs=[prompt, negative, style, guidance, aspect],
+                outputs=[gallery, seed, status],
+                fn=handlers.example(example_seeds, EXAMPLE_SEED_START),
+                cache_examples=True,
+                cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                preprocess=False,  # the same raw payloads and validation as the Generate button
+                label="Examples",
+                elem_id="examples",
+            )
+            gr.Markdown(footer, elem_id="footer")
+
+        # ---- events ----
+        # A new request clears the last one's status line at once (in the browser), so a refused request never
+        # leaves an older request's "8 images in ..." under its error.
+        gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
+        generated = gr.on(
+            triggers=[run.click, prompt.submit],
+            fn=handlers.endpoint(),
+            inputs=inputs,
+            outputs=[gallery, seed, status],
+            api_name="generate",
+            api_description="One image per accelerator core; returns the images, the seed used and a status line."
+            + ("" if rules.cfg else f" Note: {NO_CFG_NOTE}."),
+            # Raw payloads go straight to pipeline.request, so the API and the page get the same messages
+            # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
+            preprocess=False,
+            concurrency_limit=GENERATE_CONCURRENCY,
+            concurrency_id="generate",
+            show_progress="full",
+            show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
+        )
+        # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the
+        # background; matched by file name, so no path a browser sends is ever opened).
+        generated.success(
+            fn=handlers.pngs,
+            inputs=None,
+            outputs=pngs,
+            api_visibility="private",  # API callers use /generate_png
+            show_progress="hidden",
+            concurrency_limit=4,  # it only waits on the background pool
+            concurrency_id="pngs",
+        )
+        # Not queued: it must run while this session's generation holds the queue.
+        stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+        png_api.click(
+            fn=handlers.endpoint("png"),
+            inputs=inputs,
+            outputs=[gallery, seed, status],
+            api_name="generate_png",
+            api_description="The same as /generate, but the images are lossless PNGs with a `parameters` text chunk "
+            "(slower to encode and about 8x larger than /generate's JPEGs).",
+            preprocess=False,
+            concurrency_limit=GENERATE_CONCURRENCY,  # a group takes its events' lowest limit: give the same
+            concurrency_id="generate",  # shares /generate's slots
+        )
+    demo.queue(max_size=queue_size, default_concurrency_limit=1)
+    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox)

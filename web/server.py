@@ -1,0 +1,103 @@
+"""Serving the page: Gradio's launch settings, the port check before loading, and serving until a signal.
+
+Gradio 6 takes the theme and CSS at launch time; its login (`--auth`) too. The port is checked before minutes of
+loading and compiling, and SIGTERM or Ctrl-C while serving close the server and remove the app's files (exit 0).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import gradio as gr
+
+from .texts import CSS_PATH, TITLE
+
+logger = logging.getLogger("sdxl_jax.app")
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default theme with a violet accent; fonts are served by Gradio itself (works offline)."""
+    return gr.themes.Default(primary_hue="violet", secondary_hue="slate", radius_size="lg")
+
+
+def launch(
+    demo: gr.Blocks,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    share: bool = False,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+    auth: Sequence[tuple[str, str]] | None = None,
+) -> gr.Blocks:
+    """Start serving `demo`; `auth`: Gradio's login, if given."""
+    demo.launch(
+        auth=list(auth) if auth else None,
+        auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        show_error=True,
+        theme=theme(),
+        css_paths=[CSS_PATH],
+        ssr_mode=False,
+    )
+    return demo
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the page could not be served on host:port (in use, or no such interface), checked before minutes of
+    loading and compiling; None when it is free. Binds the way uvicorn does (SO_REUSEADDR), then lets go."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: not an address of this machine ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use (another server?); pass --port with a free one"
+            return f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port"
+    return None
+
+
+def serve_until_signal(
+    page, *, host: str, port: int, share: bool, auth: Sequence[tuple[str, str]], started: float
+) -> int:
+    """Open the page and serve until SIGTERM or Ctrl-C; the caller closes it. The exit status. `started`: when the
+    page began to be built (time.perf_counter), for the log's "web UI up in" line."""
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        page.launch(host=host, port=port, share=share, prevent_thread_lock=True, quiet=True, auth=auth)
+    except OSError as exc:  # the port was taken while the model loaded
+        print(f"app.py: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if auth:
+        logger.info("login required: %d user(s)", len(auth))
+    logger.info("web UI up in %.2f s", time.perf_counter() - started)
+    print(f"Running on {page.local_url}", flush=True)
+    if page.demo.share_url:
+        print(f"Public link: {page.demo.share_url}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    logger.info("stopped")
+    return 0

@@ -1,0 +1,111 @@
+"""What the page says: its title, header and footer texts, the model's card, and the status line's pieces.
+
+The texts live in assets/ (header.md, footer*.md) with $placeholders filled here; nothing here imports Gradio.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import string
+from typing import Any
+
+from pipeline.checkpoint.tiny import COMPLETE_MARKER
+from pipeline.config import SDXL_BASE, TINY_MODEL
+from pipeline.host.images import model_name, unet_name
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+CSS_PATH = ASSETS / "style.css"
+HEADER_PATH = ASSETS / "header.md"
+FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
+FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model
+FOOTER_OTHER_PATH = ASSETS / "footer-other.md"  # any other checkpoint: its own card and licence apply
+#: Logged at start-up (for whoever runs the server) when a real model runs on JAX's CPU backend.
+CPU_NOTICE = (
+    "⚠️ No GPU or TPU found: this runs on the CPU, where one request takes many minutes. "
+    'On GPU hardware install `jax[cuda12]==0.10.2` (README, "Deploy").'
+)
+
+#: What visitors see instead: short, nothing for them to install.
+CPU_VISITOR_NOTICE = "Running on a CPU: each request takes many minutes."
+
+TITLE = "Stable Diffusion XL on JAX"
+MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
+LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/blob/main/LICENSE.md"
+#: Link to the project's source shown in the header (omitted when empty); SDXL_PROJECT_URL overrides it.
+PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
+GENERATION_FAILED = "Generation failed on the server; please try again."
+#: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
+NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
+
+
+def gallery_columns(count: int) -> int:
+    """Columns for `count` images: a near-2:1 grid that divides evenly (8 -> 4x2, 4 -> 2x2, 16 -> 4x4)."""
+    if count <= 3:
+        return max(count, 1)
+    if count == 4:
+        return 2
+    divisors = [c for c in range(2, 9) if count % c == 0]
+    if not divisors:
+        return min(count, 4)
+    target = math.sqrt(2 * count)
+    return min(divisors, key=lambda c: (abs(c - target), c))
+
+
+def read_template(path: pathlib.Path, **values: object) -> str:
+    """Fill $placeholders in a UI text file (string.Template, so braces and % in the text are left alone)."""
+    return string.Template(path.read_text(encoding="utf-8")).safe_substitute({k: str(v) for k, v in values.items()})
+
+
+def model_card_url(model: str) -> str:
+    """The served model's card on the Hub; "" for the tiny test model and local directories (no card to link)."""
+    model = model.strip()
+    if model == SDXL_BASE:
+        return MODEL_CARD_URL
+    if is_tiny(model) or pathlib.Path(model).expanduser().exists() or model.count("/") != 1:
+        return ""
+    return f"https://huggingface.co/{model}"
+
+
+def is_tiny(model: str) -> bool:
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    model = model.strip()
+    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+
+
+def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, str]:
+    """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0.
+
+    Models and UNet files are named as the images' `parameters` name them (Hub id or file name, never a server path).
+    """
+    model = model.strip()
+    if is_tiny(model):
+        footer, about = FOOTER_TINY_PATH, "Model: the tiny random-weight test model (its images are noise, on purpose)"
+    else:
+        footer = FOOTER_PATH if model == SDXL_BASE else FOOTER_OTHER_PATH
+        about = "" if model == SDXL_BASE else f"Model: `{model_name(model)}`"
+    if unet:
+        about = f"{about} · UNet: `{unet_name(unet)}`" if about else f"UNet: `{unet_name(unet)}`"
+    notice = CPU_VISITOR_NOTICE if on_cpu and not is_tiny(model) else ""
+    return {"footer_path": str(footer), "about": about, "notice": notice}
+
+
+def header_links(model: str = SDXL_BASE) -> str:
+    """Markdown links under the title: the model card and the project's source when PROJECT_URL is set ("" if none)."""
+    card = model_card_url(model)
+    links = [f"[Model card]({card})"] if card else []
+    if PROJECT_URL:
+        links.append(f"[Source code]({PROJECT_URL})")
+    return " · ".join(links)
+
+
+def sampler_summary(generator: Any) -> str:
+    """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the log and the advanced settings."""
+    sampler = getattr(generator, "sampler", None)
+    if sampler is None:
+        return ""
+    text = f"{sampler.label}, {sampler.timestep_spacing} spacing, {'CFG' if sampler.cfg else 'no CFG'}"
+    preset = getattr(generator.config, "preset", None)
+    return f"preset {preset}: {text}" if preset else text
