@@ -28,7 +28,7 @@ from pipeline.styles import DEFAULT_STYLE
 from .delivery import Outbox
 from .files import RunFiles
 from .prompt_filter import PromptFilter
-from .sessions import ShownImages, StopRequests, request_gone, session_of
+from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
 from .sizes import size_label
 from .texts import GENERATION_FAILED, NO_CFG_NOTE
 
@@ -66,6 +66,7 @@ class Handlers:
         self.progress = progress  # report "step k / N" on the page (--no-progress: not)
         self.stops = StopRequests()
         self.shown = ShownImages()
+        self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
@@ -155,15 +156,19 @@ class Handlers:
 
         stop = self.stops.begin(session)
         started = time.perf_counter()
+
+        def should_stop() -> bool:
+            return stop() or request_gone() or self.early_cancels.take(session)
+
         try:
-            result = self.engine.generate(
-                request, on_step if self.progress else None, should_stop=lambda: stop() or request_gone()
-            )
+            result = self.engine.generate(request, on_step if self.progress else None, should_stop=should_stop)
             delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
             self.shown.remember(session, delivery.gallery)
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
-            return gr.skip(), request.seed, f"Stopped at step {stopped.done} / {stopped.total}."
+            # Nothing of the stopped request is shown: the gallery, its PNGs and the seed box keep the last images'.
+            shown = " The images are still the previous request's." if self.shown.names(session) else ""
+            return gr.skip(), gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{shown}"
         except Exception:
             logger.exception("generation failed (seed %d, style %s)", request.seed, request.style)
             raise gr.Error(GENERATION_FAILED, print_exception=False) from None  # logged above

@@ -67,7 +67,7 @@ class Page:
         """Start serving (settings: web/server.launch's keywords)."""
         from .server import launch
 
-        launch(self.demo, **settings)
+        launch(self.demo, middleware=[self.handlers.early_cancels.middleware()], **settings)
         return self
 
     def close(self) -> None:
@@ -139,7 +139,8 @@ def build_page(
                     elem_id="prompt",
                 )
                 run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
-                stop = gr.Button("Stop", variant="stop", scale=0, min_width=90, elem_id="stop")
+                # Grey while idle, red while this tab's request runs (assets/style.css)
+                stop = gr.Button("Stop", variant="secondary", scale=0, min_width=90, elem_id="stop")
             gallery = gr.Gallery(
                 label="Generated images",
                 show_label=False,
@@ -176,6 +177,7 @@ def build_page(
                         info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
                         "a number typed outside is set to the nearest limit)",
                         visible=rules.cfg,  # static: the guidance-free program has no guidance
+                        elem_id="guidance",
                     )
                 negative = gr.Textbox(
                     value="",  # an initial value makes the API parameter optional
@@ -220,7 +222,7 @@ def build_page(
                     gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-            gr.Examples(
+            examples_block = gr.Examples(
                 # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
                 examples=[[text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0]] for text in examples],
                 example_labels=list(examples),
@@ -266,6 +268,11 @@ def build_page(
             concurrency_limit=4,  # it only waits on the background pool
             concurrency_id="pngs",
         )
+        # An example's images come from the examples' cache: the PNG list of the last request no longer matches them.
+        examples_block.load_input_event.then(
+            fn=lambda: gr.update(value=None, visible=False), inputs=None, outputs=pngs, queue=False,
+            api_visibility="private",
+        )  # fmt: skip
         # Not queued: it must run while this session's generation holds the queue.
         stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
         png_api.click(

@@ -1,4 +1,4 @@
-"""Serving the page: Gradio's launch settings, the port check before loading, and serving until a signal.
+"""Serving the page: Gradio's launch settings (theme, CSS, script, login), the port check, serving until a signal.
 
 Gradio 6 takes the theme and CSS at launch time; its login (`--auth`) too. The port is checked before minutes of
 loading and compiling, and SIGTERM or Ctrl-C while serving close the server and remove the app's files (exit 0).
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import gradio as gr
 
-from .texts import CSS_PATH, TITLE
+from .texts import CSS_PATH, PAGE_JS, TITLE
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -36,9 +36,11 @@ def launch(
     prevent_thread_lock: bool = False,
     quiet: bool = False,
     auth: Sequence[tuple[str, str]] | None = None,
+    middleware: Sequence = (),
 ) -> gr.Blocks:
-    """Start serving `demo`; `auth`: Gradio's login, if given."""
+    """Start serving `demo`; `auth`: Gradio's login, if given; `middleware`: ASGI middleware for Gradio's app."""
     demo.launch(
+        app_kwargs={"middleware": list(middleware)},
         auth=list(auth) if auth else None,
         auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
         server_name=host,
@@ -49,6 +51,7 @@ def launch(
         show_error=True,
         theme=theme(),
         css_paths=[CSS_PATH],
+        js=PAGE_JS.read_text(encoding="utf-8"),
         ssr_mode=False,
     )
     return demo

@@ -1,15 +1,20 @@
 """Per-session state of the page, and the one place that reads Gradio's internals.
 
-A browser tab is a Gradio session (`gr.Request.session_hash`): its Stop flag and the gallery files it was last shown
-live here, keyed by it. `request_gone` reads Gradio's queue to tell a cancelled or closed request between two steps.
+A browser tab (or an API client) is a Gradio session (`gr.Request.session_hash`): its Stop flag, the gallery files it
+was last shown and a cancel it sent too early live here, keyed by it. `request_gone` reads Gradio's queue to tell a
+cancelled or closed request between two steps; `EarlyCancels` reads Gradio's cancel calls.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import pathlib
 import threading
+import time
 from collections.abc import Sequence
+
+from starlette.middleware import Middleware
 
 from pipeline.host.loop import StopFlag
 
@@ -79,3 +84,64 @@ class ShownImages:
 def session_of(request) -> str:
     """The calling browser tab's (or API client's) session id; "" for a direct call."""
     return getattr(request, "session_hash", None) or ""
+
+
+class EarlyCancels:
+    """`job.cancel()` sent before the client knew its job's id (gradio_client, right after `submit()`).
+
+    Gradio cancels by event id; such a cancel names none, so Gradio can neither drop the job from its queue nor stop
+    it, and the request ran all its steps. This remembers, per session, a cancel that named no event (an ASGI
+    middleware reads Gradio's /cancel calls), and the session's next request takes it: it stops before its first
+    step. A note not taken within `ttl_s` is forgotten.
+    """
+
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self._noted: dict[str, float] = {}
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+
+    def note(self, session: str) -> None:
+        with self._lock:
+            self._noted[session] = time.monotonic()
+
+    def take(self, session: str) -> bool:
+        """True (once) when this session sent a cancel that named no job, within the last `ttl_s` seconds."""
+        with self._lock:
+            noted = self._noted.pop(session, None)
+        return noted is not None and time.monotonic() - noted < self._ttl_s
+
+    def middleware(self) -> Middleware:
+        """The ASGI middleware that feeds this (for `launch(app_kwargs={"middleware": [...]})`)."""
+        return Middleware(_CancelWatcher, cancels=self)
+
+
+class _CancelWatcher:
+    """ASGI middleware: reads the body of Gradio's POST .../cancel, notes a cancel without an event id, and passes
+    the request on unchanged."""
+
+    def __init__(self, app, cancels: EarlyCancels) -> None:
+        self.app = app
+        self.cancels = cancels
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("/cancel"):
+            return await self.app(scope, receive, send)
+        messages, body = [], b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if message.get("type") != "http.request" or not message.get("more_body"):
+                break
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.get("session_hash") and not data.get("event_id"):
+            self.cancels.note(str(data["session_hash"]))
+        pending = iter(messages)
+
+        async def replay():
+            return next(pending, None) or await receive()
+
+        return await self.app(scope, replay, send)

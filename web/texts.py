@@ -18,6 +18,7 @@ from pipeline.host.images import model_name, unet_name
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
 CSS_PATH = ASSETS / "style.css"
+PAGE_JS = ASSETS / "page.js"  # run when the page loads: says when a slider's typed number was out of range
 HEADER_PATH = ASSETS / "header.md"
 FOOTER_PATH = ASSETS / "footer.md"  # SDXL base 1.0: its licence
 FOOTER_TINY_PATH = ASSETS / "footer-tiny.md"  # the random-weight test model

@@ -1,0 +1,30 @@
+// Run once when the page loads (Gradio adds it to the page as a <script>).
+(() => {
+  // A number typed into a slider's box outside its range is set to the nearest limit by Gradio when the box loses
+  // focus, silently. Say it under the slider instead: "1000 is more than 100: set to 100."
+  const note = (input, text) => {
+    const block = input.closest(".block");
+    if (!block) return;
+    let line = block.querySelector(".range-note");
+    if (!line) {
+      line = document.createElement("div");
+      line.className = "range-note";
+      line.setAttribute("role", "status");
+      block.appendChild(line);
+    }
+    line.textContent = text;
+  };
+  const check = (event) => {
+    const input = event.target;
+    if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest("#steps, #guidance")) return;
+    const value = Number(input.value);
+    const min = Number(input.min), max = Number(input.max);
+    if (input.value === "" || Number.isNaN(value)) return note(input, "");
+    if (value > max) return note(input, `${input.value} is more than ${max}: set to ${max}.`);
+    if (value < min) return note(input, `${input.value} is less than ${min}: set to ${min}.`);
+    note(input, "");
+  };
+  // Capture phase: runs before Gradio's own handler, which replaces the typed value.
+  document.addEventListener("focusout", check, true);
+  document.addEventListener("keydown", (event) => event.key === "Enter" && check(event), true);
+})();
