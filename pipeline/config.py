@@ -41,6 +41,9 @@ DTYPES = ("bfloat16", "float32")
 #: Attention cores of the UNet (see device/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
 ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
 
+#: Most 77-token windows a prompt may be read in (8 × 75 = 600 tokens).
+MAX_PROMPT_WINDOWS = 8
+
 #: The sampler settings a config may set (None = the checkpoint's own).
 SAMPLER_FIELDS = ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")
 
@@ -67,6 +70,7 @@ class EngineConfig:
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
     per_device_batch: int = 1  # static: images per device per call
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
+    prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
     timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
@@ -77,13 +81,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
-        for name in ("height", "width", "steps", "per_device_batch"):
+        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
                 raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
         if self.height > 4096 or self.width > 4096 or self.steps > MAX_STEPS:
             raise InvalidInput(f"Height and width must be at most 4096 and steps at most {MAX_STEPS}.")
+        if self.prompt_windows > MAX_PROMPT_WINDOWS:
+            raise InvalidInput(f"Prompt windows must be at most {MAX_PROMPT_WINDOWS}; got {self.prompt_windows}.")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise InvalidInput(f"Unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}.")
         if self.attention not in ATTENTIONS:
@@ -172,6 +178,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=get("dtype"),
         per_device_batch=get("per_device_batch") or 1,
         attention=get("attention") or "auto",
+        prompt_windows=get("prompt_windows") or 3,
         compilation_cache=not get("no_compilation_cache"),
         **settings,
     )

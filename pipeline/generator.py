@@ -41,6 +41,7 @@ from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.tokens import dropped_text, summarize_dropped, tokenize
 from .request import Request, RequestRules, parse_request
+from .styles import PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,12 @@ class GenerationResult:
         return image_io.save_pngs(self.images, directory, stem)
 
 
+def style_tail(rules: RequestRules, style: str) -> str:
+    """The words a style's template puts after the prompt ("" for none): what a long styled prompt loses first."""
+    template = rules.styles.get(style)
+    return template.prompt.partition(PLACEHOLDER)[2] if template is not None else ""
+
+
 def default_dtype(platform: str | None = None) -> str:
     """bfloat16 where the hardware has it (TPU, GPU); float32 on CPU, where bfloat16 is emulated and slow."""
     platform = platform or jax.default_backend()
@@ -79,6 +86,8 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
         attention = attention_core.resolve(config.attention, platform, dtype)
     except attention_core.AttentionUnavailable as exc:
         raise InvalidInput(str(exc)) from None
+    if attention == "diffusers" and config.prompt_windows > 1:  # no hook: its cross-attention would read every window
+        raise InvalidInput("--attention diffusers reads one 77-token window; use it with --prompt-windows 1.")
     return config.replace(dtype=dtype, attention=attention)
 
 
@@ -99,6 +108,7 @@ def build_programs(loaded: LoadedModel, config: EngineConfig, params, mesh, samp
         attention=config.attention,
         prediction_type=sampler.prediction_type,
         max_tokens=loaded.pipeline.tokenizer.model_max_length,
+        prompt_windows=config.prompt_windows,
     )
 
 
@@ -230,15 +240,18 @@ class Generator:
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
-        n = self.num_images
-        prompt_ids = np.broadcast_to(tokenize(self._tokenizers, prompt), (n, 2, self._max_tokens))  # [B, 2, 77]
-        negative_ids = np.broadcast_to(tokenize(self._tokenizers, negative_prompt), (n, 2, self._max_tokens))
+        n, windows = self.num_images, self.config.prompt_windows
+        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, K*77], windows it fills
+        negative_row, negative_windows = tokenize(self._tokenizers, negative_prompt, windows)
+        prompt_ids = np.broadcast_to(prompt_row, (n, *prompt_row.shape))  # [B, 2, K*77]
+        negative_ids = np.broadcast_to(negative_row, (n, *negative_row.shape))  # [B, 2, K*77]
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
+        filled = np.broadcast_to(np.asarray([negative_windows, prompt_windows], np.int32), (n, 2))  # [B, 2]
         guidance = np.full((n,), request.guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
         inputs = RequestInputs(
-            *global_batch((prompt_ids, negative_ids, has_negative, guidance, seed_array), self._batch_sharding)
-        )
+            *global_batch((prompt_ids, negative_ids, has_negative, filled, guidance, seed_array), self._batch_sharding)
+        )  # in RequestInputs' order
         loop_timings: dict[str, float] = {}
         run = {"steps": request.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         with self._device_lock:
@@ -267,7 +280,8 @@ class Generator:
             off_device = time.perf_counter()
             run["done"] = request.steps
 
-        truncated = summarize_dropped(dropped_text(self._tokenizers[0], prompt))  # first words and a count
+        dropped = dropped_text(self._tokenizers[0], prompt, windows)
+        truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
         parameters = [
             image_io.describe(
                 prompt=prompt,

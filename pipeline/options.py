@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import ATTENTIONS, DTYPES, SDXL_BASE
+from .config import ATTENTIONS, DTYPES, MAX_PROMPT_WINDOWS, SDXL_BASE
 from .errors import InvalidInput
 from .fields import GUIDANCE_MAX, GUIDANCE_MIN, MAX_STEPS
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
@@ -146,6 +146,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default="auto", programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
+    Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
+           "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
+           _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
     Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
            "SDXL_NO_COMPILATION_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",

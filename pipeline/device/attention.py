@@ -33,6 +33,7 @@ keeps it in `EngineConfig.attention` and builds one program per kind (`hooked` c
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import threading
@@ -211,8 +212,25 @@ def _flax_attention_class():
     return FlaxAttention
 
 
+#: Within `context_lengths`: the keys of the text each row of a cross-attention attends to (int32 [B], traced).
+_context_lengths: contextvars.ContextVar = contextvars.ContextVar("context_lengths", default=None)
+
+
+@contextlib.contextmanager
+def context_lengths(lengths):
+    """Within this context (entered inside a traced function), a cross-attention's row i attends to the first
+    `lengths[i]` keys of the text only: a prompt read in several 77-token windows (`device/text.py`) fills some,
+    and the windows it leaves empty take no part (softmax weight exactly 0). None: every key."""
+    token = _context_lengths.set(lengths)
+    try:
+        yield
+    finally:
+        _context_lengths.reset(token)
+
+
 def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None, deterministic=True):
     """`FlaxAttention.__call__` with another core, using the module's own projection layers (same parameters)."""
+    lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]
     heads, head_dim = module.heads, module.dim_head
@@ -221,7 +239,12 @@ def _attention_call(module, kind: str, interpret: bool, hidden_states, context=N
         return x.reshape(batch, -1, heads, head_dim)
 
     q, k, v = split(module.query(hidden_states)), split(module.key(context)), split(module.value(context))
-    out = attend(q, k, v, head_dim**-0.5, kind, interpret=interpret)  # [B, Lq, N, H]
+    if lengths is None:
+        out = attend(q, k, v, head_dim**-0.5, kind, interpret=interpret)  # [B, Lq, N, H]
+    else:  # a few hundred keys: XLA's core, with the empty windows masked
+        out = jax.nn.dot_product_attention(
+            q, k, v, scale=head_dim**-0.5, key_value_seq_lengths=lengths, implementation="xla"
+        )
     out = module.proj_attn(out.reshape(batch, -1, heads * head_dim))  # [B, Lq, D]
     return module.dropout_layer(out, deterministic=deterministic)
 

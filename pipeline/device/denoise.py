@@ -11,8 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import sampler_update
+from . import attention, sampler_update
 from .modules import Modules
+from .text import WINDOW
 
 LATENT_CHANNELS = 4
 
@@ -35,25 +36,30 @@ def start_local(seeds, init_sigma, *, height: int, width: int, vae_scale_factor:
 
 
 def step_local(
-    modules: Modules, params, latents, previous, hidden, pooled, guidance, seeds, coefficients, index, *,
+    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, *,
     cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """One denoising step of any sampler: (latents, D) -> (latents', D). Shapes: latents/previous float32
-    [b, 4, h, w], hidden [2b or b, 77, D], pooled [2b or b, P], guidance [b], seeds uint32 [b]; coefficients
-    float32 [6] (one row of a `sampler_update.Plan`) and index int32 [] are the same on every device.
+    [b, 4, h, w], hidden [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to),
+    guidance [b], seeds uint32 [b]; coefficients float32 [6] (one row of a `host/plan.Plan`) and index int32 [] are
+    the same on every device (c = 2 with classifier-free guidance, else 1).
     """
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     timestep, sigma = coefficients[0], coefficients[1]
     model_input = sampler_update.scale_model_input(latents, sigma)  # [b, 4, h, w]
     if cfg:
         model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
-    noise = modules.unet.apply(
-        {"params": params["unet"]},
-        model_input,
-        jnp.broadcast_to(timestep, model_input.shape[:1]),  # float32, as PyTorch feeds it
-        encoder_hidden_states=hidden,
-        added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)},
-    ).sample
+    one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
+    with attention.context_lengths(None if one_window else key_lengths):
+        noise = modules.unet.apply(
+            {"params": params["unet"]},
+            model_input,
+            jnp.broadcast_to(timestep, model_input.shape[:1]),  # float32, as PyTorch feeds it
+            encoder_hidden_states=hidden,
+            added_cond_kwargs={
+                "text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)
+            },
+        ).sample
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
     noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
     # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.

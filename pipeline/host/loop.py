@@ -49,9 +49,10 @@ class Stopped(Exception):
 class RequestInputs:
     """One request's batch arrays, already on the devices (split over the batch)."""
 
-    prompt_ids: jax.Array  # int32 [B, 2, 77]
-    negative_ids: jax.Array  # int32 [B, 2, 77]
+    prompt_ids: jax.Array  # int32 [B, 2, K*77]
+    negative_ids: jax.Array  # int32 [B, 2, K*77]
     has_negative: jax.Array  # bool [B]
+    windows: jax.Array  # int32 [B, 2]: the 77-token windows the negative prompt and the prompt fill
     guidance: jax.Array  # float32 [B]
     seeds: jax.Array  # uint32 [B]
 
@@ -105,9 +106,10 @@ def run(
     start = programs.compile(ProgramKey("start", height, width))
     step = programs.compile(ProgramKey("step", height, width, cfg))
     decode = programs.compile(ProgramKey("decode", height, width))
-    hidden, pooled = encode(
-        programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative
-    )
+    hidden, pooled, key_lengths = encode(
+        programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
+        inputs.windows,
+    )  # fmt: skip
     latents = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)))
     previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
     unet = programs.weights(ProgramKey("step"), params)
@@ -125,7 +127,9 @@ def run(
             raise Stopped(index, plan.steps)
         # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.
         row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
-        latents, previous = step(unet, latents, previous, hidden, pooled, inputs.guidance, inputs.seeds, row, at)
+        latents, previous = step(
+            unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at
+        )
         pending.append(latents)
         if index == 0 and timings is not None:
             timings["first_dispatch_at"] = time.perf_counter()
@@ -164,9 +168,12 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
     decode = jax.jit(functools.partial(decode_local, modules))
     seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
-    hidden, pooled = encode(params, prompt_ids, negative_ids, has_negative)
+    windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
+    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
     previous = latents
     for index, row in enumerate(plan.coefficients):
-        latents, previous = step(params, latents, previous, hidden, pooled, guidance, seeds, row, np.int32(index))
+        latents, previous = step(
+            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index)
+        )
     return np.asarray(decode(params, latents))

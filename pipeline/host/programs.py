@@ -3,14 +3,16 @@
 The host loop (`loop.py`) runs four kinds of program, each `jit(shard_map(per-device body))` over the 1-D `data`
 mesh, weights replicated, batch split:
 
-    encode[cfg]          ids [B, 2, 77] x2, has_negative [B]              -> hidden [cB, 77, D], pooled [cB, P]
+    encode[cfg]          ids [B, 2, K*77] x2, has_negative [B], windows [B, 2]
+                                                  -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
     start[size]          seeds [B], init_sigma []                         -> latents [B, 4, h, w]
-    step[size, cfg]      latents, D_prev, hidden, pooled, guidance [B], seeds [B], coefficients [6], index []
-                                                                          -> latents', D
+    step[size, cfg]      latents, D_prev, hidden, pooled, key_lengths, guidance [B], seeds [B], coefficients [6],
+                         index []                                         -> latents', D
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
-(c = 2 with classifier-free guidance, 1 without.) Steps and sampler are arguments (the coefficient row and the
-step index), so one step program serves every sampler and step count. No program contains a host callback, so
+(c = 2 with classifier-free guidance, 1 without; K = the 77-token windows a prompt is read in, a server setting.)
+Steps and sampler are arguments (the coefficient row and the step index), so one step program serves every sampler
+and step count. No program contains a host callback, so
 every one of them lands in JAX's persistent compilation cache. `ServedPrograms` is used by the generator (compile
 and run), the TPU report and the precompiled start-up (`bench tpu`, `python -m pipeline precompile`), which build
 it on abstract weights and a TPU topology's mesh.
@@ -94,13 +96,15 @@ class ServedPrograms:
         attention: str = "xla",
         prediction_type: str = "epsilon",
         max_tokens: int = 77,
+        prompt_windows: int = 1,
     ):
         self.modules = modules
         self.mesh = mesh
         self.batch = int(mesh.devices.size) * per_device_batch  # B: images per call
         self.attention = attention  # static: part of every program (entered while tracing)
         self.prediction_type = prediction_type  # static: how the step reads the UNet's output
-        self.max_tokens = max_tokens
+        self.max_tokens = max_tokens  # CLIP's window, 77
+        self.prompt_windows = prompt_windows  # static: K windows of 77 tokens per prompt
         self._params = {
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
@@ -120,7 +124,7 @@ class ServedPrograms:
         modules, batch, one = self.modules, P(DATA_AXIS), P()
         if key.kind == "encode":
             body = functools.partial(encode_local, modules, cfg=key.cfg)
-            in_specs, out_specs = (one, batch, batch, batch), (batch, batch)
+            in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch, batch)
         elif key.kind == "start":
             body = functools.partial(
                 _without_weights(start_local), height=key.height, width=key.width,
@@ -129,7 +133,7 @@ class ServedPrograms:
             in_specs, out_specs = (one, batch, one), batch
         elif key.kind == "step":
             body = functools.partial(step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch)
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one), (batch, batch)
         elif key.kind == "decode":
             body = functools.partial(decode_local, modules)
             in_specs, out_specs = (one, batch), batch
@@ -148,23 +152,24 @@ class ServedPrograms:
 
         weights = self.weights(key, self._params)
         if key.kind == "encode":
-            ids = spec((n, 2, self.max_tokens), np.int32)  # [B, 2, 77]
-            return weights, ids, ids, spec((n,), np.bool_)
+            ids = spec((n, 2, self.max_tokens * self.prompt_windows), np.int32)  # [B, 2, K*77]
+            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32)
         scale = self.modules.vae_scale_factor
         latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
         if key.kind == "start":
             return weights, spec((n,), np.uint32), spec((), np.float32, whole)
         if key.kind == "decode":
             return weights, latents
-        hidden, pooled = jax.eval_shape(
+        hidden, pooled, lengths = jax.eval_shape(
             self.jitted(ProgramKey("encode", cfg=key.cfg)), *self.abstract_args(ProgramKey("encode", cfg=key.cfg))
         )
         return (
             weights,
             latents,
             latents,
-            spec(hidden.shape, hidden.dtype),  # [cB, 77, D]
+            spec(hidden.shape, hidden.dtype),  # [cB, K*77, D]
             spec(pooled.shape, pooled.dtype),  # [cB, P]
+            spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
             spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [6]

@@ -1,40 +1,52 @@
 """Prompts to token ids on the host, for both CLIP tokenizers (the encoders run on the device: `device/text.py`).
 
-SDXL conditions on two text encoders. Their token ids travel together as `[B, 2, 77]` int32 (encoder 1, encoder 2),
-exactly as diffusers' `prepare_inputs` builds them, so the compiled program has one fixed input shape whatever the
-prompt. A prompt longer than 77 tokens is cut as CLIP cuts it; `dropped_text` says what the model never saw.
+SDXL conditions on two text encoders. Their token ids travel together as `[B, 2, K * 77]` int32 (encoder 1,
+encoder 2; K windows of 77, a server setting), so the compiled program has one fixed input shape whatever the
+prompt. A prompt longer than 75 tokens goes on in the next window, as A1111 and ComfyUI read it; what is past the
+last window is dropped, and `dropped_text` says what the model never saw.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def tokenize(tokenizers, prompt: str) -> np.ndarray:
-    """Token ids of one prompt for each tokenizer, padded/truncated to its max length: int32 [2, 77]."""
-    rows = [
-        tokenizer(
-            prompt,
-            padding="max_length",
-            max_length=tokenizers[0].model_max_length,
-            truncation=True,
-            return_tensors="np",
-        ).input_ids[0]
-        for tokenizer in tokenizers
-    ]
-    return np.stack(rows).astype(np.int32)  # [2, 77]
+#: CLIP's window: 77 token ids, the begin and end tokens included.
+WINDOW = 77
+#: The prompt's own tokens per window (A1111's and ComfyUI's "chunk" of 75).
+CHUNK = WINDOW - 2
 
 
-def dropped_text(tokenizer, prompt: str) -> str:
-    """The words of `prompt` past CLIP's token limit, as the user wrote them (empty when the prompt fits).
+def tokenize(tokenizers, prompt: str, chunks: int = 1) -> tuple[np.ndarray, int]:
+    """Token ids of one prompt for each tokenizer, as A1111 and ComfyUI read a long prompt: its tokens in windows of
+    75, each between the begin and end tokens and padded to 77 (`chunks` windows); int32 [2, chunks * 77], and how
+    many windows the prompt fills (1 at least; the UNet does not attend to the others, `device/attention.py`).
+
+    The first window is exactly what diffusers' `prepare_inputs` builds (`padding="max_length", truncation=True`),
+    so a prompt of up to 75 tokens is read as the reference reads it. Tokens past `chunks * 75` are dropped.
+    """
+    rows, used = [], 1
+    for tokenizer in tokenizers:
+        ids = tokenizer(prompt, add_special_tokens=False, truncation=False, verbose=False).input_ids
+        used = max(used, min(chunks, -(-len(ids) // CHUNK)))
+        begin, end, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        row = []
+        for window in range(chunks):
+            part = ids[window * CHUNK : (window + 1) * CHUNK]
+            row += [begin, *part, end] + [pad] * (CHUNK - len(part))
+        rows.append(row)
+    return np.asarray(rows, np.int32), used  # [2, chunks * 77]
+
+
+def dropped_text(tokenizer, prompt: str, chunks: int = 1) -> str:
+    """The words of `prompt` past the `chunks * 75` tokens read, as the user wrote them (empty when it fits).
 
     A word cut in the middle counts as dropped. Found by bisecting on whole words, since decoded tokens do not
     give back the user's spelling (CLIP lower-cases and splits numbers into digits).
     """
-    room = tokenizer.model_max_length - 2  # the begin and end tokens take two places
+    room = chunks * CHUNK
 
     def fits(text: str) -> bool:
-        return len(tokenizer(text, truncation=False, verbose=False).input_ids) - 2 <= room
+        return len(tokenizer(text, add_special_tokens=False, truncation=False, verbose=False).input_ids) <= room
 
     if fits(prompt):
         return ""
@@ -46,11 +58,17 @@ def dropped_text(tokenizer, prompt: str) -> str:
     return " ".join(words[low:])
 
 
-def summarize_dropped(dropped: str, shown: int = 8) -> str:
-    """A sentence about the dropped words, short enough for a toast: the first `shown` words and how many more."""
+def summarize_dropped(dropped: str, chunks: int = 1, style_tail: str = "", shown: int = 8) -> str:
+    """A sentence about the dropped words, short enough for a toast: the first `shown` words and how many more,
+    and whose they are: `style_tail` is the style template's text after the prompt (when every dropped word is
+    from it, the sentence says the style's words were cut, not the user's)."""
     if not dropped:
         return ""
     words = dropped.split()
     quoted = " ".join(words[:shown]) + ("…" if len(words) > shown else "")
     more = f" and {len(words) - shown} more word{'s' if len(words) - shown != 1 else ''}" if len(words) > shown else ""
-    return f"The prompt is longer than CLIP's 77 tokens; this part was ignored: “{quoted}”{more}."
+    limit = f"the {chunks * CHUNK} tokens this server reads" if chunks > 1 else "CLIP's 77 tokens"
+    if style_tail and " ".join(style_tail.split()).endswith(dropped):
+        return f"The prompt with its style's words is longer than {limit}; the end of the style's words was " \
+            f"ignored: “{quoted}”{more}."  # fmt: skip
+    return f"The prompt is longer than {limit}; this part was ignored: “{quoted}”{more}."
