@@ -16,7 +16,8 @@
   };
   const check = (event) => {
     const input = event.target;
-    if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest("#steps, #guidance")) return;
+    const sliders = "#steps, #guidance, #cfg-end, #deepcache";
+    if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest(sliders)) return;
     const value = Number(input.value);
     const min = Number(input.min), max = Number(input.max);
     if (input.value === "" || Number.isNaN(value)) return note(input, "");

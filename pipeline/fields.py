@@ -155,9 +155,9 @@ def check_shape(height: object, width: object, supported: Iterable[tuple[int, in
     raise InvalidInput(f"This server compiled {compiled} only; got {got}.")
 
 
-def check_steps(value: object, maximum: int = MAX_STEPS) -> int:
+def check_steps(value: object, maximum: int = MAX_STEPS, message: str = "") -> int:
     """Denoising steps as an int in 1..maximum; whole-valued floats pass (Gradio's slider may send 30.0)."""
-    message = f"Steps must be a whole number from 1 to {maximum}; got {_echo(value)}."
+    message = message or f"Steps must be a whole number from 1 to {maximum}; got {_echo(value)}."
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidInput(message)
     number = float(value)
@@ -190,3 +190,30 @@ def check_size(value: object, sizes: Sequence[Size]) -> Size:
         shown = shown[:39] + "…"
     offered = ", ".join(f"{w}×{h}" for h, w in sizes)
     raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered}.")
+
+
+#: DeepCache intervals offered per request: 1 = off (the default), up to this many steps per whole-UNet step.
+MAX_DEEPCACHE = 5
+#: Defaults: both levers off (each changes the picture).
+DEFAULT_CFG_END = 1.0
+DEFAULT_DEEPCACHE = 1
+
+
+def check_cfg_end(value: object) -> float:
+    """`cfg_end` (guidance on the first ⌈f × steps⌉ steps) as a float in (0, 1]; one sentence otherwise."""
+    message = f"cfg_end must be a number above 0 and at most 1 (1 = guidance on every step); got {_echo(value)}."
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(message)
+    number = float(value)
+    if not math.isfinite(number) or not 0 < number <= 1:
+        raise InvalidInput(message)
+    return number
+
+
+def check_deepcache(value: object) -> int:
+    """`deepcache` (DeepCache's interval N) as a whole number in 1..MAX_DEEPCACHE; one sentence otherwise."""
+    return check_steps(
+        value, MAX_DEEPCACHE,
+        f"deepcache must be a whole number from 1 (off) to {MAX_DEEPCACHE} (the whole UNet every N steps); "
+        f"got {_echo(value)}.",
+    )  # fmt: skip

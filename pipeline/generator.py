@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -33,12 +34,14 @@ from .device import attention as attention_core
 from .device.modules import Modules
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
+from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
 from .host.loop import Gate, Listener, RequestInputs, StopCheck
 from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
+from .host.speed_plan import speed_plan
 from .host.tokens import dropped_text, summarize_dropped, tokenize
 from .request import Request, RequestRules, parse_request
 from .styles import PLACEHOLDER
@@ -46,6 +49,8 @@ from .styles import PLACEHOLDER
 logger = logging.getLogger(__name__)
 
 SEED_MODULUS = 2**32
+#: A request's per-step program choice (`host/speed_plan.py`), computed once per (steps, cfg_end, deepcache, cfg).
+cached_speed_plan = functools.lru_cache(maxsize=256)(speed_plan)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,16 @@ class GenerationResult:
     def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
         """Write the images as `<stem>-00.png`, ... with their `parameters` text chunks."""
         return image_io.save_pngs(self.images, directory, stem)
+
+
+def request_settings(request: Request) -> dict[str, object]:
+    """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
+    settings: dict[str, object] = {}
+    if request.cfg_end != DEFAULT_CFG_END:
+        settings["CFG end"] = request.cfg_end
+    if request.deepcache != DEFAULT_DEEPCACHE:
+        settings["DeepCache"] = request.deepcache
+    return settings
 
 
 def style_tail(rules: RequestRules, style: str) -> str:
@@ -109,6 +124,7 @@ def build_programs(loaded: LoadedModel, config: EngineConfig, params, mesh, samp
         prediction_type=sampler.prediction_type,
         max_tokens=loaded.pipeline.tokenizer.model_max_length,
         prompt_windows=config.prompt_windows,
+        levers=config.speed_levers,
     )
 
 
@@ -177,7 +193,7 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(self.sizes, self.sampler.cfg)
+        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers)
 
     @property
     def device_summary(self) -> str:
@@ -238,6 +254,7 @@ class Generator:
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler)
+        speed = cached_speed_plan(request.steps, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
@@ -264,6 +281,7 @@ class Generator:
                     plan,
                     size=(height, width),
                     cfg=self.sampler.cfg,
+                    speed=speed,
                     put=self._put,
                     on_step=on_step,
                     should_stop=should_stop,
@@ -296,6 +314,7 @@ class Generator:
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,
+                extra=request_settings(request),
             )
             for s in seeds
         ]

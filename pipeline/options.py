@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .config import ATTENTIONS, DTYPES, MAX_PROMPT_WINDOWS, SDXL_BASE
 from .errors import InvalidInput
-from .fields import GUIDANCE_MAX, GUIDANCE_MIN, MAX_STEPS
+from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, GUIDANCE_MAX, GUIDANCE_MIN, MAX_DEEPCACHE, MAX_STEPS
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
 from .styles import DEFAULT_STYLE
@@ -149,6 +149,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
            _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
+    Option("--no-speed-levers", "do not compile the programs of per-request cfg_end and deepcache (a shorter "
+           "start-up; requests then run every step whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
            "SDXL_NO_COMPILATION_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
@@ -175,6 +178,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--style", "preset from assets/styles.json", default=DEFAULT_STYLE, programs=frozenset({CLI})),
     Option("--seed", "0..4294967295, or 'random'", default="0", programs=frozenset({CLI})),
     Option("--guidance-scale", f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g}", type=float, default_text="5",
+           programs=frozenset({CLI})),
+    Option("--cfg-end", "guidance on the first part of the steps only: 0.5 = the first half (faster; changes the "
+           "picture)", type=float, default=DEFAULT_CFG_END, programs=frozenset({CLI})),
+    Option("--deepcache", f"DeepCache: the whole UNet every N steps, its shallow part between (1 = off; up to "
+           f"{MAX_DEEPCACHE}; faster, changes the picture)", type=int, default=DEFAULT_DEEPCACHE,
            programs=frozenset({CLI})),
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),

@@ -32,7 +32,7 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     sampler = sampler_of(loaded, config)
     programs = build_programs(loaded, config, loaded.params, data_mesh(devices), sampler)
     sizes = list(config.offered_sizes)
-    keys = program_keys(sizes, sampler.cfg)
+    keys = program_keys(sizes, sampler.cfg, config.speed_levers)
     progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,

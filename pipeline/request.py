@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from .config import EngineConfig
 from .errors import InvalidInput
 from .fields import (
+    DEFAULT_CFG_END,
+    DEFAULT_DEEPCACHE,
+    check_cfg_end,
     check_choice,
+    check_deepcache,
     check_guidance,
     check_shape,
     check_size,
@@ -44,6 +48,7 @@ class RequestRules:
     sampler: str | None = None  # sampler (A1111 name) of a request that names none; None = the checkpoint's
     guidance_scale: float = DEFAULT_GUIDANCE  # guidance of a request that names none
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
+    levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -53,7 +58,7 @@ class RequestRules:
         sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
-            cfg=config.cfg,
+            cfg=config.cfg, levers=config.speed_levers,
         )  # fmt: skip
 
 
@@ -69,6 +74,8 @@ class Request:
     size: tuple[int, int] = (1024, 1024)  # (height, width): one of the server's compiled sizes
     steps: int = 25  # denoising steps, 1..100
     sampler: str | None = None  # A1111's name of the sampler; None = the server's default (its checkpoint's)
+    cfg_end: float = DEFAULT_CFG_END  # guidance on the first ⌈cfg_end × steps⌉ steps only (1 = every step)
+    deepcache: int = DEFAULT_DEEPCACHE  # DeepCache's N: the whole UNet every N steps, the shallow part between
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
 
@@ -95,6 +102,8 @@ def parse_request(
     size: object = None,  # (height, width), or text: 'WxH' or the page's '1344×768 (16:9)'
     steps: object = None,
     sampler: object = None,
+    cfg_end: object = DEFAULT_CFG_END,
+    deepcache: object = DEFAULT_DEEPCACHE,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
 ) -> Request:
@@ -118,8 +127,12 @@ def parse_request(
     checked_steps = check_steps(rules.steps if steps is None else steps)
     sampler = rules.sampler if sampler is None else sampler
     sampler_name = None if sampler is None else check_choice(sampler, SAMPLER_NAMES, "sampler")
+    guided_part, interval = check_cfg_end(cfg_end), check_deepcache(deepcache)
+    if not rules.levers and (guided_part, interval) != (DEFAULT_CFG_END, DEFAULT_DEEPCACHE):
+        raise InvalidInput("This server runs every step whole and guided (started with --no-speed-levers): "
+                           "cfg_end and deepcache must be 1.")  # fmt: skip
     if not rules.cfg:  # the guidance-free program reads neither (the page hides both, the API says so)
-        negative, guidance = "", 0.0
+        negative, guidance, guided_part = "", 0.0, DEFAULT_CFG_END
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -133,6 +146,8 @@ def parse_request(
         size=(height, width),
         steps=checked_steps,
         sampler=sampler_name,
+        cfg_end=guided_part,
+        deepcache=interval,
         styled_prompt=" ".join(styled.split()),
         styled_negative_prompt=" ".join(styled_negative.split()),
     )

@@ -21,6 +21,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from pipeline.host.loop import Stopped
 from pipeline.request import Request, RequestRules, parse_request
 from pipeline.styles import DEFAULT_STYLE
@@ -85,11 +86,15 @@ class Handlers:
             aspect_ratio: str = size_label(*rules.sizes[0]),
             steps: int = rules.steps,
             sampler: str = rules.sampler or "Euler",
+            cfg_end: float = DEFAULT_CFG_END,
+            deepcache: int = DEFAULT_DEEPCACHE,
             request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
             progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
         ) -> tuple[Gallery, int, str]:
             """Generate one image per accelerator core.
 
+            `cfg_end` < 1 guides the first part of the steps only; `deepcache` N > 1 runs the whole UNet every N
+            steps and its shallow part between: both faster, both change the picture (1 and 1: exact).
             Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
             /generate_png), the seed used and a status line. Stop, `job.cancel()` or a closed page end the request
             at the next denoising step.
@@ -97,7 +102,7 @@ class Handlers:
             try:
                 checked = parse_request(
                     prompt, negative_prompt, style, guidance_scale, seed, randomize_seed, size=aspect_ratio,
-                    steps=steps, sampler=sampler, rules=rules,
+                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                 )  # fmt: skip
             except InvalidInput as exc:
@@ -196,11 +201,13 @@ class Handlers:
 
 
 def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str) -> str:
-    """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234"."""
+    """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234" (+ " · CFG end 0.5 · DeepCache 3")."""
     height, width = request.size
     steps_text = f"{steps} step{'s' if steps != 1 else ''}, {sampler}"
+    levers = (f" · CFG end {request.cfg_end:g}" if request.cfg_end != DEFAULT_CFG_END else "") + (
+        f" · DeepCache {request.deepcache}" if request.deepcache != DEFAULT_DEEPCACHE else "")  # fmt: skip
     return f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {width}×{height} · {steps_text} · " \
-        f"seed {request.seed}"  # fmt: skip
+        f"seed {request.seed}{levers}"  # fmt: skip
 
 
 def checked_text(value: object) -> str:

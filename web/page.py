@@ -14,7 +14,16 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.fields import GUIDANCE_MAX, GUIDANCE_MIN, MAX_PROMPT_CHARS, MAX_STEPS, SEED_MAX
+from pipeline.fields import (
+    DEFAULT_CFG_END,
+    DEFAULT_DEEPCACHE,
+    GUIDANCE_MAX,
+    GUIDANCE_MIN,
+    MAX_DEEPCACHE,
+    MAX_PROMPT_CHARS,
+    MAX_STEPS,
+    SEED_MAX,
+)
 from pipeline.host.images import model_name
 from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.styles import DEFAULT_STYLE, load_examples
@@ -218,9 +227,30 @@ def build_page(
                         allow_custom_value=False,
                         elem_id="sampler",
                     )
+                with gr.Row(equal_height=True, visible=rules.levers):
+                    cfg_end = gr.Slider(
+                        minimum=0.05,
+                        maximum=1,
+                        value=DEFAULT_CFG_END,
+                        step=0.05,
+                        label="Guidance for the first part of the steps",
+                        info="1 = every step (exact); 0.5 = the first half: faster, changes the picture",
+                        visible=rules.cfg,
+                        elem_id="cfg-end",
+                    )
+                    deepcache = gr.Slider(
+                        minimum=1,
+                        maximum=MAX_DEEPCACHE,
+                        value=DEFAULT_DEEPCACHE,
+                        step=1,
+                        label="DeepCache",
+                        info="1 = off (exact); N = the whole UNet every N steps, its shallow part between: faster, "
+                        "changes the picture",
+                        elem_id="deepcache",
+                    )
                 if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
                     gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
-            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler]
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end, deepcache]
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
             examples_block = gr.Examples(
                 # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.

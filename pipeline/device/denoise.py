@@ -44,25 +44,34 @@ def step_local(
     guidance [b], seeds uint32 [b]; coefficients float32 [6] (one row of a `host/plan.Plan`) and index int32 [] are
     the same on every device (c = 2 with classifier-free guidance, else 1).
     """
+
+    def plain(sample, timesteps, added):
+        return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
+                                   added_cond_kwargs=added).sample,)  # fmt: skip
+
+    return unet_step(plain, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
+                     index, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+
+
+def unet_step(
+    unet_call, modules: Modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
+    *, cfg: bool, prediction_type: str,
+):  # fmt: skip
+    """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
+    returns (latents', D, *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go through it."""
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     timestep, sigma = coefficients[0], coefficients[1]
     model_input = sampler_update.scale_model_input(latents, sigma)  # [b, 4, h, w]
     if cfg:
         model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
+    added = {"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)}
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
     with attention.context_lengths(None if one_window else key_lengths):
-        noise = modules.unet.apply(
-            {"params": params["unet"]},
-            model_input,
-            jnp.broadcast_to(timestep, model_input.shape[:1]),  # float32, as PyTorch feeds it
-            encoder_hidden_states=hidden,
-            added_cond_kwargs={
-                "text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)
-            },
-        ).sample
+        # float32 timesteps, as PyTorch feeds them
+        noise, *extra = unet_call(model_input, jnp.broadcast_to(timestep, model_input.shape[:1]), added)
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
     noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
     # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
-    return sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh)
+    return (*sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh), *extra)

@@ -7,6 +7,7 @@ encoded as A1111 writes it (piexif's "unicode": the 8-byte `UNICODE\\0` prefix, 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -68,8 +69,13 @@ def describe(
     sampler: str = "Euler",
     spacing: str | None = None,
     unet: str | None = None,
+    extra: dict[str, object] | None = None,
 ) -> str:
-    """The `parameters` text of one image; `model` and `unet` are named as `model_name`/`unet_name` say (no paths)."""
+    """The `parameters` text of one image; `model` and `unet` are named as `model_name`/`unet_name` say (no paths).
+
+    `extra`: more "Key: value" settings, after the others (what a request set beyond A1111's basics, e.g.
+    "CFG end: 0.5"); a value with a comma or a colon is quoted, as A1111 quotes "Lora hashes".
+    """
     lines = [prompt]
     if negative_prompt:
         lines.append(f"Negative prompt: {negative_prompt}")
@@ -79,8 +85,15 @@ def describe(
         + (f", UNet: {unet_name(unet)}" if unet else "")
         + f", Dtype: {dtype}"
         + (f", Timestep spacing: {spacing}" if spacing else "")
+        + "".join(f", {key}: {_setting(value)}" for key, value in (extra or {}).items())
     )
     return "\n".join(lines)
+
+
+def _setting(value: object) -> str:
+    """A settings value as A1111 writes it: as is, or JSON-quoted when a comma or colon would split it."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return json.dumps(text, ensure_ascii=False) if any(char in text for char in ',:"') else text
 
 
 def to_pil(pixels: np.ndarray, parameters: list[str]) -> list[Image.Image]:

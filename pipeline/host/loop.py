@@ -25,6 +25,7 @@ import numpy as np
 
 from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms
+from .speed_plan import SpeedPlan, speed_plan
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def run(
     size: tuple[int, int],
     cfg: bool,
     put: Callable[[np.ndarray], jax.Array],
+    speed: SpeedPlan | None = None,
     on_step: Listener | None = None,
     should_stop: StopCheck | None = None,
     gate: Gate | None = None,
@@ -92,7 +94,11 @@ def run(
 ) -> jax.Array:
     """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
 
-    `put` places a small host array on every device (replicated; on several processes each passes the same).
+    `speed` (per-request `cfg_end` and `deepcache`, `speed_plan.py`; None: neither) picks each step's program: with
+    guidance or without, the whole UNet or the shallow one. A server compiled with those programs
+    (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without runs
+    `step`. `put` places a small host array on every device (replicated; on several processes each passes the
+    same).
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
     (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
     `freed_at` (the last queued step done);
@@ -104,39 +110,55 @@ def run(
         timings["started_at"] = started
     encode = programs.compile(ProgramKey("encode", cfg=cfg))
     start = programs.compile(ProgramKey("start", height, width))
-    step = programs.compile(ProgramKey("step", height, width, cfg))
     decode = programs.compile(ProgramKey("decode", height, width))
+    speed = speed or speed_plan(plan.steps, cfg=cfg)
+    kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
+
+    def step_program(full: bool, step_cfg: bool):
+        return programs.compile(ProgramKey(kinds[0] if full else kinds[1], height, width, step_cfg))
+
     hidden, pooled, key_lengths = encode(
         programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
         inputs.windows,
     )  # fmt: skip
     latents = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)))
     previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
+    feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
     unet = programs.weights(ProgramKey("step"), params)
     pending: list[jax.Array] = []  # dispatched steps' latents, oldest first
     done = 0  # steps whose result is ready
-    for index in range(plan.steps):
+    total = len(speed.schedule)
+    for position, planned in enumerate(speed.schedule):
         wants_stop = bool(should_stop and should_stop())
-        if gate(index, wants_stop) if gate is not None else wants_stop:
+        if gate(position, wants_stop) if gate is not None else wants_stop:
             if timings is not None:
                 timings["stop_seen_at"] = time.perf_counter()
             if pending:  # the step already queued finishes: the devices are free once it has
                 pending[-1].block_until_ready()
             if timings is not None:
                 timings["freed_at"] = time.perf_counter()
-            raise Stopped(index, plan.steps)
+            raise Stopped(position, total)
+        if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
+            hidden, pooled, key_lengths = programs.compile(ProgramKey("halve_text"))({}, hidden, pooled, key_lengths)
+        if planned.halve_feature:  # a shallow step without guidance after a whole step with it
+            feature = programs.compile(ProgramKey("halve_feature", height, width))({}, feature)
         # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.
+        index = planned.index
         row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
-        latents, previous = step(
-            unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at
-        )
+        args = (unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at)
+        if planned.full and kinds[0] == "step_full":
+            latents, previous, feature = step_program(True, planned.cfg)(*args)
+        elif planned.full:
+            latents, previous = step_program(True, planned.cfg)(*args)
+        else:
+            latents, previous = step_program(False, planned.cfg)(*args, feature)
         pending.append(latents)
-        if index == 0 and timings is not None:
+        if position == 0 and timings is not None:
             timings["first_dispatch_at"] = time.perf_counter()
-        if len(pending) > 1:  # step `index` is queued behind the one we now wait for
-            done = _ready(pending.pop(0), done, plan.steps, on_step, timings, started)
+        if len(pending) > 1:  # this step is queued behind the one we now wait for
+            done = _ready(pending.pop(0), done, total, on_step, timings, started)
     while pending:
-        done = _ready(pending.pop(0), done, plan.steps, on_step, timings, started)
+        done = _ready(pending.pop(0), done, total, on_step, timings, started)
     return decode(programs.weights(ProgramKey("decode"), params), latents)
 
 

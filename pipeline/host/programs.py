@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ..device import attention as attention_core
+from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ..device.denoise import LATENT_CHANNELS, start_local, step_local
 from ..device.modules import Modules
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
@@ -37,12 +38,16 @@ from ..device.vae import decode_local
 from .plan import COEFFICIENTS
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("encode", "start", "step", "decode")
+KINDS = ("encode", "start", "step", "step_full", "step_shallow", "halve_text", "halve_feature", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "encode": ("text_encoder", "text_encoder_2"),
     "start": (),
     "step": ("unet",),
+    "step_full": ("unet",),
+    "step_shallow": ("unet",),
+    "halve_text": (),
+    "halve_feature": (),
     "decode": ("vae",),
 }
 
@@ -51,7 +56,7 @@ WEIGHTS = {
 class ProgramKey:
     """One compiled program: its kind and the static settings it was compiled for (None = does not depend on it)."""
 
-    kind: str  # "encode", "start", "step" or "decode"
+    kind: str  # one of KINDS
     height: int | None = None  # static: image height in pixels (start, step, decode)
     width: int | None = None  # static: image width in pixels (start, step, decode)
     cfg: bool | None = None  # static: classifier-free guidance on/off (encode, step)
@@ -67,15 +72,23 @@ class ProgramKey:
         return " ".join(parts)
 
 
-def program_keys(sizes: list[tuple[int, int]], cfg: bool) -> list[ProgramKey]:
-    """Every program a server offering `sizes` ((height, width) pairs) runs, encode first."""
-    keys = [ProgramKey("encode", cfg=cfg)]
+def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False) -> list[ProgramKey]:
+    """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
+
+    `levers` (per-request `cfg_end` and `deepcache`): the whole-UNet step keeps DeepCache's feature (`step_full`,
+    instead of `step`), a shallow step uses it, and a CFG server also compiles the guidance-free steps and the two
+    small programs that keep a CFG batch's conditional half.
+    """
+    modes = (cfg, False) if cfg and levers else (cfg,)
+    keys = [ProgramKey("encode", cfg=cfg)] + ([ProgramKey("halve_text")] if cfg and levers else [])
     for height, width in sizes:
-        keys += [
-            ProgramKey("start", height, width),
-            ProgramKey("step", height, width, cfg),
-            ProgramKey("decode", height, width),
-        ]
+        keys.append(ProgramKey("start", height, width))
+        if levers:
+            keys += [ProgramKey(kind, height, width, mode) for mode in modes for kind in ("step_full", "step_shallow")]
+            keys += [ProgramKey("halve_feature", height, width)] if cfg else []
+        else:
+            keys.append(ProgramKey("step", height, width, cfg))
+        keys.append(ProgramKey("decode", height, width))
     return keys
 
 
@@ -97,6 +110,7 @@ class ServedPrograms:
         prediction_type: str = "epsilon",
         max_tokens: int = 77,
         prompt_windows: int = 1,
+        levers: bool = False,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -105,6 +119,7 @@ class ServedPrograms:
         self.prediction_type = prediction_type  # static: how the step reads the UNet's output
         self.max_tokens = max_tokens  # CLIP's window, 77
         self.prompt_windows = prompt_windows  # static: K windows of 77 tokens per prompt
+        self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self._params = {
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
@@ -131,9 +146,18 @@ class ServedPrograms:
                 vae_scale_factor=modules.vae_scale_factor,
             )  # fmt: skip
             in_specs, out_specs = (one, batch, one), batch
-        elif key.kind == "step":
-            body = functools.partial(step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one), (batch, batch)
+        elif key.kind in ("step", "step_full", "step_shallow"):
+            local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
+            body = functools.partial(local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one)
+            in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
+            out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
+        elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
+            body = _without_weights(conditional_half_local)
+            in_specs, out_specs = (one, batch, batch, batch), (batch, batch, batch)
+        elif key.kind == "halve_feature":
+            body = _without_weights(conditional_half_local)
+            in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
             body = functools.partial(decode_local, modules)
             in_specs, out_specs = (one, batch), batch
@@ -154,16 +178,18 @@ class ServedPrograms:
         if key.kind == "encode":
             ids = spec((n, 2, self.max_tokens * self.prompt_windows), np.int32)  # [B, 2, K*77]
             return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32)
+        if key.kind == "halve_text":
+            return weights, *self._split(self._encoded(True))
         scale = self.modules.vae_scale_factor
         latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
         if key.kind == "start":
             return weights, spec((n,), np.uint32), spec((), np.float32, whole)
         if key.kind == "decode":
             return weights, latents
-        hidden, pooled, lengths = jax.eval_shape(
-            self.jitted(ProgramKey("encode", cfg=key.cfg)), *self.abstract_args(ProgramKey("encode", cfg=key.cfg))
-        )
-        return (
+        if key.kind == "halve_feature":
+            return weights, self._split(self._feature(key.height, key.width, True))
+        hidden, pooled, lengths = self._encoded(key.cfg)
+        step_args = (
             weights,
             latents,
             latents,
@@ -174,6 +200,25 @@ class ServedPrograms:
             spec((n,), np.uint32),  # seeds [B]
             spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [6]
             spec((), np.int32, whole),  # step index
+        )
+        if key.kind == "step_shallow":
+            return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
+        return step_args
+
+    def _encoded(self, cfg: bool):
+        """Shapes of what encode[cfg] returns: hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]."""
+        key = ProgramKey("encode", cfg=cfg)
+        return jax.eval_shape(self.jitted(key), *self.abstract_args(key))
+
+    def _feature(self, height: int, width: int, cfg: bool):
+        """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]."""
+        key = ProgramKey("step_full", height, width, cfg)
+        return jax.eval_shape(self.jitted(key), *self.abstract_args(key))[2]
+
+    def _split(self, shapes):
+        """Abstract batch-split arguments of these shapes."""
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharded(self.mesh)), shapes
         )
 
     def lower(self, key: ProgramKey):
