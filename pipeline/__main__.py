@@ -65,7 +65,8 @@ def _generate(args: argparse.Namespace) -> int:
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
     request = parse_request(
         args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,
-        randomize, rules=RequestRules.of(config),
+        randomize, cfg_end=args.cfg_end, deepcache=args.deepcache, loras=[_lora(text) for text in args.lora],
+        rules=RequestRules.of(config),
     )  # fmt: skip
     if not config.cfg and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
         print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)
@@ -112,6 +113,12 @@ def _generate(args: argparse.Namespace) -> int:
         f"call {t['call_total_s']:.2f} s"
     )
     return 0
+
+
+def _lora(text: str) -> list:
+    """--lora NAME[:WEIGHT[:UNET_WEIGHT]] as the API's [name, weight] (or [name, te, unet]); weights checked later."""
+    name, *weights = str(text).split(":")
+    return [name, *weights] if weights else [name, 1.0]
 
 
 def _precompile(args: argparse.Namespace) -> int:

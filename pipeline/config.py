@@ -62,6 +62,7 @@ class EngineConfig:
     variant: str | None = None  # PyTorch weight variant to prefer, e.g. "fp16" (*.fp16.safetensors); Flax has none
     unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
+    lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
@@ -175,6 +176,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=model,
         revision=get("revision"),
+        lora_dir=get("lora_dir"),
         sizes=sizes,
         dtype=get("dtype"),
         per_device_batch=get("per_device_batch") or 1,

@@ -27,10 +27,12 @@ import numpy as np
 from PIL import Image
 
 from .checkpoint.loading import LoadedModel, load_model
+from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.scheduler_config import read_scheduler_config
 from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
 from .device import attention as attention_core
+from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
@@ -39,6 +41,7 @@ from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
 from .host.loop import Gate, Listener, RequestInputs, StopCheck
+from .host.lora_sets import LoraSets
 from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
@@ -72,9 +75,11 @@ class GenerationResult:
         return image_io.save_pngs(self.images, directory, stem)
 
 
-def request_settings(request: Request) -> dict[str, object]:
+def request_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
     settings: dict[str, object] = {}
+    if request.loras and loras is not None:
+        settings["Lora hashes"] = loras.hashes(request.loras)
     if request.cfg_end != DEFAULT_CFG_END:
         settings["CFG end"] = request.cfg_end
     if request.deepcache != DEFAULT_DEEPCACHE:
@@ -112,9 +117,23 @@ def sampler_of(loaded: LoadedModel, config: EngineConfig) -> SamplerConfig:
     return SamplerConfig.from_scheduler_config(scheduler, **config.sampler_overrides())
 
 
-def build_programs(loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig) -> ServedPrograms:
+def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile], MergeLayout | None]:
+    """The LoRAs of `config.lora_dir` this checkpoint can take (each refused one logged in one line) and the merge
+    layout they need; ([], None) without a directory."""
+    if not config.lora_dir:
+        return [], None
+    targets = lora_targets(dict(loaded.pipeline.unet.config), loaded.params)
+    files = load_lora_dir(config.lora_dir, targets).loras
+    logger.info("LoRAs: %d offered from %s", len(files), config.lora_dir)
+    return files, (MergeLayout.from_loras(files, targets.shapes) if files else None)
+
+
+def build_programs(
+    loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None
+) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
-    topology's precompile reads shapes only). The generator and `precompile` both build them here."""
+    topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
+    build them here."""
     return ServedPrograms(
         Modules.of(loaded.pipeline),
         params,
@@ -125,6 +144,7 @@ def build_programs(loaded: LoadedModel, config: EngineConfig, params, mesh, samp
         max_tokens=loaded.pipeline.tokenizer.model_max_length,
         prompt_windows=config.prompt_windows,
         levers=config.speed_levers,
+        lora_layout=layout,
     )
 
 
@@ -143,9 +163,11 @@ class Generator:
         self.sampler = sampler_of(loaded, config)
         self._check_sizes(Modules.of(loaded.pipeline))
         #: What a request may ask for and what it gets when it names nothing (`request.parse_request`).
+        files, layout = read_loras(loaded, config)
         self.rules = dataclasses.replace(
-            RequestRules.of(config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg
-        )
+            RequestRules.of(config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg,
+            loras=tuple(lora.name for lora in files),
+        )  # fmt: skip
         started = time.perf_counter()
         self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
         self.load_timings = {
@@ -155,7 +177,9 @@ class Generator:
         }
         self._batch_sharding = batch_sharded(self.mesh)
         self._replicated = replicated(self.mesh)
-        self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler)
+        self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout)
+        #: The LoRAs offered and the set merged now (None without any)
+        self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all) if files else None
         self._device_lock = threading.Lock()  # one request on the devices at a time
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
@@ -193,7 +217,7 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers)
+        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None)
 
     @property
     def device_summary(self) -> str:
@@ -273,10 +297,11 @@ class Generator:
         run = {"steps": request.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         with self._device_lock:
             on_device = time.perf_counter()
+            params = self.loras.params_for(request.loras) if self.loras is not None else self._params
             try:
                 pixels = loop.run(
                     self.programs,
-                    self._params,
+                    params,
                     inputs,
                     plan,
                     size=(height, width),
@@ -302,7 +327,7 @@ class Generator:
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
         parameters = [
             image_io.describe(
-                prompt=prompt,
+                prompt=request.written_prompt or prompt,
                 negative_prompt=negative_prompt,
                 seed=s,
                 steps=request.steps,
@@ -314,7 +339,7 @@ class Generator:
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,
-                extra=request_settings(request),
+                extra=request_settings(request, self.loras),
             )
             for s in seeds
         ]
@@ -341,3 +366,7 @@ class Generator:
     def _put(self, array: np.ndarray) -> jax.Array:
         """A small host array on every device (replicated), on one process or several."""
         return global_batch((np.asarray(array),), self._replicated)[0]
+
+    def _put_all(self, arrays) -> tuple:
+        """Host arrays on every device (replicated), on one process or several."""
+        return global_batch(tuple(np.asarray(a) for a in arrays), self._replicated)

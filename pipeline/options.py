@@ -19,6 +19,7 @@ from .errors import InvalidInput
 from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, GUIDANCE_MAX, GUIDANCE_MIN, MAX_DEEPCACHE, MAX_STEPS
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
+from .request import MAX_LORAS
 from .styles import DEFAULT_STYLE
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
@@ -125,6 +126,9 @@ OPTIONS: tuple[Option, ...] = (
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--unet", "whole-UNet .safetensors replacing the model's: PATH or REPO:FILE", "SDXL_UNET",
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--lora-dir", "offer every *.safetensors LoRA in DIR (kohya/A1111, diffusers/PEFT; LoCon), by file name: "
+           "<lora:NAME:WEIGHT> in a prompt, the API's `loras`, the page's picker; a file it cannot apply is named and "
+           "left out", "SDXL_LORA_DIR", metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--preset", "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
            "size; flags override it; with another model (e.g. tiny) only its sampler settings", "SDXL_PRESET",
            choices=PRESET_NAMES, programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
@@ -183,6 +187,9 @@ OPTIONS: tuple[Option, ...] = (
            "picture)", type=float, default=DEFAULT_CFG_END, programs=frozenset({CLI})),
     Option("--deepcache", f"DeepCache: the whole UNet every N steps, its shallow part between (1 = off; up to "
            f"{MAX_DEEPCACHE}; faster, changes the picture)", type=int, default=DEFAULT_DEEPCACHE,
+           programs=frozenset({CLI})),
+    Option("--lora", f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
+           f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
            programs=frozenset({CLI})),
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),

@@ -13,6 +13,9 @@ a field again. On several processes the leader sends `request.to_dict()` and the
 from __future__ import annotations
 
 import dataclasses
+import math
+import pathlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +40,12 @@ from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
 #: A request's default guidance scale (a preset may set another: `EngineConfig.guidance_scale`).
 DEFAULT_GUIDANCE = 5.0
+#: LoRAs one request may apply at once (the merge program's slots).
+MAX_LORAS = 4
+#: A LoRA's weight is taken from this range (A1111's UI offers -2..2; trained files go beyond a little).
+LORA_WEIGHT_LIMIT = 10.0
+#: A1111's prompt tag: <lora:NAME>, <lora:NAME:WEIGHT> or <lora:NAME:TE_WEIGHT:UNET_WEIGHT> (te=/unet= allowed).
+LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class RequestRules:
     guidance_scale: float = DEFAULT_GUIDANCE  # guidance of a request that names none
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
+    loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -56,9 +66,13 @@ class RequestRules:
         """The rules a server with `config` will have, known before the model loads (the sampler's default is the
         checkpoint's unless the config sets one: None until then)."""
         sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name
+        # The files of --lora-dir by name; the engine then offers those it could read (`Generator.rules`).
+        directory = pathlib.Path(config.lora_dir) if config.lora_dir else None
+        loras = tuple(sorted(p.stem for p in directory.glob("*.safetensors"))) if directory and directory.is_dir() \
+            else ()  # fmt: skip
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
-            cfg=config.cfg, levers=config.speed_levers,
+            cfg=config.cfg, levers=config.speed_levers, loras=loras,
         )  # fmt: skip
 
 
@@ -76,7 +90,9 @@ class Request:
     sampler: str | None = None  # A1111's name of the sampler; None = the server's default (its checkpoint's)
     cfg_end: float = DEFAULT_CFG_END  # guidance on the first ⌈cfg_end × steps⌉ steps only (1 = every step)
     deepcache: int = DEFAULT_DEEPCACHE  # DeepCache's N: the whole UNet every N steps, the shallow part between
-    styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template
+    loras: tuple[tuple[str, float, float], ...] = ()  # (name, text-encoder weight, UNet weight): up to MAX_LORAS
+    styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
+    written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
 
     def to_dict(self) -> dict:
@@ -88,6 +104,7 @@ class Request:
         """Rebuild a request the leader checked and published: trusted, so nothing is checked again."""
         values = dict(data)
         values["size"] = tuple(values["size"])  # JSON has no tuples
+        values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         return cls(**values)
 
 
@@ -104,6 +121,7 @@ def parse_request(
     sampler: object = None,
     cfg_end: object = DEFAULT_CFG_END,
     deepcache: object = DEFAULT_DEEPCACHE,
+    loras: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
 ) -> Request:
@@ -111,7 +129,8 @@ def parse_request(
 
     None means the server's default (`rules`) for guidance, size, steps and sampler. `check_prompt` is a server's
     own policy on the user's prompt (a word filter): it sees the cleaned prompt only, never the style's template or
-    the negative prompt, and raises InvalidInput to refuse.
+    the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's tags in the prompt and from
+    `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     """
     rules = rules or RequestRules()
     text = clean_text(prompt, field="prompt")
@@ -133,10 +152,13 @@ def parse_request(
                            "cfg_end and deepcache must be 1.")  # fmt: skip
     if not rules.cfg:  # the guidance-free program reads neither (the page hides both, the API says so)
         negative, guidance, guided_part = "", 0.0, DEFAULT_CFG_END
+    chosen = _loras(text, loras, rules.loras)
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
         styled_negative = ""
+    tagged = {name.lower() for name, *_ in _tags(text)}
+    written = " ".join([styled, *(_tag(choice) for choice in chosen if choice[0].lower() not in tagged)])
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -148,9 +170,88 @@ def parse_request(
         sampler=sampler_name,
         cfg_end=guided_part,
         deepcache=interval,
-        styled_prompt=" ".join(styled.split()),
+        loras=chosen,
+        styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
         styled_negative_prompt=" ".join(styled_negative.split()),
+        written_prompt=" ".join(written.split()),
     )
+
+
+def _tags(text: str) -> list[tuple[str, float, float]]:
+    """The LoRAs A1111's tags in `text` ask for: (name as written, text-encoder weight, UNet weight)."""
+    found = []
+    for match in LORA_TAG.finditer(text):
+        name, first, second = match.group(1).strip(), match.group(2), match.group(3)
+        te = _weight(first, name, "te") if first not in (None, "") else 1.0
+        unet = _weight(second, name, "unet") if second not in (None, "") else te
+        found.append((name, te, unet))
+    return found
+
+
+def _weight(text: object, name: str, prefix: str = "") -> float:
+    """A LoRA weight from a tag's text ("0.8", "te=0.8") or an API number; one sentence when it is not one."""
+    value = text
+    if isinstance(text, str):
+        value = text.strip()
+        if prefix and value.lower().startswith(f"{prefix}="):
+            value = value[len(prefix) + 1 :]
+        try:
+            value = float(value)
+        except ValueError:
+            value = text
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)) or not (
+        -LORA_WEIGHT_LIMIT <= float(value) <= LORA_WEIGHT_LIMIT
+    ):  # fmt: skip
+        raise InvalidInput(
+            f"The weight of LoRA {_quote(name)} must be a number from {-LORA_WEIGHT_LIMIT:g} to "
+            f"{LORA_WEIGHT_LIMIT:g}; got {_quote(text)}."
+        )
+    return float(value)
+
+
+def _loras(text: str, explicit: object, offered: tuple[str, ...]) -> tuple[tuple[str, float, float], ...]:
+    """The request's LoRAs: the prompt's tags, then `explicit` ([name, weight] or [name, te, unet] items)."""
+    asked = _tags(text)
+    if explicit not in (None, "", [], ()):
+        if not isinstance(explicit, list | tuple):
+            raise InvalidInput("loras must be a list of [name, weight] pairs, e.g. [[\"my-style\", 0.8]].")
+        for item in explicit:
+            if not isinstance(item, list | tuple) or len(item) not in (2, 3) or not isinstance(item[0], str):
+                raise InvalidInput(f"Each item of loras must be [name, weight] or [name, te, unet]; got {_quote(item)}."
+                                   )  # fmt: skip
+            name = item[0].strip()
+            if not name:  # an unused row of the page's picker
+                continue
+            te = _weight(item[1], name)
+            asked.append((name, te, _weight(item[2], name) if len(item) == 3 else te))
+    if not asked:
+        return ()
+    if not offered:
+        raise InvalidInput("This server offers no LoRAs (start it with --lora-dir DIR).")
+    by_name = {name.lower(): name for name in offered}
+    chosen = []
+    for name, te, unet in asked:
+        if name.lower() not in by_name:
+            raise InvalidInput(f"Unknown LoRA {_quote(name)}; this server offers: {', '.join(offered)}.")
+        if any(existing == by_name[name.lower()] for existing, _, _ in chosen):
+            raise InvalidInput(f"LoRA {_quote(name)} is asked for twice; give it once, with one weight.")
+        chosen.append((by_name[name.lower()], te, unet))
+    if len(chosen) > MAX_LORAS:
+        raise InvalidInput(f"At most {MAX_LORAS} LoRAs at once; got {len(chosen)}.")
+    return tuple(chosen)
+
+
+def _tag(choice: tuple[str, float, float]) -> str:
+    """A1111's tag for a LoRA given through `loras` (the parameters then read back with the same LoRAs)."""
+    name, te, unet = choice
+    return f"<lora:{name}:{te:g}>" if te == unet else f"<lora:{name}:{te:g}:{unet:g}>"
+
+
+def _quote(value: object) -> str:
+    """A user value for a message: text in quotes, anything else as written; at most 40 characters."""
+    text = " ".join((value if isinstance(value, str) else repr(value)).split())
+    text = text[:39] + "…" if len(text) > 40 else text
+    return f"'{text}'" if isinstance(value, str) else text
 
 
 def _size(size: object, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:

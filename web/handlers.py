@@ -88,13 +88,15 @@ class Handlers:
             sampler: str = rules.sampler or "Euler",
             cfg_end: float = DEFAULT_CFG_END,
             deepcache: int = DEFAULT_DEEPCACHE,
+            loras: list | None = None,
             request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
             progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
         ) -> tuple[Gallery, int, str]:
             """Generate one image per accelerator core.
 
             `cfg_end` < 1 guides the first part of the steps only; `deepcache` N > 1 runs the whole UNet every N
-            steps and its shallow part between: both faster, both change the picture (1 and 1: exact).
+            steps and its shallow part between: both faster, both change the picture (1 and 1: exact). `loras`:
+            up to 4 [name, weight] pairs of the server's LoRAs (also `<lora:NAME:WEIGHT>` in the prompt).
             Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
             /generate_png), the seed used and a status line. Stop, `job.cancel()` or a closed page end the request
             at the next denoising step.
@@ -102,7 +104,7 @@ class Handlers:
             try:
                 checked = parse_request(
                     prompt, negative_prompt, style, guidance_scale, seed, randomize_seed, size=aspect_ratio,
-                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, rules=rules,
+                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, loras=loras, rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                 )  # fmt: skip
             except InvalidInput as exc:
@@ -122,6 +124,11 @@ class Handlers:
                             progress=progress)  # fmt: skip
 
         return generate_example
+
+    @staticmethod
+    def picked_loras(*rows) -> list:
+        """The page's LoRA picker (name, weight, name, weight, ...) as the API's `loras`: [[name, weight], ...]."""
+        return [[name, weight] for name, weight in zip(rows[0::2], rows[1::2], strict=True) if name]
 
     def pngs(self, request: gr.Request = None) -> dict:
         """The page's follow-up to a generation: the lossless PNG (with `parameters`) of each image it just showed.
@@ -206,6 +213,9 @@ def status_line(count: int, seconds: float, request: Request, steps: int, sample
     steps_text = f"{steps} step{'s' if steps != 1 else ''}, {sampler}"
     levers = (f" · CFG end {request.cfg_end:g}" if request.cfg_end != DEFAULT_CFG_END else "") + (
         f" · DeepCache {request.deepcache}" if request.deepcache != DEFAULT_DEEPCACHE else "")  # fmt: skip
+    if request.loras:
+        levers += " · LoRA " + ", ".join(
+            f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras)
     return f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {width}×{height} · {steps_text} · " \
         f"seed {request.seed}{levers}"  # fmt: skip
 

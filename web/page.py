@@ -26,6 +26,7 @@ from pipeline.fields import (
 )
 from pipeline.host.images import model_name
 from pipeline.host.plan import SAMPLER_NAMES
+from pipeline.request import MAX_LORAS
 from pipeline.styles import DEFAULT_STYLE, load_examples
 
 from .delivery import Outbox
@@ -248,9 +249,24 @@ def build_page(
                         "changes the picture",
                         elem_id="deepcache",
                     )
+                lora_rows = []
+                with gr.Group(visible=bool(rules.loras), elem_id="lora-picker"):
+                    gr.Markdown(f"LoRA: up to {MAX_LORAS} at once (or `<lora:NAME:WEIGHT>` in the prompt)")
+                    for slot in range(MAX_LORAS):
+                        with gr.Row(equal_height=True):
+                            lora_rows.append(gr.Dropdown(
+                                choices=[("none", "")] + [(name, name) for name in rules.loras], value="",
+                                label=f"LoRA {slot + 1}", show_label=False, scale=3, elem_id=f"lora-{slot + 1}",
+                            ))  # fmt: skip
+                            lora_rows.append(gr.Slider(
+                                minimum=-2, maximum=2, value=1, step=0.05, label="Weight", scale=2,
+                                elem_id=f"lora-weight-{slot + 1}",
+                            ))  # fmt: skip
+                loras = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
                 if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
                     gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
-            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end, deepcache]
+            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end, deepcache,
+                      loras]  # fmt: skip
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
             examples_block = gr.Examples(
                 # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
@@ -298,6 +314,10 @@ def build_page(
             concurrency_limit=4,  # it only waits on the background pool
             concurrency_id="pngs",
         )
+        gr.on(
+            triggers=[row.change for row in lora_rows], fn=handlers.picked_loras, inputs=lora_rows, outputs=loras,
+            queue=False, api_visibility="private",
+        )  # fmt: skip
         # An example's images come from the examples' cache: the PNG list of the last request no longer matches them.
         examples_block.load_input_event.then(
             fn=lambda: gr.update(value=None, visible=False), inputs=None, outputs=pngs, queue=False,

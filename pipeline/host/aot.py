@@ -122,7 +122,8 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 
 
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
-PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/sampler_update.py",
+PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
+                   "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py")
 
 
@@ -138,6 +139,9 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     for name in ("text_encoder", "text_encoder_2", "unet", "vae"):
         digest.update(_config_text(getattr(programs.modules, name)).encode())
     digest.update(repr(programs.modules.vae_scale_factor).encode())
+    if key.kind == "merge":  # its arguments are the LoRAs' kernels and slots, not a component's weights
+        digest.update(repr((programs.lora_layout, jax.tree_util.tree_map(
+            lambda x: (x.shape, str(x.dtype)), programs.abstract_args(key)))).encode())  # fmt: skip
     leaves = jax.tree_util.tree_flatten_with_path(programs.weights(key, programs._params))[0]
     digest.update(repr([(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype)) for path, leaf in leaves]).encode())
     here = Path(__file__).resolve().parent.parent  # pipeline/

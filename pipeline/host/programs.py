@@ -31,6 +31,8 @@ from jax.sharding import PartitionSpec as P
 from ..device import attention as attention_core
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ..device.denoise import LATENT_CHANNELS, start_local, step_local
+from ..device.lora import COMPONENTS as LORA_COMPONENTS
+from ..device.lora import MergeLayout, get_leaves, merge_donating
 from ..device.modules import Modules
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
@@ -38,9 +40,10 @@ from ..device.vae import decode_local
 from .plan import COEFFICIENTS
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("encode", "start", "step", "step_full", "step_shallow", "halve_text", "halve_feature", "decode")
+KINDS = ("merge", "encode", "start", "step", "step_full", "step_shallow", "halve_text", "halve_feature", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
+    "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
     "encode": ("text_encoder", "text_encoder_2"),
     "start": (),
     "step": ("unet",),
@@ -72,15 +75,16 @@ class ProgramKey:
         return " ".join(parts)
 
 
-def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False) -> list[ProgramKey]:
+def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
     `levers` (per-request `cfg_end` and `deepcache`): the whole-UNet step keeps DeepCache's feature (`step_full`,
     instead of `step`), a shallow step uses it, and a CFG server also compiles the guidance-free steps and the two
-    small programs that keep a CFG batch's conditional half.
+    small programs that keep a CFG batch's conditional half. `lora`: LoRAs are offered (the merge program).
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
-    keys = [ProgramKey("encode", cfg=cfg)] + ([ProgramKey("halve_text")] if cfg and levers else [])
+    keys = [ProgramKey("merge")] if lora else []
+    keys += [ProgramKey("encode", cfg=cfg)] + ([ProgramKey("halve_text")] if cfg and levers else [])
     for height, width in sizes:
         keys.append(ProgramKey("start", height, width))
         if levers:
@@ -111,6 +115,7 @@ class ServedPrograms:
         max_tokens: int = 77,
         prompt_windows: int = 1,
         levers: bool = False,
+        lora_layout: MergeLayout | None = None,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -120,6 +125,7 @@ class ServedPrograms:
         self.max_tokens = max_tokens  # CLIP's window, 77
         self.prompt_windows = prompt_windows  # static: K windows of 77 tokens per prompt
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
+        self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
         self._params = {
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
@@ -137,6 +143,10 @@ class ServedPrograms:
     def jitted(self, key: ProgramKey):
         """jit(shard_map(body)) for `key`: each device runs its own images; weights are replicated."""
         modules, batch, one = self.modules, P(DATA_AXIS), P()
+        if key.kind == "merge":  # replicated in, replicated out: every device merges its own copy of the weights
+            body = functools.partial(merge_donating, components=self.lora_layout.components)
+            return jax.jit(_named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True,
+                           out_shardings=replicated(self.mesh))  # fmt: skip
         if key.kind == "encode":
             body = functools.partial(encode_local, modules, cfg=key.cfg)
             in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch, batch)
@@ -175,6 +185,13 @@ class ServedPrograms:
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
         weights = self.weights(key, self._params)
+        if key.kind == "merge":
+            kernels = get_leaves(self._params, self.lora_layout.leaves)  # previous and originals alike
+            factors = tuple(self.lora_layout.factor_shapes)
+            slots = self.lora_layout.slots
+            downs = tuple(tuple(spec(down, np.float32, whole) for down, _ in factors) for _ in range(slots))
+            ups = tuple(tuple(spec(up, np.float32, whole) for _, up in factors) for _ in range(slots))
+            return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole)
         if key.kind == "encode":
             ids = spec((n, 2, self.max_tokens * self.prompt_windows), np.int32)  # [B, 2, K*77]
             return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32)
