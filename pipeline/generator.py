@@ -32,6 +32,7 @@ from .checkpoint.scheduler_config import read_scheduler_config
 from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
 from .device import attention as attention_core
+from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
@@ -40,12 +41,14 @@ from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
-from .host.loop import Gate, Listener, RequestInputs, StopCheck
+from .host.image_plan import image_plan
+from .host.loop import Blank, Gate, Listener, PictureInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
 from .host.tokens import dropped_text, summarize_dropped, tokenize
+from .image_inputs import steps_to_run
 from .request import Request, RequestRules, parse_request
 from .styles import PLACEHOLDER
 
@@ -78,6 +81,8 @@ class GenerationResult:
 def request_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
     settings: dict[str, object] = {}
+    if request.init_image is not None:  # A1111's name for image to image's strength
+        settings["Denoising strength"] = request.strength
     if request.loras and loras is not None:
         settings["Lora hashes"] = loras.hashes(request.loras)
     if request.cfg_end != DEFAULT_CFG_END:
@@ -181,6 +186,7 @@ class Generator:
         #: The LoRAs offered and the set merged now (None without any)
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all) if files else None
         self._device_lock = threading.Lock()  # one request on the devices at a time
+        self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
@@ -278,7 +284,15 @@ class Generator:
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler)
-        speed = cached_speed_plan(request.steps, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
+        pictures = request.pictures()
+        picture = None
+        if pictures is not None:  # image to image / inpainting: the last int(steps × strength) rows run
+            started_at = image_plan(
+                plan, steps_to_run(request.steps, request.strength),
+                pure_noise=pictures[1] is not None or self.programs.inpainting_unet,
+            )  # fmt: skip
+            plan, picture = started_at.plan, self._picture(*pictures, started_at.image_weight)
+        speed = cached_speed_plan(plan.steps, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
@@ -294,7 +308,7 @@ class Generator:
             *global_batch((prompt_ids, negative_ids, has_negative, filled, guidance, seed_array), self._batch_sharding)
         )  # in RequestInputs' order
         loop_timings: dict[str, float] = {}
-        run = {"steps": request.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
+        run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         with self._device_lock:
             on_device = time.perf_counter()
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
@@ -308,6 +322,8 @@ class Generator:
                     cfg=self.sampler.cfg,
                     speed=speed,
                     put=self._put,
+                    blank=self._blank(height, width, params),
+                    picture=picture,
                     on_step=on_step,
                     should_stop=should_stop,
                     gate=gate,
@@ -321,7 +337,7 @@ class Generator:
                 self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             off_device = time.perf_counter()
-            run["done"] = request.steps
+            run["done"] = plan.steps
 
         dropped = dropped_text(self._tokenizers[0], prompt, windows)
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
@@ -359,9 +375,37 @@ class Generator:
             truncated=truncated,
             parameters=parameters,
             timings=timings,
-            steps=request.steps,
+            steps=plan.steps,
             sampler=plan.label,
         )
+
+    def _picture(self, pixels: np.ndarray, repaint: np.ndarray | None, weight: float) -> PictureInputs:
+        """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
+        n, scale = self.num_images, self.programs.modules.vae_scale_factor
+        repaint = np.ones(pixels.shape[:2], bool) if repaint is None else repaint
+        small = repaint[None, ::scale, ::scale].astype(np.float32)  # [1, h, w]: nearest, torch's pixel (8i, 8j)
+        arrays = (
+            np.broadcast_to(pixels, (n, *pixels.shape)),  # [B, H, W, 3]
+            np.ones((n, *pixels.shape[:2]), bool),  # [B, H, W]
+            np.broadcast_to(~repaint, (n, *repaint.shape)),  # [B, H, W]
+            np.broadcast_to(small, (n, *small.shape)),  # [B, 1, h, w]
+        )
+        return PictureInputs(*global_batch(arrays, self._batch_sharding), weight=weight)
+
+    def _blank(self, height: int, width: int, params) -> Blank:
+        """What a step reads without a picture, made once per size (call with the device lock held)."""
+        if (height, width) not in self._blanks:
+            n, scale = self.num_images, self.programs.modules.vae_scale_factor
+            latents = np.zeros((n, LATENT_CHANNELS, height // scale, width // scale), np.float32)
+            zeros, ones = global_batch((latents, np.ones_like(latents[:, :1])), self._batch_sharding)
+            masked = zeros
+            if self.programs.inpainting_unet:  # diffusers' inpainting pipeline with an all-white mask: a grey picture
+                pixels, keep = np.zeros((n, height, width, 3), np.uint8), np.zeros((n, height, width), bool)
+                grey, keep = global_batch((pixels, keep), self._batch_sharding)
+                encode = self.programs.compile(ProgramKey("encode_image", height, width))
+                masked = encode(self.programs.weights(ProgramKey("encode_image"), params), grey, keep)
+            self._blanks[(height, width)] = Blank(latents=zeros, repaint=ones, masked=masked)
+        return self._blanks[(height, width)]
 
     def _put(self, array: np.ndarray) -> jax.Array:
         """A small host array on every device (replicated), on one process or several."""

@@ -12,12 +12,17 @@ a field again. On several processes the leader sends `request.to_dict()` and the
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import math
 import pathlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
 
 from .config import EngineConfig
 from .errors import InvalidInput
@@ -36,6 +41,7 @@ from .fields import (
     resolve_seed,
 )
 from .host.plan import SAMPLER_NAMES, sampler_label
+from .image_inputs import prepare_image_inputs
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
 #: A request's default guidance scale (a preset may set another: `EngineConfig.guidance_scale`).
@@ -44,6 +50,8 @@ DEFAULT_GUIDANCE = 5.0
 MAX_LORAS = 4
 #: A LoRA's weight is taken from this range (A1111's UI offers -2..2; trained files go beyond a little).
 LORA_WEIGHT_LIMIT = 10.0
+#: Strength of an image request that names none (A1111's default denoising strength for image to image).
+DEFAULT_STRENGTH = 0.75
 #: A1111's prompt tag: <lora:NAME>, <lora:NAME:WEIGHT> or <lora:NAME:TE_WEIGHT:UNET_WEIGHT> (te=/unet= allowed).
 LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
 
@@ -91,13 +99,19 @@ class Request:
     cfg_end: float = DEFAULT_CFG_END  # guidance on the first ⌈cfg_end × steps⌉ steps only (1 = every step)
     deepcache: int = DEFAULT_DEEPCACHE  # DeepCache's N: the whole UNet every N steps, the shallow part between
     loras: tuple[tuple[str, float, float], ...] = ()  # (name, text-encoder weight, UNet weight): up to MAX_LORAS
+    init_image: bytes | None = None  # PNG of the picture to start from, fitted to `size` (None: text to image)
+    mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
+    strength: float = 1.0  # with a picture: how much of it is redrawn, 0 < s <= 1 (int(steps × s) steps run)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
 
     def to_dict(self) -> dict:
-        """Plain JSON-able data (what the leader publishes to the followers)."""
-        return dataclasses.asdict(self)
+        """Plain JSON-able data (what the leader publishes to the followers): pictures as base64 PNG."""
+        data = dataclasses.asdict(self)
+        for name in ("init_image", "mask_image"):
+            data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Request:
@@ -105,7 +119,17 @@ class Request:
         values = dict(data)
         values["size"] = tuple(values["size"])  # JSON has no tuples
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
+        for name in ("init_image", "mask_image"):
+            values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
+
+    def pictures(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The picture uint8 [H, W, 3] and the repaint mask bool [H, W] (None: the whole picture); None without."""
+        if self.init_image is None:
+            return None
+        pixels = np.asarray(Image.open(io.BytesIO(self.init_image)).convert("RGB"))
+        mask = None if self.mask_image is None else np.asarray(Image.open(io.BytesIO(self.mask_image))) >= 128
+        return pixels, mask
 
 
 def parse_request(
@@ -122,6 +146,9 @@ def parse_request(
     cfg_end: object = DEFAULT_CFG_END,
     deepcache: object = DEFAULT_DEEPCACHE,
     loras: object = None,
+    init_image: object = None,
+    mask_image: object = None,
+    strength: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
 ) -> Request:
@@ -130,7 +157,9 @@ def parse_request(
     None means the server's default (`rules`) for guidance, size, steps and sampler. `check_prompt` is a server's
     own policy on the user's prompt (a word filter): it sees the cleaned prompt only, never the style's template or
     the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's tags in the prompt and from
-    `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
+    `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight]. `init_image` (and `mask_image`,
+    white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to the size; `strength` (default
+    DEFAULT_STRENGTH) only counts with a picture.
     """
     rules = rules or RequestRules()
     text = clean_text(prompt, field="prompt")
@@ -153,6 +182,10 @@ def parse_request(
     if not rules.cfg:  # the guidance-free program reads neither (the page hides both, the API says so)
         negative, guidance, guided_part = "", 0.0, DEFAULT_CFG_END
     chosen = _loras(text, loras, rules.loras)
+    pictures = prepare_image_inputs(
+        init_image, mask_image, DEFAULT_STRENGTH if strength is None else strength, height=height, width=width,
+        steps=checked_steps,
+    )  # fmt: skip
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -171,10 +204,20 @@ def parse_request(
         cfg_end=guided_part,
         deepcache=interval,
         loras=chosen,
+        init_image=None if pictures is None else _png(pictures.pixels),
+        mask_image=None if pictures is None or pictures.repaint is None else _png(pictures.repaint * np.uint8(255)),
+        strength=1.0 if pictures is None else pictures.strength,
         styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
         styled_negative_prompt=" ".join(styled_negative.split()),
         written_prompt=" ".join(written.split()),
     )
+
+
+def _png(array: np.ndarray) -> bytes:
+    """An image array as PNG bytes (compression level 1: fast, lossless)."""
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
 
 
 def _tags(text: str) -> list[tuple[str, float, float]]:

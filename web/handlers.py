@@ -19,11 +19,13 @@ import time
 from typing import Any
 
 import gradio as gr
+import numpy as np
+from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from pipeline.host.loop import Stopped
-from pipeline.request import Request, RequestRules, parse_request
+from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_request
 from pipeline.styles import DEFAULT_STYLE
 
 from .delivery import Outbox
@@ -89,6 +91,10 @@ class Handlers:
             cfg_end: float = DEFAULT_CFG_END,
             deepcache: int = DEFAULT_DEEPCACHE,
             loras: list | None = None,
+            init_image: dict | None = None,
+            mask_image: dict | None = None,
+            strength: float = DEFAULT_STRENGTH,
+            picture: dict | None = None,  # the page's mask editor: the strokes painted over the picture
             request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
             progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
         ) -> tuple[Gallery, int, str]:
@@ -97,14 +103,20 @@ class Handlers:
             `cfg_end` < 1 guides the first part of the steps only; `deepcache` N > 1 runs the whole UNet every N
             steps and its shallow part between: both faster, both change the picture (1 and 1: exact). `loras`:
             up to 4 [name, weight] pairs of the server's LoRAs (also `<lora:NAME:WEIGHT>` in the prompt).
+            `init_image` (a file: image to image) and `mask_image` (white = repaint: inpainting), with `strength`
+            (0 < s <= 1; int(steps × s) steps run).
             Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
             /generate_png), the seed used and a status line. Stop, `job.cancel()` or a closed page end the request
             at the next denoising step.
             """
             try:
+                image, mask = file_path(init_image), file_path(mask_image)
+                if picture is not None and image is not None and mask is None:
+                    mask = painted_mask(picture)
                 checked = parse_request(
                     prompt, negative_prompt, style, guidance_scale, seed, randomize_seed, size=aspect_ratio,
-                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, loras=loras, rules=rules,
+                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, loras=loras,
+                    init_image=image, mask_image=mask, strength=strength, rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                 )  # fmt: skip
             except InvalidInput as exc:
@@ -129,6 +141,32 @@ class Handlers:
     def picked_loras(*rows) -> list:
         """The page's LoRA picker (name, weight, name, weight, ...) as the API's `loras`: [[name, weight], ...]."""
         return [[name, weight] for name, weight in zip(rows[0::2], rows[1::2], strict=True) if name]
+
+    def selected(self, evt: gr.SelectData) -> str | None:
+        """The gallery image a visitor clicked (its lossless PNG when written): what Vary starts from."""
+        path = (evt.value or {}).get("image", {}).get("path") if isinstance(evt.value, dict) else None
+        future = self.outbox.png_for(path) if path else None
+        if future is not None and future.done() and future.exception() is None:
+            return str(future.result())
+        return path
+
+    @staticmethod
+    def vary(strength: float):
+        """A Vary button: the selected result as the picture to start from, at `strength` (Fooocus' subtle 0.5 and
+        strong 0.85); one sentence when no result is selected."""
+
+        def start_from(selected: str | None):
+            if not selected:
+                raise gr.Error("Click an image of the gallery first, then Vary.", title="Nothing to vary",
+                               print_exception=False)  # fmt: skip
+            return selected, Handlers.paint_on(selected), strength
+
+        return start_from
+
+    @staticmethod
+    def paint_on(path: str | None) -> dict | None:
+        """The mask editor's value for a picture: the picture as its background, nothing painted yet."""
+        return {"background": path, "layers": [], "composite": path} if path else None
 
     def pngs(self, request: gr.Request = None) -> dict:
         """The page's follow-up to a generation: the lossless PNG (with `parameters`) of each image it just showed.
@@ -207,12 +245,37 @@ class Handlers:
         return [(str(p), c) for p, c in zip(paths, captions, strict=True)], request.seed, status
 
 
+def file_path(payload: object) -> str | None:
+    """The server path of an uploaded file as Gradio hands it over (its cache: Gradio refuses any other path)."""
+    if isinstance(payload, dict):
+        return payload.get("path") or None
+    return payload or None if isinstance(payload, str) else None
+
+
+def painted_mask(payload: dict) -> Image.Image | None:
+    """The mask the strokes painted in the page's editor make: white where painted; None when nothing was."""
+    painted = None
+    for layer in payload.get("layers") or []:
+        path = file_path(layer)
+        if path is None:
+            continue
+        with Image.open(path) as image:
+            alpha = np.asarray(image.convert("RGBA"))[..., 3] > 0  # [H, W]: where a stroke is
+        painted = alpha if painted is None else painted | alpha
+    if painted is None or not painted.any():
+        return None
+    return Image.fromarray(painted.astype(np.uint8) * 255)
+
+
 def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str) -> str:
     """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234" (+ " · CFG end 0.5 · DeepCache 3")."""
     height, width = request.size
     steps_text = f"{steps} step{'s' if steps != 1 else ''}, {sampler}"
     levers = (f" · CFG end {request.cfg_end:g}" if request.cfg_end != DEFAULT_CFG_END else "") + (
         f" · DeepCache {request.deepcache}" if request.deepcache != DEFAULT_DEEPCACHE else "")  # fmt: skip
+    if request.init_image is not None:
+        levers += f" · {'inpainted' if request.mask_image is not None else 'from a picture'}, strength " \
+            f"{request.strength:g}"  # fmt: skip
     if request.loras:
         levers += " · LoRA " + ", ".join(
             f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras)

@@ -26,7 +26,7 @@ from pipeline.fields import (
 )
 from pipeline.host.images import model_name
 from pipeline.host.plan import SAMPLER_NAMES
-from pipeline.request import MAX_LORAS
+from pipeline.request import DEFAULT_STRENGTH, MAX_LORAS
 from pipeline.styles import DEFAULT_STYLE, load_examples
 
 from .delivery import Outbox
@@ -164,7 +164,12 @@ def build_page(
                 buttons=["download", "fullscreen"],
                 elem_id="gallery",
             )
+            with gr.Row(elem_id="vary-row"):
+                vary_subtle = gr.Button("Vary (subtle)", size="sm", variant="secondary", elem_id="vary-subtle")
+                vary_strong = gr.Button("Vary (strong)", size="sm", variant="secondary", elem_id="vary-strong")
+            selected = gr.State(None)  # the gallery image clicked last (Vary starts from it)
             status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
+            api_button = gr.Button(visible=False, elem_id="generate-api")  # the /generate endpoint (files as inputs)
             png_api = gr.Button(visible=False, elem_id="generate-png")  # only the /generate_png endpoint uses it
             pngs = gr.File(
                 label="Full quality: lossless PNGs with their parameters",
@@ -263,10 +268,26 @@ def build_page(
                                 elem_id=f"lora-weight-{slot + 1}",
                             ))  # fmt: skip
                 loras = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
+                with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
+                    with gr.Row(equal_height=True):
+                        init_image = gr.Image(
+                            label="Picture (upload or paste)", type="filepath", sources=["upload", "clipboard"],
+                            elem_id="init-image",
+                        )  # fmt: skip
+                        picture = gr.ImageMask(  # the picture again, to paint the mask on
+                            label="Paint over what to redraw (nothing painted: all of it)", type="filepath",
+                            sources=[], layers=False, elem_id="mask-editor",
+                        )  # fmt: skip
+                    strength = gr.Slider(
+                        minimum=0.05, maximum=1, value=DEFAULT_STRENGTH, step=0.05, label="Strength",
+                        info="How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
+                        elem_id="strength",
+                    )  # fmt: skip
+                mask_image = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
                 if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
                     gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
             inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end, deepcache,
-                      loras]  # fmt: skip
+                      loras, init_image, mask_image, strength]  # the API's parameters, in order  # fmt: skip
             example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
             examples_block = gr.Examples(
                 # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
@@ -287,33 +308,49 @@ def build_page(
         # A new request clears the last one's status line at once (in the browser), so a refused request never
         # leaves an older request's "8 images in ..." under its error.
         gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
-        generated = gr.on(
-            triggers=[run.click, prompt.submit],
-            fn=handlers.endpoint(),
+        generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
+            "fn": handlers.endpoint(),
+            "outputs": [gallery, seed, status],
+            # Raw payloads go straight to pipeline.request, so the API and the page get the same messages
+            # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
+            "preprocess": False,
+            "concurrency_limit": GENERATE_CONCURRENCY,
+            "concurrency_id": "generate",
+        }
+        page_generating = {  # the page's own: its picture editor too; one "step k / N" bar and error badge
+            **generating, "inputs": [*inputs, picture], "api_name": "page_generate", "api_visibility": "private",
+            "show_progress": "full", "show_progress_on": [gallery],
+        }  # fmt: skip
+        generated = gr.on(triggers=[run.click, prompt.submit], **page_generating)
+        api_button.click(
             inputs=inputs,
-            outputs=[gallery, seed, status],
             api_name="generate",
             api_description="One image per accelerator core; returns the images, the seed used and a status line."
             + ("" if rules.cfg else f" Note: {NO_CFG_NOTE}."),
-            # Raw payloads go straight to pipeline.request, so the API and the page get the same messages
-            # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
-            preprocess=False,
-            concurrency_limit=GENERATE_CONCURRENCY,
-            concurrency_id="generate",
-            show_progress="full",
-            show_progress_on=[gallery],  # one "step k / N" bar and one error badge, over the images
+            **generating,
         )
+        # The picture goes to the mask editor as its background (strokes start afresh).
+        init_image.change(fn=handlers.paint_on, inputs=init_image, outputs=picture, queue=False,
+                          api_visibility="private")  # fmt: skip
+        # Vary: the clicked result as the picture, subtle (0.5) or strong (0.85) as Fooocus offers, then generate.
+        gallery.select(handlers.selected, inputs=None, outputs=selected, queue=False, api_visibility="private")
+        varied = [
+            button.click(handlers.vary(amount), inputs=selected, outputs=[init_image, picture, strength],
+                         queue=False, api_visibility="private").success(**page_generating)
+            for button, amount in ((vary_subtle, 0.5), (vary_strong, 0.85))
+        ]  # fmt: skip
         # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the
         # background; matched by file name, so no path a browser sends is ever opened).
-        generated.success(
-            fn=handlers.pngs,
-            inputs=None,
-            outputs=pngs,
-            api_visibility="private",  # API callers use /generate_png
-            show_progress="hidden",
-            concurrency_limit=4,  # it only waits on the background pool
-            concurrency_id="pngs",
-        )
+        for answered in (generated, *varied):
+            answered.success(
+                fn=handlers.pngs,
+                inputs=None,
+                outputs=pngs,
+                api_visibility="private",  # API callers use /generate_png
+                show_progress="hidden",
+                concurrency_limit=4,  # it only waits on the background pool
+                concurrency_id="pngs",
+            )
         gr.on(
             triggers=[row.change for row in lora_rows], fn=handlers.picked_loras, inputs=lora_rows, outputs=loras,
             queue=False, api_visibility="private",

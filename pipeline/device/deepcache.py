@@ -192,8 +192,8 @@ def _last_layer(where: Cut, context, arguments: dict, feature, conv_in):
 
 
 def step_full_local(
-    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, *,
-    cfg: bool, prediction_type: str,
+    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
+    blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """`denoise.step_local` that also keeps DeepCache's feature: (latents', D, feature [cb, h, w, C])."""
 
@@ -201,12 +201,12 @@ def step_full_local(
         return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
 
     return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
 
 
 def step_shallow_local(
-    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, feature,
-    *, cfg: bool, prediction_type: str,
+    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
+    blend_sigma, feature, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', D)."""
 
@@ -214,7 +214,7 @@ def step_shallow_local(
         return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)
 
     return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
 
 
 def conditional_half_local(*arrays):

@@ -16,6 +16,8 @@ from .modules import Modules
 from .text import WINDOW
 
 LATENT_CHANNELS = 4
+#: Input channels of an inpainting UNet: latents (4), the mask (1), the masked picture's latents (4).
+INPAINT_CHANNELS = 9
 
 
 def initial_latents(seeds, height: int, width: int, vae_scale_factor: int):
@@ -30,19 +32,23 @@ def time_ids(batch: int, height: int, width: int, dtype):
     return jnp.array([[height, width, 0, 0, height, width]] * batch, dtype=dtype)
 
 
-def start_local(seeds, init_sigma, *, height: int, width: int, vae_scale_factor: int):
-    """Initial latents: each image's own standard-normal noise × the plan's init sigma: float32 [b, 4, h, w]."""
-    return initial_latents(seeds, height, width, vae_scale_factor) * init_sigma
+def start_local(seeds, init_sigma, image_latents, image_weight, *, height: int, width: int, vae_scale_factor: int):
+    """Initial latents and each image's own standard-normal noise: (image_weight · x0 + init_sigma · n, n), float32
+    [b, 4, h, w] each. txt2img: image_weight 0 (x0 is not read: exactly n × init_sigma); image to image: 1, with
+    init_sigma the sigma of the first step run (diffusers' `add_noise`)."""
+    noise = initial_latents(seeds, height, width, vae_scale_factor)
+    return image_weight * image_latents + init_sigma * noise, noise
 
 
 def step_local(
-    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, *,
-    cfg: bool, prediction_type: str,
+    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
+    image, blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """One denoising step of any sampler: (latents, D) -> (latents', D). Shapes: latents/previous float32
     [b, 4, h, w], hidden [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to),
-    guidance [b], seeds uint32 [b]; coefficients float32 [6] (one row of a `host/plan.Plan`) and index int32 [] are
-    the same on every device (c = 2 with classifier-free guidance, else 1).
+    guidance [b], seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [6] (one row of a
+    `host/plan.Plan`), index int32 [] and blend_sigma float32 [] are the same on every device (c = 2 with
+    classifier-free guidance, else 1).
     """
 
     def plain(sample, timesteps, added):
@@ -50,20 +56,29 @@ def step_local(
                                    added_cond_kwargs=added).sample,)  # fmt: skip
 
     return unet_step(plain, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
 
 
 def unet_step(
     unet_call, modules: Modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    *, cfg: bool, prediction_type: str,
+    image, blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
-    returns (latents', D, *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go through it."""
+    returns (latents', D, *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go through it.
+
+    `image` holds a request's picture, as diffusers' inpainting pipeline uses it: "latents" x0 and "noise" n
+    [b, 4, h, w], "repaint" m [b, 1, h, w] (1 = repaint), "masked" [b, 4, h, w] (the masked picture's latents). A
+    4-channel UNet's step is followed by the blend (1 - m)·(x0 + blend_sigma·n) + m·x', which with m = 1 (no mask,
+    and txt2img) is x' exactly; a 9-channel inpainting UNet reads [x, m, masked] instead and is not blended.
+    """
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     timestep, sigma = coefficients[0], coefficients[1]
     model_input = sampler_update.scale_model_input(latents, sigma)  # [b, 4, h, w]
+    inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static
+    if inpainting_unet:  # [b, 9, h, w]: diffusers' order
+        model_input = jnp.concatenate([model_input, image["repaint"], image["masked"]], axis=1)
     if cfg:
-        model_input = jnp.concatenate([model_input, model_input])  # [2b, 4, h, w]
+        model_input = jnp.concatenate([model_input, model_input])  # [2b, c, h, w]
     added = {"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)}
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
     with attention.context_lengths(None if one_window else key_lengths):
@@ -74,4 +89,8 @@ def unet_step(
     # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
-    return (*sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh), *extra)
+    updated, denoised = sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh)
+    if not inpainting_unet:  # keep the picture outside the mask, re-noised to the next step's level
+        repaint = image["repaint"]
+        updated = (1 - repaint) * (image["latents"] + blend_sigma * image["noise"]) + repaint * updated
+    return (updated, denoised, *extra)

@@ -58,6 +58,26 @@ class RequestInputs:
     seeds: jax.Array  # uint32 [B]
 
 
+@dataclass(frozen=True)
+class PictureInputs:
+    """One request's picture (image to image, inpainting), on the devices (split over the batch)."""
+
+    pixels: jax.Array  # uint8 [B, H, W, 3]: the picture, fitted to the size
+    keep: jax.Array  # bool [B, H, W]: all True (its latents x0)
+    keep_unmasked: jax.Array  # bool [B, H, W]: True outside the repaint mask (an inpainting UNet's masked picture)
+    repaint: jax.Array  # float32 [B, 1, h, w]: 1 = repaint (1 everywhere without a mask)
+    weight: float  # start latents = weight·x0 + init_sigma·n (0: pure noise, an inpainting request at strength 1)
+
+
+@dataclass(frozen=True)
+class Blank:
+    """What a step reads for "no picture" (text to image), made once per size on the devices."""
+
+    latents: jax.Array  # float32 [B, 4, h, w]: zeros (x0)
+    repaint: jax.Array  # float32 [B, 1, h, w]: ones (repaint everything: the blend is the identity)
+    masked: jax.Array  # float32 [B, 4, h, w]: an inpainting UNet's masked picture: a grey one's latents (else zeros)
+
+
 class StopFlag:
     """A thread-safe Stop button: `set()` from any thread, passed as `should_stop` (it is callable)."""
 
@@ -86,6 +106,8 @@ def run(
     size: tuple[int, int],
     cfg: bool,
     put: Callable[[np.ndarray], jax.Array],
+    blank: Blank,
+    picture: PictureInputs | None = None,
     speed: SpeedPlan | None = None,
     on_step: Listener | None = None,
     should_stop: StopCheck | None = None,
@@ -102,7 +124,8 @@ def run(
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
     (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
     `freed_at` (the last queued step done);
-    and `first_step_s` (started -> first step ready).
+    and `first_step_s` (started -> first step ready). `picture`: a request's picture (its plan is then the rows that
+    run, `image_plan.py`); `blank` stands in for it without one.
     """
     height, width = size
     started = time.perf_counter()
@@ -121,7 +144,16 @@ def run(
         programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
         inputs.windows,
     )  # fmt: skip
-    latents = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)))
+    x0, repaint, masked, weight = blank.latents, blank.repaint, blank.masked, 0.0
+    if picture is not None:
+        encode_image = programs.compile(ProgramKey("encode_image", height, width))
+        vae = programs.weights(ProgramKey("encode_image"), params)
+        x0, repaint, weight = encode_image(vae, picture.pixels, picture.keep), picture.repaint, picture.weight
+        if programs.inpainting_unet:
+            masked = encode_image(vae, picture.pixels, picture.keep_unmasked)
+    latents, noise = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)), x0,
+                           put(np.asarray(weight, np.float32)))  # fmt: skip
+    image = {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
     previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
     unet = programs.weights(ProgramKey("step"), params)
@@ -145,7 +177,9 @@ def run(
         # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.
         index = planned.index
         row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
-        args = (unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at)
+        blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
+        args = (unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
+                blend_sigma)  # fmt: skip
         if planned.full and kinds[0] == "step_full":
             latents, previous, feature = step_program(True, planned.cfg)(*args)
         elif planned.full:
@@ -193,9 +227,12 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
     hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
+    zeros = np.zeros_like(latents)
+    image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none
     previous = latents
     for index, row in enumerate(plan.coefficients):
         latents, previous = step(
-            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index)
-        )
+            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index), image,
+            np.float32(0),
+        )  # fmt: skip
     return np.asarray(decode(params, latents))

@@ -1,21 +1,25 @@
 """The served programs: what is compiled, for which static settings, and with which argument shapes.
 
-The host loop (`loop.py`) runs four kinds of program, each `jit(shard_map(per-device body))` over the 1-D `data`
-mesh, weights replicated, batch split:
+The host loop (`loop.py`) runs these, each `jit(shard_map(per-device body))` over the 1-D `data` mesh, weights
+replicated, batch split:
 
+    merge                the LoRA kernels, 4 slots of factors, weights [4, 3] -> merged kernels (replicated; LoRAs)
     encode[cfg]          ids [B, 2, K*77] x2, has_negative [B], windows [B, 2]
                                                   -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
-    start[size]          seeds [B], init_sigma []                         -> latents [B, 4, h, w]
+    encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
+    start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
     step[size, cfg]      latents, D_prev, hidden, pooled, key_lengths, guidance [B], seeds [B], coefficients [6],
-                         index []                                         -> latents', D
+                         index [], image {x0, noise, repaint, masked}, blend_sigma []   -> latents', D
+    step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
+    halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows a prompt is read in, a server setting.)
-Steps and sampler are arguments (the coefficient row and the step index), so one step program serves every sampler
-and step count. No program contains a host callback, so
-every one of them lands in JAX's persistent compilation cache. `ServedPrograms` is used by the generator (compile
-and run), the TPU report and the precompiled start-up (`bench tpu`, `python -m pipeline precompile`), which build
-it on abstract weights and a TPU topology's mesh.
+Steps, sampler, strength, guidance's end, DeepCache's interval, the LoRA set and the picture are arguments (plan rows,
+step indices, arrays), so no request compiles anything. No program contains a host callback, so every one of them
+lands in JAX's persistent compilation cache. `ServedPrograms` is used by the generator (compile and run), the TPU
+report and the precompiled start-up (`bench tpu`, `python -m pipeline precompile`), which build it on abstract
+weights and a TPU topology's mesh.
 """
 
 from __future__ import annotations
@@ -30,21 +34,24 @@ from jax.sharding import PartitionSpec as P
 
 from ..device import attention as attention_core
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
-from ..device.denoise import LATENT_CHANNELS, start_local, step_local
+from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
 from ..device.lora import COMPONENTS as LORA_COMPONENTS
 from ..device.lora import MergeLayout, get_leaves, merge_donating
 from ..device.modules import Modules
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
 from ..device.vae import decode_local
+from ..device.vae import encode_local as vae_encode_local
 from .plan import COEFFICIENTS
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("merge", "encode", "start", "step", "step_full", "step_shallow", "halve_text", "halve_feature", "decode")
+KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
+         "halve_feature", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
     "encode": ("text_encoder", "text_encoder_2"),
+    "encode_image": ("vae",),
     "start": (),
     "step": ("unet",),
     "step_full": ("unet",),
@@ -86,7 +93,7 @@ def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, 
     keys = [ProgramKey("merge")] if lora else []
     keys += [ProgramKey("encode", cfg=cfg)] + ([ProgramKey("halve_text")] if cfg and levers else [])
     for height, width in sizes:
-        keys.append(ProgramKey("start", height, width))
+        keys += [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
         if levers:
             keys += [ProgramKey(kind, height, width, mode) for mode in modes for kind in ("step_full", "step_shallow")]
             keys += [ProgramKey("halve_feature", height, width)] if cfg else []
@@ -126,6 +133,7 @@ class ServedPrograms:
         self.prompt_windows = prompt_windows  # static: K windows of 77 tokens per prompt
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
+        self.inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static: a 9-channel UNet
         self._params = {
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
@@ -150,16 +158,19 @@ class ServedPrograms:
         if key.kind == "encode":
             body = functools.partial(encode_local, modules, cfg=key.cfg)
             in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch, batch)
+        elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
+            body = functools.partial(vae_encode_local, modules)
+            in_specs, out_specs = (one, batch, batch), batch
         elif key.kind == "start":
             body = functools.partial(
                 _without_weights(start_local), height=key.height, width=key.width,
                 vae_scale_factor=modules.vae_scale_factor,
             )  # fmt: skip
-            in_specs, out_specs = (one, batch, one), batch
+            in_specs, out_specs = (one, batch, one, batch, one), (batch, batch)
         elif key.kind in ("step", "step_full", "step_shallow"):
             local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
             body = functools.partial(local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one)
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one)
             in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
             out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
         elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
@@ -199,8 +210,10 @@ class ServedPrograms:
             return weights, *self._split(self._encoded(True))
         scale = self.modules.vae_scale_factor
         latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
+        if key.kind == "encode_image":
+            return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
-            return weights, spec((n,), np.uint32), spec((), np.float32, whole)
+            return weights, spec((n,), np.uint32), spec((), np.float32, whole), latents, spec((), np.float32, whole)
         if key.kind == "decode":
             return weights, latents
         if key.kind == "halve_feature":
@@ -217,6 +230,8 @@ class ServedPrograms:
             spec((n,), np.uint32),  # seeds [B]
             spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [6]
             spec((), np.int32, whole),  # step index
+            image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
+            spec((), np.float32, whole),  # blend sigma
         )
         if key.kind == "step_shallow":
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
@@ -253,6 +268,11 @@ class ServedPrograms:
 
     def is_compiled(self, key: ProgramKey) -> bool:
         return key in self._compiled
+
+
+def image_inputs(latents, repaint) -> dict:
+    """A step's `image` argument (device/denoise.unet_step): x0, its noise, the mask, the masked picture."""
+    return {"latents": latents, "noise": latents, "repaint": repaint, "masked": latents}
 
 
 def _named(fn, name: str):
