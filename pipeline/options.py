@@ -19,7 +19,7 @@ from .errors import InvalidInput
 from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, GUIDANCE_MAX, GUIDANCE_MIN, MAX_DEEPCACHE, MAX_STEPS
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
-from .request import MAX_LORAS
+from .request import DEFAULT_STRENGTH, MAX_LORAS
 from .styles import DEFAULT_STYLE
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
@@ -191,6 +191,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--lora", f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
            f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
            programs=frozenset({CLI})),
+    Option("--init-image", "start from this picture (image to image), fitted to the size: resized to cover it, "
+           "centre-cropped", metavar="FILE", programs=frozenset({CLI})),
+    Option("--mask", "inpainting: white = repaint, black = keep (needs --init-image)", metavar="FILE",
+           programs=frozenset({CLI})),
+    Option("--strength", "with --init-image: how much is redrawn, 0 < s <= 1 (int(steps × s) steps run)", type=float,
+           default_text=f"{DEFAULT_STRENGTH:g}", programs=frozenset({CLI})),
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
     # -- several processes
