@@ -31,25 +31,28 @@ PARTS = (
 DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+#: The bench's own defaults for the engine's options it takes (pipeline/options.py marks them BENCH): the tiny
+#: checkpoint at a size and step count a laptop CPU runs in minutes, split into 8 devices like a TPU v5e-8.
+ENGINE_DEFAULTS = {"model": "tiny", "height": 128, "width": 128, "steps": 4, "dtype": "float32", "cpu_devices": 8}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's command line: the engine's options from their one declaration, then the bench's own."""
+    from pipeline.options import BENCH, Parser, add_options
+
+    parser = Parser(
         prog="python -m bench",
-        description="Measure the engine, its start-up, the app around it, and the hardware limit.",
+        description="Measure the engine, its start-up, the app around it, and the hardware limit. "
+        "The engine's options can also be set by the environment variable in brackets; the flag wins.",
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_options(parser, BENCH, defaults=ENGINE_DEFAULTS)  # --model, --height, --width, --steps, --dtype, --cpu-devices
     add = parser.add_argument
-    add("--model", default="tiny", help="Hub id, local diffusers Flax directory, or 'tiny' (default tiny)")
-    add("--height", type=int, default=128, help="image height (default 128)")
-    add("--width", type=int, default=128, help="image width (default 128)")
-    add("--steps", type=int, default=4, help="denoising steps (default 4)")
-    add("--dtype", choices=("float32", "bfloat16"), default="float32", help="network dtype (default float32)")
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
     add("--out", default="bench-results", help="output directory (default bench-results/)")
     add("--only", default=",".join(DEFAULT_PARTS),
         help=f"comma-separated parts of {', '.join(PARTS)} (default all but soak)")  # fmt: skip
-    add("--cpu-devices", type=int, default=8,
-        help="virtual CPU devices when XLA_FLAGS is unset (default 8; 0 = do not force)")  # fmt: skip
     add("--clients", default="1,4,16", help="concurrency levels for the app part (default 1,4,16)")
     add("--requests-per-client", type=int, default=8, help="requests each client sends (default 8)")
     add("--max-requests", type=int, default=32,
@@ -60,7 +63,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-text-flops", action="store_true", help="skip costing the SDXL text encoders in the flops part")
     add("--soak-requests", type=int, default=200, help="requests in the soak part (default 200)")
     add("--soak-clients", type=int, default=16, help="concurrent clients in the soak part (default 16)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The bench's options, checked; `args.config` is the engine's EngineConfig they describe."""
+    from pipeline.config import engine_config
+    from pipeline.errors import InvalidInput
+    from pipeline.options import BENCH, check_env_choices
+
+    parser = build_parser()
     args = parser.parse_args(argv)
+    check_env_choices(parser, args, BENCH)
+    try:
+        args.config = engine_config(args)
+    except InvalidInput as exc:
+        parser.error(str(exc))
     args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
@@ -97,9 +115,7 @@ def run(args: argparse.Namespace) -> dict:
         from pipeline.generator import Generator
 
         progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
-        generator = Generator.from_pretrained(
-            args.model, height=args.height, width=args.width, steps=args.steps, dtype=args.dtype
-        )
+        generator = Generator.load(args.config)
         warm = generator.warmup()
         results["engine_startup"] = {**generator.load_timings, **warm}
         progress(f"engine ready: {generator.device_summary}, {generator.num_images} images per call, "
@@ -111,7 +127,10 @@ def run(args: argparse.Namespace) -> dict:
         progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
         ref = results["reference"] = engine_vs_reference(generator, args.runs)
         progress(f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f}")
-        device_s = [generator.generate("a photo of a cat", seed=i).timings["device_s"] for i in range(args.runs)]
+        device_s = [
+            generator.generate(generator.request("a photo of a cat", seed=i)).timings["device_s"]
+            for i in range(args.runs)
+        ]
         results["achieved"] = achieved_flops(generator, sorted(device_s)[len(device_s) // 2])
         progress(f"achieved {results['achieved'].achieved_flops_per_s / 1e9:.1f} GFLOP/s on this device")
     if "startup" in args.parts:

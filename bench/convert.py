@@ -29,12 +29,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 mode, source, dtype, cache = sys.argv[1:5]
 started = time.perf_counter()
 if mode == "model":
-    from pipeline.loading import load_model
+    from pipeline.checkpoint.loading import load_model
     loaded = load_model(source, dtype=dtype, conversion_cache=cache == "1")
     result = {"load_s": loaded.load_s, "origins": loaded.origins}
 else:
     import functools
-    from pipeline.convert import load_converted
+    from pipeline.checkpoint.convert import load_converted
     from diffusers import FlaxUNet2DConditionModel
     import jax.numpy as jnp
     config = json.load(open(sys.argv[5]))

@@ -89,8 +89,9 @@ def base_vs_lightning(
     compiles_before = CompileCounter.compiles()
     base_s, fast_s = [], []
     for i in range(runs):
-        base_s.append(base.generate(PROMPT, seed=i, guidance_scale=base_guidance).timings["total_s"] / base.num_images)
-        fast_s.append(fast.generate(PROMPT, seed=i, guidance_scale=fast_guidance).timings["total_s"] / fast.num_images)
+        for generator, guidance, times in ((base, base_guidance, base_s), (fast, fast_guidance, fast_s)):
+            request = generator.request(PROMPT, seed=i, guidance_scale=guidance)
+            times.append(generator.generate(request).timings["total_s"] / generator.num_images)
     base_stats, fast_stats = Stats.of(base_s), Stats.of(fast_s)
     ratio = base_stats.median / fast_stats.median
     expected = expected_ratio(flops)

@@ -151,7 +151,7 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
     """Time the app's host path on synthetic pixels: no model, no JAX."""
     import os
 
-    from pipeline import images as image_io
+    from pipeline.host import images as image_io
     from web.delivery import Outbox
 
     codecs: list[EncodeFigure] = []
@@ -277,14 +277,14 @@ def full_size(
     say(f"fullsize: compiled in {warm['compile_s']:.1f} s, first run {warm['first_run_s']:.1f} s")
     generator = _TimedGenerator(real)
     compiles_before = real.compile_count
-    demo = launch_app(generator, queue_size=8)
+    page = launch_app(generator, queue_size=8)
     downloads = tempfile.mkdtemp(prefix="sdxl-bench-fullsize-")
     api = {"prompt": PROMPT, "randomize_seed": False}
     times: dict[str, list[float]] = {"engine": [], "after": [], "before": []}
     overheads: dict[str, list[float]] = {"after": [], "before": []}
     fetched: dict[str, list[float]] = {"after": [], "before": []}
     try:
-        client = make_client(demo.local_url, downloads)
+        client = make_client(page.local_url, downloads)
         client.predict(**api, seed=0, api_name="/generate_png")  # the first call of the app pays Gradio's set-up
         for run in range(runs):
             seed = 100 + run
@@ -300,7 +300,7 @@ def full_size(
                     f"overhead {(seconds - engine_s) * 1000:.0f} ms, {fetched[name][-1] / 1e6:.2f} MB fetched"
                 )
     finally:
-        close_app(demo)
+        close_app(page)
         shutil.rmtree(downloads, ignore_errors=True)
     floor = gradio_floor(runs)
     say(f"fullsize: Gradio's own floor (echo endpoint via gradio_client) {floor.median * 1000:.0f} ms per call")

@@ -6,7 +6,7 @@
     python -m bench --only sizes        # app start-up, 3 sizes, progress on: cold vs warm compilation cache
 
 The fused program is the engine as it served before the host loop (text -> `fori_loop` over the steps -> VAE in
-one program, `diffusion.generate_local`); it is compiled here for the same size and steps, so both run the same
+one program, `bench/fused.generate_local`); it is compiled here for the same size and steps, so both run the same
 network on the same devices. Per-step cost = (call seconds - the same call at 1 step) / (steps - 1), so text
 encoding and VAE decode cancel out.
 """
@@ -61,7 +61,7 @@ def fused_program(generator, steps: int):
 
     height, width = generator.sizes[0]
     local = functools.partial(
-        generate_local, generator._modules, height=height, width=width, steps=steps, sampler=generator.sampler
+        generate_local, generator.programs.modules, height=height, width=width, steps=steps, sampler=generator.sampler
     )
     batch = P(DATA_AXIS)
     program = jax.jit(
@@ -98,7 +98,7 @@ def host_loop_cost(generator, steps: int, runs: int, say: Progress = progress) -
     sampler = "Euler"
 
     def host(n: int) -> float:
-        result = generator.generate(PROMPT, seed=0, steps=n, sampler=sampler)
+        result = generator.generate(generator.request(PROMPT, seed=0, steps=n, sampler=sampler))
         return result.timings["device_s"]
 
     host(steps), host(1)
@@ -142,7 +142,7 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> S
     before, started, requests = generator.compile_count, time.perf_counter(), 0
     for steps in range(1, max_steps + 1):
         for sampler in SAMPLER_NAMES:
-            generator.generate(PROMPT, seed=steps, steps=steps, sampler=sampler)
+            generator.generate(generator.request(PROMPT, seed=steps, steps=steps, sampler=sampler))
             requests += 1
     compiles = generator.compile_count - before
     say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(SAMPLER_NAMES)} samplers), {compiles} compiles")
@@ -180,19 +180,19 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
     """Through a launched app: submit, cancel at step 2, then one more request; timed inside the server process."""
     from gradio_client import Client
 
-    from app import DEFAULT_QUEUE_SIZE
+    from web.options import DEFAULT_QUEUE_SIZE
 
     from .serving import close_app, launch_app
 
-    demo = launch_app(generator, queue_size=DEFAULT_QUEUE_SIZE)
+    page = launch_app(generator, queue_size=DEFAULT_QUEUE_SIZE)
     moments: dict[str, list[float]] = {
         "answered": [], "seen": [], "seen_free": [], "free": [], "queued": [], "ready": [],
     }  # fmt: skip
     step_times, at, dispatched = [], 0, []
     try:
-        client = Client(demo.local_url, verbose=False)
+        client = Client(page.local_url, verbose=False)
         for run in range(runs):
-            result = generator.generate(PROMPT, seed=run, steps=steps)
+            result = generator.generate(generator.request(PROMPT, seed=run, steps=steps))
             step_times.append((result.timings["device_s"]) / steps)
             job = client.submit(PROMPT, steps=steps, api_name="/generate")
             while True:
@@ -217,7 +217,7 @@ def stop_latency(generator, runs: int, steps: int = 50, say: Progress = progress
             moments["queued"].append(follow["first_dispatch_at"] - cancelled)
             moments["ready"].append(follow["first_step_at"] - cancelled)
     finally:
-        close_app(demo)
+        close_app(page)
     step_s = Stats.of(step_times)
     answered, seen, seen_free, free, queued, ready = (
         Stats.of(moments[name]) for name in ("answered", "seen", "seen_free", "free", "queued", "ready")

@@ -28,7 +28,7 @@ class RecompileResult:
 
 def recompiles(generator, requests: int, seed: int = 0, say: Progress = progress) -> RecompileResult:
     """Send `requests` random requests to the engine and count the compilations they trigger."""
-    from pipeline.styles import apply_style, load_styles
+    from pipeline.styles import load_styles
 
     styles = load_styles()
     rng = random.Random(seed)
@@ -36,11 +36,12 @@ def recompiles(generator, requests: int, seed: int = 0, say: Progress = progress
     times, truncated = [], 0
     started = time.perf_counter()
     for index in range(requests):
-        request = random_request(rng, list(styles))
-        prompt, negative = apply_style(styles[request["style"]], request["prompt"], request["negative_prompt"])
-        result = generator.generate(
-            prompt, negative_prompt=negative, seed=request["seed"], guidance_scale=request["guidance_scale"]
-        )
+        fields = random_request(rng, list(styles))
+        request = generator.request(
+            fields["prompt"], negative_prompt=fields["negative_prompt"], style=fields["style"],
+            guidance_scale=fields["guidance_scale"], seed=fields["seed"],
+        )  # the style applied as the app applies it
+        result = generator.generate(request)
         times.append(result.timings["total_s"])
         truncated += bool(result.truncated)
         if (index + 1) % 25 == 0 or index + 1 == requests:

@@ -105,13 +105,16 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
     )
     if len(images) != generator.num_images:
         raise RuntimeError(f"reference returned {len(images)} images, the engine {generator.num_images}")
-    generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=0, guidance_scale=GUIDANCE)  # engine warm too
+
+    def engine_call(seed: int):
+        request = generator.request(PROMPT, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=seed)
+        return generator.generate(request)
+
+    engine_call(0)  # engine warm too
     engine_s, reference_s, engine_host, reference_host = [], [], [], []
     for run in range(runs):
         seed = 1000 + run
-        t_engine, result = timed(
-            lambda seed=seed: generator.generate(PROMPT, negative_prompt=NEGATIVE, seed=seed, guidance_scale=GUIDANCE)
-        )
+        t_engine, result = timed(lambda seed=seed: engine_call(seed))
         t_reference, _ = timed(
             lambda seed=seed: reference_call(
                 pipe,

@@ -62,18 +62,14 @@ class ServingResult:
 
 def launch_app(generator, queue_size: int):
     """Build the app around a warm generator and serve it in this process on a free port."""
-    import app
+    from web.page import build_page
 
-    demo = app.build_demo(generator, queue_size=queue_size)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    return demo
+    return build_page(generator, queue_size=queue_size).launch(port=free_port(), prevent_thread_lock=True, quiet=True)
 
 
-def close_app(demo) -> None:
+def close_app(page) -> None:
     """Stop the server and remove its temporary files."""
-    import app
-
-    app.close_demo(demo)
+    page.close()
 
 
 def make_client(url: str, download_dir: str):
@@ -97,7 +93,7 @@ def serving_overhead(generator, client, bare_client, runs: int) -> dict[str, Sta
         for run in range(runs):
             seed = 2000 + run
             times["app"].append(timed(lambda s=seed: client.predict(prompt=PROMPT, **kwargs, seed=s, **api))[0])
-            t_engine, result = timed(lambda s=seed: generator.generate(PROMPT, seed=s, **kwargs))
+            t_engine, result = timed(lambda s=seed: generator.generate(generator.request(PROMPT, seed=s, **kwargs)))
             times["engine"].append(t_engine)
             times["png_save"].append(timed(lambda r=result, d=f"{png_dir}/{run}": r.save_pngs(d))[0])
             times["app_no_download"].append(
@@ -212,14 +208,14 @@ def through_the_app(
 
     style_names = list(load_styles())
     compiles_before = generator.compile_count
-    demo = launch_app(generator, queue_size)
+    page = launch_app(generator, queue_size)
     download_dir = tempfile.mkdtemp(prefix="sdxl-bench-downloads-")
     try:
-        say(f"app: serving on {demo.local_url}; {runs} interleaved app/engine calls ...")
+        say(f"app: serving on {page.local_url}; {runs} interleaved app/engine calls ...")
         from gradio_client import Client
 
-        bare = Client(demo.local_url, verbose=False, download_files=False)
-        stats = serving_overhead(generator, make_client(demo.local_url, download_dir), bare, runs)
+        bare = Client(page.local_url, verbose=False, download_files=False)
+        stats = serving_overhead(generator, make_client(page.local_url, download_dir), bare, runs)
         engine, app_stats = stats["engine"], stats["app"]
         overhead = (app_stats.median - engine.median) / engine.median
         say(
@@ -233,7 +229,7 @@ def through_the_app(
             per_client = max(1, min(requests_per_client, max_requests // clients))
             say(f"app: {clients} concurrent clients x {per_client} requests ...")
             result = drive_load(
-                demo.local_url,
+                page.local_url,
                 clients=clients,
                 requests_per_client=per_client,
                 images_per_request=generator.num_images,
@@ -247,7 +243,7 @@ def through_the_app(
             )
             load.append(result)
     finally:
-        close_app(demo)
+        close_app(page)
         shutil.rmtree(download_dir, ignore_errors=True)
     return ServingResult(
         engine=engine,

@@ -2,7 +2,7 @@
 
 Checks what a long-running server must keep true: no failures (queue-full rejections are counted apart and must
 carry the clean busy message), bounded resident-memory growth after a warm-up, and no recompilation.
-Used by `python -m bench --only soak` and by tests/test_soak.py.
+Used by `python -m bench --only soak` and by tests/system/test_soak.py.
 """
 
 from __future__ import annotations
@@ -88,11 +88,11 @@ def soak(
 
     style_names = list(load_styles())
     compiles_before = generator.compile_count
-    demo = launch_app(generator, queue_size)
+    page = launch_app(generator, queue_size)
     try:
-        say(f"soak: app on {demo.local_url}; warm-up with {warmup_requests} requests ...")
+        say(f"soak: app on {page.local_url}; warm-up with {warmup_requests} requests ...")
         drive_load(
-            demo.local_url,
+            page.local_url,
             clients=min(clients, warmup_requests),
             requests_per_client=max(1, warmup_requests // min(clients, warmup_requests)),
             images_per_request=generator.num_images,
@@ -112,7 +112,7 @@ def soak(
                 say(f"soak: {done} requests answered, RSS {samples[-1][1]:.0f} MiB")
 
         load = drive_load(
-            demo.local_url,
+            page.local_url,
             clients=clients,
             requests_per_client=per_client,
             images_per_request=generator.num_images,
@@ -123,7 +123,7 @@ def soak(
         )
         rss_after = rss_mb()
     finally:
-        close_app(demo)
+        close_app(page)
     config = generator.config
     result = SoakResult(
         requests=load.requests,

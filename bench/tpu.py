@@ -27,6 +27,7 @@ cache) and with `--precompiled`, each a fresh process; writes startup.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import time
@@ -78,6 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@functools.cache
 def sdxl_model(dtype):
     """SDXL base 1.0's modules from its configs (bench/flops.py), abstract weights in `dtype`; nothing downloaded."""
     import jax
@@ -111,16 +113,30 @@ def sdxl_model(dtype):
     return modules, params
 
 
+@functools.cache
 def tiny_model(dtype):
-    """The tiny checkpoint's modules and (abstract) weights, as the app loads them."""
+    """The tiny checkpoint as the app loads it, and its weights' shapes (abstract: a topology's devices hold none)."""
     import jax
 
     from pipeline.checkpoint.loading import load_model
-    from pipeline.device.modules import Modules
 
     loaded = load_model("tiny", dtype=dtype)
-    params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), loaded.params)
-    return Modules.of(loaded.pipeline), params
+    return loaded, jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), loaded.params)
+
+
+def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1):
+    """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
+    sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights."""
+    from pipeline.config import EngineConfig
+    from pipeline.generator import build_programs, sampler_of
+    from pipeline.host.programs import ServedPrograms
+
+    if model == TINY:
+        loaded, params = tiny_model(dtype)
+        config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention)
+        return build_programs(loaded, config, params, mesh, sampler_of(loaded, config))
+    modules, params = sdxl_model(dtype)
+    return ServedPrograms(modules, params, mesh, per_device_batch=per_device_batch, attention=attention)
 
 
 def jobs(args, sizes) -> list[tuple]:
@@ -157,7 +173,7 @@ class _Fallbacks(logging.Handler):
 
 def compile_one(programs, key, attention, topology, progress) -> dict:
     """Compile one program; its row of tpu.json."""
-    from pipeline import attention as attention_core
+    from pipeline.device import attention as attention_core
     from pipeline.host.aot import HBM_PER_CHIP, compiled_cost
 
     device_kind = next(iter(programs.mesh.devices.flat)).device_kind
@@ -352,7 +368,6 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import libtpu_available, topology_devices
-    from pipeline.host.programs import ServedPrograms
     from pipeline.platform import quiet_start
     from pipeline.sizes import default_sizes, parse_sizes
 
@@ -370,7 +385,6 @@ def main(argv: list[str]) -> int:
     devices = topology_devices(args.topology)
     progress(f"tpu: {args.topology}: {len(devices)} x {devices[0].device_kind}; model {args.model} ({args.dtype}), "
              f"sizes {', '.join(f'{w}x{h}' for h, w in sizes)}")  # fmt: skip
-    modules, params = (tiny_model if args.model == TINY else sdxl_model)(args.dtype)
     mesh = data_mesh(devices)
     programs = {}
     out = Path(args.out)
@@ -387,8 +401,7 @@ def main(argv: list[str]) -> int:
     for key, attention in todo:
         core = attention or args.attentions[0]
         if core not in programs:
-            programs[core] = ServedPrograms(modules, params, mesh, per_device_batch=args.per_device_batch,
-                                            attention=core)  # fmt: skip
+            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch)
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
         same = ("program", "topology", "attention", "model", "images")

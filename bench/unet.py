@@ -298,7 +298,8 @@ def quality(progress, seeds: int = 8) -> dict:
     def images(attention, dtype):
         generator = Generator.from_pretrained("tiny", height=128, width=128, steps=4, dtype=dtype, attention=attention)
         generator.warmup()
-        calls = [generator.generate("a lighthouse on a cliff at dusk", seed=100 * s).images for s in range(seeds)]
+        prompt = "a lighthouse on a cliff at dusk"
+        calls = [generator.generate(generator.request(prompt, seed=100 * s)).images for s in range(seeds)]
         return np.stack([np.asarray(im) for call in calls for im in call]).astype(np.int32)  # [N, H, W, 3]
 
     reference = images("xla", "float32")

@@ -1,8 +1,12 @@
-"""Test set-up: 8 virtual CPU devices stand in for a TPU v5e-8. Set before anything imports JAX."""
+"""Shared set-up of every test folder (engine/, web/, system/): 8 virtual CPU devices stand in for a TPU v5e-8 (set
+before anything imports JAX), the tiny checkpoint, two warmed-up engines, the page around an engine, a browser, and
+the helpers several folders use (a free port, running `python ...` as a user would, the page's browser steps)."""
 
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -14,9 +18,19 @@ os.environ.setdefault(
 
 import pytest  # noqa: E402
 
+#: The repository's root: where `python app.py` and `python -m pipeline` run from.
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
 #: Small enough for 2 CPU cores, large enough to exercise every block: 8x8 latents, 2 Euler steps.
 TEST_SIZE = 64
 TEST_STEPS = 2
+CHROMIUM = "/usr/bin/chromium"
+#: Skipped on a developer machine without Chromium; in CI (CI=true) a missing browser fails instead.
+needs_chromium = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs Debian chromium at /usr/bin/chromium"
+)
+#: Screenshots of the browser tests (git-ignored).
+ARTIFACTS = REPO / "artifacts" / "browser"
 
 
 @pytest.fixture(scope="session")
@@ -39,11 +53,31 @@ def engine(tiny_dir):
     return generator
 
 
+def generate(generator, prompt, **fields):
+    """One request through the engine's Python entry point: `gen.generate(gen.request(prompt, **fields))`."""
+    return generator.generate(generator.request(prompt, **fields))
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now, for a server a test launches."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_python(
+    *args: str, env: dict | None = None, drop: tuple[str, ...] = (), timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """`python ARGS` from the repository as a user would run it, with `env` added and `drop` removed."""
+    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=environment
+    )
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS`."""
+    return run_python("-m", "pipeline", *args, env=env, timeout=timeout)
 
 
 #: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
@@ -54,43 +88,43 @@ UI_STEPS = 4
 
 @pytest.fixture(scope="session")
 def ui_engine(tiny_dir):
-    """A warmed-up generator with live progress and two sizes (compiled once, shared by the UI test files)."""
+    """A warmed-up generator with two sizes (compiled once, shared by the page's test files; the page reports
+    live progress)."""
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, progress=True,
-        height=UI_SIZES[0][0], width=UI_SIZES[0][1],
-    )  # fmt: skip
+        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, height=UI_SIZES[0][0], width=UI_SIZES[0][1]
+    )
     generator.warmup()
     return generator
 
 
 @contextlib.contextmanager
-def served(generator, **build_kwargs):
-    """The app's page around `generator`, launched on a free port in this process; closed afterwards."""
-    import app
+def served(generator, *, auth=None, **build_kwargs):
+    """The app's page (web.page.Page) around `generator`, launched on a free port in this process; closed after."""
+    from web.page import build_page
 
-    demo = app.build_demo(generator, **build_kwargs)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    page = build_page(generator, **build_kwargs)
     try:
-        yield demo
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=auth)
+        yield page
     finally:
-        app.close_demo(demo)
+        page.close()
 
 
 @pytest.fixture(scope="module")
-def ui_demo(ui_engine):
-    """The app around `ui_engine`, one per test file that asks for it."""
-    with served(ui_engine) as demo:
-        yield demo
+def ui_page(ui_engine):
+    """The app's page around `ui_engine`, one per test file that asks for it."""
+    with served(ui_engine) as page:
+        yield page
 
 
 @pytest.fixture(scope="module")
-def ui_client(ui_demo, tmp_path_factory):
-    """A gradio_client for `ui_demo`, downloading into a temporary folder."""
+def ui_client(ui_page, tmp_path_factory):
+    """A gradio_client for `ui_page`, downloading into a temporary folder."""
     from gradio_client import Client
 
-    return Client(ui_demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    return Client(ui_page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
 
 
 @contextlib.contextmanager
@@ -99,13 +133,20 @@ def headless_chromium():
     playwright_api = pytest.importorskip("playwright.sync_api")
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
+            executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
         try:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for one test file's browser tests."""
+    with headless_chromium() as browser:
+        yield browser
 
 
 # ---- the page in a browser ------------------------------------------------------------------------------------------

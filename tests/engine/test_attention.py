@@ -1,4 +1,5 @@
-"""The attention hook (pipeline/attention.py): kernel parity, the hook in the sharded loop, the engine, TPU lowering.
+"""The attention hook (pipeline/device/attention.py): kernel parity, the hook in the sharded loop, the engine, TPU
+lowering.
 
 Splash runs in Pallas' interpreter (`interpret=True`) on CPU; `pltpu.force_tpu_interpret_mode()` is avoided because
 it hung inside a 2-device shard_map here. Shapes and heads are small to keep the interpreter fast.
@@ -12,10 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import generate
 from jax.sharding import PartitionSpec as P
 
-from pipeline import attention
 from pipeline.checkpoint.loading import load_model
+from pipeline.device import attention
 from pipeline.device.sharding import DATA_AXIS, data_mesh, replicate_tree
 from pipeline.errors import InvalidInput
 from pipeline.generator import Generator
@@ -96,19 +98,6 @@ def test_auto_resolves_per_platform_and_fused_kinds_need_their_device():
         Generator.from_pretrained("tiny", attention="flash")
 
 
-def test_app_and_cli_refuse_a_fused_kind_without_its_device_in_one_line(capsys, monkeypatch):
-    import app
-    from pipeline.__main__ import main as cli
-
-    monkeypatch.setenv("SDXL_ATTENTION", "splash")  # the app reads its environment variable
-    assert app.main(["--model", "tiny"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("app.py: error: Attention 'splash' needs a TPU") and "\n" not in err
-    assert cli(["generate", "--model", "tiny", "--prompt", "a cat", "--attention", "cudnn", "--out", "/tmp/x"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: Attention 'cudnn' needs a GPU") and "\n" not in err
-
-
 def test_hook_in_sharded_loop_matches_plain_unet(tiny_dir):
     """jit(shard_map(fori_loop(UNet))) on 2 devices: hooked (splash, interpreted) == diffusers' own, float32.
 
@@ -143,7 +132,7 @@ def test_hook_in_sharded_loop_matches_plain_unet(tiny_dir):
 
 
 def pixels(generator, seed=11) -> np.ndarray:
-    images = generator.generate("a lighthouse on a cliff at dusk", negative_prompt="blurry", seed=seed).images
+    images = generate(generator, "a lighthouse on a cliff at dusk", negative_prompt="blurry", seed=seed).images
     return np.stack([np.asarray(image) for image in images]).astype(np.int32)  # [B, H, W, 3]
 
 
@@ -175,38 +164,3 @@ def test_engine_hooked_images_equal_diffusers_float32(engine):
     assert plain.config.attention == "diffusers"
     diff = np.abs(pixels(plain) - pixels(engine))
     assert diff.max() <= 1 and diff.mean() < 0.01  # float32 rounding may move a pixel by one 8-bit level
-
-
-def bench_unet(tmp_path, *args) -> dict:
-    """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((tmp_path / "unet.json").read_text())
-
-
-def test_bench_unet_smoke_on_cpu(tmp_path):
-    """The device benchmark's command at a tiny size: the core resolved, timed, its output finite."""
-    args = ("--height", "64", "--width", "64", "--steps", "1", "--runs", "1", "--attention", "auto")
-    run = bench_unet(tmp_path, *args)["unet"]
-    assert run["platform"] == "cpu" and run["dtype"] == "float32" and run["unfused_flops_per_step"] > 0
-    [row] = run["kinds"]
-    assert (row["attention"], row["resolved"]) == ("auto", "xla")
-    assert row["ms_per_step"] > 0 and row["finite"] and row["mfu"] is None  # CPU: no known peak for the MFU
-
-
-def test_bench_unet_cost_counts_the_fused_kernels():
-    """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
-    from bench.unet import cost_report, parse_args
-
-    args = parse_args(["--cost", "--model", "tiny", "--height", "256", "--width", "256", "--attention", "xla,splash"])
-    rows = {row["attention"]: row for row in cost_report(args, progress=lambda message: None)}
-    assert rows["splash"]["platform"] == "tpu" and rows["splash"]["fused_kernel_sites"] > 0
-    assert rows["xla"]["platform"] == "cpu" and rows["xla"]["fused_kernel_sites"] == 0
-    assert 0 < rows["splash"]["flops"] < rows["xla"]["flops"]

@@ -1,4 +1,5 @@
-"""`python -m bench` end to end on the tiny checkpoint, every part at its smallest: the figures exist and are sane."""
+"""The benchmark: `python -m bench` end to end on the tiny checkpoint, every part at its smallest (the figures exist
+and are sane), `python -m bench unet`, and the in-process parts (host path, host loop) on small inputs."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import REPO, TEST_SIZE, TEST_STEPS
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("reference", "startup", "serving", "recompiles", "flops", "achieved", "fewstep")
 
 
@@ -27,7 +27,7 @@ def bench_out(tmp_path_factory) -> Path:
         "--steps", str(TEST_STEPS), "--runs", "1", "--clients", "1,2", "--requests-per-client", "1",
         "--recompile-requests", "5", "--out", str(out), "--only", "reference,startup,app,recompiles,flops,fewstep",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[bench " in done.stdout  # progress lines while it runs
     return out
@@ -89,3 +89,61 @@ def test_markdown_and_chart_are_written(bench_out):
         assert heading in text
     with Image.open(bench_out / "chart.png") as chart:
         assert chart.format == "PNG" and chart.width >= 600 and chart.height >= 200
+
+
+# ---- `python -m bench unet` (the UNet step per attention core) ---------------------------------------------------
+
+
+def bench_unet(tmp_path, *args) -> dict:
+    """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
+    command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((tmp_path / "unet.json").read_text())
+
+
+def test_bench_unet_smoke_on_cpu(tmp_path):
+    """The device benchmark's command at a tiny size: the core resolved, timed, its output finite."""
+    args = ("--height", "64", "--width", "64", "--steps", "1", "--runs", "1", "--attention", "auto")
+    run = bench_unet(tmp_path, *args)["unet"]
+    assert run["platform"] == "cpu" and run["dtype"] == "float32" and run["unfused_flops_per_step"] > 0
+    [row] = run["kinds"]
+    assert (row["attention"], row["resolved"]) == ("auto", "xla")
+    assert row["ms_per_step"] > 0 and row["finite"] and row["mfu"] is None  # CPU: no known peak for the MFU
+
+
+def test_bench_unet_cost_counts_the_fused_kernels():
+    """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
+    from bench.unet import cost_report, parse_args
+
+    args = parse_args(["--cost", "--model", "tiny", "--height", "256", "--width", "256", "--attention", "xla,splash"])
+    rows = {row["attention"]: row for row in cost_report(args, progress=lambda message: None)}
+    assert rows["splash"]["platform"] == "tpu" and rows["splash"]["fused_kernel_sites"] > 0
+    assert rows["xla"]["platform"] == "cpu" and rows["xla"]["fused_kernel_sites"] == 0
+    assert 0 < rows["splash"]["flops"] < rows["xla"]["flops"]
+
+
+# ---- in-process parts ---------------------------------------------------------------------------------------------
+
+
+def test_bench_host_path_part_reports_both_paths(tmp_path):
+    """`python -m bench --only hostpath` at a small size: every figure present (timings are the bench's, not ours)."""
+    from bench.fullsize import CODECS, host_path, markdown
+
+    result = host_path(size=128, runs=1, images=2, say=lambda _: None)
+    assert [c.codec for c in result.codecs] == list(CODECS) * 2 and all(c.kb > 0 for c in result.codecs)
+    for request in result.requests:
+        assert request.images == 2 and request.after_kb_per_image < request.before_kb_per_image
+        assert request.after_ms.n == request.before_ms.n == request.background_png_ms.n == 1
+    assert 0 < result.after_share < 1 and 0 < result.before_share < 1
+    text = "\n".join(markdown(result, None))
+    assert "## Host path at 128²" in text and "Lightning-4" in text
+
+
+def test_bench_hostloop_part_measures_both_loops(engine):
+    """`python -m bench --only hostloop` on the shared engine: both loops timed, no compilation while timing."""
+    from bench.hostloop import host_loop_cost
+
+    result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
+    assert result.host_loop_call.median > 0 and result.fused_call.median > 0
+    assert result.compiles_while_timing == 0 and result.steps == 3

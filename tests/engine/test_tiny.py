@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pipeline import tiny
+from pipeline.checkpoint import tiny
 
 COMPONENT_WEIGHTS = {
     "text_encoder": "flax_model.msgpack",

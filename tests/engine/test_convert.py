@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import FIXTURES
 from flax.traverse_util import flatten_dict
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -22,7 +23,6 @@ from safetensors.numpy import save_file
 from pipeline.checkpoint.convert import CheckpointError, pytorch_weight_files
 from pipeline.checkpoint.loading import load_model, resolve_model
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CHECKPOINT = FIXTURES / "tiny-pt"
 COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
 
@@ -254,30 +254,3 @@ def test_hub_id_without_network_says_so_in_one_line(monkeypatch, tmp_path):
             str(CHECKPOINT), dtype="float32", unet="ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
         )
     assert "\n" not in str(error.value)
-
-
-def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path):
-    from test_cli import run_cli
-
-    done = run_cli(
-        "generate", "--model", str(CHECKPOINT), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
-        "--height", "64", "--width", "64", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
-        env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["images"]) == 8 and "Traceback" not in done.stderr
-    single = tmp_path / "model.safetensors"
-    shutil.copy(CHECKPOINT / "vae" / "diffusion_pytorch_model.fp16.safetensors", single)
-    bad = run_cli("generate", "--model", str(single), "--prompt", "x", "--out", str(tmp_path / "bad"))
-    lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and len(lines) == 1 and "single-file checkpoint" in lines[0], bad.stderr
-
-
-def test_app_flags_and_environment(monkeypatch):
-    import app
-
-    monkeypatch.setenv("SDXL_UNET", "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors")
-    monkeypatch.setenv("SDXL_VARIANT", "fp16")
-    args = app.parse_args(["--model", str(CHECKPOINT)])
-    assert (args.unet, args.variant) == ("ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors", "fp16")
-    assert app.parse_args(["--unet", "unet.safetensors"]).unet == "unet.safetensors"

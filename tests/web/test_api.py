@@ -1,7 +1,8 @@
-"""The web app end to end: a real tiny model on 8 virtual CPU devices, served by Gradio, called with gradio_client.
+"""The page's API end to end: a real tiny model on 8 virtual CPU devices, served by Gradio, called with gradio_client.
 
-One module-scoped server (compiled once) serves every test; a second one with a queue of size 1 checks that a full
-queue turns requests away with a busy message while the rest still succeed.
+One module-scoped page (around the session's compiled engine) serves every test; a second one with a queue of size 1
+checks that a full queue turns requests away with a busy message while the rest still succeed. The page serves no file
+beyond Gradio's own and assets/.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, served
+from conftest import REPO, served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 from PIL import Image
 
-import app
 from pipeline.errors import InvalidInput
 from pipeline.host.images import read_parameters
+from pipeline.request import parse_request
 from pipeline.styles import apply_style, load_examples, load_styles
+from web.texts import GENERATION_FAILED
 
 PROMPT = "a lighthouse on a cliff at dawn"
 
@@ -34,14 +36,14 @@ def generator(engine):
 
 
 @pytest.fixture(scope="module")
-def demo(generator):
-    with served(generator, queue_size=20) as demo:
-        yield demo
+def page(generator):
+    with served(generator, queue_size=20) as page:
+        yield page
 
 
 @pytest.fixture(scope="module")
-def client(demo, tmp_path_factory):
-    return Client(demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+def client(page, tmp_path_factory):
+    return Client(page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
 
 
 def images_of(gallery) -> list[pathlib.Path]:
@@ -61,9 +63,9 @@ def pixels_of(path: pathlib.Path) -> np.ndarray:
 
 
 def expected_error(**kwargs) -> str:
-    """The one sentence pipeline.validation gives for these inputs: the API must return exactly that."""
+    """The one sentence pipeline.request gives for these inputs: the API must return exactly that."""
     with pytest.raises(InvalidInput) as info:
-        validate_request(**{"prompt": PROMPT, **kwargs})
+        parse_request(**{"prompt": PROMPT, **kwargs})
     return str(info.value)
 
 
@@ -132,13 +134,13 @@ def test_next_request_works_after_errors(client):
     assert len(gallery) == 8
 
 
-def test_server_fault_is_reported_and_recovered(client, demo, caplog):
+def test_server_fault_is_reported_and_recovered(client, page, caplog):
     """Break the app's PNG directory (a real fault, nothing mocked): generic error, traceback logged, then recovery."""
-    files = demo.sdxl_files
+    files = page.files
     shutil.rmtree(files.root)
     with caplog.at_level("ERROR", logger="sdxl_jax.app"), pytest.raises(AppError) as info:
         client.predict(prompt=PROMPT, api_name="/generate")
-    assert str(info.value) == app.GENERATION_FAILED
+    assert str(info.value) == GENERATION_FAILED
     assert any(record.exc_info for record in caplog.records if record.name == "sdxl_jax.app")
     files.root.mkdir()
     gallery, _, _ = client.predict(prompt=PROMPT, api_name="/generate")
@@ -156,14 +158,14 @@ def test_api_parameters_are_named_with_defaults(client):
     assert [p["parameter_has_default"] for p in params] == [False] + [True] * 8
 
 
-def test_page_shows_device_line_and_allows_embedding(demo, generator):
-    response = httpx.get(demo.local_url)
+def test_page_shows_device_line_and_allows_embedding(page, generator):
+    response = httpx.get(page.local_url)
     assert response.status_code == 200
     assert f"Running on {generator.device_summary}" in response.text  # the page HTML embeds the config
     headers = {k.lower(): v for k, v in response.headers.items()}
     assert "x-frame-options" not in headers
     assert "frame-ancestors" not in headers.get("content-security-policy", "")
-    config = httpx.get(demo.local_url.rstrip("/") + "/config").json()
+    config = httpx.get(page.local_url.rstrip("/") + "/config").json()
     texts = json.dumps(config, ensure_ascii=False)
     assert f"Running on {generator.device_summary}" in texts
     assert "Running on 8 × cpu" in texts
@@ -172,17 +174,15 @@ def test_page_shows_device_line_and_allows_embedding(demo, generator):
     # A page on another local origin (an embedding site) may call the app: CORS answers for that origin.
     origin = "http://127.0.0.1:1"
     preflight = httpx.options(
-        demo.local_url.rstrip("/") + "/gradio_api/queue/join",
+        page.local_url.rstrip("/") + "/gradio_api/queue/join",
         headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
     )
     assert preflight.headers.get("access-control-allow-origin") == origin
 
 
 def test_full_queue_turns_requests_away(generator):
-    demo = app.build_demo(generator, queue_size=1)
-    app.launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(demo.local_url, verbose=False)
+    with served(generator, queue_size=1) as small:
+        client = Client(small.local_url, verbose=False)
         jobs = [client.submit(prompt=f"{PROMPT} {i}", api_name="/generate") for i in range(5)]
         done, rejected = [], []
         for job in jobs:
@@ -194,32 +194,6 @@ def test_full_queue_turns_requests_away(generator):
         assert rejected, "a queue of 1 must turn some of 5 simultaneous requests away"
         assert all("Queue is full" in str(exc) for exc in rejected), rejected
         assert all(len(result[0]) == 8 for result in done)
-    finally:
-        app.close_demo(demo)
-
-
-def test_gallery_columns_fit_the_count():
-    assert [app.gallery_columns(n) for n in (1, 2, 4, 8, 16, 32)] == [1, 2, 2, 4, 4, 8]
-
-
-def test_cli_reads_env_and_flag_wins(monkeypatch):
-    monkeypatch.setenv("SDXL_MODEL", "tiny")
-    monkeypatch.setenv("SDXL_STEPS", "3")
-    monkeypatch.setenv("GRADIO_SERVER_PORT", "9000")
-    args = app.parse_args(["--port", "9001"])
-    assert (args.model, args.steps, args.port, args.host) == ("tiny", 3, 9001, "127.0.0.1")
-    assert (args.height, args.width, args.queue_size, args.share) == (128, 128, 20, False)
-    monkeypatch.delenv("SDXL_MODEL")
-    args = app.parse_args([])
-    assert (args.model, args.height, args.width) == ("stabilityai/stable-diffusion-xl-base-1.0", 1024, 1024)
-
-
-def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
-    missing = tmp_path / "no-such-model"
-    assert app.main(["--model", str(missing)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("app.py: error: ") and str(missing) in err
-    assert "\n" not in err and "Traceback" not in err
 
 
 def test_long_prompt_warns_about_truncation(client):
@@ -231,13 +205,47 @@ def test_long_prompt_warns_about_truncation(client):
 
 def test_prompt_filter_blocks_with_its_message(generator):
     import gradio as gr
+
+    from web.delivery import Outbox
+    from web.files import RunFiles
+    from web.handlers import Handlers
     from web.prompt_filter import PromptFilter
 
-    files = app._RunFiles()
+    files, outbox = RunFiles(), Outbox()
     try:
-        generate = app.make_generate_fn(generator, load_styles(), PromptFilter(["spam"]), files)
+        handlers = Handlers(generator, None, files=files, outbox=outbox, prompt_filter=PromptFilter(["spam"]))
+        generate = handlers.endpoint()
         with pytest.raises(gr.Error) as info:
             generate("Spam! and eggs")
         assert info.value.message == PromptFilter.MESSAGE
     finally:
+        outbox.close()
         files.cleanup()
+
+
+# ---- no file served beyond Gradio's own and assets/ --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/gradio_api/file=README.md",
+        f"/gradio_api/file={REPO / 'app.py'}",
+        "/gradio_api/file=/etc/passwd",
+        "/gradio_api/file=../../../../etc/passwd",
+        "/gradio_api/file=%2Fetc%2Fpasswd",
+        "/file=/etc/passwd",
+        "/README.md",
+        "/app.py",
+    ],
+)
+def test_files_outside_are_refused(page, path):
+    response = httpx.get(page.local_url.rstrip("/") + path)
+    assert response.status_code in (403, 404), (path, response.status_code)
+    assert "root:" not in response.text and "import gradio" not in response.text
+
+
+def test_page_and_api_are_served(page):
+    base = page.local_url.rstrip("/")
+    assert httpx.get(base + "/").status_code == 200
+    assert httpx.get(base + "/gradio_api/info").status_code == 200

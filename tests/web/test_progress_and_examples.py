@@ -1,30 +1,25 @@
-"""The page people expect: live step progress, aspect ratios, cached examples (issue 11).
+"""The page people expect: live step progress, aspect ratios, cached examples.
 
-One app around the session's `ui_engine` (tiny model, 4 steps, sizes 64x64 and 224x128, progress on), launched
-once for the module and driven by gradio_client and by Debian's Chromium (Playwright). The app's generator is a
+One page around the session's `ui_engine` (tiny model, 4 steps, sizes 64x64 and 224x128, progress on), launched
+once for the module and driven by gradio_client and by Debian's Chromium (Playwright). The page's engine is a
 counting test double around the real generator: it only counts `generate` calls, everything else is the real thing.
 Screenshots: artifacts/browser/progress-mid-request.png, ratio-16x9.png, phone-aspect.png.
 """
 
 from __future__ import annotations
 
-import os
-import pathlib
 import time
 
 import pytest
-from conftest import UI_SIZES, UI_STEPS, headless_chromium, served
+from conftest import ARTIFACTS, TIMEOUT_MS, UI_SIZES, UI_STEPS, needs_chromium, served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-import app
 from pipeline.host.images import read_parameters
+from pipeline.styles import load_examples
 from web.sizes import size_label
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"
-TIMEOUT_MS = 180_000
 SQUARE, WIDE = (size_label(h, w) for h, w in UI_SIZES)  # "64×64 (1:1)", "224×128 (16:9)"
 
 
@@ -49,14 +44,14 @@ def counting(ui_engine):
 
 
 @pytest.fixture(scope="module")
-def demo(counting):
-    with served(counting) as demo:
-        yield demo
+def app_page(counting):
+    with served(counting) as app_page:
+        yield app_page
 
 
 @pytest.fixture(scope="module")
-def client(demo, tmp_path_factory):
-    return Client(demo.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+def client(app_page, tmp_path_factory):
+    return Client(app_page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
 
 
 def size_of(item) -> tuple[int, int]:
@@ -94,18 +89,6 @@ def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
     assert ui_engine.compile_count == before
 
 
-def test_cli_sizes_flags(monkeypatch):
-    args = app.parse_args(["--model", "tiny"])
-    assert args.sizes == [(128, 128), (128, 224), (224, 128)] and args.no_progress is False  # 1:1, 16:9, 9:16
-    assert len(app.parse_args(["--model", "tiny", "--sizes", "sdxl"]).sizes) == 9
-    assert app.parse_args(["--model", "tiny", "--height", "96"]).sizes is None  # --height/--width alone: one size
-    monkeypatch.setenv("SDXL_SIZES", "1024x1024,1344x768")
-    assert app.parse_args(["--no-progress"]).sizes == [(1024, 1024), (768, 1344)]
-    assert app.parse_args(["--no-progress"]).no_progress is True
-    with pytest.raises(SystemExit):
-        app.parse_args(["--sizes", "1344by768"])
-
-
 # ---- in a browser ------------------------------------------------------------------------------------------------
 
 #: Collects every progress text the page shows ("step k / N" ...) into window.__progress, every 5 ms.
@@ -118,12 +101,6 @@ WATCH_PROGRESS = """() => {
     }
   }, 5);
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as browser:
-        yield browser
 
 
 def wait_for_images(page, width: int, height: int) -> None:
@@ -142,14 +119,14 @@ def choose_ratio(page, label: str) -> None:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_progress_bar_and_wide_ratio_in_browser(demo, browser, ui_engine):
+@needs_chromium
+def test_progress_bar_and_wide_ratio_in_browser(app_page, browser, ui_engine):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     before = ui_engine.compile_count
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
     page.get_by_text("Running on 8 × cpu").wait_for(timeout=TIMEOUT_MS)
     choose_ratio(page, WIDE)
     page.evaluate(WATCH_PROGRESS)
@@ -168,16 +145,16 @@ def test_progress_bar_and_wide_ratio_in_browser(demo, browser, ui_engine):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_second_click_on_example_is_served_from_cache(demo, browser, counting):
+@needs_chromium
+def test_second_click_on_example_is_served_from_cache(app_page, browser, counting):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
-    example = app.load_examples()[1]
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
+    example = load_examples()[1]
     calls = counting.calls
     page.get_by_text(example, exact=True).first.click()
     wait_for_images(page, *UI_SIZES[0][::-1])
     assert counting.calls == calls + 1  # first click: generated once (lazily) and cached
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)  # a fresh page: the gallery is empty again
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)  # a fresh page: the gallery is empty again
     page.get_by_text(example, exact=True).first.click()
     wait_for_images(page, *UI_SIZES[0][::-1])
     assert counting.calls == calls + 1  # second click: the cached images, no new generation
@@ -185,13 +162,13 @@ def test_second_click_on_example_is_served_from_cache(demo, browser, counting):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_phone_width_dark_with_aspect_choice(demo, browser):
+@needs_chromium
+def test_phone_width_dark_with_aspect_choice(app_page, browser):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     phone = browser.new_page(
         viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True, color_scheme="dark"
     )
-    phone.goto(demo.local_url + "?__theme=dark", timeout=TIMEOUT_MS)
+    phone.goto(app_page.local_url + "?__theme=dark", timeout=TIMEOUT_MS)
     choose_ratio(phone, WIDE)
     phone.keyboard.press("Escape")
     aspect = phone.locator("#aspect").bounding_box()

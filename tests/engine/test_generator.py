@@ -1,4 +1,5 @@
-"""Engine tests on the tiny SDXL-shaped checkpoint, 8 virtual CPU devices."""
+"""The generator (pipeline/generator.py) on the tiny SDXL-shaped checkpoint, 8 virtual CPU devices: one image per
+device, seeds, traced inputs that never recompile, parameters, device counts, batch and dtype."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import TEST_SIZE, TEST_STEPS, generate
 from PIL import Image
 
 from pipeline.checkpoint.loading import load_model
@@ -37,16 +38,16 @@ def test_one_image_per_device_params_replicated(engine):
     assert engine.device_summary == "8 × cpu"
     for leaf in jax.tree_util.tree_leaves(engine._params):
         assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 8
-    result = engine.generate("a red apple on a table", seed=3)
+    result = generate(engine, "a red apple on a table", seed=3)
     assert len(result.images) == 8 and result.seeds == list(range(3, 11))
     assert all(image.size == (TEST_SIZE, TEST_SIZE) and image.mode == "RGB" for image in result.images)
     assert set(result.timings) == {"total_s", "device_s", "host_s", "first_step_s"}
 
 
 def test_same_seed_same_pixels_other_seed_other_pixels(engine):
-    first = engine.generate("a lighthouse at dusk", seed=42, guidance_scale=6.0)
-    again = engine.generate("a lighthouse at dusk", seed=42, guidance_scale=6.0)
-    other = engine.generate("a lighthouse at dusk", seed=43, guidance_scale=6.0)
+    first = generate(engine, "a lighthouse at dusk", seed=42, guidance_scale=6.0)
+    again = generate(engine, "a lighthouse at dusk", seed=42, guidance_scale=6.0)
+    other = generate(engine, "a lighthouse at dusk", seed=43, guidance_scale=6.0)
     np.testing.assert_array_equal(pixels(first), pixels(again))
     assert not np.array_equal(pixels(first)[0], pixels(other)[0])
     # Image i is seeded by seed + i alone: image 1 of seed 42 is image 0 of seed 43.
@@ -56,10 +57,10 @@ def test_same_seed_same_pixels_other_seed_other_pixels(engine):
 
 
 def test_traced_inputs_change_the_image(engine):
-    base = pixels(engine.generate("a cat", seed=5, guidance_scale=5.0))
-    assert not np.array_equal(base, pixels(engine.generate("a dog", seed=5, guidance_scale=5.0)))
-    assert not np.array_equal(base, pixels(engine.generate("a cat", seed=5, guidance_scale=9.0)))
-    assert not np.array_equal(base, pixels(engine.generate("a cat", negative_prompt="blurry", seed=5)))
+    base = pixels(generate(engine, "a cat", seed=5, guidance_scale=5.0))
+    assert not np.array_equal(base, pixels(generate(engine, "a dog", seed=5, guidance_scale=5.0)))
+    assert not np.array_equal(base, pixels(generate(engine, "a cat", seed=5, guidance_scale=9.0)))
+    assert not np.array_equal(base, pixels(generate(engine, "a cat", negative_prompt="blurry", seed=5)))
 
 
 def test_twenty_random_calls_add_no_compilation(engine):
@@ -69,7 +70,7 @@ def test_twenty_random_calls_add_no_compilation(engine):
     for _ in range(20):
         prompt = " ".join(rng.choices(words, k=rng.randint(1, 30)))
         negative = " ".join(rng.choices(words, k=rng.randint(0, 5)))
-        engine.generate(prompt, negative_prompt=negative, seed=rng.randrange(2**32), guidance_scale=rng.uniform(0, 20))
+        generate(engine, prompt, negative_prompt=negative, seed=rng.randrange(2**32), guidance_scale=rng.uniform(0, 20))
     assert engine.compile_count == before
     assert engine.sizes == [(TEST_SIZE, TEST_SIZE)]
 
@@ -79,23 +80,23 @@ def test_same_pixels_whatever_the_device_count(tiny_dir, engine):
         str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:4]
     )
     assert four.num_images == 4 and four.device_summary == "4 × cpu"
-    on_four = pixels(four.generate("a windmill in a field of tulips", seed=11, guidance_scale=7.0))
-    on_eight = pixels(engine.generate("a windmill in a field of tulips", seed=11, guidance_scale=7.0))
+    on_four = pixels(generate(four, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
+    on_eight = pixels(generate(engine, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
     np.testing.assert_array_equal(on_four, on_eight[:4])
 
 
 def test_long_prompt_is_truncated_and_reported(engine):
     words = [f"Word{i}" for i in range(60)]
-    result = engine.generate(" ".join(words), seed=1)
+    result = generate(engine, " ".join(words), seed=1)
     shown = result.truncated.split("“")[1].split("”")[0].rstrip("…").split()  # the first few dropped words
     more = re.search(r"” and (\d+) more words?\.$", result.truncated)  # the rest, counted (issue 10: fits a toast)
     total = len(shown) + (int(more.group(1)) if more else 0)
     assert 0 < len(shown) <= 8 and total < 60 and shown == words[-total:][: len(shown)]
-    assert engine.generate("a short prompt", seed=1).truncated == ""
+    assert generate(engine, "a short prompt", seed=1).truncated == ""
 
 
 def test_png_parameters_chunk(engine, tmp_path):
-    result = engine.generate("an owl", negative_prompt="blurry", seed=9, guidance_scale=4.5)
+    result = generate(engine, "an owl", negative_prompt="blurry", seed=9, guidance_scale=4.5)
     paths = result.save_pngs(tmp_path)
     assert [p.name for p in paths] == sorted(p.name for p in paths) and len(paths) == 8
     text = Image.open(paths[2]).info["parameters"]
@@ -110,14 +111,14 @@ def test_png_parameters_chunk(engine, tmp_path):
 )
 def test_bad_input_is_one_clear_sentence_and_next_call_works(engine, kwargs):
     with pytest.raises(InvalidInput) as error:
-        engine.generate("a cat", **kwargs)
+        engine.request("a cat", **kwargs)  # checked where the request enters, before the engine runs anything
     assert "\n" not in str(error.value) and str(error.value).endswith(".")
-    assert len(engine.generate("a cat", seed=0).images) == 8
+    assert len(generate(engine, "a cat", seed=0).images) == 8
 
 
 def test_unsupported_size_lists_the_compiled_ones(engine):
     with pytest.raises(InvalidInput, match=f"compiled {TEST_SIZE}×{TEST_SIZE} only; got 512×512"):
-        engine.generate("a cat", size=(512, 512))
+        engine.request("a cat", size=(512, 512))
 
 
 def test_per_device_batch_two_on_four_devices(tiny_dir, engine):
@@ -127,9 +128,9 @@ def test_per_device_batch_two_on_four_devices(tiny_dir, engine):
         per_device_batch=2, devices=jax.devices()[:4],
     )  # fmt: skip
     assert batched.num_images == 8
-    result = batched.generate("a red kite over the dunes", seed=21)
+    result = generate(batched, "a red kite over the dunes", seed=21)
     assert result.seeds == list(range(21, 29))
-    reference = pixels(engine.generate("a red kite over the dunes", seed=21)).astype(int)
+    reference = pixels(generate(engine, "a red kite over the dunes", seed=21)).astype(int)
     assert np.abs(pixels(result).astype(int) - reference).max() <= 1
 
 
@@ -139,7 +140,17 @@ def test_bfloat16_generation_is_close_to_float32(tiny_dir, engine):
         str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="bfloat16"
     )
     assert bf16.config.dtype == "bfloat16"
-    got = pixels(bf16.generate("a cat", seed=1)).astype(int)
-    expected = pixels(engine.generate("a cat", seed=1)).astype(int)
+    got = pixels(generate(bf16, "a cat", seed=1)).astype(int)
+    expected = pixels(generate(engine, "a cat", seed=1)).astype(int)
     assert got.std() > 10  # not a flat (black or grey) image
     assert np.abs(got - expected).mean() < 8  # a few 8-bit levels of bf16 rounding, no more
+
+
+PROMPT = "a red fox in fresh snow"
+
+
+def test_engine_guidance_0_and_1_give_one_image_5_guides(engine):
+    zero = pixels(generate(engine, PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=0.0))
+    one = pixels(generate(engine, PROMPT, seed=11, guidance_scale=1.0))
+    five = pixels(generate(engine, PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=5.0))
+    assert np.array_equal(zero, one) and np.mean(five != zero) > 0.5

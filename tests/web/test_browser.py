@@ -1,51 +1,40 @@
-"""The page in a real browser (Debian's chromium via Playwright), and the app embedded in a page on another origin.
+"""The page in a real browser (Debian's chromium via Playwright), and the app embedded in a page on another origin:
+eight images, Enter and examples, dark mode and a phone, a refused prompt's toast, the status line and the seed.
 
 Screenshots go to artifacts/browser/ (git-ignored): app.png (desktop, light), app-dark.png, app-phone.png (390 px
-wide) and embed.png (the <gradio-app> web component on a page served from a second local port).
-Never run `playwright install`: the test uses /usr/bin/chromium and skips when it is missing.
+wide), newcomer-phone-error.png, newcomer-phone.png and embed.png (the <gradio-app> web component on a page served
+from a second local port). Never run `playwright install`: the test uses /usr/bin/chromium and skips when it is
+missing.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
-import os
 import pathlib
 import threading
 
 import gradio
 import pytest
-from conftest import free_port, headless_chromium, served
+from conftest import ARTIFACTS, TIMEOUT_MS, free_port, needs_chromium, served
 
-import app
+from pipeline.styles import load_examples
+from web.page import EXAMPLE_SEED_START
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"
 FRONTEND = pathlib.Path(gradio.__file__).parent / "templates" / "frontend"
 PROMPT = "a watercolor fox in a snowy forest"
-TIMEOUT_MS = 180_000  # first request in a browser includes page load; the machine is a shared 2-core box
 
 # Skipped on a developer machine without Chromium; in CI (CI=true) a missing browser fails instead.
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs Debian chromium at /usr/bin/chromium"
-    ),
-]
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 
 @pytest.fixture(scope="module")
-def demo(engine):
-    with served(engine) as demo:
-        yield demo
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as browser:
-        yield browser
+def app_page(engine):
+    """The page around the session's engine (64x64, 2 steps, 8 devices), with the shipped examples."""
+    with served(engine) as app_page:
+        yield app_page
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,11 +66,11 @@ def generate_and_wait(page, root=None) -> None:
     status.get_by_text("8 images in").wait_for(timeout=TIMEOUT_MS)
 
 
-def test_page_generates_eight_images(demo, browser):
+def test_page_generates_eight_images(app_page, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
     page.get_by_text("Running on 8 × cpu").wait_for(timeout=TIMEOUT_MS)
     generate_and_wait(page)
     page.screenshot(path=str(ARTIFACTS / "app.png"), full_page=True)
@@ -95,10 +84,10 @@ def test_page_generates_eight_images(demo, browser):
     page.close()
 
 
-def test_enter_submits_and_examples_fill_prompt(demo, browser):
+def test_enter_submits_and_examples_fill_prompt(app_page, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(demo.local_url, timeout=TIMEOUT_MS)
-    example = app.load_examples()[0]
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
+    example = load_examples()[0]
     page.get_by_text(example, exact=True).first.click()
     box = page.locator("#prompt textarea")
     page.wait_for_function(
@@ -109,16 +98,16 @@ def test_enter_submits_and_examples_fill_prompt(demo, browser):
     page.close()
 
 
-def test_dark_mode_and_phone_layout(demo, browser):
+def test_dark_mode_and_phone_layout(app_page, browser):
     dark = browser.new_page(viewport={"width": 1280, "height": 900}, color_scheme="dark")
-    dark.goto(demo.local_url + "?__theme=dark", timeout=TIMEOUT_MS)
+    dark.goto(app_page.local_url + "?__theme=dark", timeout=TIMEOUT_MS)
     generate_and_wait(dark)
     dark.locator("#advanced").get_by_text("Advanced settings").click()
     dark.screenshot(path=str(ARTIFACTS / "app-dark.png"), full_page=True)
     dark.close()
 
     phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
-    phone.goto(demo.local_url, timeout=TIMEOUT_MS)
+    phone.goto(app_page.local_url, timeout=TIMEOUT_MS)
     generate_and_wait(phone)
     # Narrow screen: Generate sits under the prompt, the gallery has two columns.
     prompt_box = phone.locator("#prompt").bounding_box()
@@ -136,7 +125,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def embed_site(demo, tmp_path_factory):
+def embed_site(app_page, tmp_path_factory):
     """A page on another origin that embeds the app with Gradio's web component, served with the JS it needs.
 
     gradio.js (from the installed package) only does `import("./assets/index-*.js")`, so it is served next to its
@@ -145,7 +134,7 @@ def embed_site(demo, tmp_path_factory):
     site = tmp_path_factory.mktemp("embed-site")
     (site / "gradio.js").symlink_to(FRONTEND / "gradio.js")
     (site / "assets").symlink_to(FRONTEND / "assets", target_is_directory=True)
-    app_url = demo.local_url.rstrip("/")
+    app_url = app_page.local_url.rstrip("/")
     (site / "index.html").write_text(
         f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Host page</title>
@@ -180,4 +169,86 @@ def test_embedded_web_component_works(embed_site, browser):
     # the app has mounted and is harmless (gradio-app/gradio#12507, fixed upstream by PR #13561 after this release).
     known = "this.app.$destroy is not a function"
     assert not [e for e in errors if known not in e], errors
+    page.close()
+
+
+def test_status_clears_and_examples_leave_randomize_on(app_page, browser, engine):
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
+    box = page.locator("#prompt textarea")
+    box.wait_for(timeout=TIMEOUT_MS)
+    page.locator("#advanced").get_by_text("Advanced settings").click()  # the seed box and the checkbox
+    box.fill("a watercolor fox")
+    page.locator("#generate").click()
+    page.wait_for_function("document.querySelector('#status').innerText.includes('images in')",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+    box.fill("")
+    page.locator("#generate").click()
+    page.locator(".toast-body").get_by_text("Please enter a prompt.").wait_for(timeout=60_000)
+    assert page.locator("#status").inner_text().strip() == ""  # the old request's line is gone
+    example = load_examples()[0]
+    page.get_by_text(example, exact=True).first.click()
+    page.wait_for_function(
+        "(s) => document.querySelector('#seed input').value === String(s)", arg=EXAMPLE_SEED_START, timeout=TIMEOUT_MS
+    )
+    assert page.locator("#randomize input").is_checked()  # the next prompt gets a fresh seed
+    page.locator("#generate").click()
+    page.wait_for_function(
+        "(s) => document.querySelector('#status').innerText.includes('images in') && "
+        "!document.querySelector('#status').innerText.includes('seed ' + s + '\\n') && "
+        "document.querySelector('#seed input').value !== String(s)",
+        arg=EXAMPLE_SEED_START, timeout=TIMEOUT_MS,
+    )  # fmt: skip
+    # Phone width: each caption is whole and under its image (not over it, cut), no blank band below.
+    layout = page.evaluate(
+        """() => { const items = [...document.querySelectorAll('#gallery .thumbnail-item')];
+        const gallery = document.querySelector('#gallery').getBoundingClientRect();
+        const cells = items.map(t => { const i = t.querySelector('img').getBoundingClientRect();
+          const c = t.querySelector('.caption-label'); const r = c.getBoundingClientRect();
+          return {whole: c.scrollWidth <= c.clientWidth + 1, under: r.top >= i.bottom - 1,
+                  bottom: t.getBoundingClientRect().bottom}; });
+        return {cells, slack: gallery.bottom - Math.max(...cells.map(c => c.bottom))}; }"""
+    )
+    assert len(layout["cells"]) == engine.num_images
+    assert all(c["whole"] and c["under"] for c in layout["cells"]), layout
+    assert layout["slack"] < 40, layout
+    page.close()
+
+
+def test_phone_page_error_example_and_layout(app_page, browser):
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+    page.goto(app_page.local_url, timeout=TIMEOUT_MS)
+    box = page.locator("#prompt textarea")
+    box.wait_for(timeout=TIMEOUT_MS)
+    # The placeholder fits in the box (measured with the box's own font).
+    fits = page.evaluate(
+        """(el) => { const s = getComputedStyle(el);
+        const c = document.createElement('canvas').getContext('2d');
+        c.font = `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+        const room = el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+        return c.measureText(el.placeholder).width <= room; }""",
+        box.element_handle(),
+    )
+    assert fits
+    # An empty prompt: the toast says why; no other "Error" badge on the page.
+    page.locator("#generate").click()
+    page.locator(".toast-body").get_by_text("Please enter a prompt.").wait_for(timeout=60_000)
+    badges = "[...document.querySelectorAll('.error')].filter(e => e.offsetWidth && !e.closest('.toast-body'))"
+    assert page.evaluate(f"{badges}.length") == 0
+    page.screenshot(path=str(ARTIFACTS / "newcomer-phone-error.png"), full_page=True)
+    # Images, then an example: the new prompt does not sit above the old prompt's images.
+    box.fill("a watercolor fox")
+    page.locator("#generate").click()
+    page.wait_for_function("document.querySelectorAll('#gallery img').length === 8", timeout=TIMEOUT_MS)
+    page.screenshot(path=str(ARTIFACTS / "newcomer-phone.png"), full_page=True)
+    old = page.evaluate("[...document.querySelectorAll('#gallery img')].map(i => i.src)")
+    example = load_examples()[0]
+    page.get_by_text(example, exact=True).first.click()
+    page.wait_for_function(  # the example's own (cached) images replace the old prompt's
+        "([t, old]) => document.querySelector('#prompt textarea').value === t && "
+        "[...document.querySelectorAll('#gallery img')].length === 8 && "
+        "[...document.querySelectorAll('#gallery img')].every(i => !old.includes(i.src))",
+        arg=[example, old],
+        timeout=TIMEOUT_MS,
+    )
     page.close()

@@ -13,14 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import REPO, TEST_SIZE, TEST_STEPS, generate
 
-ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "v5e:2x2"
 #: (height, width) where the tiny UNet's first attention level has 10 x 12 = 120 tokens: splash, padded to 128.
 SPLASH_SIZE = (160, 192)
@@ -39,21 +37,20 @@ needs_libtpu = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tpu_programs():
-    """The tiny checkpoint's served programs on v5e:2x2's 4 chips (abstract bf16 weights), one per core."""
+    """The tiny checkpoint's served programs on v5e:2x2's 4 chips (abstract bf16 weights), one per core, built as the
+    generator builds them (`pipeline.generator.build_programs`, through the bench's `served_programs`)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
-    from bench.tpu import tiny_model
+    from bench.tpu import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.host.compilation import configure_compilation_cache
-    from pipeline.host.programs import ServedPrograms
 
     devices = topology_devices(TOPOLOGY)
     assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
-    modules, params = tiny_model("bfloat16")
     mesh = data_mesh(devices)
     cached = jax.config.jax_enable_compilation_cache
     configure_compilation_cache(False)  # a topology's compile-only client cannot read JAX's persistent cache
-    yield {core: ServedPrograms(modules, params, mesh, attention=core) for core in ("xla", "splash")}
+    yield {core: served_programs("tiny", "bfloat16", mesh, core) for core in ("xla", "splash")}
     configure_compilation_cache(cached)
 
 
@@ -94,7 +91,7 @@ def test_splash_pads_lengths_off_128_exactly(length):
     """SDXL's 1344x768 has 4032- and 1008-token self-attention: splash pads to 128 and masks the padding off."""
     import jax.numpy as jnp
 
-    from pipeline import attention
+    from pipeline.device import attention
 
     rng = np.random.default_rng(length)
     q, k, v = (jnp.asarray(rng.standard_normal((1, length, 2, 64)), jnp.float32) for _ in range(3))
@@ -115,7 +112,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32"]
     command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir), *size,
                "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
@@ -128,8 +125,8 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     assert report.compile == {} and len(report.loaded) == len(engine.program_keys())
     generator.warmup()
     assert generator.compile_count == 0
-    mine = generator.generate("a lighthouse at dusk", seed=11)
-    theirs = engine.generate("a lighthouse at dusk", seed=11)
+    mine = generate(generator, "a lighthouse at dusk", seed=11)
+    theirs = generate(engine, "a lighthouse at dusk", seed=11)
     for a, b in zip(mine.images, theirs.images, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -142,22 +139,3 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     report = load_precompiled(other.programs, other.program_keys(), out)
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
     assert "loaded 0 of 4" in report.summary(out) and not any(map(other.programs.is_compiled, other.program_keys()))
-
-
-def test_app_takes_precompiled_option():
-    import app
-
-    assert app.parse_args(["--model", "tiny", "--precompiled", "/tmp/x"]).precompiled == "/tmp/x"
-
-
-def test_libtpu_without_a_tpu_runs_jax_on_cpu(monkeypatch):
-    """A dev venv with libtpu on a host without a TPU: the app/CLI run JAX on the CPU (no TPU probe, no error lines)."""
-    from pipeline import runtime
-
-    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-    monkeypatch.setattr(runtime, "tpu_device_present", lambda: False)
-    if not _libtpu():
-        assert runtime.skip_absent_tpu() is False
-        return
-    assert runtime.skip_absent_tpu() is True and os.environ["JAX_PLATFORMS"] == "cpu"
-    assert not runtime.accelerator_installed()

@@ -1,13 +1,12 @@
 """The serving path at full size (issue 19): fast gallery files, lossless PNGs one click away, overlap, no paths.
 
-One app around the session's `ui_engine` (tiny model, 4 steps, progress on), called with gradio_client and driven by
+One page around the session's `ui_engine` (tiny model, 4 steps, progress on), called with gradio_client and driven by
 Debian's Chromium. Screenshot: artifacts/browser/png-downloads.png.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import struct
 import threading
@@ -16,18 +15,18 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import UI_STEPS, headless_chromium
+from conftest import ARTIFACTS, UI_STEPS, generate, headless_chromium, needs_chromium
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 from PIL import Image
 
-import app
-from pipeline import images as image_io
+from pipeline.config import SDXL_BASE
+from pipeline.host import images as image_io
 from web.delivery import Outbox
+from web.page import GENERATE_CONCURRENCY
+from web.texts import model_texts
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "artifacts" / "browser"
 TIMEOUT_MS = 180_000
 PROMPT = "a lighthouse on a cliff at dawn, naïve watercolour ☀"
 
@@ -86,9 +85,9 @@ def test_models_are_named_without_server_paths(tmp_path):
     )  # fmt: skip
     assert "Model: my-finetune, UNet: lightning_4step.safetensors, Dtype: float32" in text
     assert str(tmp_path) not in text
-    texts = app.model_texts(str(local), on_cpu=False, unet=str(unet))
+    texts = model_texts(str(local), on_cpu=False, unet=str(unet))
     assert texts["about"] == "Model: `my-finetune` · UNet: `lightning_4step.safetensors`"
-    assert app.model_texts(app.SDXL_BASE, on_cpu=False, unet=spec)["about"] == (
+    assert model_texts(SDXL_BASE, on_cpu=False, unet=spec)["about"] == (
         "UNet: `sdxl_lightning_4step_unet.safetensors`"
     )
 
@@ -123,7 +122,7 @@ def test_generate_answers_jpegs_and_generate_png_lossless_pngs(ui_client, ui_eng
     gallery, seed, status = ui_client.predict(**kwargs, api_name="/generate")
     pngs, png_seed, png_status = ui_client.predict(**kwargs, api_name="/generate_png")
     assert seed == png_seed == 11 and status.startswith("8 images in ") and png_status.startswith("8 images in ")
-    expected = ui_engine.generate(PROMPT, seed=11)
+    expected = generate(ui_engine, PROMPT, seed=11)
     for i, (item, png_item) in enumerate(zip(gallery, pngs, strict=True)):
         jpeg, png = pathlib.Path(item["image"]), pathlib.Path(png_item["image"])
         with Image.open(jpeg) as image:
@@ -142,9 +141,9 @@ def test_generate_answers_jpegs_and_generate_png_lossless_pngs(ui_client, ui_eng
     ]
 
 
-def test_concurrent_requests_get_their_own_images_progress_and_errors(ui_demo, tmp_path):
+def test_concurrent_requests_get_their_own_images_progress_and_errors(ui_page, tmp_path):
     """Two requests in the generate event at once (one on the devices, one on the host): nothing crosses over."""
-    clients = [Client(ui_demo.local_url, verbose=False, download_files=str(tmp_path / str(i))) for i in range(3)]
+    clients = [Client(ui_page.local_url, verbose=False, download_files=str(tmp_path / str(i))) for i in range(3)]
     seeds = (101, 202)
     jobs = [
         c.submit(prompt=f"{PROMPT} {s}", seed=s, randomize_seed=False, api_name="/generate")
@@ -173,11 +172,11 @@ def test_concurrent_requests_get_their_own_images_progress_and_errors(ui_demo, t
     with pytest.raises(AppError, match="^Please enter a prompt.$"):
         bad.result()
     assert overlapped, "the second request waited for the first to finish: no overlap"
-    generate = next(fn for fn in ui_demo.fns.values() if fn.api_name == "generate")
-    assert generate.concurrency_limit == app.GENERATE_CONCURRENCY == 2
+    generate = next(fn for fn in ui_page.demo.fns.values() if fn.api_name == "generate")
+    assert generate.concurrency_limit == GENERATE_CONCURRENCY == 2
 
 
-def test_no_output_names_the_server_checkpoint_path(ui_demo, ui_client, ui_engine, tiny_dir):
+def test_no_output_names_the_server_checkpoint_path(ui_page, ui_client, ui_engine, tiny_dir):
     """PNG and JPEG metadata, the page, its config, the API's description and answers: the model by name only."""
     secret = str(pathlib.Path(tiny_dir).resolve())
     assert secret.startswith("/") and ui_engine.config.model in (secret, str(tiny_dir))
@@ -192,7 +191,7 @@ def test_no_output_names_the_server_checkpoint_path(ui_demo, ui_client, ui_engin
             seen.append(pathlib.Path(item["image"]).read_bytes().decode("latin-1"))
             for start in (0, 1):  # EXIF UserComment is UTF-16: read the bytes at both alignments
                 seen.append(pathlib.Path(item["image"]).read_bytes()[start:].decode("utf-16-be", errors="ignore"))
-    base = ui_demo.local_url.rstrip("/")
+    base = ui_page.local_url.rstrip("/")
     for path in ("/", "/config", "/gradio_api/info", "/gradio_api/openapi.json"):
         response = httpx.get(base + path)
         if response.status_code == 200:
@@ -207,14 +206,14 @@ def test_no_output_names_the_server_checkpoint_path(ui_demo, ui_client, ui_engin
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not os.environ.get("CI"), reason="needs /usr/bin/chromium")
-def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_demo, tiny_dir):
+@needs_chromium
+def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_page, tiny_dir):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with headless_chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(ui_demo.local_url, timeout=TIMEOUT_MS)
+        page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
         assert page.locator("#pngs").count() == 0 or not page.locator("#pngs").is_visible()
         page.locator("#prompt textarea").fill(PROMPT)
         page.locator("#generate").click()
@@ -267,17 +266,3 @@ def test_background_pngs_never_hold_the_next_answer(tmp_path):
     finally:
         gate.set()
         outbox.close()
-
-
-def test_bench_host_path_part_reports_both_paths(tmp_path):
-    """`python -m bench --only hostpath` at a small size: every figure present (timings are the bench's, not ours)."""
-    from bench.fullsize import CODECS, host_path, markdown
-
-    result = host_path(size=128, runs=1, images=2, say=lambda _: None)
-    assert [c.codec for c in result.codecs] == list(CODECS) * 2 and all(c.kb > 0 for c in result.codecs)
-    for request in result.requests:
-        assert request.images == 2 and request.after_kb_per_image < request.before_kb_per_image
-        assert request.after_ms.n == request.before_ms.n == request.background_png_ms.n == 1
-    assert 0 < result.after_share < 1 and 0 < result.before_share < 1
-    text = "\n".join(markdown(result, None))
-    assert "## Host path at 128²" in text and "Lightning-4" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import TEST_SIZE, TEST_STEPS, generate
 from flax.jax_utils import replicate
 from flax.training.common_utils import shard
 
@@ -27,7 +27,7 @@ def reference(tiny_dir):
 def test_engine_matches_reference_pipeline(engine, reference, negative_prompt):
     pipe, p_params = reference
     prompt, seed, guidance = "a cozy cabin in a snowy forest, warm light", 1234, 6.5
-    result = engine.generate(prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance)
+    result = generate(engine, prompt, negative_prompt=negative_prompt, seed=seed, guidance_scale=guidance)
     n = engine.num_images
 
     # The engine's noise for these seeds, handed to the reference as its initial latents.

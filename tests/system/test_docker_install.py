@@ -4,8 +4,8 @@ Reads the `RUN pip install` lines from the Dockerfile (so the test follows edits
 metadata only (`test_accelerator_pins_from_metadata`, a few hundred KB: the index's file lists, and each wheel's
 METADATA read out of the wheel on the index with HTTP range requests, never the whole wheel), because pip itself
 downloads every CUDA wheel (GBs) to read its metadata when the index serves no separate metadata files.
-`python -m pytest -m downloads tests/test_docker_install.py` also runs pip's full `--dry-run` resolution, as before.
-Needs PyPI; skipped when it is unreachable (outside CI).
+`python -m pytest -m downloads tests/system/test_docker_install.py` also runs pip's full `--dry-run` resolution, as
+before. Needs PyPI; skipped when it is unreachable (outside CI).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import zipfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (also when run as a script)
 DOCKERFILE = ROOT / "Dockerfile"
 
 #: The index the Docker image installs from (a clean python:3.11-slim has no other).
@@ -310,6 +310,6 @@ def test_accelerator_pins_from_metadata():
         client.close()
 
 
-if __name__ == "__main__":  # python tests/test_docker_install.py prints the plans
+if __name__ == "__main__":  # python tests/system/test_docker_install.py prints the plans
     for acc in ("cpu", "tpu", "cuda12", "auto"):
         print(acc, install_plan(acc), file=sys.stdout)

@@ -6,14 +6,13 @@ Run apart with `python -m pytest -m soak -s` (excluded from the default run). Th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import REPO
 
 from bench.serving import BUSY_MESSAGE
 from bench.soak import MAX_RSS_GROWTH_MB, soak, soak_summary, write_soak_json
 
-ARTIFACT = Path(__file__).resolve().parent.parent / "artifacts" / "soak.json"
+ARTIFACT = REPO / "artifacts" / "soak.json"
 REQUESTS = 208  # 16 clients x 13 requests
 CLIENTS = 16
 QUEUE_SIZE = 8  # smaller than the number of clients, so the queue fills and the busy path is exercised too

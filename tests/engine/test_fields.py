@@ -1,8 +1,8 @@
-"""Tests for pipeline.validation: properties (hypothesis) plus one example per user-facing message."""
+"""The checks of one request field each (pipeline/fields.py): properties (hypothesis) plus one example per
+user-facing message; and the modules the page imports stay free of JAX."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import unicodedata
@@ -11,7 +11,6 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from web.prompt_filter import PromptFilter
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import (
@@ -25,7 +24,6 @@ from pipeline.fields import (
     clean_text,
     resolve_seed,
 )
-from pipeline.request import Request
 from pipeline.styles import load_styles
 
 FAST = settings(max_examples=200, deadline=None)
@@ -238,128 +236,18 @@ def test_check_shape():
     assert_one_line(info.value)
 
 
-# ---------------------------------------------------------------------------------------------- validate_request
-
-
-def test_validate_request_defaults_and_style():
-    request = validate_request("  a {cat}\n on a mat ", "blurry", style="Cinematic", guidance_scale=7, seed=3.0)
-    assert isinstance(request, Request)
-    assert request.prompt == "a {cat} on a mat"
-    assert request.negative_prompt == "blurry"
-    assert request.style == "Cinematic"
-    assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
-    assert request.seed == 3
-    assert request.styled_prompt.startswith("cinematic still a {cat} on a mat . emotional")
-    assert request.styled_negative_prompt.startswith("anime, cartoon")
-    assert request.styled_negative_prompt.endswith(", blurry")
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        request.seed = 4  # type: ignore[misc]
-
-    plain = validate_request("a dog")
-    assert (plain.prompt, plain.negative_prompt, plain.style, plain.guidance_scale, plain.seed) == (
-        "a dog",
-        "",
-        "No style",
-        5.0,
-        0,
-    )
-    assert (plain.styled_prompt, plain.styled_negative_prompt) == ("a dog", "")
-
-
-@pytest.mark.parametrize("prompt", ["", "   ", None, "\x00\u200b\n"])
-def test_validate_request_empty_prompt(prompt):
-    with pytest.raises(InvalidInput) as info:
-        validate_request(prompt)
-    assert str(info.value) == "Please enter a prompt."
-
-
-def test_validate_request_randomize_and_errors():
-    request = validate_request("a dog", seed="not a number", randomize_seed=True)
-    assert 0 <= request.seed <= SEED_MAX
-    with pytest.raises(InvalidInput, match="^Guidance scale"):
-        validate_request("a dog", guidance_scale=99)
-    with pytest.raises(InvalidInput, match="^Unknown style"):
-        validate_request("a dog", style="Nope")
-    with pytest.raises(InvalidInput, match="^Negative prompt is too long"):
-        validate_request("a dog", negative_prompt="n" * 2001)
-    with pytest.raises(InvalidInput, match="^Seed must be"):
-        validate_request("a dog", seed=-5)
-
-
-def test_validate_request_uses_filter_on_prompt_only():
-    prompt_filter = PromptFilter(["spam"])
-    with pytest.raises(InvalidInput) as info:
-        validate_request("Lovely SPAM, wonderful spam", prompt_filter=prompt_filter)
-    assert str(info.value) == "This prompt contains a blocked word; please rephrase it."
-    request = validate_request("a tin can", negative_prompt="spam", prompt_filter=prompt_filter)
-    assert request.negative_prompt == "spam"
-    # zero-width characters are removed before the filter runs, so they cannot split a word to dodge it
-    with pytest.raises(InvalidInput):
-        validate_request("sp\u200bam", prompt_filter=prompt_filter)
-
-
-# -------------------------------------------------------------------------------------------------- PromptFilter
-
-
-def test_prompt_filter_word_boundaries_and_case():
-    prompt_filter = PromptFilter(["ass", "Bad Word", "c++"])
-    assert prompt_filter.blocks("ASS")
-    assert prompt_filter.blocks("what an ass.")
-    assert not prompt_filter.blocks("a class of glass and assets")
-    assert prompt_filter.blocks("a BAD   word here")
-    assert not prompt_filter.blocks("badword")
-    assert prompt_filter.blocks("I like c++ code")
-    assert not prompt_filter.blocks("")
-    prompt_filter.check("a classic glass")  # no raise
-
-
-def test_prompt_filter_from_file(tmp_path):
-    path = tmp_path / "blocked.txt"
-    path.write_text("\ufeff# a comment line\n\n  Spam  \n#eggs\nham sandwich\n", encoding="utf-8")
-    prompt_filter = PromptFilter.from_file(path)
-    assert prompt_filter.words == ("ham sandwich", "spam")
-    assert len(prompt_filter) == 2
-    assert prompt_filter.blocks("spam")
-    assert not prompt_filter.blocks("eggs")
-    assert not prompt_filter.blocks("# a comment line")
-    assert prompt_filter.blocks("one Ham\tSandwich please")
-    assert not prompt_filter.blocks("ham")
-
-
-def test_empty_prompt_filter_blocks_nothing():
-    assert not PromptFilter([]).blocks("anything at all")
-    assert not PromptFilter(["", "   "]).blocks("anything at all")
-
-
-def test_example_block_list_ships_and_loads():
-    from pipeline.styles import ASSETS_DIR
-
-    path = ASSETS_DIR / "blocked_words.example.txt"
-    assert path.read_text(encoding="utf-8").startswith("#")
-    prompt_filter = PromptFilter.from_file(path)
-    assert len(prompt_filter) >= 1
-    assert not prompt_filter.blocks("A serious capybara at work, wearing a suit")
-
-
-@FAST
-@given(st.text(max_size=100), st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
-def test_prompt_filter_total_and_case_insensitive(text, ascii_text):
-    prompt_filter = PromptFilter(["spam", "lorem ipsum"])
-    assert isinstance(prompt_filter.blocks(text), bool)
-    assert prompt_filter.blocks(ascii_text) == prompt_filter.blocks(ascii_text.upper())
-    assert prompt_filter.blocks(f"{ascii_text} SPAM") is True
-
-
 def test_modules_do_not_import_jax():
     """The UI imports these modules; they must not pull in JAX (checked on the source, independent of __init__)."""
     import ast
     import pathlib
 
-    import pipeline.validation
-
+    import pipeline.errors
+    import pipeline.fields
+    import pipeline.request
     import pipeline.styles
+    import web.prompt_filter
 
-    for module in (pipeline.validation, pipeline.styles):
+    for module in (pipeline.errors, pipeline.fields, pipeline.request, pipeline.styles, web.prompt_filter):
         tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -369,3 +257,17 @@ def test_modules_do_not_import_jax():
             else:
                 continue
             assert not any(name.split(".")[0] in {"jax", "jaxlib", "flax"} for name in names), module.__name__
+
+
+def test_request_and_options_import_no_jax():
+    """The app parses its options and checks requests before JAX (or Gradio) is imported: a Ctrl-C then is one line,
+    and a bad flag costs no JAX start-up."""
+    from conftest import run_python
+
+    code = (
+        "import sys, pipeline.request, pipeline.options, pipeline.config, web.options, web.prompt_filter, web.startup; "
+        "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'gradio') if m in sys.modules))"
+    )
+    done = run_python("-c", code, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

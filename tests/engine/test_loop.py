@@ -1,0 +1,66 @@
+"""The host loop (pipeline/host/loop.py) through the generator: one progress report per step, in order, per call;
+every offered size served by its own compiled programs, none with a host callback, a bad size refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+from conftest import UI_SIZES, UI_STEPS, generate
+
+from pipeline.config import EngineConfig
+from pipeline.errors import InvalidInput
+
+
+def test_progress_fires_once_per_step_in_order(ui_engine):
+    before = ui_engine.compile_count
+    for size in UI_SIZES:
+        seen: list[tuple[int, int]] = []
+        request = ui_engine.request("a red apple", seed=1, size=size)
+        result = ui_engine.generate(request, on_step=lambda k, n, seen=seen: seen.append((k, n)))
+        assert seen == [(k, UI_STEPS) for k in range(1, UI_STEPS + 1)]  # 8 devices call back; reported once
+        assert result.images[0].size == (size[1], size[0])  # PIL: (width, height)
+        assert f"Size: {size[1]}x{size[0]}" in result.parameters[0]
+    assert ui_engine.compile_count == before
+
+
+def test_progress_calls_do_not_cross(ui_engine):
+    """Two threads share one generator: each listener sees exactly its own call's steps."""
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def run(i):
+        ui_engine.generate(ui_engine.request(f"prompt {i}", seed=i), on_step=lambda k, n: seen[i].append(k))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {0: list(range(1, UI_STEPS + 1)), 1: list(range(1, UI_STEPS + 1))}
+
+
+def test_sizes_give_their_own_pixels_and_bad_size_is_refused(ui_engine):
+    square = generate(ui_engine, "a lighthouse", seed=3, size=UI_SIZES[0])
+    default = generate(ui_engine, "a lighthouse", seed=3)
+    np.testing.assert_array_equal(np.asarray(square.images[0]), np.asarray(default.images[0]))
+    before = ui_engine.compile_count
+    with pytest.raises(InvalidInput, match="compiled"):
+        generate(ui_engine, "a lighthouse", seed=3, size=(128, 128))
+    assert ui_engine.compile_count == before
+    assert ui_engine.sizes == UI_SIZES
+
+
+def test_no_served_program_has_a_host_callback(ui_engine):
+    """Progress is reported by the host between steps: every program can go to the persistent compilation cache."""
+    keys = ui_engine.program_keys()
+    assert [key.label for key in keys] == [
+        "encode cfg", "start 64x64", "step 64x64 cfg", "decode 64x64", "start 224x128", "step 224x128 cfg",
+        "decode 224x128",
+    ]  # fmt: skip
+    for key in keys:
+        text = ui_engine.programs.lower(key).as_text()
+        assert "callback" not in text and "host_callback" not in text, key.label
+    # Progress is the page's (build_page(progress=...)), not the engine's: no engine setting can add a callback.
+    assert "progress" not in {field.name for field in dataclasses.fields(EngineConfig)}

@@ -1,0 +1,106 @@
+"""The one request contract (pipeline/request.py): `parse_request` checks every field where a request enters and
+returns the `Request` the engine runs as it is; followers rebuild it from data."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from pipeline.config import EngineConfig
+from pipeline.errors import InvalidInput
+from pipeline.fields import SEED_MAX
+from pipeline.request import Request, RequestRules, parse_request
+from web.prompt_filter import PromptFilter
+
+
+def test_parse_request_defaults_and_style():
+    request = parse_request("  a {cat}\n on a mat ", "blurry", style="Cinematic", guidance_scale=7, seed=3.0)
+    assert isinstance(request, Request)
+    assert request.prompt == "a {cat} on a mat"
+    assert request.negative_prompt == "blurry"
+    assert request.style == "Cinematic"
+    assert request.guidance_scale == 7.0 and isinstance(request.guidance_scale, float)
+    assert request.seed == 3
+    assert request.styled_prompt.startswith("cinematic still a {cat} on a mat . emotional")
+    assert request.styled_negative_prompt.startswith("anime, cartoon")
+    assert request.styled_negative_prompt.endswith(", blurry")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.seed = 4  # type: ignore[misc]
+
+    plain = parse_request("a dog")
+    assert (plain.prompt, plain.negative_prompt, plain.style, plain.guidance_scale, plain.seed) == (
+        "a dog",
+        "",
+        "No style",
+        5.0,
+        0,
+    )
+    assert (plain.styled_prompt, plain.styled_negative_prompt) == ("a dog", "")
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", None, "\x00\u200b\n"])
+def test_parse_request_empty_prompt(prompt):
+    with pytest.raises(InvalidInput) as info:
+        parse_request(prompt)
+    assert str(info.value) == "Please enter a prompt."
+
+
+def test_parse_request_randomize_and_errors():
+    request = parse_request("a dog", seed="not a number", randomize_seed=True)
+    assert 0 <= request.seed <= SEED_MAX
+    with pytest.raises(InvalidInput, match="^Guidance scale"):
+        parse_request("a dog", guidance_scale=99)
+    with pytest.raises(InvalidInput, match="^Unknown style"):
+        parse_request("a dog", style="Nope")
+    with pytest.raises(InvalidInput, match="^Negative prompt is too long"):
+        parse_request("a dog", negative_prompt="n" * 2001)
+    with pytest.raises(InvalidInput, match="^Seed must be"):
+        parse_request("a dog", seed=-5)
+
+
+def test_parse_request_uses_filter_on_prompt_only():
+    check = PromptFilter(["spam"]).check
+    with pytest.raises(InvalidInput) as info:
+        parse_request("Lovely SPAM, wonderful spam", check_prompt=check)
+    assert str(info.value) == "This prompt contains a blocked word; please rephrase it."
+    request = parse_request("a tin can", negative_prompt="spam", check_prompt=check)
+    assert request.negative_prompt == "spam"
+    # zero-width characters are removed before the filter runs, so they cannot split a word to dodge it
+    with pytest.raises(InvalidInput):
+        parse_request("sp\u200bam", check_prompt=check)
+
+
+def test_rules_give_the_defaults_and_the_compiled_sizes():
+    """What a request leaves out comes from the server's rules; size, steps and sampler are checked against them."""
+    config = EngineConfig(model="tiny", height=64, width=64, sizes=((64, 64), (128, 224)), steps=7,
+                          sampler="dpmpp_2m", guidance_scale=3.5)  # fmt: skip
+    rules = RequestRules.of(config)
+    assert (rules.sizes, rules.steps, rules.sampler, rules.guidance_scale) == (((64, 64), (128, 224)), 7,
+                                                                             "DPM++ 2M", 3.5)  # fmt: skip
+    request = parse_request("a cat", rules=rules)
+    assert (request.size, request.steps, request.sampler, request.guidance_scale) == ((64, 64), 7, "DPM++ 2M", 3.5)
+    other = parse_request("a cat", size="224×128 (16:9)", steps=30.0, sampler="euler a", rules=rules)
+    assert (other.size, other.steps, other.sampler) == ((128, 224), 30, "Euler a")
+    assert parse_request("a cat", size=(128, 224), rules=rules).size == (128, 224)
+    with pytest.raises(InvalidInput, match=r"^This server compiled 64×64 or 224×128 only; got 512×512\.$"):
+        parse_request("a cat", size=(512, 512), rules=rules)
+    with pytest.raises(InvalidInput, match=r"^Steps must be a whole number from 1 to 100; got 0\.$"):
+        parse_request("a cat", steps=0, rules=rules)
+    with pytest.raises(InvalidInput, match=r"^Unknown sampler 'LMS'; choose one of: Euler, Euler a, DPM\+\+ 2M"):
+        parse_request("a cat", sampler="LMS", rules=rules)
+
+
+def test_guidance_free_rules_drop_the_negative_prompt_and_guidance():
+    rules = RequestRules(sizes=((64, 64),), cfg=False)
+    request = parse_request("a cat", "blurry", style="Cinematic", guidance_scale=9, rules=rules)
+    assert (request.negative_prompt, request.styled_negative_prompt, request.guidance_scale) == ("", "", 0.0)
+    assert request.styled_prompt.startswith("cinematic still a cat")
+
+
+def test_a_request_travels_as_json_data_and_comes_back_equal():
+    """On several processes the leader publishes `to_dict()`; each follower rebuilds the same request."""
+    request = parse_request("a lighthouse", "fog", style="Anime", guidance_scale=6.5, seed=1234, steps=9,
+                            sampler="Euler a", size=(1024, 1024))  # fmt: skip
+    assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request

@@ -1,0 +1,241 @@
+"""The command lines, run as users run them (`python -m pipeline ...`, and `python app.py` where both programs
+refuse the same input): subprocesses, exit codes, one-line errors, PNG files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, TEST_SIZE, TEST_STEPS, free_port, generate, run_cli, run_python
+from PIL import Image
+
+PT_FIXTURE = FIXTURES / "tiny-pt"
+CLOSED = "http://127.0.0.1:9"  # nothing listens on port 9 (discard): the Hub is unreachable at once
+LIGHTNING = "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
+PROMPT = "a red fox in fresh snow"
+
+
+def test_generate_writes_one_png_per_device(tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    done = run_cli(
+        "generate",
+        "--model",
+        str(tiny_dir),
+        "--prompt",
+        "a tiny robot",
+        "--negative-prompt",
+        "blurry",
+        "--seed",
+        "77",
+        "--guidance-scale",
+        "3.5",
+        "--steps",
+        str(TEST_STEPS),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    paths = [Path(p) for p in summary["images"]]
+    assert len(paths) == 8 and paths == sorted(out.glob("*.png"))
+    assert summary["seeds"] == list(range(77, 85))
+    assert {"load_s", "compile_s", "first_run_s", "call_total_s"} <= set(summary["timings"])
+    text = Image.open(paths[7]).info["parameters"]
+    assert (
+        text.startswith("a tiny robot\nNegative prompt: blurry\n") and "Seed: 84" in text and "CFG scale: 3.5" in text
+    )
+    assert f"Model: {Path(tiny_dir).name}," in text and str(tiny_dir) not in text  # named, never the server's path
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--seed", "-5"], 2, "Seed"),
+        (["--guidance-scale", "500"], 2, "Guidance"),
+        (["--height", "100"], 2, "Height must be a multiple of 32; got 100."),
+        (["--model", "/nonexistent/sdxl"], 3, "does not exist"),
+        (["--model", "requirements.txt"], 3, "is a file"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_one_line(tiny_dir, tmp_path, args, code, message):
+    base = ["generate", "--model", str(tiny_dir), "--prompt", "x", "--steps", "2", "--height", "64", "--width", "64"]
+    done = run_cli(*base, "--out", str(tmp_path), *args)
+    assert done.returncode == code
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_make_tiny_writes_a_loadable_checkpoint(tmp_path):
+    done = run_cli("make-tiny", str(tmp_path / "tiny"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tiny" / "model_index.json").is_file()
+    assert (tmp_path / "tiny" / "unet" / "diffusion_flax_model.msgpack").is_file()
+
+
+@pytest.mark.slow
+def test_restart_reuses_the_persistent_compilation_cache(tiny_dir, tmp_path):
+    """A second process compiles nothing from scratch: every program comes from JAX_COMPILATION_CACHE_DIR."""
+    args = ["generate", "--model", str(tiny_dir), "--prompt", "a cat", "--steps", "2", "--height", "64"]
+    args += ["--width", "64", "--dtype", "float32", "--json"]
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+    cold = run_cli(*args, "--out", str(tmp_path / "a"), env=env)
+    assert cold.returncode == 0, cold.stderr
+    assert json.loads(cold.stdout)["compiles"] >= 1 and any((tmp_path / "cache").iterdir())
+    warm = run_cli(*args, "--out", str(tmp_path / "b"), env=env)
+    assert warm.returncode == 0, warm.stderr
+    summary = json.loads(warm.stdout)
+    assert summary["compiles"] >= 1 and summary["compilation_cache_hits"] == summary["compiles"]
+    # Off means off: nothing read from or written to the cache.
+    off = run_cli(*args, "--no-compilation-cache", "--out", str(tmp_path / "c"), env=env)
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["compiles"] >= 1 and json.loads(off.stdout)["compilation_cache_hits"] == 0
+
+
+def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_path):
+    """No size flags: 128x128 at 4 steps, as in the app; XLA_FLAGS unset: one JAX device (one image) per core."""
+    done = run_python(
+        "-m", "pipeline", "generate", "--model", "tiny", "--prompt", "a lighthouse", "--style", "Cinematic",
+        "--seed", "5", "--dtype", "float32", "--out", str(tmp_path), "--json",
+        drop=("XLA_FLAGS",),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    cores = os.cpu_count()
+    assert summary["devices"] == f"{cores} × cpu" and len(summary["images"]) == cores
+    with Image.open(summary["images"][0]) as image:
+        assert image.size == (128, 128)
+        text = image.info["parameters"]
+    assert "Steps: 4," in text and "Size: 128x128" in text
+    assert text.startswith("cinematic still a lighthouse")  # the style template was applied, as in the API
+    assert "deprecated" not in done.stderr.lower() and "Warning" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt", ""], "error: Please enter a prompt."),
+        (["--prompt", " \t "], "error: Please enter a prompt."),
+        (["--prompt", "x", "--style", "Sepia"], "error: Unknown style 'Sepia'; choose one of: No style, Cinematic"),
+        (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 32; got 100."),
+    ],
+    ids=["empty", "blank", "unknown-style", "height-only"],
+)
+def test_cli_refuses_what_the_api_refuses(tiny_dir, tmp_path, args, message):
+    done = run_cli("generate", "--model", "tiny", *args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(message), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_make_tiny_prints_only_its_path(tmp_path):
+    done = run_cli("make-tiny", str(tmp_path / "tiny"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "tiny")
+    assert done.stderr.strip() == ""
+
+
+def test_cli_absent_variant_is_bad_input_in_one_line(tmp_path):
+    done = run_cli("generate", "--model", str(PT_FIXTURE), "--variant", "bf16", "--prompt", "a cat",
+                   "--out", str(tmp_path / "out"))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {PT_FIXTURE} has no 'bf16' variant weights (*.bf16.safetensors); variants there: fp16."
+    ]
+
+
+def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
+    started = time.perf_counter()
+    env = {"HF_ENDPOINT": CLOSED, "HF_HOME": str(tmp_path / "hf")}
+    done = run_cli("generate", "--model", "tiny", "--unet", LIGHTNING, "--prompt", "a cat",
+                   "--out", str(tmp_path / "out"), env=env)  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 3, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "`huggingface-cli download ByteDance/SDXL-Lightning sdxl_lightning_4step_unet.safetensors`" in line
+    assert "pass --unet a local .safetensors file" in line
+    assert "MaxRetryError" not in line and "--include" not in line and "'tiny'" not in line
+    assert elapsed < 60  # one short probe, not ~40 s of retries
+
+
+def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path):
+    done = run_cli(
+        "generate", "--model", str(PT_FIXTURE), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
+        "--height", "64", "--width", "64", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
+        env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["images"]) == 8 and "Traceback" not in done.stderr
+    single = tmp_path / "model.safetensors"
+    shutil.copy(PT_FIXTURE / "vae" / "diffusion_pytorch_model.fp16.safetensors", single)
+    bad = run_cli("generate", "--model", str(single), "--prompt", "x", "--out", str(tmp_path / "bad"))
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(lines) == 1 and "single-file checkpoint" in lines[0], bad.stderr
+
+
+def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp_path):
+    """Euler-ancestral noise comes from each image's own seed: 4 devices give images 0-3 of 8 devices, bit for bit."""
+    from pipeline.generator import Generator
+
+    def pixels(result) -> np.ndarray:
+        return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)  # [B, H, W, 3]
+
+    eight = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
+        sampler="euler_ancestral", timestep_spacing="trailing", prediction_type="v_prediction", cfg=False,
+    )  # fmt: skip
+    expected = generate(eight, PROMPT, seed=42)
+    done = run_cli(
+        "generate", "--model", str(tiny_dir), "--preset", "turbo", "--prediction-type", "v_prediction",
+        "--steps", str(TEST_STEPS), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32",
+        "--prompt", PROMPT, "--seed", "42", "--guidance-scale", "7", "--out", str(tmp_path), "--json",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning: no classifier-free guidance" in done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["seeds"] == expected.seeds[:4] and summary["compiles_after_warmup"] == 0
+    got = np.stack([np.asarray(Image.open(p)) for p in summary["images"]]).astype(np.int16)
+    assert np.array_equal(got, pixels(expected)[:4])
+    text = Image.open(summary["images"][0]).info["parameters"]
+    assert "Steps: 2, Sampler: Euler a, v-prediction, CFG scale: 0," in text and "Timestep spacing: trailing" in text
+    assert len({pixels(expected)[i].tobytes() for i in range(8)}) == 8 and pixels(expected).std() > 1
+
+
+# ---- both programs refuse the same input in one line ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("program", ["app", "cli"])
+def test_negative_cpu_devices_is_refused_in_one_line(program, tmp_path):
+    args = ["app.py"] if program == "app" else ["-m", "pipeline", "generate", "--prompt", "x", "--out", str(tmp_path)]
+    for extra, env in (["--cpu-devices", "-3"], {}), ([], {"SDXL_CPU_DEVICES": "-3"}):
+        done = run_python(*args, "--model", "tiny", *extra, env=env, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "argument --cpu-devices: must be 0 or more; got -3" in done.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in done.stderr
+
+
+def test_app_and_cli_refuse_a_fused_kind_without_its_device_in_one_line(capsys, monkeypatch):
+    import app
+    from pipeline.__main__ import main as cli
+
+    monkeypatch.setenv("SDXL_ATTENTION", "splash")  # the app reads its environment variable
+    assert app.main(["--model", "tiny", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("app.py: error: Attention 'splash' needs a TPU") and "\n" not in err
+    assert cli(["generate", "--model", "tiny", "--prompt", "a cat", "--attention", "cudnn", "--out", "/tmp/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: Attention 'cudnn' needs a GPU") and "\n" not in err

@@ -1,0 +1,50 @@
+"""No import circles between the project's own modules (as ../shared/tools/import_circles.py reads them): each layer
+imports only those below it."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+
+def project_imports() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, top-level and function-level alike (as
+    ../shared/tools/import_circles.py reads them): the packages with an __init__.py and the top-level scripts."""
+    modules = {}
+    for path in sorted(REPO.rglob("*.py")):
+        parts = path.relative_to(REPO).parts
+        if any(part.startswith(".") or part in ("tests", "venv", "build") for part in parts):
+            continue
+        if len(parts) == 1 or (REPO / parts[0] / "__init__.py").is_file():
+            modules[".".join(Path(*parts).with_suffix("").parts)] = path
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        package = package.removesuffix(".__init__")
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - (node.level - 1)] if package else []
+                    base = ".".join([*parent, *([base] if base else [])])
+                imported |= {base, *(f"{base}.{alias.name}" for alias in node.names)}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        graph[module] = {name for name in imported if name in modules and name != module}
+    return graph
+
+
+def test_no_import_circles():
+    graph = project_imports()
+    assert {"app", "pipeline.generator", "pipeline.cluster.protocol", "web.page", "bench.__main__"} <= set(graph)
+    assert "pipeline.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
+    assert "pipeline.host.plan" in graph["pipeline.request"]
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")

@@ -1,0 +1,109 @@
+"""Steps and sampler per request through the page's API and in a browser (the host loop, pipeline/host/loop.py):
+any step count and sampler, never a new program; one sentence for a bad one; the slider, the menu and Stop.
+
+Against the page around the session's `ui_engine` (tiny model, 4 steps by default, two sizes, progress on), through
+gradio_client and Debian's Chromium.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ARTIFACTS, LONG, TIMEOUT_MS, needs_chromium, open_advanced, set_steps
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from pipeline.host.images import read_parameters
+from pipeline.host.plan import SAMPLER_NAMES
+
+
+def parameters_of(item) -> str:
+    return read_parameters(item["image"])
+
+
+def test_steps_and_sampler_per_request_through_the_api_compile_nothing(ui_client, ui_engine):
+    before = ui_engine.compile_count
+    for steps, sampler in [(1, "Euler"), (7, "Euler a"), (3, "DPM++ 2M"), (9, "DPM++ 2M Karras"), (2, "dpm++ 2m")]:
+        gallery, seed, status = ui_client.predict(
+            prompt="a lighthouse", seed=4, randomize_seed=False, steps=steps, sampler=sampler, api_name="/generate"
+        )
+        name = next(label for label in SAMPLER_NAMES if label.lower() == sampler.lower())
+        assert f"· {steps} step{'s' if steps != 1 else ''}, {name} ·" in status
+        text = parameters_of(gallery[0])
+        assert f"Steps: {steps}, Sampler: {name}," in text
+        assert ui_engine.recent_runs[-1]["steps"] == steps
+    assert ui_engine.compile_count == before  # steps and sampler are arguments, never a new program
+
+
+def test_same_request_same_pixels_and_samplers_differ(ui_client):
+    def pixels(sampler):
+        gallery, _, _ = ui_client.predict(
+            prompt="a red kite", seed=9, randomize_seed=False, steps=6, sampler=sampler, api_name="/generate"
+        )
+        with Image.open(gallery[0]["image"]) as image:
+            return image.tobytes()
+
+    karras = pixels("DPM++ 2M Karras")
+    assert pixels("DPM++ 2M Karras") == karras
+    assert pixels("Euler") != karras
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 0}, "Steps must be a whole number from 1 to 100; got 0."),
+        ({"steps": 101}, "Steps must be a whole number from 1 to 100; got 101."),
+        ({"steps": 2.5}, "Steps must be a whole number from 1 to 100; got 2.5."),
+        ({"sampler": "LMS"}, "Unknown sampler 'LMS'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+    ],
+)
+def test_bad_steps_or_sampler_is_one_sentence(ui_client, kwargs, message):
+    with pytest.raises(AppError) as error:
+        ui_client.predict(prompt="a cat", api_name="/generate", **kwargs)
+    assert str(error.value) == message
+
+
+def test_api_lists_steps_and_sampler_with_defaults(ui_client, ui_engine):
+    info = ui_client.view_api(print_info=False, return_format="dict")
+    params = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
+    assert params["steps"]["parameter_default"] == ui_engine.config.steps
+    assert params["sampler"]["parameter_default"] == "Euler"
+
+
+# ---- in the browser -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_steps_slider_sampler_menu_and_stop_in_the_browser(ui_page, browser, ui_engine):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
+    open_advanced(page)
+    page.locator("#sampler input").click()
+    page.get_by_role("option", name="DPM++ 2M Karras", exact=True).click()
+    set_steps(page, 3)
+    page.locator("#prompt textarea").fill("a paper boat on a pond")
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("3 steps, DPM++ 2M Karras").wait_for(timeout=TIMEOUT_MS)
+
+    set_steps(page, LONG)
+    page.locator("#generate").click()
+    page.wait_for_function(
+        "() => /step ([2-9]|\\d\\d) \\/ 100/.test(document.body.innerText)", timeout=TIMEOUT_MS
+    )  # fmt: skip
+    page.locator("#stop").click()
+    stopped = page.locator("#status").get_by_text("Stopped at step")
+    stopped.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "stopped.png"))
+    last = ui_engine.recent_runs[-1]
+    assert last["stopped"] and last["done"] < LONG
+    assert f"Stopped at step {last['done']} / {LONG}." in page.locator("#status").inner_text()
+    assert len(page.locator("#gallery img").all()) == 8  # the previous images stay
+
+    set_steps(page, 2)  # the queue keeps serving
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("2 steps, DPM++ 2M Karras").wait_for(timeout=TIMEOUT_MS)
+    assert not errors, errors
+    page.close()
