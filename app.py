@@ -30,6 +30,8 @@ def start_engine(args):
     from web.sizes import size_label
     from web.texts import CPU_NOTICE, is_tiny, sampler_summary
 
+    # After JAX is imported: set before, JAX would take it as its own level and add a second handler (every line twice).
+    logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     config = args.config
     resolve_model(config.model, config.variant)  # a wrong path fails here, before anything is said about it
     logger.info("loading %s: %d×%d, %d steps", config.model, config.width, config.height, config.steps)
@@ -65,7 +67,6 @@ def start_engine(args):
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
-    logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     with StartupGuard("app.py", cleanup=ProcessFolder.remove_all) as guard:  # before Gradio or JAX is imported
         from pipeline.platform import quiet_start, use_cpu_cores
         from web.options import parse_args

@@ -141,8 +141,8 @@ class EngineNoise:
     """Patches the pipeline and scheduler modules so they draw the engine's noise and take the posterior mean."""
 
     def __init__(self, seed: int):
-        from pipeline import samplers
-        from pipeline.diffusion import initial_latents
+        from pipeline.device import sampler_update as samplers
+        from pipeline.device.denoise import initial_latents
 
         self.seeds = np.array([seed], np.uint32)
         self.noise = np.asarray(initial_latents(self.seeds, SIZE, SIZE, 8))  # [1, 4, 8, 8]
@@ -156,7 +156,7 @@ class EngineNoise:
         return torch.from_numpy(self.noise.copy()).to(dtype=dtype)
 
     def ancestral(self, shape, generator=None, device=None, dtype=None, layout=None):
-        from pipeline import samplers
+        from pipeline.device import sampler_update as samplers
 
         fresh = np.asarray(samplers.ancestral_noise(self.keys, self.ancestral_calls, tuple(shape[1:])))
         self.ancestral_calls += 1

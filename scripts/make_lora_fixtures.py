@@ -320,7 +320,7 @@ def engine_noise() -> np.ndarray:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    from pipeline.diffusion import initial_latents
+    from pipeline.device.denoise import initial_latents
 
     return np.asarray(initial_latents(np.asarray([SEED], np.uint32), SIZE, SIZE, 8), np.float32)
 

@@ -54,7 +54,7 @@ CASES = [
 
 def engine_noise(seed: int) -> np.ndarray:
     """The engine's standard-normal initial noise for `seed`: float32 [1, 4, 8, 8]."""
-    from pipeline.diffusion import initial_latents
+    from pipeline.device.denoise import initial_latents
 
     return np.array(initial_latents(np.asarray([seed], np.uint32), SIZE, SIZE, 8), np.float32)  # writable
 
@@ -68,7 +68,7 @@ def scheduler_for(config, sampler: str):
 
 
 def guided_steps(steps: int, cfg_end: float) -> int:
-    from pipeline.speed_plan import guided_steps as host_guided_steps
+    from pipeline.host.speed_plan import guided_steps as host_guided_steps
 
     return host_guided_steps(steps, cfg_end)
 

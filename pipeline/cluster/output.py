@@ -15,7 +15,7 @@ _GLOO_LINE = b"[Gloo] Rank "
 _restore_output: Callable[[], None] | None = None
 
 
-def _drop_gloo_lines() -> None:
+def drop_gloo_lines() -> None:
     """Pass this process's output through a thread that drops gloo's "[Gloo] Rank 0 is connected to 1 peer ranks"
     lines (printed by C++ to stdout, with no setting to turn them off); undone at exit, after the last line is out.
 

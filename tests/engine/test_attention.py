@@ -141,8 +141,8 @@ def same_engine(engine, attention_kind) -> Generator:
     config = engine.config
     generator = Generator.from_pretrained(
         config.model, height=config.height, width=config.width, steps=config.steps, dtype=config.dtype,
-        attention=attention_kind,
-    )  # fmt: skip
+        attention=attention_kind, prompt_windows=1 if attention_kind == "diffusers" else config.prompt_windows,
+    )  # fmt: skip  # diffusers' own attention has no hook to mask a prompt's empty 77-token windows
     generator.warmup()
     return generator
 

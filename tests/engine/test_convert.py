@@ -90,8 +90,8 @@ def test_engine_matches_pytorch_pipeline_images(converted):
     assert {c["steps"] for c in cases} == {2} and len({c["guidance_scale"] for c in cases}) == 1
     modules = Modules.of(converted.pipeline)
     tokenizers = (converted.pipeline.tokenizer, converted.pipeline.tokenizer_2)
-    prompt_ids = np.stack([tokenize(tokenizers, c["prompt"]) for c in cases])  # [2, 2, 77]
-    negative_ids = np.stack([tokenize(tokenizers, c["negative_prompt"] or "") for c in cases])  # [2, 2, 77]
+    prompt_ids = np.stack([tokenize(tokenizers, c["prompt"])[0] for c in cases])  # [2, 2, 77]
+    negative_ids = np.stack([tokenize(tokenizers, c["negative_prompt"] or "")[0] for c in cases])  # [2, 2, 77]
     has_negative = np.array([c["negative_prompt"] is not None for c in cases])  # [2]
     guidance = np.array([c["guidance_scale"] for c in cases], np.float32)  # [2]
     latents = np.repeat(arrays["latents"], len(cases), axis=0)  # [2, 4, 8, 8]

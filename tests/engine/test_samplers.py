@@ -162,8 +162,8 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
 
     def run(sampler, steps, prompt, negative, has_negative, guidance):  # -> uint8 [b, 64, 64, 3] as int
         b = len(guidance)
-        ids = np.stack([tokenize(tokenizers, prompt)] * b)  # [b, 2, 77]
-        negative_ids = np.stack([tokenize(tokenizers, negative)] * b)  # [b, 2, 77]
+        ids = np.stack([tokenize(tokenizers, prompt)[0]] * b)  # [b, 2, 77]
+        negative_ids = np.stack([tokenize(tokenizers, negative)[0]] * b)  # [b, 2, 77]
         latents = np.repeat(arrays["latents"], b, axis=0)  # [b, 4, 8, 8]
         flags, scales = np.array(has_negative), np.array(guidance, np.float32)  # [b], [b]
         return run_local(
@@ -205,8 +205,8 @@ def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
     negative = case["negative_prompt"]
     image = run_local(
-        Modules.of(tiny_pt.pipeline), tiny_pt.params, tokenize(tokenizers, case["prompt"])[None],
-        tokenize(tokenizers, negative or "")[None], np.array([negative is not None]),
+        Modules.of(tiny_pt.pipeline), tiny_pt.params, tokenize(tokenizers, case["prompt"])[0][None],
+        tokenize(tokenizers, negative or "")[0][None], np.array([negative is not None]),
         np.array([case["guidance_scale"]], np.float32), latents, plan,
     )[0].astype(np.int16)  # fmt: skip
     assert np.abs(image - expected).max() <= 1, name

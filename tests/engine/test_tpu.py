@@ -73,9 +73,10 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
         assert row["flops"] > 0 and row["bytes_accessed"] > 0 and row["roofline_s"] > 0, row
         assert row["hbm_bytes"]["arguments"] > 0 and row["hbm_bytes"]["code"] > 0, row
     splash = rows[1]
-    # The 120-token self-attention runs in the kernel; the 30-token level and the 77-key cross-attention fall back.
+    # The 120-token self-attention runs in the kernel; the 30-token level falls back (the cross-attention over the
+    # prompt's 77-token windows is XLA's masked core whatever the kind: device/attention.context_lengths).
     assert splash["fallbacks"] and not any("q (1, 120, 4, 16), k (1, 120" in line for line in splash["fallbacks"])
-    assert any("k (1, 77" in line for line in splash["fallbacks"]), splash["fallbacks"]
+    assert any("q (1, 30, 4, 16), k (1, 30" in line for line in splash["fallbacks"]), splash["fallbacks"]
 
 
 @needs_libtpu
@@ -138,4 +139,4 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     )
     report = load_precompiled(other.programs, other.program_keys(), out)
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
-    assert "loaded 0 of 4" in report.summary(out) and not any(map(other.programs.is_compiled, other.program_keys()))
+    assert f"loaded 0 of {len(other.program_keys())}" in report.summary(out) and not any(map(other.programs.is_compiled, other.program_keys()))

@@ -212,12 +212,6 @@ def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="CODE BUG: every JAX log line is printed twice (JAX's own handler and the root's), so each compilation is "
-    "counted twice: app.main sets the 'jax' logger's level before JAX is imported, which makes JAX's "
-    "jax_logging_level default 'WARNING' and JAX then adds its own stderr handler to that logger",
-)  # fmt: skip
 def test_restart_takes_every_served_program_from_the_cache():
     """Progress on (the default): no program has a host callback, so a second start compiles nothing."""
     from bench.hostloop import app_start

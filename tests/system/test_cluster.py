@@ -115,12 +115,6 @@ def expected(engine) -> np.ndarray:
     return np.stack([np.asarray(image) for image in result.images])  # uint8 [8, H, W, 3]
 
 
-#: Every multi-process start fails before joining: pipeline/cluster/startup.start calls `output.drop_gloo_lines()`,
-#: but pipeline/cluster/output.py names it `_drop_gloo_lines` (AttributeError, a traceback, exit 1).
-CLUSTER_START_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="CODE BUG: pipeline/cluster/startup.py calls output.drop_gloo_lines(); output.py defines _drop_gloo_lines",
-)  # fmt: skip
 
 
 def pixels_of(paths) -> np.ndarray:
@@ -142,7 +136,6 @@ def assert_same_pixels(got: np.ndarray, want: np.ndarray) -> None:
     assert difference.max() <= 1 and np.count_nonzero(difference) <= want.size // 10_000, np.count_nonzero(difference)
 
 
-@CLUSTER_START_BUG
 def test_cli_on_two_processes_gives_the_eight_images_of_one(tiny_dir, tmp_path, expected, procs):
     port = free_port()
     follower = Proc(cli(tiny_dir, tmp_path / "follower", port, 1))
@@ -161,7 +154,6 @@ def test_cli_on_two_processes_gives_the_eight_images_of_one(tiny_dir, tmp_path, 
     assert "[Gloo]" not in leader.output + follower.output  # gloo's connection lines are dropped (issue 20)
 
 
-@CLUSTER_START_BUG
 def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tiny_dir, tmp_path, expected, procs):
     port, web_port = free_port(), free_port()
     leader = Proc(app_command(tiny_dir, web_port, port, 0))
@@ -205,7 +197,6 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
     assert_same_pixels(after_stop, expected)
 
 
-@CLUSTER_START_BUG
 def test_a_killed_follower_makes_the_leader_exit_with_one_line(tiny_dir, tmp_path, procs):
     port = free_port()
     leader = Proc(cli(tiny_dir, tmp_path / "leader", port, 0, heartbeat=HEARTBEAT_S))
@@ -224,7 +215,6 @@ def test_a_killed_follower_makes_the_leader_exit_with_one_line(tiny_dir, tmp_pat
     assert "Traceback" not in leader.output and "Check failure" not in leader.output
 
 
-@CLUSTER_START_BUG
 def test_a_follower_that_never_joins_makes_the_leader_exit_with_one_line(tiny_dir, tmp_path, procs):
     leader = Proc(cli(tiny_dir, tmp_path, free_port(), 0, timeout=4))
     procs.append(leader)
