@@ -142,24 +142,27 @@ class Handlers:
         """The page's LoRA picker (name, weight, name, weight, ...) as the API's `loras`: [[name, weight], ...]."""
         return [[name, weight] for name, weight in zip(rows[0::2], rows[1::2], strict=True) if name]
 
-    def selected(self, evt: gr.SelectData) -> str | None:
-        """The gallery image a visitor clicked (its lossless PNG when written): what Vary starts from."""
+    def select(self, evt: gr.SelectData, request: gr.Request = None) -> None:
+        """Remember the gallery image this session clicked: what Vary starts from."""
         path = (evt.value or {}).get("image", {}).get("path") if isinstance(evt.value, dict) else None
-        future = self.outbox.png_for(path) if path else None
-        if future is not None and future.done() and future.exception() is None:
-            return str(future.result())
-        return path
+        self.shown.select(session_of(request), pathlib.Path(path).name if path else None)
 
-    @staticmethod
-    def vary(strength: float):
-        """A Vary button: the selected result as the picture to start from, at `strength` (Fooocus' subtle 0.5 and
-        strong 0.85); one sentence when no result is selected."""
+    def vary(self, strength: float):
+        """A Vary button: the session's selected result (its lossless PNG) as the picture to start from, at
+        `strength` (Fooocus' subtle 0.5 and strong 0.85); one sentence when no result is selected."""
 
-        def start_from(selected: str | None):
-            if not selected:
+        def start_from(request: gr.Request = None):
+            name = self.shown.selected(session_of(request))
+            future = self.outbox.png_for(name) if name else None
+            try:
+                path = str(future.result(timeout=PNG_WAIT_S)) if future is not None else None
+            except Exception:  # a PNG that failed: nothing to start from
+                logger.exception("a background PNG failed")
+                path = None
+            if not path:
                 raise gr.Error("Click an image of the gallery first, then Vary.", title="Nothing to vary",
                                print_exception=False)  # fmt: skip
-            return selected, Handlers.paint_on(selected), strength
+            return path, Handlers.paint_on(path), strength
 
         return start_from
 

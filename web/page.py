@@ -167,7 +167,6 @@ def build_page(
             with gr.Row(elem_id="vary-row"):
                 vary_subtle = gr.Button("Vary (subtle)", size="sm", variant="secondary", elem_id="vary-subtle")
                 vary_strong = gr.Button("Vary (strong)", size="sm", variant="secondary", elem_id="vary-strong")
-            selected = gr.State(None)  # the gallery image clicked last (Vary starts from it)
             status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
             api_button = gr.Button(visible=False, elem_id="generate-api")  # the /generate endpoint (files as inputs)
             png_api = gr.Button(visible=False, elem_id="generate-png")  # only the /generate_png endpoint uses it
@@ -333,10 +332,10 @@ def build_page(
         init_image.change(fn=handlers.paint_on, inputs=init_image, outputs=picture, queue=False,
                           api_visibility="private")  # fmt: skip
         # Vary: the clicked result as the picture, subtle (0.5) or strong (0.85) as Fooocus offers, then generate.
-        gallery.select(handlers.selected, inputs=None, outputs=selected, queue=False, api_visibility="private")
+        gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
         varied = [
-            button.click(handlers.vary(amount), inputs=selected, outputs=[init_image, picture, strength],
-                         queue=False, api_visibility="private").success(**page_generating)
+            button.click(handlers.vary(amount), inputs=None, outputs=[init_image, picture, strength],
+                         api_visibility="private").success(**page_generating)
             for button, amount in ((vary_subtle, 0.5), (vary_strong, 0.85))
         ]  # fmt: skip
         # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the

@@ -66,6 +66,7 @@ class ShownImages:
 
     def __init__(self, keep: int = 256) -> None:
         self._names: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._selected: dict[str, str | None] = {}  # the file each session clicked last (Vary starts from it)
         self._keep = keep
         self._lock = threading.Lock()
 
@@ -73,12 +74,23 @@ class ShownImages:
         with self._lock:
             self._names[session] = [pathlib.Path(p).name for p in paths]
             self._names.move_to_end(session)
+            self._selected.pop(session, None)  # a new answer: nothing of it is selected yet
             while len(self._names) > self._keep:
-                self._names.popitem(last=False)
+                self._selected.pop(self._names.popitem(last=False)[0], None)
 
     def names(self, session: str) -> list[str]:
         with self._lock:
             return list(self._names.get(session, []))
+
+    def select(self, session: str, name: str | None) -> None:
+        """The gallery file this session clicked (one of those it was shown), or None."""
+        with self._lock:
+            shown = self._names.get(session, [])
+            self._selected[session] = name if name in shown else None
+
+    def selected(self, session: str) -> str | None:
+        with self._lock:
+            return self._selected.get(session)
 
 
 def session_of(request) -> str:

@@ -139,4 +139,5 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     )
     report = load_precompiled(other.programs, other.program_keys(), out)
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
-    assert f"loaded 0 of {len(other.program_keys())}" in report.summary(out) and not any(map(other.programs.is_compiled, other.program_keys()))
+    keys = other.program_keys()
+    assert f"loaded 0 of {len(keys)}" in report.summary(out) and not any(map(other.programs.is_compiled, keys))

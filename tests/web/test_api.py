@@ -153,9 +153,9 @@ def test_api_parameters_are_named_with_defaults(client):
     names = [p["parameter_name"] for p in params]
     assert names == [
         "prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio", "steps",
-        "sampler",
+        "sampler", "cfg_end", "deepcache", "loras", "init_image", "mask_image", "strength",
     ]  # fmt: skip
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 8
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 14
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):
