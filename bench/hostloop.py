@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.host.programs import KINDS
+
 from .common import Progress, Stats, progress
 from .startup import app_ready
 
@@ -294,8 +296,8 @@ def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1
 
 
 def _is_served(name: str) -> bool:
-    """The served programs are named sdxl_encode, sdxl_start, sdxl_step and sdxl_decode (programs.py)."""
-    return any(kind in name for kind in ("sdxl_encode", "sdxl_start", "sdxl_step", "sdxl_decode"))
+    """The served programs are named sdxl_<kind> (host/programs.py: sdxl_encode, sdxl_step_full, ...)."""
+    return any(f"sdxl_{kind}" in name for kind in KINDS)
 
 
 @dataclass(frozen=True)

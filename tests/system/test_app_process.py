@@ -215,12 +215,14 @@ def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
 def test_restart_takes_every_served_program_from_the_cache():
     """Progress on (the default): no program has a host callback, so a second start compiles nothing."""
     from bench.hostloop import app_start
+    from pipeline.host.programs import program_keys
 
     args = ["--model", "tiny", "--sizes", ",".join(f"{w}x{h}" for h, w in UI_SIZES), "--steps", "2",
             "--dtype", "float32", "--cpu-devices", "2"]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sdxl-warm-") as tmp:
         cold = app_start(args, pathlib.Path(tmp) / "cache", "cold", timeout_s=900)
         warm = app_start(args, pathlib.Path(tmp) / "cache", "warm", timeout_s=900)
-    assert cold.served_programs == warm.served_programs == 1 + 3 * len(UI_SIZES)  # encode + start/step/decode each
+    served = len(program_keys(UI_SIZES, cfg=True, levers=True))  # every program a default server runs
+    assert cold.served_programs == warm.served_programs == served
     assert cold.served_hits == 0 and cold.not_cached == 0
     assert warm.served_hits == warm.served_programs and warm.not_cached == 0
