@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipeline.cluster.startup import start
         from pipeline.errors import InvalidInput, ModelLoadError
         from pipeline.styles import StyleFileError, load_examples
+        from web.history import HistoryLocked, default_data_dir
+        from web.history_tab import History
         from web.page import build_page
         from web.prompt_filter import PromptFilter
         from web.server import port_problem, serve_until_signal
@@ -86,23 +88,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
         quiet_start()
+        history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
+            if serves and not args.no_history:  # opened first: a data folder in use or unwritable fails at once
+                history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
+                                             max_entries=args.history_max)  # fmt: skip
             examples = load_examples()
             cluster_options = options_from_args(args)
             # The cluster first: nothing may touch JAX before it has joined.
             cluster, generator = guard.run(lambda: (start(cluster_options), start_engine(args)))
-        except (OSError, StyleFileError, ModelLoadError, InvalidInput) as exc:
+        except (OSError, StyleFileError, ModelLoadError, InvalidInput, HistoryLocked) as exc:
+            history.close()
             print(f"app.py: error: {exc}", file=sys.stderr)
             return 2
         if prompt_filter is not None:
             logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
+        if history.store is not None:
+            logger.info("history: kept per login in %s (up to %d each)", history.store.directory, args.history_max)
         if not cluster.is_leader:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()
         page = build_page(
             cluster.lead(generator), examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
-            progress=not args.no_progress,
+            progress=not args.no_progress, history=history,
         )  # fmt: skip
     try:
         return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,

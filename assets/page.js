@@ -28,4 +28,23 @@
   // Capture phase: runs before Gradio's own handler, which replaces the typed value.
   document.addEventListener("focusout", check, true);
   document.addEventListener("keydown", (event) => event.key === "Enter" && check(event), true);
+
+  // PNG Info: an image dropped anywhere on the page, outside the inputs that take a picture, goes to the "Use an
+  // image's settings" button, whose upload fills the form from the image's parameters.
+  const pictureInputs = "#init-image, #mask-editor, #settings-image, input[type=file]";
+  const carriesFile = (event) => [...(event.dataTransfer?.types || [])].includes("Files");
+  document.addEventListener("dragover", (event) => {
+    if (carriesFile(event) && !event.target.closest?.(pictureInputs)) event.preventDefault();
+  });
+  document.addEventListener("drop", (event) => {
+    if (!carriesFile(event) || event.target.closest?.(pictureInputs)) return;
+    const input = document.querySelector("#settings-image input[type=file]");
+    const file = event.dataTransfer.files[0];
+    if (!input || !file) return;
+    event.preventDefault();
+    const files = new DataTransfer();
+    files.items.add(file);
+    input.files = files.files;
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+  });
 })();

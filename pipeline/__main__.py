@@ -10,6 +10,7 @@ that is bad input, status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -61,7 +62,7 @@ def _generate(args: argparse.Namespace) -> int:
     from .host.compilation import CompileCounter
 
     # Check what the user typed before spending time on loading and compiling: the same checks as the page and API.
-    config = engine_config(args)
+    config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
     request = parse_request(
         args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,

@@ -73,6 +73,7 @@ class EngineConfig:
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     speed_levers: bool = True  # static: compile what per-request cfg_end and deepcache run (host/programs.py)
+    previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
     timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
@@ -183,6 +184,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention=get("attention") or "auto",
         prompt_windows=get("prompt_windows") or 3,
         speed_levers=not get("no_speed_levers"),
+        previews=not get("no_previews"),
         compilation_cache=not get("no_compilation_cache"),
         **settings,
     )

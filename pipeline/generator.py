@@ -42,7 +42,7 @@ from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
 from .host.image_plan import image_plan
-from .host.loop import Blank, Gate, Listener, PictureInputs, RequestInputs, StopCheck
+from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
@@ -223,7 +223,8 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None)
+        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
+                            previews=self.config.previews)  # fmt: skip
 
     @property
     def device_summary(self) -> str:
@@ -273,12 +274,15 @@ class Generator:
         on_step: Listener | None = None,
         should_stop: StopCheck | None = None,
         gate: Gate | None = None,
+        on_preview: PreviewListener | None = None,
     ) -> GenerationResult:
         """Run `request` (checked where it entered: nothing is checked again) on every device: `num_images` images,
         image i from seed (seed + i) mod 2**32.
 
         `on_step(done, total)` is called as each step's result is ready; `should_stop()` is asked before each step,
         and True raises `loop.Stopped`. `gate` makes several processes take one stop decision per step.
+        `on_preview(done, total, pixels)` gets the picture forming every 2 steps (uint8 [b, h, w, 3] at latent size,
+        this process's images), when the server compiled its previews (then they run with or without a listener).
         """
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
@@ -324,6 +328,9 @@ class Generator:
                     put=self._put,
                     blank=self._blank(height, width, params),
                     picture=picture,
+                    # Every process runs the preview program when it is compiled (one SPMD program for all of them);
+                    # only a listener's process looks at its rows.
+                    on_preview=(on_preview or _ignore_preview) if self.config.previews else None,
                     on_step=on_step,
                     should_stop=should_stop,
                     gate=gate,
@@ -414,3 +421,7 @@ class Generator:
     def _put_all(self, arrays) -> tuple:
         """Host arrays on every device (replicated), on one process or several."""
         return global_batch(tuple(np.asarray(a) for a in arrays), self._replicated)
+
+
+def _ignore_preview(done: int, total: int, pixels) -> None:
+    """A process that shows nobody its previews (a follower, the CLI) still runs the program, like process 0."""

@@ -156,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-speed-levers", "do not compile the programs of per-request cfg_end and deepcache (a shorter "
            "start-up; requests then run every step whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--no-previews", "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
+           "latent-to-RGB projection: one small program per size)", "SDXL_NO_PREVIEWS", kind="switch",
+           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
            "SDXL_NO_COMPILATION_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",

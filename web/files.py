@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import hashlib
 import os
 import pathlib
 import shutil
 import tempfile
 import threading
+import time
 
+#: Content files (see `RunFiles.content_file`) live this long; a sweep runs every CONTENT_SWEEP_EVERY writes.
+CONTENT_MAX_AGE_S = 900
+CONTENT_SWEEP_EVERY = 200
 #: Runs whose files we keep on disk until Gradio has copied them into its cache: two runs are in flight and each
 #: run's PNGs are fetched by a follow-up event just after its answer, so 16 leaves a wide margin.
 KEEP_RUNS = 16
@@ -91,6 +97,7 @@ class RunFiles:
         self._count = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._content_writes = 0
 
     def new_dir(self) -> pathlib.Path:
         with self._lock:
@@ -102,9 +109,41 @@ class RunFiles:
                 shutil.rmtree(self._runs.popleft(), ignore_errors=True)
             return path
 
+    def content_file(self, data: bytes, suffix: str) -> pathlib.Path:
+        """`data` as a file named by its content (written once; the same bytes give the same file), for images
+        handed to Gradio as they are made (previews, browser-history thumbnails).
+
+        Gradio's own way for in-memory images rewrites the file whenever the same bytes come again, which can cut
+        off a browser still reading it (two previews alike, a tab shown twice); a file path is copied into Gradio's
+        cache once. Files older than CONTENT_MAX_AGE_S are removed now and then (Gradio has copied them by then).
+        """
+        folder = self.root / "content"
+        path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}{suffix}"
+        if path.exists():
+            return path
+        folder.mkdir(exist_ok=True)
+        partial = folder / f".{path.name}.{threading.get_ident()}"
+        partial.write_bytes(data)
+        os.replace(partial, path)  # whole or absent: never half a file
+        with self._lock:
+            self._content_writes += 1
+            sweep = self._content_writes % CONTENT_SWEEP_EVERY == 0
+        if sweep:
+            _remove_older(folder, CONTENT_MAX_AGE_S)
+        return path
+
     def cleanup(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         ProcessFolder.close_page(self.root)
+
+
+def _remove_older(folder: pathlib.Path, age_s: float) -> None:
+    """Remove the files in `folder` last changed more than `age_s` seconds ago."""
+    limit = time.time() - age_s
+    for entry in os.scandir(folder):
+        with contextlib.suppress(OSError):
+            if entry.stat().st_mtime < limit:
+                os.unlink(entry.path)

@@ -12,10 +12,13 @@ at its next denoising step.
 from __future__ import annotations
 
 import contextvars
+import io
 import logging
 import pathlib
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -39,6 +42,8 @@ logger = logging.getLogger("sdxl_jax.app")
 
 #: Seconds the page's PNG event waits for a run's background PNGs before giving up on them.
 PNG_WAIT_S = 120
+#: JPEG quality of the live previews (at latent size: 128×128 for a 1024×1024 image, a few KB each).
+PREVIEW_QUALITY = 85
 #: What the answer's gallery holds: (file path, caption) per image.
 Gallery = list[tuple[str, str]]
 
@@ -60,6 +65,7 @@ class Handlers:
         outbox: Outbox,
         prompt_filter: PromptFilter | None = None,
         progress: bool = True,
+        on_finished: Callable[[Finished], None] | None = None,
     ) -> None:
         self.engine = engine
         self.rules = rules or engine.rules  # what a request may ask for (the page may offer its own styles)
@@ -67,6 +73,7 @@ class Handlers:
         self.outbox = outbox
         self.prompt_filter = prompt_filter
         self.progress = progress  # report "step k / N" on the page (--no-progress: not)
+        self.on_finished = on_finished  # told of every delivered request (the history keeps it)
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
@@ -97,7 +104,7 @@ class Handlers:
             picture: dict | None = None,  # the page's mask editor: the strokes painted over the picture
             request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
             progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
-        ) -> tuple[Gallery, int, str]:
+        ) -> Iterator[tuple[Gallery, int, str]]:
             """Generate one image per accelerator core.
 
             `cfg_end` < 1 guides the first part of the steps only; `deepcache` N > 1 runs the whole UNet every N
@@ -106,8 +113,9 @@ class Handlers:
             `init_image` (a file: image to image) and `mask_image` (white = repaint: inpainting), with `strength`
             (0 < s <= 1; int(steps × s) steps run).
             Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
-            /generate_png), the seed used and a status line. Stop, `job.cancel()` or a closed page end the request
-            at the next denoising step.
+            /generate_png), the seed used and a status line. Before it, /generate streams the images forming every 2
+            steps (small previews; the seed and status unchanged), unless the server runs with --no-previews.
+            Stop, `job.cancel()` or a closed page end the request at the next denoising step.
             """
             try:
                 image, mask = file_path(init_image), file_path(mask_image)
@@ -122,7 +130,8 @@ class Handlers:
             except InvalidInput as exc:
                 raise invalid(exc) from None
             ignored = not rules.cfg and (bool(checked_text(negative_prompt)) or guidance_scale != rules.guidance_scale)
-            return self.run(checked, session_of(request), progress, image_format, cfg_ignored=ignored)
+            yield from self.run(checked, session_of(request), progress, image_format, cfg_ignored=ignored,
+                                user=getattr(request, "username", None))  # fmt: skip
 
         return generate
 
@@ -132,8 +141,8 @@ class Handlers:
         generate = self.endpoint()
 
         def generate_example(text, negative_text, style_name, scale, ratio, progress=gr.Progress()):  # noqa: B008
-            return generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
-                            progress=progress)  # fmt: skip
+            yield from generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
+                                progress=progress)  # fmt: skip
 
         return generate_example
 
@@ -196,41 +205,87 @@ class Handlers:
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def run(
-        self, request: Request, session: str, progress, image_format: str | None = None, *, cfg_ignored: bool = False
-    ) -> tuple[Gallery, int, str]:
-        """Run a checked request on the engine and deliver its files; the gallery, the seed and the status line."""
-        # Step reports come from the device runtime's threads; gr.Progress finds its request through context
-        # variables, so each report runs in a copy of this request's context (one at a time).
-        context, context_lock = contextvars.copy_context(), threading.Lock()
+        self,
+        request: Request,
+        session: str,
+        progress,
+        image_format: str | None = None,
+        *,
+        cfg_ignored: bool = False,
+        user: str | None = None,
+    ) -> Iterator[tuple]:
+        """Run a checked request on the engine and deliver its files: yields the pictures forming (previews, when the
+        engine makes them and `image_format` is None), then the answer: the gallery, the seed and the status line.
+
+        The engine runs in a worker thread (in this request's context: a cancel or a closed page still reaches it)
+        while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
+        the next, so a slow browser never holds up the devices.
+        """
+        # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
+        # a time), the engine in another (a context can be entered by one thread at a time).
+        progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
+        context_lock = threading.Lock()
 
         def on_step(step: int, total: int) -> None:
             with context_lock:
-                context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+                progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
         stop = self.stops.begin(session)
+        closed = threading.Event()  # set when Gradio closes this generator (a cancel): the engine stops too
         started = time.perf_counter()
 
         def should_stop() -> bool:
-            return stop() or request_gone() or self.early_cancels.take(session)
+            return closed.is_set() or stop() or request_gone() or self.early_cancels.take(session)
 
+        forming = LatestPreview() if image_format is None else None
+        worker = EngineRun(
+            lambda: self.engine.generate(
+                request, on_step if self.progress else None, should_stop=should_stop,
+                **({"on_preview": forming.put} if forming is not None else {}),
+            ),
+            engine_context,
+        )  # fmt: skip
+        previewed = False  # whether the gallery now shows this request's previews
         try:
-            result = self.engine.generate(request, on_step if self.progress else None, should_stop=should_stop)
-            delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
-            self.shown.remember(session, delivery.gallery)
+            while (shown := (forming.take(worker.done) if forming is not None else None)) is not None:
+                done, total, pixels = shown
+                height, width = request.size
+                previewed = True
+                caption = f"step {done} / {total} · {width}×{height}"
+                yield [(str(self._preview_file(image)), caption) for image in pixels], gr.skip(), gr.skip()
+            result = worker.result()
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
-            # Nothing of the stopped request is shown: the gallery, its PNGs and the seed box keep the last images'.
-            shown = " The images are still the previous request's." if self.shown.names(session) else ""
-            return gr.skip(), gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{shown}"
+            result = stopped
         except Exception:
             logger.exception("generation failed (seed %d, style %s)", request.seed, request.style)
             raise gr.Error(GENERATION_FAILED, print_exception=False) from None  # logged above
         finally:
+            closed.set()
+            worker.join()
             self.stops.end(session, stop)
+        if isinstance(result, Stopped):
+            # Nothing of the stopped request stays: the gallery (back from its previews), its PNGs and the seed box
+            # keep the last images'.
+            before = self.shown.gallery(session)
+            note = " The images are still the previous request's." if before else ""
+            gallery = (before or None) if previewed else gr.skip()
+            yield gallery, gr.skip(), f"Stopped at step {result.done} / {result.total}.{note}"
+            return
+        try:
+            delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
+        except Exception:
+            logger.exception("writing the images failed (seed %d)", request.seed)
+            raise gr.Error(GENERATION_FAILED, print_exception=False) from None
+        height, width = request.size
+        captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
+        gallery = [(str(p), c) for p, c in zip(delivery.gallery, captions, strict=True)]
+        self.shown.remember(session, delivery.gallery, gallery)
+        if self.on_finished is not None:
+            self.on_finished(Finished(request, result, delivery, session, user))
         elapsed = time.perf_counter() - started
         paths = delivery.gallery
         engine_s = float(result.timings.get("total_s", elapsed))
-        height, width = request.size
         logger.info(
             "generated %d images: seed %d, style %s, guidance %g, %d steps %s, engine %.2f s, %s files %.0f ms, "
             "in all %.2f s",
@@ -244,8 +299,80 @@ class Handlers:
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
-        captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
-        return [(str(p), c) for p, c in zip(paths, captions, strict=True)], request.seed, status
+        yield gallery, request.seed, status
+
+
+    def _preview_file(self, pixels: np.ndarray) -> pathlib.Path:
+        """One preview (uint8 [h, w, 3] at latent size) as a small JPEG file (see RunFiles.content_file)."""
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=PREVIEW_QUALITY)
+        return self.files.content_file(buffer.getvalue(), ".jpg")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request that ran to its end and was delivered: what the history keeps (web/history_tab.py)."""
+
+    request: Request  # what was asked
+    result: Any  # the engine's GenerationResult: steps, sampler, seeds
+    delivery: Any  # web/delivery.Delivery: the gallery's files (and their PNGs, in the background)
+    session: str  # the browser session that asked
+    user: str | None  # the signed-in user (None without logins)
+
+
+class LatestPreview:
+    """The newest preview of a running request, handed from the engine's thread to the page's generator.
+
+    Only the newest counts: one that was not taken before the next arrives is dropped, so neither the devices nor
+    the engine's thread ever wait for a browser.
+    """
+
+    def __init__(self) -> None:
+        self._latest: tuple[int, int, np.ndarray] | None = None
+        self._changed = threading.Condition()
+
+    def put(self, done: int, total: int, pixels: np.ndarray) -> None:
+        """The engine's listener: (steps done, total steps, uint8 [b, h, w, 3])."""
+        with self._changed:
+            self._latest = (done, total, pixels)
+            self._changed.notify_all()
+
+    def take(self, finished: threading.Event) -> tuple[int, int, np.ndarray] | None:
+        """The next preview, waiting for it; None once `finished` is set and no preview is left."""
+        with self._changed:
+            while self._latest is None and not finished.is_set():
+                self._changed.wait(timeout=0.05)
+            shown, self._latest = (None if finished.is_set() else self._latest), None
+        return shown  # none once the run is over: its answer comes next
+
+
+class EngineRun:
+    """One engine call in its own thread, in a given context: `done` is set when it returns or raises."""
+
+    def __init__(self, call, context: contextvars.Context) -> None:
+        self.done = threading.Event()
+        self._outcome: tuple[bool, Any] | None = None
+        self._thread = threading.Thread(target=context.run, args=(self._run, call), name="engine-run", daemon=True)
+        self._thread.start()
+
+    def _run(self, call) -> None:
+        try:
+            self._outcome = (True, call())
+        except BaseException as exc:  # handed to the waiting generator, which raises it there
+            self._outcome = (False, exc)
+        finally:
+            self.done.set()
+
+    def result(self):
+        """The call's value (waiting for it), or its exception raised here."""
+        self.done.wait()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def file_path(payload: object) -> str | None:

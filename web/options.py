@@ -25,6 +25,8 @@ from pipeline.options import (
     port_number,
 )
 
+from .history import DEFAULT_MAX_ENTRIES
+
 #: Requests that may wait in the app's queue by default.
 DEFAULT_QUEUE_SIZE = 20
 _APP = frozenset({APP})
@@ -45,6 +47,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            metavar="USER:PASSWORD", programs=_APP, env_text="SDXL_AUTH: one USER:PASSWORD"),
     Option("--auth-file", "require a login from this file, one USER:PASSWORD a line", "SDXL_AUTH_FILE",
            metavar="FILE", programs=_APP),
+    Option("--data-dir", "where past generations are kept: with logins, each user's (a SQLite database and the "
+           "images); without, only the key that lets browsers read their own history after a restart",
+           "SDXL_DATA_DIR", metavar="DIR", default_text="$XDG_DATA_HOME/sdxl-jax (~/.local/share/sdxl-jax)",
+           programs=_APP),
+    Option("--history-max", "past generations kept per user; one more removes the oldest with its files",
+           "SDXL_HISTORY_MAX", at_least_one, DEFAULT_MAX_ENTRIES, metavar="N", programs=_APP),
+    Option("--no-history", "keep no past generations (no History tab, no /history)", "SDXL_NO_HISTORY", kind="switch",
+           programs=_APP),
     Option("--share", "also open a public *.gradio.live link (needs internet)", kind="switch", programs=_APP),
 )  # fmt: skip
 

@@ -31,7 +31,9 @@ from pipeline.styles import DEFAULT_STYLE, load_examples
 
 from .delivery import Outbox
 from .files import RunFiles
+from .form import Form
 from .handlers import Handlers
+from .history_tab import History
 from .options import DEFAULT_QUEUE_SIZE
 from .prompt_filter import PromptFilter
 from .sizes import size_label
@@ -68,6 +70,7 @@ class Page:
     handlers: Handlers  # what its events run
     files: RunFiles  # this page's temporary files
     outbox: Outbox  # writes each run's gallery files and, in the background, its PNGs
+    history: History  # past generations (the server's, the browser's, or none)
 
     @property
     def local_url(self) -> str:
@@ -77,13 +80,15 @@ class Page:
         """Start serving (settings: web/server.launch's keywords)."""
         from .server import launch
 
-        launch(self.demo, middleware=[self.handlers.early_cancels.middleware()], **settings)
+        launch(self.demo, middleware=[self.handlers.early_cancels.middleware(), *self.history.middleware()],
+               **settings)  # fmt: skip
         return self
 
     def close(self) -> None:
-        """Stop the server and the background PNG writers, and remove this page's files."""
+        """Stop the server, the background PNG writers and the history's, and remove this page's files."""
         self.demo.close()
         self.outbox.close()
+        self.history.close()
         self.files.cleanup()
 
 
@@ -115,13 +120,18 @@ def build_page(
     prompt_filter: PromptFilter | None = None,
     queue_size: int = DEFAULT_QUEUE_SIZE,
     progress: bool = True,
+    history: History | None = None,
 ) -> Page:
-    """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`."""
+    """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`. `history`: where
+    past generations go (web/history_tab.py; none by default)."""
     examples = load_examples() if examples is None else list(examples)
     rules = engine.rules if styles is None else replace(engine.rules, styles=styles)
     files = RunFiles()  # first: Gradio reads its cache folder when it makes each component
     outbox = Outbox()
-    handlers = Handlers(engine, rules, files=files, outbox=outbox, prompt_filter=prompt_filter, progress=progress)
+    history = history or History.off()
+    history.files = files
+    handlers = Handlers(engine, rules, files=files, outbox=outbox, prompt_filter=prompt_filter, progress=progress,
+                        on_finished=history.keep)  # fmt: skip
     config = engine.config
     texts = model_texts(config.model, on_cpu=str(engine.device_kind).lower() == "cpu", unet=config.unet)
     size_labels = [size_label(h, w) for h, w in rules.sizes]
@@ -133,177 +143,196 @@ def build_page(
     )
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+        history_state = history.state()  # the visitor's entries when their browser keeps them
         with gr.Column(elem_id="app"):
             gr.Markdown(header_text(engine, texts), elem_id="header")
-            with gr.Row(elem_id="prompt-row", equal_height=True):
-                prompt = gr.Textbox(
-                    label="Prompt",
-                    show_label=False,
-                    placeholder="Describe the image you want",
-                    lines=1,
-                    max_lines=3,  # no max_length: a longer prompt gets a message naming the limit, not a silent cut
-                    autofocus=True,
-                    container=False,
-                    scale=5,
-                    min_width=240,
-                    elem_id="prompt",
-                )
-                run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
-                # Grey while idle, red while this tab's request runs (assets/style.css)
-                stop = gr.Button("Stop", variant="secondary", scale=0, min_width=90, elem_id="stop")
-            gallery = gr.Gallery(
-                label="Generated images",
-                show_label=False,
-                columns=gallery_columns(engine.num_images),
-                format="jpeg",  # what the page shows: fast to encode, light to send; the PNGs are below
-                type="filepath",
-                object_fit="contain",
-                height="auto",
-                preview=False,
-                interactive=False,
-                buttons=["download", "fullscreen"],
-                elem_id="gallery",
-            )
-            with gr.Row(elem_id="vary-row"):
-                vary_subtle = gr.Button("Vary (subtle)", size="sm", variant="secondary", elem_id="vary-subtle")
-                vary_strong = gr.Button("Vary (strong)", size="sm", variant="secondary", elem_id="vary-strong")
-            status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
-            api_button = gr.Button(visible=False, elem_id="generate-api")  # the /generate endpoint (files as inputs)
-            png_api = gr.Button(visible=False, elem_id="generate-png")  # only the /generate_png endpoint uses it
-            pngs = gr.File(
-                label="Full quality: lossless PNGs with their parameters",
-                file_count="multiple",
-                interactive=False,
-                visible=False,  # shown once a gallery's PNGs are written
-                elem_id="pngs",
-            )
-            with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
-                with gr.Row():
-                    style = gr.Dropdown(
-                        choices=list(rules.styles), value=DEFAULT_STYLE, label="Style", allow_custom_value=False
+            with gr.Tabs(elem_id="tabs") as tabs:
+                with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
+                    with gr.Row(elem_id="prompt-row", equal_height=True):
+                        prompt = gr.Textbox(
+                            label="Prompt",
+                            show_label=False,
+                            placeholder="Describe the image you want",
+                            lines=1,
+                            max_lines=3,  # no max_length: a longer prompt gets a message naming the limit
+                            autofocus=True,
+                            container=False,
+                            scale=5,
+                            min_width=240,
+                            elem_id="prompt",
+                        )
+                        run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
+                        # Grey while idle, red while this tab's request runs (assets/style.css)
+                        stop = gr.Button("Stop", variant="secondary", scale=0, min_width=90, elem_id="stop")
+                    gallery = gr.Gallery(
+                        label="Generated images",
+                        show_label=False,
+                        columns=gallery_columns(engine.num_images),
+                        format="jpeg",  # what the page shows: fast to encode, light to send; the PNGs are below
+                        type="filepath",
+                        object_fit="contain",
+                        height="auto",
+                        preview=False,
+                        interactive=False,
+                        buttons=["download", "fullscreen"],
+                        elem_id="gallery",
                     )
-                    guidance = gr.Slider(
-                        minimum=GUIDANCE_MIN,
-                        maximum=GUIDANCE_MAX,
-                        value=rules.guidance_scale,
-                        step=0.5,
-                        label="Guidance scale",
-                        info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
-                        "a number typed outside is set to the nearest limit)",
-                        visible=rules.cfg,  # static: the guidance-free program has no guidance
-                        elem_id="guidance",
+                    with gr.Row(elem_id="vary-row"):
+                        vary_subtle = gr.Button("Vary (subtle)", size="sm", variant="secondary",
+                                                elem_id="vary-subtle")  # fmt: skip
+                        vary_strong = gr.Button("Vary (strong)", size="sm", variant="secondary",
+                                                elem_id="vary-strong")  # fmt: skip
+                        # PNG Info: an image's parameters fill the form (also an image dropped anywhere on the
+                        # page outside the picture inputs: assets/page.js).
+                        settings_image = gr.UploadButton(
+                            "Use an image's settings", file_count="single", type="filepath", size="sm",
+                            file_types=[".png", ".jpg", ".jpeg", ".webp"], variant="secondary",
+                            elem_id="settings-image",
+                        )  # fmt: skip
+                    status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
+                    api_button = gr.Button(visible=False, elem_id="generate-api")  # /generate (files as inputs)
+                    png_api = gr.Button(visible=False, elem_id="generate-png")  # only /generate_png uses it
+                    pngs = gr.File(
+                        label="Full quality: lossless PNGs with their parameters",
+                        file_count="multiple",
+                        interactive=False,
+                        visible=False,  # shown once a gallery's PNGs are written
+                        elem_id="pngs",
                     )
-                negative = gr.Textbox(
-                    value="",  # an initial value makes the API parameter optional
-                    label="Negative prompt",
-                    placeholder="What to keep out of the image",
-                    info=f"Up to {MAX_PROMPT_CHARS:,} characters, like the prompt",
-                    lines=1,
-                    max_lines=3,
-                    visible=rules.cfg,
-                )
-                with gr.Row(equal_height=True):
-                    seed = gr.Number(
-                        label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
-                    )
-                    randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
-                aspect = gr.Dropdown(
-                    choices=size_labels,
-                    value=size_labels[0],
-                    label="Aspect ratio",
-                    info="Width×height; every size is precompiled",
-                    allow_custom_value=False,
-                    elem_id="aspect",
-                )
-                with gr.Row(equal_height=True):
-                    steps = gr.Slider(
-                        minimum=1,
-                        maximum=MAX_STEPS,
-                        value=int(rules.steps),
-                        step=1,
-                        label="Steps",
-                        info="Denoising steps; any number runs without recompiling",
-                        elem_id="steps",
-                    )
-                    sampler = gr.Dropdown(
-                        choices=list(SAMPLER_NAMES),
-                        value=rules.sampler,
-                        label="Sampler",
-                        allow_custom_value=False,
-                        elem_id="sampler",
-                    )
-                with gr.Row(equal_height=True, visible=rules.levers):
-                    cfg_end = gr.Slider(
-                        minimum=0.05,
-                        maximum=1,
-                        value=DEFAULT_CFG_END,
-                        step=0.05,
-                        label="Guidance for the first part of the steps",
-                        info="1 = every step (exact); 0.5 = the first half: faster, changes the picture",
-                        visible=rules.cfg,
-                        elem_id="cfg-end",
-                    )
-                    deepcache = gr.Slider(
-                        minimum=1,
-                        maximum=MAX_DEEPCACHE,
-                        value=DEFAULT_DEEPCACHE,
-                        step=1,
-                        label="DeepCache",
-                        info="1 = off (exact); N = the whole UNet every N steps, its shallow part between: faster, "
-                        "changes the picture",
-                        elem_id="deepcache",
-                    )
-                lora_rows = []
-                with gr.Group(visible=bool(rules.loras), elem_id="lora-picker"):
-                    gr.Markdown(f"LoRA: up to {MAX_LORAS} at once (or `<lora:NAME:WEIGHT>` in the prompt)")
-                    for slot in range(MAX_LORAS):
+                    with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
+                        with gr.Row():
+                            style = gr.Dropdown(
+                                choices=list(rules.styles), value=DEFAULT_STYLE, label="Style", allow_custom_value=False
+                            )
+                            guidance = gr.Slider(
+                                minimum=GUIDANCE_MIN,
+                                maximum=GUIDANCE_MAX,
+                                value=rules.guidance_scale,
+                                step=0.5,
+                                label="Guidance scale",
+                                info=f"How closely to follow the prompt ({GUIDANCE_MIN:g} to {GUIDANCE_MAX:g}; "
+                                "a number typed outside is set to the nearest limit)",
+                                visible=rules.cfg,  # static: the guidance-free program has no guidance
+                                elem_id="guidance",
+                            )
+                        negative = gr.Textbox(
+                            value="",  # an initial value makes the API parameter optional
+                            label="Negative prompt",
+                            placeholder="What to keep out of the image",
+                            info=f"Up to {MAX_PROMPT_CHARS:,} characters, like the prompt",
+                            lines=1,
+                            max_lines=3,
+                            visible=rules.cfg,
+                        )
                         with gr.Row(equal_height=True):
-                            lora_rows.append(gr.Dropdown(
-                                choices=[("none", "")] + [(name, name) for name in rules.loras], value="",
-                                label=f"LoRA {slot + 1}", show_label=False, scale=3, elem_id=f"lora-{slot + 1}",
-                            ))  # fmt: skip
-                            lora_rows.append(gr.Slider(
-                                minimum=-2, maximum=2, value=1, step=0.05, label="Weight", scale=2,
-                                elem_id=f"lora-weight-{slot + 1}",
-                            ))  # fmt: skip
-                loras = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
-                with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
-                    with gr.Row(equal_height=True):
-                        init_image = gr.Image(
-                            label="Picture (upload or paste)", type="filepath", sources=["upload", "clipboard"],
-                            elem_id="init-image",
-                        )  # fmt: skip
-                        picture = gr.ImageMask(  # the picture again, to paint the mask on
-                            label="Paint over what to redraw (nothing painted: all of it)", type="filepath",
-                            sources=[], layers=False, elem_id="mask-editor",
-                        )  # fmt: skip
-                    strength = gr.Slider(
-                        minimum=0.05, maximum=1, value=DEFAULT_STRENGTH, step=0.05, label="Strength",
-                        info="How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
-                        elem_id="strength",
-                    )  # fmt: skip
-                mask_image = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
-                if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
-                    gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
-            inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end, deepcache,
-                      loras, init_image, mask_image, strength]  # the API's parameters, in order  # fmt: skip
-            example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-            examples_block = gr.Examples(
-                # Each example fills the prompt and the settings; its seed is fixed, so its cached images are honest.
-                examples=[[text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0]] for text in examples],
-                example_labels=list(examples),
-                inputs=[prompt, negative, style, guidance, aspect],
-                outputs=[gallery, seed, status],
-                fn=handlers.example(example_seeds, EXAMPLE_SEED_START),
-                cache_examples=True,
-                cache_mode="lazy",  # computed on first click, so start-up is not slowed
-                preprocess=False,  # the same raw payloads and validation as the Generate button
-                label="Examples",
-                elem_id="examples",
-            )
+                            seed = gr.Number(
+                                label="Seed", value=0, precision=0, minimum=0, maximum=SEED_MAX, step=1, elem_id="seed"
+                            )
+                            randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
+                        aspect = gr.Dropdown(
+                            choices=size_labels,
+                            value=size_labels[0],
+                            label="Aspect ratio",
+                            info="Width×height; every size is precompiled",
+                            allow_custom_value=False,
+                            elem_id="aspect",
+                        )
+                        with gr.Row(equal_height=True):
+                            steps = gr.Slider(
+                                minimum=1,
+                                maximum=MAX_STEPS,
+                                value=int(rules.steps),
+                                step=1,
+                                label="Steps",
+                                info="Denoising steps; any number runs without recompiling",
+                                elem_id="steps",
+                            )
+                            sampler = gr.Dropdown(
+                                choices=list(SAMPLER_NAMES),
+                                value=rules.sampler,
+                                label="Sampler",
+                                allow_custom_value=False,
+                                elem_id="sampler",
+                            )
+                        with gr.Row(equal_height=True, visible=rules.levers):
+                            cfg_end = gr.Slider(
+                                minimum=0.05,
+                                maximum=1,
+                                value=DEFAULT_CFG_END,
+                                step=0.05,
+                                label="Guidance for the first part of the steps",
+                                info="1 = every step (exact); 0.5 = the first half: faster, changes the picture",
+                                visible=rules.cfg,
+                                elem_id="cfg-end",
+                            )
+                            deepcache = gr.Slider(
+                                minimum=1,
+                                maximum=MAX_DEEPCACHE,
+                                value=DEFAULT_DEEPCACHE,
+                                step=1,
+                                label="DeepCache",
+                                info="1 = off (exact); N = the whole UNet every N steps, its shallow part between: "
+                                "faster, changes the picture",
+                                elem_id="deepcache",
+                            )
+                        lora_rows = []
+                        with gr.Group(visible=bool(rules.loras), elem_id="lora-picker"):
+                            gr.Markdown(f"LoRA: up to {MAX_LORAS} at once (or `<lora:NAME:WEIGHT>` in the prompt)")
+                            for slot in range(MAX_LORAS):
+                                with gr.Row(equal_height=True):
+                                    lora_rows.append(gr.Dropdown(
+                                        choices=[("none", "")] + [(name, name) for name in rules.loras], value="",
+                                        label=f"LoRA {slot + 1}", show_label=False, scale=3, elem_id=f"lora-{slot + 1}",
+                                    ))  # fmt: skip
+                                    lora_rows.append(gr.Slider(
+                                        minimum=-2, maximum=2, value=1, step=0.05, label="Weight", scale=2,
+                                        elem_id=f"lora-weight-{slot + 1}",
+                                    ))  # fmt: skip
+                        loras = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
+                        with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
+                            with gr.Row(equal_height=True):
+                                init_image = gr.Image(
+                                    label="Picture (upload or paste)", type="filepath", sources=["upload", "clipboard"],
+                                    elem_id="init-image",
+                                )  # fmt: skip
+                                picture = gr.ImageMask(  # the picture again, to paint the mask on
+                                    label="Paint over what to redraw (nothing painted: all of it)", type="filepath",
+                                    sources=[], layers=False, elem_id="mask-editor",
+                                )  # fmt: skip
+                            strength = gr.Slider(
+                                minimum=0.05, maximum=1, value=DEFAULT_STRENGTH, step=0.05, label="Strength",
+                                info="How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
+                                elem_id="strength",
+                            )  # fmt: skip
+                        mask_image = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
+                        if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
+                            gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
+                    inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end,
+                              deepcache, loras, init_image, mask_image, strength]  # the API's parameters  # fmt: skip
+                    example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
+                    examples_block = gr.Examples(
+                        # An example fills the prompt and the settings; its seed is fixed: its cached images are honest.
+                        examples=[[text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0]] for text in examples],
+                        example_labels=list(examples),
+                        inputs=[prompt, negative, style, guidance, aspect],
+                        outputs=[gallery, seed, status],
+                        fn=handlers.example(example_seeds, EXAMPLE_SEED_START),
+                        cache_examples=True,
+                        cache_mode="lazy",  # computed on first click, so start-up is not slowed
+                        preprocess=False,  # the same raw payloads and validation as the Generate button
+                        label="Examples",
+                        elem_id="examples",
+                    )
+                history_tab = history.layout(history_state)  # None when the server keeps no history
             gr.Markdown(footer, elem_id="footer")
 
         # ---- events ----
+        form = Form(  # the fields that settings fill back: History's "Use these settings", an image's parameters
+            prompt=prompt, negative=negative, style=style, guidance=guidance, seed=seed, randomize=randomize,
+            aspect=aspect, steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache,
+            lora_rows=tuple(lora_rows), strength=strength, styles=tuple(rules.styles), sizes=tuple(rules.sizes),
+            samplers=tuple(SAMPLER_NAMES), loras=tuple(rules.loras),
+        )  # fmt: skip
         # A new request clears the last one's status line at once (in the browser), so a refused request never
         # leaves an older request's "8 images in ..." under its error.
         gr.on(triggers=[run.click, prompt.submit], fn=None, js="() => ''", outputs=[status], api_visibility="private")
@@ -372,5 +401,10 @@ def build_page(
             concurrency_limit=GENERATE_CONCURRENCY,  # a group takes its events' lowest limit: give the same
             concurrency_id="generate",  # shares /generate's slots
         )
+        # PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared).
+        settings_image.upload(form.from_image, inputs=settings_image, outputs=[*form.fields, settings_image],
+                              api_visibility="private", show_progress="hidden")  # fmt: skip
+        if history_tab is not None:
+            history.wire(history_tab, form, tabs, generated=[generated, *varied])
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
-    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox)
+    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history)

@@ -62,21 +62,32 @@ def request_gone() -> bool:
 
 
 class ShownImages:
-    """The gallery files each browser session was last shown, so the page's PNG follow-up needs no file input."""
+    """The gallery files each browser session was last shown, so the page's PNG follow-up needs no file input (and a
+    stopped request's previews can give way to them again)."""
 
     def __init__(self, keep: int = 256) -> None:
         self._names: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._galleries: dict[str, list[tuple[str, str]]] = {}  # (file, caption) per image, as last answered
         self._selected: dict[str, str | None] = {}  # the file each session clicked last (Vary starts from it)
         self._keep = keep
         self._lock = threading.Lock()
 
-    def remember(self, session: str, paths: Sequence[pathlib.Path]) -> None:
+    def remember(self, session: str, paths: Sequence[pathlib.Path], gallery: Sequence[tuple[str, str]] = ()) -> None:
         with self._lock:
             self._names[session] = [pathlib.Path(p).name for p in paths]
+            self._galleries[session] = list(gallery)
             self._names.move_to_end(session)
             self._selected.pop(session, None)  # a new answer: nothing of it is selected yet
             while len(self._names) > self._keep:
-                self._selected.pop(self._names.popitem(last=False)[0], None)
+                forgotten = self._names.popitem(last=False)[0]
+                self._selected.pop(forgotten, None)
+                self._galleries.pop(forgotten, None)
+
+    def gallery(self, session: str) -> list[tuple[str, str]]:
+        """The (file, caption) pairs this session was last answered, those whose files are still on disk."""
+        with self._lock:
+            shown = list(self._galleries.get(session, []))
+        return [(path, caption) for path, caption in shown if pathlib.Path(path).is_file()]
 
     def names(self, session: str) -> list[str]:
         with self._lock:

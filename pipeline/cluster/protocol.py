@@ -224,8 +224,9 @@ class LeadingGenerator:
     def __getattr__(self, name: str):
         return getattr(self._generator, name)
 
-    def generate(self, request: Request, on_step=None, should_stop=None):
-        """Publish, then run; `on_step` and `should_stop` stay on process 0, which decides each step for all."""
+    def generate(self, request: Request, on_step=None, should_stop=None, on_preview=None):
+        """Publish, then run; `on_step`, `should_stop` and `on_preview` stay on process 0, which decides each step for
+        all (its previews show process 0's images: the others' rows stay where they are)."""
         cluster = self._cluster
         with self._lock:
             number = cluster.publish({"command": "generate", "request": request.to_dict()})
@@ -236,7 +237,8 @@ class LeadingGenerator:
             ):
                 try:
                     return self._generator.generate(
-                        request, on_step, should_stop, gate=lambda step, wants: cluster.decide(number, step, wants)
+                        request, on_step, should_stop, gate=lambda step, wants: cluster.decide(number, step, wants),
+                        on_preview=on_preview,
                     )
                 except Stopped:
                     raise  # every process stopped at the same step

@@ -124,7 +124,8 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
-                   "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py")
+                   "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
+                   "device/preview.py")
 
 
 def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:

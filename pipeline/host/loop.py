@@ -35,6 +35,10 @@ Listener = Callable[[int, int], None]
 StopCheck = Callable[[], bool]
 #: Multi-process: (step index, this process wants to stop) -> the decision every process follows (True = stop).
 Gate = Callable[[int, bool], bool]
+#: What a preview listener receives: (steps done, total steps, uint8 [b, h, w, 3] at latent size, this process's).
+PreviewListener = Callable[[int, int, np.ndarray], None]
+#: A preview every this many steps (the page's "watch it form").
+PREVIEW_EVERY = 2
 
 
 class Stopped(Exception):
@@ -109,6 +113,7 @@ def run(
     blank: Blank,
     picture: PictureInputs | None = None,
     speed: SpeedPlan | None = None,
+    on_preview: PreviewListener | None = None,
     on_step: Listener | None = None,
     should_stop: StopCheck | None = None,
     gate: Gate | None = None,
@@ -125,7 +130,9 @@ def run(
     (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
     `freed_at` (the last queued step done);
     and `first_step_s` (started -> first step ready). `picture`: a request's picture (its plan is then the rows that
-    run, `image_plan.py`); `blank` stands in for it without one.
+    run, `image_plan.py`); `blank` stands in for it without one. `on_preview` gets every PREVIEW_EVERY-th step's
+    predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step
+    is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
     """
     height, width = size
     started = time.perf_counter()
@@ -157,7 +164,8 @@ def run(
     previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
     unet = programs.weights(ProgramKey("step"), params)
-    pending: list[jax.Array] = []  # dispatched steps' latents, oldest first
+    preview = programs.compile(ProgramKey("preview", height, width)) if on_preview is not None else None
+    pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
     done = 0  # steps whose result is ready
     total = len(speed.schedule)
     for position, planned in enumerate(speed.schedule):
@@ -166,7 +174,7 @@ def run(
             if timings is not None:
                 timings["stop_seen_at"] = time.perf_counter()
             if pending:  # the step already queued finishes: the devices are free once it has
-                pending[-1].block_until_ready()
+                pending[-1][0].block_until_ready()
             if timings is not None:
                 timings["freed_at"] = time.perf_counter()
             raise Stopped(position, total)
@@ -186,28 +194,42 @@ def run(
             latents, previous = step_program(True, planned.cfg)(*args)
         else:
             latents, previous = step_program(False, planned.cfg)(*args, feature)
-        pending.append(latents)
+        shown = None
+        if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
+            shown = preview({}, previous)  # [B, h, w, 3] uint8 of this step's D
+            shown.copy_to_host_async()
+        pending.append((latents, shown))
         if position == 0 and timings is not None:
             timings["first_dispatch_at"] = time.perf_counter()
         if len(pending) > 1:  # this step is queued behind the one we now wait for
-            done = _ready(pending.pop(0), done, total, on_step, timings, started)
+            done = _ready(*pending.pop(0), done, total, on_step, on_preview, timings, started)
     while pending:
-        done = _ready(pending.pop(0), done, total, on_step, timings, started)
+        done = _ready(*pending.pop(0), done, total, on_step, on_preview, timings, started)
     return decode(programs.weights(ProgramKey("decode"), params), latents)
 
 
-def _ready(latents: jax.Array, done: int, total: int, on_step, timings, started) -> int:
+def _ready(latents: jax.Array, shown, done: int, total: int, on_step, on_preview, timings, started) -> int:
     latents.block_until_ready()
     done += 1
     if timings is not None and done == 1:
         timings["first_step_at"] = now = time.perf_counter()
         timings["first_step_s"] = now - started
-    if on_step is not None:
-        try:
+    try:  # a listener must never break the loop
+        if on_step is not None:
             on_step(done, total)
-        except Exception:  # a listener must never break the loop
-            logger.exception("progress listener failed at step %d", done)
+        if shown is not None:
+            on_preview(done, total, local_rows(shown))
+    except Exception:
+        logger.exception("a progress or preview listener failed at step %d", done)
     return done
+
+
+def local_rows(array: jax.Array) -> np.ndarray:
+    """The rows of a batch-split array this process holds, in order (all of them on one process)."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    shards = sorted(array.addressable_shards, key=lambda shard: shard.index[0].start or 0)
+    return np.concatenate([np.asarray(shard.data) for shard in shards])
 
 
 def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,

@@ -12,6 +12,7 @@ replicated, batch split:
                          index [], image {x0, noise, repaint, masked}, blend_sigma []   -> latents', D
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
+    preview[size]        a step's D [B, 4, h, w]                          -> uint8 [B, h, w, 3] (live previews)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows a prompt is read in, a server setting.)
@@ -38,6 +39,7 @@ from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, ste
 from ..device.lora import COMPONENTS as LORA_COMPONENTS
 from ..device.lora import MergeLayout, get_leaves, merge_donating
 from ..device.modules import Modules
+from ..device.preview import latents_to_rgb
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
 from ..device.vae import decode_local
@@ -46,7 +48,7 @@ from .plan import COEFFICIENTS
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
-         "halve_feature", "decode")
+         "halve_feature", "preview", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
@@ -58,6 +60,7 @@ WEIGHTS = {
     "step_shallow": ("unet",),
     "halve_text": (),
     "halve_feature": (),
+    "preview": (),
     "decode": ("vae",),
 }
 
@@ -82,12 +85,15 @@ class ProgramKey:
         return " ".join(parts)
 
 
-def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False) -> list[ProgramKey]:
+def program_keys(
+    sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False
+) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
     `levers` (per-request `cfg_end` and `deepcache`): the whole-UNet step keeps DeepCache's feature (`step_full`,
     instead of `step`), a shallow step uses it, and a CFG server also compiles the guidance-free steps and the two
     small programs that keep a CFG batch's conditional half. `lora`: LoRAs are offered (the merge program).
+    `previews`: a step's predicted picture as small RGB images, while the request runs.
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     keys = [ProgramKey("merge")] if lora else []
@@ -99,6 +105,7 @@ def program_keys(sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, 
             keys += [ProgramKey("halve_feature", height, width)] if cfg else []
         else:
             keys.append(ProgramKey("step", height, width, cfg))
+        keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
     return keys
 
@@ -179,6 +186,9 @@ class ServedPrograms:
         elif key.kind == "halve_feature":
             body = _without_weights(conditional_half_local)
             in_specs, out_specs = (one, batch), batch
+        elif key.kind == "preview":  # a step's D -> uint8 RGB at latent size
+            body = _without_weights(latents_to_rgb)
+            in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
             body = functools.partial(decode_local, modules)
             in_specs, out_specs = (one, batch), batch
@@ -214,7 +224,7 @@ class ServedPrograms:
             return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
             return weights, spec((n,), np.uint32), spec((), np.float32, whole), latents, spec((), np.float32, whole)
-        if key.kind == "decode":
+        if key.kind in ("decode", "preview"):
             return weights, latents
         if key.kind == "halve_feature":
             return weights, self._split(self._feature(key.height, key.width, True))

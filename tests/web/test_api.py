@@ -216,7 +216,7 @@ def test_prompt_filter_blocks_with_its_message(generator):
         handlers = Handlers(generator, None, files=files, outbox=outbox, prompt_filter=PromptFilter(["spam"]))
         generate = handlers.endpoint()
         with pytest.raises(gr.Error) as info:
-            generate("Spam! and eggs")
+            list(generate("Spam! and eggs"))  # the endpoint streams: its checks run when it is iterated
         assert info.value.message == PromptFilter.MESSAGE
     finally:
         outbox.close()

@@ -70,7 +70,11 @@ def test_page_hides_guidance_and_negative_prompt_and_api_says_they_are_ignored(l
     # The API still takes both (named, optional); its status line says they were ignored.
     files, outbox = RunFiles(), Outbox()
     try:
-        generate_fn = Handlers(lightning, None, files=files, outbox=outbox, progress=False).endpoint()
+        endpoint = Handlers(lightning, None, files=files, outbox=outbox, progress=False).endpoint()
+
+        def generate_fn(*args):  # the endpoint streams its previews first: the answer is what it yields last
+            return list(endpoint(*args))[-1]
+
         gallery, seed, status = generate_fn(PROMPT, "blurry", DEFAULT_STYLE, 7.0, 5, False)
         assert len(gallery) == lightning.num_images and seed == 5 and NO_CFG_NOTE in status
         # gradio_client sends the page's defaults unasked: no note for them, only for values that differ. The page's

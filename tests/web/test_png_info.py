@@ -1,0 +1,220 @@
+"""Settings back from an image: this app's PNG/JPEG, an A1111 PNG and JPEG, a ComfyUI PNG, and files without any."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image, PngImagePlugin
+
+from pipeline.host import images as image_io
+from pipeline.host.plan import SAMPLER_NAMES
+from pipeline.errors import InvalidInput
+from web.png_info import (
+    COMFY_ONLY,
+    NO_PARAMETERS,
+    NOT_AN_IMAGE,
+    form_values,
+    parse_infotext,
+    read_form_values,
+    read_infotext,
+)
+
+#: What A1111 1.10 writes for an SDXL txt2img with hires fix, two LoRAs and two embeddings (multi-line prompt).
+A1111_TEXT = (
+    "masterpiece, best quality, a (red fox:1.2) sitting in a snowy forest at dawn, <lora:add_detail:0.6>\n"
+    "detailed fur, volumetric light, <lora:film_grain:0.3>\n"
+    "Negative prompt: lowres, bad anatomy, (worst quality:1.4), text, watermark, EasyNegative\n"
+    "badhandv4\n"
+    "Steps: 30, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 6.5, Seed: 3141592653, Size: 832x1216, "
+    "Model hash: 31e35c80fc, Model: sd_xl_base_1.0, VAE hash: 235745af8d, VAE: sdxl_vae.safetensors, "
+    "Denoising strength: 0.35, Clip skip: 2, Hires upscale: 1.5, Hires steps: 12, Hires upscaler: 4x-UltraSharp, "
+    'Lora hashes: "add_detail: 7c6bad76eb54, film_grain: 0f3c2d1a9b77", '
+    'TI hashes: "EasyNegative: c74b4e810b03, badhandv4: 5e40d722fc3d", Emphasis: Original, Version: v1.10.1'
+)
+#: ComfyUI's graph chunks (abridged, real keys) beside A1111-style `parameters` from an image-saver node.
+COMFY_PROMPT = {"3": {"class_type": "KSampler", "inputs": {"seed": 42, "steps": 25, "cfg": 7.0}}}
+COMFY_WORKFLOW = {"last_node_id": 9, "nodes": [{"id": 3, "type": "KSampler"}], "version": 0.4}
+COMFY_TEXT = (
+    "cinematic photo of a lighthouse in a storm\n"
+    "Negative prompt: blurry, cartoon\n"
+    "Steps: 25, Sampler: dpmpp_2m karras, CFG scale: 7.0, Seed: 42, Size: 1024x1024, Model hash: 31e35c80fc, "
+    "Model: sd_xl_base_1.0, Version: ComfyUI"
+)
+
+
+def _pixels(height=32, width=48):
+    return np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def _png(path, chunks: dict) -> str:
+    info = PngImagePlugin.PngInfo()
+    for key, value in chunks.items():
+        info.add_text(key, value)
+    Image.fromarray(_pixels()).save(path, format="PNG", pnginfo=info)
+    return str(path)
+
+
+def _own_image(tmp_path, saver, **overrides):
+    settings = dict(
+        prompt="a lighthouse, oil painting, dramatic light",
+        negative_prompt="blurry, text",
+        seed=1234567,
+        steps=25,
+        guidance_scale=5.5,
+        height=768,
+        width=1344,
+        model="/srv/models/my-sdxl",  # a local path: written by its directory name only
+        dtype="bfloat16",
+        sampler="DPM++ 2M Karras",
+    )
+    settings.update(overrides)
+    image = image_io.to_pil(_pixels()[None], [image_io.describe(**settings)])[0]
+    return saver(image, tmp_path / f"own{'.png' if saver is image_io.save_png else '.jpg'}")
+
+
+@pytest.mark.parametrize("saver", [image_io.save_png, image_io.save_jpeg], ids=["png", "jpeg"])
+def test_this_apps_own_images_fill_the_form(tmp_path, saver):
+    values = read_form_values(_own_image(tmp_path, saver), SAMPLER_NAMES)
+    assert values.prompt == "a lighthouse, oil painting, dramatic light"
+    assert values.negative_prompt == "blurry, text"
+    assert (values.steps, values.sampler, values.guidance_scale, values.seed) == (25, "DPM++ 2M Karras", 5.5, 1234567)
+    assert (values.width, values.height) == (1344, 768)
+    assert values.extra == {"Model": "my-sdxl", "Dtype": "bfloat16"}
+    assert values.notes == ()
+
+
+def test_own_labels_with_v_prediction_spacing_and_unet(tmp_path):
+    path = _own_image(
+        tmp_path, image_io.save_png, sampler="Euler a, v-prediction", spacing="trailing", unet="repo/x:unet.safetensors"
+    )
+    values = read_form_values(path, SAMPLER_NAMES)
+    assert values.sampler == "Euler a"  # the label's ", v-prediction" is the server's, not a separate pair
+    assert values.extra == {"Model": "my-sdxl", "UNet": "unet.safetensors", "Dtype": "bfloat16",
+                            "Timestep spacing": "trailing"}  # fmt: skip
+
+
+def test_a1111_png_every_pair_typed(tmp_path):
+    path = _png(tmp_path / "a1111.png", {"parameters": A1111_TEXT})
+    values = read_form_values(path, SAMPLER_NAMES)
+    assert values.prompt == (
+        "masterpiece, best quality, a (red fox:1.2) sitting in a snowy forest at dawn, <lora:add_detail:0.6>\n"
+        "detailed fur, volumetric light, <lora:film_grain:0.3>"
+    )
+    negative = "lowres, bad anatomy, (worst quality:1.4), text, watermark, EasyNegative\nbadhandv4"
+    assert values.negative_prompt == negative
+    assert values.steps == 30 and values.guidance_scale == 6.5 and values.seed == 3141592653
+    assert values.sampler == "DPM++ 2M Karras"  # "DPM++ 2M" + "Schedule type: Karras"
+    assert (values.width, values.height) == (832, 1216)
+    assert values.extra == {
+        "Model hash": "31e35c80fc",
+        "Model": "sd_xl_base_1.0",
+        "VAE hash": "235745af8d",
+        "VAE": "sdxl_vae.safetensors",
+        "Denoising strength": 0.35,
+        "Clip skip": 2,
+        "Hires upscale": 1.5,
+        "Hires steps": 12,
+        "Hires upscaler": "4x-UltraSharp",
+        "Lora hashes": {"add_detail": "7c6bad76eb54", "film_grain": "0f3c2d1a9b77"},
+        "TI hashes": {"EasyNegative": "c74b4e810b03", "badhandv4": "5e40d722fc3d"},
+        "Emphasis": "Original",
+        "Version": "v1.10.1",
+    }
+    assert values.notes == ()
+
+
+def test_a1111_jpeg_exif_unicode_and_ascii(tmp_path):
+    """A1111 writes JPEG/WebP parameters in EXIF UserComment as piexif's "UNICODE" (UTF-16 BE); ASCII also reads."""
+    image = Image.fromarray(_pixels())
+    image.info[image_io.PARAMETERS_KEY] = A1111_TEXT
+    jpeg = image_io.save_jpeg(image, tmp_path / "a1111.jpg")
+    assert read_infotext(jpeg) == A1111_TEXT
+    webp = tmp_path / "a1111.webp"
+    Image.fromarray(_pixels()).save(webp, format="WEBP", exif=image_io.exif_with_parameters(A1111_TEXT))
+    assert read_form_values(webp, SAMPLER_NAMES).seed == 3141592653
+    ascii_jpeg = tmp_path / "ascii.jpg"
+    Image.fromarray(_pixels()).save(ascii_jpeg, format="JPEG", exif=_exif_comment(b"ASCII\0\0\0" + COMFY_TEXT.encode()))
+    assert read_form_values(ascii_jpeg, SAMPLER_NAMES).seed == 42
+
+
+def test_utf16_little_endian_comment_is_read(tmp_path):
+    """Some writers put little-endian UTF-16 after the "UNICODE" prefix; it must not come back as CJK noise."""
+    path = tmp_path / "le.jpg"
+    text = COMFY_TEXT.replace("lighthouse", "phare ☂ à Brest")
+    Image.fromarray(_pixels()).save(path, format="JPEG", exif=_exif_comment(b"UNICODE\0" + text.encode("utf-16-le")))
+    assert read_infotext(path) == text
+
+
+def test_comfyui_png_with_a1111_parameters(tmp_path):
+    path = _png(
+        tmp_path / "comfy.png",
+        {"prompt": json.dumps(COMFY_PROMPT), "workflow": json.dumps(COMFY_WORKFLOW), "parameters": COMFY_TEXT},
+    )
+    values = read_form_values(path, SAMPLER_NAMES)
+    assert values.prompt == "cinematic photo of a lighthouse in a storm"
+    assert values.sampler == "DPM++ 2M Karras"  # ComfyUI's "dpmpp_2m" sampler with its "karras" scheduler
+    assert (values.steps, values.guidance_scale, values.seed, values.width) == (25, 7.0, 42, 1024)
+    assert values.extra["Version"] == "ComfyUI"
+
+
+def test_samplers_not_offered_are_left_with_a_note():
+    values = form_values(parse_infotext("a cat\nSteps: 20, Sampler: DPM++ SDE, CFG scale: 7, Seed: 5"), SAMPLER_NAMES)
+    assert values.sampler is None and values.extra["Sampler"] == "DPM++ SDE"
+    assert values.notes == ("Sampler 'DPM++ SDE' is not offered here, so the sampler was left as it is.",)
+    assert values.width is None and values.height is None  # no Size: left as it is
+    unmapped = form_values(parse_infotext("a cat\nSteps: 20, Sampler: DPM++ SDE, CFG scale: 7, Seed: 5"))
+    assert unmapped.sampler == "DPM++ SDE"  # nothing to match against: passed on as written
+
+
+def test_values_that_do_not_parse_become_notes():
+    values = form_values(parse_infotext("x\nSteps: many, CFG scale: 7, Seed: 5, Size: big"), SAMPLER_NAMES)
+    assert values.steps is None and values.seed == 5 and values.width is None
+    assert values.notes == (
+        "Steps 'many' is not a number, so it was left as it is.",
+        "Size 'big' is not WIDTHxHEIGHT, so the size was left as it is.",
+    )
+
+
+def test_a_last_line_with_few_pairs_is_prompt():
+    """A1111's rule: the settings line needs three pairs; fewer means the line belongs to the prompt."""
+    info = parse_infotext("portrait of a knight\nstyle: baroque, mood: calm")
+    assert info.prompt == "portrait of a knight\nstyle: baroque, mood: calm" and info.settings == {}
+    assert parse_infotext("just a prompt") == parse_infotext("just a prompt\n")
+    assert parse_infotext("just a prompt").prompt == "just a prompt"
+
+
+def test_quoted_values_keep_commas_escapes_and_colons():
+    info = parse_infotext(
+        'p\nSteps: 2, ADetailer prompt: "a face, smiling \\"broadly\\"", Seed: 1, Model: a:b, Tags: "x, y"'
+    )
+    assert info.settings == {
+        "Steps": "2",
+        "ADetailer prompt": 'a face, smiling "broadly"',
+        "Seed": "1",
+        "Model": "a:b",
+        "Tags": "x, y",
+    }
+
+
+def test_files_without_parameters_get_one_sentence(tmp_path):
+    plain = tmp_path / "plain.png"
+    Image.fromarray(_pixels()).save(plain)
+    comfy = _png(tmp_path / "comfy-only.png", {"prompt": json.dumps(COMFY_PROMPT), "workflow": "{}"})
+    text = tmp_path / "notes.png"
+    text.write_text("not an image at all")
+    for path, message in ((plain, NO_PARAMETERS), (comfy, COMFY_ONLY), (text, NOT_AN_IMAGE)):
+        with pytest.raises(InvalidInput) as caught:
+            read_form_values(path, SAMPLER_NAMES)
+        assert str(caught.value) == message
+        assert str(caught.value).count(".") == 1 and str(caught.value).endswith(".")  # one sentence
+
+
+def _exif_comment(comment: bytes) -> bytes:
+    """EXIF with one UserComment (as pipeline.images writes it, any prefix/encoding)."""
+    sub_ifd = 8 + 2 + 12 + 4
+    data = sub_ifd + 2 + 12 + 4
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8)
+    tiff += struct.pack(">HHHII", 1, image_io.EXIF_IFD, 4, 1, sub_ifd) + struct.pack(">I", 0)
+    tiff += struct.pack(">HHHII", 1, image_io.USER_COMMENT, 7, len(comment), data) + struct.pack(">I", 0)
+    return b"Exif\x00\x00" + tiff + comment

@@ -1,0 +1,445 @@
+"""Past generations: the History tab and the `/history` endpoint, kept where the server's logins say.
+
+With logins (`--auth`), every finished request goes to the server's store (web/history.py: SQLite under
+`--data-dir`), written in the background once its PNGs are, and each user sees, uses and deletes only their own;
+the images come from an owner-only route (web/history_files.py). Without logins, a visitor's history lives in their
+own browser (Gradio's BrowserState, web/browser_history.py) and the server keeps nothing.
+
+    history = History.open(store, browser=False, outbox=outbox)     # or History.off()
+    handlers = Handlers(..., on_finished=history.keep)               # every delivered request
+    state = history.state()                                           # at the page's top level
+    tab = history.layout(state)                                       # inside the page's gr.Tabs
+    history.wire(tab, form, tabs, generated=[...])                    # with the page's events
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import logging
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from pipeline.errors import InvalidInput
+from pipeline.styles import DEFAULT_STYLE
+
+from .browser_history import (
+    BROWSER_MAX_ENTRIES,
+    add_entry,
+    browser_entry,
+    browser_secret,
+    clean_entries,
+    delete_entry,
+    thumbnail_jpegs,
+)
+from .files import RunFiles
+from .form import Form, request_settings
+from .handlers import PNG_WAIT_S, Finished, invalid
+from .history import HistoryStore
+from .history_files import file_url, history_files_middleware
+from .sessions import session_of
+
+logger = logging.getLogger("sdxl_jax.app")
+
+#: Entries the History tab shows at once (newest first); /history pages through up to MAX_LIST per call.
+TAB_ENTRIES = 200
+#: Characters of a prompt in a thumbnail's caption.
+CAPTION_CHARS = 80
+#: Sessions whose last finished request waits for their browser to keep it (no logins).
+WAITING_SESSIONS = 256
+NO_HISTORY = "This server keeps no history (it runs with --no-history)."
+IN_BROWSER = "This server has no logins, so it keeps no history: the page keeps each visitor's in their own browser."
+NOTHING_SELECTED = "Click an entry first."
+
+
+@dataclass(frozen=True)
+class HistoryTab:
+    """The History tab's components."""
+
+    tab: gr.Tab
+    state: gr.State  # the browser's entries (BrowserState) without logins; a placeholder (None) with them
+    summary: gr.Markdown  # "12 entries"
+    gallery: gr.Gallery  # one thumbnail per entry, newest first
+    details: gr.Markdown  # the clicked entry's settings
+    use: gr.Button
+    delete: gr.Button
+    delete_all: gr.Button
+    confirm: gr.Row  # "Delete every entry?" (shown by delete_all)
+    really: gr.Button
+    keep: gr.Button
+    listing: gr.JSON  # /history's output
+    limit: gr.Number  # /history's inputs
+    offset: gr.Number
+    api: gr.Button  # /history's trigger
+
+
+class History:
+    """The page's past generations: the server's store (logins), the visitor's browser (none), or off."""
+
+    def __init__(self, store: HistoryStore | None = None, *, browser: bool = False, secret: str | None = None) -> None:
+        self.store = store  # with logins: every user's entries
+        self.browser = browser and store is None  # without logins: each browser keeps its own
+        self.secret = secret  # the BrowserState's key (kept in the data folder: it survives a restart)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="history") if store is not None else None
+        self._pending: dict[str, list[Future]] = collections.defaultdict(list)  # user -> writes not yet done
+        self._waiting: collections.OrderedDict[str, dict] = collections.OrderedDict()  # session -> browser entry
+        self._listed: dict[str, list] = {}  # session -> entry ids its tab shows, in order
+        self._selected: dict[str, Any] = {}  # session -> the entry id it clicked
+        self._lock = threading.Lock()
+        self.files: RunFiles | None = None  # the page's files (set by the page): where browser thumbnails go
+
+    @classmethod
+    def off(cls) -> History:
+        return cls()
+
+    @classmethod
+    def for_server(cls, data_dir: str | Path, *, logins: bool, max_entries: int | None) -> History:
+        """Logins: a store in `data_dir` (kept `max_entries` per user); none: browsers keep their own."""
+        if logins:
+            return cls(HistoryStore(data_dir, max_entries))
+        try:
+            secret = browser_secret(data_dir)
+        except OSError as exc:  # the browsers' history still works; it just cannot outlive this run
+            logger.warning("history: cannot keep the browsers' key in %s (%s); their history lasts until a restart",
+                           data_dir, exc.strerror or exc)  # fmt: skip
+            secret = None
+        return cls(browser=True, secret=secret)
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None or self.browser
+
+    def middleware(self) -> list:
+        """ASGI middleware the page needs: the owner-only file route (server history only)."""
+        return [history_files_middleware(self._file)] if self.store is not None else []
+
+    def close(self) -> None:
+        """Finish the writes under way, then close the store."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
+
+    # ---- keeping -------------------------------------------------------------------------------------------------
+
+    def keep(self, finished: Finished) -> None:
+        """Handlers' `on_finished`: the store writes it in the background (after its PNGs); a browser is handed it by
+        the page's follow-up event (`remember_in_browser`)."""
+        if not self.enabled:
+            return
+        settings = request_settings(finished.request, finished.result)
+        if self.store is not None and finished.user:
+            future = self._writer.submit(self._write, finished.user, settings, finished.delivery)
+            with self._lock:
+                pending = self._pending[finished.user]
+                pending[:] = [f for f in pending if not f.done()] + [future]
+        elif self.browser and finished.session:
+            with self._lock:
+                self._waiting[finished.session] = {"settings": settings, "images": list(finished.delivery.gallery)}
+                self._waiting.move_to_end(finished.session)
+                while len(self._waiting) > WAITING_SESSIONS:
+                    self._waiting.popitem(last=False)
+
+    def _write(self, user: str, settings: dict, delivery) -> int | None:
+        """One entry: the lossless PNGs (with their parameters), thumbnails from the gallery's JPEGs."""
+        try:
+            pngs = [Path(future.result(timeout=PNG_WAIT_S)) for future in delivery.pngs]
+            started = time.perf_counter()
+            entry_id = self.store.add(user, settings, pngs, thumbnail_sources=list(delivery.gallery))
+            logger.info("history: kept entry %d (%d images) in %.0f ms", entry_id, len(pngs),
+                        (time.perf_counter() - started) * 1000)  # fmt: skip
+            return entry_id
+        except Exception:  # the request was answered; only its history entry is lost
+            logger.exception("history: could not keep a finished request")
+            return None
+
+    def _settled(self, user: str) -> None:
+        """Wait for `user`'s writes under way (their last request shows up in a listing made right after it)."""
+        with self._lock:
+            pending = list(self._pending.get(user, ()))
+        for future in pending:
+            with contextlib.suppress(Exception):  # a failed write is logged by _write
+                future.result(timeout=PNG_WAIT_S)
+
+    def remember_in_browser(self, entries: Any, request: gr.Request = None) -> list[dict]:
+        """The page's follow-up without logins: its last finished request added to the browser's list."""
+        with self._lock:
+            waiting = self._waiting.pop(session_of(request), None)
+        entries = clean_entries(entries)
+        if waiting is None:
+            return entries
+        try:
+            entry = browser_entry(waiting["settings"], waiting["images"])
+        except OSError:  # its files are gone already (a very old run): nothing to keep
+            return entries
+        return add_entry(entries, entry)
+
+    # ---- reading -------------------------------------------------------------------------------------------------
+
+    def api(self, limit: int = 100, offset: int = 0, request: gr.Request = None) -> list[dict]:
+        """The caller's past generations, newest first: each with its settings (prompt, negative_prompt, seed,
+        steps, sampler, guidance_scale, width, height, ...), `id`, `created` (ISO 8601, UTC) and `images` (URLs of
+        the lossless PNGs, for this login only; `thumbnails` likewise). `limit`: up to 1000; `offset`: entries to
+        skip. Only with logins: without, each visitor's history stays in their browser."""
+        user = self._user(request)
+        try:
+            entries = self.store.list(user, limit=_whole(limit, "limit"), offset=_whole(offset, "offset"))
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        root = public_root(request)
+        return [
+            {
+                **entry.as_json(images=[file_url(root, entry.id, i) for i in range(len(entry.images))]),
+                "thumbnails": [file_url(root, entry.id, i, thumbnail=True) for i in range(len(entry.thumbnails))],
+            }
+            for entry in entries
+        ]
+
+    def show(self, entries: Any = None, request: gr.Request = None):
+        """The tab's gallery (one thumbnail per entry, newest first, captioned with prompt and seed) and a cleared
+        details panel."""
+        session = session_of(request)
+        if self.store is not None:
+            user = self._user(request)
+            listed = self.store.list(user, limit=TAB_ENTRIES)
+            root = public_root(request)
+            items = [(file_url(root, e.id, 0, thumbnail=True), _caption(e.settings)) for e in listed]
+            ids = [e.id for e in listed]
+        else:
+            listed = clean_entries(entries)
+            items, ids = [], []
+            for entry in listed:
+                pictures = thumbnail_jpegs(entry)
+                if pictures and self.files is not None:
+                    items.append((str(self.files.content_file(pictures[0], ".jpg")), _caption(entry["settings"])))
+                    ids.append(entry["id"])
+        with self._lock:
+            self._listed[session] = ids
+            self._selected.pop(session, None)
+        return items or None, _summary(len(ids))
+
+    def select(self, evt: gr.SelectData, entries: Any = None, request: gr.Request = None) -> str:
+        """An entry clicked: its settings, in full, under the gallery."""
+        session = session_of(request)
+        with self._lock:
+            ids = self._listed.get(session, [])
+            entry_id = ids[evt.index] if isinstance(evt.index, int) and 0 <= evt.index < len(ids) else None
+            self._selected[session] = entry_id
+        settings, created = self._settings(entry_id, entries, request)
+        return _details(settings, created) if settings is not None else NOTHING_SELECTED
+
+    def use(self, form: Form):
+        """"Use these settings": the selected entry's settings into the form, and the Generate tab shown."""
+
+        def use_settings(entries: Any = None, request: gr.Request = None):
+            settings, _ = self._settings(self._selected.get(session_of(request)), entries, request)
+            if settings is None:
+                raise gr.Error(NOTHING_SELECTED, title="History", print_exception=False)
+            updates, notes = form.fill(settings)
+            for note in notes:
+                gr.Warning(note)
+            return *updates, gr.Tabs(selected="generate")
+
+        return use_settings
+
+    def delete(self, entries: Any = None, request: gr.Request = None):
+        """Delete the selected entry (its files too); the tab shows what is left."""
+        session = session_of(request)
+        entry_id = self._selected.get(session)
+        if entry_id is None:
+            raise gr.Error(NOTHING_SELECTED, title="History", print_exception=False)
+        if self.store is not None:
+            self.store.delete(self._user(request), entry_id)
+            kept = entries
+        else:
+            kept = delete_entry(clean_entries(entries), entry_id)
+        gallery, summary = self.show(kept, request)
+        return kept, gallery, summary, ""
+
+    def delete_all(self, entries: Any = None, request: gr.Request = None):
+        """Delete every entry of this user (or this browser); other users' stay."""
+        store = self.store
+        count = store.delete_all(self._user(request)) if store is not None else len(clean_entries(entries))
+        gr.Info(f"Deleted {count} entr{'y' if count == 1 else 'ies'}.")
+        gallery, summary = self.show([], request)
+        return [], gallery, summary, "", gr.update(visible=False)
+
+    # ---- the tab ---------------------------------------------------------------------------------------------------
+
+    def state(self) -> gr.State | None:
+        """The browser's entries (BrowserState) without logins, else a placeholder: made at the page's top level, as
+        a component inside a tab only exists in the browser once that tab is opened."""
+        if not self.enabled:
+            return None
+        if self.browser:
+            return gr.BrowserState([], storage_key="sdxl-jax-history", secret=self.secret)
+        return gr.State(None)
+
+    def layout(self, state: gr.State | None) -> HistoryTab | None:
+        """The History tab (inside the page's `gr.Tabs`); None when the server keeps no history."""
+        if state is None:
+            return None
+        where = "on this server, for your login only" if self.store is not None else \
+            f"in this browser only (the last {BROWSER_MAX_ENTRIES}; the server keeps nothing)"  # fmt: skip
+        with gr.Tab("History", id="history", elem_id="history-tab") as tab:
+            gr.Markdown(f"Your past generations, newest first: kept {where}.", elem_id="history-where")
+            summary = gr.Markdown("", elem_id="history-summary")
+            gallery = gr.Gallery(
+                label="Past generations", show_label=False, columns=6, height="auto", object_fit="cover",
+                allow_preview=False, interactive=False, elem_id="history-gallery",
+            )  # fmt: skip
+            details = gr.Markdown("", elem_id="history-details")
+            with gr.Row():
+                use = gr.Button("Use these settings", variant="primary", elem_id="history-use")
+                delete = gr.Button("Delete", elem_id="history-delete")
+                delete_all = gr.Button("Delete all of mine", variant="stop", elem_id="history-delete-all")
+            with gr.Row(visible=False, elem_id="history-confirm") as confirm:
+                gr.Markdown("Delete every entry of your history? This cannot be undone.")
+                really = gr.Button("Yes, delete all", variant="stop", elem_id="history-delete-all-yes")
+                keep = gr.Button("No", elem_id="history-delete-all-no")
+            listing = gr.JSON(visible=False, label="history")  # /history's answer
+            limit = gr.Number(value=100, precision=0, visible=False, label="limit")
+            offset = gr.Number(value=0, precision=0, visible=False, label="offset")
+            api = gr.Button(visible=False, elem_id="history-api")
+        return HistoryTab(tab, state, summary, gallery, details, use, delete, delete_all, confirm, really, keep,
+                          listing, limit, offset, api)  # fmt: skip
+
+    def wire(self, ui: HistoryTab, form: Form, tabs: gr.Tabs, generated: list) -> None:
+        """The tab's events, and /history; `generated`: the page's generation events (a browser keeps each one's
+        result once it is answered)."""
+        shown = {"api_visibility": "private", "concurrency_limit": 4, "concurrency_id": "history"}
+        ui.tab.select(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], **shown)
+        ui.gallery.select(self.select, inputs=ui.state, outputs=ui.details, **shown)
+        ui.use.click(self.use(form), inputs=ui.state, outputs=[*form.fields, tabs], **shown)
+        ui.delete.click(self.delete, inputs=ui.state, outputs=[ui.state, ui.gallery, ui.summary, ui.details], **shown)
+        ui.delete_all.click(lambda: gr.update(visible=True), outputs=ui.confirm, queue=False, api_visibility="private")
+        ui.keep.click(lambda: gr.update(visible=False), outputs=ui.confirm, queue=False, api_visibility="private")
+        ui.really.click(self.delete_all, inputs=ui.state,
+                        outputs=[ui.state, ui.gallery, ui.summary, ui.details, ui.confirm], **shown)  # fmt: skip
+        if self.browser:
+            for event in generated:
+                event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden",
+                              **shown)  # fmt: skip
+        ui.api.click(
+            self.api if self.store is not None else _refuse(IN_BROWSER), inputs=[ui.limit, ui.offset],
+            outputs=ui.listing, api_name="history",
+            api_description="Your past generations as JSON, newest first (on a server with logins).",
+            concurrency_limit=4, concurrency_id="history",
+        )  # fmt: skip
+
+    # ---- internals -------------------------------------------------------------------------------------------------
+
+    def _user(self, request: gr.Request | None) -> str:
+        if self.store is None:
+            raise gr.Error(IN_BROWSER if self.browser else NO_HISTORY, title="History", print_exception=False)
+        user = getattr(request, "username", None)
+        if not user:
+            raise gr.Error("Sign in to see your history.", title="History", print_exception=False)
+        self._settled(user)
+        return user
+
+    def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
+        """The settings and time of an entry of this caller's (None, None for anything else)."""
+        if entry_id is None:
+            return None, None
+        if self.store is not None:
+            entry = self.store.get(self._user(request), entry_id)
+            return (entry.settings, entry.created) if entry is not None else (None, None)
+        for entry in clean_entries(entries):
+            if entry["id"] == entry_id:
+                return entry["settings"], entry["created"]
+        return None, None
+
+    def _file(self, user: str, entry_id: int, index: int, thumbnail: bool) -> Path | None:
+        """The owner-only route's lookup: `user`'s file, or None."""
+        try:
+            return self.store.path_of(user, entry_id, index, thumbnail)
+        except InvalidInput:
+            return None
+
+
+def public_root(request: gr.Request | None) -> str:
+    """The app's public URL (as the caller reached it: behind a proxy, the proxy's), without a trailing slash."""
+    from gradio import route_utils
+
+    http = getattr(request, "request", None)
+    if http is None:
+        return ""
+    try:
+        route = route_utils.get_api_call_path(request=http)
+    except ValueError:
+        route = http.url.path
+    app = http.scope.get("app")
+    return route_utils.get_root_url(request=http, route_path=route, root_path=getattr(app, "root_path", None))
+
+
+def _refuse(message: str):
+    def refuse(limit: int = 100, offset: int = 0) -> list:
+        """Without logins the server keeps no history (each visitor's stays in their browser)."""
+        raise gr.Error(message, title="History", print_exception=False)
+
+    return refuse
+
+
+def _whole(value: Any, name: str) -> int:
+    """An API number as a whole number (gradio_client sends floats for gr.Number)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidInput(f"The history {name} must be a whole number; got {str(value)[:40]!r}.")
+
+
+def _caption(settings: dict) -> str:
+    prompt = " ".join(str(settings.get("prompt", "")).split())
+    prompt = prompt if len(prompt) <= CAPTION_CHARS else prompt[: CAPTION_CHARS - 1] + "…"
+    return f"{prompt} · seed {settings.get('seed')}"
+
+
+def _summary(count: int) -> str:
+    if count == 0:
+        return "Nothing yet: every image you generate is kept here."
+    newest = f" (the newest {TAB_ENTRIES})" if count >= TAB_ENTRIES else ""
+    return f"{count} entr{'y' if count == 1 else 'ies'}{newest}"
+
+
+def _details(settings: dict, created: float | None) -> str:
+    """An entry's settings as a short list (Markdown; user text in code spans, so it is shown, never rendered)."""
+    when = datetime.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else ""
+    lines = [f"**{when}**"] if when else []
+    for key, label in (("prompt", "Prompt"), ("negative_prompt", "Negative prompt"), ("style", "Style")):
+        value = settings.get(key)
+        if value and value != DEFAULT_STYLE:
+            lines.append(f"- {label}: {_code(value)}")
+    lines.append(
+        f"- {settings.get('width')}×{settings.get('height')} · {settings.get('steps')} steps, "
+        f"{settings.get('sampler')} · guidance {settings.get('guidance_scale')} · seed {settings.get('seed')}"
+    )
+    extras = []
+    if settings.get("cfg_end") not in (None, 1, 1.0):
+        extras.append(f"CFG end {settings['cfg_end']:g}")
+    if settings.get("deepcache") not in (None, 1):
+        extras.append(f"DeepCache {settings['deepcache']}")
+    if settings.get("picture"):
+        extras.append(f"{settings['picture']}, strength {settings.get('strength')}")
+    for item in settings.get("loras") or []:
+        if isinstance(item, list | tuple) and item:
+            extras.append(f"LoRA {_code(item[0])} {item[1] if len(item) > 1 else ''}")
+    if extras:
+        lines.append("- " + " · ".join(extras))
+    return "\n".join(lines)
+
+
+def _code(text: object) -> str:
+    """`text` as an inline code span that no backtick in it can close."""
+    value = " ".join(str(text).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", value)), default=0) + 1)
+    return f"{fence} {value} {fence}"
