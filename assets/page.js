@@ -38,7 +38,8 @@
   });
   document.addEventListener("drop", (event) => {
     if (!carriesFile(event) || event.target.closest?.(pictureInputs)) return;
-    const input = document.querySelector("#settings-image input[type=file]");
+    // Gradio puts an upload button's file input beside the button (in the same row), not inside it.
+    const input = document.querySelector("#settings-image")?.parentElement?.querySelector("input[type=file]");
     const file = event.dataTransfer.files[0];
     if (!input || !file) return;
     event.preventDefault();

@@ -18,6 +18,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.request import LORA_TAG, Request
 
@@ -78,6 +79,8 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
                        ("seed", values.seed), ("width", values.width), ("height", values.height)):  # fmt: skip
         if value is not None:
             settings[key] = value
+    # This app writes the speed levers only when they are not off, and A1111 has none: absent means off.
+    settings.update(cfg_end=DEFAULT_CFG_END, deepcache=DEFAULT_DEEPCACHE)
     for key, name in (("cfg_end", "CFG end"), ("deepcache", "DeepCache"), ("strength", "Denoising strength")):
         value = values.extra.get(name)
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -328,6 +328,9 @@ class History:
             for event in generated:
                 event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden",
                               **shown)  # fmt: skip
+            # The tab follows the browser's list (a request finishing while it is open shows up at once).
+            ui.state.change(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], show_progress="hidden",
+                            **shown)  # fmt: skip
         ui.api.click(
             self.api if self.store is not None else _refuse(IN_BROWSER), inputs=[ui.limit, ui.offset],
             outputs=ui.listing, api_name="history",

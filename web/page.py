@@ -71,6 +71,7 @@ class Page:
     files: RunFiles  # this page's temporary files
     outbox: Outbox  # writes each run's gallery files and, in the background, its PNGs
     history: History  # past generations (the server's, the browser's, or none)
+    form: Form  # the fields settings fill back (History's "Use these settings", PNG Info)
 
     @property
     def local_url(self) -> str:
@@ -407,4 +408,4 @@ def build_page(
         if history_tab is not None:
             history.wire(history_tab, form, tabs, generated=[generated, *varied])
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
-    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history)
+    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history, form=form)

@@ -1,6 +1,5 @@
 """Per-user history: restarts, isolation between users, SIGKILL mid-write, concurrent requests, the cap."""
 
-import json
 import os
 import random
 import signal
@@ -16,11 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.host import images as image_io
 from pipeline.errors import InvalidInput
+from pipeline.host import images as image_io
 from web.history import DATABASE_NAME, REQUIRED_SETTINGS, HistoryLocked, HistoryStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def _settings(seed: int, **extra) -> dict:
@@ -285,16 +284,3 @@ def test_killed_at_random_moments_while_writing(tmp_path, request_files):
         committed |= hidden
         assert listed == sorted(committed, reverse=True)[:5]  # the newest five, whole, newest first
     assert len(committed) > 8  # the loop really was adding when killed
-
-
-def _moved_to_bench_measure_history_runs(tmp_path):
-    """The measuring script (scripts/measure_history.py) at a small scale: every figure is there."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "measure_history.py"), "--dir", str(tmp_path / "data"),
-         "--timed", "2", "--entries", "30", "--images", "2", "--size", "64"],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
-    figures = json.loads(result.stdout)
-    assert figures["count"] == 30 and figures["list_30"]["n"] == 30
-    for key in ("add_jpeg_durable", "add_png_fast", "list_50", "get", "path_of", "delete"):
-        assert figures[key]["median"] > 0

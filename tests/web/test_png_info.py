@@ -2,14 +2,15 @@
 
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
+from pipeline.errors import InvalidInput
 from pipeline.host import images as image_io
 from pipeline.host.plan import SAMPLER_NAMES
-from pipeline.errors import InvalidInput
 from web.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,
@@ -218,3 +219,96 @@ def _exif_comment(comment: bytes) -> bytes:
     tiff += struct.pack(">HHHII", 1, image_io.EXIF_IFD, 4, 1, sub_ifd) + struct.pack(">I", 0)
     tiff += struct.pack(">HHHII", 1, image_io.USER_COMMENT, 7, len(comment), data) + struct.pack(">I", 0)
     return b"Exif\x00\x00" + tiff + comment
+
+
+# ---- on the page: a dropped image fills the form -------------------------------------------------------------------
+
+from conftest import ARTIFACTS, TIMEOUT_MS, needs_chromium, open_advanced, served  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def png_info_page(ui_engine):
+    with served(ui_engine) as page:
+        yield page
+
+
+def _values(page, updates) -> dict:
+    """The form's updates as {field label: new value}, only the fields that change."""
+    labels = ["prompt", "negative", "style", "guidance", "seed", "randomize", "aspect", "steps", "sampler", "cfg_end",
+              "deepcache", *[f"lora{i}" for i in range(len(page.form.lora_rows))], "strength", "file"]  # fmt: skip
+    return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
+
+
+def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
+    from gradio_client import Client
+
+    client = Client(png_info_page.local_url, verbose=False, download_files=str(tmp_path))
+    gallery, _, _ = client.predict(
+        "a paper lantern at night", "smoke", seed=77, randomize_seed=False, steps=3, sampler="DPM++ 2M Karras",
+        guidance_scale=6.5, aspect_ratio="224×128 (16:9)", api_name="/generate_png",
+    )  # fmt: skip
+    values = _values(png_info_page, png_info_page.form.from_image(gallery[0]["image"]))
+    pickers = {f"lora{i}": "" if i % 2 == 0 else 1 for i in range(len(png_info_page.form.lora_rows))}  # cleared
+    assert values == {
+        "prompt": "a paper lantern at night", "negative": "smoke", "style": "No style", "guidance": 6.5, "seed": 77,
+        "randomize": False, "aspect": "224×128 (16:9)", "steps": 3, "sampler": "DPM++ 2M Karras", "cfg_end": 1.0,
+        "deepcache": 1, **pickers, "file": None,
+    }  # fmt: skip
+
+
+def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_path):
+    a1111 = _values(png_info_page, png_info_page.form.from_image(_png(tmp_path / "a.png", {"parameters": A1111_TEXT})))
+    assert a1111["prompt"].startswith("masterpiece, best quality") and "<lora:add_detail:0.6>" in a1111["prompt"]
+    assert a1111["negative"].startswith("lowres") and a1111["negative"].endswith("badhandv4")
+    assert (a1111["steps"], a1111["sampler"], a1111["guidance"], a1111["seed"]) == (30, "DPM++ 2M Karras", 6.5,
+                                                                                    3141592653)  # fmt: skip
+    assert a1111["strength"] == 0.35 and "aspect" not in a1111  # 832x1216 is not offered by this server
+    comfy = _png(tmp_path / "c.png", {"prompt": json.dumps(COMFY_PROMPT), "parameters": COMFY_TEXT})
+    values = _values(png_info_page, png_info_page.form.from_image(comfy))
+    assert (values["prompt"], values["seed"], values["sampler"]) == (
+        "cinematic photo of a lighthouse in a storm", 42, "DPM++ 2M Karras")
+
+
+def test_an_image_without_parameters_gets_one_sentence(png_info_page, tmp_path):
+    import gradio as gr
+
+    plain = tmp_path / "plain.jpg"
+    Image.fromarray(_pixels()).save(plain)
+    with pytest.raises(gr.Error) as caught:
+        png_info_page.form.from_image(str(plain))
+    assert caught.value.message == NO_PARAMETERS
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_dropping_an_image_on_the_page_fills_the_form(png_info_page, browser, tmp_path):
+    import base64
+
+    path = _png(tmp_path / "a1111.png", {"parameters": A1111_TEXT})
+    page = browser.new_page(viewport={"width": 1200, "height": 1000})
+    page.goto(png_info_page.local_url, timeout=TIMEOUT_MS)
+    open_advanced(page)
+    # Dropped onto the page (not on an input): assets/page.js hands it to the "Use an image's settings" button.
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    page.evaluate("""(data) => {
+        const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([bytes], "a1111.png", { type: "image/png" }));
+        const target = document.querySelector("#status") || document.body;
+        for (const type of ["dragover", "drop"]) {
+            target.dispatchEvent(new DragEvent(type, { dataTransfer: transfer, bubbles: true, cancelable: true }));
+        }
+    }""", data)  # fmt: skip
+    page.wait_for_function("() => document.querySelector('#prompt textarea').value.startsWith('masterpiece')",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+    assert page.locator("#steps input[type=number]").input_value() == "30"
+    assert page.locator("#seed input").input_value() == "3141592653"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "png-info-dropped.png"))
+    # A file without parameters: one sentence in a toast, the form unchanged.
+    plain = tmp_path / "plain.png"
+    Image.fromarray(_pixels()).save(plain)
+    page.locator("#vary-row input[type=file]").set_input_files(str(plain))
+    page.get_by_text(NO_PARAMETERS).wait_for(timeout=TIMEOUT_MS)
+    assert page.locator("#prompt textarea").input_value().startswith("masterpiece")
+    page.close()

@@ -1,0 +1,197 @@
+"""Past generations through the served page: per login on the server (/history, the owner-only file route, the
+History tab), across a restart, with a cap; in the visitor's own browser without logins.
+
+The store's own guarantees (kill mid-write, concurrent writers, the cap's files) are tested in
+test_history_store.py; here the page, the API and the browser.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import closing
+
+import httpx
+import pytest
+from conftest import ARTIFACTS, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from gradio_client import Client
+
+USERS = [("ann", "ann-secret"), ("bob", "bob-secret")]
+
+
+def _history_page(engine, data_dir, *, logins=True, max_entries=None):
+    from web.history_tab import History
+
+    history = History.for_server(data_dir, logins=logins, max_entries=max_entries)
+    return served(engine, auth=USERS if logins else None, history=history)
+
+
+def _signed_in(url: str, user: str, password: str) -> httpx.Client:
+    """An HTTP client holding `user`'s login cookie (what a browser holds)."""
+    client = httpx.Client(base_url=url, timeout=60)
+    assert client.post("login", data={"username": user, "password": password}).status_code == 200
+    return client
+
+
+def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, tmp_path):
+    data = tmp_path / "data"
+    with _history_page(ui_engine, data) as page:
+        ann, bob = (Client(page.local_url, auth=user, verbose=False) for user in USERS)
+        ann.predict("a lighthouse", seed=3, randomize_seed=False, steps=3, api_name="/generate")
+        ann.predict("a windmill", "fog", seed=4, randomize_seed=False, steps=2, guidance_scale=6,
+                    api_name="/generate_png")  # fmt: skip
+        bob.predict("a teapot", seed=9, randomize_seed=False, steps=2, api_name="/generate")
+        mine, theirs = ann.predict(api_name="/history"), bob.predict(api_name="/history")
+        assert [e["prompt"] for e in mine] == ["a windmill", "a lighthouse"]  # newest first
+        assert [e["prompt"] for e in theirs] == ["a teapot"]
+        newest = mine[0]
+        assert {k: newest[k] for k in ("negative_prompt", "seed", "steps", "sampler", "guidance_scale", "width",
+                                       "height")} == {"negative_prompt": "fog", "seed": 4, "steps": 2,  # fmt: skip
+                                                      "sampler": "Euler", "guidance_scale": 6.0, "width": 64,
+                                                      "height": 64}  # fmt: skip
+        assert newest["created"].endswith("Z") and len(newest["images"]) == ui_engine.num_images
+        # The files: ann's own with her login; a 404 for bob and for nobody, alike for an id that does not exist.
+        with closing(_signed_in(page.local_url, *USERS[0])) as ann_http, \
+                closing(_signed_in(page.local_url, *USERS[1])) as bob_http:
+            image = ann_http.get(newest["images"][0])
+            assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
+            assert b"parameters" in image.content and b"a windmill" in image.content  # the PNG with its settings
+            assert ann_http.get(newest["thumbnails"][0]).headers["content-type"] == "image/jpeg"
+            for url in (newest["images"][0], newest["thumbnails"][0]):
+                assert bob_http.get(url).status_code == 404
+                assert httpx.get(url).status_code == 404
+            missing = newest["images"][0].replace(f"/{newest['id']}/", "/999999/")
+            assert ann_http.get(missing).status_code == 404
+            # Gradio's own file route does not reach the data folder either.
+            assert ann_http.get(f"/gradio_api/file={data}/history.sqlite3").status_code in (403, 404)
+    # A restart on the same folder: everything is still there, still per login.
+    with _history_page(ui_engine, data) as page:
+        ann, bob = (Client(page.local_url, auth=user, verbose=False) for user in USERS)
+        assert [e["id"] for e in ann.predict(api_name="/history")] == [e["id"] for e in mine]
+        assert [e["prompt"] for e in bob.predict(api_name="/history")] == ["a teapot"]
+        with closing(_signed_in(page.local_url, *USERS[0])) as ann_http:
+            assert ann_http.get(ann.predict(api_name="/history")[0]["images"][1]).status_code == 200
+
+
+def test_the_cap_and_two_requests_finishing_together(ui_engine, tmp_path):
+    with _history_page(ui_engine, tmp_path / "data", max_entries=3) as page:
+        clients = [Client(page.local_url, auth=USERS[0], verbose=False) for _ in range(2)]
+        threads = [
+            threading.Thread(target=client.predict, args=(f"a kite {i}",), kwargs={"steps": 2, "api_name": "/generate"})
+            for i, client in enumerate(clients)
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        entries = clients[0].predict(api_name="/history")
+        assert sorted(e["prompt"] for e in entries) == ["a kite 0", "a kite 1"]  # both landed
+        for i in range(2, 5):
+            clients[0].predict(f"a kite {i}", steps=2, api_name="/generate")
+        entries = clients[0].predict(api_name="/history")
+        assert [e["prompt"] for e in entries] == ["a kite 4", "a kite 3", "a kite 2"]  # the oldest two pruned
+        store = page.history.store
+        folders = list((store.directory / "files").glob("*/*"))
+        assert len(folders) == 3  # their files went with them
+        assert clients[0].predict(limit=2, offset=1, api_name="/history")[0]["prompt"] == "a kite 3"
+
+
+def test_without_logins_the_server_keeps_nothing(ui_engine, tmp_path):
+    data = tmp_path / "data"
+    with _history_page(ui_engine, data, logins=False) as page:
+        client = Client(page.local_url, verbose=False)
+        client.predict("a lighthouse", steps=2, api_name="/generate")
+        with pytest.raises(Exception, match="keeps no history"):
+            client.predict(api_name="/history")
+    assert sorted(p.name for p in data.iterdir()) == ["browser-state-secret"]  # only the browsers' key
+
+
+def test_no_history_means_no_tab_and_no_endpoint(ui_page):
+    config = httpx.get(f"{ui_page.local_url}config").json()
+    assert all(c["props"].get("elem_id") != "history-tab" for c in config["components"])
+    assert "/history" not in Client(ui_page.local_url, verbose=False).view_api(print_info=False, return_format="dict")[
+        "named_endpoints"]  # fmt: skip
+
+
+# ---- in the browser -----------------------------------------------------------------------------------------------
+
+
+def _generate(page, prompt: str, steps: int) -> None:
+    set_steps(page, steps)
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#generate").click()
+    page.wait_for_function(f"() => document.querySelector('#status').innerText.includes('{steps} steps')",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+
+
+def _open_history(page, count: int) -> None:
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_function(f"() => document.querySelectorAll('#history-gallery img').length === {count}",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_history_tab_with_logins_use_and_delete(ui_engine, browser, tmp_path):
+    with _history_page(ui_engine, tmp_path / "data") as served_page:
+        page = browser.new_context(viewport={"width": 1200, "height": 1000}).new_page()
+        page.goto(served_page.local_url, timeout=TIMEOUT_MS)
+        page.locator("input").first.fill(USERS[0][0])
+        page.locator("input[type=password]").fill(USERS[0][1])
+        page.locator("button").filter(has_text="Login").click()
+        page.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
+        open_advanced(page)
+        _generate(page, "a kite over the dunes", 3)
+        _generate(page, "a blue house", 2)
+        _open_history(page, 2)
+        loads = page.evaluate("""async () => Promise.all([...document.querySelectorAll('#history-gallery img')]
+            .map(async (img) => { if (!img.complete) await new Promise((d) => { img.onload = img.onerror = d; });
+                                  return img.naturalWidth; }))""")  # fmt: skip
+        assert all(width > 0 for width in loads), loads  # the owner-only route serves this login's thumbnails
+        page.locator("#history-gallery img").nth(1).click()  # the older: the kite
+        page.locator("#history-details").get_by_text("a kite over the dunes").wait_for(timeout=TIMEOUT_MS)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "history-tab.png"), full_page=True)
+        page.locator("#history-use").click()
+        page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
+                               timeout=TIMEOUT_MS)  # fmt: skip
+        assert page.locator("#steps input[type=number]").input_value() == "3"
+        assert not page.locator("#randomize input").is_checked()  # the entry's seed is meant to be used
+        _open_history(page, 2)
+        page.locator("#history-gallery img").nth(0).click()
+        page.locator("#history-details").get_by_text("a blue house").wait_for(timeout=TIMEOUT_MS)
+        page.locator("#history-delete").click()
+        page.wait_for_function("() => document.querySelectorAll('#history-gallery img').length === 1",
+                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.locator("#history-delete-all").click()
+        page.locator("#history-delete-all-yes").click()
+        page.locator("#history-summary").get_by_text("Nothing yet").wait_for(timeout=TIMEOUT_MS)
+        assert served_page.history.store.count(USERS[0][0]) == 0
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_path):
+    with _history_page(ui_engine, tmp_path / "data", logins=False) as served_page:
+        context = browser.new_context(viewport={"width": 1200, "height": 1000})
+        page = context.new_page()
+        page.goto(served_page.local_url, timeout=TIMEOUT_MS)
+        open_advanced(page)
+        _generate(page, "a kite over the dunes", 3)
+        _generate(page, "a blue house", 2)
+        page.wait_for_function("() => (localStorage.getItem('sdxl-jax-history') || '').length > 1000",
+                               timeout=TIMEOUT_MS)  # fmt: skip
+        stored = page.evaluate("() => localStorage.getItem('sdxl-jax-history')")
+        assert "kite" not in stored  # encrypted with the server's key
+        _open_history(page, 2)
+        page.screenshot(path=str(ARTIFACTS / "history-in-browser.png"), full_page=True)
+        page.reload()
+        _open_history(page, 2)  # still there after a reload
+        other = browser.new_context().new_page()  # another visitor: nothing
+        other.goto(served_page.local_url, timeout=TIMEOUT_MS)
+        other.get_by_role("tab", name="History").click()
+        other.locator("#history-summary").get_by_text("Nothing yet").wait_for(timeout=TIMEOUT_MS)
+        page.locator("#history-gallery img").nth(1).click()
+        page.locator("#history-details").get_by_text("a kite over the dunes").wait_for(timeout=TIMEOUT_MS)
+        page.locator("#history-use").click()
+        page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
+                               timeout=TIMEOUT_MS)  # fmt: skip

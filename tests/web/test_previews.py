@@ -1,0 +1,99 @@
+"""Live previews: /generate streams the pictures forming every 2 steps (gradio_client's `job.outputs()`), its answer
+is unchanged, /generate_png and --no-previews send none, a stop puts the previous images back, and the page shows
+them in the gallery (Chromium, screenshot in artifacts/browser/).
+
+Against the page around the session's `ui_engine` (tiny model, progress on).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import ARTIFACTS, LONG, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+
+
+def _captions(output) -> list[str]:
+    gallery = output[0]
+    return [item.get("caption") or "" for item in gallery] if isinstance(gallery, list) else []
+
+
+def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
+    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, api_name="/generate")
+    gallery, seed, status = job.result()
+    outputs = job.outputs()
+    previews, answer = outputs[:-1], outputs[-1]
+    assert [_captions(p)[0].split(" · ")[0] for p in previews] == ["step 2 / 8", "step 4 / 8", "step 6 / 8"]
+    for preview in previews:
+        assert len(preview[0]) == ui_engine.num_images
+        assert all(caption.startswith("step ") for caption in _captions(preview))
+    assert seed == 11 and "8 steps" in status and len(gallery) == ui_engine.num_images
+    assert all(caption.startswith("seed ") for caption in _captions(answer))
+    # Not a preview in the answer: the same request through /generate_png streams nothing before its PNGs.
+    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8,
+                           api_name="/generate_png")  # fmt: skip
+    job.result()
+    assert len(job.outputs()) == 1
+
+
+def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_client):
+    job = ui_client.submit(prompt="a castle", steps=LONG, api_name="/generate")
+    deadline = time.monotonic() + 120
+    while len(job.outputs()) < 2:  # two previews in: the request is under way
+        assert not job.done() and time.monotonic() < deadline, "the request ended before it could be cancelled"
+        time.sleep(0.01)
+    job.cancel()
+    seen = [_captions(o)[0] for o in job.outputs()]
+    assert all(caption.endswith("· 64×64") and caption.startswith("step ") for caption in seen)
+    assert all(f" / {LONG} " in caption for caption in seen)
+    job = ui_client.submit(prompt="a castle", steps=6, api_name="/generate")
+    job.result()
+    assert [_captions(o)[0].split(" · ")[0] for o in job.outputs()[:-1]] == ["step 2 / 6", "step 4 / 6"]
+
+
+def test_no_previews_server_streams_only_the_answer(tiny_dir):
+    from gradio_client import Client
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(str(tiny_dir), height=64, width=64, steps=4, dtype="float32",
+                                          previews=False)  # fmt: skip
+    generator.warmup()
+    assert all(key.kind != "preview" for key in generator.program_keys())
+    with served(generator) as page:
+        client = Client(page.local_url, verbose=False)
+        job = client.submit(prompt="a red kite", steps=8, api_name="/generate")
+        job.result()
+        assert len(job.outputs()) == 1
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_page_shows_the_pictures_forming_and_a_stop_restores_the_last_images(ui_page, browser):
+    page = browser.new_page(viewport={"width": 1200, "height": 1000})
+    page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
+    open_advanced(page)
+    set_steps(page, 4)
+    page.locator("#prompt textarea").fill("a paper boat")
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("4 steps").wait_for(timeout=TIMEOUT_MS)
+    done = page.locator("#gallery").inner_text()
+    assert "seed " in done and "step " not in done
+    set_steps(page, LONG)
+    page.locator("#generate").click()
+    # A preview's caption: "step 2 / 100 · 64×64"; the images are visible (the progress overlay is see-through).
+    page.wait_for_function("() => /step \\d+ \\/ 100 ·/.test(document.querySelector('#gallery').innerText)",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+    shown = page.evaluate("""async () => Promise.all([...document.querySelectorAll('#gallery img')].map(async (img) => {
+        if (!img.complete) await new Promise((done) => { img.onload = img.onerror = done; });
+        return [img.naturalWidth, Math.round(img.getBoundingClientRect().width)];
+    }))""")
+    assert shown and all(natural > 0 and width >= 100 for natural, width in shown), shown  # upscaled to the cell
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "preview-forming.png"))
+    page.locator("#stop").click()
+    page.locator("#status").get_by_text("Stopped at step").wait_for(timeout=60_000)
+    page.wait_for_function("() => !/step \\d+ \\/ 100/.test(document.querySelector('#gallery').innerText)",
+                           timeout=60_000)  # fmt: skip
+    assert page.locator("#gallery").inner_text() == done  # the previous request's images and captions
+    page.close()
