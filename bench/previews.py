@@ -13,7 +13,10 @@ work per preview is timed apart:
 
 - the loop thread (`host/loop.py`): dispatching the program and `copy_to_host_async` right after the step that
   made D, then, once the step is done, `local_rows` (the uint8 pixels on the host) and `LatestPreview.put`. The
-  program's own run is timed apart (`device`): in the served loop it overlaps the next step, which is queued first;
+  wait from the dispatch's return until the result is ready is timed apart (`device`): in the served loop it
+  overlaps the next step, which is queued first. On XLA:CPU this small program has (nearly) always run by the time
+  the call returns (`device` ~0.01 ms), so there `dispatch` includes the program's run: an upper bound on the
+  dispatch of an asynchronous accelerator;
 - the page's generator thread (`web/handlers.py`): each of the 8 images as a JPEG (quality `PREVIEW_QUALITY`) and
   `RunFiles.content_file`, as `Handlers._preview_file` does; Gradio's own handling of the yielded gallery is not
   included.
@@ -115,7 +118,7 @@ class PreviewHostCost:
     repeats: int  # previews timed
     every: int  # a preview every this many steps (host/loop.PREVIEW_EVERY)
     dispatch: Millis  # loop thread: the preview program called + copy_to_host_async
-    device: Millis  # the program's run on these devices, until ready (overlaps the next step when served)
+    device: Millis  # after the dispatch returned, until the result is ready (overlaps the next step when served)
     local_rows: Millis  # loop thread: host/loop.local_rows (uint8 [B, h, w, 3] on the host)
     put: Millis  # loop thread: LatestPreview.put
     loop_thread: Millis  # dispatch + local_rows + put
@@ -276,7 +279,8 @@ def markdown(on_off: PreviewsOnOff | None, host: PreviewHostCost | None) -> list
             "| thread | work | ms per preview, median (p90) |",
             "|---|---|---|",
             f"| loop | preview program dispatch + `copy_to_host_async` | {host.dispatch.text(3)} |",
-            f"| (devices) | the program's run, overlapping the next step when served | {host.device.text(3)} |",
+            f"| (devices) | then until the result is ready (served: overlaps the next step; on CPU the run is "
+            f"mostly inside the dispatch above) | {host.device.text(3)} |",
             f"| loop | `local_rows` | {host.local_rows.text(3)} |",
             f"| loop | `LatestPreview.put` | {host.put.text(3)} |",
             f"| **loop** | **total** | **{host.loop_thread.text(3)}** |",
