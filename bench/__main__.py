@@ -6,6 +6,7 @@
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
+    python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -23,12 +24,18 @@ import warnings
 from pathlib import Path
 
 from .common import configure_platform
+from .features import LORA_FIXTURES
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize",
+    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history",
 )  # fmt: skip
-DEFAULT_PARTS = ("reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath")
+DEFAULT_PARTS = (
+    "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
+)  # fmt: skip
+#: Parts that run on the bench's shared engine (loaded and warmed up once, before the first of them).
+ENGINE_PARTS = {"reference", "app", "recompiles", "soak", "hostloop", "stop", "samplers", "img2img", "levers",
+                "previews", "history"}  # fmt: skip
 
 
 #: The bench's own defaults for the engine's options it takes (pipeline/options.py marks them BENCH): the tiny
@@ -52,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
     add("--out", default="bench-results", help="output directory (default bench-results/)")
     add("--only", default=",".join(DEFAULT_PARTS),
-        help=f"comma-separated parts of {', '.join(PARTS)} (default all but soak)")  # fmt: skip
+        help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")  # fmt: skip
     add("--clients", default="1,4,16", help="concurrency levels for the app part (default 1,4,16)")
     add("--requests-per-client", type=int, default=8, help="requests each client sends (default 8)")
     add("--max-requests", type=int, default=32,
@@ -63,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-text-flops", action="store_true", help="skip costing the SDXL text encoders in the flops part")
     add("--soak-requests", type=int, default=200, help="requests in the soak part (default 200)")
     add("--soak-clients", type=int, default=16, help="concurrent clients in the soak part (default 16)")
+    add("--feature-steps", type=int, default=20, help="steps per request in the levers and previews parts (default 20)")
+    add("--lora-fixtures", default=str(LORA_FIXTURES), metavar="DIR",
+        help="LoRA directory of the lora part's own engine (default tests/fixtures/lora; the other parts' engine "
+        "offers none)")  # fmt: skip
+    add("--lora-rounds", type=int, default=10, help="rounds of LoRA sets A, A, B, B, none (default 10)")
+    add("--preview-size", type=int, default=1024,
+        help="image side of the previews part's synthetic host cost, a multiple of 8 (default 1024)")  # fmt: skip
+    add("--history-adds", type=int, default=20, help="timed adds per kind in the history part (default 20)")
+    add("--history-entries", type=int, default=1000, help="one user's entries when listing (20..1000, default 1000)")
+    add("--history-size", type=int, default=1024, help="image side of the history part's added requests (default 1024)")
+    add("--history-calls", type=int, default=20, help="timed /history calls in the history part (default 20)")
     return parser
 
 
@@ -89,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--clients takes comma-separated whole numbers, e.g. 1,4,16")
     if args.runs < 1 or any(c < 1 for c in args.client_counts) or args.requests_per_client < 1:
         parser.error("--runs, --clients and --requests-per-client must be at least 1")
+    counts = ("feature_steps", "lora_rounds", "history_adds", "history_entries", "history_size", "history_calls")
+    if any(getattr(args, name) < 1 for name in counts):
+        parser.error("--feature-steps, --lora-rounds and the --history-* numbers must be at least 1")
+    if args.history_entries > 1000 or args.history_entries < 20:
+        parser.error("--history-entries must be from 20 (the deletes timed) to 1000 (one /history page)")
+    if args.preview_size < 8 or args.preview_size % 8:
+        parser.error("--preview-size must be a positive multiple of 8")
     return args
 
 
@@ -111,7 +136,7 @@ def run(args: argparse.Namespace) -> dict:
              f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
              f"parts: {', '.join(args.parts)}")  # fmt: skip
     generator = None
-    if {"reference", "app", "recompiles", "soak", "hostloop", "stop", "samplers"} & set(args.parts):
+    if ENGINE_PARTS & set(args.parts):
         from pipeline.generator import Generator
 
         progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
@@ -206,6 +231,37 @@ def run(args: argparse.Namespace) -> dict:
 
         progress("fullsize: /generate vs /generate_png at 1024² through gradio_client (tiny checkpoint) ...")
         results["fullsize"] = full_size(model=args.model, runs=min(args.runs, 5), dtype=args.dtype)  # ~20 s a call
+    if "lora" in args.parts:
+        from .features import lora_switching
+
+        progress(f"lora: merge compile, then {args.lora_rounds} rounds of LoRA sets A, A, B, B, none ...")
+        results["lora"] = lora_switching(args.config, args.lora_rounds, args.lora_fixtures)
+    if "img2img" in args.parts:
+        from .features import image_inputs_cost
+
+        progress(f"img2img: text to image vs image to image (0.5, 1.0) vs inpainting ({args.runs} runs) ...")
+        results["img2img"] = image_inputs_cost(generator, args.runs)
+    if "levers" in args.parts:
+        from .features import speed_levers
+
+        progress(f"levers: cfg_end x deepcache at {args.feature_steps} steps ({args.runs} runs) ...")
+        results["levers"] = speed_levers(generator, args.feature_steps, args.runs)
+    if "previews" in args.parts:
+        from .previews import preview_host_cost, previews_on_off
+
+        progress(f"previews: engine with vs without previews at {args.feature_steps} steps ({args.runs} runs) ...")
+        results["previews"] = previews_on_off(generator, args.feature_steps, args.runs)
+        progress(f"previews: host work per preview at {args.preview_size}², synthetic ...")
+        results["preview_host"] = preview_host_cost(args.preview_size)
+    if "history" in args.parts:
+        from .history import history_cost
+
+        progress(f"history: the store ({args.history_adds} adds per kind, {args.history_entries} entries), then "
+                 f"/history ({args.history_calls} calls) ...")  # fmt: skip
+        results["history"] = history_cost(
+            generator, adds=args.history_adds, entries=args.history_entries, size=args.history_size,
+            calls=args.history_calls,
+        )  # fmt: skip
     results["bench_s"] = time.perf_counter() - started
     return results
 

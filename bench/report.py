@@ -263,6 +263,18 @@ def markdown(results: dict) -> str:
         from .fullsize import markdown as fullsize_markdown
 
         lines += fullsize_markdown(results.get("hostpath"), results.get("fullsize"))
+    if any(results.get(part) is not None for part in ("lora", "img2img", "levers")):
+        from .features import markdown as features_markdown
+
+        lines += features_markdown(results.get("lora"), results.get("img2img"), results.get("levers"))
+    if results.get("previews") is not None or results.get("preview_host") is not None:
+        from .previews import markdown as previews_markdown
+
+        lines += previews_markdown(results.get("previews"), results.get("preview_host"))
+    if results.get("history") is not None:
+        from .history import markdown as history_markdown
+
+        lines += history_markdown(results["history"])
     return "\n".join(lines)
 
 

@@ -147,3 +147,112 @@ def test_bench_hostloop_part_measures_both_loops(engine):
     result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
     assert result.host_loop_call.median > 0 and result.fused_call.median > 0
     assert result.compiles_while_timing == 0 and result.steps == 3
+
+
+# ---- the feature parts: lora, img2img, levers, previews, history (one `python -m bench` at its smallest) -------------
+
+FEATURE_PARTS = ("lora", "img2img", "levers", "previews", "history")
+FEATURE_STEPS = 4  # levers and previews: cfg_end 0.5 and deepcache 2/3 differ, and one preview comes (at step 2)
+
+
+@pytest.fixture(scope="module")
+def feature_results(tmp_path_factory) -> dict:
+    """results.json of `python -m bench --only lora,img2img,levers,previews,history` at a tiny scale."""
+    out = tmp_path_factory.mktemp("bench-features")
+    command = [
+        sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
+        "--steps", str(TEST_STEPS), "--runs", "1", "--only", ",".join(FEATURE_PARTS), "--lora-rounds", "1",
+        "--feature-steps", str(FEATURE_STEPS), "--preview-size", "256", "--history-adds", "1",
+        "--history-entries", "20", "--history-size", "128", "--history-calls", "2", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    results["markdown"] = (out / "results.md").read_text()
+    return results
+
+
+def timed_ok(stats: dict, n: int) -> bool:
+    """A Millis summary of `n` positive measurements."""
+    return stats["n"] == n and 0 < stats["min"] <= stats["median"] <= stats["p90"] <= stats["max"]
+
+
+@pytest.mark.slow
+def test_bench_lora_part(feature_results):
+    lora = feature_results["lora"]
+    assert len(lora["offered"]) >= 2 and "corrupt" not in lora["offered"]  # the fixtures the engine accepts
+    assert lora["set_a"] != lora["set_b"] and lora["kernels"] > 0 and lora["rank"] >= 1 and lora["slot_mb"] > 0
+    assert positive(lora["merge_lower_s"]) and positive(lora["merge_compile_s"]) and timed_ok(lora["merge_alone"], 2)
+    assert timed_ok(lora["switch_request"], 2) and timed_ok(lora["same_request"], 2)
+    assert timed_ok(lora["no_lora_request"], 1) and lora["compiles_while_timing"] == 0
+    assert lora["switch_cost_ms"] == pytest.approx(lora["switch_request"]["median"] - lora["same_request"]["median"])
+    assert "## LoRA sets" in feature_results["markdown"]
+
+
+@pytest.mark.slow
+def test_bench_img2img_part(feature_results):
+    images = feature_results["img2img"]
+    kinds = {kind["name"]: kind for kind in images["kinds"]}
+    assert list(kinds) == ["txt2img", "img2img 0.5", "img2img 1.0", "inpainting 1.0"]
+    assert [kind["steps_run"] for kind in kinds.values()] == [TEST_STEPS, TEST_STEPS // 2, TEST_STEPS, TEST_STEPS]
+    assert kinds["inpainting 1.0"]["mask"] and not kinds["img2img 1.0"]["mask"]
+    assert all(timed_ok(kind["generate"], 1) and timed_ok(kind["parse"], 1) for kind in kinds.values())
+    assert kinds["txt2img"]["vs_txt2img"] == 1 and images["compiles_while_timing"] == 0
+    assert "## Image inputs" in feature_results["markdown"]
+
+
+@pytest.mark.slow
+def test_bench_levers_part(feature_results):
+    levers = feature_results["levers"]
+    rows = {(row["cfg_end"], row["deepcache"]): row for row in levers["rows"]}
+    assert list(rows) == [(1.0, 1), (1.0, 2), (1.0, 3), (0.5, 1), (0.5, 2), (0.5, 3)]
+    # speed_plan at 4 steps: guidance on ⌈0.5 × 4⌉ = 2 steps; the whole UNet on steps 0, 2 (N=2) and 0, 3 (N=3)
+    assert [(row["guided_steps"], row["whole_unet_steps"]) for row in rows.values()] == [
+        (4, 4), (4, 2), (4, 2), (2, 4), (2, 2), (2, 2)
+    ]  # fmt: skip
+    assert all(timed_ok(row["request"], 1) for row in rows.values()) and rows[(1.0, 1)]["vs_default"] == 1
+    assert levers["steps"] == FEATURE_STEPS and levers["compiles_while_timing"] == 0
+    assert "CPU ratios are not TPU ratios" in levers["note"] and "## Speed levers" in feature_results["markdown"]
+
+
+@pytest.mark.slow
+def test_bench_previews_part(feature_results):
+    on_off = feature_results["previews"]
+    assert on_off["previews_per_request"] == 1 and on_off["compiles_while_timing"] == 0  # 4 steps: one, at step 2
+    assert timed_ok(on_off["with_previews"], 1) and timed_ok(on_off["without_previews"], 1)
+    host = feature_results["preview_host"]
+    assert host["size"] == 256 and host["latents_shape"] == [8, 4, 32, 32] and host["devices"] == 8
+    assert host["every"] == 2 and host["jpeg_quality"] == 85 and positive(host["jpeg_kb"])
+    for name in ("dispatch", "local_rows", "put", "loop_thread", "jpeg", "content_files", "page_thread"):
+        assert timed_ok(host[name], host["repeats"]), name
+    assert host["host_ms_per_step"] == pytest.approx(host["loop_thread_ms_per_step"] + host["page_thread_ms_per_step"])
+    assert host["page_thread_ms_per_step"] == pytest.approx(host["page_thread"]["median"] / 2)
+    assert host["v5e_step_ms"] == {} and host["share_of_v5e_step"] == {}  # shares at 1024² only
+    assert "host work per preview at 256²" in feature_results["markdown"]
+
+
+def test_bench_previews_v5e_steps_come_from_the_tpu_results():
+    """The v5e step the 1024² share is taken of is the recorded roofline of the served step program, not a guess."""
+    from bench.previews import TPU_RESULTS, v5e_steps
+
+    steps, source = v5e_steps()
+    programs = json.loads(TPU_RESULTS.read_text())["programs"]
+    splash = {p["cfg"]: p["roofline_s"] * 1000 for p in programs
+              if (p["kind"], p["size"], p["attention"]) == ("step", "1024x1024", "splash")}  # fmt: skip
+    assert list(steps.values()) == [splash[True], splash[False]] and "tpu.json" in source
+    assert v5e_steps(TPU_RESULTS.with_name("absent.json"))[0] == {}
+
+
+@pytest.mark.slow
+def test_bench_history_part(feature_results):
+    history = feature_results["history"]
+    assert history["entries"] == 20 and history["image_size"] == 128 and history["images_per_request"] == 4
+    kinds = ("jpeg", "png", "png_thumbs_from_memory", "png_thumbs_from_jpeg")
+    assert set(history["add"]) == {f"{kind}_{sync}" for kind in kinds for sync in ("durable", "fast")}
+    assert all(timed_ok(stats, 1) for stats in history["add"].values())
+    assert timed_ok(history["list_50"], 30) and timed_ok(history["list_all"], 30) and timed_ok(history["delete"], 20)
+    assert timed_ok(history["get"], 200) and timed_ok(history["path_of"], 200) and positive(history["answer_kb"])
+    assert history["file_kb"]["png"] > history["file_kb"]["jpeg"] > 0
+    endpoint = history["endpoint"]  # /history through gradio_client, logged in
+    assert endpoint["entries_returned"] == 20 and timed_ok(endpoint["per_call"], 2) and positive(endpoint["answer_kb"])
+    assert "## Server history" in feature_results["markdown"]
