@@ -5,7 +5,7 @@ With logins (`--auth`), every finished request goes to the server's store (web/h
 the images come from an owner-only route (web/history_files.py). Without logins, a visitor's history lives in their
 own browser (Gradio's BrowserState, web/browser_history.py) and the server keeps nothing.
 
-    history = History.open(store, browser=False, outbox=outbox)     # or History.off()
+    history = History.for_server(data_dir, logins=True, max_entries=500)   # or History.off()
     handlers = Handlers(..., on_finished=history.keep)               # every delivered request
     state = history.state()                                           # at the page's top level
     tab = history.layout(state)                                       # inside the page's gr.Tabs

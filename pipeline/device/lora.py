@@ -54,8 +54,8 @@ class MergeLayout:
 
     @classmethod
     def from_loras(cls, loras: Sequence, shapes: Mapping[LeafPath, tuple[int, ...]], slots: int = SLOTS) -> MergeLayout:
-        """The layout for `loras` (objects with `.layers: {leaf: layer with .rank}`, e.g. lora_files.LoraFile);
-        `shapes` maps each kernel to its Flax shape (lora_files.LoraTargets.shapes)."""
+        """The layout for `loras` (objects with `.layers: {leaf: layer with .rank}`, e.g. checkpoint/lora.py's
+        LoraFile); `shapes` maps each kernel to its Flax shape (checkpoint/lora.py's LoraTargets.shapes)."""
         leaves = sorted({leaf for lora in loras for leaf in lora.layers}, key=_leaf_order)
         rank = max((layer.rank for lora in loras for layer in lora.layers.values()), default=1)
         return cls(leaves=tuple(leaves), shapes=tuple(tuple(shapes[leaf]) for leaf in leaves), rank=rank, slots=slots)

@@ -1,7 +1,7 @@
 """The LoRAs a server offers, and the set merged into the served weights: merged again only when a request asks for
 another set, restored bit for bit when it asks for none.
 
-    sets = LoraSets(files, programs, params, put)   # at start-up: the layout, each file packed once on the host
+    sets = LoraSets(files, layout, programs, params, put)   # at start-up: each file packed once on the host
     params = sets.params_for(request.loras)         # per request, on the device lock: the weights to run with
 
 A change runs the compiled merge program (`ProgramKey("merge")`, device/lora.py) on the unmerged kernels, kept
