@@ -253,6 +253,8 @@ class Generator:
             compiled_at = time.perf_counter()
             self.programs.compile(key)
             logger.info("compiled %s in %.1f s", key.label, time.perf_counter() - compiled_at)
+        if self.loras is not None:
+            self.loras.prepare()
         timings = {"compile_s": time.perf_counter() - started, "first_run_s": 0.0}
         for height, width in self.sizes:
             started = time.perf_counter()

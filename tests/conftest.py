@@ -80,6 +80,43 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
     return run_python("-m", "pipeline", *args, env=env, timeout=timeout)
 
 
+#: The LoRA fixtures a server accepts (tests/fixtures/lora, scripts/make_lora_fixtures.py), by name, and two it
+#: refuses at start-up (it starts without them).
+LORA_NAMES = ("kohya_diffusers", "kohya_sgm", "locon", "peft")
+LORA_REFUSED = ("dora", "sd15")
+#: The PyTorch fixtures' checkpoint (scripts/make_torch_fixtures.py): every reference image was made from it.
+TINY_PT = FIXTURES / "tiny-pt"
+#: Devices of the feature engine: two images per request are enough to see each image's own seed.
+FEATURE_DEVICES = 2
+
+
+@pytest.fixture(scope="session")
+def lora_dir(tmp_path_factory) -> Path:
+    """A --lora-dir with the accepted LoRA fixtures and two refused ones."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("loras")
+    for name in LORA_NAMES + LORA_REFUSED:
+        shutil.copy(FIXTURES / "lora" / f"{name}.safetensors", directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def feature_engine(lora_dir):
+    """tiny-pt on 2 devices at 64x64 with the fixture LoRAs and the speed levers (the default), warmed up: the engine
+    the LoRA, picture and speed-lever references run through, and the page of the feature tests serves."""
+    import jax
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32",
+        devices=jax.devices()[:FEATURE_DEVICES], lora_dir=str(lora_dir),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
 #: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
 UI_SIZES = [(TEST_SIZE, TEST_SIZE), (128, 224)]
 #: Enough steps to watch a progress bar move.

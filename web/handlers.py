@@ -32,6 +32,7 @@ from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_requ
 from pipeline.styles import DEFAULT_STYLE
 
 from .delivery import Outbox
+from .examples import ExampleCache
 from .files import RunFiles
 from .prompt_filter import PromptFilter
 from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
@@ -137,12 +138,25 @@ class Handlers:
 
     def example(self, seeds: dict[str, int], first_seed: int):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;
-        "Randomize seed" stays as the visitor left it."""
+        "Randomize seed" stays as the visitor left it. An example's finished answer is kept (web/examples.py): the
+        next click on it, from anyone, shows those images without generating."""
         generate = self.endpoint()
+        cache = ExampleCache(self.files.root / "examples")
 
-        def generate_example(text, negative_text, style_name, scale, ratio, progress=gr.Progress()):  # noqa: B008
-            yield from generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
-                                progress=progress)  # fmt: skip
+        def generate_example(
+            text, negative_text, style_name, scale, ratio,
+            request: gr.Request = None, progress=gr.Progress(),  # noqa: B008
+        ):  # fmt: skip
+            key = (text, negative_text, style_name, scale, ratio)
+            if (kept := cache.get(key)) is not None:
+                yield kept
+                return
+            answer = None
+            for answer in generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
+                                   request=request, progress=progress):  # fmt: skip
+                yield answer
+            if answer is not None and isinstance(answer[1], int):  # finished (previews and a Stop skip the seed)
+                cache.keep(key, answer)
 
         return generate_example
 

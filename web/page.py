@@ -310,20 +310,15 @@ def build_page(
                             gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
                     inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end,
                               deepcache, loras, init_image, mask_image, strength]  # the API's parameters  # fmt: skip
+                    # An example fills the prompt and the settings; its seed is fixed: its kept images are honest.
                     example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-                    examples_block = gr.Examples(
-                        # An example fills the prompt and the settings; its seed is fixed: its cached images are honest.
-                        examples=[[text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0]] for text in examples],
-                        example_labels=list(examples),
-                        inputs=[prompt, negative, style, guidance, aspect],
-                        outputs=[gallery, seed, status],
-                        fn=handlers.example(example_seeds, EXAMPLE_SEED_START),
-                        cache_examples=True,
-                        cache_mode="lazy",  # computed on first click, so start-up is not slowed
-                        preprocess=False,  # the same raw payloads and validation as the Generate button
-                        label="Examples",
-                        elem_id="examples",
-                    )
+                    with gr.Column(visible=bool(examples), elem_id="examples"):
+                        gr.Markdown("Examples", elem_classes=["examples-label"])
+                        with gr.Row(elem_classes=["example-buttons"]):
+                            example_buttons = [
+                                gr.Button(text, size="sm", variant="secondary", elem_classes=["example"])
+                                for text in examples
+                            ]  # fmt: skip
                 history_tab = history.layout(history_state)  # None when the server keeps no history
             gr.Markdown(footer, elem_id="footer")
 
@@ -384,11 +379,26 @@ def build_page(
             triggers=[row.change for row in lora_rows], fn=handlers.picked_loras, inputs=lora_rows, outputs=loras,
             queue=False, api_visibility="private",
         )  # fmt: skip
-        # An example's images come from the examples' cache: the PNG list of the last request no longer matches them.
-        examples_block.load_input_event.then(
-            fn=lambda: gr.update(value=None, visible=False), inputs=None, outputs=pngs, queue=False,
-            api_visibility="private",
-        )  # fmt: skip
+        # An example (web/examples.py): its settings into the form, then its images (kept after its first click) with
+        # the PNG list of the last request hidden (it no longer matches them).
+        example_fields = [prompt, negative, style, guidance, aspect]
+        run_example = handlers.example(example_seeds, EXAMPLE_SEED_START)
+
+        def example_settings(text: str):
+            return lambda: (text, "", DEFAULT_STYLE, rules.guidance_scale, size_labels[0])
+
+        for text, button in zip(examples, example_buttons, strict=True):
+            button.click(
+                fn=example_settings(text), inputs=None,
+                outputs=example_fields, queue=False, api_visibility="private",
+            ).then(
+                fn=lambda: gr.update(value=None, visible=False), inputs=None, outputs=pngs, queue=False,
+                api_visibility="private",
+            ).then(
+                fn=run_example, inputs=example_fields, outputs=[gallery, seed, status], preprocess=False,
+                concurrency_limit=GENERATE_CONCURRENCY, concurrency_id="generate", show_progress="full",
+                show_progress_on=[gallery], api_visibility="private",
+            )  # fmt: skip
         # Not queued: it must run while this session's generation holds the queue.
         stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
         png_api.click(

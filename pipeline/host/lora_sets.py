@@ -65,6 +65,12 @@ class LoraSets:
         """A1111's `Lora hashes` value for `choice` ("" for none)."""
         return lora_hashes_field([(name, self.files[name].short_hash) for name, _, _ in choice])
 
+    def prepare(self) -> None:
+        """Make the first merge's `previous` buffers now (at warm-up): on several processes a copy of a global array
+        is a small program per kernel shape, which a request must never be the first to compile."""
+        if self._merged is None:
+            self._merged = MergeProgram.copies(self._originals)
+
     def params_for(self, choice: LoraChoice) -> dict:
         """The weights a request with `choice` runs with (merging only when the set or a weight changed)."""
         choice = tuple(choice)
@@ -77,7 +83,8 @@ class LoraSets:
             self.current, self._served = (), self._base
             return self._served
         merge = self._programs.compile(ProgramKey("merge"))
-        previous = self._merged if self._merged is not None else MergeProgram.copies(self._originals)
+        self.prepare()
+        previous = self._merged
         slots = [self._slot(name) for name, _, _ in choice]
         slots += [self._slot(None)] * (self.layout.slots - len(slots))
         (weights,) = self._put([slot_weights(self.layout, [(te, unet) for _, te, unet in choice])])

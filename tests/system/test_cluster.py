@@ -1,8 +1,9 @@
 """Two processes x 4 virtual CPU devices on loopback, as on a multi-host slice: `jax.distributed` with gloo.
 
 Each test launches real processes (the CLI and app.py, as users run them on every host) and checks what the issue
-asks: the 8 images of one request equal those of one process with 8 devices; no recompiles on any process; STOP on
-shutdown; a follower that dies or never joins makes the leader exit with one line within a bound.
+asks: the 8 images of one request equal those of one process with 8 devices (LoRAs, a picture and the speed levers
+too); no recompiles on any process; STOP on shutdown; a follower that dies or never joins makes the leader exit with
+one line within a bound.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, TEST_SIZE, TEST_STEPS, free_port, generate
-from gradio_client import Client
+from conftest import FIXTURES, REPO, TEST_SIZE, TEST_STEPS, free_port, generate
+from gradio_client import Client, handle_file
 from PIL import Image
 
 PROMPT, NEGATIVE, SEED, GUIDANCE = "a lighthouse at dusk", "fog", 1234, 6.5
@@ -236,3 +237,62 @@ def test_inconsistent_cluster_flags_are_one_line(tiny_dir, tmp_path, args):
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "--" in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+# ---- LoRAs, a picture and the speed levers on two processes (issues 27, 28, 29) ------------------------------------
+
+#: One request per feature, and all of them at once: what the leader sends its follower as data.
+FEATURE_REQUESTS = {
+    "loras": {"prompt": f"{PROMPT} <lora:kohya_sgm:0.8>", "loras": [["peft", 0.5, 1.2]]},
+    "picture": {"init_image": FIXTURES / "image-input.png", "mask_image": FIXTURES / "image-mask.png",
+                "strength": 0.75, "steps": 4},
+    "levers": {"cfg_end": 0.5, "deepcache": 2, "steps": 4, "sampler": "DPM++ 2M"},
+    "all": {"prompt": f"{PROMPT} <lora:locon:-0.6>", "init_image": FIXTURES / "image-input.png", "strength": 0.5,
+            "cfg_end": 0.5, "deepcache": 3, "steps": 6},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def feature_reference(tiny_dir, lora_dir):
+    """One process with 8 devices and the fixture LoRAs: what two processes of 4 must give."""
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", lora_dir=str(lora_dir)
+    )
+    generator.warmup()
+    return generator
+
+
+def test_loras_picture_and_levers_on_two_processes_give_the_eight_images_of_one(
+    tiny_dir, lora_dir, tmp_path, feature_reference, procs
+):
+    """The app leads, the CLI follows, both with --lora-dir: each request reaches the follower whole (LoRA set,
+    picture and mask as PNG bytes, levers), both merge the same LoRAs, and the 8 images are one process's."""
+    port, web_port = free_port(), free_port()
+    leader = Proc([*app_command(tiny_dir, web_port, port, 0), "--lora-dir", str(lora_dir)])
+    procs.append(leader)
+    follower = Proc([*cli(tiny_dir, tmp_path / "follower", port, 1), "--lora-dir", str(lora_dir)])
+    procs.append(follower)
+    assert leader.wait_for("Running on", timeout=400), leader.output + follower.output
+    client = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=str(tmp_path / "downloads"))
+    for name, fields in FEATURE_REQUESTS.items():
+        prompt = fields.get("prompt", PROMPT)
+        rest = {k: v for k, v in fields.items() if k != "prompt"}
+        sent = {k: handle_file(v) if k.endswith("_image") else v for k, v in rest.items()}
+        gallery, seed, status = client.predict(
+            prompt, NEGATIVE, "No style", GUIDANCE, SEED, False, **sent, api_name="/generate_png"
+        )
+        assert seed == SEED and status.startswith("8 images"), (name, status)
+        request = feature_reference.request(prompt, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=SEED,
+                                            **rest)  # fmt: skip
+        expected = np.stack([np.asarray(image) for image in feature_reference.generate(request).images])
+        assert_same_pixels(pixels_of([item["image"] for item in gallery]), expected)
+    leader.popen.send_signal(signal.SIGTERM)
+    assert leader.finish(timeout=60) == 0, leader.output
+    assert follower.finish(timeout=60) == 0, follower.output
+    assert "Traceback" not in leader.output and "Traceback" not in follower.output
+    summary = follower_summary(follower)
+    assert (summary["process"], summary["requests"]) == (1, len(FEATURE_REQUESTS))
+    # LoraSets.prepare at warm-up: a request never compiles the first merge's copies (several processes)
+    assert summary["compiles_after_warmup"] == 0
