@@ -184,6 +184,17 @@ def train_sigmas(config: SamplerConfig) -> np.ndarray:
     return (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).astype(np.float32)
 
 
+def trailing_timesteps(n: int, steps: int) -> np.ndarray:
+    """`steps` timesteps n - 1, n - 1 - n/steps, ... ("trailing" spacing), int64 [steps].
+
+    diffusers writes `np.arange(n, 0, -n / steps).round() - 1`, the same values, except that the float stop can let
+    one more, near-zero timestep in (-1 after the shift: 62 timesteps for 61 steps at n = 1000; also 103, 121, 122
+    steps): it then runs a step more than asked, at a timestep outside the training range. Here: the steps asked.
+    """
+    delta = (n - n / steps) - n  # what np.arange steps by (its second value less its first), rounding included
+    return (n + np.arange(steps) * delta).round().astype(np.int64) - 1
+
+
 def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
     """Timesteps and sigmas as `EulerDiscreteScheduler.set_timesteps` (PyTorch) computes them for `config`."""
     _check_steps(config, steps)
@@ -195,9 +206,7 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
         timesteps = (np.arange(0, steps) * step_ratio).round()[::-1].copy().astype(np.float32)
         timesteps += config.steps_offset
     else:  # trailing
-        step_ratio = n / steps
-        timesteps = np.arange(n, 0, -step_ratio).round().copy().astype(np.float32)
-        timesteps -= 1
+        timesteps = trailing_timesteps(n, steps).astype(np.float32)
     table = train_sigmas(config)
     sigmas = np.interp(timesteps, np.arange(0, len(table)), table)
     sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
@@ -252,7 +261,7 @@ def dpm_schedule(config: SamplerConfig, steps: int, karras: bool) -> tuple[np.nd
         timesteps = (np.arange(0, steps + 1) * step_ratio).round()[::-1][:-1].copy().astype(np.int64)
         timesteps += config.steps_offset
     else:  # trailing
-        timesteps = np.arange(n, 0, -n / steps).round().copy().astype(np.int64) - 1
+        timesteps = trailing_timesteps(n, steps)
     table = train_sigmas(config)  # float32 [T]
     log_table = np.log(table)
     if karras:

@@ -14,7 +14,7 @@ from conftest import FIXTURES
 from bench.fused import ancestral_step, euler_step
 from pipeline.device.sampler_update import scale_model_input
 from pipeline.errors import InvalidInput
-from pipeline.host.plan import SAMPLER_NAMES, SamplerConfig
+from pipeline.host.plan import SAMPLER_NAMES, SamplerConfig, trailing_timesteps
 
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
 
@@ -133,6 +133,25 @@ def test_plans_for_every_sampler_and_step_count():
         config.plan(4, "LMS")
     with pytest.raises(InvalidInput, match="Steps must be between 1 and 1000; got 0"):
         config.plan(0, "Euler")
+
+
+def test_trailing_spacing_runs_the_steps_asked_for_every_count():
+    """"trailing" timesteps are diffusers' np.arange ones, rounding included; where that arange lets in one more
+    timestep (-1: 61, 103, 121, 122 of 1000), the plan still has the steps asked, never a step outside training."""
+    config = SamplerConfig(timestep_spacing="trailing")
+    longer = []
+    for steps in range(1, 1001):
+        ours = trailing_timesteps(1000, steps)
+        theirs = np.arange(1000, 0, -1000 / steps).round().astype(np.int64) - 1  # diffusers' set_timesteps
+        np.testing.assert_array_equal(ours, theirs[:steps])
+        if len(theirs) > steps:
+            longer.append(steps)
+            assert theirs[-1] == -1
+        assert ours.min() >= 0 and ours.max() == 999
+    assert longer[:4] == [61, 103, 121, 122]
+    for name in SAMPLER_NAMES:
+        for steps in longer[:4]:
+            assert config.plan(steps, name).coefficients.shape == (steps, 6)
 
 
 # ---- images against diffusers' PyTorch pipeline (tests/fixtures/tiny-pt, shared with the checkpoint loader) ------
