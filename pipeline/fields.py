@@ -178,18 +178,28 @@ def check_choice(value: object, choices: Iterable[str], field: str) -> str:
 
 def check_size(value: object, sizes: Sequence[Size]) -> Size:
     """The (height, width) a user chose as text: 'WxH', optionally followed by a label in brackets (the page's
-    '1344×768 (16:9)'); None or "" means the first (default) size."""
+    '1344×768 (16:9)'), or a ratio 'W:H' (the offered size of that shape, within 10%: '16:9' is 1344×768 for SDXL
+    and 224×128 for the tiny model, so one call works on both); None or "" means the first (default) size."""
     if value is None or value == "":
         return tuple(sizes[0])
     if isinstance(value, str):
         match = re.fullmatch(r"\s*(\d{1,5})\s*[x×]\s*(\d{1,5})\s*(\(.*\))?\s*", value)
         if match and (int(match[2]), int(match[1])) in [tuple(s) for s in sizes]:
             return (int(match[2]), int(match[1]))
+        ratio = re.fullmatch(r"\s*(\d{1,3})\s*:\s*(\d{1,3})\s*", value)
+        if ratio and int(ratio[1]) and int(ratio[2]):
+            def off(size: Size) -> float:  # how far a size's shape is from the ratio asked (0: the same)
+                return abs(math.log(size[1] / size[0] * int(ratio[2]) / int(ratio[1])))
+
+            closest = min(sizes, key=off)
+            if off(closest) < math.log(1.1):
+                return tuple(closest)
     shown = value if isinstance(value, str) else type(value).__name__
     if isinstance(shown, str) and len(shown) > 40:
         shown = shown[:39] + "…"
     offered = ", ".join(f"{w}×{h}" for h, w in sizes)
-    raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered}.")
+    raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered} (or its "
+                       f"ratio, e.g. 1:1).")
 
 
 #: DeepCache intervals offered per request: 1 = off (the default), up to this many steps per whole-UNet step.

@@ -35,4 +35,11 @@ def test_size_parsing_and_labels():
     assert check_size(None, sizes) == (64, 64)
     with pytest.raises(InvalidInput, match="not offered"):
         check_size("1344×768 (16:9)", sizes)
+    # A ratio names the offered size of that shape, whatever the model: one call for SDXL and the tiny model.
+    assert check_size("16:9", sizes) == check_size(" 7 : 4 ", sizes) == (128, 224)
+    assert check_size("1:1", sizes) == (64, 64)
+    assert check_size("16:9", default_sizes()) == (768, 1344) and check_size("9:16", default_sizes()) == (1344, 768)
+    for far in ("9:16", "4:3", "0:1", "1:0", "16/9"):  # not within 10% of an offered shape, or not a ratio
+        with pytest.raises(InvalidInput, match=r"not offered by this server; choose one of: 64×64, 224×128 \(or"):
+            check_size(far, sizes)
     assert jax.device_count() == 8

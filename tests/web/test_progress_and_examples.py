@@ -84,7 +84,8 @@ def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
     with pytest.raises(AppError) as info:
         client.predict(prompt="a lighthouse", aspect_ratio="1024×1024 (1:1)", api_name="/generate")
     assert str(info.value) == (
-        "Aspect ratio '1024×1024 (1:1)' is not offered by this server; choose one of: 64×64, 224×128."
+        "Aspect ratio '1024×1024 (1:1)' is not offered by this server; choose one of: 64×64, 224×128 (or its "
+        "ratio, e.g. 1:1)."
     )
     assert ui_engine.compile_count == before
 

@@ -1,0 +1,72 @@
+"""The README's Python examples run as written against the server their first line names (issue 26: an example asked
+the first-screen server for a size it does not offer).
+
+Each ```python block of README.md starts with `# server: python app.py ...`; the test starts that server in this
+process the way app.py does (its options, its engine start, its history, its page), on a free port, and runs the
+block with only the address changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+
+import pytest
+from conftest import REPO, free_port
+
+README = REPO / "README.md"
+SERVER = "# server: python app.py "
+ADDRESS = "http://127.0.0.1:7860/"
+
+pytestmark = pytest.mark.slow
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def test_every_python_block_names_its_server():
+    blocks = python_blocks()
+    assert len(blocks) >= 2
+    for block in blocks:
+        assert block.startswith(SERVER) and ADDRESS in block, block[:200]
+
+
+@contextlib.contextmanager
+def app_server(argv: list[str], data_home):
+    """What `python app.py ARGV` serves, started as app.main starts it, in this process."""
+    from app import start_engine
+    from web.history import default_data_dir
+    from web.history_tab import History
+    from web.options import parse_args
+    from web.page import build_page
+
+    args = parse_args([*argv, "--cpu-devices", "0"])  # the test process's 8 virtual devices stand for the machine's
+    history = History.off()
+    if not args.no_history:
+        history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
+                                     max_entries=args.history_max)  # fmt: skip
+    page = build_page(start_engine(args), queue_size=args.queue_size, progress=not args.no_progress, history=history)
+    try:
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=args.auth)
+        yield page
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_example_runs_against_its_server(index, tmp_path, monkeypatch):
+    block = python_blocks()[index]
+    argv = shlex.split(block.splitlines()[0].removeprefix(SERVER))
+    monkeypatch.chdir(REPO)  # the README's paths are the repository's
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the default --data-dir
+    with app_server(argv, tmp_path) as page:
+        code = block.replace(ADDRESS, page.local_url)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
+    output = printed.getvalue()
+    assert "images in" in output, output
+    print(output)
