@@ -25,7 +25,7 @@ import numpy as np
 from .common import Progress, Stats, progress, timed
 
 #: Device seconds of one SDXL-Lightning-4 request on a TPU v5e-4 (4 images at 1024², 4 steps, no CFG): from the
-#: published 2.33 s for 20 Euler steps with CFG, scaled by UNet work (design notes, "The host path at full size").
+#: published 2.33 s for 20 Euler steps with CFG, scaled by UNet work (shared design.md, "The host path at full size").
 LIGHTNING4_V5E4_DEVICE_S = 0.3
 #: Images per request on a v5e-4: one per chip.
 V5E4_IMAGES = 4

@@ -23,7 +23,7 @@ How the engine's settings get in without changing the pipelines' code paths:
 - the posterior MEAN: the pipelines call `retrieve_latents(...)` with the default sample_mode "sample" and have no
   switch, so the module's `retrieve_latents` is wrapped to pass sample_mode="argmax" (diffusers' own mean branch);
 - the engine's noise: the module's `randn_tensor` (called once, in `prepare_latents`) returns the engine's per-seed
-  noise (`pipeline.diffusion.initial_latents`), and for Euler a the scheduler module's `randn_tensor` returns the
+  noise (`pipeline.device.denoise.initial_latents`), and for Euler a the scheduler module's `randn_tensor` returns the
   engine's ancestral noise of each step run (`samplers.ancestral_noise`, index = the step's position in the run).
 Everything else (preprocess, get_timesteps/set_begin_index, add_noise, the blend, the 9-channel concat, guidance,
 decode) is the pipelines' own.

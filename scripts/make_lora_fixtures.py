@@ -24,7 +24,7 @@ What it writes:
   from the images; and images from diffusers' PyTorch `StableDiffusionXLPipeline` on tiny-pt
   (float32, 64x64, Euler leading, CFG 6.5), with `load_lora_weights` + `set_adapters`, for: no LoRA, each file at
   weight 1, kohya_sgm 0.8 with peft -0.6 at once, and kohya_sgm with text-encoder weight 0.5 and UNet weight 1.2.
-  The initial noise is the engine's for the seed (`pipeline.diffusion.initial_latents`), passed as `latents=`.
+  The initial noise is the engine's for the seed (`pipeline.device.denoise.initial_latents`), passed as `latents=`.
   The manifest also lists, per file, the modules diffusers put a LoRA layer on (an independent check of mapping).
 """
 

@@ -16,7 +16,7 @@ engine does):
   that, stock DeepCache fails at the first guidance-free shallow step (its cached features have the CFG batch):
   the script checks that it does fail, so the fixture documents a real gap rather than a guess.
 Per case the manifest also records what PyTorch actually ran at each step: the UNet's batch (2 = CFG) and whether
-the whole UNet ran (DeepCache's down block 0 executed), for the host plan (`pipeline/speed_plan.py`) to match.
+the whole UNet ran (DeepCache's down block 0 executed), for the host plan (`pipeline/host/speed_plan.py`) to match.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Needs torch, so it runs only in a separate environment, never in CI or at run ti
 
 What it writes (all from diffusers' and transformers' PYTORCH classes, torch-seeded):
 - tests/fixtures/tiny-pt/: `StableDiffusionXLPipeline.save_pretrained(safe_serialization=True)` of a checkpoint with
-  exactly the geometry, configs and tokenizers of `pipeline/tiny.py` (the Flax tiny checkpoint is built first and
+  exactly the geometry, configs and tokenizers of `checkpoint/tiny.py` (the Flax tiny checkpoint is built first and
   its configs reused); float32 weights, a `fp16` variant of every component, and the float32 UNet sharded
   (`*.safetensors.index.json`). Its scheduler is SDXL base's (EulerDiscreteScheduler, leading, steps_offset=1).
 - tests/fixtures/tiny-pt-from-pt.json: sha256 (and shape) of every leaf of the Flax parameters that the libraries'

@@ -27,8 +27,8 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
-from pipeline.host.loop import Stopped
 from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_request
+from pipeline.stopping import Stopped
 from pipeline.styles import DEFAULT_STYLE
 
 from .delivery import Outbox

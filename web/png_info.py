@@ -1,13 +1,13 @@
 """Settings back from an image: AUTOMATIC1111's `parameters` text -> the generation form's fields.
 
-The text is what this app writes (`pipeline.images.describe`), what A1111 writes, and what ComfyUI savers that
+The text is what this app writes (`pipeline.host.images.describe`), what A1111 writes, and what ComfyUI savers that
 follow A1111 write: the prompt (any number of lines), a "Negative prompt:" line (and its continuation lines), then
 one settings line of "Key: value" pairs separated by commas, where a value holding commas is JSON-quoted
 (`Lora hashes: "add_detail: 7c6bad76eb54, grain: 0f3c2d1a9b77"`). The rules follow A1111's own reader
 (`parse_generation_parameters` in `modules/infotext_utils.py`, AUTOMATIC1111/stable-diffusion-webui): the last line
 is the settings line only when it holds at least three pairs; "WxH" values give a width and a height.
 A PNG carries the text in its `parameters` text chunk, a JPEG or WebP in EXIF UserComment; reading it is
-`pipeline.images.read_parameters`.
+`pipeline.host.images.read_parameters`.
 
     values = read_form_values(path, offered_samplers=SAMPLER_NAMES)     # InvalidInput: one sentence for the page
     values.prompt, values.steps, values.sampler, values.width, values.extra["Lora hashes"], values.notes

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from starlette.middleware import Middleware
 
-from pipeline.host.loop import StopFlag
+from pipeline.stopping import StopFlag
 
 
 class StopRequests:

@@ -26,7 +26,7 @@ still applies):
 answers the down, mid and all but the last up block without running them (each returns its input, which nothing
 reads: no operation is traced for them), and runs the last up block's last layer on (feature ++ the conv_in skip).
 Fed with the feature of the same step, it computes exactly what `unet_full` computes. XLA's estimate for SDXL at
-1024x1024 with CFG (bf16, lowered HLO; scripts/measure_deepcache.py): 0.195 TFLOP for a shallow call against 13.51
+1024x1024 with CFG (bf16, cost analysis of the lowered HLO): 0.195 TFLOP for a shallow call against 13.51
 for a full one.
 
 The served step bodies (`step_full_local`, `step_shallow_local`) are `denoise.step_local` with these calls; the

@@ -1,7 +1,7 @@
 """LoRA on the devices: fixed slots, one compiled merge, the unmerged weights kept to restore from.
 
 Merging a LoRA set into the weights when it changes costs one pass over the touched kernels and nothing per step
-(side branches cost every step: the design notes' "Merge vs side branch" estimates ≈ 11 ms per change
+(side branches cost every step: ../shared/design.md's "Merge vs side branch" estimates ≈ 11 ms per change
 against +6–22 ms per step for SDXL at 1024² on v5e). So that switching sets never compiles,
 everything the merge program sees has shapes fixed at start-up by `MergeLayout`:
 
@@ -20,7 +20,7 @@ donated (unused, kept with `keep_unused=True` so XLA can write the new kernels i
 Device memory: the served params hold the merged kernels, the unmerged originals of the touched kernels are kept
 beside them, plus the packed slots that are placed.
 
-Measured with scripts/measure_lora_merge.py (tiny checkpoint + fixture LoRAs: 281 kernels, 3.2 M weights, R = 8,
+Measured 2026-11-24 (tiny checkpoint + fixture LoRAs: 281 kernels, 3.2 M weights, R = 8,
 4 slots; a busy 2-core CPU, 1 device): first call (compile) 2.4 s; per change 6 ms with the factors placed once,
 ~45 ms with them sent from the host each time (the same for bfloat16 weights).
 """

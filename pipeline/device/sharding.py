@@ -3,7 +3,7 @@
 Parameters are replicated (each device holds a full copy, placed once at start-up); batch arrays are split over
 `data` so each device denoises its own images. This is what `flax.jax_utils.replicate` + `pmap` did in the seed
 documents, in the `jax.sharding` form current JAX recommends. Under `jax.distributed` the mesh spans the devices of
-every process as it is; batch inputs are then built with `distributed.global_batch` (each process fills its own
+every process as it is; batch inputs are then built with `cluster.arrays.global_batch` (each process fills its own
 shards), and `replicate_tree` still works because every process places the same weights.
 """
 

@@ -8,14 +8,13 @@ queues step k + 1 before it waits for step k: the devices never wait for Python 
 steps are in flight. Between steps the host reports progress (the step whose result is ready) and asks whether to
 stop, so Stop frees the devices within about one step, and no program needs a host callback (every one of them
 can live in the persistent compilation cache). On several processes every process must make the same calls:
-`gate` turns each process's wish to stop into one decision they all follow (see distributed.py).
+`gate` turns each process's wish to stop into one decision they all follow (see cluster/protocol.py).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from ..stopping import StopFlag, Stopped  # noqa: F401  # re-exported: loop.Stopped is what run() raises
 from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms
 from .speed_plan import SpeedPlan, speed_plan
@@ -39,15 +39,6 @@ Gate = Callable[[int, bool], bool]
 PreviewListener = Callable[[int, int, np.ndarray], None]
 #: A preview every this many steps (the page's "watch it form").
 PREVIEW_EVERY = 2
-
-
-class Stopped(Exception):
-    """The request was stopped between steps (Stop, a cancelled job, a closed tab); nothing is wrong."""
-
-    def __init__(self, done: int, total: int):
-        super().__init__(f"stopped at step {done} / {total}")
-        self.done = done  # steps dispatched before the stop
-        self.total = total  # steps the request asked for
 
 
 @dataclass(frozen=True)
@@ -80,19 +71,6 @@ class Blank:
     latents: jax.Array  # float32 [B, 4, h, w]: zeros (x0)
     repaint: jax.Array  # float32 [B, 1, h, w]: ones (repaint everything: the blend is the identity)
     masked: jax.Array  # float32 [B, 4, h, w]: an inpainting UNet's masked picture: a grey one's latents (else zeros)
-
-
-class StopFlag:
-    """A thread-safe Stop button: `set()` from any thread, passed as `should_stop` (it is callable)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def __call__(self) -> bool:
-        return self._event.is_set()
 
 
 @functools.lru_cache(maxsize=64)
