@@ -48,3 +48,13 @@ def test_no_import_circles():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_page_imports_no_jax():
+    """web/ is the page: building it with everything it imports loads no JAX (the engine is handed to it)."""
+    import subprocess
+    import sys
+
+    code = "import sys, web.page, web.options, web.history_tab; print(sorted(m for m in sys.modules if m == 'jax'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
