@@ -193,6 +193,31 @@ def test_engine_images_with_fixture_loras_match_pytorch(feature_engine, targets,
     assert prompt == request.written_prompt and prompt.count("<lora:") == len(case["loras"])
     hashes = ", ".join(f"{n}: {addnet_hash(n)[:12]}" for n in case["loras"])
     assert settings.endswith(f'Lora hashes: "{hashes}"'), settings
+    read_back_by_sd_parsers(result, request.written_prompt, hashes)
+
+
+def read_back_by_sd_parsers(result, prompt: str, hashes: str) -> None:
+    """sd-parsers (what image browsers use to read A1111's metadata) reads the PNG as A1111's, the prompt with its
+    tags and the sampler settings. It splits the settings line on every comma and colon, so no quoted value (A1111's
+    own `Lora hashes` included) survives it whole; A1111's own reading (the page's PNG Info) gets it whole."""
+    import tempfile
+
+    from sd_parsers import ParserManager
+
+    from pipeline.host.images import read_parameters, save_png, to_pil
+    from web.png_info import parse_infotext
+
+    with tempfile.TemporaryDirectory() as folder:
+        image = to_pil(np.asarray(result.images[0])[None], [result.parameters[0]])[0]
+        path = save_png(image, f"{folder}/lora.png")
+        info = ParserManager().parse(path)
+        text = read_parameters(path)
+    assert info is not None and info.generator.value == "AUTOMATIC1111"
+    (sampler,) = info.samplers
+    assert [p.value for p in sampler.prompts] == [prompt] and sampler.name == "Euler"
+    assert sampler.parameters["seed"] == "7" and sampler.model.name == "tiny-pt"
+    assert info.raw_parameters["parameters"] == text == result.parameters[0]
+    assert parse_infotext(text).settings["Lora hashes"] == hashes
 
 
 def addnet_hash(name: str) -> str:
