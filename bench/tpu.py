@@ -4,6 +4,7 @@
     python -m bench tpu --only "step 1024x1024 cfg" --attention splash    # one program (9-15 min here at full size)
     python -m bench tpu --topology v6e:2x2 --kinds step --sizes 1024x1024
     python -m bench tpu --model tiny --sizes 64x64                # the tiny checkpoint's geometry: a minute or two
+    python -m bench tpu --kinds merge --lora-rank 32              # the LoRA merge program (a typical kohya LoRA)
     python -m bench tpu --startup                                 # precompiled vs cold start-up (tiny, this CPU)
 
 Needs libtpu (`pip install "jax[tpu]==0.10.2"`, in requirements-dev.txt). `--topology` is any name libtpu knows
@@ -18,6 +19,11 @@ for SDXL base (25 steps, CFG) and Lightning-4 (4 steps, no CFG) from the rooflin
 decode, a lower bound, at every size compiled. Results go to --out/tpu.json (merged with the rows already there, so
 programs compiled by separate runs add up) and a table is printed (`--report`: only that, nothing compiled). Only
 the UNet step depends on the attention core; the other programs are compiled once (attention null).
+
+The `merge` kind is the LoRA merge program (ProgramKey("merge"), device/lora.py) for the kernels a typical kohya SDXL
+LoRA trains (`kohya_leaves`), at --lora-rank (32) with 4 slots; besides its row, the report adds the HBM a server
+offering LoRAs needs per chip beside the 1024x1024 CFG step program (`lora_budget`): the compiler's figures plus the
+bytes of the extra kernel copies and slot factors computed from the layout.
 
 `--startup` measures the precompiled start-up instead, on this host's CPU devices with the tiny checkpoint (128x128,
 4 steps): `python -m pipeline precompile --topology cpu`, then `python -m pipeline generate` cold (no compilation
@@ -35,7 +41,11 @@ from pathlib import Path
 
 SDXL = "sdxl"
 TINY = "tiny"
-KINDS = ("step", "decode", "encode", "start")
+KINDS = ("step", "decode", "encode", "start", "merge")
+#: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
+LORA_RANK = 32
+#: A v5e chip's HBM, the budget when the compiler names no chip size (aot.HBM_PER_CHIP).
+HBM_V5E = 16 * 2**30
 #: Requests the report predicts: (name, steps, cfg).
 REQUESTS = (("SDXL base, 25 steps, CFG", 25, True), ("Lightning-4, 4 steps, no CFG", 4, False))
 
@@ -57,6 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--kinds", default=",".join(KINDS), help=f"program kinds (default {','.join(KINDS)})")
     add("--only", default=None, help='exact program labels, comma-separated, e.g. "step 1024x1024 cfg,encode cfg"')
     add("--per-device-batch", type=int, default=1, help="images per chip (default 1)")
+    add("--lora-rank", type=int, default=LORA_RANK, help=f"merge kind: the LoRAs' rank R (default {LORA_RANK})")
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
@@ -124,9 +135,52 @@ def tiny_model(dtype):
     return loaded, jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), loaded.params)
 
 
-def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1):
+def kohya_leaves(shapes) -> list[tuple[str, ...]]:
+    """The kernels a typical full SDXL LoRA trains, out of every kernel a LoRA may touch (`LoraTargets.shapes`).
+
+    kohya's sd-scripts (networks/lora.py, what most shared SDXL LoRAs are trained with) wraps the Linear layers of
+    the UNet's Transformer2DModel blocks and of the text encoders' CLIPAttention and CLIPMLP; convolutions (ResNet
+    blocks, down/upsamplers: LoCon's `conv_dim`), time and label embeddings and TE2's text_projection are left out
+    by default. In the Flax trees that is: UNet kernels under an `attentions_<i>` module (proj_in, proj_out and each
+    transformer block's attn1/attn2 to_q, to_k, to_v, to_out_0 and ff net_0.proj, net_2), and text-encoder kernels
+    under `self_attn` (q_proj, k_proj, v_proj, out_proj) or `mlp` (fc1, fc2). SDXL base: 722 UNet + 72 TE1 + 192
+    TE2 kernels, the bulk of the UNet's and the text encoders' weights, so the layout is close to the worst case.
+    """
+    chosen = []
+    for leaf in shapes:
+        if leaf[0] == "unet":
+            keep = any(part.startswith("attentions_") for part in leaf[1:])
+        else:
+            keep = "self_attn" in leaf or "mlp" in leaf
+        if keep:
+            chosen.append(leaf)
+    return chosen
+
+
+def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
+    """The merge program's layout for a typical full LoRA on `model` (`kohya_leaves`), rank `rank`, SLOTS slots:
+    the layout the server would build from LoRA files touching exactly those kernels."""
+    from pipeline.checkpoint.lora import lora_targets
+    from pipeline.device.lora import COMPONENTS, SLOTS, MergeLayout
+
+    from .flops import SDXL_UNET_CONFIG
+
+    if model == TINY:
+        loaded, params = tiny_model(dtype)
+        unet_config = dict(loaded.pipeline.unet.config)
+    else:
+        _, params = sdxl_model(dtype)
+        unet_config = dict(SDXL_UNET_CONFIG)
+    targets = lora_targets(unet_config, {c: params[c] for c in COMPONENTS})
+    leaves = sorted(kohya_leaves(targets.shapes), key=lambda leaf: (COMPONENTS.index(leaf[0]), leaf))
+    shapes = tuple(tuple(targets.shapes[leaf]) for leaf in leaves)
+    return MergeLayout(leaves=tuple(leaves), shapes=shapes, rank=rank, slots=SLOTS)
+
+
+def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
-    sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights."""
+    sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
+    `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
     from pipeline.config import EngineConfig
     from pipeline.generator import build_programs, sampler_of
     from pipeline.host.programs import ServedPrograms
@@ -134,9 +188,77 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     if model == TINY:
         loaded, params = tiny_model(dtype)
         config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention)
-        return build_programs(loaded, config, params, mesh, sampler_of(loaded, config))
+        return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout)
     modules, params = sdxl_model(dtype)
-    return ServedPrograms(modules, params, mesh, per_device_batch=per_device_batch, attention=attention)
+    return ServedPrograms(
+        modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout
+    )
+
+
+def layout_fields(layout, dtype: str) -> dict:
+    """A merge row's extra fields: the layout and the bytes per chip (weights replicated) it implies."""
+    import numpy as np
+
+    weights = sum(int(np.prod(shape)) for shape in layout.shapes)
+    return {
+        "lora_rank": layout.rank,
+        "lora_slots": layout.slots,
+        "lora_kernels": len(layout.leaves),
+        "lora_kernels_by_component": {
+            c: sum(1 for leaf in layout.leaves if leaf[0] == c) for c in sorted({leaf[0] for leaf in layout.leaves})
+        },
+        "lora_weights": weights,
+        "lora_kernel_bytes": weights * np.dtype(dtype).itemsize,  # one copy of the touched kernels
+        "lora_slot_bytes": layout.slot_bytes(),  # one slot's packed factors (float32)
+    }
+
+
+def lora_budget(rows: list[dict], topology: str) -> list[dict]:
+    """HBM per chip of a server offering LoRAs, beside the 1024x1024 CFG step program, per step attention core.
+
+    Measured by the compiler: the step program's HBM (arguments: the UNet's served weights, i.e. the merged copies
+    of its touched kernels), the merge program's peak (arguments: the previous merged kernels, the unmerged
+    originals and 4 slots' factors; temporaries; outputs aliased to the donated previous kernels; code) and the
+    other resident weights (the arguments of encode cfg and decode 1024x1024: text encoders and VAE) where those
+    rows exist. Computed from the layout: `lora_extra` = what offering LoRAs adds to a server without them, one
+    more copy of the touched kernels (originals and merged copies, where a server without LoRAs holds one) plus 4
+    slots' float32 factors (LoraSets keeps up to PLACED = 8 LoRAs placed: each one more slot).
+
+    - `step_upper` = step + merge peak (both compiler): the merge's buffers held beside the step program, an upper
+      bound (the UNet's touched kernels are counted in both; merge temporaries never coexist with the step's);
+    - `while_step` = step + other weights + lora_extra: what is held while a step runs;
+    - `while_merge` = merge peak + the weights outside its arguments (step arguments + other weights - one copy
+      of the touched kernels): what is held while a merge runs.
+    """
+    merges = [r for r in rows if r["kind"] == "merge" and r["topology"] == topology and "lora_kernel_bytes" in r]
+    if not merges:
+        return []
+    merge = merges[-1]
+    touched = merge["lora_kernel_bytes"]
+    extra = touched + merge["lora_slots"] * merge["lora_slot_bytes"]
+
+    def arguments(label):
+        found = [r for r in rows if r["topology"] == topology and r["program"] == label]
+        return found[-1]["hbm_bytes"]["arguments"] if found else 0
+
+    others = arguments("encode cfg") + arguments("decode 1024x1024")
+    out = []
+    for step in rows:
+        if step["topology"] != topology or step["program"] != "step 1024x1024 cfg":
+            continue
+        if step.get("images") != merge.get("images"):
+            continue
+        limit = step.get("hbm_chip_bytes") or HBM_V5E
+        figures = {
+            "step_upper_bytes": step["hbm_total_bytes"] + merge["hbm_total_bytes"],
+            "while_step_bytes": step["hbm_total_bytes"] + others + extra,
+            "while_merge_bytes": merge["hbm_total_bytes"] + step["hbm_bytes"]["arguments"] + others - touched,
+        }
+        out.append({"topology": topology, "attention": step["attention"], "step_bytes": step["hbm_total_bytes"],
+                    "merge_peak_bytes": merge["hbm_total_bytes"], "other_weights_bytes": others,
+                    "lora_extra_bytes": extra, "hbm_chip_bytes": limit, **figures,
+                    **{k.replace("_bytes", "_fits"): v <= limit for k, v in figures.items()}})  # fmt: skip
+    return out
 
 
 def jobs(args, sizes) -> list[tuple]:
@@ -154,6 +276,8 @@ def jobs(args, sizes) -> list[tuple]:
             order.append((ProgramKey("start", height, width), None))
         if index == 0 and "encode" in args.kind_list:
             order += [(ProgramKey("encode", cfg=cfg), None) for cfg in args.cfgs]
+    if "merge" in args.kind_list:  # one merge program: it depends on the layout, not on the size
+        order.append((ProgramKey("merge"), None))
     if args.only_labels is not None:  # those, in the order given
         order = [(key, a) for key, a in order if key.label in args.only_labels]
         order.sort(key=lambda job: args.only_labels.index(job[0].label))
@@ -269,8 +393,8 @@ def all_predictions(rows: list[dict], topology: str) -> list[dict]:
     return [p for size in sizes for p in predictions(rows, topology, size)]
 
 
-def table(rows: list[dict], requests: list[dict]) -> str:
-    """The markdown table of programs and the predictions."""
+def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = None) -> str:
+    """The markdown table of programs, the predictions and the LoRA budget lines."""
     lines = [
         "| program | topology | attention | compile s | HBM/chip GiB (args + temp + out + code) | of chip | "
         "TFLOP | GB accessed | roofline ms |",
@@ -291,6 +415,28 @@ def table(rows: list[dict], requests: list[dict]) -> str:
             value = f"{req['predicted_s']:.2f}" if req["predicted_s"] is not None else f"missing {req['missing']}"
             lines.append(f"| {req['request']} | {req['topology']} | {req['size']} | {req['attention']} | "
                          f"{req['images']} | {value} |")  # fmt: skip
+    merges = [r for r in rows if r["kind"] == "merge" and "lora_kernel_bytes" in r]
+    if merges:
+        m = merges[-1]
+        lines += ["", f"LoRA merge layout: {m['lora_kernels']} kernels {m['lora_kernels_by_component']}, "
+                      f"{m['lora_weights'] / 1e9:.3f} G weights = {m['lora_kernel_bytes'] / 2**30:.2f} GiB per copy; "
+                      f"rank {m['lora_rank']}, {m['lora_slots']} slots x {m['lora_slot_bytes'] / 2**20:.1f} MiB "
+                      "(float32)"]  # fmt: skip
+    gib = 2**30
+
+    def fit(b, name):
+        return f"{b[name + '_bytes'] / gib:.2f} GiB ({'fits' if b[name + '_fits'] else 'does NOT fit'} " \
+               f"{b['hbm_chip_bytes'] / gib:.0f} GiB)"  # fmt: skip
+
+    for b in budgets or []:
+        lines += [
+            f"LoRA HBM per chip, {b['topology']}, step 1024x1024 cfg [{b['attention']}] (compiler) "
+            f"{b['step_bytes'] / gib:.2f} GiB, merge peak (compiler) {b['merge_peak_bytes'] / gib:.2f} GiB, other "
+            f"weights (compiler: encode, decode arguments) {b['other_weights_bytes'] / gib:.2f} GiB, LoRA extra "
+            f"(computed: 2nd copy of the touched kernels + slots) {b['lora_extra_bytes'] / gib:.2f} GiB:",
+            f"  step + merge peak (upper bound) {fit(b, 'step_upper')}; while a step runs {fit(b, 'while_step')}; "
+            f"while a merge runs {fit(b, 'while_merge')}",
+        ]
     return "\n".join(lines)
 
 
@@ -346,8 +492,9 @@ def main(argv: list[str]) -> int:
         results = json.loads(path.read_text())
         rows = [r for r in results["programs"] if r.get("model") == args.model and r["topology"] == args.topology]
         results["requests"] = all_predictions(rows, args.topology)
+        results["lora_budget"] = lora_budget(rows, args.topology)
         write_json(results, path)
-        print(table(rows, results["requests"]))
+        print(table(rows, results["requests"], results["lora_budget"]))
         return 0
     if args.startup:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -396,20 +543,27 @@ def main(argv: list[str]) -> int:
 
         rows = json.loads(path.read_text()).get("programs", [])
     todo = jobs(args, sizes)
+    layout = None
+    if any(key.kind == "merge" for key, _ in todo):
+        layout = merge_layout(args.model, args.dtype, args.lora_rank)
     progress(f"tpu: {len(todo)} program(s) to compile: "
              + ", ".join(f"{k.label}" + (f" [{a}]" if a else "") for k, a in todo))  # fmt: skip
     for key, attention in todo:
         core = attention or args.attentions[0]
         if core not in programs:
-            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch)
+            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout)
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
+        if key.kind == "merge":
+            row.update(layout_fields(layout, args.dtype))
         same = ("program", "topology", "attention", "model", "images")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
-        results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology)}
+        results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology),
+                   "lora_budget": lora_budget(mine, args.topology)}  # fmt: skip
         write_json(results, path)  # after every program: a long run keeps what it measured
-    requests = all_predictions([r for r in rows if r.get("model") == args.model], args.topology)
-    print(table([r for r in rows if r.get("model") == args.model and r["topology"] == args.topology], requests))
+    mine = [r for r in rows if r.get("model") == args.model]
+    requests = all_predictions(mine, args.topology)
+    print(table([r for r in mine if r["topology"] == args.topology], requests, lora_budget(mine, args.topology)))
     progress(f"done: {path}")
     return 0

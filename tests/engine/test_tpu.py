@@ -80,6 +80,35 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
 
 
 @needs_libtpu
+def test_lora_merge_program_compiles_for_tpu_v5e():
+    """`python -m bench tpu --kinds merge`'s program on the tiny checkpoint: the kohya-style layout (UNet transformer
+    and both text encoders' attention and MLP kernels), compiled for v5e:2x2 with abstract weights (~15 s)."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from bench.tpu import compile_one, layout_fields, lora_budget, merge_layout, served_programs
+    from pipeline.device.sharding import data_mesh
+    from pipeline.host.aot import topology_devices
+    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.programs import ProgramKey
+
+    layout = merge_layout("tiny", "bfloat16", rank=8)
+    components = {leaf[0] for leaf in layout.leaves}
+    assert components == {"unet", "text_encoder", "text_encoder_2"}, components
+    assert all("attentions_" in "/".join(leaf) for leaf in layout.leaves if leaf[0] == "unet")
+    cached = jax.config.jax_enable_compilation_cache
+    configure_compilation_cache(False)
+    try:
+        programs = served_programs("tiny", "bfloat16", data_mesh(topology_devices(TOPOLOGY)), "xla", layout=layout)
+        row = compile_one(programs, ProgramKey("merge"), None, TOPOLOGY, progress=lambda _: None)
+    finally:
+        configure_compilation_cache(cached)
+    row.update(layout_fields(layout, "bfloat16"))
+    assert row["fits"] and row["flops"] > 0 and row["hbm_bytes"]["arguments"] >= 2 * row["lora_kernel_bytes"], row
+    step = {**row, "program": "step 1024x1024 cfg", "kind": "step", "attention": "xla"}  # a stand-in step row
+    (budget,) = lora_budget([row, step], TOPOLOGY)
+    assert budget["step_upper_bytes"] == 2 * row["hbm_total_bytes"] and budget["step_upper_fits"]
+
+
+@needs_libtpu
 def test_splash_kernel_is_in_the_tpu_program(tpu_programs):
     from pipeline.host.programs import ProgramKey
 
