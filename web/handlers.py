@@ -271,6 +271,12 @@ class Handlers:
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
             result = stopped
+        except GeneratorExit:  # Gradio closed the stream (a cancel while previews showed): the engine stops too
+            closed.set()
+            worker.join()
+            if isinstance(stopped := worker.exception(), Stopped):
+                logger.info("request %s (seed %d)", stopped, request.seed)
+            raise
         except Exception:
             logger.exception("generation failed (seed %d, style %s)", request.seed, request.style)
             raise gr.Error(GENERATION_FAILED, print_exception=False) from None  # logged above
@@ -387,6 +393,11 @@ class EngineRun:
 
     def join(self) -> None:
         self._thread.join()
+
+    def exception(self) -> BaseException | None:
+        """What the call raised (None while it runs, or when it returned)."""
+        ok, value = self._outcome or (True, None)
+        return None if ok else value
 
 
 def file_path(payload: object) -> str | None:

@@ -57,8 +57,8 @@ def test_no_served_program_has_a_host_callback(ui_engine):
     keys = ui_engine.program_keys()
     sized = [
         "encode_image {s}", "start {s}", "step_full {s} cfg", "step_shallow {s} cfg", "step_full {s} no-cfg",
-        "step_shallow {s} no-cfg", "halve_feature {s}", "decode {s}",
-    ]  # per size: the picture's encoder, the start, the steps of cfg_end and deepcache, the decoder
+        "step_shallow {s} no-cfg", "halve_feature {s}", "preview {s}", "decode {s}",
+    ]  # per size: the picture's encoder, the start, the steps of cfg_end and deepcache, the previews, the decoder
     assert [key.label for key in keys] == ["encode cfg", "halve_text"] + [
         label.format(s=size) for size in ("64x64", "224x128") for label in sized
     ]

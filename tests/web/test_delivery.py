@@ -217,6 +217,7 @@ def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_page, tiny_dir)
         assert page.locator("#pngs").count() == 0 or not page.locator("#pngs").is_visible()
         page.locator("#prompt textarea").fill(PROMPT)
         page.locator("#generate").click()
+        page.locator("#status").get_by_text("8 images in").wait_for(timeout=TIMEOUT_MS)  # the answer, not a preview
         page.wait_for_function(
             "() => { const imgs = [...document.querySelectorAll('#gallery img')];"
             " return imgs.length === 8 && imgs.every(i => i.complete && i.naturalWidth > 0); }",
