@@ -147,7 +147,8 @@ def build_page(
         history_state = history.state()  # the visitor's entries when their browser keeps them
         with gr.Column(elem_id="app"):
             gr.Markdown(header_text(engine, texts), elem_id="header")
-            with gr.Tabs(elem_id="tabs") as tabs:
+            # Without a history the page has one tab: its tab bar is hidden (assets/style.css).
+            with gr.Tabs(elem_id="tabs", elem_classes=[] if history.enabled else ["one-tab"]) as tabs:
                 with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
                     with gr.Row(elem_id="prompt-row", equal_height=True):
                         prompt = gr.Textbox(

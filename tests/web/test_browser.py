@@ -88,6 +88,7 @@ def test_enter_submits_and_examples_fill_prompt(app_page, browser):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(app_page.local_url, timeout=TIMEOUT_MS)
     example = load_examples()[0]
+    assert not page.get_by_role("tab", name="Generate").is_visible()  # no history: one tab, no tab bar
     page.get_by_text(example, exact=True).first.click()
     box = page.locator("#prompt textarea")
     page.wait_for_function(
@@ -187,6 +188,7 @@ def test_status_clears_and_examples_leave_randomize_on(app_page, browser, engine
     page.locator(".toast-body").get_by_text("Please enter a prompt.").wait_for(timeout=60_000)
     assert page.locator("#status").inner_text().strip() == ""  # the old request's line is gone
     example = load_examples()[0]
+    assert not page.get_by_role("tab", name="Generate").is_visible()  # no history: one tab, no tab bar
     page.get_by_text(example, exact=True).first.click()
     page.wait_for_function(
         "(s) => document.querySelector('#seed input').value === String(s)", arg=EXAMPLE_SEED_START, timeout=TIMEOUT_MS
@@ -243,6 +245,7 @@ def test_phone_page_error_example_and_layout(app_page, browser):
     page.screenshot(path=str(ARTIFACTS / "newcomer-phone.png"), full_page=True)
     old = page.evaluate("[...document.querySelectorAll('#gallery img')].map(i => i.src)")
     example = load_examples()[0]
+    assert not page.get_by_role("tab", name="Generate").is_visible()  # no history: one tab, no tab bar
     page.get_by_text(example, exact=True).first.click()
     page.wait_for_function(  # the example's own (cached) images replace the old prompt's
         "([t, old]) => document.querySelector('#prompt textarea').value === t && "
