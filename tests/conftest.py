@@ -149,6 +149,13 @@ def served(generator, *, auth=None, **build_kwargs):
         page.close()
 
 
+def page_client(page, tmp_path_factory):
+    """A gradio_client for a served page, downloading into a fresh temporary folder."""
+    from gradio_client import Client
+
+    return Client(page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+
+
 @pytest.fixture(scope="module")
 def ui_page(ui_engine):
     """The app's page around `ui_engine`, one per test file that asks for it."""
@@ -159,9 +166,7 @@ def ui_page(ui_engine):
 @pytest.fixture(scope="module")
 def ui_client(ui_page, tmp_path_factory):
     """A gradio_client for `ui_page`, downloading into a temporary folder."""
-    from gradio_client import Client
-
-    return Client(ui_page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    return page_client(ui_page, tmp_path_factory)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from conftest import REPO, served
+from conftest import REPO, page_client, served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
@@ -43,7 +43,7 @@ def page(generator):
 
 @pytest.fixture(scope="module")
 def client(page, tmp_path_factory):
-    return Client(page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    return page_client(page, tmp_path_factory)
 
 
 def images_of(gallery) -> list[pathlib.Path]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import FEATURE_DEVICES, FIXTURES, LORA_NAMES, served
-from gradio_client import Client, handle_file
+from conftest import FEATURE_DEVICES, FIXTURES, LORA_NAMES, page_client, served
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -40,7 +40,7 @@ def page(feature_engine):
 
 @pytest.fixture(scope="module")
 def client(page, tmp_path_factory):
-    return Client(page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    return page_client(page, tmp_path_factory)
 
 
 def pixels_of(gallery) -> np.ndarray:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import ARTIFACTS, TIMEOUT_MS, UI_SIZES, UI_STEPS, needs_chromium, served
-from gradio_client import Client
+from conftest import ARTIFACTS, TIMEOUT_MS, UI_SIZES, UI_STEPS, needs_chromium, page_client, served
 from gradio_client.exceptions import AppError
 from PIL import Image
 
@@ -51,7 +50,7 @@ def app_page(counting):
 
 @pytest.fixture(scope="module")
 def client(app_page, tmp_path_factory):
-    return Client(app_page.local_url, verbose=False, download_files=str(tmp_path_factory.mktemp("downloads")))
+    return page_client(app_page, tmp_path_factory)
 
 
 def size_of(item) -> tuple[int, int]:
