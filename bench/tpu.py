@@ -174,7 +174,7 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
     targets = lora_targets(unet_config, {c: params[c] for c in COMPONENTS})
     leaves = sorted(kohya_leaves(targets.shapes), key=lambda leaf: (COMPONENTS.index(leaf[0]), leaf))
     shapes = tuple(tuple(targets.shapes[leaf]) for leaf in leaves)
-    return MergeLayout(leaves=tuple(leaves), shapes=shapes, rank=rank, slots=SLOTS)
+    return MergeLayout(leaves=tuple(leaves), shapes=shapes, rank=rank, slots=SLOTS, factor_dtype=dtype)
 
 
 def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None):
@@ -209,7 +209,7 @@ def layout_fields(layout, dtype: str) -> dict:
         },
         "lora_weights": weights,
         "lora_kernel_bytes": weights * np.dtype(dtype).itemsize,  # one copy of the touched kernels
-        "lora_slot_bytes": layout.slot_bytes(),  # one slot's packed factors (float32)
+        "lora_slot_bytes": layout.slot_bytes(),  # one slot's packed factors (the weights' dtype)
     }
 
 

@@ -130,7 +130,7 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     targets = lora_targets(dict(loaded.pipeline.unet.config), loaded.params)
     files = load_lora_dir(config.lora_dir, targets).loras
     logger.info("LoRAs: %d offered from %s", len(files), config.lora_dir)
-    return files, (MergeLayout.from_loras(files, targets.shapes) if files else None)
+    return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
 def build_programs(

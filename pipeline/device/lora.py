@@ -51,14 +51,26 @@ class MergeLayout:
     shapes: tuple[tuple[int, ...], ...]  # each kernel's Flax shape: [in, out] or [kh, kw, in, out]
     rank: int  # R: every slot's factors have rank R (smaller ranks are zero-padded)
     slots: int = SLOTS  # S: LoRAs applied at once
+    # The packed factors' dtype: the weights' (bfloat16 halves what each placed slot holds on the devices; the
+    # merge still multiplies and adds in float32).
+    factor_dtype: str = "float32"
 
     @classmethod
-    def from_loras(cls, loras: Sequence, shapes: Mapping[LeafPath, tuple[int, ...]], slots: int = SLOTS) -> MergeLayout:
+    def from_loras(
+        cls, loras: Sequence, shapes: Mapping[LeafPath, tuple[int, ...]], slots: int = SLOTS,
+        factor_dtype: str = "float32",
+    ) -> MergeLayout:  # fmt: skip
         """The layout for `loras` (objects with `.layers: {leaf: layer with .rank}`, e.g. checkpoint/lora.py's
         LoraFile); `shapes` maps each kernel to its Flax shape (checkpoint/lora.py's LoraTargets.shapes)."""
         leaves = sorted({leaf for lora in loras for leaf in lora.layers}, key=_leaf_order)
         rank = max((layer.rank for lora in loras for layer in lora.layers.values()), default=1)
-        return cls(leaves=tuple(leaves), shapes=tuple(tuple(shapes[leaf]) for leaf in leaves), rank=rank, slots=slots)
+        return cls(leaves=tuple(leaves), shapes=tuple(tuple(shapes[leaf]) for leaf in leaves), rank=rank, slots=slots,
+                   factor_dtype=factor_dtype)  # fmt: skip
+
+    @property
+    def dtype(self) -> np.dtype:
+        """`factor_dtype` as a NumPy dtype (bfloat16 through ml_dtypes, which JAX imports)."""
+        return np.dtype(jnp.dtype(self.factor_dtype))
 
     @property
     def components(self) -> tuple[int, ...]:
@@ -70,9 +82,9 @@ class MergeLayout:
         """Per kernel: (down [K, R], up [R, out]) with K the kernel's input size (kh·kw·in for a conv)."""
         return tuple(((int(np.prod(shape[:-1])), self.rank), (self.rank, shape[-1])) for shape in self.shapes)
 
-    def slot_bytes(self, itemsize: int = 4) -> int:
-        """Bytes one packed slot takes (all kernels' down and up)."""
-        return sum((k * r + r * o) * itemsize for (k, r), (_, o) in self.factor_shapes)
+    def slot_bytes(self) -> int:
+        """Bytes one packed slot takes (all kernels' down and up, in `factor_dtype`)."""
+        return sum((k * r + r * o) * self.dtype.itemsize for (k, r), (_, o) in self.factor_shapes)
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,9 @@ def _leaf_order(leaf: LeafPath) -> tuple:
     return (COMPONENTS.index(leaf[0]) if leaf[0] in COMPONENTS else len(COMPONENTS), leaf)
 
 
-def pack(layout: MergeLayout, lora, dtype=np.float32) -> SlotFactors:
-    """`lora`'s factors in the layout (host arrays of `dtype`): zero-padded to rank R, scale folded into `up`.
+def pack(layout: MergeLayout, lora) -> SlotFactors:
+    """`lora`'s factors in the layout (host arrays of the layout's dtype): zero-padded to rank R, scale folded into
+    `up` (in float32, then cast).
 
     A kernel the layout has and the LoRA does not change gets zeros; a kernel the LoRA changes that the layout
     lacks is a caller's error (the layout is built from every accepted file).
@@ -102,7 +115,7 @@ def pack(layout: MergeLayout, lora, dtype=np.float32) -> SlotFactors:
     extra = set(lora.layers) - set(layout.leaves)
     if extra:
         raise ValueError(f"{getattr(lora, 'name', 'LoRA')} changes {len(extra)} kernels outside the merge layout")
-    downs, ups = [], []
+    downs, ups, dtype = [], [], layout.dtype
     for leaf, ((k, rank), (_, out)) in zip(layout.leaves, layout.factor_shapes, strict=True):
         down, up = np.zeros((k, rank), dtype), np.zeros((rank, out), dtype)
         layer = lora.layers.get(leaf)
@@ -115,10 +128,10 @@ def pack(layout: MergeLayout, lora, dtype=np.float32) -> SlotFactors:
     return SlotFactors(downs=tuple(downs), ups=tuple(ups))
 
 
-def empty_slot(layout: MergeLayout, dtype=np.float32) -> SlotFactors:
+def empty_slot(layout: MergeLayout) -> SlotFactors:
     """An unused slot: zeros (with weight 0 it adds nothing; with any weight, still nothing)."""
-    downs = tuple(np.zeros(d, dtype) for d, _ in layout.factor_shapes)
-    ups = tuple(np.zeros(u, dtype) for _, u in layout.factor_shapes)
+    downs = tuple(np.zeros(d, layout.dtype) for d, _ in layout.factor_shapes)
+    ups = tuple(np.zeros(u, layout.dtype) for _, u in layout.factor_shapes)
     return SlotFactors(downs=downs, ups=ups)
 
 

@@ -49,7 +49,7 @@ class LoraSets:
         self.layout = layout
         self._programs = programs
         self._put = put  # host arrays -> replicated device arrays (on one process or several)
-        self._packed = {lora.name: pack(layout, lora) for lora in files}  # host float32, padded to rank R
+        self._packed = {lora.name: pack(layout, lora) for lora in files}  # host, the layout's dtype, padded to rank R
         self._placed: collections.OrderedDict[str, SlotFactors] = collections.OrderedDict()
         self._base = params  # the unmerged weights (what a request without LoRA runs)
         self._originals = get_leaves(params, layout.leaves)  # the unmerged kernels the merge starts from

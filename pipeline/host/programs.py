@@ -210,8 +210,9 @@ class ServedPrograms:
             kernels = get_leaves(self._params, self.lora_layout.leaves)  # previous and originals alike
             factors = tuple(self.lora_layout.factor_shapes)
             slots = self.lora_layout.slots
-            downs = tuple(tuple(spec(down, np.float32, whole) for down, _ in factors) for _ in range(slots))
-            ups = tuple(tuple(spec(up, np.float32, whole) for _, up in factors) for _ in range(slots))
+            dtype = self.lora_layout.dtype  # the packed factors'
+            downs = tuple(tuple(spec(down, dtype, whole) for down, _ in factors) for _ in range(slots))
+            ups = tuple(tuple(spec(up, dtype, whole) for _, up in factors) for _ in range(slots))
             return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole)
         if key.kind == "encode":
             ids = spec((n, 2, self.max_tokens * self.prompt_windows), np.int32)  # [B, 2, K*77]

@@ -157,3 +157,27 @@ def test_slots_and_layout_are_checked(made_up):
     d_index = layout.leaves.index(("unet", "conv", "kernel"))
     np.testing.assert_array_equal(packed["d"].downs[d_index], empty_slot(layout).downs[d_index])
     assert layout.slot_bytes() == 4 * sum(k * 4 + 4 * o for (k, _), (_, o) in layout.factor_shapes)
+
+
+def test_bfloat16_factors_take_half_the_memory_and_merge_as_float32_factors_do(made_up):
+    """A bfloat16 server packs its factors in bfloat16 (what each placed slot holds on the devices, halved); the
+    merge still computes in float32, so the kernels differ from float32 factors' by the factors' rounding only."""
+    import dataclasses
+
+    layout, loras, packed = made_up
+    half = dataclasses.replace(layout, factor_dtype="bfloat16")
+    assert half.slot_bytes() * 2 == layout.slot_bytes()
+    packed_half = {lora.name: pack(half, lora) for lora in loras}
+    assert all(x.dtype == ml_dtypes.bfloat16 for slot in packed_half.values() for x in slot.downs + slot.ups)
+    assert empty_slot(half).ups[0].dtype == ml_dtypes.bfloat16
+    originals = originals_of(layout, ml_dtypes.bfloat16)
+    chosen = [("a", (1.0, 1.0)), ("b", (-0.8, -0.8))]
+    weights = slot_weights(layout, [w for _, w in chosen])
+    full = MergeProgram(layout)(MergeProgram.copies(originals), originals, [packed[n] for n, _ in chosen], weights)
+    halved = MergeProgram(half)(MergeProgram.copies(originals), originals, [packed_half[n] for n, _ in chosen],
+                                weights)  # fmt: skip
+    for got, want, original in zip(halved, full, originals, strict=True):
+        assert got.dtype == want.dtype == ml_dtypes.bfloat16
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        delta = np.abs(want - np.asarray(original, np.float32)).max()
+        assert np.abs(got - want).max() <= 0.03 * delta + 2**-7 * np.abs(want).max()
