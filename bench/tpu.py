@@ -421,7 +421,7 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
         lines += ["", f"LoRA merge layout: {m['lora_kernels']} kernels {m['lora_kernels_by_component']}, "
                       f"{m['lora_weights'] / 1e9:.3f} G weights = {m['lora_kernel_bytes'] / 2**30:.2f} GiB per copy; "
                       f"rank {m['lora_rank']}, {m['lora_slots']} slots x {m['lora_slot_bytes'] / 2**20:.1f} MiB "
-                      "(float32)"]  # fmt: skip
+                      "(factors in the weights' dtype)"]  # fmt: skip
     gib = 2**30
 
     def fit(b, name):
