@@ -12,6 +12,7 @@ before either is imported.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -59,7 +60,18 @@ class StartupGuard:
         return outcome["result"]  # type: ignore[return-value]
 
     def _stop(self, signum, _frame) -> None:
-        print(f"{self.prog}: stopped during start-up", file=sys.stderr, flush=True)
+        # The start-up thread may be logging right now: its line ends first, and no other starts after (the
+        # handlers' locks are kept until the exit), so the last line is ours, whole.
+        logging.disable(logging.CRITICAL)
+        for handler in logging.getLogger().handlers:
+            handler.acquire()
+        line = f"{self.prog}: stopped during start-up\n"
+        try:  # one write: nothing can come between the words and their newline
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line.encode())
+        except (OSError, ValueError):  # stderr without a file descriptor
+            sys.stderr.write(line)
+            sys.stderr.flush()
         if self.cleanup is not None:
             with contextlib.suppress(Exception):  # leaving matters more than a tidy folder
                 self.cleanup()
