@@ -7,8 +7,8 @@
 # Run (TPU): docker run --privileged --net=host -v sdxl-data:/data sdxl-jax
 # Run (GPU): docker run --gpus all -p 7860:7860 -v sdxl-data:/data sdxl-jax:cuda
 # Multi-host TPU slice: the same image on every worker with -e SDXL_DISTRIBUTED=1 (see README, "Several hosts").
-# Model weights (HF_HOME) and compiled XLA programs (JAX_COMPILATION_CACHE_DIR) live on the /data volume, so a
-# restarted container neither downloads nor compiles again.
+# Model weights (HF_HOME), compiled XLA programs (JAX_COMPILATION_CACHE_DIR) and past generations (SDXL_DATA_DIR)
+# live on the /data volume, so a restarted container neither downloads nor compiles again and keeps its history.
 FROM python:3.11-slim
 
 ARG ACCELERATOR=auto
@@ -21,7 +21,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Non-root user with UID 1000 (what Hugging Face Spaces expects); /data is the cache volume.
 RUN useradd --create-home --uid 1000 --shell /bin/bash user \
-    && mkdir -p /data/hf /data/jax-cache /data/sdxl-jax \
+    && mkdir -p /data/hf /data/jax-cache /data/sdxl-jax /data/history \
     && chown -R user:user /data
 
 WORKDIR /app
@@ -47,6 +47,7 @@ ENV HOME=/home/user \
     HF_HOME=/data/hf \
     SDXL_JAX_CACHE=/data/sdxl-jax \
     JAX_COMPILATION_CACHE_DIR=/data/jax-cache \
+    SDXL_DATA_DIR=/data/history \
     GRADIO_TEMP_DIR=/tmp/gradio \
     GRADIO_ANALYTICS_ENABLED=False \
     GRADIO_SERVER_NAME=0.0.0.0 \
