@@ -222,7 +222,7 @@ def lora_budget(rows: list[dict], topology: str) -> list[dict]:
     other resident weights (the arguments of encode cfg and decode 1024x1024: text encoders and VAE) where those
     rows exist. Computed from the layout: `lora_extra` = what offering LoRAs adds to a server without them, one
     more copy of the touched kernels (originals and merged copies, where a server without LoRAs holds one) plus 4
-    slots' float32 factors (LoraSets keeps up to PLACED = 8 LoRAs placed: each one more slot).
+    slots' factors (LoraSets keeps up to --lora-cache = 8 LoRAs placed: each one more slot).
 
     - `step_upper` = step + merge peak (both compiler): the merge's buffers held beside the step program, an upper
       bound (the UNet's touched kernels are counted in both; merge temporaries never coexist with the step's);

@@ -74,6 +74,7 @@ class EngineConfig:
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     speed_levers: bool = True  # static: compile what per-request cfg_end and deepcache run (host/programs.py)
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
+    lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
     timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
@@ -84,7 +85,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
-        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows"):
+        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
@@ -185,6 +186,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prompt_windows=get("prompt_windows") or 3,
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),
+        lora_cache=get("lora_cache") or 8,
         compilation_cache=not get("no_compilation_cache"),
         **settings,
     )

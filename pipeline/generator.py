@@ -184,7 +184,8 @@ class Generator:
         self._replicated = replicated(self.mesh)
         self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout)
         #: The LoRAs offered and the set merged now (None without any)
-        self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all) if files else None
+        self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
+                              placed=self.config.lora_cache) if files else None  # fmt: skip
         self._device_lock = threading.Lock()  # one request on the devices at a time
         self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)

@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: A request's LoRAs: (name, text-encoder weight, UNet weight) each.
 LoraChoice = tuple[tuple[str, float, float], ...]
-#: LoRAs whose packed factors stay on the devices (most recently used), so a switch back transfers nothing.
+#: LoRAs whose packed factors stay on the devices by default (most recently used), so a switch back transfers
+#: nothing (`--lora-cache`: each costs one slot's memory, rank × the touched kernels' sides).
 PLACED = 8
 
 
@@ -44,13 +45,14 @@ class LoraSets:
     """The offered LoRAs of one engine and the set its served weights hold now."""
 
     def __init__(self, files: Sequence[LoraFile], layout: MergeLayout, programs: ServedPrograms, params,
-                 put: Callable[[Sequence[np.ndarray]], tuple]):  # fmt: skip
+                 put: Callable[[Sequence[np.ndarray]], tuple], placed: int = PLACED):  # fmt: skip
         self.files = {lora.name: lora for lora in files}  # name -> the accepted file
         self.layout = layout
         self._programs = programs
         self._put = put  # host arrays -> replicated device arrays (on one process or several)
         self._packed = {lora.name: pack(layout, lora) for lora in files}  # host, the layout's dtype, padded to rank R
         self._placed: collections.OrderedDict[str, SlotFactors] = collections.OrderedDict()
+        self._keep = max(1, placed)  # LoRAs (and the empty slot) kept placed between requests
         self._base = params  # the unmerged weights (what a request without LoRA runs)
         self._originals = get_leaves(params, layout.leaves)  # the unmerged kernels the merge starts from
         self._merged: tuple | None = None  # the last merged kernels (donated to the next merge)
@@ -103,6 +105,6 @@ class LoraSets:
         packed = self._packed[name] if name else empty_slot(self.layout)
         slot = SlotFactors(downs=self._put(packed.downs), ups=self._put(packed.ups))
         self._placed[key] = slot
-        while len(self._placed) > PLACED:
+        while len(self._placed) > self._keep:
             self._placed.popitem(last=False)
         return slot

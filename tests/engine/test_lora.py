@@ -257,3 +257,21 @@ def test_switching_sets_restores_exactly_and_never_accumulates(feature_engine):
     assert any(not np.array_equal(got, o) for leaf, got, o in zip(sets.layout.leaves, merged, originals, strict=True)
                if leaf[0] == "unet")  # fmt: skip
     assert feature_engine.compile_count == before
+
+
+def test_lora_cache_keeps_that_many_placed_and_merges_the_same(feature_engine):
+    """`--lora-cache N`: at most N LoRAs' factors stay placed; fewer placed never changes what is merged."""
+    from pipeline.host.lora_sets import LoraSets
+
+    served = feature_engine.loras
+    small = LoraSets(list(served.files.values()), served.layout, feature_engine.programs, feature_engine._params,
+                     feature_engine._put_all, placed=2)  # fmt: skip
+    before = feature_engine.compile_count
+    for choice in ((("kohya_sgm", 0.8, 0.8),), (("peft", 0.5, 0.5), ("locon", -0.6, -0.6)), (("kohya_sgm", 1.0, 1.0),)):
+        got = jax.device_get(get_leaves(small.params_for(choice), served.layout.leaves))
+        want = jax.device_get(get_leaves(served.params_for(choice), served.layout.leaves))
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), choice
+        assert len(small._placed) <= 2
+    assert feature_engine.compile_count == before
+    with pytest.raises(InvalidInput, match="Lora cache must be a positive whole number"):
+        EngineConfig(lora_cache=0)
