@@ -225,7 +225,7 @@ class Generator:
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
-                            previews=self.config.previews)  # fmt: skip
+                            previews=self.config.previews, windows=self.config.prompt_windows)  # fmt: skip
 
     @property
     def device_summary(self) -> str:
@@ -285,7 +285,7 @@ class Generator:
         `on_step(done, total)` is called as each step's result is ready; `should_stop()` is asked before each step,
         and True raises `loop.Stopped`. `gate` makes several processes take one stop decision per step.
         `on_preview(done, total, pixels)` gets the picture forming every 2 steps (uint8 [b, h, w, 3] at latent size,
-        this process's images), when the server compiled its previews (then they run with or without a listener).
+        this process's images), when the server compiled its previews; without a listener no preview runs.
         """
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
@@ -303,8 +303,10 @@ class Generator:
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
-        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, K*77], windows it fills
+        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, N*77], windows it fills
         negative_row, negative_windows = tokenize(self._tokenizers, negative_prompt, windows)
+        read = self._max_tokens * self.text_windows(max(prompt_windows, negative_windows))  # K*77
+        prompt_row, negative_row = prompt_row[:, :read], negative_row[:, :read]  # [2, K*77]
         prompt_ids = np.broadcast_to(prompt_row, (n, *prompt_row.shape))  # [B, 2, K*77]
         negative_ids = np.broadcast_to(negative_row, (n, *negative_row.shape))  # [B, 2, K*77]
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
@@ -331,9 +333,9 @@ class Generator:
                     put=self._put,
                     blank=self._blank(height, width, params),
                     picture=picture,
-                    # Every process runs the preview program when it is compiled (one SPMD program for all of them);
-                    # only a listener's process looks at its rows.
-                    on_preview=(on_preview or _ignore_preview) if self.config.previews else None,
+                    # Only a request someone watches runs the preview program (compiled or not, the others run the
+                    # plain txt2img programs); on several processes the leader tells each follower to run it too.
+                    on_preview=on_preview if self.config.previews else None,
                     on_step=on_step,
                     should_stop=should_stop,
                     gate=gate,
@@ -389,6 +391,12 @@ class Generator:
             sampler=plan.label,
         )
 
+    def text_windows(self, filled: int) -> int:
+        """K, the 77-token windows a request's texts are read in when the longer fills `filled`: 1 (the 1-window
+        programs: a short prompt pays nothing for the long ones), else the server's N. The first window of N-window
+        token rows is the 1-window rows, so K = 1 keeps only it."""
+        return 1 if filled <= 1 else self.config.prompt_windows
+
     def _picture(self, pixels: np.ndarray, repaint: np.ndarray | None, weight: float) -> PictureInputs:
         """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
         n, scale = self.num_images, self.programs.modules.vae_scale_factor
@@ -425,6 +433,3 @@ class Generator:
         """Host arrays on every device (replicated), on one process or several."""
         return global_batch(tuple(np.asarray(a) for a in arrays), self._replicated)
 
-
-def _ignore_preview(done: int, total: int, pixels) -> None:
-    """A process that shows nobody its previews (a follower, the CLI) still runs the program, like process 0."""
