@@ -76,7 +76,15 @@ def markdown(results: dict) -> str:
             f"{_verdict(ref.meets_target)} |",
             "",
             f"Host-side part of each call (everything but the compiled program and its transfers): engine "
-            f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}.",
+            f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}. Engine / reference of each interleaved "
+            f"pair: {ref.pair_ratios.range_text(digits=2)}; in process CPU seconds: {ref.cpu_ratio:.2f}.",
+            "",
+            "| engine program (each call blocked on) | ms per call |",
+            "|---|---|",
+            *[f"| {label} | {seconds * 1000:.1f} |" for label, seconds in ref.engine_programs.items()],
+            f"| a call with every program blocked on | {ref.engine_programs_s * 1000:.1f} |",
+            f"| reference: host (inputs, replicate, PIL) / its pmapped program | {ref.reference_host.median * 1000:.1f}"
+            f" / {(ref.reference.median - ref.reference_host.median) * 1000:.1f} |",
             "",
             f"{ref.images_per_call} images per call; the reference loaded in {ref.reference_load_s:.1f} s and its "
             f"first call (pmap compile) took {ref.reference_first_call_s:.1f} s.",

@@ -4,30 +4,16 @@ preview, no picture), a long prompt the N-window ones, a watched request its pre
 import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
-from pipeline.host.programs import ProgramKey
+from bench.program_times import ProgramTimer
 
 LONG_PROMPT = " ".join(f"word{i}" for i in range(100))  # 100 tokens: two windows
 
 
 def programs_run(engine, call) -> list[str]:
     """The labels of the compiled programs `call()` runs on `engine`, in the order it runs them."""
-    ran, compile_program = [], engine.programs.compile
-
-    def recording(key: ProgramKey):
-        program = compile_program(key)
-
-        def run(*args, **kwargs):
-            ran.append(key.label)
-            return program(*args, **kwargs)
-
-        return run
-
-    engine.programs.compile = recording
-    try:
+    with ProgramTimer(engine.programs) as timer:
         call()
-    finally:
-        del engine.programs.compile  # the instance's own attribute: the class's method again
-    return ran
+    return timer.labels
 
 
 def test_plain_request_runs_the_plain_txt2img_programs(engine):
