@@ -6,6 +6,7 @@
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
+    python -m bench --only apphost                   # the app's own time per 1024² request, with and without previews
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
     python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
 
@@ -30,7 +31,7 @@ from .reference import CHECK_RATIO
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history",
+    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -276,6 +277,12 @@ def run(args: argparse.Namespace) -> dict:
             generator, adds=args.history_adds, entries=args.history_entries, size=args.history_size,
             calls=args.history_calls,
         )  # fmt: skip
+    if "apphost" in args.parts:
+        from .apphost import app_host_cost
+
+        progress(f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
+                 f"({args.runs} rounds) ...")  # fmt: skip
+        results["apphost"] = app_host_cost(args.runs)
     results["bench_s"] = time.perf_counter() - started
     return results
 

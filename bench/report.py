@@ -283,6 +283,10 @@ def markdown(results: dict) -> str:
         from .history import markdown as history_markdown
 
         lines += history_markdown(results["history"])
+    if results.get("apphost") is not None:
+        from .apphost import markdown as apphost_markdown
+
+        lines += apphost_markdown(results["apphost"])
     return "\n".join(lines)
 
 

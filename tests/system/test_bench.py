@@ -285,3 +285,16 @@ def test_bench_check_fails_over_its_threshold_and_names_the_parts():
     done = subprocess.run([sys.executable, "-m", "bench", "--only", "flops", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 2 and "--check guards the reference part" in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_apphost_part_times_each_way_of_calling():
+    from bench.apphost import CALLS, IMAGES, app_host_cost
+
+    cost = app_host_cost(runs=1, say=lambda _: None)
+    assert set(cost.overhead) == set(CALLS) and cost.images == IMAGES
+    assert all(positive(stats.median) for stats in cost.cpu.values())
+    assert all(cost.overhead[label].median < cost.wall[label].median for label in CALLS)
+    fetched = cost.fetched_bytes  # the same 8 JPEGs with or without previews; nothing when nothing is fetched
+    assert fetched["previews"] == fetched["no previews"] > 8 * 400_000 and fetched["no previews, nothing fetched"] == 0
+    assert fetched["png"] > fetched["previews"]
