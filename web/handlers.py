@@ -37,7 +37,7 @@ from .files import RunFiles
 from .prompt_filter import PromptFilter
 from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
 from .sizes import size_label
-from .texts import GENERATION_FAILED, NO_CFG_NOTE
+from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -78,6 +78,9 @@ class Handlers:
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
+        self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
+        self._running = 0  # requests in `run` now (shut_down waits for them to answer)
+        self._idle = threading.Condition()
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
@@ -216,6 +219,14 @@ class Handlers:
         """The Stop button: this session's running request ends at its next step (it answers "Stopped at ...")."""
         self.stops.stop(session_of(request))
 
+    def shut_down(self, timeout: float) -> bool:
+        """The server is stopping: every running request ends at its next step and answers SERVER_STOPPING (an API
+        client gets that sentence, not a dropped connection); a request that starts from now on answers it at once.
+        Waits up to `timeout` s for them to answer; True if they all did."""
+        self.shutting_down.set()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout)
+
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def run(
@@ -235,6 +246,18 @@ class Handlers:
         while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
         the next, so a slow browser never holds up the devices.
         """
+        if self.shutting_down.is_set():
+            raise gr.Error(SERVER_STOPPING.format(at=""), title="Server stopping", print_exception=False)
+        with self._idle:
+            self._running += 1
+        try:
+            yield from self._run(request, session, progress, image_format, cfg_ignored=cfg_ignored, user=user)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _run(self, request, session, progress, image_format, *, cfg_ignored, user) -> Iterator[tuple]:
         # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
         # a time), the engine in another (a context can be entered by one thread at a time).
         progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
@@ -249,7 +272,8 @@ class Handlers:
         started = time.perf_counter()
 
         def should_stop() -> bool:
-            return closed.is_set() or stop() or request_gone() or self.early_cancels.take(session)
+            return (closed.is_set() or stop() or self.shutting_down.is_set() or request_gone()
+                    or self.early_cancels.take(session))  # fmt: skip
 
         forming = LatestPreview() if image_format is None else None
         worker = EngineRun(
@@ -284,6 +308,9 @@ class Handlers:
             closed.set()
             worker.join()
             self.stops.end(session, stop)
+        if isinstance(result, Stopped) and self.shutting_down.is_set():
+            at = f" at step {result.done} / {result.total}"
+            raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
         if isinstance(result, Stopped):
             # Nothing of the stopped request stays: the gallery (back from its previews), its PNGs and the seed box
             # keep the last images'.

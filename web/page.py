@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,6 +37,7 @@ from .handlers import Handlers
 from .history_tab import History
 from .options import DEFAULT_QUEUE_SIZE
 from .prompt_filter import PromptFilter
+from .sessions import answers_delivered
 from .sizes import size_label
 from .texts import (
     HEADER_PATH,
@@ -60,6 +62,9 @@ GENERATE_CONCURRENCY = 2
 #: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
 #: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
+#: Seconds a stopping server gives its running requests to end (at their next step) and answer why, within
+#: `docker stop`'s 10 s before it kills.
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -85,8 +90,15 @@ class Page:
                **settings)  # fmt: skip
         return self
 
-    def close(self) -> None:
-        """Stop the server, the background PNG writers and the history's, and remove this page's files."""
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the server, the background PNG writers and the history's, and remove this page's files.
+
+        First every request ends at its next step and answers why (web/handlers.Handlers.shut_down), and its client
+        is handed that answer, within `grace_s`; then Gradio's server stops (it waits for open streams)."""
+        deadline = time.monotonic() + grace_s
+        self.handlers.shut_down(grace_s)
+        while not answers_delivered(self.demo) and time.monotonic() < deadline:
+            time.sleep(0.02)
         self.demo.close()
         self.outbox.close()
         self.history.close()

@@ -38,6 +38,8 @@ LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/b
 #: Link to the project's source shown in the header (omitted when empty); SDXL_PROJECT_URL overrides it.
 PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
 GENERATION_FAILED = "Generation failed on the server; please try again."
+#: What a running or waiting request answers when the server is stopped (SIGTERM, Ctrl-C, `docker stop`).
+SERVER_STOPPING = "The server is shutting down: this request was stopped{at}. Please try again in a moment."
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
 NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
 
