@@ -161,17 +161,15 @@ def copy_image_files(destination: pathlib.Path) -> list[str]:
             for match in matches:
                 origin = ROOT / match
                 assert origin.exists(), f"Dockerfile: COPY {source}: not in the build context"
-                if origin.is_dir():
+                if origin.is_dir():  # its contents go into the target folder
                     files = [p for p in origin.rglob("*") if p.is_file()]
-                    place = lambda p, o=origin: destination / target / p.relative_to(o)  # noqa: E731
-                else:
-                    files = [origin]
-                    place = lambda p: destination / target / (p.name if target.endswith(("/", ".")) else "")  # noqa: E731
-                for path in files:
-                    relative = path.relative_to(ROOT).as_posix()
-                    if ignored(relative, patterns):
+                    pairs = [(p, destination / target / p.relative_to(origin)) for p in files]
+                else:  # into a folder ("dir/", "."), or as the target file
+                    into = target.endswith(("/", "."))
+                    pairs = [(origin, destination / target / origin.name if into else destination / target)]
+                for path, out in pairs:
+                    if ignored(path.relative_to(ROOT).as_posix(), patterns):
                         continue
-                    out = place(path)
                     out.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(path, out)
                     copied.append(out.relative_to(destination).as_posix())
