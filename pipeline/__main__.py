@@ -67,7 +67,7 @@ def _generate(args: argparse.Namespace) -> int:
     request = parse_request(
         args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,
         randomize, cfg_end=args.cfg_end, deepcache=args.deepcache, loras=[_lora(text) for text in args.lora],
-        init_image=args.init_image, mask_image=args.mask, strength=args.strength, rules=RequestRules.of(config),
+        init_image=args.init_image, mask_image=args.mask_image, strength=args.strength, rules=RequestRules.of(config),
     )  # fmt: skip
     if not config.cfg and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
         print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)

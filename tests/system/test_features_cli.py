@@ -35,7 +35,7 @@ def engine_args(lora_dir: Path) -> list[str]:
 def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feature_engine):
     done = run_cli(
         "generate", *engine_args(lora_dir), "--prompt", PROMPT, "--negative-prompt", "blurry", "--seed", "7",
-        "--lora", "kohya_sgm:0.8", "--lora", "peft:0.5:1.2", "--init-image", str(PICTURE), "--mask", str(MASK),
+        "--lora", "kohya_sgm:0.8", "--lora", "peft:0.5:1.2", "--init-image", str(PICTURE), "--mask-image", str(MASK),
         "--strength", "0.75", "--cfg-end", "0.5", "--deepcache", "2", "--steps", "4", "--sampler", "DPM++ 2M",
         "--out", str(tmp_path), "--json", env=TWO_DEVICES,
     )  # fmt: skip
