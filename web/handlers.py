@@ -27,6 +27,7 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
+from pipeline.image_inputs import open_image
 from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_request
 from pipeline.stopping import Stopped
 from pipeline.styles import DEFAULT_STYLE
@@ -191,6 +192,22 @@ class Handlers:
             return path, Handlers.paint_on(path), strength
 
         return start_from
+
+    @staticmethod
+    def picture_uploaded(payload: dict | None):
+        """The picture's change, given its upload as sent (the event does not preprocess: Gradio's own decoding of a
+        non-image ends in a long traceback and a bare "Error" badge): (the picture, the mask editor's value), or one
+        sentence, one log line and both cleared when the file is not a picture this server reads."""
+        path = file_path(payload)
+        if path is None:
+            return None, None
+        try:
+            open_image(path, what="uploaded file").close()
+        except InvalidInput as exc:
+            logger.info("a picture upload was refused: %s", exc)
+            gr.Warning(str(exc), title="Not a picture")
+            return None, None
+        return gr.skip(), Handlers.paint_on(path)
 
     @staticmethod
     def paint_on(path: str | None) -> dict | None:

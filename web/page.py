@@ -367,8 +367,8 @@ def build_page(
             **generating,
         )
         # The picture goes to the mask editor as its background (strokes start afresh).
-        init_image.change(fn=handlers.paint_on, inputs=init_image, outputs=picture, queue=False,
-                          api_visibility="private")  # fmt: skip
+        init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=[init_image, picture],
+                          preprocess=False, api_visibility="private")  # fmt: skip
         # Vary: the clicked result as the picture, subtle (0.5) or strong (0.85) as Fooocus offers, then generate.
         gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
         varied = [
