@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         check_env_choices(parser, args, CLI if args.command == "generate" else PRECOMPILE)
     if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
-    elif args.command == "precompile":
-        skip_absent_tpu()  # compiling for a TPU topology needs libtpu, not a TPU: no probe for one
+    else:  # make-tiny; compiling for a TPU topology needs libtpu, not a TPU: no probe for one either way
+        skip_absent_tpu()
     quiet_start()
     try:
         if args.command == "make-tiny":
