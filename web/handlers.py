@@ -280,8 +280,11 @@ class Handlers:
         progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
         context_lock = threading.Lock()
 
+        reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
+
         def on_step(step: int, total: int) -> None:
             with context_lock:
+                reported[:] = [(step, total)]
                 progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
         stop = self.stops.begin(session)
@@ -308,6 +311,8 @@ class Handlers:
                 previewed = True
                 caption = f"step {done} / {total} · {width}×{height}"
                 yield [(str(self._preview_file(image)), caption) for image in pixels], gr.skip(), gr.skip()
+                if reported:  # a client's job.status() shows the last message: a preview's carries no progress
+                    on_step(*reported[0])
             result = worker.result()
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
