@@ -100,7 +100,7 @@ def test_readme_lists_every_app_option_and_is_for_users():
     assert (REPO / "bench" / "README.md").is_file() and "bench/README.md" in text
     for section in ("## Install", "## Run", "## Options", "## API", "## Deploy", "## Figures"):
         assert re.search(rf"^{section}", text, re.M), section
-    assert "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234" in text  # the status line today
+    assert "8 images in 2.3 s · 1344×768 · 4 steps, DPM++ 2M Karras · seed 1234" in text  # the status line today
     assert markdown_table(ALL_OPTIONS) in text  # the table is the one `python -m web.options` prints
 
 
