@@ -197,6 +197,11 @@ class Form:
             return [gr.skip()] * len(self.lora_rows)
         prompt = settings.get("prompt") if isinstance(settings.get("prompt"), str) else ""
         tagged = {match.group(1).strip().lower() for match in LORA_TAG.finditer(prompt)}
+        offered = {name.lower() for name in self.loras}
+        for name in sorted({match.group(1).strip() for match in LORA_TAG.finditer(prompt)}):
+            if name.lower() not in offered:  # Generate would refuse it: say it now, as for a sampler or a size
+                notes.append(f"The prompt's LoRA {name!r} is not offered here; remove its <lora:…> tag before "
+                             "Generate.")  # fmt: skip
         picked = []
         for item in settings.get("loras") or []:
             if not (isinstance(item, list | tuple) and len(item) >= 2 and isinstance(item[0], str)):

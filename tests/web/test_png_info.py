@@ -269,6 +269,20 @@ def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_p
         "cinematic photo of a lighthouse in a storm", 42, "DPM++ 2M Karras")
 
 
+def test_an_unknown_lora_in_the_prompt_is_said_when_filling(png_info_page, tmp_path, monkeypatch):
+    """A1111's PNG whose prompt tags a LoRA this server lacks: said when the form is filled (Generate would refuse
+    it), as a sampler or a size not offered is; the prompt keeps the tag."""
+    import gradio as gr
+
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *args, **kwargs: warnings.append(message))  # what the page shows
+    image = _png(tmp_path / "a.png", {"parameters": A1111_TEXT})
+    values = _values(png_info_page, png_info_page.form.from_image(image))
+    assert "<lora:add_detail:0.6>" in values["prompt"]
+    assert "The prompt's LoRA 'add_detail' is not offered here; remove its <lora:…> tag before Generate." in warnings
+    assert any("832×1216 is not offered here" in w for w in warnings)  # the size, said the same way
+
+
 def test_an_image_without_parameters_gets_one_sentence(png_info_page, tmp_path):
     import gradio as gr
 
