@@ -3,8 +3,8 @@
 start-up). Both read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
-checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
-that is bad input, status 2.
+`--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
+(single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app.
 """
 
 from __future__ import annotations

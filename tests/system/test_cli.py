@@ -65,8 +65,8 @@ def test_generate_writes_one_png_per_device(tiny_dir, tmp_path):
         (["--seed", "-5"], 2, "Seed"),
         (["--guidance-scale", "500"], 2, "Guidance"),
         (["--height", "100"], 2, "Height must be a multiple of 32; got 100."),
-        (["--model", "/nonexistent/sdxl"], 3, "does not exist"),
-        (["--model", "requirements.txt"], 3, "is a file"),
+        (["--model", "/nonexistent/sdxl"], 2, "does not exist"),  # as the app: a wrong --model is bad input
+        (["--model", "requirements.txt"], 2, "is a file"),
     ],
 )
 def test_bad_input_exits_non_zero_with_one_line(tiny_dir, tmp_path, args, code, message):
