@@ -5,6 +5,7 @@ The texts live in assets/ (header.md, footer*.md) with $placeholders filled here
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -72,10 +73,22 @@ def model_card_url(model: str) -> str:
     return f"https://huggingface.co/{model}"
 
 
+#: Widest UNet block of a test-sized checkpoint: SDXL's are 320, 640 and 1280 channels; the tiny geometry's 32-64.
+TINY_CHANNELS = 128
+
+
 def is_tiny(model: str) -> bool:
-    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it) or another test-
+    sized one (tests/fixtures/tiny-pt: its UNet's blocks at most TINY_CHANNELS wide; random weights, fast on a CPU)."""
     model = model.strip()
-    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+    path = pathlib.Path(model).expanduser()
+    if model == TINY_MODEL or (path / COMPLETE_MARKER).is_file():
+        return True
+    try:
+        channels = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))["block_out_channels"]
+        return max(channels) <= TINY_CHANNELS
+    except (OSError, ValueError, KeyError, TypeError):  # not a local checkpoint (a Hub id), or an odd config
+        return False
 
 
 def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ import contextlib
 import json
 
 import jax
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import TEST_SIZE, TEST_STEPS, TINY_PT
 
 from pipeline.config import SDXL_BASE
 from pipeline.generator import Generator
@@ -71,6 +71,7 @@ def test_real_model_on_cpu_is_said_plainly(tiny_dir):
     assert model_texts(SDXL_BASE, on_cpu=False)["notice"] == ""
     assert model_texts("tiny", on_cpu=True)["notice"] == ""
     assert model_texts(str(tiny_dir), on_cpu=True) == model_texts("tiny", on_cpu=True)  # tiny by its path
+    assert model_texts(str(TINY_PT), on_cpu=True)["notice"] == ""  # the PyTorch fixture: 0.3-1 s requests here
     assert page_texts.model_card_url("acme/my-sdxl") == "https://huggingface.co/acme/my-sdxl"
     assert "acme/my-sdxl" in page_texts.header_links("acme/my-sdxl")
 
