@@ -62,8 +62,11 @@ def test_app_process_starts_warm_and_stops_cleanly_on_signal_mid_request(tiny_di
     image = tmp_path / "app"
     copy_image_files(image)
     port = free_port()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     env = {**os.environ, "HF_TOKEN": SECRET, "HUGGING_FACE_HUB_TOKEN": SECRET, "PYTHONUNBUFFERED": "1",
-           "SDXL_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": ""}  # fmt: skip
+           "SDXL_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": "", "TMPDIR": str(temp)}  # fmt: skip
+    env.pop("GRADIO_TEMP_DIR", None)
     command = app_command(tiny_dir, port)
     process = subprocess.Popen(command, cwd=image, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -98,6 +101,7 @@ def test_app_process_starts_warm_and_stops_cleanly_on_signal_mid_request(tiny_di
     assert "The server is shutting down: this request was stopped at step" in str(answer.value), repr(answer.value)
     assert output.index("request stopped at step") < output.index("Closing server")  # answered, then closed
     assert exit_s < 30
+    assert not (temp / "gradio").exists(), list(temp.rglob("*"))  # nor Gradio's empty vibe_edit_history
     assert "stopped" in output and "Traceback" not in output
     assert SECRET not in output
 
