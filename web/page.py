@@ -258,7 +258,8 @@ def build_page(
                                 value=int(rules.steps),
                                 step=1,
                                 label="Steps",
-                                info="Denoising steps; any number runs without recompiling",
+                                info=f"Denoising steps, 1 to {MAX_STEPS}; any number runs without recompiling (a "
+                                "number typed outside is set to the nearest limit)",
                                 elem_id="steps",
                             )
                             sampler = gr.Dropdown(

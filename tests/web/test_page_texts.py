@@ -61,6 +61,7 @@ def test_page_texts_follow_the_model_and_the_count():
     assert "tiny random-weight test model" in texts
     assert "RAIL" not in texts and "Stable Diffusion XL 1.0](" not in texts and page_texts.MODEL_CARD_URL not in texts
     assert "a number typed outside is set to the nearest limit" in texts  # guidance is clamped in the browser
+    assert "Denoising steps, 1 to 100;" in texts and texts.count("set to the nearest limit") >= 2  # steps too
 
 
 def test_real_model_on_cpu_is_said_plainly(tiny_dir):
