@@ -334,11 +334,12 @@ class Handlers:
             at = f" at step {result.done} / {result.total}"
             raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
         if isinstance(result, Stopped):
-            # Nothing of the stopped request stays: the gallery (back from its previews), its PNGs and the seed box
-            # keep the last images'.
+            # The gallery goes back from the previews to the last images, if any, else keeps the last preview; the
+            # PNGs and the seed box keep the last images'.
             before = self.shown.gallery(session)
-            note = " The images are still the previous request's." if before else ""
-            gallery = (before or None) if previewed else gr.skip()
+            note = " The images are still the previous request's." if before else \
+                " The pictures are its last preview." if previewed else ""  # fmt: skip
+            gallery = before if previewed and before else gr.skip()
             yield gallery, gr.skip(), f"Stopped at step {result.done} / {result.total}.{note}"
             return
         try:
