@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         page = build_page(
             cluster.lead(generator), examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
-            progress=not args.no_progress, history=history,
+            progress=not args.no_progress, history=history, logins=bool(args.auth),
         )  # fmt: skip
     try:
         return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,

@@ -134,9 +134,11 @@ def build_page(
     queue_size: int = DEFAULT_QUEUE_SIZE,
     progress: bool = True,
     history: History | None = None,
+    logins: bool = False,
 ) -> Page:
     """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`. `history`: where
-    past generations go (web/history_tab.py; none by default)."""
+    past generations go (web/history_tab.py; none by default). `logins`: the page is launched with `auth` (a Log out
+    button, to Gradio's /logout)."""
     examples = load_examples() if examples is None else list(examples)
     rules = engine.rules if styles is None else replace(engine.rules, styles=styles)
     files = RunFiles()  # first: Gradio reads its cache folder when it makes each component
@@ -159,6 +161,8 @@ def build_page(
         history_state = history.state()  # the visitor's entries when their browser keeps them
         with gr.Column(elem_id="app"):
             gr.Markdown(header_text(engine, texts), elem_id="header")
+            if logins:  # Gradio's own route: forgets the login, back to its login form (relative: works under a proxy)
+                gr.Button("Log out", link="logout", size="sm", variant="secondary", scale=0, elem_id="logout")
             # Without a history the page has one tab: its tab bar is hidden (assets/style.css).
             with gr.Tabs(elem_id="tabs", elem_classes=[] if history.enabled else ["one-tab"]) as tabs:
                 with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
