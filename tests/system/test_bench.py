@@ -25,7 +25,8 @@ def bench_out(tmp_path_factory) -> Path:
     command = [
         sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
         "--steps", str(TEST_STEPS), "--runs", "1", "--clients", "1,2", "--requests-per-client", "1",
-        "--recompile-requests", "5", "--out", str(out), "--only", "reference,startup,app,recompiles,flops,fewstep",
+        "--recompile-requests", "5", "--startup-runs", "1", "--out", str(out),
+        "--only", "reference,startup,app,recompiles,flops,fewstep",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -53,6 +54,13 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
             assert positive(startup[run][phase]), (run, phase)
     assert startup["cache_entries"] > 0
     assert positive(startup["app_cold_ready_s"]) and positive(startup["app_warm_ready_s"])
+    assert positive(startup["app_executables_ready_s"])
+    kinds = [start["kind"] for start in startup["app"]]
+    assert kinds == ["cold", "warm", "warm + executables"]  # --startup-runs 1
+    cold, warm, whole = (start["programs"] for start in startup["app"])
+    assert cold["traced"] == cold["compiled"] == cold["programs"] > 0 and cold["loaded"] == 0
+    assert warm["traced"] == warm["cached"] == warm["programs"] and warm["loaded"] == 0
+    assert whole["loaded"] == whole["programs"] and whole["traced"] == 0
     assert startup["ratio"] == pytest.approx(startup["warm"]["first_image_s"] / startup["cold"]["first_image_s"])
 
     serving = results["serving"]
