@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config import shape_defaults
+
 from .common import Progress, free_port, progress, stop_process
 
 TARGET_RATIO = 0.4
@@ -171,9 +173,12 @@ def median_ready(starts: list[AppRestart], kind: str) -> float:
 
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,
             timeout_s: float = 600, runs: int = 2) -> StartupResult:  # fmt: skip
-    """The app's restarts (`app_restarts`), then the CLI's cold and warm start in separate processes sharing one
-    fresh cache directory."""
-    args = ["--model", model, "--height", str(height), "--width", str(width), "--steps", str(steps), "--dtype", dtype]
+    """The app's restarts (`app_restarts`; at the model's default size, the app's default sizes: `python app.py
+    --model tiny` offers three), then the CLI's cold and warm start in separate processes sharing one fresh cache
+    directory."""
+    args = ["--model", model, "--steps", str(steps), "--dtype", dtype]
+    if (height, width) != shape_defaults(model)[:2]:  # else the app's own default sizes, as `python app.py` offers
+        args += ["--height", str(height), "--width", str(width)]
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-cache-") as tmp:
         say("start-up: app, cold (empty compilation cache), then warm and warm + executables ...")
         app = app_restarts(args, Path(tmp) / "app-cache", runs, timeout_s, say)

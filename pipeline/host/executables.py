@@ -193,8 +193,8 @@ def store_executables(programs: ServedPrograms, compiled: dict, directory: Path)
     """Add `compiled` ({key: executable}) to the store in `directory`; (executables written, seconds).
 
     One writer at a time (a file lock: several servers may start at once on one host), the manifest replaced whole.
-    Entries of other program sources are dropped with their files. A program that cannot be serialized, or a store
-    that cannot be written, is named in one line; the server starts all the same.
+    Entries of other program sources are dropped, and files no entry names are removed. A program that cannot be
+    serialized, or a store that cannot be written, is named in one line; the server starts all the same.
     """
     started = time.perf_counter()
     written = 0
@@ -212,6 +212,10 @@ def store_executables(programs: ServedPrograms, compiled: dict, directory: Path)
                 written += 1
             header = aot.manifest_header(programs, topology="this host", settings={})
             aot.write_manifest(directory, header, sorted(entries.values(), key=lambda entry: entry["file"]))
+            listed = {entry["file"] for entry in entries.values()}
+            for path in directory.glob("*.jaxexe"):  # other code's, or left by a manifest that could not be read
+                if path.name not in listed:
+                    path.unlink(missing_ok=True)
     except OSError as exc:  # a read-only or full volume: this start is served, the next one compiles again
         logger.warning("executables: not stored in %s (%s)", directory, exc)
         return 0, time.perf_counter() - started
@@ -219,23 +223,15 @@ def store_executables(programs: ServedPrograms, compiled: dict, directory: Path)
 
 
 def _current_entries(programs: ServedPrograms, directory: Path) -> dict[str, dict]:
-    """The store's entries by fingerprint that this code can still load; the files of the others are removed."""
+    """The store's entries, by fingerprint, that this code on these devices can still load."""
     try:
         manifest = aot.read_manifest(directory)
     except (OSError, ValueError):
         return {}
+    if aot.manifest_mismatch(manifest, programs) is not None:
+        return {}
     entries = [entry for entry in manifest.get("programs", []) if isinstance(entry, dict)]
-    if aot.manifest_mismatch(manifest, programs) is None:
-        keep = {entry["fingerprint"]: entry for entry in entries if entry.get("sources") == aot.sources_hash()}
-    else:
-        keep = {}
-    kept_files = {entry.get("file") for entry in keep.values()}
-    for entry in entries:
-        name = str(entry.get("file", ""))
-        if name and name not in kept_files and "/" not in name:
-            with contextlib.suppress(OSError):
-                (directory / name).unlink()
-    return keep
+    return {entry["fingerprint"]: entry for entry in entries if entry.get("sources") == aot.sources_hash()}
 
 
 @contextlib.contextmanager
