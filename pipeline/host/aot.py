@@ -32,7 +32,7 @@ from pathlib import Path
 
 import jax
 
-from .programs import ProgramKey, ServedPrograms
+from .programs import KINDS, WEIGHTS, ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
 
@@ -131,16 +131,28 @@ PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py
                    "device/preview.py")
 
 
+#: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
+#: executable (a program that JAX's cache holds but the store does not is compiled once more to be stored); any other
+#: setting, a new one included, is in every program's fingerprint.
+NOT_SHAPING: dict[str, frozenset[str]] = {
+    "levers": frozenset(KINDS),  # which programs exist (their kinds), not what one computes
+    "prediction_type": frozenset(KINDS) - {"step", "step_full", "step_shallow"},
+    "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_full", "step_shallow"},
+    "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
+}
+
+
 def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     """A hash of everything `key`'s program is compiled from, without tracing it (a start-up must stay fast):
-    the key, the devices, every static setting of `programs` (batch, attention core, prediction type, prompt windows,
-    levers...), the modules' configs, the weights' shapes and dtypes, and the source files that define the programs.
-    Equal hashes mean the same program."""
+    the key, the devices, the static settings of `programs` that shape it (batch, attention core, prediction type,
+    prompt windows...), the configs and computation dtypes of the modules it runs, the shapes and dtypes of its
+    weights, and the source files that define the programs. Equal hashes mean the same program."""
     digest = hashlib.sha256()
     first = next(iter(programs.mesh.devices.flat))
-    static = (key.label, int(programs.mesh.devices.size), first.platform, first.device_kind, _static_settings(programs))
+    static = (key.label, int(programs.mesh.devices.size), first.platform, first.device_kind,
+              _static_settings(programs, key.kind))  # fmt: skip
     digest.update(repr(static).encode())
-    for name in ("text_encoder", "text_encoder_2", "unet", "vae"):
+    for name in WEIGHTS[key.kind] or ("text_encoder", "text_encoder_2", "unet", "vae"):  # none: shapes from all
         module = getattr(programs.modules, name)
         digest.update(f"{_config_text(module)} {getattr(module, 'dtype', None)}".encode())  # computation dtype
     digest.update(repr(programs.modules.vae_scale_factor).encode())
@@ -153,12 +165,13 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     return digest.hexdigest()[:20]
 
 
-def _static_settings(programs: ServedPrograms) -> tuple:
-    """`programs`' plain settings (numbers, names, switches, tuples of them), whatever they are called: a setting
-    added to `ServedPrograms` joins the fingerprint without a change here."""
+def _static_settings(programs: ServedPrograms, kind: str) -> tuple:
+    """`programs`' plain settings (numbers, names, switches, tuples of them) that shape `kind`'s program, whatever
+    they are called: a setting added to `ServedPrograms` joins every fingerprint without a change here."""
     plain = (bool, int, float, str, tuple, type(None))
     return tuple((name, value) for name, value in sorted(vars(programs).items())
-                 if not name.startswith("_") and isinstance(value, plain))  # fmt: skip
+                 if not name.startswith("_") and isinstance(value, plain)
+                 and kind not in NOT_SHAPING.get(name, ()))  # fmt: skip
 
 
 @functools.cache
