@@ -59,12 +59,15 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir, own_cache, caplog):
+    from pipeline.host.aot import fingerprint
     from pipeline.host.executables import store_directory
+    from pipeline.host.programs import ProgramKey
 
     store = store_directory(engine.programs)  # the same devices and versions, under this test's cache folder
     shutil.copytree(engine.startup_programs.directory, store)
     manifest = json.loads((store / "manifest.json").read_text())
-    broken = next(entry for entry in manifest["programs"] if entry["label"] == f"preview {TEST_SIZE}x{TEST_SIZE}")
+    preview = fingerprint(engine.programs, ProgramKey("preview", TEST_SIZE, TEST_SIZE))
+    broken = next(entry for entry in manifest["programs"] if entry["fingerprint"] == preview)
     (store / broken["file"]).write_bytes(b"not an executable")
     (store / "old.jaxexe").write_bytes(b"x")  # an entry of other program sources: dropped at the next write
     manifest["programs"].append({**broken, "fingerprint": "0" * 20, "file": "old.jaxexe", "sources": "older code"})
@@ -80,6 +83,7 @@ def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir
     assert_same_pixels(engine, again)
 
     rewritten = json.loads((store / "manifest.json").read_text())
-    assert {entry["label"] for entry in rewritten["programs"]} == {key.label for key in again.program_keys()}
+    mine = {fingerprint(again.programs, key) for key in again.program_keys()}
+    assert mine <= {entry["fingerprint"] for entry in rewritten["programs"]} and "0" * 20 not in str(rewritten)
     assert not (store / "old.jaxexe").exists() and os.path.getsize(store / broken["file"]) > 1000
     assert not list(store.glob(".*.partial"))  # written under another name, then renamed
