@@ -172,7 +172,7 @@ def median_ready(starts: list[AppRestart], kind: str) -> float:
 
 
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,
-            timeout_s: float = 600, runs: int = 2) -> StartupResult:  # fmt: skip
+            timeout_s: float = 1800, runs: int = 2) -> StartupResult:  # fmt: skip
     """The app's restarts (`app_restarts`; at the model's default size, the app's default sizes: `python app.py
     --model tiny` offers three), then the CLI's cold and warm start in separate processes sharing one fresh cache
     directory."""

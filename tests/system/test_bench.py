@@ -28,7 +28,7 @@ def bench_out(tmp_path_factory) -> Path:
         "--recompile-requests", "5", "--startup-runs", "1", "--out", str(out),
         "--only", "reference,startup,app,recompiles,flops,fewstep",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[bench " in done.stdout  # progress lines while it runs
     return out
@@ -105,7 +105,7 @@ def test_markdown_and_chart_are_written(bench_out):
 def bench_unet(tmp_path, *args) -> dict:
     """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
     command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((tmp_path / "unet.json").read_text())
 
@@ -173,7 +173,7 @@ def feature_results(tmp_path_factory) -> dict:
         "--feature-steps", str(FEATURE_STEPS), "--preview-size", "256", "--history-adds", "1",
         "--history-entries", "20", "--history-size", "128", "--history-calls", "2", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     results["markdown"] = (out / "results.md").read_text()
