@@ -41,6 +41,7 @@ from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
@@ -193,6 +194,8 @@ class Generator:
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
+        #: How `warmup` got each program (loaded, traced, compiled; None before it)
+        self.startup_programs: StartupPrograms | None = None
 
     @classmethod
     def load(cls, config: EngineConfig, devices: list | None = None) -> Generator:
@@ -250,15 +253,16 @@ class Generator:
                     raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
     def warmup(self) -> dict[str, float]:
-        """Compile every served program, then run each offered size once; compile_s and first_run_s are totals."""
+        """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then
+        run each offered size once; compile_s (all of the programs' phase) and first_run_s are totals, with the
+        programs' phases apart (`host/executables.StartupPrograms.timings`)."""
         started = time.perf_counter()
-        for key in self.program_keys():
-            compiled_at = time.perf_counter()
-            self.programs.compile(key)
-            logger.info("compiled %s in %.1f s", key.label, time.perf_counter() - compiled_at)
+        store = self.config.compilation_cache and self.config.executable_cache
+        self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
+        logger.info("%s", self.startup_programs.summary())
         if self.loras is not None:
             self.loras.prepare()
-        timings = {"compile_s": time.perf_counter() - started, "first_run_s": 0.0}
+        timings = {"compile_s": time.perf_counter() - started, **self.startup_programs.timings(), "first_run_s": 0.0}
         for height, width in self.sizes:
             started = time.perf_counter()
             self.generate(self.request("warm-up", size=(height, width)))
