@@ -6,6 +6,8 @@
     python -m bench tpu --model tiny --sizes 64x64                # the tiny checkpoint's geometry: a minute or two
     python -m bench tpu --kinds merge --lora-rank 32              # the LoRA merge program (a typical kohya LoRA)
     python -m bench tpu --startup                                 # precompiled vs cold start-up (tiny, this CPU)
+    python -m bench tpu --only "step_full 1024x1024 cfg" --attention splash --quantize int8    # the int8 UNet
+    python -m bench tpu --only "encode cfg" --prompt-windows 1                # CLIP's single 77-token window
 
 Needs libtpu (`pip install "jax[tpu]==0.10.2"`, in requirements-dev.txt). `--topology` is any name libtpu knows
 (v5e:2x2 = v5e-4, v5e:2x4, v6e:2x2, the multi-host v5e:4x4...); the batch is one image per chip (x
@@ -15,10 +17,22 @@ is downloaded); `--model tiny` uses the tiny checkpoint. Each program is compile
 (memory analysis: arguments, temporaries, outputs, generated code) against the chip's HBM, FLOPs and bytes accessed
 of the compiled program (cost analysis, per chip; fused Pallas kernels report no FLOPs) and the roofline
 max(FLOPs / peak, bytes / bandwidth). Per request it predicts device seconds on the topology (4 images on v5e:2x2)
-for SDXL base (25 steps, CFG) and Lightning-4 (4 steps, no CFG) from the rooflines: encode + start + steps x step +
-decode, a lower bound, at every size compiled. Results go to --out/tpu.json (merged with the rows already there, so
-programs compiled by separate runs add up) and a table is printed (`--report`: only that, nothing compiled). Only
-the UNet step depends on the attention core; the other programs are compiled once (attention null).
+from the rooflines (the requests below): encode + start + each step's program + decode, a lower bound, at every
+size compiled.
+
+Every kind a server runs can be compiled: `step` (a server with --no-speed-levers), `step_full` and `step_shallow`
+(DeepCache's whole and shallow UNet; with levers on, the default, every whole-UNet step is a `step_full`),
+`halve_text` and `halve_feature` (where guidance ends), `preview`, `encode`, `start`, `decode`, `merge`. Rows carry
+`prompt_windows` (the programs that read the prompt: --prompt-windows, 3 by default as the server's) and `quantize`
+(the UNet's programs: --quantize int8 as `pipeline/device/quantize.py` serves it). The predicted requests follow
+the host loop's speed plan (host/speed_plan.py): exact 25 steps, cfg_end 0.5, DeepCache 3, both, Lightning-4, and
+MLPerf's 20-step CFG request, whose images/s per chip stand beside Google's MLPerf Inference v4.1 v5e figure (0.438).
+An int8 row's roofline keeps its FLOPs at the bf16 peak; the int8 peak (393 TOPS on v5e) gives a second, lower
+bound, since the cost analysis does not say which FLOPs ran int8.
+
+Results go to --out/tpu.json (merged with the rows already there, so programs compiled by separate runs add up) and
+a table is printed (`--report`: only that, nothing compiled). Only the UNet steps depend on the attention core; the
+other programs are compiled once (attention null).
 
 The `merge` kind is the LoRA merge program (ProgramKey("merge"), device/lora.py) for the kernels a typical kohya SDXL
 LoRA trains (`kohya_leaves`), at --lora-rank (32) with 4 slots; besides its row, the report adds the HBM a server
@@ -49,6 +63,8 @@ UNET_KINDS = ("step", "step_full", "step_shallow")
 TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "halve_text")
 #: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
 LORA_RANK = 32
+#: int8 x int8 peak per chip (ops/s): v5e 393 TOPS, v6e 1836 TOPS (Google Cloud's TPU pages), twice bf16's.
+INT8_PEAK = {"TPU v5 lite": 393e12, "TPU v6 lite": 1836e12}
 #: A v5e chip's HBM, the budget when the compiler names no chip size (aot.HBM_PER_CHIP).
 HBM_V5E = 16 * 2**30
 #: Requests the report predicts: (name, steps, CFG, cfg_end, DeepCache interval); SDXL base's 25 steps at guidance.
@@ -386,6 +402,17 @@ def compile_one(programs, key, attention, topology, progress) -> dict:
     return row
 
 
+def int8_roofline(row: dict) -> float | None:
+    """An int8 row's roofline with its FLOPs at the int8 peak (the compiler's cost analysis does not split int8 from
+    bf16 work: this is the bound if all counted FLOPs ran int8 x int8; `roofline_s` keeps them at the bf16 peak)."""
+    from pipeline.host.aot import HBM_BANDWIDTH
+
+    kind = row.get("device_kind")
+    if row.get("quantize") != "int8" or kind not in INT8_PEAK:
+        return None
+    return max(row["flops"] / INT8_PEAK[kind], row["bytes_accessed"] / HBM_BANDWIDTH[kind])
+
+
 def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> list[dict]:
     """Predicted device seconds per request on `topology` at `size` from the programs' rooflines (a lower bound:
     device only, no host, no dispatch gaps), per attention core, --quantize and prompt windows compiled.
@@ -429,6 +456,9 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             missing = sorted({k for k, found in parts.items() for row in found if row is None or row["roofline_s"]
                               is None})  # fmt: skip
             seconds = None if missing else sum(row["roofline_s"] for found in parts.values() for row in found)
+            at_int8 = None
+            if not missing and quantize == "int8":
+                at_int8 = sum(int8_roofline(row) or row["roofline_s"] for found in parts.values() for row in found)
             step_rows = [row for k, found in parts.items() if k.startswith("step") for row in found if row]
             images = step_rows[0]["images"] if step_rows else None
             chips = step_rows[0]["chips"] if step_rows else None
@@ -436,7 +466,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             out.append({"request": name, "steps": steps, "cfg": cfg, "cfg_end": cfg_end, "deepcache": deepcache,
                         "attention": attention, "quantize": quantize, "prompt_windows": windows,
                         "topology": topology, "size": size, "images": images, "predicted_s": seconds,
-                        "images_per_s_per_chip": per_chip,
+                        "images_per_s_per_chip": per_chip, "predicted_int8_peak_s": at_int8,
                         "programs": {k: len(found) for k, found in parts.items()}, "missing": missing})  # fmt: skip
     return out
 
@@ -459,6 +489,8 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
         parts = " + ".join(f"{hbm[k] / 2**30:.2f}" for k in ("arguments", "temporaries", "outputs", "code"))
         share = f"{row['hbm_total_bytes'] / row['hbm_chip_bytes']:.0%}" if row.get("hbm_chip_bytes") else "n/a"
         roof = f"{row['roofline_s'] * 1e3:.2f}" if row["roofline_s"] is not None else "n/a"
+        if int8_roofline(row):
+            roof += f" ({int8_roofline(row) * 1e3:.2f} at the int8 peak)"
         name = row["program"] + (f" w{row['prompt_windows']}" if row.get("prompt_windows") else "")
         name += " int8" if row.get("quantize") == "int8" else ""
         lines.append(f"| {name} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
@@ -470,6 +502,8 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
                   "|---|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
         for req in requests:
             value = f"{req['predicted_s']:.2f}" if req["predicted_s"] is not None else f"missing {req['missing']}"
+            if req.get("predicted_int8_peak_s"):
+                value += f" ({req['predicted_int8_peak_s']:.2f} at the int8 peak)"
             rate = req.get("images_per_s_per_chip")
             rate = f"{rate:.3f}" if rate else "-"
             if req["request"] == MLPERF_REQUEST[0] and req.get("images_per_s_per_chip"):
