@@ -3,8 +3,8 @@
 start-up). Both read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
-checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
-that is bad input, status 2.
+`--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
+(single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .config import engine_config
 from .errors import CheckpointError, InvalidInput, ModelLoadError
 from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
-from .request import RequestRules, parse_request
+from .request import LORA_TAG, RequestRules, parse_request
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -63,11 +63,21 @@ def _generate(args: argparse.Namespace) -> int:
 
     # Check what the user typed before spending time on loading and compiling: the same checks as the page and API.
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
+    rules = RequestRules.of(config)
+    if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
+        from .checkpoint.lora import screen_lora_dir
+
+        offered, refused = screen_lora_dir(config.lora_dir)
+        rules = dataclasses.replace(rules, loras=tuple(offered))
+        asked = [_lora(text)[0] for text in args.lora] + [m.group(1) for m in LORA_TAG.finditer(args.prompt)]
+        for name in asked:
+            if why := refused.get(name.strip()):
+                raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
     randomize = str(args.seed).strip().lower() in ("random", "randomize")
     request = parse_request(
         args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,
         randomize, cfg_end=args.cfg_end, deepcache=args.deepcache, loras=[_lora(text) for text in args.lora],
-        init_image=args.init_image, mask_image=args.mask, strength=args.strength, rules=RequestRules.of(config),
+        init_image=args.init_image, mask_image=args.mask_image, strength=args.strength, rules=rules,
     )  # fmt: skip
     if not config.cfg and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
         print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)
@@ -140,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         check_env_choices(parser, args, CLI if args.command == "generate" else PRECOMPILE)
     if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
-    elif args.command == "precompile":
-        skip_absent_tpu()  # compiling for a TPU topology needs libtpu, not a TPU: no probe for one
+    else:  # make-tiny; compiling for a TPU topology needs libtpu, not a TPU: no probe for one either way
+        skip_absent_tpu()
     quiet_start()
     try:
         if args.command == "make-tiny":

@@ -51,7 +51,7 @@ from .host.speed_plan import speed_plan
 from .host.tokens import dropped_text, summarize_dropped, tokenize
 from .image_inputs import steps_to_run
 from .request import Request, RequestRules, parse_request
-from .styles import PLACEHOLDER
+from .styles import DEFAULT_STYLE, PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class GenerationResult:
 def request_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
     settings: dict[str, object] = {}
+    if request.style != DEFAULT_STYLE:  # the prompt above is styled: the style's name lets a reader undo it
+        settings["Style"] = request.style
     if request.init_image is not None:  # A1111's name for image to image's strength
         settings["Denoising strength"] = request.strength
     if request.loras and loras is not None:

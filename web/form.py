@@ -21,6 +21,7 @@ from pipeline.errors import InvalidInput
 from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.request import LORA_TAG, Request
+from pipeline.styles import load_styles, unapply_style
 
 from .png_info import FormValues, read_form_values
 from .sizes import size_label
@@ -71,7 +72,7 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     """An image's `parameters` (parsed by web/png_info.py) as settings keys, with notes on what was left out.
 
     A1111 writes every LoRA as a tag in the prompt, so the prompt brings them back (and the picker is cleared);
-    the style is not named in `parameters`: its words are already in the prompt.
+    A1111's prompt is styled already (style "No style"); this app's names its style, whose words are taken out.
     """
     settings: dict[str, Any] = {"prompt": values.prompt, "negative_prompt": values.negative_prompt, "style": None,
                                 "loras": []}  # fmt: skip
@@ -79,6 +80,11 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
                        ("seed", values.seed), ("width", values.width), ("height", values.height)):  # fmt: skip
         if value is not None:
             settings[key] = value
+    # This app's images name their style ("Style: Cinematic") after the styled prompt: the box gets the user's words.
+    style_name = values.extra.get("Style")
+    template = load_styles().get(style_name) if isinstance(style_name, str) else None
+    if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
+        settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
     # This app writes the speed levers only when they are not off, and A1111 has none: absent means off.
     settings.update(cfg_end=DEFAULT_CFG_END, deepcache=DEFAULT_DEEPCACHE)
     for key, name in (("cfg_end", "CFG end"), ("deepcache", "DeepCache"), ("strength", "Denoising strength")):
@@ -197,6 +203,11 @@ class Form:
             return [gr.skip()] * len(self.lora_rows)
         prompt = settings.get("prompt") if isinstance(settings.get("prompt"), str) else ""
         tagged = {match.group(1).strip().lower() for match in LORA_TAG.finditer(prompt)}
+        offered = {name.lower() for name in self.loras}
+        for name in sorted({match.group(1).strip() for match in LORA_TAG.finditer(prompt)}):
+            if name.lower() not in offered:  # Generate would refuse it: say it now, as for a sampler or a size
+                notes.append(f"The prompt's LoRA {name!r} is not offered here; remove its <lora:…> tag before "
+                             "Generate.")  # fmt: skip
         picked = []
         for item in settings.get("loras") or []:
             if not (isinstance(item, list | tuple) and len(item) >= 2 and isinstance(item[0], str)):

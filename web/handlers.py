@@ -27,6 +27,7 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
+from pipeline.image_inputs import open_image
 from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_request
 from pipeline.stopping import Stopped
 from pipeline.styles import DEFAULT_STYLE
@@ -37,7 +38,7 @@ from .files import RunFiles
 from .prompt_filter import PromptFilter
 from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
 from .sizes import size_label
-from .texts import GENERATION_FAILED, NO_CFG_NOTE
+from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -78,6 +79,9 @@ class Handlers:
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
+        self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
+        self._running = 0  # requests in `run` now (shut_down waits for them to answer)
+        self._idle = threading.Condition()
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
@@ -190,6 +194,22 @@ class Handlers:
         return start_from
 
     @staticmethod
+    def picture_uploaded(payload: dict | None):
+        """The picture's change, given its upload as sent (the event does not preprocess: Gradio's own decoding of a
+        non-image ends in a long traceback and a bare "Error" badge): (the picture, the mask editor's value), or one
+        sentence, one log line and both cleared when the file is not a picture this server reads."""
+        path = file_path(payload)
+        if path is None:
+            return None, None
+        try:
+            open_image(path, what="uploaded file").close()
+        except InvalidInput as exc:
+            logger.info("a picture upload was refused: %s", exc)
+            gr.Warning(str(exc), title="Not a picture")
+            return None, None
+        return gr.skip(), Handlers.paint_on(path)
+
+    @staticmethod
     def paint_on(path: str | None) -> dict | None:
         """The mask editor's value for a picture: the picture as its background, nothing painted yet."""
         return {"background": path, "layers": [], "composite": path} if path else None
@@ -216,6 +236,14 @@ class Handlers:
         """The Stop button: this session's running request ends at its next step (it answers "Stopped at ...")."""
         self.stops.stop(session_of(request))
 
+    def shut_down(self, timeout: float) -> bool:
+        """The server is stopping: every running request ends at its next step and answers SERVER_STOPPING (an API
+        client gets that sentence, not a dropped connection); a request that starts from now on answers it at once.
+        Waits up to `timeout` s for them to answer; True if they all did."""
+        self.shutting_down.set()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout)
+
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def run(
@@ -235,13 +263,28 @@ class Handlers:
         while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
         the next, so a slow browser never holds up the devices.
         """
+        if self.shutting_down.is_set():
+            raise gr.Error(SERVER_STOPPING.format(at=""), title="Server stopping", print_exception=False)
+        with self._idle:
+            self._running += 1
+        try:
+            yield from self._run(request, session, progress, image_format, cfg_ignored=cfg_ignored, user=user)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _run(self, request, session, progress, image_format, *, cfg_ignored, user) -> Iterator[tuple]:
         # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
         # a time), the engine in another (a context can be entered by one thread at a time).
         progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
         context_lock = threading.Lock()
 
+        reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
+
         def on_step(step: int, total: int) -> None:
             with context_lock:
+                reported[:] = [(step, total)]
                 progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
         stop = self.stops.begin(session)
@@ -249,7 +292,8 @@ class Handlers:
         started = time.perf_counter()
 
         def should_stop() -> bool:
-            return closed.is_set() or stop() or request_gone() or self.early_cancels.take(session)
+            return (closed.is_set() or stop() or self.shutting_down.is_set() or request_gone()
+                    or self.early_cancels.take(session))  # fmt: skip
 
         forming = LatestPreview() if image_format is None else None
         worker = EngineRun(
@@ -267,6 +311,8 @@ class Handlers:
                 previewed = True
                 caption = f"step {done} / {total} · {width}×{height}"
                 yield [(str(self._preview_file(image)), caption) for image in pixels], gr.skip(), gr.skip()
+                if reported:  # a client's job.status() shows the last message: a preview's carries no progress
+                    on_step(*reported[0])
             result = worker.result()
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
@@ -284,12 +330,16 @@ class Handlers:
             closed.set()
             worker.join()
             self.stops.end(session, stop)
+        if isinstance(result, Stopped) and self.shutting_down.is_set():
+            at = f" at step {result.done} / {result.total}"
+            raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
         if isinstance(result, Stopped):
-            # Nothing of the stopped request stays: the gallery (back from its previews), its PNGs and the seed box
-            # keep the last images'.
+            # The gallery goes back from the previews to the last images, if any, else keeps the last preview; the
+            # PNGs and the seed box keep the last images'.
             before = self.shown.gallery(session)
-            note = " The images are still the previous request's." if before else ""
-            gallery = (before or None) if previewed else gr.skip()
+            note = " The images are still the previous request's." if before else \
+                " The pictures are its last preview." if previewed else ""  # fmt: skip
+            gallery = before if previewed and before else gr.skip()
             yield gallery, gr.skip(), f"Stopped at step {result.done} / {result.total}.{note}"
             return
         try:
