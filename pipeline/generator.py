@@ -35,6 +35,7 @@ from .device import attention as attention_core
 from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
+from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
 from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
@@ -136,6 +137,21 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
+def served_modules(loaded: LoadedModel, config: EngineConfig) -> Modules:
+    """The checkpoint's modules as the programs run them: with `--quantize int8`, the UNet's int8 form."""
+    modules = Modules.of(loaded.pipeline)
+    if config.quantize == "none":
+        return modules
+    return dataclasses.replace(modules, unet=quantized_unet(modules.unet))
+
+
+def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
+    """The weights as the programs take them: with `--quantize int8`, the UNet's kernels int8 + scales."""
+    if config.quantize == "none":
+        return loaded.params
+    return {**loaded.params, "unet": quantize_unet_params(loaded.pipeline.unet, loaded.params["unet"])}
+
+
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None
 ) -> ServedPrograms:
@@ -143,7 +159,7 @@ def build_programs(
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
     build them here."""
     return ServedPrograms(
-        Modules.of(loaded.pipeline),
+        served_modules(loaded, config),
         params,
         mesh,
         per_device_batch=config.per_device_batch,
@@ -177,7 +193,8 @@ class Generator:
             loras=tuple(lora.name for lora in files),
         )  # fmt: skip
         started = time.perf_counter()
-        self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
+        served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
+        self._params = jax.block_until_ready(replicate_tree(served, self.mesh))  # placed once, kept
         self.load_timings = {
             "load_s": loaded.load_s,
             "cast_s": loaded.cast_s,

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import ATTENTIONS, DTYPES, MAX_PROMPT_WINDOWS, SDXL_BASE
+from .config import ATTENTIONS, DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
 from .errors import InvalidInput
 from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, GUIDANCE_MAX, GUIDANCE_MIN, MAX_DEEPCACHE, MAX_STEPS
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
@@ -156,6 +156,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default="auto", programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
+    Option("--quantize", "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
+           "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
+           "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir",
+           "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default="none", programs=ENGINE, recompiles=True),
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
            _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
