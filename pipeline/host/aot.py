@@ -128,7 +128,7 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py")
+                   "device/preview.py", "device/quantize.py")
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
