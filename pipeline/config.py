@@ -80,6 +80,7 @@ class EngineConfig:
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    executable_cache: bool = True  # keep this host's executables with the cache (a restart loads them whole)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
     timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
     prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's
@@ -199,5 +200,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         previews=not get("no_previews"),
         lora_cache=get("lora_cache") or 8,
         compilation_cache=not get("no_compilation_cache"),
+        executable_cache=not get("no_executable_cache"),
         **settings,
     )

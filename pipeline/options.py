@@ -169,8 +169,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-previews", "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
            "latent-to-RGB projection: one small program per size)", "SDXL_NO_PREVIEWS", kind="switch",
            programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
-           "SDXL_NO_COMPILATION_CACHE", kind="switch"),
+    Option("--no-compilation-cache", "do not use JAX's persistent compilation cache nor this host's executables "
+           "(every start compiles)", "SDXL_NO_COMPILATION_CACHE", kind="switch"),
+    Option("--no-executable-cache", "do not keep this host's compiled programs whole beside the compilation cache "
+           "(a restart then traces and lowers every program again, and takes XLA's part from JAX's cache)",
+           "SDXL_NO_EXECUTABLE_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
            "SDXL_CPU_DEVICES", non_negative, default_text="one per core", metavar="N", programs=ENGINE,
            recompiles=True),

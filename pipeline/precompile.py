@@ -33,7 +33,8 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     _, layout = read_loras(loaded, config)  # the merge program's shapes come from the LoRA files
     programs = build_programs(loaded, config, served_params(loaded, config), data_mesh(devices), sampler, layout)
     sizes = list(config.offered_sizes)
-    keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews)
+    keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
+                        windows=config.prompt_windows)
     progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,

@@ -106,6 +106,7 @@ class Handlers:
             init_image: dict | None = None,
             mask_image: dict | None = None,
             strength: float = DEFAULT_STRENGTH,
+            previews: bool = True,
             picture: dict | None = None,  # the page's mask editor: the strokes painted over the picture
             request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
             progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
@@ -119,7 +120,8 @@ class Handlers:
             (0 < s <= 1; int(steps × s) steps run).
             Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
             /generate_png), the seed used and a status line. Before it, /generate streams the images forming every 2
-            steps (small previews; the seed and status unchanged), unless the server runs with --no-previews.
+            steps (small previews; the seed and status unchanged), unless the server runs with --no-previews or
+            `previews` is False (the devices then run no preview program either).
             Stop, `job.cancel()` or a closed page end the request at the next denoising step.
             """
             try:
@@ -136,7 +138,7 @@ class Handlers:
                 raise invalid(exc) from None
             ignored = not rules.cfg and (bool(checked_text(negative_prompt)) or guidance_scale != rules.guidance_scale)
             yield from self.run(checked, session_of(request), progress, image_format, cfg_ignored=ignored,
-                                user=getattr(request, "username", None))  # fmt: skip
+                                user=getattr(request, "username", None), previews=previews is not False)  # fmt: skip
 
         return generate
 
@@ -255,9 +257,11 @@ class Handlers:
         *,
         cfg_ignored: bool = False,
         user: str | None = None,
+        previews: bool = True,
     ) -> Iterator[tuple]:
         """Run a checked request on the engine and deliver its files: yields the pictures forming (previews, when the
-        engine makes them and `image_format` is None), then the answer: the gallery, the seed and the status line.
+        engine makes them, `image_format` is None and `previews`), then the answer: the gallery, the seed and the
+        status line.
 
         The engine runs in a worker thread (in this request's context: a cancel or a closed page still reaches it)
         while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
@@ -268,13 +272,14 @@ class Handlers:
         with self._idle:
             self._running += 1
         try:
-            yield from self._run(request, session, progress, image_format, cfg_ignored=cfg_ignored, user=user)
+            yield from self._run(request, session, progress, image_format, cfg_ignored=cfg_ignored, user=user,
+                                 previews=previews)  # fmt: skip
         finally:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _run(self, request, session, progress, image_format, *, cfg_ignored, user) -> Iterator[tuple]:
+    def _run(self, request, session, progress, image_format, *, cfg_ignored, user, previews) -> Iterator[tuple]:
         # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
         # a time), the engine in another (a context can be entered by one thread at a time).
         progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
@@ -295,17 +300,18 @@ class Handlers:
             return (closed.is_set() or stop() or self.shutting_down.is_set() or request_gone()
                     or self.early_cancels.take(session))  # fmt: skip
 
-        forming = LatestPreview() if image_format is None else None
+        forming = LatestPreview() if image_format is None and previews else None
         worker = EngineRun(
             lambda: self.engine.generate(
                 request, on_step if self.progress else None, should_stop=should_stop,
                 **({"on_preview": forming.put} if forming is not None else {}),
             ),
             engine_context,
+            on_done=forming.finish if forming is not None else None,
         )  # fmt: skip
         previewed = False  # whether the gallery now shows this request's previews
         try:
-            while (shown := (forming.take(worker.done) if forming is not None else None)) is not None:
+            while (shown := (forming.take() if forming is not None else None)) is not None:
                 done, total, pixels = shown
                 height, width = request.size
                 previewed = True
@@ -399,6 +405,7 @@ class LatestPreview:
 
     def __init__(self) -> None:
         self._latest: tuple[int, int, np.ndarray] | None = None
+        self._finished = False
         self._changed = threading.Condition()
 
     def put(self, done: int, total: int, pixels: np.ndarray) -> None:
@@ -407,20 +414,27 @@ class LatestPreview:
             self._latest = (done, total, pixels)
             self._changed.notify_all()
 
-    def take(self, finished: threading.Event) -> tuple[int, int, np.ndarray] | None:
-        """The next preview, waiting for it; None once `finished` is set and no preview is left."""
+    def finish(self) -> None:
+        """The run is over (answered, stopped or failed): `take` returns at once, not at its next poll."""
         with self._changed:
-            while self._latest is None and not finished.is_set():
-                self._changed.wait(timeout=0.05)
-            shown, self._latest = (None if finished.is_set() else self._latest), None
+            self._finished = True
+            self._changed.notify_all()
+
+    def take(self) -> tuple[int, int, np.ndarray] | None:
+        """The next preview, waiting for it; None once the run has finished and no preview is left."""
+        with self._changed:
+            while self._latest is None and not self._finished:
+                self._changed.wait()
+            shown, self._latest = (None if self._finished else self._latest), None
         return shown  # none once the run is over: its answer comes next
 
 
 class EngineRun:
     """One engine call in its own thread, in a given context: `done` is set when it returns or raises."""
 
-    def __init__(self, call, context: contextvars.Context) -> None:
+    def __init__(self, call, context: contextvars.Context, on_done: Callable[[], None] | None = None) -> None:
         self.done = threading.Event()
+        self._on_done = on_done  # told when the call returns or raises (after `done` is set)
         self._outcome: tuple[bool, Any] | None = None
         self._thread = threading.Thread(target=context.run, args=(self._run, call), name="engine-run", daemon=True)
         self._thread.start()
@@ -432,6 +446,8 @@ class EngineRun:
             self._outcome = (False, exc)
         finally:
             self.done.set()
+            if self._on_done is not None:
+                self._on_done()
 
     def result(self):
         """The call's value (waiting for it), or its exception raised here."""

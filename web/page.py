@@ -324,10 +324,12 @@ def build_page(
                                 elem_id="strength",
                             )  # fmt: skip
                         mask_image = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
+                        # the API's previews=False: no pictures forming streamed, no preview program run
+                        previews = gr.Checkbox(value=True, visible=False, label="previews")
                         if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
                             gr.Markdown(f"Server defaults: {summary} · {config.steps} steps", elem_id="server-settings")
                     inputs = [prompt, negative, style, guidance, seed, randomize, aspect, steps, sampler, cfg_end,
-                              deepcache, loras, init_image, mask_image, strength]  # the API's parameters  # fmt: skip
+                              deepcache, loras, init_image, mask_image, strength, previews]  # the API's  # fmt: skip
                     # An example fills the prompt and the settings; its seed is fixed: its kept images are honest.
                     example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
                     with gr.Column(visible=bool(examples), elem_id="examples"):
