@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--check", nargs="?", type=float, const=CHECK_RATIO, default=None, metavar="RATIO",
         help=f"exit 1 when the reference part's engine / diffusers ratio of CPU seconds per call is over RATIO "
         f"(default {CHECK_RATIO}): the regression guard CI runs")  # fmt: skip
+    add("--startup-runs", type=int, default=2,
+        help="warm app restarts of each kind in the startup part, interleaved after one cold start (default 2)")
     add("--out", default="bench-results", help="output directory (default bench-results/)")
     add("--only", default=",".join(DEFAULT_PARTS),
         help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")  # fmt: skip
@@ -177,8 +179,11 @@ def run(args: argparse.Namespace) -> dict:
         from .startup import startup
 
         progress("part 2/5 start-up, cold and warm compilation cache (two subprocesses) ...")
-        st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype)
+        st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype,
+                                          runs=args.startup_runs)  # fmt: skip
         progress(f"start-up: cold {st.cold.first_image_s:.1f} s, warm {st.warm.first_image_s:.1f} s ({st.ratio:.0%})")
+        progress(f"start-up: app ready in {st.app_cold_ready_s:.1f} s cold, {st.app_warm_ready_s:.1f} s warm, "
+                 f"{st.app_executables_ready_s:.1f} s warm with this host's executables")  # fmt: skip
     if "app" in args.parts:
         from .serving import through_the_app
 

@@ -35,12 +35,14 @@ from .device import attention as attention_core
 from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
+from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
 from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
@@ -135,6 +137,21 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
+def served_modules(loaded: LoadedModel, config: EngineConfig) -> Modules:
+    """The checkpoint's modules as the programs run them: with `--quantize int8`, the UNet's int8 form."""
+    modules = Modules.of(loaded.pipeline)
+    if config.quantize == "none":
+        return modules
+    return dataclasses.replace(modules, unet=quantized_unet(modules.unet))
+
+
+def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
+    """The weights as the programs take them: with `--quantize int8`, the UNet's kernels int8 + scales."""
+    if config.quantize == "none":
+        return loaded.params
+    return {**loaded.params, "unet": quantize_unet_params(loaded.pipeline.unet, loaded.params["unet"])}
+
+
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None
 ) -> ServedPrograms:
@@ -142,7 +159,7 @@ def build_programs(
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
     build them here."""
     return ServedPrograms(
-        Modules.of(loaded.pipeline),
+        served_modules(loaded, config),
         params,
         mesh,
         per_device_batch=config.per_device_batch,
@@ -176,7 +193,8 @@ class Generator:
             loras=tuple(lora.name for lora in files),
         )  # fmt: skip
         started = time.perf_counter()
-        self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
+        served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
+        self._params = jax.block_until_ready(replicate_tree(served, self.mesh))  # placed once, kept
         self.load_timings = {
             "load_s": loaded.load_s,
             "cast_s": loaded.cast_s,
@@ -193,6 +211,8 @@ class Generator:
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
+        #: How `warmup` got each program (loaded, traced, compiled; None before it)
+        self.startup_programs: StartupPrograms | None = None
 
     @classmethod
     def load(cls, config: EngineConfig, devices: list | None = None) -> Generator:
@@ -250,15 +270,16 @@ class Generator:
                     raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
     def warmup(self) -> dict[str, float]:
-        """Compile every served program, then run each offered size once; compile_s and first_run_s are totals."""
+        """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then
+        run each offered size once; compile_s (all of the programs' phase) and first_run_s are totals, with the
+        programs' phases apart (`host/executables.StartupPrograms.timings`)."""
         started = time.perf_counter()
-        for key in self.program_keys():
-            compiled_at = time.perf_counter()
-            self.programs.compile(key)
-            logger.info("compiled %s in %.1f s", key.label, time.perf_counter() - compiled_at)
+        store = self.config.compilation_cache and self.config.executable_cache
+        self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
+        logger.info("%s", self.startup_programs.summary())
         if self.loras is not None:
             self.loras.prepare()
-        timings = {"compile_s": time.perf_counter() - started, "first_run_s": 0.0}
+        timings = {"compile_s": time.perf_counter() - started, **self.startup_programs.timings(), "first_run_s": 0.0}
         for height, width in self.sizes:
             started = time.perf_counter()
             self.generate(self.request("warm-up", size=(height, width)))

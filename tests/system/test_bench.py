@@ -25,11 +25,12 @@ def bench_out(tmp_path_factory) -> Path:
     command = [
         sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
         "--steps", str(TEST_STEPS), "--runs", "1", "--clients", "1,2", "--requests-per-client", "1",
-        "--recompile-requests", "5", "--out", str(out), "--only", "reference,startup,app,recompiles,flops,fewstep",
+        "--recompile-requests", "5", "--startup-runs", "1", "--out", str(out),
+        "--only", "reference,startup,app,recompiles,flops,fewstep",
         "--check", "1000",
     ]  # fmt: skip
-    # The start-up part compiles every served program cold, in an app (3 sizes) and in a process: with the 1- and
-    # 3-window text programs that took 10 minutes and more on 2 cores at load 8-15 (600 s ran out twice).
+    # The start-up part compiles every served program cold, in an app (3 sizes), in a process and from executables:
+    # with the 1- and 3-window text programs that took 10 minutes and more on 2 cores at load 8-15 (600 s ran out).
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[bench " in done.stdout  # progress lines while it runs
@@ -61,6 +62,13 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
             assert positive(startup[run][phase]), (run, phase)
     assert startup["cache_entries"] > 0
     assert positive(startup["app_cold_ready_s"]) and positive(startup["app_warm_ready_s"])
+    assert positive(startup["app_executables_ready_s"])
+    kinds = [start["kind"] for start in startup["app"]]
+    assert kinds == ["cold", "warm", "warm + executables"]  # --startup-runs 1
+    cold, warm, whole = (start["programs"] for start in startup["app"])
+    assert cold["traced"] == cold["compiled"] == cold["programs"] > 0 and cold["loaded"] == 0
+    assert warm["traced"] == warm["cached"] == warm["programs"] and warm["loaded"] == 0
+    assert whole["loaded"] == whole["programs"] and whole["traced"] == 0
     assert startup["ratio"] == pytest.approx(startup["warm"]["first_image_s"] / startup["cold"]["first_image_s"])
 
     serving = results["serving"]
@@ -105,7 +113,7 @@ def test_markdown_and_chart_are_written(bench_out):
 def bench_unet(tmp_path, *args) -> dict:
     """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
     command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((tmp_path / "unet.json").read_text())
 
@@ -173,7 +181,7 @@ def feature_results(tmp_path_factory) -> dict:
         "--feature-steps", str(FEATURE_STEPS), "--preview-size", "256", "--history-adds", "1",
         "--history-entries", "20", "--history-size", "128", "--history-calls", "2", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     results["markdown"] = (out / "results.md").read_text()
