@@ -29,6 +29,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import PLAIN
 from pipeline.styles import DEFAULT_STYLE
 
 from .browser_history import (
@@ -427,12 +428,14 @@ def _details(settings: dict, created: float | None) -> str:
         f"{settings.get('sampler')} · guidance {settings.get('guidance_scale')} · seed {settings.get('seed')}"
     )
     extras = []
-    if settings.get("cfg_end") not in (None, 1, 1.0):
-        extras.append(f"CFG end {settings['cfg_end']:g}")
-    if settings.get("deepcache") not in (None, 1):
-        extras.append(f"DeepCache {settings['deepcache']}")
-    if settings.get("picture"):
-        extras.append(f"{settings['picture']}, strength {settings.get('strength')}")
+    for row in PLAIN:
+        value = settings.get(row.name)
+        if not row.status or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if row.needs == "picture" and settings.get("picture"):
+            extras.append(f"{settings['picture']}, {row.status} {value:g}")
+        elif row.needs != "picture" and value != row.default:
+            extras.append(f"{row.status} {value:g}")
     for item in settings.get("loras") or []:
         if isinstance(item, list | tuple) and item:
             extras.append(f"LoRA {_code(item[0])} {item[1] if len(item) > 1 else ''}")
