@@ -19,7 +19,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from PIL import Image, UnidentifiedImageError
 
@@ -86,9 +86,6 @@ class FormValues:
     height: int | None
     extra: dict[str, object] = field(default_factory=dict)  # every other pair: typed where known (see `typed`)
     notes: tuple[str, ...] = ()  # one sentence per setting that could not be used as written
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def parse_infotext(text: str) -> Infotext:

@@ -34,8 +34,8 @@ import time
 
 import jax
 
-from ..host.loop import Stopped
 from ..request import Request
+from ..stopping import Stopped
 from .arrays import coordinator_client
 from .faults import Deadline, fatal
 from .options import ClusterOptions
