@@ -28,7 +28,7 @@ from .config import EngineConfig
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .host.plan import sampler_label
-from .image_inputs import ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
 #: LoRAs one request may apply at once (the merge program's slots).
@@ -102,7 +102,7 @@ class Request:
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
     ignored: tuple[str, ...] = ()  # fields the caller set that this server's programs do not read (no CFG)
-    decoded: Picture | None = field(default=None, compare=False, repr=False)  # the picture, when decoded here
+    decoded: Picture | None = field(default=None, compare=False, repr=False)  # the picture as arrays: not sent
 
     def to_dict(self) -> dict:
         """Plain JSON-able data (what the leader publishes to the followers): pictures as base64 PNG."""
@@ -154,10 +154,11 @@ class Request:
             return None
         if self.decoded is None:  # a follower: the bytes it received, decoded once
             pixels = np.asarray(Image.open(io.BytesIO(self.init_image)).convert("RGB"))  # [H, W, 3]
-            repaint = None if self.mask_image is None else np.asarray(Image.open(io.BytesIO(self.mask_image))) >= 128
+            repaint = None if self.mask_image is None else \
+                np.asarray(Image.open(io.BytesIO(self.mask_image))) >= MASK_THRESHOLD  # [H, W]  # fmt: skip
             latents = None if repaint is None else latent_mask(repaint, vae_scale_factor)
-            object.__setattr__(self, "decoded", Picture(pixels, repaint, latents, steps_to_run(self.steps,
-                                                                                                self.strength)))
+            decoded = Picture(pixels, repaint, latents, steps_to_run(self.steps, self.strength))
+            object.__setattr__(self, "decoded", decoded)  # a cache beside the frozen fields (not compared, not sent)
         return self.decoded
 
 

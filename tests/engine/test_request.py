@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
+from conftest import FIXTURES
 
 from pipeline.config import EngineConfig
 from pipeline.errors import InvalidInput
@@ -134,3 +136,17 @@ def test_every_request_field_with_a_flag_is_a_flag_of_generate():
         if row.flag:
             assert row.flag in flags, row.flag
     assert flags["--deepcache"].default == FIELD["deepcache"].default and flags["--deepcache"].type is int
+
+
+def test_a_follower_decodes_the_picture_it_receives_to_the_leaders_arrays():
+    """The leader keeps the arrays it fitted; a follower decodes the PNGs it receives, once, to the same arrays."""
+    rules = RequestRules(sizes=((64, 64),), steps=8)
+    request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",
+                            strength=0.6, rules=rules)  # fmt: skip
+    rebuilt = Request.from_dict(json.loads(json.dumps(request.to_dict())))
+    assert rebuilt == request and rebuilt.decoded is None
+    here, there = request.picture(), rebuilt.picture()
+    assert there is rebuilt.picture()  # decoded once
+    assert here.steps_run == there.steps_run == 4  # int(8 × 0.6)
+    for name in ("pixels", "repaint", "repaint_latents"):
+        assert np.array_equal(getattr(here, name), getattr(there, name)), name
