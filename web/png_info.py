@@ -24,18 +24,18 @@ from dataclasses import dataclass, field
 from PIL import Image, UnidentifiedImageError
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import FIELDS
 from pipeline.host.images import read_parameters
 
 #: Longest `parameters` text read (A1111's are a few hundred characters; Pillow stops text chunks at 1 MB).
 MAX_TEXT_CHARS = 65_536
 #: Pairs the last line needs to count as the settings line (A1111's rule).
 MIN_SETTINGS = 3
-#: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890").
+#: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890"): the
+#: request fields' labels (`pipeline.fields.FIELDS`), then A1111's own.
 NUMBER_KEYS = {
-    "Steps": int,
-    "Seed": int,
-    "CFG scale": float,
-    "Denoising strength": float,
+    **{row.label: int if row.kind in ("int", "seed") else float for row in FIELDS
+       if row.label and row.kind in ("int", "seed", "float")},
     "Clip skip": int,
     "Hires upscale": float,
     "Hires steps": int,
