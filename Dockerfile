@@ -38,6 +38,7 @@ RUN case "$ACCELERATOR" in \
     esac
 
 COPY --chown=user:user pipeline/ pipeline/
+COPY --chown=user:user web/ web/
 COPY --chown=user:user assets/ assets/
 COPY --chown=user:user app.py .
 

@@ -34,6 +34,10 @@ def start_engine(args):
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     config = args.config
     resolve_model(config.model, config.variant)  # a wrong path fails here, before anything is said about it
+    if config.lora_dir:
+        from pipeline.checkpoint.lora import screen_lora_dir
+
+        screen_lora_dir(config.lora_dir)  # a missing --lora-dir too
     logger.info("loading %s: %d×%d, %d steps", config.model, config.width, config.height, config.steps)
     real_model = not is_tiny(config.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
@@ -111,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         page = build_page(
             cluster.lead(generator), examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
-            progress=not args.no_progress, history=history,
+            progress=not args.no_progress, history=history, logins=bool(args.auth),
         )  # fmt: skip
     try:
         return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,

@@ -17,6 +17,12 @@ from .request import Request, RequestRules, parse_request
 def __getattr__(name: str):
     # Generator imports JAX; keep `import pipeline` light for code that only needs requests, options and styles.
     if name in ("Generator", "GenerationResult"):
+        import sys
+
+        if "jax" not in sys.modules:  # as the app and the CLI: one device per CPU core, no probe for an absent TPU
+            from .platform import use_cpu_cores
+
+            use_cpu_cores()
         from . import generator
 
         return getattr(generator, name)

@@ -3,8 +3,8 @@
 start-up). Both read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
-checkpoint whose files cannot be mapped onto SDXL (single-file, missing/unmappable keys, wrong shapes, truncated):
-that is bad input, status 2.
+`--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
+(single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .errors import CheckpointError, InvalidInput, ModelLoadError
 from .fields import FIELD, FIELDS
 from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
-from .request import RequestRules, parse_request
+from .request import LORA_TAG, RequestRules, parse_request
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -66,7 +66,17 @@ def _generate(args: argparse.Namespace) -> int:
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     # The request's own flags are what it asks for; the server's defaults are what it would get without them.
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
-    request = parse_request(**request_arguments(args), rules=RequestRules.of(unasked))
+    rules = RequestRules.of(unasked)
+    if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
+        from .checkpoint.lora import screen_lora_dir
+
+        offered, refused = screen_lora_dir(config.lora_dir)
+        rules = dataclasses.replace(rules, loras=tuple(offered))
+        asked = [_lora(text)[0] for text in args.lora] + [m.group(1) for m in LORA_TAG.finditer(args.prompt)]
+        for name in asked:
+            if why := refused.get(name.strip()):
+                raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
+    request = parse_request(**request_arguments(args), rules=rules)
     if request.ignored:
         flags = ", ".join(FIELD[name].flag for name in request.ignored)
         print(f"warning: no classifier-free guidance: {flags} ignored", file=sys.stderr)
@@ -147,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         check_env_choices(parser, args, CLI if args.command == "generate" else PRECOMPILE)
     if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
-    elif args.command == "precompile":
-        skip_absent_tpu()  # compiling for a TPU topology needs libtpu, not a TPU: no probe for one
+    else:  # make-tiny; compiling for a TPU topology needs libtpu, not a TPU: no probe for one either way
+        skip_absent_tpu()
     quiet_start()
     try:
         if args.command == "make-tiny":

@@ -8,7 +8,8 @@ class ModelLoadError(RuntimeError):
 
 
 class CheckpointError(ModelLoadError):
-    """The checkpoint's files are there but cannot be mapped onto SDXL's modules (bad input: the CLI exits 2)."""
+    """`--model` names no checkpoint (no such directory, a file, no model_index.json), or its files cannot be mapped
+    onto SDXL's modules: bad input (the app and the CLI exit 2)."""
 
 
 class InvalidInput(ValueError):

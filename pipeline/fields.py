@@ -207,6 +207,7 @@ class Field:
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture)
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
+    aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
     api_type: Any = None  # the API parameter's annotation
     control: Control | None = None  # how the page shows a plain field (None: not by the table)
 
@@ -294,8 +295,8 @@ FIELDS: tuple[Field, ...] = (
     Field("aspect_ratio", "size", "an offered size: 'WxH' or its ratio 'W:H'", api_type=str),
     Field("steps", "int", "denoising steps (no recompile)", 25, low=1, high=100, rule="steps", called="Steps",
           label="Steps", basic=True, api_type=int,
-          control=Control("Steps", "Denoising steps; any number runs without recompiling", elem_id="steps",
-                          group="sampling")),
+          control=Control("Steps", "Denoising steps, {low:g} to {high:g}; any number runs without recompiling (a "
+                          "number typed outside is set to the nearest limit)", elem_id="steps", group="sampling")),
     Field("sampler", "choice", "A1111's name of the sampler", choices=tuple(SAMPLER_NAMES), rule="sampler",
           called="sampler", label="Sampler", basic=True, api_type=str,
           control=Control("Sampler", elem_id="sampler", group="sampling")),
@@ -316,8 +317,8 @@ FIELDS: tuple[Field, ...] = (
     Field("init_image", "file", "start from this picture (image to image), fitted to the size: resized to cover it, "
           "centre-cropped", flag="--init-image",
           api_type=dict),
-    Field("mask_image", "file", "inpainting: white = repaint, black = keep (needs init_image)", flag="--mask",
-          api_type=dict),
+    Field("mask_image", "file", "inpainting: white = repaint, black = keep (needs init_image)", flag="--mask-image",
+          aliases=("--mask",), api_type=dict),
     Field("strength", "float", "with a picture: how much of it is redrawn (int(steps × strength) steps run)", 0.75,
           low=0.0, high=1.0, above=True, called="Strength", label="Denoising strength", status="strength",
           needs="picture", flag="--strength", api_type=float,

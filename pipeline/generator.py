@@ -50,7 +50,7 @@ from .host.tokens import dropped_text, summarize_dropped, tokenize
 from .image_inputs import latent_mask
 from .request import Picture, Request, RequestRules, parse_request
 from .stopping import Stopped
-from .styles import PLACEHOLDER
+from .styles import DEFAULT_STYLE, PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,9 @@ class GenerationResult:
 
 def written_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
+    style = {"Style": request.style} if request.style != DEFAULT_STYLE else {}  # a reader can undo the styled prompt
     hashes = {"Lora hashes": loras.hashes(request.loras)} if request.loras and loras is not None else {}
-    return {**hashes, **request.written_settings()}
+    return {**style, **hashes, **request.written_settings()}
 
 
 def style_tail(rules: RequestRules, style: str) -> str:

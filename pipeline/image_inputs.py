@@ -36,6 +36,8 @@ from .fields import FIELD, echo
 MAX_IMAGE_PIXELS = 50_000_000
 #: Picture formats opened (Pillow's format ids); MPO is the JPEG variant phones write (handled by the JPEG plugin).
 FORMATS = ("PNG", "JPEG", "WEBP", "AVIF", "GIF", "BMP", "TIFF")
+#: The formats as a sentence names them (the picture inputs and PNG Info say the same list).
+FORMAT_NAMES = ", ".join(FORMATS[:-1]) + " or " + FORMATS[-1]
 #: Transparent parts of an init image are filled with white, as A1111's img2img does (its default background).
 IMAGE_BACKGROUND = (255, 255, 255)
 #: Transparent parts of a mask count as black (keep): only what is painted is repainted.
@@ -82,8 +84,7 @@ def _too_large(what: str, size: tuple[int, int] | None) -> InvalidInput:
 
 
 def _not_a_picture(what: str) -> InvalidInput:
-    names = ", ".join(FORMATS[:-1]) + " or " + FORMATS[-1]
-    return InvalidInput(f"The {what} is not a picture in a format this server reads ({names}).")
+    return InvalidInput(f"The {what} is not a picture in a format this server reads ({FORMAT_NAMES}).")
 
 
 def _check_still(image: Image.Image, what: str) -> None:

@@ -95,6 +95,7 @@ class Option:
     required: bool = False  # the CLI's --prompt and --out
     group: str = ""  # an argparse group title ("" = the main list)
     env_text: str = ""  # overrides the "[ENV; default ...]" note when the env variable is read specially
+    aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken (the flag is the one documented)
 
     @property
     def dest(self) -> str:
@@ -124,7 +125,7 @@ def request_option(row: Field) -> Option:
                       f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
                       programs=cli)  # fmt: skip
     if row.kind == "file":
-        return Option(row.flag, row.help, metavar="FILE", programs=cli)
+        return Option(row.flag, row.help, metavar="FILE", programs=cli, aliases=row.aliases)
     if row.kind == "seed":
         return Option(row.flag, f"{row.help}; or 'random'", default=str(row.default), programs=cli)
     if not row.plain:  # text
@@ -261,9 +262,9 @@ def add_options(
         help_text = option.help + option.note(default)
         if option.kind == "switch":
             value = env.strip().lower() in TRUE_WORDS if env is not None else bool(default)
-            add(option.flag, action="store_true", default=value, help=help_text)
+            add(option.flag, *option.aliases, action="store_true", default=value, help=help_text)
         elif option.kind == "append":
-            add(option.flag, action="append", default=[], metavar=option.metavar, help=help_text)
+            add(option.flag, *option.aliases, action="append", default=[], metavar=option.metavar, help=help_text)
         else:
             kwargs: dict = {"default": env if env is not None else default, "help": help_text}
             if option.type is not None:
@@ -274,7 +275,7 @@ def add_options(
                 kwargs["metavar"] = option.metavar
             if option.required:
                 kwargs["required"] = True
-            add(option.flag, **kwargs)
+            add(option.flag, *option.aliases, **kwargs)
 
 
 def check_env_choices(
@@ -324,5 +325,6 @@ def markdown_table(table: tuple[Option, ...]) -> str:
                 option.default, float) else f"`{option.default}`"  # fmt: skip
         programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
         recompiles = "yes" if option.recompiles else ""
-        rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {option.help} | {recompiles} | {programs} |")
+        meaning = option.help + (f" (also {', '.join(f'`{a}`' for a in option.aliases)})" if option.aliases else "")
+        rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {meaning} | {recompiles} | {programs} |")
     return "\n".join(rows)

@@ -373,12 +373,12 @@ def _loras(text: str, explicit: object, offered: tuple[str, ...]) -> tuple[tuple
     if not asked:
         return ()
     if not offered:
-        raise InvalidInput("This server offers no LoRAs (start it with --lora-dir DIR).")
+        raise InvalidInput("No LoRAs are offered (they come from --lora-dir DIR).")
     by_name = {name.lower(): name for name in offered}
     chosen = []
     for name, te, unet in asked:
         if name.lower() not in by_name:
-            raise InvalidInput(f"Unknown LoRA {echo(name)}; this server offers: {', '.join(offered)}.")
+            raise InvalidInput(f"Unknown LoRA {echo(name)}; the LoRAs offered: {', '.join(offered)}.")
         if any(existing == by_name[name.lower()] for existing, _, _ in chosen):
             raise InvalidInput(f"LoRA {echo(name)} is asked for twice; give it once, with one weight.")
         chosen.append((by_name[name.lower()], te, unet))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
+import re
 from dataclasses import dataclass
 
 __all__ = [
@@ -66,6 +67,24 @@ def apply_style(style: Style, prompt: str, negative_prompt: str) -> tuple[str, s
     styled = style.prompt.replace(PLACEHOLDER, prompt, 1)
     negative = ", ".join(part for part in (style.negative_prompt.strip(), negative_prompt.strip()) if part)
     return styled, negative
+
+
+def unapply_style(style: Style, prompt: str, negative_prompt: str) -> tuple[str, str] | None:
+    """The user's (prompt, negative prompt) that `apply_style(style, ...)` made these from, as an image's parameters
+    write them (runs of spaces as one; `<lora:...>` tags added after the style's words stay at the end); None when
+    the prompt was not made with this style's template."""
+    before, _, after = (" ".join(part.split()) for part in style.prompt.partition(PLACEHOLDER))
+    prompt = " ".join(prompt.split())
+    added = re.search(r"(?:\s*<lora:[^<>]*>)+$", prompt) if after else None
+    tags, core = (added.group(0).strip(), prompt[: added.start()]) if added else ("", prompt)
+    if not (core.startswith(before) and core.endswith(after)) or len(core) < len(before) + len(after):
+        return None
+    user = core[len(before) : len(core) - len(after)].strip()
+    style_negative = " ".join(style.negative_prompt.split())
+    negative = " ".join(negative_prompt.split())
+    if style_negative and negative.startswith(style_negative):
+        negative = negative[len(style_negative) :].lstrip(", ").strip()
+    return " ".join(part for part in (user, tags) if part), negative
 
 
 def _parse_styles(data: object, source: str) -> dict[str, Style]:

@@ -69,6 +69,7 @@ class ProcessFolder:
                 return
             shutil.rmtree(cls.root, ignore_errors=True)
             cls.root = None
+            _remove_gradio_leftover()
             for name, value in cls._saved.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -82,6 +83,17 @@ class ProcessFolder:
         with cls._lock:
             if cls.root is not None:
                 shutil.rmtree(cls.root, ignore_errors=True)
+
+
+def _remove_gradio_leftover() -> None:
+    """Gradio makes an empty `vibe_edit_history` folder in the temporary directory it read at import (before
+    ProcessFolder points it here) for every app it builds; removed with its `gradio` parent, each only if empty."""
+    from gradio.route_utils import DEFAULT_TEMP_DIR
+
+    folder = pathlib.Path(DEFAULT_TEMP_DIR) / "vibe_edit_history"
+    for empty in (folder, folder.parent):
+        with contextlib.suppress(OSError):  # not empty (someone else's), or already gone
+            empty.rmdir()
 
 
 class RunFiles:

@@ -21,6 +21,7 @@ from pipeline.errors import InvalidInput
 from pipeline.fields import FIELD, FIELDS, PLAIN, Field
 from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.request import LORA_TAG, Request
+from pipeline.styles import load_styles, unapply_style
 
 from .png_info import FormValues, read_form_values
 from .sizes import size_label
@@ -71,15 +72,20 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     """An image's `parameters` (parsed by web/png_info.py) as settings keys, with notes on what was left out.
 
     A1111 writes every LoRA as a tag in the prompt, so the prompt brings them back (and the picker is cleared);
-    the style is not named in `parameters`: its words are already in the prompt. A1111's basics are the parsed
-    values' own; this app writes the table's other fields only when they are not at their default (and A1111 has
-    none): absent means the default, except a picture's (absent: left as it is).
+    A1111's prompt is styled already (style "No style"); this app's names its style, whose words are taken out.
+    A1111's basics are the parsed values' own; this app writes the table's other fields only when they are not at
+    their default (and A1111 has none): absent means the default, except a picture's (absent: left as it is).
     """
     settings: dict[str, Any] = {"prompt": values.prompt, "negative_prompt": values.negative_prompt, "style": None,
                                 "loras": []}  # fmt: skip
     for key in ("seed", "width", "height"):
         if getattr(values, key) is not None:
             settings[key] = getattr(values, key)
+    # This app's images name their style ("Style: Cinematic") after the styled prompt: the box gets the user's words.
+    style_name = values.extra.get("Style")
+    template = load_styles().get(style_name) if isinstance(style_name, str) else None
+    if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
+        settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
     for row in PLAIN:
         if not row.label:
             continue
@@ -169,6 +175,11 @@ class Form:
             return [gr.skip()] * len(self.lora_rows)
         prompt = settings.get("prompt") if isinstance(settings.get("prompt"), str) else ""
         tagged = {match.group(1).strip().lower() for match in LORA_TAG.finditer(prompt)}
+        offered = {name.lower() for name in self.loras}
+        for name in sorted({match.group(1).strip() for match in LORA_TAG.finditer(prompt)}):
+            if name.lower() not in offered:  # Generate would refuse it: say it now, as for a sampler or a size
+                notes.append(f"The prompt's LoRA {name!r} is not offered here; remove its <lora:…> tag before "
+                             "Generate.")  # fmt: skip
         picked = []
         for item in settings.get("loras") or []:
             if not (isinstance(item, list | tuple) and len(item) >= 2 and isinstance(item[0], str)):

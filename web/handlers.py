@@ -28,6 +28,7 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import FIELDS, PLAIN
+from pipeline.image_inputs import open_image
 from pipeline.request import Request, RequestRules, parse_request
 from pipeline.stopping import Stopped
 
@@ -37,7 +38,7 @@ from .files import RunFiles
 from .prompt_filter import PromptFilter
 from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
 from .sizes import size_label
-from .texts import GENERATION_FAILED, NO_CFG_NOTE
+from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -78,6 +79,9 @@ class Handlers:
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
+        self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
+        self._running = 0  # requests in `run` now (shut_down waits for them to answer)
+        self._idle = threading.Condition()
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
@@ -167,6 +171,22 @@ class Handlers:
         return start_from
 
     @staticmethod
+    def picture_uploaded(payload: dict | None):
+        """The picture's change, given its upload as sent (the event does not preprocess: Gradio's own decoding of a
+        non-image ends in a long traceback and a bare "Error" badge): (the picture, the mask editor's value), or one
+        sentence, one log line and both cleared when the file is not a picture this server reads."""
+        path = file_path(payload)
+        if path is None:
+            return None, None
+        try:
+            open_image(path, what="uploaded file").close()
+        except InvalidInput as exc:
+            logger.info("a picture upload was refused: %s", exc)
+            gr.Warning(str(exc), title="Not a picture")
+            return None, None
+        return gr.skip(), Handlers.paint_on(path)
+
+    @staticmethod
     def paint_on(path: str | None) -> dict | None:
         """The mask editor's value for a picture: the picture as its background, nothing painted yet."""
         return {"background": path, "layers": [], "composite": path} if path else None
@@ -193,6 +213,14 @@ class Handlers:
         """The Stop button: this session's running request ends at its next step (it answers "Stopped at ...")."""
         self.stops.stop(session_of(request))
 
+    def shut_down(self, timeout: float) -> bool:
+        """The server is stopping: every running request ends at its next step and answers SERVER_STOPPING (an API
+        client gets that sentence, not a dropped connection); a request that starts from now on answers it at once.
+        Waits up to `timeout` s for them to answer; True if they all did."""
+        self.shutting_down.set()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout=timeout)
+
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def run(
@@ -211,16 +239,35 @@ class Handlers:
         while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
         the next, so a slow browser never holds up the devices.
         """
+        if self.shutting_down.is_set():
+            raise gr.Error(SERVER_STOPPING.format(at=""), title="Server stopping", print_exception=False)
+        with self._idle:
+            self._running += 1
+        try:
+            yield from self._run(request, session, progress, image_format, user=user)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _run(self, request: Request, session: str, progress, image_format: str | None, *, user: str | None
+             ) -> Iterator[tuple]:  # fmt: skip
+        """The engine's run, its previews streamed, then the stopped request's answer or the finished one's."""
         stop = self.stops.begin(session)
         closed = threading.Event()  # set when Gradio closes this generator (a cancel): the engine stops too
         started = time.perf_counter()
         forming = LatestPreview() if image_format is None else None
-        worker = self._start(request, session, progress, forming, lambda: closed.is_set() or stop())
+        reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
+        on_step = _step_reporter(progress, reported)
+        worker = self._start(request, session, on_step, forming,
+                             lambda: closed.is_set() or stop() or self.shutting_down.is_set())  # fmt: skip
         previewed = False  # whether the gallery now shows this request's previews
         try:
             while (shown := (forming.take(worker.done) if forming is not None else None)) is not None:
                 previewed = True
                 yield self._previews(request, *shown), gr.skip(), gr.skip()
+                if reported:  # a client's job.status() shows the last message: a preview's carries no progress
+                    on_step(*reported[0])
             result = worker.result()
         except Stopped as stopped:
             logger.info("request %s (seed %d)", stopped, request.seed)
@@ -238,23 +285,18 @@ class Handlers:
             closed.set()
             worker.join()
             self.stops.end(session, stop)
+        if isinstance(result, Stopped) and self.shutting_down.is_set():
+            at = f" at step {result.done} / {result.total}"
+            raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
         if isinstance(result, Stopped):
             yield self._stopped(result, session, previewed)
         else:
             yield self._answer(request, result, session, user, image_format, started)
 
-    def _start(self, request: Request, session: str, progress, forming: LatestPreview | None,
-               stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
-        """The engine's call in its own thread: steps reported to Gradio's bar, stopped by Stop, a cancel or a
-        closed page between steps, previews handed to `forming`."""
-        # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
-        # a time), the engine in another (a context can be entered by one thread at a time).
-        progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
-        context_lock = threading.Lock()
-
-        def on_step(step: int, total: int) -> None:
-            with context_lock:
-                progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+    def _start(self, request: Request, session: str, on_step: Callable[[int, int], None],
+               forming: LatestPreview | None, stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
+        """The engine's call in its own thread (in a copy of this request's context): steps reported, stopped by
+        Stop, a cancel, a closed page or the server stopping between steps, previews handed to `forming`."""
 
         def should_stop() -> bool:
             return stopped() or request_gone() or self.early_cancels.take(session)
@@ -264,7 +306,7 @@ class Handlers:
                 request, on_step if self.progress else None, should_stop=should_stop,
                 **({"on_preview": forming.put} if forming is not None else {}),
             ),
-            engine_context,
+            contextvars.copy_context(),
         )  # fmt: skip
 
     def _previews(self, request: Request, done: int, total: int, pixels: np.ndarray) -> Gallery:
@@ -274,11 +316,12 @@ class Handlers:
         return [(str(self._preview_file(image)), caption) for image in pixels]
 
     def _stopped(self, stopped: Stopped, session: str, previewed: bool) -> tuple:
-        """A stopped request's answer: nothing of it stays; the gallery (back from its previews), its PNGs and the
-        seed box keep the last images'."""
+        """A stopped request's answer: the gallery goes back from the previews to the last images, if any, else
+        keeps the last preview; the PNGs and the seed box keep the last images'."""
         before = self.shown.gallery(session)
-        note = " The images are still the previous request's." if before else ""
-        gallery = (before or None) if previewed else gr.skip()
+        note = " The images are still the previous request's." if before else \
+            " The pictures are its last preview." if previewed else ""  # fmt: skip
+        gallery = before if previewed and before else gr.skip()
         return gallery, gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{note}"
 
     def _answer(self, request: Request, result: Any, session: str, user: str | None, image_format: str | None,
@@ -389,6 +432,20 @@ class EngineRun:
         """What the call raised (None while it runs, or when it returned)."""
         ok, value = self._outcome or (True, None)
         return None if ok else value
+
+
+def _step_reporter(progress, reported: list) -> Callable[[int, int], None]:
+    """The engine's `on_step`: "step k / N" on Gradio's bar, the last step kept in `reported`. gr.Progress finds its
+    request through context variables: reports run in a copy of this context, one at a time (the engine runs in
+    another: a context can be entered by one thread at a time)."""
+    progress_context, context_lock = contextvars.copy_context(), threading.Lock()
+
+    def on_step(step: int, total: int) -> None:
+        with context_lock:
+            reported[:] = [(step, total)]
+            progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+
+    return on_step
 
 
 def file_path(payload: object) -> str | None:

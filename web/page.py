@@ -10,6 +10,7 @@ below gets its control in the advanced settings.
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +29,7 @@ from .handlers import Handlers
 from .history_tab import History
 from .options import DEFAULT_QUEUE_SIZE
 from .prompt_filter import PromptFilter
+from .sessions import answers_delivered
 from .sizes import size_label
 from .texts import (
     HEADER_PATH,
@@ -52,6 +54,9 @@ GENERATE_CONCURRENCY = 2
 #: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
 #: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
+#: Seconds a stopping server gives its running requests to end (at their next step) and answer why, within
+#: `docker stop`'s 10 s before it kills.
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -77,8 +82,15 @@ class Page:
                **settings)  # fmt: skip
         return self
 
-    def close(self) -> None:
-        """Stop the server, the background PNG writers and the history's, and remove this page's files."""
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the server, the background PNG writers and the history's, and remove this page's files.
+
+        First every request ends at its next step and answers why (web/handlers.Handlers.shut_down), and its client
+        is handed that answer, within `grace_s`; then Gradio's server stops (it waits for open streams)."""
+        deadline = time.monotonic() + grace_s
+        self.handlers.shut_down(grace_s)
+        while not answers_delivered(self.demo) and time.monotonic() < deadline:
+            time.sleep(0.02)
         self.demo.close()
         self.outbox.close()
         self.history.close()
@@ -114,9 +126,11 @@ def build_page(
     queue_size: int = DEFAULT_QUEUE_SIZE,
     progress: bool = True,
     history: History | None = None,
+    logins: bool = False,
 ) -> Page:
     """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`. `history`: where
-    past generations go (web/history_tab.py; none by default)."""
+    past generations go (web/history_tab.py; none by default). `logins`: the page is launched with `auth` (a Log out
+    button, to Gradio's /logout)."""
     examples = load_examples() if examples is None else list(examples)
     rules = engine.rules if styles is None else replace(engine.rules, styles=styles)
     files = RunFiles()  # first: Gradio reads its cache folder when it makes each component
@@ -131,6 +145,8 @@ def build_page(
         history_state = history.state()  # the visitor's entries when their browser keeps them
         with gr.Column(elem_id="app"):
             gr.Markdown(header_text(engine, texts), elem_id="header")
+            if logins:  # Gradio's own route: forgets the login, back to its login form (relative: works under a proxy)
+                gr.Button("Log out", link="logout", size="sm", variant="secondary", scale=0, elem_id="logout")
             # Without a history the page has one tab: its tab bar is hidden (assets/style.css).
             with gr.Tabs(elem_id="tabs", elem_classes=[] if history.enabled else ["one-tab"]) as tabs:
                 with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
@@ -386,8 +402,8 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     )
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
     # The picture goes to the mask editor as its background (strokes start afresh).
-    init_image.change(fn=handlers.paint_on, inputs=init_image, outputs=fields.picture, queue=False,
-                      api_visibility="private")  # fmt: skip
+    init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=[init_image, fields.picture],
+                      preprocess=False, api_visibility="private")  # fmt: skip
     shown.gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
     varied = [
         button.click(handlers.vary(amount), inputs=None, outputs=[init_image, fields.picture, strength],

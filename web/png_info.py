@@ -26,6 +26,7 @@ from PIL import Image, UnidentifiedImageError
 from pipeline.errors import InvalidInput
 from pipeline.fields import FIELDS
 from pipeline.host.images import read_parameters
+from pipeline.image_inputs import FORMAT_NAMES
 
 #: Longest `parameters` text read (A1111's are a few hundred characters; Pillow stops text chunks at 1 MB).
 MAX_TEXT_CHARS = 65_536
@@ -48,7 +49,7 @@ NUMBER_KEYS = {
     "Mask blur": int,
 }
 #: Refusals (one sentence each).
-NOT_AN_IMAGE = "This file is not an image this page can read (PNG, JPEG or WebP)."
+NOT_AN_IMAGE = f"This file is not a picture in a format this server reads ({FORMAT_NAMES})."
 TOO_LARGE = "This image is too large to read."
 NO_PARAMETERS = "This image carries no generation settings (no A1111-style parameters in a PNG text chunk or EXIF)."
 COMFY_ONLY = "This image was made by ComfyUI without A1111-style parameters, so its settings cannot be read here."

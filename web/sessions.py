@@ -61,6 +61,15 @@ def request_gone() -> bool:
     return True  # no longer among the running jobs: its task was cancelled
 
 
+def answers_delivered(blocks) -> bool:
+    """True when Gradio's queue runs no event and every session's stream has been handed the answers it waits for
+    (read from Gradio's queue: the events each session still waits for)."""
+    queue = getattr(blocks, "_queue", None)
+    if queue is None:
+        return True
+    return not any(queue.active_jobs) and not any(queue.pending_event_ids_session.values())
+
+
 class ShownImages:
     """The gallery files each browser session was last shown, so the page's PNG follow-up needs no file input (and a
     stopped request's previews can give way to them again)."""

@@ -5,6 +5,7 @@ The texts live in assets/ (header.md, footer*.md) with $placeholders filled here
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -38,6 +39,8 @@ LICENSE_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0/b
 #: Link to the project's source shown in the header (omitted when empty); SDXL_PROJECT_URL overrides it.
 PROJECT_URL = os.environ.get("SDXL_PROJECT_URL", "")
 GENERATION_FAILED = "Generation failed on the server; please try again."
+#: What a running or waiting request answers when the server is stopped (SIGTERM, Ctrl-C, `docker stop`).
+SERVER_STOPPING = "The server is shutting down: this request was stopped{at}. Please try again in a moment."
 #: What the page and the API say when the server runs the guidance-free program (--no-cfg or a few-step preset).
 NO_CFG_NOTE = "this server runs without classifier-free guidance: the negative prompt and guidance scale are ignored"
 
@@ -70,10 +73,22 @@ def model_card_url(model: str) -> str:
     return f"https://huggingface.co/{model}"
 
 
+#: Widest UNet block of a test-sized checkpoint: SDXL's are 320, 640 and 1280 channels; the tiny geometry's 32-64.
+TINY_CHANNELS = 128
+
+
 def is_tiny(model: str) -> bool:
-    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it)."""
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it) or another test-
+    sized one (tests/fixtures/tiny-pt: its UNet's blocks at most TINY_CHANNELS wide; random weights, fast on a CPU)."""
     model = model.strip()
-    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+    path = pathlib.Path(model).expanduser()
+    if model == TINY_MODEL or (path / COMPLETE_MARKER).is_file():
+        return True
+    try:
+        channels = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))["block_out_channels"]
+        return max(channels) <= TINY_CHANNELS
+    except (OSError, ValueError, KeyError, TypeError):  # not a local checkpoint (a Hub id), or an odd config
+        return False
 
 
 def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, str]:

@@ -85,7 +85,7 @@ def default_revision(model: str) -> str | None:
 def resolve_model(model: str, variant: str | None = None) -> str:
     """Map `model` to a local directory or a Hub id, rejecting what cannot be either."""
     if not isinstance(model, str) or not model.strip():
-        raise ModelLoadError("No model given: pass a Hub id, a local directory in diffusers' Flax layout, or 'tiny'.")
+        raise CheckpointError("No model given: pass a Hub id, a local directory in diffusers' Flax layout, or 'tiny'.")
     model = model.strip()
     if model == TINY_MODEL:
         from .tiny import tiny_checkpoint
@@ -100,11 +100,11 @@ def resolve_model(model: str, variant: str | None = None) -> str:
             from .convert import check_single_file
 
             check_single_file(path)
-        raise ModelLoadError(
+        raise CheckpointError(
             f"Model path {model} is a file; pass the checkpoint directory (the one with model_index.json)."
         )
     if not _HUB_ID.match(model) or model.startswith((".", "/", "~")):
-        raise ModelLoadError(
+        raise CheckpointError(
             f"Model directory {model} does not exist; pass an existing directory, a Hub id like {SDXL_BASE}, or 'tiny'."
         )
     return model
@@ -119,7 +119,7 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
     """
     index_file = path / "model_index.json"
     if not index_file.is_file():
-        raise ModelLoadError(f"{path} has no model_index.json: it is not a checkpoint in diffusers' layout.")
+        raise CheckpointError(f"{path} has no model_index.json: it is not a checkpoint in diffusers' layout.")
     try:
         index = json.loads(index_file.read_text())
     except (OSError, ValueError) as exc:

@@ -396,9 +396,16 @@ def lora_hashes_field(used: Sequence[tuple[str, str]]) -> str:
     return ", ".join(f"{name.translate(str.maketrans('', '', ':,'))}: {short}" for name, short in used)
 
 
-def load_lora(path: str | Path, targets: LoraTargets) -> LoraFile:
-    """Read, recognise, map and check one LoRA file; raise LoraFileError (one sentence) when it is refused."""
-    path = Path(path)
+#: Layers SDXL's UNet does not have (its first down block and the fourth up block hold no attention): an SD 1.x/2.x
+#: LoRA, known from its tensor names alone.
+_SD1_LAYOUT = re.compile(
+    r"^(lora_unet_(down_blocks_0_attentions|up_blocks_3_)|unet\.(down_blocks\.0\.attentions|up_blocks\.3\.))"
+)
+
+
+def _screen(path: Path) -> tuple[Any, str, dict[str, dict[str, str]]]:
+    """The checks of one LoRA file that need no model (its name, header, kind and block layout): (header, "kohya" or
+    "peft", modules); raises LoraFileError (one sentence) when it is refused."""
     name = path.stem
     bad = sorted(set(name) & _BAD_NAME_CHARS)
     if bad or not name.strip():
@@ -413,6 +420,34 @@ def load_lora(path: str | Path, targets: LoraTargets) -> LoraFile:
         raise LoraFileError(f"{path.name} holds no tensors.")
     _refuse_unsupported(path, names, header.metadata)
     kind, modules = _group(path, names)
+    if foreign := next((m for m in modules if _SD1_LAYOUT.match(m)), None):
+        raise LoraFileError(_not_this_model(path, foreign, header.metadata, kind))
+    return header, kind, modules
+
+
+def screen_lora_dir(directory: str | Path) -> tuple[list[str], dict[str, str]]:
+    """What `load_lora_dir` will offer, told before the model loads, from each file's header alone (names, kind,
+    DoRA/LoHa/LoKr, SD 1.x layout, damage): (accepted names, {refused name: one sentence why}). Loading may still
+    refuse a file whose layers do not fit this checkpoint's shapes. A missing directory raises LoraFileError."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise LoraFileError(f"LoRA directory {directory} does not exist or is not a directory.")
+    names, refused = [], {}
+    for path in sorted(p for p in directory.glob("*.safetensors") if p.is_file()):
+        try:
+            _screen(path)
+        except LoraFileError as exc:
+            refused[path.stem] = str(exc)
+            continue
+        names.append(path.stem)
+    return names, refused
+
+
+def load_lora(path: str | Path, targets: LoraTargets) -> LoraFile:
+    """Read, recognise, map and check one LoRA file; raise LoraFileError (one sentence) when it is refused."""
+    path = Path(path)
+    name = path.stem
+    header, kind, modules = _screen(path)
     table = targets.kohya if kind == "kohya" else targets.peft
     leaves: dict[str, LeafPath] = {}
     for module in modules:
@@ -679,4 +714,5 @@ __all__ = [
     "lora_hashes_field",
     "lora_targets",
     "read_header",
+    "screen_lora_dir",
 ]

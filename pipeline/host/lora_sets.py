@@ -78,7 +78,7 @@ class LoraSets:
         choice = tuple(choice)
         for name, _, _ in choice:
             if name not in self.files:  # a file of --lora-dir that could not be read (logged at start-up)
-                raise InvalidInput(f"LoRA '{name}' could not be read when the server started; it is not offered.")
+                raise InvalidInput(f"LoRA '{name}' could not be read at start-up; it is not offered.")
         if choice == self.current:
             return self._served
         if not choice:

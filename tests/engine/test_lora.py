@@ -72,8 +72,8 @@ def test_the_loras_field_adds_tags_to_the_written_prompt():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"prompt": "a <lora:nope:1>"}, f"Unknown LoRA 'nope'; this server offers: {OFFERED}."),
-        ({"loras": [["dora", 1]]}, f"Unknown LoRA 'dora'; this server offers: {OFFERED}."),
+        ({"prompt": "a <lora:nope:1>"}, f"Unknown LoRA 'nope'; the LoRAs offered: {OFFERED}."),
+        ({"loras": [["dora", 1]]}, f"Unknown LoRA 'dora'; the LoRAs offered: {OFFERED}."),
         ({"prompt": "a <lora:peft:1>", "loras": [["PEFT", 0.5]]},
          "LoRA 'PEFT' is asked for twice; give it once, with one weight."),
         ({"prompt": "a <lora:peft:abc>"}, "The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'."),
@@ -85,7 +85,7 @@ def test_the_loras_field_adds_tags_to_the_written_prompt():
         ({"loras": [["peft"]]}, "Each item of loras must be [name, weight] or [name, te, unet]; got ['peft']."),
         ({"loras": [[1, 0.5]]}, "Each item of loras must be [name, weight] or [name, te, unet]; got [1, 0.5]."),
         ({"rules": RequestRules(), "prompt": "a <lora:peft:1>"},
-         "This server offers no LoRAs (start it with --lora-dir DIR)."),
+         "No LoRAs are offered (they come from --lora-dir DIR)."),
     ],
     ids=["unknown-tag", "refused-file", "twice", "not-a-number", "too-large", "nan", "bool", "none", "not-a-list",
          "short-item", "name-not-text", "none-offered"],
@@ -156,7 +156,7 @@ def to_pytorch_stats(flax_delta: np.ndarray) -> np.ndarray:
 def test_the_engine_offers_the_files_it_could_read(feature_engine):
     assert feature_engine.rules.loras == LORA_NAMES
     assert feature_engine.program_keys()[0].label == "merge"
-    with pytest.raises(InvalidInput, match=f"^Unknown LoRA 'dora'; this server offers: {OFFERED}\\.$"):
+    with pytest.raises(InvalidInput, match=f"^Unknown LoRA 'dora'; the LoRAs offered: {OFFERED}\\.$"):
         feature_engine.request("a cabin <lora:dora:1>")
 
 

@@ -65,8 +65,8 @@ def test_generate_writes_one_png_per_device(tiny_dir, tmp_path):
         (["--seed", "-5"], 2, "Seed"),
         (["--guidance-scale", "500"], 2, "Guidance"),
         (["--height", "100"], 2, "Height must be a multiple of 32; got 100."),
-        (["--model", "/nonexistent/sdxl"], 3, "does not exist"),
-        (["--model", "requirements.txt"], 3, "is a file"),
+        (["--model", "/nonexistent/sdxl"], 2, "does not exist"),  # as the app: a wrong --model is bad input
+        (["--model", "requirements.txt"], 2, "is a file"),
     ],
 )
 def test_bad_input_exits_non_zero_with_one_line(tiny_dir, tmp_path, args, code, message):
@@ -142,10 +142,23 @@ def test_cli_refuses_what_the_api_refuses(tiny_dir, tmp_path, args, message):
 
 
 def test_make_tiny_prints_only_its_path(tmp_path):
-    done = run_cli("make-tiny", str(tmp_path / "tiny"))
+    """As a user runs it: without the tests' JAX_PLATFORMS=cpu (libtpu in the dev venv printed its errors)."""
+    done = run_python("-m", "pipeline", "make-tiny", str(tmp_path / "tiny"), drop=("JAX_PLATFORMS",))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "tiny")
     assert done.stderr.strip() == ""
+
+
+def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
+    """pipeline/README.md's `Generator.from_pretrained` example, as a user runs it (no JAX_PLATFORMS, no XLA_FLAGS):
+    no libtpu lines, and one image per CPU core, as the app and the CLI."""
+    code = ("from pipeline import Generator\n"
+            f"gen = Generator.from_pretrained({str(tiny_dir)!r}, height=64, width=64, steps=2)\n"
+            "print(gen.num_images)")  # fmt: skip
+    done = run_python("-c", code, drop=("JAX_PLATFORMS", "XLA_FLAGS"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(os.cpu_count())
+    assert "tpu" not in done.stderr.lower(), done.stderr
 
 
 def test_cli_absent_variant_is_bad_input_in_one_line(tmp_path):

@@ -184,14 +184,16 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
     job.cancel()
     gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png")
     after_stop = pixels_of([item["image"] for item in gallery])
-    assert follower.wait_for("request 3 stopped at step", timeout=60), follower.output
-    followed = follower.output.split("request 3 stopped at step ")[1].split(",")[0]  # "k / 100"
-    assert f"request stopped at step {followed} (seed" in leader.output, leader.output
     started = time.monotonic()
     leader.popen.send_signal(signal.SIGTERM)
-    assert leader.finish(timeout=60) == 0, leader.output
-    assert follower.finish(timeout=60) == 0, follower.output
-    assert time.monotonic() - started < 30
+    assert leader.finish(timeout=120) == 0, leader.output
+    assert follower.finish(timeout=120) == 0, follower.output
+    assert time.monotonic() - started < 60
+    # Read once both have exited (their output is then whole): a wait for the follower's line with a fixed deadline
+    # timed out under load.
+    assert "request 3 stopped at step" in follower.output, leader.output + follower.output
+    followed = follower.output.split("request 3 stopped at step ")[1].split(",")[0]  # "k / 100"
+    assert f"request stopped at step {followed} (seed" in leader.output, leader.output + follower.output
     assert follower_summary(follower) == {"process": 1, "requests": 4, "compiles_after_warmup": 0}
     assert "Traceback" not in leader.output and "Traceback" not in follower.output
     assert_same_pixels(got, expected)

@@ -1,4 +1,9 @@
-"""The Dockerfile's pip installs resolve, for every ACCELERATOR it offers (Docker itself cannot run here).
+"""The Dockerfile's pip installs resolve, for every ACCELERATOR it offers, and the files it copies make an app that
+starts (Docker itself cannot run here).
+
+The image's files: `copy_image_files` copies what the Dockerfile's COPY lines take from the build context, less
+.dockerignore, the way Docker does; `python app.py --help` runs from that copy here, and
+tests/system/test_app_process.py serves a request from it and stops it with a signal (what `docker stop` sends).
 
 Reads the `RUN pip install` lines from the Dockerfile (so the test follows edits to it). CI checks them from package
 metadata only (`test_accelerator_pins_from_metadata`, a few hundred KB: the index's file lists, and each wheel's
@@ -89,6 +94,105 @@ def install_plan(accelerator: str) -> list[list[str]]:
             if words[:2] == ["pip", "install"]:
                 plan.append(words[2:])
     return plan
+
+
+# ---- the image's files, copied the way Docker copies them ----------------------------------------------------------
+
+
+def dockerignore_patterns() -> list[tuple[bool, re.Pattern]]:
+    """.dockerignore as (is an exception "!", compiled pattern) pairs, in file order (the last match wins).
+
+    Docker's rules (moby/patternmatcher): `*` and `?` stay inside one path element, `**` spans any number of them,
+    a pattern matching a folder excludes everything in it, a leading `/` is dropped."""
+    patterns = []
+    for raw in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exception = line.startswith("!")
+        text = line[1:].strip() if exception else line
+        text = os.path.normpath(text).lstrip("/")
+        regex, i = "", 0
+        while i < len(text):
+            if text.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif text.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            elif text[i] == "*":
+                regex, i = regex + "[^/]*", i + 1
+            elif text[i] == "?":
+                regex, i = regex + "[^/]", i + 1
+            elif text[i] == "[":
+                end = text.index("]", i)
+                regex, i = regex + text[i : end + 1].replace("[!", "[^"), end + 1
+            else:
+                regex, i = regex + re.escape(text[i]), i + 1
+        patterns.append((exception, re.compile(regex + r"\Z")))
+    return patterns
+
+
+def ignored(relative: str, patterns: list[tuple[bool, re.Pattern]]) -> bool:
+    """Whether Docker leaves this context path (posix, relative) out of the build context."""
+    parts = relative.split("/")
+    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]  # the path and every folder above it
+    verdict = False
+    for exception, pattern in patterns:
+        if any(pattern.match(candidate) for candidate in candidates):
+            verdict = not exception
+    return verdict
+
+
+def copy_image_files(destination: pathlib.Path) -> list[str]:
+    """Copy what the Dockerfile's COPY lines put under its WORKDIR into `destination`, from the build context less
+    .dockerignore, as Docker does (a folder source copies its contents). The copied paths, relative."""
+    import glob
+    import shutil
+
+    patterns = dockerignore_patterns()
+    copied = []
+    for keyword, rest in dockerfile_instructions(DOCKERFILE.read_text(encoding="utf-8")):
+        if keyword != "COPY":
+            continue
+        words = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        words = [w for w in words if not w.startswith("--")]  # --chown=..., --chmod=...
+        *sources, target = words
+        for source in sources:
+            matches = sorted(glob.glob(source, root_dir=ROOT)) or [source]
+            for match in matches:
+                origin = ROOT / match
+                assert origin.exists(), f"Dockerfile: COPY {source}: not in the build context"
+                if origin.is_dir():  # its contents go into the target folder
+                    files = [p for p in origin.rglob("*") if p.is_file()]
+                    pairs = [(p, destination / target / p.relative_to(origin)) for p in files]
+                else:  # into a folder ("dir/", "."), or as the target file
+                    into = target.endswith(("/", "."))
+                    pairs = [(origin, destination / target / origin.name if into else destination / target)]
+                for path, out in pairs:
+                    if ignored(path.relative_to(ROOT).as_posix(), patterns):
+                        continue
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, out)
+                    copied.append(out.relative_to(destination).as_posix())
+    return copied
+
+
+def test_dockerignore_rules_follow_docker():
+    patterns = dockerignore_patterns()
+    assert ignored("pipeline/__pycache__/x.pyc", patterns)
+    assert ignored("tests/fixtures/tiny-pt/model_index.json", patterns)
+    assert ignored("README.md", patterns) and not ignored("pipeline/README.md", patterns)  # "*.md": the root only
+    assert not ignored("assets/header.md", patterns)  # the "!assets/*.md" exception
+    assert not ignored("web/page.py", patterns)
+
+
+def test_the_image_files_start_the_app_and_the_cli(tmp_path):
+    copied = copy_image_files(tmp_path)
+    assert {"app.py", "requirements.txt"} <= set(copied)  # what is missing besides shows when the app starts
+    assert not [p for p in copied if p.startswith(("tests/", "bench/")) or "__pycache__" in p]
+    for command in (["app.py", "--help"], ["-m", "pipeline", "generate", "--help"]):
+        done = subprocess.run([sys.executable, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": ""}, check=False)  # fmt: skip
+        assert done.returncode == 0 and "usage:" in done.stdout, (command, done.stderr[-2000:])
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def engine_args(lora_dir: Path) -> list[str]:
 def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feature_engine):
     done = run_cli(
         "generate", *engine_args(lora_dir), "--prompt", PROMPT, "--negative-prompt", "blurry", "--seed", "7",
-        "--lora", "kohya_sgm:0.8", "--lora", "peft:0.5:1.2", "--init-image", str(PICTURE), "--mask", str(MASK),
+        "--lora", "kohya_sgm:0.8", "--lora", "peft:0.5:1.2", "--init-image", str(PICTURE), "--mask-image", str(MASK),
         "--strength", "0.75", "--cfg-end", "0.5", "--deepcache", "2", "--steps", "4", "--sampler", "DPM++ 2M",
         "--out", str(tmp_path), "--json", env=TWO_DEVICES,
     )  # fmt: skip
@@ -74,13 +74,16 @@ def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feat
          "error: Strength must be a number above 0 and at most 1; got 0.0."),
         (["--init-image", "/nowhere/cabin.png"],
          "error: The image file 'cabin.png' does not exist or is not a file."),
-        (["--lora", "kohya_sgm:0.8"], "error: This server offers no LoRAs (start it with --lora-dir DIR)."),
+        (["--lora", "kohya_sgm:0.8"], "error: No LoRAs are offered (they come from --lora-dir DIR)."),
         (["--lora-dir", "LORA_DIR", "--lora", "peft:abc"],
          "error: The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'."),
         (["--lora-dir", "LORA_DIR", "--lora", "nope"],
-         f"error: Unknown LoRA 'nope'; this server offers: {', '.join(sorted(LORA_NAMES + LORA_REFUSED))}."),
+         f"error: Unknown LoRA 'nope'; the LoRAs offered: {', '.join(sorted(LORA_NAMES))}."),  # not the refused ones
+        (["--lora-dir", "/nowhere/loras"],
+         "error: LoRA directory /nowhere/loras does not exist or is not a directory."),
     ],
-    ids=["no-levers", "deepcache", "mask-alone", "strength", "missing-image", "no-lora-dir", "weight", "unknown"],
+    ids=["no-levers", "deepcache", "mask-alone", "strength", "missing-image", "no-lora-dir", "weight", "unknown",
+         "missing-lora-dir"],
 )  # fmt: skip
 def test_bad_values_are_one_line_before_the_model_loads(args, message, lora_dir, tmp_path, capsys):
     """Checked against the rules the flags give (RequestRules.of): nothing loads, nothing is written. Before loading,
@@ -100,5 +103,7 @@ def test_a_lora_refused_at_start_up_is_one_line_when_asked_for(lora_dir, tmp_pat
                    str(tmp_path), env=TWO_DEVICES)  # fmt: skip
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: LoRA 'dora' could not be read when the server started; it is not offered."], done.stderr
+    assert errors == ["error: LoRA 'dora' is not offered: dora.safetensors is a DoRA file (dora_scale weights), which "
+                      "this app does not apply (only LoRA and LoCon)."], done.stderr
+    assert "loading" not in done.stderr.lower() and "compile" not in done.stderr.lower()  # refused before the load
     assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.png"))

@@ -66,6 +66,29 @@ def test_every_readme_command_parses(monkeypatch):
     assert "multiple of 8" not in text and "21.6 s" not in text
 
 
+def _prose_flags() -> set[str]:
+    """Every `--flag` the README names in inline code outside its code blocks (the sentences users copy from)."""
+    prose = re.sub(r"^```.*?^```", "", README.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {flag for span in re.findall(r"`([^`\n]+)`", prose) for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", span)}
+
+
+def test_every_flag_the_readme_names_is_taken():
+    """A flag named in the README's prose (e.g. the CLI's `--mask-image`) is one the app, the CLI, precompile or the
+    bench takes: the README once sent CLI users to a flag the CLI lacked."""
+    from bench.__main__ import build_parser as bench_parser
+
+    taken = {"--help"}
+    for option in ALL_OPTIONS:
+        taken.update((option.flag, *option.aliases))
+    parsers = [bench_parser(), *build_parser()._subparsers._group_actions[0].choices.values()]
+    for parser in parsers:
+        taken.update(parser._option_string_actions)
+    named = _prose_flags()
+    assert {"--mask-image", "--init-image", "--lora-dir", "--data-dir"} <= named
+    assert named <= taken, sorted(named - taken)
+    assert "--mask-image" in _generate_parser()._option_string_actions
+
+
 def test_readme_lists_every_app_option_and_is_for_users():
     text = README.read_text(encoding="utf-8")
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(--[\w-]+)[^`]*` \| ([^|]*) \|", text, re.M)}
@@ -77,7 +100,7 @@ def test_readme_lists_every_app_option_and_is_for_users():
     assert (REPO / "bench" / "README.md").is_file() and "bench/README.md" in text
     for section in ("## Install", "## Run", "## Options", "## API", "## Deploy", "## Figures"):
         assert re.search(rf"^{section}", text, re.M), section
-    assert "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234" in text  # the status line today
+    assert "8 images in 2.3 s · 1344×768 · 4 steps, DPM++ 2M Karras · seed 1234" in text  # the status line today
     assert markdown_table(ALL_OPTIONS) in text  # the table is the one `python -m web.options` prints
 
 

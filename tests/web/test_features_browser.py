@@ -136,3 +136,24 @@ def test_vary_strong_after_text_to_image(tab):
     tab.locator("#mask-editor .pixi-target canvas").wait_for(timeout=30_000)
     # Gradio's editor logs "reading 'background_image'" when given a picture while hidden; it starts all the same.
     assert not [error for error in tab.errors if "background_image" not in error], tab.errors
+
+
+def test_a_non_image_picture_is_one_sentence_at_upload(tab, tmp_path, capfd, caplog):
+    """A file that is not a picture (named like one, so the browser sends it), uploaded under "Start from a
+    picture": one sentence at once (not after Generate), the picture and the editor cleared, one log line, no
+    traceback (Gradio's own decoding of the upload printed ~40 lines of ComponentProcessingError)."""
+    not_a_picture = tmp_path / "notes.png"
+    not_a_picture.write_text("meeting notes, not a picture\n" * 20)
+    open_advanced(tab)
+    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    with caplog.at_level("INFO", logger="sdxl_jax.app"):
+        tab.locator("#init-image input[type=file]").set_input_files(str(not_a_picture))
+        sentence = "The uploaded file is not a picture in a format this server reads"
+        tab.get_by_text(sentence).first.wait_for(timeout=TIMEOUT_MS)
+        tab.wait_for_function("() => !document.querySelector('#init-image img')", timeout=TIMEOUT_MS)
+    tab.screenshot(path=str(ARTIFACTS / "features-not-a-picture.png"))
+    refused = [r for r in caplog.records if "picture upload was refused" in r.getMessage()]
+    assert len(refused) == 1, [r.getMessage() for r in caplog.records]
+    logged = capfd.readouterr()
+    assert "Traceback" not in logged.err + logged.out and "ComponentProcessingError" not in logged.err + logged.out
+    assert tab.locator("#mask-editor img").count() == 0

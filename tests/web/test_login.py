@@ -17,7 +17,7 @@ LOGIN = ("ada", "s3cret:with-colon")
 @pytest.fixture(scope="module")
 def locked_page(engine):
     """The session's 8-device tiny engine behind Gradio's login."""
-    with served(engine, auth=[LOGIN, ("bob", "pw")]) as page:
+    with served(engine, auth=[LOGIN, ("bob", "pw")], logins=True) as page:
         yield page
 
 
@@ -34,6 +34,19 @@ def test_login_is_required(locked_page, client):
         Client(locked_page.local_url, verbose=False)
     gallery, seed, status = client.predict(prompt="a red kite", seed=3, randomize_seed=False, api_name="/generate")
     assert len(gallery) == 8 and seed == 3 and status.startswith("8 images in ")
+
+
+def test_log_out_forgets_the_login(locked_page):
+    """The page's Log out button goes to Gradio's /logout, which drops the session: the login is asked again."""
+    buttons = [c["props"] for c in locked_page.demo.config["components"] if c["props"].get("elem_id") == "logout"]
+    assert buttons and buttons[0]["link"] == "logout" and buttons[0]["value"] == "Log out"
+    base = locked_page.local_url.rstrip("/")
+    with httpx.Client(base_url=base) as browser:
+        # bob: /logout ends every session of its user (ada's client serves the other tests)
+        assert browser.post("/login", data={"username": "bob", "password": "pw"}).status_code == 200
+        assert browser.get("/config").status_code == 200
+        assert browser.get("/logout", follow_redirects=False).status_code == 302
+        assert browser.get("/config").status_code == 401
 
 
 def test_login_page_has_the_title(locked_page):

@@ -8,7 +8,7 @@ import contextlib
 import json
 
 import jax
-from conftest import TEST_SIZE, TEST_STEPS
+from conftest import TEST_SIZE, TEST_STEPS, TINY_PT
 
 from pipeline.config import SDXL_BASE
 from pipeline.generator import Generator
@@ -61,6 +61,7 @@ def test_page_texts_follow_the_model_and_the_count():
     assert "tiny random-weight test model" in texts
     assert "RAIL" not in texts and "Stable Diffusion XL 1.0](" not in texts and page_texts.MODEL_CARD_URL not in texts
     assert "a number typed outside is set to the nearest limit" in texts  # guidance is clamped in the browser
+    assert "Denoising steps, 1 to 100;" in texts and texts.count("set to the nearest limit") >= 2  # steps too
 
 
 def test_real_model_on_cpu_is_said_plainly(tiny_dir):
@@ -71,6 +72,7 @@ def test_real_model_on_cpu_is_said_plainly(tiny_dir):
     assert model_texts(SDXL_BASE, on_cpu=False)["notice"] == ""
     assert model_texts("tiny", on_cpu=True)["notice"] == ""
     assert model_texts(str(tiny_dir), on_cpu=True) == model_texts("tiny", on_cpu=True)  # tiny by its path
+    assert model_texts(str(TINY_PT), on_cpu=True)["notice"] == ""  # the PyTorch fixture: 0.3-1 s requests here
     assert page_texts.model_card_url("acme/my-sdxl") == "https://huggingface.co/acme/my-sdxl"
     assert "acme/my-sdxl" in page_texts.header_links("acme/my-sdxl")
 

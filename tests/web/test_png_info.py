@@ -256,6 +256,20 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
     }  # fmt: skip
 
 
+def test_a_styled_image_gives_back_its_style_and_the_users_words(png_info_page, tmp_path):
+    """The parameters hold the styled prompt (as A1111 writes it) and `Style: NAME`: read back, the box gets what the
+    user typed and the style menu the style, so Generate makes the same prompt again (not styled twice)."""
+    from gradio_client import Client
+
+    client = Client(png_info_page.local_url, verbose=False, download_files=str(tmp_path))
+    gallery, _, _ = client.predict("a paper lantern", "smoke", style="Cinematic", seed=3, randomize_seed=False,
+                                   steps=2, api_name="/generate_png")  # fmt: skip
+    written = image_io.read_parameters(gallery[0]["image"])
+    assert written.startswith("cinematic still a paper lantern .") and "Style: Cinematic" in written
+    values = _values(png_info_page, png_info_page.form.from_image(gallery[0]["image"]))
+    assert (values["prompt"], values["negative"], values["style"]) == ("a paper lantern", "smoke", "Cinematic")
+
+
 def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_path):
     a1111 = _values(png_info_page, png_info_page.form.from_image(_png(tmp_path / "a.png", {"parameters": A1111_TEXT})))
     assert a1111["prompt"].startswith("masterpiece, best quality") and "<lora:add_detail:0.6>" in a1111["prompt"]
@@ -267,6 +281,20 @@ def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_p
     values = _values(png_info_page, png_info_page.form.from_image(comfy))
     assert (values["prompt"], values["seed"], values["sampler"]) == (
         "cinematic photo of a lighthouse in a storm", 42, "DPM++ 2M Karras")
+
+
+def test_an_unknown_lora_in_the_prompt_is_said_when_filling(png_info_page, tmp_path, monkeypatch):
+    """A1111's PNG whose prompt tags a LoRA this server lacks: said when the form is filled (Generate would refuse
+    it), as a sampler or a size not offered is; the prompt keeps the tag."""
+    import gradio as gr
+
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *args, **kwargs: warnings.append(message))  # what the page shows
+    image = _png(tmp_path / "a.png", {"parameters": A1111_TEXT})
+    values = _values(png_info_page, png_info_page.form.from_image(image))
+    assert "<lora:add_detail:0.6>" in values["prompt"]
+    assert "The prompt's LoRA 'add_detail' is not offered here; remove its <lora:…> tag before Generate." in warnings
+    assert any("832×1216 is not offered here" in w for w in warnings)  # the size, said the same way
 
 
 def test_an_image_without_parameters_gets_one_sentence(png_info_page, tmp_path):

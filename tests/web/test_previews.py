@@ -73,8 +73,16 @@ def test_the_page_shows_the_pictures_forming_and_a_stop_restores_the_last_images
     page = browser.new_page(viewport={"width": 1200, "height": 1000})
     page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
     open_advanced(page)
-    set_steps(page, 4)
+    # The tab's first request stopped: no earlier images to go back to, so its last preview stays (not emptied).
+    set_steps(page, LONG)
     page.locator("#prompt textarea").fill("a paper boat")
+    page.locator("#generate").click()
+    page.wait_for_function("() => /step \\d+ \\/ 100 ·/.test(document.querySelector('#gallery').innerText)",
+                           timeout=TIMEOUT_MS)  # fmt: skip
+    page.locator("#stop").click()
+    page.locator("#status").get_by_text("The pictures are its last preview.").wait_for(timeout=60_000)
+    assert page.locator("#gallery img").count() > 0 and "step " in page.locator("#gallery").inner_text()
+    set_steps(page, 4)
     page.locator("#generate").click()
     page.locator("#status").get_by_text("4 steps").wait_for(timeout=TIMEOUT_MS)
     done = page.locator("#gallery").inner_text()

@@ -58,6 +58,29 @@ def size_of(item) -> tuple[int, int]:
         return image.size
 
 
+def test_progress_stays_readable_between_previews(app_page):
+    """What the README tells API clients to read: `job.status().progress_data` of a running request, on a client that
+    does not download every preview (one that does falls behind the stream). A preview's message carries no progress
+    and gradio_client's status is the last message, so each preview is followed by the last step again: polls see
+    the progress, not None, on most of the run (it was None on most polls)."""
+    from gradio_client import Client
+
+    client = Client(app_page.local_url, verbose=False, download_files=False)
+    job = client.submit(prompt="a lighthouse", steps=24, seed=5, randomize_seed=False, api_name="/generate")
+    polls: list[int | None] = []
+    while not job.done():
+        data = job.status().progress_data
+        if data or polls:  # from the first progress on
+            polls.append(data[0].index if data else None)
+        time.sleep(0.005)
+    job.result()
+    seen = [index for index in polls if index is not None]
+    readable = len(seen) / max(len(polls), 1)
+    print(f"progress readable on {readable:.0%} of {len(polls)} polls")
+    assert seen == sorted(seen) and seen[-1] >= 20, seen
+    assert readable > 0.75, f"progress_data was None on {1 - readable:.0%} of the polls"
+
+
 def test_progress_reaches_the_client_and_sizes_work(client, ui_engine):
     before = ui_engine.compile_count
     job = client.submit(prompt="a lighthouse", aspect_ratio=WIDE, seed=5, randomize_seed=False, api_name="/generate")
