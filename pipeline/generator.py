@@ -82,7 +82,7 @@ def written_settings(request: Request, loras: LoraSets | None = None) -> dict[st
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
     style = {"Style": request.style} if request.style != DEFAULT_STYLE else {}  # a reader can undo the styled prompt
     hashes = {"Lora hashes": loras.hashes(request.loras)} if request.loras and loras is not None else {}
-    return {**style, **hashes, **request.written_settings()}
+    return {**style, **request.written_settings(picture=True), **hashes, **request.written_settings(picture=False)}
 
 
 def style_tail(rules: RequestRules, style: str) -> str:

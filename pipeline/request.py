@@ -123,14 +123,15 @@ class Request:
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
 
-    def written_settings(self) -> dict[str, object]:
-        """The table's fields this request set beyond A1111's basics, by their `parameters` label: those away from
-        their default (a picture's own, with a picture only)."""
+    def written_settings(self, picture: bool) -> dict[str, object]:
+        """The table's fields this request set beyond A1111's basics, by their `parameters` label: a picture's own
+        (`picture`, with a picture only: A1111 writes them among its keys), or the others away from their default."""
         written = {}
         for row in PLAIN:
+            if not row.label or row.basic or (row.needs == "picture") != picture:
+                continue
             value = getattr(self, row.name)
-            if row.label and not row.basic and (self.init_image is not None if row.needs == "picture" else
-                                                value != row.default):  # fmt: skip
+            if (self.init_image is not None) if picture else value != row.default:
                 written[row.label] = value
         return written
 
