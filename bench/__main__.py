@@ -6,7 +6,9 @@
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
+    python -m bench --only apphost                   # the app's own time per 1024² request, with and without previews
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
+    python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -25,10 +27,11 @@ from pathlib import Path
 
 from .common import configure_platform
 from .features import LORA_FIXTURES
+from .reference import CHECK_RATIO
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history",
+    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -57,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(parser, BENCH, defaults=ENGINE_DEFAULTS)  # --model, --height, --width, --steps, --dtype, --cpu-devices
     add = parser.add_argument
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
+    add("--check", nargs="?", type=float, const=CHECK_RATIO, default=None, metavar="RATIO",
+        help=f"exit 1 when the reference part's engine / diffusers ratio of CPU seconds per call is over RATIO "
+        f"(default {CHECK_RATIO}): the regression guard CI runs")  # fmt: skip
+    add("--startup-runs", type=int, default=2,
+        help="warm app restarts of each kind in the startup part, interleaved after one cold start (default 2)")
     add("--out", default="bench-results", help="output directory (default bench-results/)")
     add("--only", default=",".join(DEFAULT_PARTS),
         help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")  # fmt: skip
@@ -112,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--feature-steps, --lora-rounds and the --history-* numbers must be at least 1")
     if args.history_entries > 1000 or args.history_entries < 20:
         parser.error("--history-entries must be from 20 (the deletes timed) to 1000 (one /history page)")
+    if args.check is not None and "reference" not in args.parts:
+        parser.error("--check guards the reference part's ratio: add reference to --only")
+    if args.check is not None and args.check <= 0:
+        parser.error("--check takes a positive ratio, e.g. --check 1.15")
     if args.preview_size < 8 or args.preview_size % 8:
         parser.error("--preview-size must be a positive multiple of 8")
     return args
@@ -151,7 +163,12 @@ def run(args: argparse.Namespace) -> dict:
 
         progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
         ref = results["reference"] = engine_vs_reference(generator, args.runs)
-        progress(f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f}")
+        progress(f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f} "
+                 f"(pairs {ref.pair_ratios.min:.2f}–{ref.pair_ratios.max:.2f}; CPU seconds {ref.cpu_ratio:.2f})")
+        parts = ", ".join(f"{label} {seconds * 1000:.1f}" for label, seconds in ref.engine_programs.items())
+        progress(f"engine's programs, ms per call (each blocked on): {parts}; reference: host "
+                 f"{ref.reference_host.median * 1000:.1f}, pipeline "
+                 f"{(ref.reference.median - ref.reference_host.median) * 1000:.1f}")  # fmt: skip
         device_s = [
             generator.generate(generator.request("a photo of a cat", seed=i)).timings["device_s"]
             for i in range(args.runs)
@@ -162,8 +179,11 @@ def run(args: argparse.Namespace) -> dict:
         from .startup import startup
 
         progress("part 2/5 start-up, cold and warm compilation cache (two subprocesses) ...")
-        st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype)
+        st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype,
+                                          runs=args.startup_runs)  # fmt: skip
         progress(f"start-up: cold {st.cold.first_image_s:.1f} s, warm {st.warm.first_image_s:.1f} s ({st.ratio:.0%})")
+        progress(f"start-up: app ready in {st.app_cold_ready_s:.1f} s cold, {st.app_warm_ready_s:.1f} s warm, "
+                 f"{st.app_executables_ready_s:.1f} s warm with this host's executables")  # fmt: skip
     if "app" in args.parts:
         from .serving import through_the_app
 
@@ -262,6 +282,12 @@ def run(args: argparse.Namespace) -> dict:
             generator, adds=args.history_adds, entries=args.history_entries, size=args.history_size,
             calls=args.history_calls,
         )  # fmt: skip
+    if "apphost" in args.parts:
+        from .apphost import app_host_cost
+
+        progress(f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
+                 f"({args.runs} rounds) ...")  # fmt: skip
+        results["apphost"] = app_host_cost(args.runs)
     results["bench_s"] = time.perf_counter() - started
     return results
 
@@ -295,6 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     chart_path = chart(results, out / "chart.png")
     progress(f"done in {results['bench_s']:.0f} s: {out / 'results.json'}, {out / 'results.md'}"
              + (f", {chart_path}" if chart_path else ""))  # fmt: skip
+    if args.check is not None:
+        from .reference import check_ratio
+
+        failure = check_ratio(results["reference"], args.check)
+        if failure:
+            print(f"bench check FAILED: {failure}", file=sys.stderr)
+            return 1
+        progress(f"bench check passed: engine / diffusers = {results['reference'].cpu_ratio:.2f} in CPU seconds <= "
+                 f"{args.check:g} (wall {results['reference'].ratio:.2f})")
     return 0
 
 

@@ -4,6 +4,9 @@ The reference is called as Hugging Face's SDXL-on-JAX blog calls it: params repl
 with flax's `replicate`; per call `prepare_inputs`, `replicate` of the ids, one PRNG key per device, the pmapped
 `pipeline(..., jit=True)`, and conversion to PIL. Both sides return PIL images, so the whole user-visible call is
 timed on each. Same checkpoint, devices, size, steps and dtype; calls are interleaved after both are warmed.
+Each call's part: the engine's programs (encode, start, each step kind, decode; blocking on each, after the timed
+runs) and host work, the reference's host work and its one pmapped program. `python -m bench --check` fails when
+the CPU-seconds ratio is over `CHECK_RATIO` (the guard CI runs: .ci/run).
 """
 
 from __future__ import annotations
@@ -16,11 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from .common import Progress, Stats, progress, timed
+from .program_times import ProgramTimer
 
 PROMPT = "a photo of an astronaut riding a horse on the moon, highly detailed"
 NEGATIVE = "blurry, low quality"
 GUIDANCE = 5.0
 TARGET_RATIO = 0.9
+#: `--check` fails when the engine's process CPU seconds per call exceed the reference's by this factor. CPU seconds,
+#: not wall time: they count the work each side does, which the other jobs on a shared machine barely move (on this
+#: 2-core VM at load 10-17 the same engine's wall ratio moved 0.85-0.91 and its CPU ratio 1.03-1.06; the issue-35
+#: regression gave wall 1.13-1.27 and CPU 1.27-1.32; at 64², 2 steps, CPU 0.96-1.03 against 1.29-1.31). The runs:
+#: bench/README.md, "Engine vs diffusers: the regression of issue 35 and its guard".
+CHECK_RATIO = 1.15
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,10 @@ class EngineVsReference:
     reference_host: Stats  # seconds of each reference call on the host (prepare_inputs, replicate, keys, PIL)
     reference_load_s: float  # seconds to load + cast + replicate the reference's params
     reference_first_call_s: float  # the reference's first call (pmap compile + run)
+    pair_ratios: Stats  # engine / reference of each interleaved pair (a load change hits both halves of a pair)
+    cpu_ratio: float  # engine / reference in process CPU seconds (medians): the work, whatever else runs
+    engine_programs: dict[str, float]  # seconds per call in each program, blocking on each (label -> s)
+    engine_programs_s: float  # a call with every program blocked on (their sum plus the host's part)
 
 
 def load_reference(model: str, dtype: str):
@@ -111,10 +125,13 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
         return generator.generate(request)
 
     engine_call(0)  # engine warm too
-    engine_s, reference_s, engine_host, reference_host = [], [], [], []
+    engine_s, reference_s, engine_host, reference_host, engine_cpu, reference_cpu = [], [], [], [], [], []
     for run in range(runs):
         seed = 1000 + run
+        cpu = time.process_time()
         t_engine, result = timed(lambda seed=seed: engine_call(seed))
+        engine_cpu.append(time.process_time() - cpu)
+        cpu = time.process_time()
         t_reference, _ = timed(
             lambda seed=seed: reference_call(
                 pipe,
@@ -127,12 +144,16 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
                 **kwargs,
             )
         )
+        reference_cpu.append(time.process_time() - cpu)
         engine_host.append(result.timings["host_s"])
         engine_s.append(t_engine)
         reference_s.append(t_reference)
         say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {t_reference:.3f} s")
     engine, reference = Stats.of(engine_s), Stats.of(reference_s)
     ratio = engine.median / reference.median
+    profiled = max(1, min(runs, 3))
+    with ProgramTimer(generator.programs, block=True) as timer:
+        blocked_s = [timed(lambda seed=seed: engine_call(seed))[0] for seed in range(2000, 2000 + profiled)]
     n = generator.num_images
     return EngineVsReference(
         images_per_call=n,
@@ -147,4 +168,21 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress) -> Engin
         reference_host=Stats.of(reference_host),
         reference_load_s=load_s,
         reference_first_call_s=first_s,
+        pair_ratios=Stats.of([e / r for e, r in zip(engine_s, reference_s, strict=True)]),
+        cpu_ratio=Stats.of(engine_cpu).median / Stats.of(reference_cpu).median,
+        engine_programs=timer.per_program(profiled),
+        engine_programs_s=Stats.of(blocked_s).median,
+    )
+
+
+def check_ratio(result: EngineVsReference, threshold: float) -> str | None:
+    """`--check`: None when the engine / reference ratio of CPU seconds per call is at most `threshold`, else the
+    sentence saying by how much, with each side's time and the engine's parts."""
+    if result.cpu_ratio <= threshold:
+        return None
+    parts = ", ".join(f"{label} {seconds * 1000:.1f}" for label, seconds in result.engine_programs.items())
+    return (
+        f"engine / diffusers = {result.cpu_ratio:.2f} in CPU seconds > {threshold:g} (wall {result.ratio:.2f}: engine "
+        f"{result.engine.median * 1000:.0f} ms, diffusers {result.reference.median * 1000:.0f} ms per call; the "
+        f"engine's programs in ms: {parts})"
     )

@@ -76,7 +76,15 @@ def markdown(results: dict) -> str:
             f"{_verdict(ref.meets_target)} |",
             "",
             f"Host-side part of each call (everything but the compiled program and its transfers): engine "
-            f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}.",
+            f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}. Engine / reference of each interleaved "
+            f"pair: {ref.pair_ratios.range_text(digits=2)}; in process CPU seconds: {ref.cpu_ratio:.2f}.",
+            "",
+            "| engine program (each call blocked on) | ms per call |",
+            "|---|---|",
+            *[f"| {label} | {seconds * 1000:.1f} |" for label, seconds in ref.engine_programs.items()],
+            f"| a call with every program blocked on | {ref.engine_programs_s * 1000:.1f} |",
+            f"| reference: host (inputs, replicate, PIL) / its pmapped program | {ref.reference_host.median * 1000:.1f}"
+            f" / {(ref.reference.median - ref.reference_host.median) * 1000:.1f} |",
             "",
             f"{ref.images_per_call} images per call; the reference loaded in {ref.reference_load_s:.1f} s and its "
             f"first call (pmap compile) took {ref.reference_first_call_s:.1f} s.",
@@ -97,8 +105,14 @@ def markdown(results: dict) -> str:
             f"{_verdict(st.meets_target)} |",
             "",
             f"The web app (`python app.py`, until it prints its URL: loaded, compiled, warmed up, serving): "
-            f"{st.app_cold_ready_s:.1f} s with an empty compilation cache, {st.app_warm_ready_s:.1f} s with a warm one "
-            f"({st.app_warm_ready_s / st.app_cold_ready_s:.0%}).",
+            f"{st.app_cold_ready_s:.1f} s with an empty compilation cache, {st.app_warm_ready_s:.1f} s with JAX's "
+            f"warm cache ({st.app_warm_ready_s / st.app_cold_ready_s:.0%}), {st.app_executables_ready_s:.1f} s with "
+            f"this host's executables too ({st.app_executables_ready_s / st.app_cold_ready_s:.0%}; medians):",
+            "",
+            "| app start | ready (s) | load (s) | programs phase (s) | traced + lowered | XLA compile or cache read "
+            "| loaded whole | first run (s) |",
+            "|---|---|---|---|---|---|---|---|",
+            *[_app_restart_row(start) for start in st.app],
             "",
         ]
     if (sv := results.get("serving")) is not None:
@@ -275,6 +289,10 @@ def markdown(results: dict) -> str:
         from .history import markdown as history_markdown
 
         lines += history_markdown(results["history"])
+    if results.get("apphost") is not None:
+        from .apphost import markdown as apphost_markdown
+
+        lines += apphost_markdown(results["apphost"])
     return "\n".join(lines)
 
 
@@ -306,6 +324,15 @@ def _panel(draw, top: int, title: str, bars: list[tuple[str, float, float, float
                   fill=(15, 23, 42), font=font)  # fmt: skip
         top += BAR_HEIGHT + 12
     return top + 16
+
+
+def _app_restart_row(start) -> str:
+    """One app start: its phases and where its programs came from (bench/startup.AppRestart)."""
+    phase, p = start.phases.get, start.programs.get
+    return (f"| {start.kind} | {start.ready_s:.1f} | {phase('load', 0):.1f} | {phase('compile', 0):.1f} "
+            f"| {p('traced', 0):.0f} in {p('trace_s', 0):.1f} s | {p('compiled', 0):.0f} compiled, "
+            f"{p('cached', 0):.0f} from the cache, {p('xla_s', 0):.1f} s | {p('loaded', 0):.0f} in "
+            f"{p('load_s', 0):.1f} s | {phase('first run', 0):.1f} |")  # fmt: skip
 
 
 def chart(results: dict, path: Path) -> Path | None:

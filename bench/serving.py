@@ -72,8 +72,8 @@ def close_app(page) -> None:
     page.close()
 
 
-def make_client(url: str, download_dir: str):
-    """One API client, as a user's script would make it."""
+def make_client(url: str, download_dir: str | bool):
+    """One API client, as a user's script would make it (`download_dir` False: it fetches no file)."""
     from gradio_client import Client
 
     return Client(url, verbose=False, download_files=download_dir)

@@ -1,21 +1,29 @@
-"""Part 2: process start -> first image, with an empty and then a warm persistent compilation cache.
+"""Part 2: process start -> first image, with an empty and then a warm persistent compilation cache; and the web
+app's restart: cold, warm (JAX's persistent compilation cache only) and warm with this host's executables.
 
 Each measurement is a fresh `python -m pipeline generate --json` subprocess (what a restarted server does), timed
 from outside; the CLI reports its own phases (load, cast, replicate, compile, first run), and the rest of the
-process wall time is interpreter start-up, imports and exit. The same pair is measured for the web app:
-`python app.py` until it prints its URL (loaded, compiled, warmed up and serving).
+process wall time is interpreter start-up, imports and exit. The app is `python app.py` until it prints its URL
+(loaded, compiled, warmed up and serving), in three kinds of start sharing one cache folder: cold (empty: it fills
+JAX's cache and the executable store), warm with `--no-executable-cache` (every program traced and lowered, XLA's
+part from JAX's cache) and warm with the executables (every program loaded whole), the two warm kinds interleaved
+`runs` times. The app's own lines give each start's phases and where its programs came from.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.config import shape_defaults
 
 from .common import Progress, free_port, progress, stop_process
 
@@ -38,18 +46,34 @@ class StartupRun:
     first_image_s: float  # process start -> first image: imports + load + cast + replicate + compile + first run
 
 
+#: The app's restarts: empty cache folder; JAX's persistent cache only; that and this host's executables.
+COLD, WARM, EXECUTABLES = "cold", "warm", "warm + executables"
+
+
+@dataclass(frozen=True)
+class AppRestart:
+    """One `python app.py` start until it serves: its phases and where its programs came from (the app's lines)."""
+
+    kind: str  # COLD, WARM or EXECUTABLES
+    ready_s: float  # launch -> "Running on <url>", measured from outside
+    phases: dict  # the app's phase lines, seconds: load, cast, replicate, compile, first run
+    programs: dict  # the engine's programs line: programs, loaded, traced, trace_s, compiled, cached, xla_s, load_s
+
+
 @dataclass(frozen=True)
 class StartupResult:
     """Cold vs warm start-up."""
 
     cold: StartupRun  # empty compilation cache
-    warm: StartupRun  # the cache the cold run filled
+    warm: StartupRun  # the cache (and executables) the cold run filled
     ratio: float  # warm.first_image_s / cold.first_image_s (lower is better)
     target_ratio: float  # the goal: ratio <= this
     meets_target: bool  # ratio <= target_ratio
     cache_entries: int  # files the cold run wrote into the cache directory
     app_cold_ready_s: float  # `python app.py` -> "Running on <url>" with an empty compilation cache
-    app_warm_ready_s: float  # the same with the cache the app's cold run filled
+    app_warm_ready_s: float  # median, the same with JAX's persistent cache the cold start filled (no executables)
+    app_executables_ready_s: float  # median, the same with that cache and this host's executables
+    app: list[AppRestart]  # every app start, in order
 
 
 def cli_command(model: str, height: int, width: int, steps: int, dtype: str, out: Path) -> list[str]:
@@ -98,23 +122,66 @@ def app_ready(
         stop_process(process)
 
 
-def app_ready_once(model: str, height: int, width: int, steps: int, dtype: str, cache_dir: Path,
-                   timeout_s: float) -> float:  # fmt: skip
-    """`app_ready` for one model and shape."""
-    args = [
-        "--model", model, "--height", str(height), "--width", str(width), "--steps", str(steps), "--dtype", dtype,
-    ]  # fmt: skip
-    return app_ready(args, cache_dir, timeout_s)[0]
+#: The engine's line about its programs (host/executables.StartupPrograms.summary).
+PROGRAMS_LINE = re.compile(
+    r"programs \((?P<programs>\d+)\): (?P<loaded>\d+) loaded from this host's executables in (?P<load_s>[0-9.]+) s; "
+    r"(?P<traced>\d+) traced and lowered in (?P<trace_s>[0-9.]+) s; (?P<compiled>\d+) compiled and (?P<cached>\d+) "
+    r"from JAX's compilation cache in (?P<xla_s>[0-9.]+) s"
+)
+APP_PHASES = ("load", "cast", "replicate", "compile", "first run")
+
+
+def app_phases(text: str) -> dict[str, float]:
+    """The app's phase lines ("INFO sdxl_jax.app: compile    12.34 s"), seconds by phase."""
+    phases = {}
+    for phase in APP_PHASES:
+        if match := re.search(rf"INFO sdxl_jax\.app: {phase}\s+([0-9.]+) s", text):
+            phases[phase] = float(match.group(1))
+    return phases
+
+
+def programs_line(text: str) -> dict[str, float]:
+    """The engine's programs line as numbers (empty when absent)."""
+    match = PROGRAMS_LINE.search(text)
+    return {name: float(value) for name, value in match.groupdict().items()} if match else {}
+
+
+def app_restart(kind: str, args: list[str], cache_dir: Path, timeout_s: float) -> AppRestart:
+    """One app start of `kind` on `cache_dir` (WARM adds --no-executable-cache)."""
+    extra = ["--no-executable-cache"] if kind == WARM else []
+    ready, lines = app_ready([*args, *extra], cache_dir, timeout_s)
+    text = "".join(lines)
+    return AppRestart(kind, ready, app_phases(text), programs_line(text))
+
+
+def app_restarts(args: list[str], cache_dir: Path, runs: int, timeout_s: float,
+                 say: Progress = progress) -> list[AppRestart]:  # fmt: skip
+    """A cold start on the empty `cache_dir`, then `runs` x (warm, warm + executables), interleaved."""
+    starts = [app_restart(COLD, args, cache_dir, timeout_s)]
+    for _ in range(runs):
+        starts += [app_restart(WARM, args, cache_dir, timeout_s), app_restart(EXECUTABLES, args, cache_dir, timeout_s)]
+    for start in starts:
+        p = start.programs
+        say(f"start-up: app {start.kind}: ready in {start.ready_s:.1f} s; {p.get('loaded', 0):.0f} programs loaded, "
+            f"{p.get('traced', 0):.0f} traced ({p.get('trace_s', 0):.1f} s)")  # fmt: skip
+    return starts
+
+
+def median_ready(starts: list[AppRestart], kind: str) -> float:
+    return statistics.median(start.ready_s for start in starts if start.kind == kind)
 
 
 def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,
-            timeout_s: float = 600) -> StartupResult:  # fmt: skip
-    """Cold then warm start in separate processes sharing one fresh cache directory (CLI, then the app)."""
+            timeout_s: float = 1800, runs: int = 2) -> StartupResult:  # fmt: skip
+    """The app's restarts (`app_restarts`; at the model's default size, the app's default sizes: `python app.py
+    --model tiny` offers three), then the CLI's cold and warm start in separate processes sharing one fresh cache
+    directory."""
+    args = ["--model", model, "--steps", str(steps), "--dtype", dtype]
+    if (height, width) != shape_defaults(model)[:2]:  # else the app's own default sizes, as `python app.py` offers
+        args += ["--height", str(height), "--width", str(width)]
     with tempfile.TemporaryDirectory(prefix="sdxl-bench-cache-") as tmp:
-        say("start-up: app, cold (empty compilation cache) ...")
-        app_cold = app_ready_once(model, height, width, steps, dtype, Path(tmp) / "app-cache", timeout_s)
-        app_warm = app_ready_once(model, height, width, steps, dtype, Path(tmp) / "app-cache", timeout_s)
-        say(f"start-up: app ready in {app_cold:.1f} s cold, {app_warm:.1f} s warm")
+        say("start-up: app, cold (empty compilation cache), then warm and warm + executables ...")
+        app = app_restarts(args, Path(tmp) / "app-cache", runs, timeout_s, say)
         cache_dir, out = Path(tmp) / "cache", Path(tmp) / "images"
         command = cli_command(model, height, width, steps, dtype, out)
         say("start-up: cold process (empty compilation cache) ...")
@@ -124,4 +191,5 @@ def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Pr
         warm = start_once(command, cache_dir, "warm", timeout_s)
         say(f"start-up: warm first image {warm.first_image_s:.1f} s")
     ratio = warm.first_image_s / cold.first_image_s
-    return StartupResult(cold, warm, ratio, TARGET_RATIO, ratio <= TARGET_RATIO, entries, app_cold, app_warm)
+    return StartupResult(cold, warm, ratio, TARGET_RATIO, ratio <= TARGET_RATIO, entries, app[0].ready_s,
+                         median_ready(app, WARM), median_ready(app, EXECUTABLES), app)  # fmt: skip

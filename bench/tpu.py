@@ -6,6 +6,8 @@
     python -m bench tpu --model tiny --sizes 64x64                # the tiny checkpoint's geometry: a minute or two
     python -m bench tpu --kinds merge --lora-rank 32              # the LoRA merge program (a typical kohya LoRA)
     python -m bench tpu --startup                                 # precompiled vs cold start-up (tiny, this CPU)
+    python -m bench tpu --only "step_full 1024x1024 cfg" --attention splash --quantize int8    # the int8 UNet
+    python -m bench tpu --only "encode cfg" --prompt-windows 1                # CLIP's single 77-token window
 
 Needs libtpu (`pip install "jax[tpu]==0.10.2"`, in requirements-dev.txt). `--topology` is any name libtpu knows
 (v5e:2x2 = v5e-4, v5e:2x4, v6e:2x2, the multi-host v5e:4x4...); the batch is one image per chip (x
@@ -15,10 +17,22 @@ is downloaded); `--model tiny` uses the tiny checkpoint. Each program is compile
 (memory analysis: arguments, temporaries, outputs, generated code) against the chip's HBM, FLOPs and bytes accessed
 of the compiled program (cost analysis, per chip; fused Pallas kernels report no FLOPs) and the roofline
 max(FLOPs / peak, bytes / bandwidth). Per request it predicts device seconds on the topology (4 images on v5e:2x2)
-for SDXL base (25 steps, CFG) and Lightning-4 (4 steps, no CFG) from the rooflines: encode + start + steps x step +
-decode, a lower bound, at every size compiled. Results go to --out/tpu.json (merged with the rows already there, so
-programs compiled by separate runs add up) and a table is printed (`--report`: only that, nothing compiled). Only
-the UNet step depends on the attention core; the other programs are compiled once (attention null).
+from the rooflines (the requests below): encode + start + each step's program + decode, a lower bound, at every
+size compiled.
+
+Every kind a server runs can be compiled: `step` (a server with --no-speed-levers), `step_full` and `step_shallow`
+(DeepCache's whole and shallow UNet; with levers on, the default, every whole-UNet step is a `step_full`),
+`halve_text` and `halve_feature` (where guidance ends), `preview`, `encode`, `start`, `decode`, `merge`. Rows carry
+`prompt_windows` (the programs that read the prompt: --prompt-windows, 3 by default as the server's) and `quantize`
+(the UNet's programs: --quantize int8 as `pipeline/device/quantize.py` serves it). The predicted requests follow
+the host loop's speed plan (host/speed_plan.py): exact 25 steps, cfg_end 0.5, DeepCache 3, both, Lightning-4, and
+MLPerf's 20-step CFG request, whose images/s per chip stand beside Google's MLPerf Inference v4.1 v5e figure (0.438).
+An int8 row's roofline keeps its FLOPs at the bf16 peak; the int8 peak (393 TOPS on v5e) gives a second, lower
+bound, since the cost analysis does not say which FLOPs ran int8.
+
+Results go to --out/tpu.json (merged with the rows already there, so programs compiled by separate runs add up) and
+a table is printed (`--report`: only that, nothing compiled). Only the UNet steps depend on the attention core; the
+other programs are compiled once (attention null).
 
 The `merge` kind is the LoRA merge program (ProgramKey("merge"), device/lora.py) for the kernels a typical kohya SDXL
 LoRA trains (`kohya_leaves`), at --lora-rank (32) with 4 slots; besides its row, the report adds the HBM a server
@@ -41,13 +55,30 @@ from pathlib import Path
 
 SDXL = "sdxl"
 TINY = "tiny"
-KINDS = ("step", "decode", "encode", "start", "merge")
+KINDS = ("step", "decode", "encode", "start", "merge", "step_full", "step_shallow", "halve_text", "halve_feature",
+         "preview")
+#: The kinds that run the UNet, so depend on --quantize.
+UNET_KINDS = ("step", "step_full", "step_shallow")
+#: The kinds that read the prompt's hidden states, so depend on --prompt-windows.
+TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "halve_text")
 #: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
 LORA_RANK = 32
+#: int8 x int8 peak per chip (ops/s): v5e 393 TOPS, v6e 1836 TOPS (Google Cloud's TPU pages), twice bf16's.
+INT8_PEAK = {"TPU v5 lite": 393e12, "TPU v6 lite": 1836e12}
 #: A v5e chip's HBM, the budget when the compiler names no chip size (aot.HBM_PER_CHIP).
 HBM_V5E = 16 * 2**30
-#: Requests the report predicts: (name, steps, cfg).
-REQUESTS = (("SDXL base, 25 steps, CFG", 25, True), ("Lightning-4, 4 steps, no CFG", 4, False))
+#: Requests the report predicts: (name, steps, CFG, cfg_end, DeepCache interval); SDXL base's 25 steps at guidance.
+REQUESTS = (
+    ("SDXL base, 25 steps, CFG (exact)", 25, True, 1.0, 1),
+    ("SDXL base, 25 steps, cfg_end 0.5", 25, True, 0.5, 1),
+    ("SDXL base, 25 steps, DeepCache 3", 25, True, 1.0, 3),
+    ("SDXL base, 25 steps, cfg_end 0.5 + DeepCache 3", 25, True, 0.5, 3),
+    ("Lightning-4, 4 steps, no CFG", 4, False, 1.0, 1),
+)
+#: MLPerf Inference's SDXL scenario (20 steps, guidance 8, 1024x1024), beside the published v5e figure.
+MLPERF_REQUEST = ("MLPerf SDXL, 20 steps, CFG", 20, True, 1.0, 1)
+#: Google's MLPerf Inference v4.1 SDXL entry on TPU v5e x 4 (JAX, bf16, no quantization): images/s per chip.
+MLPERF_V5E_IMAGES_PER_S_PER_CHIP = 0.438
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,8 +98,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--kinds", default=",".join(KINDS), help=f"program kinds (default {','.join(KINDS)})")
     add("--only", default=None, help='exact program labels, comma-separated, e.g. "step 1024x1024 cfg,encode cfg"')
     add("--per-device-batch", type=int, default=1, help="images per chip (default 1)")
+    add("--prompt-windows", type=int, default=3, help="77-token windows per prompt (default 3, the server's)")
     add("--lora-rank", type=int, default=LORA_RANK, help=f"merge kind: the LoRAs' rank R (default {LORA_RANK})")
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
+    add("--quantize", choices=("none", "int8"), default="none",
+        help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)")  # fmt: skip
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
@@ -91,8 +125,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 @functools.cache
-def sdxl_model(dtype):
-    """SDXL base 1.0's modules from its configs (bench/flops.py), abstract weights in `dtype`; nothing downloaded."""
+def sdxl_model(dtype, quantize: str = "none"):
+    """SDXL base 1.0's modules from its configs (bench/flops.py), abstract weights in `dtype`; nothing downloaded.
+    `quantize` "int8": the UNet as `--quantize int8` serves it (pipeline/device/quantize.py), int8 kernels."""
     import jax
     import jax.numpy as jnp
     from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
@@ -120,6 +155,11 @@ def sdxl_model(dtype):
     params = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
     )
+    if quantize == "int8":
+        from pipeline.device.quantize import abstract_unet_params, quantized_unet
+
+        params["unet"] = abstract_unet_params(unet, dtype)
+        unet = quantized_unet(unet)
     modules = Modules(texts[0], texts[1], unet, vae, scheduler=None, vae_scale_factor=8)
     return modules, params
 
@@ -177,7 +217,8 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
     return MergeLayout(leaves=tuple(leaves), shapes=shapes, rank=rank, slots=SLOTS, factor_dtype=dtype)
 
 
-def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None):
+def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None,
+                    prompt_windows: int = 3, quantize: str = "none"):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
@@ -187,11 +228,17 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
 
     if model == TINY:
         loaded, params = tiny_model(dtype)
-        config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention)
+        config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention,
+                              prompt_windows=prompt_windows, quantize=quantize)  # fmt: skip
+        if quantize == "int8":
+            from pipeline.device.quantize import abstract_unet_params
+
+            params = {**params, "unet": abstract_unet_params(loaded.pipeline.unet, dtype)}
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout)
-    modules, params = sdxl_model(dtype)
+    modules, params = sdxl_model(dtype, quantize)
     return ServedPrograms(
-        modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout
+        modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout,
+        prompt_windows=prompt_windows, levers=True,
     )
 
 
@@ -268,14 +315,20 @@ def jobs(args, sizes) -> list[tuple]:
 
     order = []
     for index, (height, width) in enumerate(sizes):
-        if "step" in args.kind_list:
-            order += [(ProgramKey("step", height, width, cfg), a) for cfg in args.cfgs for a in args.attentions]
+        for kind in ("step", "step_full", "step_shallow"):
+            if kind in args.kind_list:
+                order += [(ProgramKey(kind, height, width, cfg), a) for cfg in args.cfgs for a in args.attentions]
+        for kind in ("halve_feature", "preview"):
+            if kind in args.kind_list:
+                order.append((ProgramKey(kind, height, width), None))
         if "decode" in args.kind_list:
             order.append((ProgramKey("decode", height, width), None))
         if "start" in args.kind_list:
             order.append((ProgramKey("start", height, width), None))
         if index == 0 and "encode" in args.kind_list:
             order += [(ProgramKey("encode", cfg=cfg), None) for cfg in args.cfgs]
+        if index == 0 and "halve_text" in args.kind_list:
+            order.append((ProgramKey("halve_text"), None))
     if "merge" in args.kind_list:  # one merge program: it depends on the layout, not on the size
         order.append((ProgramKey("merge"), None))
     if args.only_labels is not None:  # those, in the order given
@@ -349,47 +402,78 @@ def compile_one(programs, key, attention, topology, progress) -> dict:
     return row
 
 
-def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> list[dict]:
-    """Predicted device seconds per request on `topology` at `size`, per attention core, from the rooflines."""
+def int8_roofline(row: dict) -> float | None:
+    """An int8 row's roofline with its FLOPs at the int8 peak (the compiler's cost analysis does not split int8 from
+    bf16 work: this is the bound if all counted FLOPs ran int8 x int8; `roofline_s` keeps them at the bf16 peak)."""
+    from pipeline.host.aot import HBM_BANDWIDTH
 
-    def find(kind, cfg=None, attention=None, at=size):
-        for row in rows:
-            wanted = (
-                topology,
-                kind,
-                at or row["size"],
-                row["cfg"] if cfg is None else cfg,
-                attention or row["attention"],
-            )
-            if (row["topology"], row["kind"], row["size"], row["cfg"], row["attention"]) == wanted:
-                return row
+    kind = row.get("device_kind")
+    if row.get("quantize") != "int8" or kind not in INT8_PEAK:
         return None
+    return max(row["flops"] / INT8_PEAK[kind], row["bytes_accessed"] / HBM_BANDWIDTH[kind])
+
+
+def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> list[dict]:
+    """Predicted device seconds per request on `topology` at `size` from the programs' rooflines (a lower bound:
+    device only, no host, no dispatch gaps), per attention core, --quantize and prompt windows compiled.
+
+    Each request runs the programs its speed plan names (host/speed_plan.py, as the host loop runs them): encode,
+    start, per step the whole-UNet (`step_full`, or `step` where only that was compiled) or the shallow step, CFG
+    or not, the halving programs where guidance ends, decode."""
+    from pipeline.host.speed_plan import speed_plan
+
+    def find(kind, cfg, attention, quantize, windows, at=size):
+        found = [
+            row for row in rows
+            if row["topology"] == topology and row["kind"] == kind and row["size"] == at
+            and (cfg is None or row["cfg"] == cfg) and (attention is None or row["attention"] == attention)
+            and (kind not in UNET_KINDS or row.get("quantize", "none") == quantize)
+            and (kind not in TEXT_KINDS or row.get("prompt_windows", 1) == windows)
+        ]  # fmt: skip
+        return found[-1] if found else None  # the newest
 
     out = []
-    attentions = sorted({row["attention"] for row in rows if row["kind"] == "step" and row["topology"] == topology})
-    for name, steps, cfg in REQUESTS:
-        for attention in attentions:
-            parts = {
-                "encode": find("encode", cfg, at=None),
-                "start": find("start"),
-                "step": find("step", cfg, attention),
-                "decode": find("decode"),
-            }
-            missing = [k for k, row in parts.items() if row is None or row["roofline_s"] is None and k != "start"]
-            seconds = None
-            if not missing:
-                start = parts["start"]["roofline_s"] if parts["start"] else 0.0
-                seconds = (parts["encode"]["roofline_s"] + start + steps * parts["step"]["roofline_s"]
-                           + parts["decode"]["roofline_s"])  # fmt: skip
-            images = parts["step"]["images"] if parts["step"] else None
-            out.append({"request": name, "steps": steps, "cfg": cfg, "attention": attention, "topology": topology,
-                        "size": size, "images": images, "predicted_s": seconds, "missing": missing})  # fmt: skip
+    variants = sorted({(row["attention"], row.get("quantize", "none"), row.get("prompt_windows", 1))
+                       for row in rows if row["kind"] in UNET_KINDS and row["topology"] == topology
+                       and row["size"] == size})  # fmt: skip
+    for name, steps, cfg, cfg_end, deepcache in (*REQUESTS, MLPERF_REQUEST):
+        plan = speed_plan(steps, cfg_end, deepcache, cfg=cfg)
+        for attention, quantize, windows in variants:
+            parts = {"encode": [find("encode", cfg, None, quantize, windows, at=None)],
+                     "start": [find("start", None, None, quantize, windows)],
+                     "decode": [find("decode", None, None, quantize, windows)]}  # fmt: skip
+            for planned in plan.schedule:
+                if planned.drop_uncond:
+                    parts.setdefault("halve_text", []).append(find("halve_text", None, None, quantize, windows, None))
+                if planned.halve_feature:
+                    parts.setdefault("halve_feature", []).append(find("halve_feature", None, None, quantize, windows))
+                kind = "step_full" if planned.full else "step_shallow"
+                row = find(kind, planned.cfg, attention, quantize, windows)
+                if row is None and planned.full:
+                    row = find("step", planned.cfg, attention, quantize, windows)
+                label = f"{kind} {'cfg' if planned.cfg else 'no-cfg'}"
+                parts.setdefault(label, []).append(row)
+            missing = sorted({k for k, found in parts.items() for row in found if row is None or row["roofline_s"]
+                              is None})  # fmt: skip
+            seconds = None if missing else sum(row["roofline_s"] for found in parts.values() for row in found)
+            at_int8 = None
+            if not missing and quantize == "int8":
+                at_int8 = sum(int8_roofline(row) or row["roofline_s"] for found in parts.values() for row in found)
+            step_rows = [row for k, found in parts.items() if k.startswith("step") for row in found if row]
+            images = step_rows[0]["images"] if step_rows else None
+            chips = step_rows[0]["chips"] if step_rows else None
+            per_chip = images / seconds / chips if seconds and images and chips else None
+            out.append({"request": name, "steps": steps, "cfg": cfg, "cfg_end": cfg_end, "deepcache": deepcache,
+                        "attention": attention, "quantize": quantize, "prompt_windows": windows,
+                        "topology": topology, "size": size, "images": images, "predicted_s": seconds,
+                        "images_per_s_per_chip": per_chip, "predicted_int8_peak_s": at_int8,
+                        "programs": {k: len(found) for k, found in parts.items()}, "missing": missing})  # fmt: skip
     return out
 
 
 def all_predictions(rows: list[dict], topology: str) -> list[dict]:
     """`predictions` at every size with a step program compiled for `topology`."""
-    sizes = sorted({r["size"] for r in rows if r["kind"] == "step" and r["topology"] == topology})
+    sizes = sorted({r["size"] for r in rows if r["kind"] in UNET_KINDS and r["topology"] == topology})
     return [p for size in sizes for p in predictions(rows, topology, size)]
 
 
@@ -405,16 +489,28 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
         parts = " + ".join(f"{hbm[k] / 2**30:.2f}" for k in ("arguments", "temporaries", "outputs", "code"))
         share = f"{row['hbm_total_bytes'] / row['hbm_chip_bytes']:.0%}" if row.get("hbm_chip_bytes") else "n/a"
         roof = f"{row['roofline_s'] * 1e3:.2f}" if row["roofline_s"] is not None else "n/a"
-        lines.append(f"| {row['program']} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
+        if int8_roofline(row):
+            roof += f" ({int8_roofline(row) * 1e3:.2f} at the int8 peak)"
+        name = row["program"] + (f" w{row['prompt_windows']}" if row.get("prompt_windows") else "")
+        name += " int8" if row.get("quantize") == "int8" else ""
+        lines.append(f"| {name} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
                      f"{row['hbm_total_bytes'] / 2**30:.2f} ({parts}) | {share} | {row['flops'] / 1e12:.3f} | "
                      f"{row['bytes_accessed'] / 1e9:.2f} | {roof} |")  # fmt: skip
     if requests:
-        lines += ["", "| request (roofline, device only) | topology | size | attention | images | predicted s |",
-                  "|---|---|---|---|---:|---:|"]  # fmt: skip
+        lines += ["", "| request (predicted: roofline, device only) | topology | size | attention | quantize | "
+                      "windows | images | predicted s | images/s per chip |",
+                  "|---|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
         for req in requests:
             value = f"{req['predicted_s']:.2f}" if req["predicted_s"] is not None else f"missing {req['missing']}"
+            if req.get("predicted_int8_peak_s"):
+                value += f" ({req['predicted_int8_peak_s']:.2f} at the int8 peak)"
+            rate = req.get("images_per_s_per_chip")
+            rate = f"{rate:.3f}" if rate else "-"
+            if req["request"] == MLPERF_REQUEST[0] and req.get("images_per_s_per_chip"):
+                rate += f" (MLPerf v4.1 v5e: {MLPERF_V5E_IMAGES_PER_S_PER_CHIP})"
             lines.append(f"| {req['request']} | {req['topology']} | {req['size']} | {req['attention']} | "
-                         f"{req['images']} | {value} |")  # fmt: skip
+                         f"{req.get('quantize', 'none')} | {req.get('prompt_windows', 1)} | {req['images']} | "
+                         f"{value} | {rate} |")  # fmt: skip
     merges = [r for r in rows if r["kind"] == "merge" and "lora_kernel_bytes" in r]
     if merges:
         m = merges[-1]
@@ -551,12 +647,15 @@ def main(argv: list[str]) -> int:
     for key, attention in todo:
         core = attention or args.attentions[0]
         if core not in programs:
-            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout)
+            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout,
+                                             args.prompt_windows, args.quantize)  # fmt: skip
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
+        row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
+        row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
         if key.kind == "merge":
             row.update(layout_fields(layout, args.dtype))
-        same = ("program", "topology", "attention", "model", "images")
+        same = ("program", "topology", "attention", "model", "images", "prompt_windows", "quantize")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
         results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology),

@@ -105,6 +105,7 @@ def _generate(args: argparse.Namespace) -> int:
         "process_s": time.perf_counter() - started,
         "compiles": CompileCounter.compiles(),  # programs this process built, compiled or loaded from the cache
         "compilation_cache_hits": CompileCounter.cache_hits(),  # of those, loaded from the persistent cache
+        "programs": generator.startup_programs.counts(),  # served programs: traced, compiled, cached, loaded, stored
         "processes": cluster.process_count,
         "compiles_after_warmup": generator.compile_count - warmup_compiles,
         "truncated": result.truncated,

@@ -39,6 +39,9 @@ SDXL_SHAPE = (1024, 1024, 25)
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
 
+#: --quantize modes (device/quantize.py; kept here so the options table needs no JAX): none or int8 (experimental).
+QUANTIZE_MODES = ("none", "int8")
+
 #: Most 77-token windows a prompt may be read in (8 × 75 = 600 tokens).
 MAX_PROMPT_WINDOWS = 8
 
@@ -70,10 +73,12 @@ class EngineConfig:
     per_device_batch: int = 1  # static: images per device per call
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
+    quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
     speed_levers: bool = True  # static: compile what the per-request speed levers run (host/programs.py)
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
+    executable_cache: bool = True  # keep this host's executables with the cache (a restart loads them whole)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
     timestep_spacing: str | None = None  # "leading" / "linspace" / "trailing"; None = the checkpoint's
     prediction_type: str | None = None  # static: "epsilon" / "v_prediction"; None = the checkpoint's
@@ -96,6 +101,12 @@ class EngineConfig:
             raise InvalidInput(f"Unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}.")
         if self.attention not in ATTENTIONS:
             raise InvalidInput(f"Unknown attention {self.attention!r}; choose one of: {', '.join(ATTENTIONS)}.")
+        if self.quantize not in QUANTIZE_MODES:
+            raise InvalidInput(f"Unknown quantize mode {self.quantize!r}; choose one of: {', '.join(QUANTIZE_MODES)}.")
+        if self.quantize != "none" and self.lora_dir:
+            raise InvalidInput(
+                "--quantize int8 does not combine with LoRAs (--lora-dir): the LoRA merge needs float kernels."
+            )
 
     @property
     def offered_sizes(self) -> tuple[tuple[int, int], ...]:
@@ -182,9 +193,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         per_device_batch=get("per_device_batch") or 1,
         attention=get("attention") or "auto",
         prompt_windows=get("prompt_windows") or 3,
+        quantize=get("quantize") or "none",
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),
         lora_cache=get("lora_cache") or 8,
         compilation_cache=not get("no_compilation_cache"),
+        executable_cache=not get("no_executable_cache"),
         **settings,
     )

@@ -35,11 +35,13 @@ from .device import attention as attention_core
 from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
+from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
@@ -126,6 +128,21 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
+def served_modules(loaded: LoadedModel, config: EngineConfig) -> Modules:
+    """The checkpoint's modules as the programs run them: with `--quantize int8`, the UNet's int8 form."""
+    modules = Modules.of(loaded.pipeline)
+    if config.quantize == "none":
+        return modules
+    return dataclasses.replace(modules, unet=quantized_unet(modules.unet))
+
+
+def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
+    """The weights as the programs take them: with `--quantize int8`, the UNet's kernels int8 + scales."""
+    if config.quantize == "none":
+        return loaded.params
+    return {**loaded.params, "unet": quantize_unet_params(loaded.pipeline.unet, loaded.params["unet"])}
+
+
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None
 ) -> ServedPrograms:
@@ -133,7 +150,7 @@ def build_programs(
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
     build them here."""
     return ServedPrograms(
-        Modules.of(loaded.pipeline),
+        served_modules(loaded, config),
         params,
         mesh,
         per_device_batch=config.per_device_batch,
@@ -167,7 +184,8 @@ class Generator:
             loras=tuple(lora.name for lora in files),
         )  # fmt: skip
         started = time.perf_counter()
-        self._params = jax.block_until_ready(replicate_tree(loaded.params, self.mesh))  # placed once, kept
+        served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
+        self._params = jax.block_until_ready(replicate_tree(served, self.mesh))  # placed once, kept
         self.load_timings = {
             "load_s": loaded.load_s,
             "cast_s": loaded.cast_s,
@@ -184,6 +202,8 @@ class Generator:
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
+        #: How `warmup` got each program (loaded, traced, compiled; None before it)
+        self.startup_programs: StartupPrograms | None = None
 
     @classmethod
     def load(cls, config: EngineConfig, devices: list | None = None) -> Generator:
@@ -218,7 +238,7 @@ class Generator:
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
-                            previews=self.config.previews)  # fmt: skip
+                            previews=self.config.previews, windows=self.config.prompt_windows)  # fmt: skip
 
     @property
     def device_summary(self) -> str:
@@ -241,15 +261,16 @@ class Generator:
                     raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
 
     def warmup(self) -> dict[str, float]:
-        """Compile every served program, then run each offered size once; compile_s and first_run_s are totals."""
+        """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then
+        run each offered size once; compile_s (all of the programs' phase) and first_run_s are totals, with the
+        programs' phases apart (`host/executables.StartupPrograms.timings`)."""
         started = time.perf_counter()
-        for key in self.program_keys():
-            compiled_at = time.perf_counter()
-            self.programs.compile(key)
-            logger.info("compiled %s in %.1f s", key.label, time.perf_counter() - compiled_at)
+        store = self.config.compilation_cache and self.config.executable_cache
+        self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
+        logger.info("%s", self.startup_programs.summary())
         if self.loras is not None:
             self.loras.prepare()
-        timings = {"compile_s": time.perf_counter() - started, "first_run_s": 0.0}
+        timings = {"compile_s": time.perf_counter() - started, **self.startup_programs.timings(), "first_run_s": 0.0}
         for height, width in self.sizes:
             started = time.perf_counter()
             self.generate(self.request("warm-up", size=(height, width)))
@@ -278,7 +299,7 @@ class Generator:
         `on_step(done, total)` is called as each step's result is ready; `should_stop()` is asked before each step,
         and True raises `Stopped`. `gate` makes several processes take one stop decision per step.
         `on_preview(done, total, pixels)` gets the picture forming every 2 steps (uint8 [b, h, w, 3] at latent size,
-        this process's images), when the server compiled its previews (then they run with or without a listener).
+        this process's images), when the server compiled its previews; without a listener no preview runs.
         """
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
@@ -295,8 +316,10 @@ class Generator:
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
-        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, K*77], windows it fills
+        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, N*77], windows it fills
         negative_row, negative_windows = tokenize(self._tokenizers, negative_prompt, windows)
+        read = self._max_tokens * self.text_windows(max(prompt_windows, negative_windows))  # K*77
+        prompt_row, negative_row = prompt_row[:, :read], negative_row[:, :read]  # [2, K*77]
         prompt_ids = np.broadcast_to(prompt_row, (n, *prompt_row.shape))  # [B, 2, K*77]
         negative_ids = np.broadcast_to(negative_row, (n, *negative_row.shape))  # [B, 2, K*77]
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
@@ -323,9 +346,9 @@ class Generator:
                     put=self._put,
                     blank=self._blank(height, width, params),
                     picture=picture,
-                    # Every process runs the preview program when it is compiled (one SPMD program for all of them);
-                    # only a listener's process looks at its rows.
-                    on_preview=(on_preview or _ignore_preview) if self.config.previews else None,
+                    # Only a request someone watches runs the preview program (compiled or not, the others run the
+                    # plain txt2img programs); on several processes the leader tells each follower to run it too.
+                    on_preview=on_preview if self.config.previews else None,
                     on_step=on_step,
                     should_stop=should_stop,
                     gate=gate,
@@ -381,6 +404,12 @@ class Generator:
             sampler=plan.label,
         )
 
+    def text_windows(self, filled: int) -> int:
+        """K, the 77-token windows a request's texts are read in when the longer fills `filled`: 1 (the 1-window
+        programs: a short prompt pays nothing for the long ones), else the server's N. The first window of N-window
+        token rows is the 1-window rows, so K = 1 keeps only it."""
+        return 1 if filled <= 1 else self.config.prompt_windows
+
     def _picture(self, given: Picture, weight: float) -> PictureInputs:
         """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
         n, scale, pixels = self.num_images, self.programs.modules.vae_scale_factor, given.pixels
@@ -417,6 +446,3 @@ class Generator:
         """Host arrays on every device (replicated), on one process or several."""
         return global_batch(tuple(np.asarray(a) for a in arrays), self._replicated)
 
-
-def _ignore_preview(done: int, total: int, pixels) -> None:
-    """A process that shows nobody its previews (a follower, the CLI) still runs the program, like process 0."""

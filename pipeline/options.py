@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import DTYPES, MAX_PROMPT_WINDOWS, SDXL_BASE
+from .config import DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD, FIELDS, Field
@@ -176,6 +176,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default="auto", programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
+    Option("--quantize", "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
+           "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
+           "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir",
+           "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default="none", programs=ENGINE, recompiles=True),
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
            _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
@@ -186,8 +190,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-previews", "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
            "latent-to-RGB projection: one small program per size)", "SDXL_NO_PREVIEWS", kind="switch",
            programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--no-compilation-cache", "do not use JAX's persistent compilation cache (every start compiles)",
-           "SDXL_NO_COMPILATION_CACHE", kind="switch"),
+    Option("--no-compilation-cache", "do not use JAX's persistent compilation cache nor this host's executables "
+           "(every start compiles)", "SDXL_NO_COMPILATION_CACHE", kind="switch"),
+    Option("--no-executable-cache", "do not keep this host's compiled programs whole beside the compilation cache "
+           "(a restart then traces and lowers every program again, and takes XLA's part from JAX's cache)",
+           "SDXL_NO_EXECUTABLE_CACHE", kind="switch"),
     Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
            "SDXL_CPU_DEVICES", non_negative, default_text="one per core", metavar="N", programs=ENGINE,
            recompiles=True),

@@ -110,7 +110,7 @@ class Handlers:
             except InvalidInput as exc:
                 raise invalid(exc) from None
             yield from self.run(checked, session_of(request), given["progress"], image_format,
-                                user=getattr(request, "username", None))  # fmt: skip
+                                user=getattr(request, "username", None), previews=given["previews"] is not False)
 
         generate.__signature__ = signature
         generate.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
@@ -231,9 +231,11 @@ class Handlers:
         image_format: str | None = None,
         *,
         user: str | None = None,
+        previews: bool = True,
     ) -> Iterator[tuple]:
         """Run a checked request on the engine and deliver its files: yields the pictures forming (previews, when the
-        engine makes them and `image_format` is None), then the answer: the gallery, the seed and the status line.
+        engine makes them, `image_format` is None and `previews`), then the answer: the gallery, the seed and the
+        status line.
 
         The engine runs in a worker thread (in this request's context: a cancel or a closed page still reaches it)
         while this generator hands each newest preview to Gradio; a preview Gradio has not taken yet is replaced by
@@ -244,26 +246,26 @@ class Handlers:
         with self._idle:
             self._running += 1
         try:
-            yield from self._run(request, session, progress, image_format, user=user)
+            yield from self._run(request, session, progress, image_format, user=user, previews=previews)
         finally:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _run(self, request: Request, session: str, progress, image_format: str | None, *, user: str | None
-             ) -> Iterator[tuple]:  # fmt: skip
+    def _run(self, request: Request, session: str, progress, image_format: str | None, *, user: str | None,
+             previews: bool) -> Iterator[tuple]:  # fmt: skip
         """The engine's run, its previews streamed, then the stopped request's answer or the finished one's."""
         stop = self.stops.begin(session)
         closed = threading.Event()  # set when Gradio closes this generator (a cancel): the engine stops too
         started = time.perf_counter()
-        forming = LatestPreview() if image_format is None else None
+        forming = LatestPreview() if image_format is None and previews else None
         reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
         on_step = _step_reporter(progress, reported)
         worker = self._start(request, session, on_step, forming,
                              lambda: closed.is_set() or stop() or self.shutting_down.is_set())  # fmt: skip
         previewed = False  # whether the gallery now shows this request's previews
         try:
-            while (shown := (forming.take(worker.done) if forming is not None else None)) is not None:
+            while (shown := (forming.take() if forming is not None else None)) is not None:
                 previewed = True
                 yield self._previews(request, *shown), gr.skip(), gr.skip()
                 if reported:  # a client's job.status() shows the last message: a preview's carries no progress
@@ -307,6 +309,7 @@ class Handlers:
                 **({"on_preview": forming.put} if forming is not None else {}),
             ),
             contextvars.copy_context(),
+            on_done=forming.finish if forming is not None else None,
         )  # fmt: skip
 
     def _previews(self, request: Request, done: int, total: int, pixels: np.ndarray) -> Gallery:
@@ -383,6 +386,7 @@ class LatestPreview:
 
     def __init__(self) -> None:
         self._latest: tuple[int, int, np.ndarray] | None = None
+        self._finished = False
         self._changed = threading.Condition()
 
     def put(self, done: int, total: int, pixels: np.ndarray) -> None:
@@ -391,20 +395,27 @@ class LatestPreview:
             self._latest = (done, total, pixels)
             self._changed.notify_all()
 
-    def take(self, finished: threading.Event) -> tuple[int, int, np.ndarray] | None:
-        """The next preview, waiting for it; None once `finished` is set and no preview is left."""
+    def finish(self) -> None:
+        """The run is over (answered, stopped or failed): `take` returns at once, not at its next poll."""
         with self._changed:
-            while self._latest is None and not finished.is_set():
-                self._changed.wait(timeout=0.05)
-            shown, self._latest = (None if finished.is_set() else self._latest), None
+            self._finished = True
+            self._changed.notify_all()
+
+    def take(self) -> tuple[int, int, np.ndarray] | None:
+        """The next preview, waiting for it; None once the run has finished and no preview is left."""
+        with self._changed:
+            while self._latest is None and not self._finished:
+                self._changed.wait()
+            shown, self._latest = (None if self._finished else self._latest), None
         return shown  # none once the run is over: its answer comes next
 
 
 class EngineRun:
     """One engine call in its own thread, in a given context: `done` is set when it returns or raises."""
 
-    def __init__(self, call, context: contextvars.Context) -> None:
+    def __init__(self, call, context: contextvars.Context, on_done: Callable[[], None] | None = None) -> None:
         self.done = threading.Event()
+        self._on_done = on_done  # told when the call returns or raises (after `done` is set)
         self._outcome: tuple[bool, Any] | None = None
         self._thread = threading.Thread(target=context.run, args=(self._run, call), name="engine-run", daemon=True)
         self._thread.start()
@@ -416,6 +427,8 @@ class EngineRun:
             self._outcome = (False, exc)
         finally:
             self.done.set()
+            if self._on_done is not None:
+                self._on_done()
 
     def result(self):
         """The call's value (waiting for it), or its exception raised here."""
@@ -502,6 +515,8 @@ def api_signature(rules: RequestRules) -> inspect.Signature:
     ]
     return inspect.Signature([
         *parameters,
+        # False: no pictures forming streamed, no preview program run
+        inspect.Parameter("previews", keyword, default=True, annotation=bool),
         inspect.Parameter("picture", keyword, default=None, annotation=dict | None),  # strokes painted on the picture
         inspect.Parameter("request", keyword, default=None, annotation=gr.Request),
         inspect.Parameter("progress", keyword, default=gr.Progress(), annotation=gr.Progress),
@@ -519,4 +534,5 @@ API_DOC = "\n".join([
     "",
     "Parameters:",
     *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
+    "    previews: False = no pictures forming streamed, and the devices run no preview program",
 ])  # fmt: skip

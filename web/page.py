@@ -273,10 +273,11 @@ class Fields:
     controls: dict[str, Any]  # the request fields' components by table name, but the prompt's
     lora_rows: tuple  # the LoRA picker: name, weight, name, weight, ...
     picture: gr.ImageMask  # the mask editor
+    previews: gr.Checkbox  # the API's `previews` (hidden: the page always streams them)
 
     def inputs(self, prompt: gr.Textbox) -> list:
-        """The API's parameters, in the table's order."""
-        return [prompt if row.name == "prompt" else self.controls[row.name] for row in FIELDS]
+        """The API's parameters: the request fields in the table's order, then `previews`."""
+        return [*(prompt if row.name == "prompt" else self.controls[row.name] for row in FIELDS), self.previews]
 
 
 def advanced_settings(rules: Any, engine: Any) -> Fields:
@@ -321,13 +322,15 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
             )  # fmt: skip
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
+    # the API's previews=False: no pictures forming streamed, no preview program run
+    previews = gr.Checkbox(value=True, visible=False, label="previews")
     for row in PLAIN:  # a field of a group the layout above does not place: a row of its own
         if row.name not in controls:
             with gr.Row(equal_height=True):
                 controls.update(table_controls(row.control.group, rules, only=row.name))
     if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
         gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
-    return Fields(controls, lora_rows, picture)
+    return Fields(controls, lora_rows, picture, previews)
 
 
 def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:

@@ -34,6 +34,7 @@ import time
 
 import jax
 
+from ..host.loop import ignore_preview
 from ..request import Request
 from ..stopping import Stopped
 from .arrays import coordinator_client
@@ -179,6 +180,7 @@ class Cluster:
                 generator.generate(
                     Request.from_dict(request["request"]),
                     gate=lambda step, _wants, n=number: self.follow_decision(n, step),
+                    on_preview=ignore_preview if request.get("previews") else None,  # the leader's programs
                 )
             except Stopped as stopped:  # the leader stopped it at this same step
                 print(f"{self.describe()}: request {number} {stopped}, as process 0 decided", file=sys.stderr,
@@ -229,7 +231,9 @@ class LeadingGenerator:
         all (its previews show process 0's images: the others' rows stay where they are)."""
         cluster = self._cluster
         with self._lock:
-            number = cluster.publish({"command": "generate", "request": request.to_dict()})
+            number = cluster.publish(
+                {"command": "generate", "request": request.to_dict(), "previews": on_preview is not None}
+            )
             with Deadline(
                 cluster.options.timeout_s,
                 lambda: f"request {number} did not finish within {cluster.options.timeout_s:g} s on "

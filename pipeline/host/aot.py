@@ -19,9 +19,11 @@ are for a TPU host with that many chips of that kind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import jax
 
-from .programs import ProgramKey, ServedPrograms
+from .programs import KINDS, WEIGHTS, ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +72,10 @@ def libtpu_available() -> bool:
 
 
 def versions() -> dict[str, str | None]:
-    """jax, jaxlib and libtpu versions: an executable only runs under the ones that built it."""
+    """jax, jaxlib and libtpu versions (an executable only runs under the ones that built it), and those of the
+    libraries whose modules the programs trace (diffusers' UNet and VAE, transformers' CLIP, flax)."""
     found: dict[str, str | None] = {}
-    for name in ("jax", "jaxlib", "libtpu"):
+    for name in ("jax", "jaxlib", "libtpu", "diffusers", "transformers", "flax"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -125,27 +128,57 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py")
+                   "device/preview.py", "device/quantize.py")
+
+
+#: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
+#: executable (a program that JAX's cache holds but the store does not is compiled once more to be stored); any other
+#: setting, a new one included, is in every program's fingerprint.
+NOT_SHAPING: dict[str, frozenset[str]] = {
+    "levers": frozenset(KINDS),  # which programs exist (their kinds), not what one computes
+    "prediction_type": frozenset(KINDS) - {"step", "step_full", "step_shallow"},
+    "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_full", "step_shallow"},
+    "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
+}
 
 
 def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     """A hash of everything `key`'s program is compiled from, without tracing it (a start-up must stay fast):
-    the key, batch, devices, attention core, prediction type, the modules' configs, the weights' shapes and dtypes,
-    and the source files that define the programs. Equal hashes mean the same program."""
+    the key, the devices, the static settings of `programs` that shape it (batch, attention core, prediction type,
+    prompt windows...), the configs and computation dtypes of the modules it runs, the shapes and dtypes of its
+    weights, and the source files that define the programs. Equal hashes mean the same program."""
     digest = hashlib.sha256()
     first = next(iter(programs.mesh.devices.flat))
-    static = (key.label, programs.batch, int(programs.mesh.devices.size), first.platform, first.device_kind,
-              programs.attention, programs.prediction_type, programs.max_tokens)  # fmt: skip
+    static = (key.label, int(programs.mesh.devices.size), first.platform, first.device_kind,
+              _static_settings(programs, key.kind))  # fmt: skip
     digest.update(repr(static).encode())
-    for name in ("text_encoder", "text_encoder_2", "unet", "vae"):
-        digest.update(_config_text(getattr(programs.modules, name)).encode())
+    for name in WEIGHTS[key.kind] or ("text_encoder", "text_encoder_2", "unet", "vae"):  # none: shapes from all
+        module = getattr(programs.modules, name)
+        digest.update(f"{_config_text(module)} {getattr(module, 'dtype', None)}".encode())  # computation dtype
     digest.update(repr(programs.modules.vae_scale_factor).encode())
     if key.kind == "merge":  # its arguments are the LoRAs' kernels and slots, not a component's weights
         digest.update(repr((programs.lora_layout, jax.tree_util.tree_map(
             lambda x: (x.shape, str(x.dtype)), programs.abstract_args(key)))).encode())  # fmt: skip
     leaves = jax.tree_util.tree_flatten_with_path(programs.weights(key, programs._params))[0]
     digest.update(repr([(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype)) for path, leaf in leaves]).encode())
+    digest.update(sources_hash().encode())
+    return digest.hexdigest()[:20]
+
+
+def _static_settings(programs: ServedPrograms, kind: str) -> tuple:
+    """`programs`' plain settings (numbers, names, switches, tuples of them) that shape `kind`'s program, whatever
+    they are called: a setting added to `ServedPrograms` joins every fingerprint without a change here."""
+    plain = (bool, int, float, str, tuple, type(None))
+    return tuple((name, value) for name, value in sorted(vars(programs).items())
+                 if not name.startswith("_") and isinstance(value, plain)
+                 and kind not in NOT_SHAPING.get(name, ()))  # fmt: skip
+
+
+@functools.cache
+def sources_hash() -> str:
+    """A hash of the source files that define what the served programs compute (read once per process)."""
     here = Path(__file__).resolve().parent.parent  # pipeline/
+    digest = hashlib.sha256()
     for name in PROGRAM_SOURCES:
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:20]
@@ -162,8 +195,54 @@ def _config_text(module) -> str:
                       default=repr)  # fmt: skip
 
 
-def _file_name(key: ProgramKey) -> str:
-    return key.label.replace(" ", "_") + ".jaxexe"
+def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
+    """One file per program version: several versions of one label (other models, sizes or settings) can share a
+    directory (the executable store, host/executables.py)."""
+    return f"{key.label.replace(' ', '_')}-{program_fingerprint}.jaxexe"
+
+
+def serialized_entry(programs: ServedPrograms, key: ProgramKey, compiled: jax.stages.Compiled, directory: Path) -> dict:
+    """Write `compiled` (`key`'s program) into `directory` as one file; its manifest entry.
+
+    The file is written under a temporary name and renamed, so a reader (another process starting) never sees half
+    of it. Raises what serialization raises (a program holding a host callback or a constant cannot be written).
+    """
+    from jax.experimental.serialize_executable import serialize
+
+    program_fingerprint = fingerprint(programs, key)
+    blob = pickle.dumps(serialize(compiled))  # (executable bytes, argument tree, result tree)
+    name = _file_name(key, program_fingerprint)
+    write_atomically(directory / name, blob)
+    return {**_key_fields(key), "label": key.label, "file": name, "bytes": len(blob),
+            "fingerprint": program_fingerprint, "sources": sources_hash()}  # fmt: skip
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` whole or keeps what it held: written beside it, then renamed over it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def manifest_header(programs: ServedPrograms, *, topology: str, settings: dict) -> dict:
+    """What every executable of a directory was built for: the devices and the libraries' versions."""
+    first = next(iter(programs.mesh.devices.flat))
+    return {
+        "format": FORMAT,
+        "topology": topology,
+        "platform": first.platform,
+        "device_kind": first.device_kind,
+        "device_count": int(programs.mesh.devices.size),
+        "versions": versions(),
+        "attention": programs.attention,
+        "settings": settings,  # what the server was asked for (informational)
+    }
+
+
+def write_manifest(directory: Path, header: dict, entries: list[dict]) -> dict:
+    manifest = {**header, "programs": entries, "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_atomically(directory / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest
 
 
 def save_precompiled(
@@ -176,36 +255,16 @@ def save_precompiled(
     without its kernels ("Function ... not found" when the copy runs), and a TPU topology's compile-only client
     cannot read the cache at all. Call it with the cache off (`precompile` turns it off).
     """
-    from jax.experimental.serialize_executable import serialize
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    devices = programs.mesh.devices.flat
-    first = next(iter(programs.mesh.devices.flat))
     entries = []
     for key in keys:
         started = time.perf_counter()
-        compiled = programs.lower(key).compile()
-        blob = pickle.dumps(serialize(compiled))  # (executable bytes, argument tree, result tree)
-        (directory / _file_name(key)).write_bytes(blob)
+        entry = serialized_entry(programs, key, programs.lower(key).compile(), directory)
         seconds = time.perf_counter() - started
-        entries.append({**_key_fields(key), "label": key.label, "file": _file_name(key), "bytes": len(blob),
-                        "fingerprint": fingerprint(programs, key), "compile_s": round(seconds, 2)})  # fmt: skip
-        progress(f"precompiled {key.label} in {seconds:.1f} s ({len(blob) / 2**20:.1f} MiB)")
-    manifest = {
-        "format": FORMAT,
-        "topology": topology,
-        "platform": first.platform,
-        "device_kind": first.device_kind,
-        "device_count": len(list(devices)),
-        "versions": versions(),
-        "attention": programs.attention,
-        "settings": settings,  # what the server was asked for (informational)
-        "programs": entries,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+        entries.append({**entry, "compile_s": round(seconds, 2)})
+        progress(f"precompiled {key.label} in {seconds:.1f} s ({entry['bytes'] / 2**20:.1f} MiB)")
+    return write_manifest(directory, manifest_header(programs, topology=topology, settings=settings), entries)
 
 
 def _key_fields(key: ProgramKey) -> dict:
@@ -220,10 +279,10 @@ class LoadReport:
     compile: dict[str, str] = field(default_factory=dict)  # label -> why it is compiled here
     seconds: float = 0.0
 
-    def summary(self, directory) -> str:
+    def summary(self, directory, what: str = "precompiled") -> str:
         """One line: which programs were loaded and which are compiled, and why."""
         total = len(self.loaded) + len(self.compile)
-        line = f"precompiled {directory}: loaded {len(self.loaded)} of {total} programs in {self.seconds:.1f} s"
+        line = f"{what} {directory}: loaded {len(self.loaded)} of {total} programs in {self.seconds:.1f} s"
         if self.compile:
             reasons: dict[str, list[str]] = {}
             for label, why in self.compile.items():
@@ -232,10 +291,36 @@ class LoadReport:
         return line
 
 
-def load_precompiled(programs: ServedPrograms, keys: list[ProgramKey], directory: str | Path) -> LoadReport:
+#: Why a program is compiled when the directory has no executable of it.
+NOT_IN_MANIFEST = "not in the manifest"
+
+
+def read_manifest(directory: Path) -> dict:
+    """`directory`'s manifest; raises OSError or ValueError when it is missing or unreadable."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    return manifest
+
+
+def manifest_mismatch(manifest: dict, programs: ServedPrograms) -> str | None:
+    """Why `manifest`'s executables cannot run on `programs`' devices and libraries (None: they can)."""
+    first = next(iter(programs.mesh.devices.flat))
+    here = {"format": FORMAT, "device_kind": first.device_kind, "device_count": int(programs.mesh.devices.size),
+            "versions": versions()}  # fmt: skip
+    for name, value in here.items():
+        if manifest.get(name) != value:
+            return f"built for {name} {manifest.get(name)}, this server has {value}"
+    return None
+
+
+def load_precompiled(
+    programs: ServedPrograms, keys: list[ProgramKey], directory: str | Path, *, what: str = "precompiled"
+) -> LoadReport:
     """Install the executables in `directory` that match `programs` (devices, versions, program text) for `keys`.
 
-    Nothing raises for a mismatch: such programs are left for the usual compilation, and the report says why.
+    Nothing raises for a mismatch: such programs are left for the usual compilation, and the report (logged as one
+    line, named `what`) says why.
     """
     from jax.experimental.serialize_executable import deserialize_and_load
 
@@ -243,26 +328,21 @@ def load_precompiled(programs: ServedPrograms, keys: list[ProgramKey], directory
     directory = Path(directory)
     report = LoadReport()
     try:
-        manifest = json.loads((directory / MANIFEST).read_text())
+        manifest = read_manifest(directory)
     except (OSError, ValueError) as exc:
         report.compile = {key.label: f"no readable {MANIFEST}: {type(exc).__name__}" for key in keys}
-        return _logged(report, directory, started)
-    first = next(iter(programs.mesh.devices.flat))
-    here = {"format": FORMAT, "device_kind": first.device_kind, "device_count": int(programs.mesh.devices.size),
-            "versions": versions()}  # fmt: skip
-    for name, value in here.items():
-        if manifest.get(name) != value:
-            why = f"built for {name} {manifest.get(name)}, this server has {value}"
-            report.compile = {key.label: why for key in keys}
-            return _logged(report, directory, started)
-    entries = {entry["label"]: entry for entry in manifest.get("programs", [])}
+        return _logged(report, directory, started, what)
+    if why := manifest_mismatch(manifest, programs):
+        report.compile = {key.label: why for key in keys}
+        return _logged(report, directory, started, what)
+    entries = {entry.get("fingerprint"): entry for entry in manifest.get("programs", []) if isinstance(entry, dict)}
+    labels = {entry.get("label") for entry in entries.values()}
     for key in keys:
-        entry = entries.get(key.label)
+        entry = entries.get(fingerprint(programs, key))
         if entry is None:
-            report.compile[key.label] = "not in the manifest"
-            continue
-        if fingerprint(programs, key) != entry["fingerprint"]:
-            report.compile[key.label] = "program differs (model, settings or code changed)"
+            report.compile[key.label] = (
+                "program differs (model, settings or code changed)" if key.label in labels else NOT_IN_MANIFEST
+            )
             continue
         try:
             blob, in_tree, out_tree = pickle.loads((directory / entry["file"]).read_bytes())
@@ -272,10 +352,10 @@ def load_precompiled(programs: ServedPrograms, keys: list[ProgramKey], directory
             continue
         programs.install(key, compiled)
         report.loaded.append(key.label)
-    return _logged(report, directory, started)
+    return _logged(report, directory, started, what)
 
 
-def _logged(report: LoadReport, directory, started: float) -> LoadReport:
+def _logged(report: LoadReport, directory, started: float, what: str) -> LoadReport:
     report.seconds = time.perf_counter() - started
-    logger.info("%s", report.summary(directory))
+    logger.info("%s", report.summary(directory, what))
     return report

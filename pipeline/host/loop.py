@@ -24,7 +24,7 @@ import numpy as np
 
 from ..stopping import Stopped
 from .plan import Plan, SamplerConfig
-from .programs import ProgramKey, ServedPrograms
+from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ PREVIEW_EVERY = 2
 class RequestInputs:
     """One request's batch arrays, already on the devices (split over the batch)."""
 
-    prompt_ids: jax.Array  # int32 [B, 2, K*77]
+    prompt_ids: jax.Array  # int32 [B, 2, K*77] (K: 1, or the server's N for a long prompt)
     negative_ids: jax.Array  # int32 [B, 2, K*77]
     has_negative: jax.Array  # bool [B]
     windows: jax.Array  # int32 [B, 2]: the 77-token windows the negative prompt and the prompt fill
@@ -71,6 +71,11 @@ class Blank:
     latents: jax.Array  # float32 [B, 4, h, w]: zeros (x0)
     repaint: jax.Array  # float32 [B, 1, h, w]: ones (repaint everything: the blend is the identity)
     masked: jax.Array  # float32 [B, 4, h, w]: an inpainting UNet's masked picture: a grey one's latents (else zeros)
+
+
+def ignore_preview(done: int, total: int, pixels) -> None:
+    """The listener of a process that shows nobody its previews but runs their program (a follower, when the
+    leader's request has a listener: every process makes the same calls)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -104,6 +109,7 @@ def run(
     (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without runs
     `step`. `put` places a small host array on every device (replicated; on several processes each passes the
     same).
+    The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it (`programs.program_keys`).
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
     (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
     `freed_at` (the last queued step done);
@@ -116,14 +122,15 @@ def run(
     started = time.perf_counter()
     if timings is not None:
         timings["started_at"] = started
-    encode = programs.compile(ProgramKey("encode", cfg=cfg))
+    text = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)  # static: which text programs run
+    encode = programs.compile(ProgramKey("encode", cfg=cfg, windows=text))
     start = programs.compile(ProgramKey("start", height, width))
     decode = programs.compile(ProgramKey("decode", height, width))
     speed = speed or speed_plan(plan.steps, cfg=cfg)
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
 
     def step_program(full: bool, step_cfg: bool):
-        return programs.compile(ProgramKey(kinds[0] if full else kinds[1], height, width, step_cfg))
+        return programs.compile(ProgramKey(kinds[0] if full else kinds[1], height, width, step_cfg, text))
 
     hidden, pooled, key_lengths = encode(
         programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
@@ -157,7 +164,8 @@ def run(
                 timings["freed_at"] = time.perf_counter()
             raise Stopped(position, total)
         if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
-            hidden, pooled, key_lengths = programs.compile(ProgramKey("halve_text"))({}, hidden, pooled, key_lengths)
+            halve = programs.compile(ProgramKey("halve_text", windows=text))
+            hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
         if planned.halve_feature:  # a shallow step without guidance after a whole step with it
             feature = programs.compile(ProgramKey("halve_feature", height, width))({}, feature)
         # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.

@@ -4,18 +4,20 @@ The host loop (`loop.py`) runs these, each `jit(shard_map(per-device body))` ove
 replicated, batch split:
 
     merge                the LoRA kernels, 4 slots of factors, weights [4, 3] -> merged kernels (replicated; LoRAs)
-    encode[cfg]          ids [B, 2, K*77] x2, has_negative [B], windows [B, 2]
+    encode[cfg, K]       ids [B, 2, K*77] x2, has_negative [B], windows [B, 2]
                                                   -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
     start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
-    step[size, cfg]      latents, D_prev, hidden, pooled, key_lengths, guidance [B], seeds [B], coefficients [6],
+    step[size, cfg, K]   latents, D_prev, hidden, pooled, key_lengths, guidance [B], seeds [B], coefficients [6],
                          index [], image {x0, noise, repaint, masked}, blend_sigma []   -> latents', D
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     preview[size]        a step's D [B, 4, h, w]                          -> uint8 [B, h, w, 3] (live previews)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
-(c = 2 with classifier-free guidance, 1 without; K = the 77-token windows a prompt is read in, a server setting.)
+(c = 2 with classifier-free guidance, 1 without; K = the 77-token windows the text is read in: 1, or the server's
+`--prompt-windows` N. Both are compiled when N > 1 and each request runs the 1-window programs unless its prompt or
+negative prompt needs more: a short prompt never pays for the long prompts' keys.)
 Steps, sampler, strength, guidance's end, DeepCache's interval, the LoRA set and the picture are arguments (plan rows,
 step indices, arrays), so no request compiles anything. No program contains a host callback, so every one of them
 lands in JAX's persistent compilation cache. `ServedPrograms` is used by the generator (compile and run), the TPU
@@ -73,38 +75,56 @@ class ProgramKey:
     height: int | None = None  # static: image height in pixels (start, step, decode)
     width: int | None = None  # static: image width in pixels (start, step, decode)
     cfg: bool | None = None  # static: classifier-free guidance on/off (encode, step)
+    windows: int | None = None  # static: the text's 77-token windows when more than one (encode, halve_text, steps)
 
     @property
     def label(self) -> str:
-        """e.g. "step 1024x1024 cfg", "encode no-cfg", "decode 1344x768" (width×height)."""
+        """e.g. "step 1024x1024 cfg", "encode no-cfg", "decode 1344x768" (width×height), "encode cfg 3 windows"."""
         parts = [self.kind]
         if self.height is not None:
             parts.append(f"{self.width}x{self.height}")
         if self.cfg is not None:
             parts.append("cfg" if self.cfg else "no-cfg")
+        if self.windows is not None:
+            parts.append(f"{self.windows} windows")
         return " ".join(parts)
+
+    @property
+    def text_windows(self) -> int:
+        """The 77-token windows of the text this program reads (1 unless `windows` says more)."""
+        return self.windows or 1
+
+
+def windows_key(windows: int) -> int | None:
+    """`ProgramKey.windows` for a text of `windows` 77-token windows: None for one (the plain programs' keys)."""
+    return windows if windows > 1 else None
 
 
 def program_keys(
-    sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False
+    sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
+    windows: int = 1,
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
     `levers` (per-request `cfg_end` and `deepcache`): the whole-UNet step keeps DeepCache's feature (`step_full`,
     instead of `step`), a shallow step uses it, and a CFG server also compiles the guidance-free steps and the two
     small programs that keep a CFG batch's conditional half. `lora`: LoRAs are offered (the merge program).
-    `previews`: a step's predicted picture as small RGB images, while the request runs.
+    `previews`: a step's predicted picture as small RGB images, while the request runs. `windows` N > 1: the
+    programs that read the text are compiled for one window and for N (a request runs the fewest its text needs).
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
+    texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
     keys = [ProgramKey("merge")] if lora else []
-    keys += [ProgramKey("encode", cfg=cfg)] + ([ProgramKey("halve_text")] if cfg and levers else [])
+    keys += [ProgramKey("encode", cfg=cfg, windows=k) for k in texts]
+    keys += [ProgramKey("halve_text", windows=k) for k in texts] if cfg and levers else []
     for height, width in sizes:
         keys += [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
         if levers:
-            keys += [ProgramKey(kind, height, width, mode) for mode in modes for kind in ("step_full", "step_shallow")]
+            keys += [ProgramKey(kind, height, width, mode, k) for k in texts for mode in modes
+                     for kind in ("step_full", "step_shallow")]  # fmt: skip
             keys += [ProgramKey("halve_feature", height, width)] if cfg else []
         else:
-            keys.append(ProgramKey("step", height, width, cfg))
+            keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
         keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
     return keys
@@ -137,7 +157,7 @@ class ServedPrograms:
         self.attention = attention  # static: part of every program (entered while tracing)
         self.prediction_type = prediction_type  # static: how the step reads the UNet's output
         self.max_tokens = max_tokens  # CLIP's window, 77
-        self.prompt_windows = prompt_windows  # static: K windows of 77 tokens per prompt
+        self.prompt_windows = prompt_windows  # static: the most 77-token windows a prompt is read in (N)
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
         self.inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static: a 9-channel UNet
@@ -215,10 +235,10 @@ class ServedPrograms:
             ups = tuple(tuple(spec(up, dtype, whole) for _, up in factors) for _ in range(slots))
             return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole)
         if key.kind == "encode":
-            ids = spec((n, 2, self.max_tokens * self.prompt_windows), np.int32)  # [B, 2, K*77]
+            ids = spec((n, 2, self.max_tokens * key.text_windows), np.int32)  # [B, 2, K*77]
             return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32)
         if key.kind == "halve_text":
-            return weights, *self._split(self._encoded(True))
+            return weights, *self._split(self._encoded(True, key.windows))
         scale = self.modules.vae_scale_factor
         latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
         if key.kind == "encode_image":
@@ -229,7 +249,7 @@ class ServedPrograms:
             return weights, latents
         if key.kind == "halve_feature":
             return weights, self._split(self._feature(key.height, key.width, True))
-        hidden, pooled, lengths = self._encoded(key.cfg)
+        hidden, pooled, lengths = self._encoded(key.cfg, key.windows)
         step_args = (
             weights,
             latents,
@@ -248,9 +268,9 @@ class ServedPrograms:
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
         return step_args
 
-    def _encoded(self, cfg: bool):
-        """Shapes of what encode[cfg] returns: hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]."""
-        key = ProgramKey("encode", cfg=cfg)
+    def _encoded(self, cfg: bool, windows: int | None):
+        """Shapes of what encode[cfg, K] returns: hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]."""
+        key = ProgramKey("encode", cfg=cfg, windows=windows)
         return jax.eval_shape(self.jitted(key), *self.abstract_args(key))
 
     def _feature(self, height: int, width: int, cfg: bool):

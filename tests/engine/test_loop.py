@@ -55,13 +55,15 @@ def test_sizes_give_their_own_pixels_and_bad_size_is_refused(ui_engine):
 def test_no_served_program_has_a_host_callback(ui_engine):
     """Progress is reported by the host between steps: every program can go to the persistent compilation cache."""
     keys = ui_engine.program_keys()
+    steps = ["step_full {s} cfg", "step_shallow {s} cfg", "step_full {s} no-cfg", "step_shallow {s} no-cfg"]
     sized = [
-        "encode_image {s}", "start {s}", "step_full {s} cfg", "step_shallow {s} cfg", "step_full {s} no-cfg",
-        "step_shallow {s} no-cfg", "halve_feature {s}", "preview {s}", "decode {s}",
-    ]  # per size: the picture's encoder, the start, the steps of cfg_end and deepcache, the previews, the decoder
-    assert [key.label for key in keys] == ["encode cfg", "halve_text"] + [
-        label.format(s=size) for size in ("64x64", "224x128") for label in sized
-    ]
+        "encode_image {s}", "start {s}", *steps, *[f"{step} 3 windows" for step in steps], "halve_feature {s}",
+        "preview {s}", "decode {s}",
+    ]  # per size: the picture's encoder, the start, the steps of cfg_end and deepcache (a text of 1 window and of 3),
+    # the previews, the decoder
+    texts = ["encode cfg", "encode cfg 3 windows", "halve_text", "halve_text 3 windows"]
+    labels = [label.format(s=size) for size in ("64x64", "224x128") for label in sized]
+    assert [key.label for key in keys] == texts + labels
     for key in keys:
         text = ui_engine.programs.lower(key).as_text()
         assert "callback" not in text and "host_callback" not in text, key.label

@@ -171,3 +171,34 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
     keys = other.program_keys()
     assert f"loaded 0 of {len(keys)}" in report.summary(out) and not any(map(other.programs.is_compiled, keys))
+
+
+@needs_libtpu
+def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
+    """`--quantize int8`'s whole-UNet step (tiny checkpoint, 64x64, CFG) compiled for v5e:2x2: the TPU program keeps
+    int8 operands (s8) and its weight arguments are well under the bf16 step's (int8 kernels + per-channel scales)."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from bench.tpu import served_programs
+    from pipeline.device.sharding import data_mesh
+    from pipeline.host.aot import compiled_cost, topology_devices
+    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.programs import ProgramKey
+
+    mesh = data_mesh(topology_devices(TOPOLOGY))
+    key = ProgramKey("step_full", TEST_SIZE, TEST_SIZE, True)
+
+    def weight_bytes(programs):
+        leaves = jax.tree_util.tree_leaves(programs.abstract_args(key)[0])
+        return sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
+
+    cached = jax.config.jax_enable_compilation_cache
+    configure_compilation_cache(False)
+    try:
+        int8 = served_programs("tiny", "bfloat16", mesh, "xla", quantize="int8")
+        compiled = int8.lower(key).compile()
+    finally:
+        configure_compilation_cache(cached)
+    cost = compiled_cost(compiled)
+    assert cost.flops > 0 and cost.hbm_total > 0
+    assert "s8[" in compiled.as_text()
+    assert weight_bytes(int8) < 0.6 * weight_bytes(served_programs("tiny", "bfloat16", mesh, "xla"))

@@ -239,17 +239,23 @@ def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_restart_takes_every_served_program_from_the_cache():
-    """Progress on (the default): no program has a host callback, so a second start compiles nothing."""
+def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_executables():
+    """Progress on (the default): no program has a host callback, so a second start compiles nothing: without this
+    host's executables every program is traced and XLA's part comes from JAX's cache; with them (the default)
+    every program is loaded whole, nothing traced, and the log says so."""
     from bench.hostloop import app_start
+    from bench.startup import app_ready, programs_line
     from pipeline.host.programs import program_keys
 
     args = ["--model", "tiny", "--sizes", ",".join(f"{w}x{h}" for h, w in UI_SIZES), "--steps", "2",
             "--dtype", "float32", "--cpu-devices", "2"]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="sdxl-warm-") as tmp:
         cold = app_start(args, pathlib.Path(tmp) / "cache", "cold", timeout_s=900)
-        warm = app_start(args, pathlib.Path(tmp) / "cache", "warm", timeout_s=900)
-    served = len(program_keys(UI_SIZES, cfg=True, levers=True, previews=True))  # every program a default server runs
+        warm = app_start([*args, "--no-executable-cache"], pathlib.Path(tmp) / "cache", "warm", timeout_s=900)
+        ready, lines = app_ready(args, pathlib.Path(tmp) / "cache", timeout_s=900)
+    served = len(program_keys(UI_SIZES, cfg=True, levers=True, previews=True, windows=3))  # a default server's
     assert cold.served_programs == warm.served_programs == served
     assert cold.served_hits == 0 and cold.not_cached == 0
     assert warm.served_hits == warm.served_programs and warm.not_cached == 0
+    whole = programs_line("".join(lines))
+    assert whole["programs"] == whole["loaded"] == served and whole["traced"] == 0, "".join(lines)

@@ -25,11 +25,14 @@ def bench_out(tmp_path_factory) -> Path:
     command = [
         sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
         "--steps", str(TEST_STEPS), "--runs", "1", "--clients", "1,2", "--requests-per-client", "1",
-        "--recompile-requests", "5", "--out", str(out), "--only", "reference,startup,app,recompiles,flops,fewstep",
+        "--recompile-requests", "5", "--startup-runs", "1", "--out", str(out),
+        "--only", "reference,startup,app,recompiles,flops,fewstep",
+        "--check", "1000",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[bench " in done.stdout  # progress lines while it runs
+    assert "bench check passed: engine / diffusers = " in done.stdout
     return out
 
 
@@ -46,6 +49,10 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     assert ref["images_per_call"] == 8
     assert positive(ref["engine"]["median"]) and positive(ref["reference"]["median"]) and positive(ref["ratio"])
     assert ref["ratio"] == pytest.approx(ref["engine"]["median"] / ref["reference"]["median"])
+    size = f"{TEST_SIZE}x{TEST_SIZE}"  # a plain request's programs, each timed: the parts of the engine's call
+    assert list(ref["engine_programs"]) == ["encode cfg", f"start {size}", f"step_full {size} cfg", f"decode {size}"]
+    assert all(positive(seconds) for seconds in ref["engine_programs"].values())
+    assert positive(ref["cpu_ratio"]) and ref["pair_ratios"]["n"] == 1
 
     startup = results["startup"]
     for run in ("cold", "warm"):
@@ -53,6 +60,13 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
             assert positive(startup[run][phase]), (run, phase)
     assert startup["cache_entries"] > 0
     assert positive(startup["app_cold_ready_s"]) and positive(startup["app_warm_ready_s"])
+    assert positive(startup["app_executables_ready_s"])
+    kinds = [start["kind"] for start in startup["app"]]
+    assert kinds == ["cold", "warm", "warm + executables"]  # --startup-runs 1
+    cold, warm, whole = (start["programs"] for start in startup["app"])
+    assert cold["traced"] == cold["compiled"] == cold["programs"] > 0 and cold["loaded"] == 0
+    assert warm["traced"] == warm["cached"] == warm["programs"] and warm["loaded"] == 0
+    assert whole["loaded"] == whole["programs"] and whole["traced"] == 0
     assert startup["ratio"] == pytest.approx(startup["warm"]["first_image_s"] / startup["cold"]["first_image_s"])
 
     serving = results["serving"]
@@ -97,7 +111,7 @@ def test_markdown_and_chart_are_written(bench_out):
 def bench_unet(tmp_path, *args) -> dict:
     """`python -m bench unet ARGS` in a subprocess (as a device owner would run it); its unet.json."""
     command = [sys.executable, "-m", "bench", "unet", "--model", "tiny", *args, "--out", str(tmp_path)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((tmp_path / "unet.json").read_text())
 
@@ -165,7 +179,7 @@ def feature_results(tmp_path_factory) -> dict:
         "--feature-steps", str(FEATURE_STEPS), "--preview-size", "256", "--history-adds", "1",
         "--history-entries", "20", "--history-size", "128", "--history-calls", "2", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     results["markdown"] = (out / "results.md").read_text()
@@ -256,3 +270,39 @@ def test_bench_history_part(feature_results):
     endpoint = history["endpoint"]  # /history through gradio_client, logged in
     assert endpoint["entries_returned"] == 20 and timed_ok(endpoint["per_call"], 2) and positive(endpoint["answer_kb"])
     assert "## Server history" in feature_results["markdown"]
+
+
+def test_bench_check_fails_over_its_threshold_and_names_the_parts():
+    from bench.common import Stats
+    from bench.reference import CHECK_RATIO, EngineVsReference, check_ratio
+
+    def call(engine_s: float, reference_s: float) -> EngineVsReference:
+        engine, reference, ratio = Stats.of([engine_s]), Stats.of([reference_s]), engine_s / reference_s
+        return EngineVsReference(
+            images_per_call=8, engine=engine, reference=reference, engine_images_per_s=8 / engine_s,
+            reference_images_per_s=8 / reference_s, ratio=ratio, target_ratio=0.9,
+            meets_target=False, engine_host=Stats.of([0.004]), reference_host=Stats.of([0.006]), reference_load_s=1.0,
+            reference_first_call_s=9.0, pair_ratios=Stats.of([ratio]), cpu_ratio=ratio,
+            engine_programs={"encode cfg": 0.02, "step_full 128x128 cfg": 0.5}, engine_programs_s=0.6,
+        )  # fmt: skip
+
+    assert check_ratio(call(0.2, 0.2), CHECK_RATIO) is None
+    failure = check_ratio(call(0.3, 0.2), CHECK_RATIO)
+    assert failure.startswith(f"engine / diffusers = 1.50 in CPU seconds > {CHECK_RATIO:g} (wall 1.50: engine 300 ms")
+    assert "step_full 128x128 cfg 500.0" in failure
+    done = subprocess.run([sys.executable, "-m", "bench", "--only", "flops", "--check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2 and "--check guards the reference part" in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_apphost_part_times_each_way_of_calling():
+    from bench.apphost import CALLS, IMAGES, app_host_cost
+
+    cost = app_host_cost(runs=1, say=lambda _: None)
+    assert set(cost.overhead) == set(CALLS) and cost.images == IMAGES
+    assert all(positive(stats.median) for stats in cost.cpu.values())
+    assert all(cost.overhead[label].median < cost.wall[label].median for label in CALLS)
+    fetched = cost.fetched_bytes  # the same 8 JPEGs with or without previews; nothing when nothing is fetched
+    assert fetched["previews"] == fetched["no previews"] > 8 * 400_000 and fetched["no previews, nothing fetched"] == 0
+    assert fetched["png"] > fetched["previews"]

@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import ARTIFACTS, LONG, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
 
+from bench.program_times import ProgramTimer
+
 
 def _captions(output) -> list[str]:
     gallery = output[0]
@@ -34,6 +36,15 @@ def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
                            api_name="/generate_png")  # fmt: skip
     job.result()
     assert len(job.outputs()) == 1
+
+
+def test_an_api_caller_asks_for_no_previews_and_the_devices_run_none(ui_client, ui_engine):
+    with ProgramTimer(ui_engine.programs) as timer:
+        job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=False,
+                               api_name="/generate")  # fmt: skip
+        gallery, seed, _ = job.result()
+    assert len(job.outputs()) == 1 and seed == 11 and len(gallery) == ui_engine.num_images
+    assert not [label for label in timer.labels if label.startswith("preview")] and timer.labels
 
 
 def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_client):

@@ -1,0 +1,244 @@
+"""This host's own executables: every served program a start-up compiled, serialized next to JAX's persistent
+compilation cache, so the next start (a restarted pod or container on the same volume) loads it whole: nothing
+traced, lowered or compiled.
+
+JAX's persistent cache skips XLA's compile only: a program is still traced to a jaxpr and lowered to StableHLO
+before the cache is asked (its key hashes the lowered module), and that Python work is most of a warm start. An
+executable here is found by its program's fingerprint (`aot.fingerprint`: model configs, weight shapes and dtypes,
+size, batch, CFG, attention core, prompt windows, levers, previews, LoRA layout, the programs' source files), in a
+folder per platform, device kind and count, library versions (jax, jaxlib, libtpu, diffusers, transformers, flax)
+and XLA flags. The folder is a precompiled directory (`manifest.json` plus one file per program): `aot.py` writes
+and reads both, so `--precompiled` can even point at it.
+
+    <compilation cache>/host-<CPU signature>/executables/<platform>-<devices>-<hash>/manifest.json, *.jaxexe
+
+A program the persistent cache served is compiled once more past that cache to be stored: XLA:CPU writes an
+executable it loaded from the cache without its kernels ("Function ... not found" when the copy runs; no TPU or GPU
+here to show they differ, so every platform does it). That costs one compile, once, on a start with a warm cache
+and no executables yet (a first start after an upgrade); a cold start fills both from one compile. A program
+whose serialization fails (a host callback, a closed-over constant) is compiled at every start, as JAX's cache
+would; an unreadable file is named in one line and compiled; executables of other code are dropped when the store
+is next written. Not kept on a run of several processes (each holds part of the devices).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+
+from . import aot
+from .compilation import CompileCounter, compilation_cache_dir, persistent_cache_bypassed
+from .programs import ProgramKey, ServedPrograms
+
+logger = logging.getLogger(__name__)
+
+STORE = "executables"
+#: Where an executable came from, in the start-up log's words.
+STORED, PRECOMPILED, COMPILED, CACHED = "executables", "precompiled", "compiled", "compilation cache"
+
+
+@dataclass(frozen=True)
+class ProgramBuild:
+    """How one served program got its executable at start-up, with the time of each phase."""
+
+    label: str
+    source: str  # STORED, PRECOMPILED, COMPILED or CACHED
+    trace_s: float = 0.0  # tracing to a jaxpr and lowering to StableHLO (0: loaded whole)
+    compile_s: float = 0.0  # XLA's compile, or reading the executable from JAX's persistent cache
+    again_s: float = 0.0  # traced and compiled once more past the persistent cache, to be stored (see above)
+
+    def line(self) -> str:
+        """e.g. "step_full 128x128 cfg: traced and lowered in 1.9 s, from JAX's compilation cache in 0.1 s"."""
+        how = "compiled" if self.source == COMPILED else "from JAX's compilation cache"
+        line = f"{self.label}: traced and lowered in {self.trace_s:.1f} s, {how} in {self.compile_s:.1f} s"
+        return line + (f", compiled again to be stored in {self.again_s:.1f} s" if self.again_s else "")
+
+
+@dataclass(frozen=True)
+class StartupPrograms:
+    """Every served program's build at start-up, and the executable store's part in it."""
+
+    builds: tuple[ProgramBuild, ...]
+    load_s: float  # reading this host's stored executables
+    store_s: float  # serializing and writing the newly compiled ones
+    stored: int  # executables written
+    directory: Path | None  # the store (None: off)
+
+    def count(self, source: str) -> int:
+        return sum(1 for build in self.builds if build.source == source)
+
+    @property
+    def traced(self) -> int:
+        """Programs traced and lowered in this process (compiled, or fetched from JAX's persistent cache)."""
+        return self.count(COMPILED) + self.count(CACHED)
+
+    @property
+    def trace_s(self) -> float:
+        return sum(build.trace_s for build in self.builds)
+
+    @property
+    def compile_s(self) -> float:
+        return sum(build.compile_s for build in self.builds)
+
+    @property
+    def again_s(self) -> float:
+        return sum(build.again_s for build in self.builds)
+
+    def summary(self) -> str:
+        """One line: how many programs came from where, and the seconds of each phase."""
+        parts = [f"{self.count(STORED)} loaded from this host's executables in {self.load_s:.1f} s"]
+        parts.append(f"{self.traced} traced and lowered in {self.trace_s:.1f} s")
+        parts.append(f"{self.count(COMPILED)} compiled and {self.count(CACHED)} from JAX's compilation cache "
+                     f"in {self.compile_s:.1f} s")  # fmt: skip
+        if self.count(PRECOMPILED):
+            parts.append(f"{self.count(PRECOMPILED)} precompiled")
+        if again := sum(1 for build in self.builds if build.again_s):
+            parts.append(f"{again} compiled again past the cache to be stored in {self.again_s:.1f} s")
+        if self.stored:
+            parts.append(f"{self.stored} executables stored in {self.store_s:.1f} s")
+        elif self.directory is None:
+            parts.append("executable store off")
+        return f"programs ({len(self.builds)}): " + "; ".join(parts)
+
+    def timings(self) -> dict[str, float]:
+        return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
+                "compile_again_s": self.again_s, "executables_store_s": self.store_s}  # fmt: skip
+
+    def counts(self) -> dict[str, int]:
+        """Programs per source: traced (compiled + cached), compiled, cached, loaded, precompiled; stored."""
+        return {"traced": self.traced, "compiled": self.count(COMPILED), "cached": self.count(CACHED),
+                "loaded": self.count(STORED), "precompiled": self.count(PRECOMPILED),
+                "stored": self.stored}  # fmt: skip
+
+
+def store_directory(programs: ServedPrograms) -> Path | None:
+    """This host's store for `programs`' devices and libraries (None on several processes)."""
+    if jax.process_count() > 1:
+        return None
+    first = next(iter(programs.mesh.devices.flat))
+    count = int(programs.mesh.devices.size)
+    identity = {"format": aot.FORMAT, "platform": first.platform, "device_kind": first.device_kind, "devices": count,
+                "versions": aot.versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return compilation_cache_dir() / STORE / f"{first.platform}-{count}-{digest}"
+
+
+def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: bool) -> StartupPrograms:
+    """Give every program of `keys` its executable: already installed (`--precompiled`), loaded from this host's
+    store (`store`), else traced, lowered and compiled (XLA's part from JAX's persistent cache when it has it); then
+    store what was compiled. Each compiled program and the total are logged in one line each."""
+    builds = [ProgramBuild(key.label, PRECOMPILED) for key in keys if programs.is_compiled(key)]
+    pending = [key for key in keys if not programs.is_compiled(key)]
+    directory = store_directory(programs) if store else None
+    load_s = 0.0
+    if directory is not None and pending:
+        if (directory / aot.MANIFEST).is_file():
+            report = aot.load_precompiled(programs, pending, directory, what="executables")
+            load_s = report.seconds
+            builds += [ProgramBuild(label, STORED) for label in report.loaded]
+            pending = [key for key in pending if not programs.is_compiled(key)]
+        else:
+            logger.info("executables: none stored yet in %s", directory)
+    compiled = {}  # what goes to the store
+    for key in pending:
+        started = time.perf_counter()
+        lowered = programs.lower(key)
+        traced_at = time.perf_counter()
+        hits = CompileCounter.cache_hits()
+        executable = lowered.compile()
+        compiled_at = time.perf_counter()
+        source = CACHED if CompileCounter.cache_hits() > hits else COMPILED
+        again = directory is not None and source == CACHED and _serializable(key, executable)
+        if again:  # to be written whole (see the module's docstring)
+            with persistent_cache_bypassed():
+                executable = programs.lower(key).compile()  # lowered anew: `lowered` keeps the cache's executable
+        if again or source == COMPILED:
+            compiled[key] = executable
+        build = ProgramBuild(key.label, source, traced_at - started, compiled_at - traced_at,
+                             time.perf_counter() - compiled_at if again else 0.0)  # fmt: skip
+        programs.install(key, executable)
+        builds.append(build)
+        logger.info("%s", build.line())
+    stored, store_s = (0, 0.0)
+    if directory is not None and compiled:
+        stored, store_s = store_executables(programs, compiled, directory)
+    order = {key.label: i for i, key in enumerate(keys)}
+    builds.sort(key=lambda build: order[build.label])
+    return StartupPrograms(tuple(builds), load_s, store_s, stored, directory)
+
+
+def _serializable(key: ProgramKey, executable) -> bool:
+    """Whether `executable` can be written at all (a host callback or a closed-over constant cannot); said if not."""
+    from jax.experimental.serialize_executable import serialize
+
+    try:
+        serialize(executable)
+    except Exception as exc:
+        logger.info("executables: %s not kept (%s: %s)", key.label, type(exc).__name__, str(exc)[:80])
+        return False
+    return True
+
+
+def store_executables(programs: ServedPrograms, compiled: dict, directory: Path) -> tuple[int, float]:
+    """Add `compiled` ({key: executable}) to the store in `directory`; (executables written, seconds).
+
+    One writer at a time (a file lock: several servers may start at once on one host), the manifest replaced whole.
+    Entries of other program sources are dropped, and files no entry names are removed. A program that cannot be
+    serialized, or a store that cannot be written, is named in one line; the server starts all the same.
+    """
+    started = time.perf_counter()
+    written = 0
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with _locked(directory / ".lock"):
+            entries = _current_entries(programs, directory)
+            for key, executable in compiled.items():
+                try:
+                    entry = aot.serialized_entry(programs, key, executable, directory)
+                except Exception as exc:  # a host callback, a constant: compiled at every start instead
+                    logger.info("executables: %s not kept (%s: %s)", key.label, type(exc).__name__, str(exc)[:80])
+                    continue
+                entries[entry["fingerprint"]] = entry
+                written += 1
+            header = aot.manifest_header(programs, topology="this host", settings={})
+            aot.write_manifest(directory, header, sorted(entries.values(), key=lambda entry: entry["file"]))
+            listed = {entry["file"] for entry in entries.values()}
+            for path in directory.glob("*.jaxexe"):  # other code's, or left by a manifest that could not be read
+                if path.name not in listed:
+                    path.unlink(missing_ok=True)
+    except OSError as exc:  # a read-only or full volume: this start is served, the next one compiles again
+        logger.warning("executables: not stored in %s (%s)", directory, exc)
+        return 0, time.perf_counter() - started
+    return written, time.perf_counter() - started
+
+
+def _current_entries(programs: ServedPrograms, directory: Path) -> dict[str, dict]:
+    """The store's entries, by fingerprint, that this code on these devices can still load."""
+    try:
+        manifest = aot.read_manifest(directory)
+    except (OSError, ValueError):
+        return {}
+    if aot.manifest_mismatch(manifest, programs) is not None:
+        return {}
+    entries = [entry for entry in manifest.get("programs", []) if isinstance(entry, dict)]
+    return {entry["fingerprint"]: entry for entry in entries if entry.get("sources") == aot.sources_hash()}
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

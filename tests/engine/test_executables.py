@@ -1,0 +1,89 @@
+"""This host's executable store (pipeline/host/executables.py): a restart loads every served program whole (nothing
+traced, lowered or compiled) and makes the same pixels; a broken file is named in one line and that program
+compiled and stored again; entries of other program sources are dropped.
+
+The first start is the session's `engine` (its warm-up stored its executables, or loaded them from an earlier run);
+the others are fresh engines with the same settings, as a restarted server is. Real checkpoint, real JAX."""
+
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import TEST_SIZE, TEST_STEPS, generate
+
+
+def restart(tiny_dir):
+    """A new engine with the `engine` fixture's settings, warmed up: what a restarted server runs."""
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
+                                          dtype="float32")  # fmt: skip
+    generator.warmup()
+    return generator
+
+
+def assert_same_pixels(a, b):
+    first, second = generate(a, "a lighthouse at dusk", seed=5), generate(b, "a lighthouse at dusk", seed=5)
+    for x, y in zip(first.images, second.images, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_restart_loads_every_program_and_makes_the_same_pixels(engine, tiny_dir):
+    assert engine.startup_programs.directory is not None  # on by default, beside the compilation cache
+    manifest = json.loads((engine.startup_programs.directory / "manifest.json").read_text())
+    assert manifest["device_count"] == engine.device_count and manifest["versions"]["jaxlib"]
+
+    again = restart(tiny_dir)
+    counts, keys = again.startup_programs.counts(), again.program_keys()
+    assert counts["loaded"] == len(keys) and counts["traced"] == 0 and counts["stored"] == 0
+    assert again.startup_programs.trace_s == 0 and again.compile_count == 0  # nothing traced, nothing compiled
+    summary = again.startup_programs.summary()
+    assert summary.startswith(f"programs ({len(keys)}): {len(keys)} loaded from this host's executables"), summary
+    assert_same_pixels(engine, again)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A compilation cache folder of this test's own (JAX's cache empty), set back to the session's afterwards."""
+    from pipeline.host.compilation import configure_compilation_cache
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        yield tmp_path / "cache"
+    finally:
+        monkeypatch.undo()
+        configure_compilation_cache(True)  # the session's folder again, for the tests after this one
+
+
+def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir, own_cache, caplog):
+    from pipeline.host.aot import fingerprint
+    from pipeline.host.executables import store_directory
+    from pipeline.host.programs import ProgramKey
+
+    store = store_directory(engine.programs)  # the same devices and versions, under this test's cache folder
+    shutil.copytree(engine.startup_programs.directory, store)
+    manifest = json.loads((store / "manifest.json").read_text())
+    preview = fingerprint(engine.programs, ProgramKey("preview", TEST_SIZE, TEST_SIZE))
+    broken = next(entry for entry in manifest["programs"] if entry["fingerprint"] == preview)
+    (store / broken["file"]).write_bytes(b"not an executable")
+    (store / "old.jaxexe").write_bytes(b"x")  # an entry of other program sources: dropped at the next write
+    manifest["programs"].append({**broken, "fingerprint": "0" * 20, "file": "old.jaxexe", "sources": "older code"})
+    (store / "manifest.json").write_text(json.dumps(manifest))
+
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        again = restart(tiny_dir)
+    counts = again.startup_programs.counts()
+    assert counts["loaded"] == len(again.program_keys()) - 1
+    assert counts["traced"] == counts["compiled"] == counts["stored"] == 1  # JAX's cache is empty here
+    loaded_line = next(line for line in caplog.messages if line.startswith("executables "))
+    assert f"compiling {broken['label']} (could not load: " in loaded_line
+    assert_same_pixels(engine, again)
+
+    rewritten = json.loads((store / "manifest.json").read_text())
+    mine = {fingerprint(again.programs, key) for key in again.program_keys()}
+    assert mine <= {entry["fingerprint"] for entry in rewritten["programs"]} and "0" * 20 not in str(rewritten)
+    assert not (store / "old.jaxexe").exists() and os.path.getsize(store / broken["file"]) > 1000
+    assert not list(store.glob(".*.partial"))  # written under another name, then renamed

@@ -1,0 +1,50 @@
+"""Which compiled programs a request runs: a plain txt2img runs the plain programs only (one 77-token window, no
+preview, no picture), a long prompt the N-window ones, a watched request its previews; none of them compiles."""
+
+import numpy as np
+from conftest import TEST_SIZE, TEST_STEPS, generate
+
+from bench.program_times import ProgramTimer
+
+LONG_PROMPT = " ".join(f"word{i}" for i in range(100))  # 100 tokens: two windows
+
+
+def programs_run(engine, call) -> list[str]:
+    """The labels of the compiled programs `call()` runs on `engine`, in the order it runs them."""
+    with ProgramTimer(engine.programs) as timer:
+        call()
+    return timer.labels
+
+
+def test_plain_request_runs_the_plain_txt2img_programs(engine):
+    size = f"{TEST_SIZE}x{TEST_SIZE}"
+    before = engine.compile_count
+    ran = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=2))
+    assert ran == ["encode cfg", f"start {size}", *[f"step_full {size} cfg"] * TEST_STEPS, f"decode {size}"]
+    long = programs_run(engine, lambda: generate(engine, LONG_PROMPT, seed=2))
+    assert long == ["encode cfg 3 windows", f"start {size}", *[f"step_full {size} cfg 3 windows"] * TEST_STEPS,
+                    f"decode {size}"]  # fmt: skip
+    # a long negative prompt needs the N-window programs as much as a long prompt
+    assert programs_run(engine, lambda: generate(engine, "a cat", negative_prompt=LONG_PROMPT))[0].endswith("windows")
+    watched = programs_run(
+        engine, lambda: engine.generate(engine.request("a cat", steps=4), on_preview=lambda *_: None)
+    )  # fmt: skip
+    assert watched.count(f"preview {size}") == 1  # after step 2 of 4 (the last step's picture is the answer)
+    assert engine.compile_count == before
+
+
+def test_short_prompt_reads_the_same_in_one_window_as_in_three(engine, monkeypatch):
+    """The 3-window programs mask the empty windows out: a short prompt run through them gives the 1-window
+    programs' images (to float rounding: the masked softmax sums 231 keys, the plain one 77)."""
+    prompt, negative = "a windmill in a field of tulips", "blurry"
+    one = generate(engine, prompt, negative_prompt=negative, seed=5).images
+    monkeypatch.setattr(engine, "text_windows", lambda filled: engine.config.prompt_windows)
+    three = []
+    ran = programs_run(engine, lambda: three.extend(generate(engine, prompt, negative_prompt=negative, seed=5).images))
+    assert ran[0] == "encode cfg 3 windows"
+    difference = np.abs(pixels(one) - pixels(three))
+    assert difference.max() <= 1 and (difference > 0).mean() < 1e-3
+
+
+def pixels(images) -> np.ndarray:
+    return np.stack([np.asarray(image) for image in images]).astype(int)
