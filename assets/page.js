@@ -16,7 +16,7 @@
   };
   const check = (event) => {
     const input = event.target;
-    const sliders = "#steps, #guidance, #cfg-end, #deepcache";
+    const sliders = ".bounded";  // the request fields' sliders (web/form.py: control)
     if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest(sliders)) return;
     const value = Number(input.value);
     const min = Number(input.min), max = Number(input.max);

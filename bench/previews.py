@@ -46,7 +46,7 @@ TPU_RESULTS = Path(__file__).resolve().parent / "results" / "tpu.json"
 #: The rows of TPU_RESULTS a 1024² preview is compared with: (label, step program kind, size, attention, cfg).
 V5E_STEPS = (("v5e step 1024² CFG (splash)", "1024x1024", "splash", True),
              ("v5e step 1024² no CFG (splash)", "1024x1024", "splash", False))  # fmt: skip
-#: The issue's bound: host cost per step at most this share of a v5e step.
+#: The bound: host cost per step at most this share of a v5e step (previews must not slow the devices).
 TARGET_SHARE = 0.03
 
 

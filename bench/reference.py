@@ -1,6 +1,6 @@
 """Part 1: per-call latency of `Generator.generate` against diffusers' own FlaxStableDiffusionXLPipeline.
 
-The reference is called as the seed documents (Hugging Face's SDXL-on-JAX blog) call it: params replicated once
+The reference is called as Hugging Face's SDXL-on-JAX blog calls it: params replicated once
 with flax's `replicate`; per call `prepare_inputs`, `replicate` of the ids, one PRNG key per device, the pmapped
 `pipeline(..., jit=True)`, and conversion to PIL. Both sides return PIL images, so the whole user-visible call is
 timed on each. Same checkpoint, devices, size, steps and dtype; calls are interleaved after both are warmed.
@@ -73,7 +73,7 @@ def load_reference(model: str, dtype: str):
 
 
 def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width, host=None):
-    """One user-visible call of the reference, exactly as the seed documents write it: PIL images out.
+    """One user-visible call of the reference, exactly as the SDXL-on-JAX blog writes it: PIL images out.
 
     When `host` is a list, the seconds spent outside the pipeline call (inputs before, PIL after) are appended.
     """

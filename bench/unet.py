@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     args = parser.parse_args(argv)
     args.kinds = [kind.strip() for kind in args.attention.split(",") if kind.strip()]
-    from pipeline.config import ATTENTIONS
+    from pipeline.device.cores import ATTENTIONS
 
     unknown = sorted(set(args.kinds) - set(ATTENTIONS))
     if unknown or not args.kinds:

@@ -18,7 +18,8 @@ import time
 
 from .config import engine_config
 from .errors import CheckpointError, InvalidInput, ModelLoadError
-from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices
+from .fields import FIELD, FIELDS
+from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
 from .request import LORA_TAG, RequestRules, parse_request
 
@@ -63,7 +64,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     # Check what the user typed before spending time on loading and compiling: the same checks as the page and API.
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
-    rules = RequestRules.of(config)
+    # The request's own flags are what it asks for; the server's defaults are what it would get without them.
+    unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
+    rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
         from .checkpoint.lora import screen_lora_dir
 
@@ -73,14 +76,10 @@ def _generate(args: argparse.Namespace) -> int:
         for name in asked:
             if why := refused.get(name.strip()):
                 raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
-    randomize = str(args.seed).strip().lower() in ("random", "randomize")
-    request = parse_request(
-        args.prompt, args.negative_prompt, args.style, args.guidance_scale, None if randomize else args.seed,
-        randomize, cfg_end=args.cfg_end, deepcache=args.deepcache, loras=[_lora(text) for text in args.lora],
-        init_image=args.init_image, mask_image=args.mask_image, strength=args.strength, rules=rules,
-    )  # fmt: skip
-    if not config.cfg and (args.negative_prompt.strip() or (args.guidance_scale or 0) > 1):
-        print("warning: no classifier-free guidance: --negative-prompt, --guidance-scale ignored", file=sys.stderr)
+    request = parse_request(**request_arguments(args), rules=rules)
+    if request.ignored:
+        flags = ", ".join(FIELD[name].flag for name in request.ignored)
+        print(f"warning: no classifier-free guidance: {flags} ignored", file=sys.stderr)
     started = time.perf_counter()
     cluster = start(options_from_args(args))  # before anything else touches JAX
     generator = Generator.load(config)
@@ -125,6 +124,14 @@ def _generate(args: argparse.Namespace) -> int:
         f"call {t['call_total_s']:.2f} s"
     )
     return 0
+
+
+def request_arguments(args: argparse.Namespace) -> dict:
+    """The request fields' flags (the table's, `fields.FIELDS`) as `parse_request`'s keywords."""
+    given = {row.name: getattr(args, request_option(row).dest) for row in FIELDS if row.flag}
+    randomize = str(given["seed"]).strip().lower() in ("random", "randomize")
+    loras = [_lora(text) for text in given["loras"]]
+    return {**given, "seed": None if randomize else given["seed"], "randomize_seed": randomize, "loras": loras}
 
 
 def _lora(text: str) -> list:

@@ -16,8 +16,9 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from .device.cores import ATTENTIONS
 from .errors import InvalidInput
-from .fields import MAX_STEPS
+from .fields import FIELD
 from .presets import Preset, get_preset
 from .sizes import default_sizes, parse_sizes
 
@@ -37,9 +38,6 @@ SDXL_SHAPE = (1024, 1024, 25)
 
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
-
-#: Attention cores of the UNet (see device/attention.py): auto = splash on TPU, cudnn on NVIDIA bf16, xla elsewhere.
-ATTENTIONS = ("auto", "xla", "splash", "cudnn", "diffusers")
 
 #: --quantize modes (device/quantize.py; kept here so the options table needs no JAX): none or int8 (experimental).
 QUANTIZE_MODES = ("none", "int8")
@@ -76,7 +74,7 @@ class EngineConfig:
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
-    speed_levers: bool = True  # static: compile what per-request cfg_end and deepcache run (host/programs.py)
+    speed_levers: bool = True  # static: compile what the per-request speed levers run (host/programs.py)
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
@@ -95,8 +93,8 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
                 raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
-        if self.height > 4096 or self.width > 4096 or self.steps > MAX_STEPS:
-            raise InvalidInput(f"Height and width must be at most 4096 and steps at most {MAX_STEPS}.")
+        if self.height > 4096 or self.width > 4096 or self.steps > FIELD["steps"].high:
+            raise InvalidInput(f"Height and width must be at most 4096 and steps at most {FIELD['steps'].high}.")
         if self.prompt_windows > MAX_PROMPT_WINDOWS:
             raise InvalidInput(f"Prompt windows must be at most {MAX_PROMPT_WINDOWS}; got {self.prompt_windows}.")
         if self.dtype is not None and self.dtype not in DTYPES:

@@ -12,19 +12,16 @@ import re
 import secrets
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import InvalidInput
+from .host.plan import SAMPLER_NAMES
 from .styles import DEFAULT_STYLE
 
 Size = tuple[int, int]  # (height, width)
 
 MAX_PROMPT_CHARS = 2000
-#: The engine takes prompts after a style template was applied, which adds a few hundred characters.
-STYLED_MAX_CHARS = 2 * MAX_PROMPT_CHARS
-GUIDANCE_MIN, GUIDANCE_MAX = 0.0, 20.0
-SEED_MAX = 2**32 - 1
-#: Most denoising steps a request may ask for (the page's slider goes this far).
-MAX_STEPS = 100
 
 # Longest slice of user input quoted back in a message; keeps errors readable and avoids reflecting big payloads.
 _ECHO_CHARS = 40
@@ -35,7 +32,7 @@ _RAW_FACTOR = 10
 _DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs"})
 
 
-def _echo(value: object) -> str:
+def echo(value: object) -> str:
     """Quote a user value for a message: control characters removed, at most _ECHO_CHARS characters."""
     if isinstance(value, str):
         text = value
@@ -81,46 +78,33 @@ def clean_text(value: object, *, field: str = "prompt", max_chars: int = MAX_PRO
     return text
 
 
-def check_guidance(value: object) -> float:
-    """Return the guidance scale as a float; numbers only (no strings, no bools), finite and within range."""
-    allowed = f"Guidance scale must be a number between {GUIDANCE_MIN:g} and {GUIDANCE_MAX:g}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidInput(f"{allowed}; got {_echo(value)}.")
-    try:
-        number = float(value)
-    except (OverflowError, ValueError) as error:
-        raise InvalidInput(f"{allowed}; got {_echo(value)}.") from error
-    if not math.isfinite(number) or not GUIDANCE_MIN <= number <= GUIDANCE_MAX:
-        raise InvalidInput(f"{allowed}; got {_echo(value)}.")
-    return number
-
-
 def resolve_seed(seed: object, randomize: bool = False) -> int:
-    """Return the seed to use: a fresh random one if asked, else the given whole number in 0..SEED_MAX.
+    """Return the seed to use: a fresh random one if asked, else the given whole number in the table's bounds.
 
     Floats with an integral value are accepted because Gradio's Number component sends floats.
     """
     if randomize:
-        return secrets.randbelow(SEED_MAX + 1)
-    message = f"Seed must be a whole number from 0 to {SEED_MAX}; got {_echo(seed)}."
+        return secrets.randbelow(FIELD["seed"].high + 1)
+    row = FIELD["seed"]
+    message = row.refusal(seed)
     if isinstance(seed, bool):
-        raise InvalidInput(message)
+        raise message
     if isinstance(seed, numbers.Integral):
         number = int(seed)
     elif isinstance(seed, numbers.Real):
         as_float = float(seed)
         if not math.isfinite(as_float) or not as_float.is_integer():
-            raise InvalidInput(message)
+            raise message
         number = int(as_float)
     elif isinstance(seed, str):
         digits = seed.strip()
         if not digits.isascii() or not digits.isdigit() or len(digits) > 20:
-            raise InvalidInput(message)
+            raise message
         number = int(digits)
     else:
-        raise InvalidInput(message)
-    if not 0 <= number <= SEED_MAX:
-        raise InvalidInput(message)
+        raise message
+    if not row.low <= number <= row.high:
+        raise message
     return number
 
 
@@ -131,7 +115,7 @@ def check_style(name: object, styles: Mapping[str, object]) -> str:
     if isinstance(name, str) and name in styles:
         return name
     choices = ", ".join(styles)
-    raise InvalidInput(f"Unknown style {_echo(name)}; choose one of: {choices}.")
+    raise InvalidInput(f"Unknown style {echo(name)}; choose one of: {choices}.")
 
 
 def _size_text(height: object, width: object) -> str:
@@ -148,32 +132,11 @@ def check_shape(height: object, width: object, supported: Iterable[tuple[int, in
         sizes = []  # True == 1 would otherwise slip through the comparison below
     elif (height, width) in sizes:
         return
-    got = _size_text(_echo(height), _echo(width))
+    got = _size_text(echo(height), echo(width))
     if not sizes:
         raise InvalidInput(f"This server has no compiled image size that matches; got {got}.")
     compiled = " or ".join(_size_text(*size) for size in sizes)
     raise InvalidInput(f"This server compiled {compiled} only; got {got}.")
-
-
-def check_steps(value: object, maximum: int = MAX_STEPS, message: str = "") -> int:
-    """Denoising steps as an int in 1..maximum; whole-valued floats pass (Gradio's slider may send 30.0)."""
-    message = message or f"Steps must be a whole number from 1 to {maximum}; got {_echo(value)}."
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidInput(message)
-    number = float(value)
-    if not math.isfinite(number) or not number.is_integer() or not 1 <= number <= maximum:
-        raise InvalidInput(message)
-    return int(number)
-
-
-def check_choice(value: object, choices: Iterable[str], field: str) -> str:
-    """`value` as spelled in `choices` (case and surrounding spaces ignored); one line listing them otherwise."""
-    options = list(choices)
-    if isinstance(value, str):
-        for option in options:
-            if value.strip().lower() == option.lower():
-                return option
-    raise InvalidInput(f"Unknown {field} {_echo(value)}; choose one of: {', '.join(options)}.")
 
 
 def check_size(value: object, sizes: Sequence[Size]) -> Size:
@@ -194,36 +157,175 @@ def check_size(value: object, sizes: Sequence[Size]) -> Size:
             closest = min(sizes, key=off)
             if off(closest) < math.log(1.1):
                 return tuple(closest)
-    shown = value if isinstance(value, str) else type(value).__name__
-    if isinstance(shown, str) and len(shown) > 40:
-        shown = shown[:39] + "…"
     offered = ", ".join(f"{w}×{h}" for h, w in sizes)
-    raise InvalidInput(f"Aspect ratio {shown!r} is not offered by this server; choose one of: {offered} (or its "
+    shown = echo(value if isinstance(value, str) else type(value).__name__)
+    raise InvalidInput(f"Aspect ratio {shown} is not offered by this server; choose one of: {offered} (or its "
                        f"ratio, e.g. 1:1).")
 
 
-#: DeepCache intervals offered per request: 1 = off (the default), up to this many steps per whole-UNet step.
-MAX_DEEPCACHE = 5
-#: Defaults: both levers off (each changes the picture).
-DEFAULT_CFG_END = 1.0
-DEFAULT_DEEPCACHE = 1
+# ---- the table of request fields -------------------------------------------------------------------------------------
 
 
-def check_cfg_end(value: object) -> float:
-    """`cfg_end` (guidance on the first ⌈f × steps⌉ steps) as a float in (0, 1]; one sentence otherwise."""
-    message = f"cfg_end must be a number above 0 and at most 1 (1 = guidance on every step); got {_echo(value)}."
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidInput(message)
-    number = float(value)
-    if not math.isfinite(number) or not 0 < number <= 1:
-        raise InvalidInput(message)
-    return number
+@dataclass(frozen=True)
+class Control:
+    """How the page shows a field: a slider for a number, a dropdown for a choice (gradio's keywords)."""
+
+    label: str  # the control's label
+    info: str = ""  # the line under it ({low} and {high}: the field's bounds)
+    step: float = 1  # a slider's step (its lowest value is `step` above an excluded low bound)
+    elem_id: str = ""  # the element's id (CSS, browser tests)
+    group: str = ""  # the page's row for it: "style", "sampling", "levers", "picture" ("": a row of its own)
 
 
-def check_deepcache(value: object) -> int:
-    """`deepcache` (DeepCache's interval N) as a whole number in 1..MAX_DEEPCACHE; one sentence otherwise."""
-    return check_steps(
-        value, MAX_DEEPCACHE,
-        f"deepcache must be a whole number from 1 (off) to {MAX_DEEPCACHE} (the whole UNet every N steps); "
-        f"got {_echo(value)}.",
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Field:
+    """One input of a request, declared once: everything below derives from it.
+
+    "Plain" fields (kind int, float or choice) are handled by the table alone: `parse_request`'s check, the
+    `Request` attribute's default, the CLI flag, the API parameter and its docstring line, the page control, the
+    `parameters` text and its reading back, the status line, the settings the history keeps and the JSON schema.
+    The other kinds (text, style, seed, flag, size, loras, file) name their own checks and controls; the table gives
+    them their place in the API, their help text and their CLI flag.
+    """
+
+    name: str  # the API parameter, `parse_request`'s keyword, the `Request` attribute, the settings key
+    kind: str  # int, float, choice | text, style, seed, flag, size, loras, file
+    help: str  # one line: the API's docstring, the CLI's --help
+    default: Any = None  # when a request leaves it out (`rule` names the server's own default instead)
+    low: float | None = None  # lowest value (numbers)
+    high: float | None = None  # highest value (numbers)
+    above: bool = False  # `low` itself excluded (0 < x)
+    choices: tuple[str, ...] = ()  # a choice's values, as spelled for users
+    rule: str = ""  # the `RequestRules` attribute holding this server's default (steps, sampler, guidance)
+    called: str = ""  # how refusals name it ("Steps", "cfg_end")
+    low_note: str = ""  # said after the low bound in a refusal ("(off)")
+    high_note: str = ""  # said after the high bound ("(1 = guidance on every step)")
+    label: str = ""  # its key in A1111's `parameters` ("" = not written)
+    basic: bool = False  # `parameters` always carries it among A1111's basics (host/images.describe writes it)
+    status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
+    without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
+    needs: str = ""  # "picture": it counts with a picture only (checked with the picture)
+    lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
+    flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
+    aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
+    api_type: Any = None  # the API parameter's annotation
+    control: Control | None = None  # how the page shows a plain field (None: not by the table)
+
+    @property
+    def plain(self) -> bool:
+        return self.kind in ("int", "float", "choice")
+
+    @property
+    def lowest(self) -> float | None:
+        """The lowest value a control offers (a step above an excluded bound)."""
+        if self.low is None:
+            return None
+        return self.low + (self.control.step if self.above and self.control else 0)
+
+    @property
+    def values_text(self) -> str:
+        """The values it takes, for --help and the README: "1..100", "0 < x <= 1", "Euler, Euler a"."""
+        if self.kind == "choice":
+            return ", ".join(self.choices)
+        if self.above:
+            return f"{_number(self.low)} < x <= {_number(self.high)}"
+        return f"{_number(self.low)}..{_number(self.high)}"
+
+    def refusal(self, value: object) -> InvalidInput:
+        """The one sentence that refuses `value` for this field."""
+        if self.kind == "choice":
+            return InvalidInput(f"Unknown {self.called} {echo(value)}; choose one of: {', '.join(self.choices)}.")
+        low, high = f"{_number(self.low)}{self.low_note}", f"{_number(self.high)}{self.high_note}"
+        if self.kind == "int" or self.kind == "seed":
+            allowed = f"a whole number from {low} to {high}"
+        elif self.above:
+            allowed = f"a number above {low} and at most {high}"
+        else:
+            allowed = f"a number between {low} and {high}"
+        return InvalidInput(f"{self.called} must be {allowed}; got {echo(value)}.")
+
+    def check(self, value: object) -> Any:
+        """`value` checked: an int or float within the bounds (whole-valued floats pass for int, as Gradio's
+        slider sends 30.0), or a choice as spelled in `choices` (case and surrounding spaces ignored)."""
+        if self.kind == "choice":
+            if isinstance(value, str):
+                for option in self.choices:
+                    if value.strip().lower() == option.lower():
+                        return option
+            raise self.refusal(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise self.refusal(value)
+        try:
+            number = float(value)
+        except (OverflowError, ValueError):
+            raise self.refusal(value) from None
+        inside = (self.low < number if self.above else self.low <= number) and number <= self.high
+        if not math.isfinite(number) or not inside or (self.kind == "int" and not number.is_integer()):
+            raise self.refusal(value)
+        return int(number) if self.kind == "int" else number
+
+    def schema(self) -> dict:
+        """This field's value in JSON schema terms."""
+        if self.kind == "choice":
+            return {"enum": list(self.choices), "description": self.help}
+        number = {"type": "integer" if self.kind == "int" else "number", "description": self.help}
+        number["exclusiveMinimum" if self.above else "minimum"] = self.low
+        return {**number, "maximum": self.high}
+
+
+def _number(value: float) -> str:
+    """A bound as a refusal writes it: 20, 0.5, 4294967295."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+#: Every input of a request, in the API's order (a new field goes at the end: API callers pass them by position).
+FIELDS: tuple[Field, ...] = (
+    Field("prompt", "text", "what to draw (A1111's <lora:NAME:WEIGHT> tags apply LoRAs)", flag="--prompt",
+          api_type=str),
+    Field("negative_prompt", "text", "what to keep out", "", without_cfg="", flag="--negative-prompt", api_type=str),
+    Field("style", "style", "a style of assets/styles.json", DEFAULT_STYLE, flag="--style", api_type=str),
+    Field("guidance_scale", "float", "how closely to follow the prompt (<= 1: no guidance)", 5.0, low=0.0, high=20.0,
+          rule="guidance_scale", called="Guidance scale", label="CFG scale", basic=True, without_cfg=0.0,
+          flag="--guidance-scale", api_type=float,
+          control=Control("Guidance scale", "How closely to follow the prompt ({low:g} to {high:g}; a number typed "
+                          "outside is set to the nearest limit)", step=0.5, elem_id="guidance", group="style")),
+    Field("seed", "seed", "0..4294967295: image i uses seed + i", 0, low=0, high=2**32 - 1, called="Seed",
+          label="Seed", basic=True, flag="--seed", api_type=int),
+    Field("randomize_seed", "flag", "a fresh random seed instead of `seed`", True, api_type=bool),
+    Field("aspect_ratio", "size", "an offered size: 'WxH' or its ratio 'W:H'", api_type=str),
+    Field("steps", "int", "denoising steps (no recompile)", 25, low=1, high=100, rule="steps", called="Steps",
+          label="Steps", basic=True, api_type=int,
+          control=Control("Steps", "Denoising steps, {low:g} to {high:g}; any number runs without recompiling (a "
+                          "number typed outside is set to the nearest limit)", elem_id="steps", group="sampling")),
+    Field("sampler", "choice", "A1111's name of the sampler", choices=tuple(SAMPLER_NAMES), rule="sampler",
+          called="sampler", label="Sampler", basic=True, api_type=str,
+          control=Control("Sampler", elem_id="sampler", group="sampling")),
+    Field("cfg_end", "float", "guidance on the first part of the steps only: 0.5 = the first half (faster; changes "
+          "the picture)", 1.0, low=0.0, high=1.0, above=True, called="cfg_end",
+          high_note=" (1 = guidance on every step)", label="CFG end", status="CFG end", without_cfg=1.0, lever=True,
+          flag="--cfg-end", api_type=float,
+          control=Control("Guidance for the first part of the steps", "1 = every step (exact); 0.5 = the first half: "
+                          "faster, changes the picture", step=0.05, elem_id="cfg-end", group="levers")),
+    Field("deepcache", "int", "DeepCache: the whole UNet every N steps, its shallow part between (1 = off; faster, "
+          "changes the picture)", 1, low=1, high=5, called="deepcache", low_note=" (off)",
+          high_note=" (the whole UNet every N steps)", label="DeepCache", status="DeepCache", lever=True,
+          flag="--deepcache", api_type=int,
+          control=Control("DeepCache", "1 = off (exact); N = the whole UNet every N steps, its shallow part between: "
+                          "faster, changes the picture", elem_id="deepcache", group="levers")),
+    Field("loras", "loras", "up to 4 [name, weight] (or [name, te_weight, unet_weight]) of the server's LoRAs",
+          flag="--lora", api_type=list),
+    Field("init_image", "file", "start from this picture (image to image), fitted to the size: resized to cover it, "
+          "centre-cropped", flag="--init-image",
+          api_type=dict),
+    Field("mask_image", "file", "inpainting: white = repaint, black = keep (needs init_image)", flag="--mask-image",
+          aliases=("--mask",), api_type=dict),
+    Field("strength", "float", "with a picture: how much of it is redrawn (int(steps × strength) steps run)", 0.75,
+          low=0.0, high=1.0, above=True, called="Strength", label="Denoising strength", status="strength",
+          needs="picture", flag="--strength", api_type=float,
+          control=Control("Strength", "How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
+                          step=0.05, elem_id="strength", group="picture")),
+)  # fmt: skip
+#: The table by name.
+FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}
+#: The plain fields (numbers and choices), in table order.
+PLAIN: tuple[Field, ...] = tuple(row for row in FIELDS if row.plain)

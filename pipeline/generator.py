@@ -38,7 +38,6 @@ from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
 from .errors import InvalidInput
-from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
@@ -50,8 +49,9 @@ from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
 from .host.tokens import dropped_text, summarize_dropped, tokenize
-from .image_inputs import steps_to_run
-from .request import Request, RequestRules, parse_request
+from .image_inputs import latent_mask
+from .request import Picture, Request, RequestRules, parse_request
+from .stopping import Stopped
 from .styles import DEFAULT_STYLE, PLACEHOLDER
 
 logger = logging.getLogger(__name__)
@@ -80,20 +80,11 @@ class GenerationResult:
         return image_io.save_pngs(self.images, directory, stem)
 
 
-def request_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
+def written_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
     """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
-    settings: dict[str, object] = {}
-    if request.style != DEFAULT_STYLE:  # the prompt above is styled: the style's name lets a reader undo it
-        settings["Style"] = request.style
-    if request.init_image is not None:  # A1111's name for image to image's strength
-        settings["Denoising strength"] = request.strength
-    if request.loras and loras is not None:
-        settings["Lora hashes"] = loras.hashes(request.loras)
-    if request.cfg_end != DEFAULT_CFG_END:
-        settings["CFG end"] = request.cfg_end
-    if request.deepcache != DEFAULT_DEEPCACHE:
-        settings["DeepCache"] = request.deepcache
-    return settings
+    style = {"Style": request.style} if request.style != DEFAULT_STYLE else {}  # a reader can undo the styled prompt
+    hashes = {"Lora hashes": loras.hashes(request.loras)} if request.loras and loras is not None else {}
+    return {**style, **request.written_settings(picture=True), **hashes, **request.written_settings(picture=False)}
 
 
 def style_tail(rules: RequestRules, style: str) -> str:
@@ -306,7 +297,7 @@ class Generator:
         image i from seed (seed + i) mod 2**32.
 
         `on_step(done, total)` is called as each step's result is ready; `should_stop()` is asked before each step,
-        and True raises `loop.Stopped`. `gate` makes several processes take one stop decision per step.
+        and True raises `Stopped`. `gate` makes several processes take one stop decision per step.
         `on_preview(done, total, pixels)` gets the picture forming every 2 steps (uint8 [b, h, w, 3] at latent size,
         this process's images), when the server compiled its previews; without a listener no preview runs.
         """
@@ -314,14 +305,13 @@ class Generator:
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler)
-        pictures = request.pictures()
+        scale = self.programs.modules.vae_scale_factor
+        given = request.picture(scale)
         picture = None
-        if pictures is not None:  # image to image / inpainting: the last int(steps × strength) rows run
-            started_at = image_plan(
-                plan, steps_to_run(request.steps, request.strength),
-                pure_noise=pictures[1] is not None or self.programs.inpainting_unet,
-            )  # fmt: skip
-            plan, picture = started_at.plan, self._picture(*pictures, started_at.image_weight)
+        if given is not None:  # image to image / inpainting: the last int(steps × strength) rows run
+            pure_noise = given.repaint is not None or self.programs.inpainting_unet
+            started_at = image_plan(plan, given.steps_run, pure_noise=pure_noise)
+            plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
         speed = cached_speed_plan(plan.steps, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
@@ -364,7 +354,7 @@ class Generator:
                     gate=gate,
                     timings=loop_timings,
                 )
-            except loop.Stopped as stopped:
+            except Stopped as stopped:
                 run.update(done=stopped.done, stopped=True)
                 raise
             finally:
@@ -390,7 +380,7 @@ class Generator:
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,
-                extra=request_settings(request, self.loras),
+                extra=written_settings(request, self.loras),
             )
             for s in seeds
         ]
@@ -420,11 +410,11 @@ class Generator:
         token rows is the 1-window rows, so K = 1 keeps only it."""
         return 1 if filled <= 1 else self.config.prompt_windows
 
-    def _picture(self, pixels: np.ndarray, repaint: np.ndarray | None, weight: float) -> PictureInputs:
+    def _picture(self, given: Picture, weight: float) -> PictureInputs:
         """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
-        n, scale = self.num_images, self.programs.modules.vae_scale_factor
-        repaint = np.ones(pixels.shape[:2], bool) if repaint is None else repaint
-        small = repaint[None, ::scale, ::scale].astype(np.float32)  # [1, h, w]: nearest, torch's pixel (8i, 8j)
+        n, scale, pixels = self.num_images, self.programs.modules.vae_scale_factor, given.pixels
+        repaint = np.ones(pixels.shape[:2], bool) if given.repaint is None else given.repaint
+        small = latent_mask(repaint, scale) if given.repaint_latents is None else given.repaint_latents  # [1, h, w]
         arrays = (
             np.broadcast_to(pixels, (n, *pixels.shape)),  # [B, H, W, 3]
             np.ones((n, *pixels.shape[:2]), bool),  # [B, H, W]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import math
-import numbers
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .errors import InvalidInput
+from .fields import FIELD, echo
 
 #: Largest picture decoded, in pixels (50 MP): a 48-MP phone photo (8000×6000) passes; a larger one is refused from
 #: its header before decoding (it would take ~150 MB of RGB and seconds of resampling for a 1024² request).
@@ -53,8 +53,6 @@ MAX_FIT_INTERMEDIATE = 16
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 #: Modes that carry transparency (besides "P" with a `transparency` entry).
 _WITH_ALPHA = ("RGBA", "RGBa", "LA", "PA")
-#: Longest slice of a user value quoted back in a message.
-_ECHO_CHARS = 40
 
 ImageSource = bytes | bytearray | memoryview | str | os.PathLike | Image.Image
 
@@ -69,11 +67,6 @@ class ImageInputs:
     strength: float  # in (0, 1]
     steps_run: int  # denoising steps that run: int(steps × strength), as diffusers' `get_timesteps`
     source_size: tuple[int, int]  # (width, height) of the uploaded image after its EXIF orientation
-
-
-def _echo(value: object) -> str:
-    text = " ".join(repr(value)[: _ECHO_CHARS * 4].split())
-    return text if len(text) <= _ECHO_CHARS else text[: _ECHO_CHARS - 1] + "…"
 
 
 # ---- decoding ------------------------------------------------------------------------------------------------------
@@ -130,7 +123,7 @@ def open_image(source: ImageSource, *, what: str = "image") -> Image.Image:
     elif isinstance(source, (str, os.PathLike)):
         stream = Path(source)
         if not stream.is_file():
-            raise InvalidInput(f"The {what} file {_echo(stream.name)} does not exist or is not a file.")
+            raise InvalidInput(f"The {what} file {echo(stream.name)} does not exist or is not a file.")
         if stream.stat().st_size == 0:
             raise InvalidInput(f"The {what} is empty (0 bytes).")
     else:
@@ -242,11 +235,6 @@ def fit(image: Image.Image, height: int, width: int) -> Image.Image:
     return image.resize((width, height), resample=RESAMPLE, box=box)
 
 
-def prepare_image(source: ImageSource, height: int, width: int) -> np.ndarray:
-    """Decode, convert and fit an init image: uint8 [height, width, 3]."""
-    return np.asarray(fit(to_rgb(open_image(source, what="image")), height, width), dtype=np.uint8).copy()
-
-
 def binarize(levels: np.ndarray) -> np.ndarray:
     """uint8 levels [H, W] -> bool [H, W], True = repaint: diffusers' `binarize` (level / 255 >= 0.5)."""
     return levels >= MASK_THRESHOLD
@@ -278,17 +266,6 @@ def prepare_mask(
 
 
 # ---- strength ------------------------------------------------------------------------------------------------------
-
-
-def check_strength(value: object) -> float:
-    """Strength as a float in (0, 1]; numbers only (no strings, no bools)."""
-    message = f"Strength must be a number above 0 and at most 1; got {_echo(value)}."
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidInput(message)
-    number = float(value)
-    if not math.isfinite(number) or not 0 < number <= 1:
-        raise InvalidInput(message)
-    return number
 
 
 def steps_to_run(steps: int, strength: float) -> int:
@@ -330,7 +307,7 @@ def prepare_image_inputs(
         if mask is not None:
             raise InvalidInput("A mask needs an image to repaint; add the image or remove the mask.")
         return None
-    number = check_strength(strength)
+    number = FIELD["strength"].check(strength)
     run = steps_to_run(steps, number)
     picture = to_rgb(open_image(image, what="image"))
     pixels = np.asarray(fit(picture, height, width), dtype=np.uint8).copy()  # [H, W, 3]

@@ -14,13 +14,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import ATTENTIONS, DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
+from .config import DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
+from .device.cores import ATTENTIONS
 from .errors import InvalidInput
-from .fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, GUIDANCE_MAX, GUIDANCE_MIN, MAX_DEEPCACHE, MAX_STEPS
+from .fields import FIELD, FIELDS, Field
 from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
-from .request import DEFAULT_STRENGTH, MAX_LORAS
-from .styles import DEFAULT_STYLE
+from .request import MAX_LORAS
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
 APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"
@@ -113,9 +113,28 @@ class Option:
 
 
 port_number = _bounded_int(1, 65535)
-_STEPS = _bounded_int(1, MAX_STEPS)
+_STEPS = _bounded_int(int(FIELD["steps"].low), int(FIELD["steps"].high))
 at_least_one = _bounded_int(1)
 non_negative = _bounded_int(0)
+
+def request_option(row: Field) -> Option:
+    """The CLI flag of one request field: its help, type and default from the table (`fields.FIELDS`)."""
+    cli = frozenset({CLI})
+    if row.kind == "loras":
+        return Option(row.flag, f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
+                      f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
+                      programs=cli)  # fmt: skip
+    if row.kind == "file":
+        return Option(row.flag, row.help, metavar="FILE", programs=cli, aliases=row.aliases)
+    if row.kind == "seed":
+        return Option(row.flag, f"{row.help}; or 'random'", default=str(row.default), programs=cli)
+    if not row.plain:  # text
+        return Option(row.flag, row.help, default=row.default, required=row.name == "prompt", programs=cli)
+    later = bool(row.rule or row.needs)  # the server's default, or a picture's
+    return Option(row.flag, f"{row.help}; {row.values_text}", type=int if row.kind == "int" else float,
+                  default=None if later else row.default, default_text=f"{row.default:g}" if later else "",
+                  choices=row.choices, programs=cli)  # fmt: skip
+
 
 #: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.
 OPTIONS: tuple[Option, ...] = (
@@ -147,8 +166,9 @@ OPTIONS: tuple[Option, ...] = (
            "'sdxl' = SDXL's 9 trained sizes; not with --height/--width", "SDXL_SIZES", metavar="WxH,WxH,...",
            default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
            "one size)", programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--steps", f"denoising steps of a request that names none (a request may ask for 1..{MAX_STEPS}; no "
-           "recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny", programs=ENGINE),
+    Option("--steps", "denoising steps of a request that names none (a request may ask for "
+           f"{FIELD['steps'].values_text}; no recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny",
+           programs=ENGINE),
     Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
            default_text="bfloat16 on TPU/GPU, float32 on CPU", programs=ENGINE, recompiles=True),
     Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", at_least_one, 1,
@@ -163,8 +183,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
            _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
-    Option("--no-speed-levers", "do not compile the programs of per-request cfg_end and deepcache (a shorter "
-           "start-up; requests then run every step whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",
+    Option("--no-speed-levers", "do not compile the programs of per-request "
+           f"{' and '.join(row.name for row in FIELDS if row.lever)} (a shorter start-up; requests then run every step "
+           "whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--no-previews", "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
            "latent-to-RGB projection: one small program per size)", "SDXL_NO_PREVIEWS", kind="switch",
@@ -192,27 +213,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-cfg", "guidance-free program: the UNet runs on the prompt only; guidance and negative prompt are "
            "ignored (hidden on the page)", "SDXL_NO_CFG", kind="switch", programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
-    # -- one request (CLI only)
-    Option("--prompt", "what to draw", required=True, programs=frozenset({CLI})),
-    Option("--negative-prompt", "what to keep out", default="", programs=frozenset({CLI})),
-    Option("--style", "preset from assets/styles.json", default=DEFAULT_STYLE, programs=frozenset({CLI})),
-    Option("--seed", "0..4294967295, or 'random'", default="0", programs=frozenset({CLI})),
-    Option("--guidance-scale", f"{GUIDANCE_MIN:g}..{GUIDANCE_MAX:g}", type=float, default_text="5",
-           programs=frozenset({CLI})),
-    Option("--cfg-end", "guidance on the first part of the steps only: 0.5 = the first half (faster; changes the "
-           "picture)", type=float, default=DEFAULT_CFG_END, programs=frozenset({CLI})),
-    Option("--deepcache", f"DeepCache: the whole UNet every N steps, its shallow part between (1 = off; up to "
-           f"{MAX_DEEPCACHE}; faster, changes the picture)", type=int, default=DEFAULT_DEEPCACHE,
-           programs=frozenset({CLI})),
-    Option("--lora", f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
-           f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
-           programs=frozenset({CLI})),
-    Option("--init-image", "start from this picture (image to image), fitted to the size: resized to cover it, "
-           "centre-cropped", metavar="FILE", programs=frozenset({CLI})),
-    Option("--mask-image", "inpainting: white = repaint, black = keep (needs --init-image; the API's mask_image)",
-           metavar="FILE", programs=frozenset({CLI}), aliases=("--mask",)),
-    Option("--strength", "with --init-image: how much is redrawn, 0 < s <= 1 (int(steps × s) steps run)", type=float,
-           default_text=f"{DEFAULT_STRENGTH:g}", programs=frozenset({CLI})),
+    # -- one request (CLI only): the request fields' table (pipeline/fields.py)
+    *(request_option(row) for row in FIELDS if row.flag),
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
     # -- several processes
@@ -300,8 +302,6 @@ def _values(option: Option) -> str:
         return ", ".join(f"`{choice}`" for choice in option.choices)
     if option.type is port_number:
         return "1–65535"
-    if option.type is _STEPS:
-        return f"1–{MAX_STEPS}"
     if option.type is sampler_argument:
         return ", ".join(f"`{name}`" for name in SAMPLER_NAMES)
     if option.type is at_least_one:

@@ -5,9 +5,9 @@
     result = generator.generate(request)                      # the engine runs it as it is
 
 The page, the API, the CLI and Python code all build a `Request` with `parse_request`; nothing below that edge checks
-a field again. On several processes the leader sends `request.to_dict()` and the followers rebuild it with
-`Request.from_dict` (trusted data, not checked twice). A new per-request input is a field here, its check in
-`parse_request`, the page's control and the engine stage that uses it.
+a field again. The fields, their bounds and their checks are the table of `fields.py`. On several processes the
+leader sends `request.to_dict()` and the followers rebuild it with `Request.from_dict` (trusted data, not checked
+twice); `request_schema()` describes that data.
 """
 
 from __future__ import annotations
@@ -26,32 +26,15 @@ from PIL import Image
 
 from .config import EngineConfig
 from .errors import InvalidInput
-from .fields import (
-    DEFAULT_CFG_END,
-    DEFAULT_DEEPCACHE,
-    check_cfg_end,
-    check_choice,
-    check_deepcache,
-    check_guidance,
-    check_shape,
-    check_size,
-    check_steps,
-    check_style,
-    clean_text,
-    resolve_seed,
-)
-from .host.plan import SAMPLER_NAMES, sampler_label
-from .image_inputs import prepare_image_inputs
+from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
+from .host.plan import sampler_label
+from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
-#: A request's default guidance scale (a preset may set another: `EngineConfig.guidance_scale`).
-DEFAULT_GUIDANCE = 5.0
 #: LoRAs one request may apply at once (the merge program's slots).
 MAX_LORAS = 4
 #: A LoRA's weight is taken from this range (A1111's UI offers -2..2; trained files go beyond a little).
 LORA_WEIGHT_LIMIT = 10.0
-#: Strength of an image request that names none (A1111's default denoising strength for image to image).
-DEFAULT_STRENGTH = 0.75
 #: A1111's prompt tag: <lora:NAME>, <lora:NAME:WEIGHT> or <lora:NAME:TE_WEIGHT:UNET_WEIGHT> (te=/unet= allowed).
 LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
 
@@ -61,9 +44,9 @@ class RequestRules:
     """What a server accepts, and what it assumes for the fields a request leaves out (from its static settings)."""
 
     sizes: tuple[tuple[int, int], ...] = ((1024, 1024),)  # compiled (height, width) sizes, the default first
-    steps: int = 25  # steps of a request that names none
+    steps: int = FIELD["steps"].default  # steps of a request that names none
     sampler: str | None = None  # sampler (A1111 name) of a request that names none; None = the checkpoint's
-    guidance_scale: float = DEFAULT_GUIDANCE  # guidance of a request that names none
+    guidance_scale: float = FIELD["guidance_scale"].default  # guidance of a request that names none
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
@@ -85,33 +68,49 @@ class RequestRules:
 
 
 @dataclass(frozen=True)
+class Picture:
+    """A request's picture as the engine reads it: decoded once per process."""
+
+    pixels: np.ndarray  # uint8 [H, W, 3]: fitted to the request's size
+    repaint: np.ndarray | None  # bool [H, W]: True = repaint; None = the whole picture
+    repaint_latents: np.ndarray | None  # float32 [1, H/8, W/8]: `repaint` at latent size; None likewise
+    steps_run: int  # the last int(steps × strength) steps of the sampler's plan run
+
+
+@dataclass(frozen=True)
 class Request:
-    """One generation request, checked: the engine runs it as it is, and followers receive it as data."""
+    """One generation request, checked: the engine runs it as it is, and followers receive it as data.
+
+    The plain fields (numbers and choices) take their defaults from the table (`fields.FIELDS`).
+    """
 
     prompt: str  # the user's prompt, cleaned (before the style template)
     negative_prompt: str = ""  # the user's negative prompt, cleaned ("" = none; "" when the server has no CFG)
     style: str = DEFAULT_STYLE  # a name from the server's styles
     seed: int = 0  # image i uses seed (seed + i) mod 2**32; already drawn when the user asked for a random one
-    guidance_scale: float = DEFAULT_GUIDANCE  # 0..20; <= 1 means no guidance (0 when the server has no CFG)
+    guidance_scale: float = FIELD["guidance_scale"].default  # <= 1 means no guidance (0 when the server has no CFG)
     size: tuple[int, int] = (1024, 1024)  # (height, width): one of the server's compiled sizes
-    steps: int = 25  # denoising steps, 1..100
+    steps: int = FIELD["steps"].default  # denoising steps
     sampler: str | None = None  # A1111's name of the sampler; None = the server's default (its checkpoint's)
-    cfg_end: float = DEFAULT_CFG_END  # guidance on the first ⌈cfg_end × steps⌉ steps only (1 = every step)
-    deepcache: int = DEFAULT_DEEPCACHE  # DeepCache's N: the whole UNet every N steps, the shallow part between
+    cfg_end: float = FIELD["cfg_end"].default  # guidance on the first ⌈cfg_end × steps⌉ steps only (1 = every step)
+    deepcache: int = FIELD["deepcache"].default  # DeepCache's N: the whole UNet every N steps, shallow between
     loras: tuple[tuple[str, float, float], ...] = ()  # (name, text-encoder weight, UNet weight): up to MAX_LORAS
     init_image: bytes | None = None  # PNG of the picture to start from, fitted to `size` (None: text to image)
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
-    strength: float = 1.0  # with a picture: how much of it is redrawn, 0 < s <= 1 (int(steps × s) steps run)
+    strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
+    ignored: tuple[str, ...] = ()  # fields the caller set that this server's programs do not read (no CFG)
+    decoded: Picture | None = field(default=None, compare=False, repr=False)  # the picture as arrays: not sent
 
     def to_dict(self) -> dict:
         """Plain JSON-able data (what the leader publishes to the followers): pictures as base64 PNG."""
-        data = dataclasses.asdict(self)
+        data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.compare}
         for name in ("init_image", "mask_image"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
-        return data
+        return {**data, "size": list(self.size), "loras": [list(lora) for lora in self.loras],
+                "ignored": list(self.ignored)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Request:
@@ -119,17 +118,84 @@ class Request:
         values = dict(data)
         values["size"] = tuple(values["size"])  # JSON has no tuples
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
+        values["ignored"] = tuple(values.get("ignored", ()))
         for name in ("init_image", "mask_image"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
 
-    def pictures(self) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The picture uint8 [H, W, 3] and the repaint mask bool [H, W] (None: the whole picture); None without."""
+    def written_settings(self, picture: bool) -> dict[str, object]:
+        """The table's fields this request set beyond A1111's basics, by their `parameters` label: a picture's own
+        (`picture`, with a picture only: A1111 writes them among its keys), or the others away from their default."""
+        written = {}
+        for row in PLAIN:
+            if not row.label or row.basic or (row.needs == "picture") != picture:
+                continue
+            value = getattr(self, row.name)
+            if (self.init_image is not None) if picture else value != row.default:
+                written[row.label] = value
+        return written
+
+    def status_text(self) -> str:
+        """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
+        a picture's own with a picture (" · inpainted, strength 0.6")."""
+        started = None if self.init_image is None else "inpainted" if self.mask_image is not None else \
+            "from a picture"  # fmt: skip
+        parts = []
+        for row in PLAIN:
+            value = getattr(self, row.name)
+            if row.status and row.needs == "picture" and started:
+                parts.append(f" · {started}, {row.status} {value:g}")
+            elif row.status and row.needs != "picture" and value != row.default:
+                parts.append(f" · {row.status} {value:g}")
+        return "".join(parts)
+
+    def picture(self, vae_scale_factor: int = 8) -> Picture | None:
+        """The picture to start from (None: text to image), decoded from the request's PNGs the first time only."""
         if self.init_image is None:
             return None
-        pixels = np.asarray(Image.open(io.BytesIO(self.init_image)).convert("RGB"))
-        mask = None if self.mask_image is None else np.asarray(Image.open(io.BytesIO(self.mask_image))) >= 128
-        return pixels, mask
+        if self.decoded is None:  # a follower: the bytes it received, decoded once
+            pixels = np.asarray(Image.open(io.BytesIO(self.init_image)).convert("RGB"))  # [H, W, 3]
+            repaint = None if self.mask_image is None else \
+                np.asarray(Image.open(io.BytesIO(self.mask_image))) >= MASK_THRESHOLD  # [H, W]  # fmt: skip
+            latents = None if repaint is None else latent_mask(repaint, vae_scale_factor)
+            decoded = Picture(pixels, repaint, latents, steps_to_run(self.steps, self.strength))
+            object.__setattr__(self, "decoded", decoded)  # a cache beside the frozen fields (not compared, not sent)
+        return self.decoded
+
+
+def request_schema() -> dict:
+    """The JSON schema of `Request.to_dict()`: the wire format between processes and over HTTP."""
+    text, picture = {"type": "string"}, {"type": ["string", "null"], "contentEncoding": "base64",
+                                         "contentMediaType": "image/png"}  # fmt: skip
+    properties: dict[str, dict] = {
+        "prompt": {**text, "description": FIELD["prompt"].help},
+        "negative_prompt": {**text, "description": FIELD["negative_prompt"].help},
+        "style": {**text, "description": FIELD["style"].help},
+        "seed": {"type": "integer", "minimum": FIELD["seed"].low, "maximum": FIELD["seed"].high,
+                 "description": FIELD["seed"].help},
+        "size": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2,
+                 "description": "(height, width): one of the server's compiled sizes"},
+        "loras": {"type": "array", "maxItems": MAX_LORAS, "description": "[name, text-encoder weight, UNet weight]",
+                  "items": {"type": "array", "prefixItems": [text, {"type": "number"}, {"type": "number"}]}},
+        "init_image": picture,
+        "mask_image": picture,
+        "styled_prompt": text,
+        "written_prompt": text,
+        "styled_negative_prompt": text,
+        "ignored": {"type": "array", "items": text},
+    }  # fmt: skip
+    for row in PLAIN:
+        properties[row.name] = row.schema()
+    properties["sampler"] = {"anyOf": [properties["sampler"], {"type": "null"}]}  # None: the server's default
+    names = [item.name for item in dataclasses.fields(Request) if item.compare]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Request",
+        "type": "object",
+        "properties": {name: properties[name] for name in names},
+        "required": ["prompt"],
+        "additionalProperties": False,
+    }
 
 
 def parse_request(
@@ -141,27 +207,27 @@ def parse_request(
     randomize_seed: bool = False,
     *,
     size: object = None,  # (height, width), or text: 'WxH' or the page's '1344×768 (16:9)'
-    steps: object = None,
-    sampler: object = None,
-    cfg_end: object = DEFAULT_CFG_END,
-    deepcache: object = DEFAULT_DEEPCACHE,
     loras: object = None,
     init_image: object = None,
     mask_image: object = None,
-    strength: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
+    **plain: object,
 ) -> Request:
     """Check every field in the order a user would fix them and return the `Request`; one `InvalidInput` otherwise.
 
-    None means the server's default (`rules`) for guidance, size, steps and sampler. `check_prompt` is a server's
-    own policy on the user's prompt (a word filter): it sees the cleaned prompt only, never the style's template or
-    the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's tags in the prompt and from
-    `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight]. `init_image` (and `mask_image`,
-    white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to the size; `strength` (default
-    DEFAULT_STRENGTH) only counts with a picture.
+    `plain`: the table's numbers and choices by name (steps, sampler, cfg_end, deepcache, strength, ...); None (or
+    left out) means the default: the server's (`rules`) for guidance, steps and sampler, else the table's.
+    `check_prompt` is a server's own policy on the user's prompt (a word filter): it sees the cleaned prompt only,
+    never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
+    tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
+    `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
+    the size; `strength` only counts with a picture.
     """
     rules = rules or RequestRules()
+    unknown = set(plain) - {row.name for row in PLAIN}
+    if unknown:
+        raise TypeError(f"parse_request() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     text = clean_text(prompt, field="prompt")
     if not text:
         raise InvalidInput("Please enter a prompt.")
@@ -169,23 +235,19 @@ def parse_request(
     style_name = check_style(style, rules.styles)
     if check_prompt is not None:
         check_prompt(text)
-    guidance = check_guidance(rules.guidance_scale if guidance_scale is None else guidance_scale)
+    given = {**plain, "guidance_scale": guidance_scale}
+    values = _plain_values(given, rules)
     resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
     height, width = _size(size, rules.sizes)
-    checked_steps = check_steps(rules.steps if steps is None else steps)
-    sampler = rules.sampler if sampler is None else sampler
-    sampler_name = None if sampler is None else check_choice(sampler, SAMPLER_NAMES, "sampler")
-    guided_part, interval = check_cfg_end(cfg_end), check_deepcache(deepcache)
-    if not rules.levers and (guided_part, interval) != (DEFAULT_CFG_END, DEFAULT_DEEPCACHE):
-        raise InvalidInput("This server runs every step whole and guided (started with --no-speed-levers): "
-                           "cfg_end and deepcache must be 1.")  # fmt: skip
-    if not rules.cfg:  # the guidance-free program reads neither (the page hides both, the API says so)
-        negative, guidance, guided_part = "", 0.0, DEFAULT_CFG_END
+    _check_levers(values, rules)
+    ignored = () if rules.cfg else _ignored(given, values, negative, rules)
+    if not rules.cfg:  # the guidance-free program reads none of them
+        negative = ""
+        values.update({row.name: row.without_cfg for row in PLAIN if row.without_cfg is not None})
     chosen = _loras(text, loras, rules.loras)
-    pictures = prepare_image_inputs(
-        init_image, mask_image, DEFAULT_STRENGTH if strength is None else strength, height=height, width=width,
-        steps=checked_steps,
-    )  # fmt: skip
+    strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
+    pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
+                                    steps=values["steps"])  # fmt: skip
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -197,20 +259,62 @@ def parse_request(
         negative_prompt=negative,
         style=style_name,
         seed=resolved_seed,
-        guidance_scale=guidance,
         size=(height, width),
-        steps=checked_steps,
-        sampler=sampler_name,
-        cfg_end=guided_part,
-        deepcache=interval,
         loras=chosen,
-        init_image=None if pictures is None else _png(pictures.pixels),
-        mask_image=None if pictures is None or pictures.repaint is None else _png(pictures.repaint * np.uint8(255)),
-        strength=1.0 if pictures is None else pictures.strength,
+        **values,
+        **_picture_fields(pictures),
         styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
         styled_negative_prompt=" ".join(styled_negative.split()),
         written_prompt=" ".join(written.split()),
+        ignored=ignored,
     )
+
+
+def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
+    """The table's plain fields checked, in table order: the caller's value, else the server's default (`rules`),
+    else the table's. A field that counts with a picture only is the picture's to check (`prepare_image_inputs`)."""
+    values = {}
+    for row in PLAIN:
+        if row.needs == "picture":
+            continue
+        value = given.get(row.name)
+        if value is None:
+            value = getattr(rules, row.rule) if row.rule else row.default
+        values[row.name] = None if value is None else row.check(value)
+    return values
+
+
+def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
+    """Without the levers' programs (--no-speed-levers) every lever must stay at its default."""
+    levers = [row for row in PLAIN if row.lever]
+    if not rules.levers and any(values[row.name] != row.default for row in levers):
+        defaults = {f"{row.default:g}" for row in levers}
+        must = f"must be {defaults.pop()}" if len(defaults) == 1 else "must be at their defaults"
+        raise InvalidInput("This server runs every step whole and guided (started with --no-speed-levers): "
+                           f"{' and '.join(row.name for row in levers)} {must}.")  # fmt: skip
+
+
+def _ignored(given: Mapping[str, object], values: Mapping[str, object], negative: str, rules: RequestRules
+             ) -> tuple[str, ...]:  # fmt: skip
+    """The fields a caller set that a server without CFG ignores: a negative prompt, a guidance other than the
+    server's default, any other guided field away from its default."""
+    ignored = ["negative_prompt"] if negative else []
+    for row in PLAIN:
+        if row.without_cfg is not None and given.get(row.name) is not None:
+            default = getattr(rules, row.rule) if row.rule else row.default
+            if values[row.name] != default:
+                ignored.append(row.name)
+    return tuple(ignored)
+
+
+def _picture_fields(pictures: ImageInputs | None) -> dict:
+    """The Request's picture fields: its PNGs (what travels) and the decoded arrays (what this process reads)."""
+    if pictures is None:
+        return {}
+    mask = None if pictures.repaint is None else _png(pictures.repaint * np.uint8(255))
+    decoded = Picture(pictures.pixels, pictures.repaint, pictures.repaint_latents, pictures.steps_run)
+    return {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength,
+            "decoded": decoded}  # fmt: skip
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -246,8 +350,8 @@ def _weight(text: object, name: str, prefix: str = "") -> float:
         -LORA_WEIGHT_LIMIT <= float(value) <= LORA_WEIGHT_LIMIT
     ):  # fmt: skip
         raise InvalidInput(
-            f"The weight of LoRA {_quote(name)} must be a number from {-LORA_WEIGHT_LIMIT:g} to "
-            f"{LORA_WEIGHT_LIMIT:g}; got {_quote(text)}."
+            f"The weight of LoRA {echo(name)} must be a number from {-LORA_WEIGHT_LIMIT:g} to "
+            f"{LORA_WEIGHT_LIMIT:g}; got {echo(text)}."
         )
     return float(value)
 
@@ -260,7 +364,7 @@ def _loras(text: str, explicit: object, offered: tuple[str, ...]) -> tuple[tuple
             raise InvalidInput("loras must be a list of [name, weight] pairs, e.g. [[\"my-style\", 0.8]].")
         for item in explicit:
             if not isinstance(item, list | tuple) or len(item) not in (2, 3) or not isinstance(item[0], str):
-                raise InvalidInput(f"Each item of loras must be [name, weight] or [name, te, unet]; got {_quote(item)}."
+                raise InvalidInput(f"Each item of loras must be [name, weight] or [name, te, unet]; got {echo(item)}."
                                    )  # fmt: skip
             name = item[0].strip()
             if not name:  # an unused row of the page's picker
@@ -275,9 +379,9 @@ def _loras(text: str, explicit: object, offered: tuple[str, ...]) -> tuple[tuple
     chosen = []
     for name, te, unet in asked:
         if name.lower() not in by_name:
-            raise InvalidInput(f"Unknown LoRA {_quote(name)}; the LoRAs offered: {', '.join(offered)}.")
+            raise InvalidInput(f"Unknown LoRA {echo(name)}; the LoRAs offered: {', '.join(offered)}.")
         if any(existing == by_name[name.lower()] for existing, _, _ in chosen):
-            raise InvalidInput(f"LoRA {_quote(name)} is asked for twice; give it once, with one weight.")
+            raise InvalidInput(f"LoRA {echo(name)} is asked for twice; give it once, with one weight.")
         chosen.append((by_name[name.lower()], te, unet))
     if len(chosen) > MAX_LORAS:
         raise InvalidInput(f"At most {MAX_LORAS} LoRAs at once; got {len(chosen)}.")
@@ -288,13 +392,6 @@ def _tag(choice: tuple[str, float, float]) -> str:
     """A1111's tag for a LoRA given through `loras` (the parameters then read back with the same LoRAs)."""
     name, te, unet = choice
     return f"<lora:{name}:{te:g}>" if te == unet else f"<lora:{name}:{te:g}:{unet:g}>"
-
-
-def _quote(value: object) -> str:
-    """A user value for a message: text in quotes, anything else as written; at most 40 characters."""
-    text = " ".join((value if isinstance(value, str) else repr(value)).split())
-    text = text[:39] + "…" if len(text) > 40 else text
-    return f"'{text}'" if isinstance(value, str) else text
 
 
 def _size(size: object, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:

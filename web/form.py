@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gradio as gr
 
 from pipeline.errors import InvalidInput
-from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
+from pipeline.fields import FIELD, FIELDS, PLAIN, Field
 from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.request import LORA_TAG, Request
 from pipeline.styles import load_styles, unapply_style
@@ -26,46 +26,46 @@ from pipeline.styles import load_styles, unapply_style
 from .png_info import FormValues, read_form_values
 from .sizes import size_label
 
-#: The settings keys `fill` knows, with what each holds (a history entry has these; an image's, some of them).
-SETTINGS_KEYS = (
+#: The settings keys `fill` knows besides the table's plain fields (`pipeline.fields.PLAIN`, by name).
+OWN_KEYS = (
     "prompt",  # the prompt as typed, with its <lora:...> tags
     "negative_prompt",  # "" for none
     "style",  # a style name of the page
     "seed",  # the request's first seed
-    "steps",  # denoising steps asked for
-    "sampler",  # the sampler's label (e.g. "DPM++ 2M Karras")
-    "guidance_scale",  # CFG scale
     "width",  # pixels
     "height",
-    "cfg_end",  # guidance on the first part of the steps (1 = all)
-    "deepcache",  # DeepCache's N (1 = off)
-    "loras",  # [[name, text-encoder weight, UNet weight], ...]: every LoRA applied (tags and picker)
-    "strength",  # denoising strength, when the request started from a picture (None otherwise)
+    "loras",  # [[name, text-encoder weight, UNET weight], ...]: every LoRA applied (tags and picker)
     "picture",  # "image to image", "inpainting" or None: what the request started from (the picture is not kept)
 )
+#: Every settings key: a history entry has these; an image's, some of them.
+SETTINGS_KEYS = (*OWN_KEYS, *(row.name for row in PLAIN))
 
 
 def request_settings(request: Request, result: Any) -> dict:
-    """A finished request's settings as JSON values (`SETTINGS_KEYS`): what the history keeps of it."""
+    """A finished request's settings as JSON values (`SETTINGS_KEYS`): what the history keeps of it. The sampler is
+    the one that ran; a field that counts with a picture only is None without one."""
     height, width = request.size
     picture = None if request.init_image is None else "inpainting" if request.mask_image is not None else \
         "image to image"  # fmt: skip
+    plain = {row.name: None if row.needs == "picture" and picture is None else _json(getattr(request, row.name))
+             for row in PLAIN}  # fmt: skip
     return {
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt,
         "style": request.style,
         "seed": int(request.seed),
-        "steps": int(request.steps),
-        "sampler": str(result.sampler),
-        "guidance_scale": float(request.guidance_scale),
         "width": int(width),
         "height": int(height),
-        "cfg_end": float(request.cfg_end),
-        "deepcache": int(request.deepcache),
         "loras": [[name, float(te), float(unet)] for name, te, unet in request.loras],
-        "strength": None if picture is None else float(request.strength),
         "picture": picture,
+        **plain,
+        "sampler": str(result.sampler),
     }
+
+
+def _json(value: Any) -> Any:
+    """A plain field's value as JSON has it (numpy scalars included)."""
+    return value if value is None or isinstance(value, str) else value.item() if hasattr(value, "item") else value
 
 
 def image_settings(values: FormValues) -> tuple[dict, list[str]]:
@@ -73,113 +73,85 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
 
     A1111 writes every LoRA as a tag in the prompt, so the prompt brings them back (and the picker is cleared);
     A1111's prompt is styled already (style "No style"); this app's names its style, whose words are taken out.
+    A1111's basics are the parsed values' own; this app writes the table's other fields only when they are not at
+    their default (and A1111 has none): absent means the default, except a picture's (absent: left as it is).
     """
     settings: dict[str, Any] = {"prompt": values.prompt, "negative_prompt": values.negative_prompt, "style": None,
                                 "loras": []}  # fmt: skip
-    for key, value in (("steps", values.steps), ("sampler", values.sampler), ("guidance_scale", values.guidance_scale),
-                       ("seed", values.seed), ("width", values.width), ("height", values.height)):  # fmt: skip
-        if value is not None:
-            settings[key] = value
+    for key in ("seed", "width", "height"):
+        if getattr(values, key) is not None:
+            settings[key] = getattr(values, key)
     # This app's images name their style ("Style: Cinematic") after the styled prompt: the box gets the user's words.
     style_name = values.extra.get("Style")
     template = load_styles().get(style_name) if isinstance(style_name, str) else None
     if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
         settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
-    # This app writes the speed levers only when they are not off, and A1111 has none: absent means off.
-    settings.update(cfg_end=DEFAULT_CFG_END, deepcache=DEFAULT_DEEPCACHE)
-    for key, name in (("cfg_end", "CFG end"), ("deepcache", "DeepCache"), ("strength", "Denoising strength")):
-        value = values.extra.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            settings[key] = value
-        elif isinstance(value, str):
+    for row in PLAIN:
+        if not row.label:
+            continue
+        value = getattr(values, row.name, None) if row.basic else values.extra.get(row.label)
+        if isinstance(value, str) and row.kind != "choice":
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
-                settings[key] = float(value)
+                value = float(value)
+        if value is None or isinstance(value, bool) or (isinstance(value, str) and row.kind != "choice"):
+            if not row.basic and row.needs != "picture":
+                settings[row.name] = row.default
+            continue
+        settings[row.name] = value
     return settings, list(values.notes)
 
 
 @dataclass(frozen=True)
 class Form:
-    """The page's form fields that settings fill, in the order `fill` answers them."""
+    """The page's form fields that settings fill, and what the page offers."""
 
-    prompt: gr.Textbox
-    negative: gr.Textbox
-    style: gr.Dropdown
-    guidance: gr.Slider
-    seed: gr.Number
-    randomize: gr.Checkbox
-    aspect: gr.Dropdown
-    steps: gr.Slider
-    sampler: gr.Dropdown
-    cfg_end: gr.Slider
-    deepcache: gr.Slider
+    controls: Mapping[str, Any]  # the request fields' components by table name (`pipeline.fields.FIELDS`)
     lora_rows: tuple  # name, weight, name, weight, ... (MAX_LORAS pairs)
-    strength: gr.Slider
     styles: tuple[str, ...]  # the page's style names
     sizes: tuple[tuple[int, int], ...]  # the offered (height, width)
-    samplers: tuple[str, ...]  # the offered sampler labels
     loras: tuple[str, ...]  # the server's LoRA names
+
+    @property
+    def filled(self) -> list[str]:
+        """The table names of the controls `fill` answers, in the table's order (the LoRA picker's rows for loras)."""
+        return [row.name for row in FIELDS if row.name in self.controls or row.name == "loras"]
 
     @property
     def fields(self) -> list:
         """The components `fill`'s updates are for, in order (an event's outputs)."""
-        return [self.prompt, self.negative, self.style, self.guidance, self.seed, self.randomize, self.aspect,
-                self.steps, self.sampler, self.cfg_end, self.deepcache, *self.lora_rows, self.strength]  # fmt: skip
+        return [item for name in self.filled for item in (self.lora_rows if name == "loras" else [self.controls[name]])]
 
     def fill(self, settings: Mapping[str, Any]) -> tuple[list, list[str]]:
         """One update per field of `fields` (gr.skip() where `settings` says nothing usable), and one sentence per
         setting that could not be used here (a size not offered, a LoRA this server does not have, ...)."""
         notes: list[str] = []
-        get = settings.get
+        updates = {row.name: _fill_plain(row, settings.get(row.name), notes) for row in PLAIN}
+        updates.update(prompt=_text(settings.get("prompt")), negative_prompt=_text(settings.get("negative_prompt")),
+                       style=self._style(settings, notes), aspect_ratio=self._size(settings, notes))  # fmt: skip
+        seed = FIELD["seed"]
+        updates["seed"] = _fill_plain(replace(seed, kind="int"), settings.get("seed"), notes)
+        updates["randomize_seed"] = gr.update(value=False) if "value" in updates["seed"] else gr.skip()  # to be used
+        updates["loras"] = self._lora_rows(settings, notes)
+        return [item for name in self.filled for item in (updates[name] if name == "loras" else [updates[name]])], notes
 
-        def text(key):
-            value = get(key)
-            return gr.update(value=value) if isinstance(value, str) else gr.skip()
-
-        def number(key, low, high, kind=float):
-            value = get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                return gr.skip()
-            if not low <= value <= high:
-                notes.append(f"{key.replace('_', ' ').capitalize()} {value:g} is outside {low:g} to {high:g}, so it "
-                             "was left as it is.")  # fmt: skip
-                return gr.skip()
-            return gr.update(value=kind(value))
-
-        style = get("style")
+    def _style(self, settings: Mapping[str, Any], notes: list[str]):
+        style = settings.get("style")
         if style is None and "style" in settings:  # an image's prompt already holds its style's words
-            style_update = gr.update(value=self.styles[0]) if self.styles else gr.skip()
-        elif isinstance(style, str) and style in self.styles:
-            style_update = gr.update(value=style)
-        else:
-            style_update = gr.skip()
-            if style is not None:
-                notes.append(f"The style {style!r} is not offered here, so the style was left as it is.")
-        seed = number("seed", 0, 2**32 - 1, int)
-        size, height, width = gr.skip(), get("height"), get("width")
-        if isinstance(height, int) and isinstance(width, int):
-            if (height, width) in self.sizes:
-                size = gr.update(value=size_label(height, width))
-            else:
-                notes.append(f"The size {width}×{height} is not offered here, so the size was left as it is.")
-        sampler = get("sampler")
-        sampler_update = gr.update(value=sampler) if sampler in self.samplers else gr.skip()
-        if isinstance(sampler, str) and sampler not in self.samplers:
-            notes.append(f"The sampler {sampler!r} is not offered here, so the sampler was left as it is.")
-        return [
-            text("prompt"),
-            text("negative_prompt"),
-            style_update,
-            number("guidance_scale", 0, 20),
-            seed,
-            gr.update(value=False) if "value" in seed else gr.skip(),  # a seed read back is meant to be used
-            size,
-            number("steps", 1, 100, int),
-            sampler_update,
-            number("cfg_end", 0.05, 1),
-            number("deepcache", 1, 10, int),
-            *self._lora_rows(settings, notes),
-            number("strength", 0.05, 1),
-        ], notes
+            return gr.update(value=self.styles[0]) if self.styles else gr.skip()
+        if isinstance(style, str) and style in self.styles:
+            return gr.update(value=style)
+        if style is not None:
+            notes.append(f"The style {style!r} is not offered here, so the style was left as it is.")
+        return gr.skip()
+
+    def _size(self, settings: Mapping[str, Any], notes: list[str]):
+        height, width = settings.get("height"), settings.get("width")
+        if not (isinstance(height, int) and isinstance(width, int)):
+            return gr.skip()
+        if (height, width) in self.sizes:
+            return gr.update(value=size_label(height, width))
+        notes.append(f"The size {width}×{height} is not offered here, so the size was left as it is.")
+        return gr.skip()
 
     def from_image(self, path: str | None) -> list:
         """PNG Info: the form filled from a dropped image's `parameters` (this app's, A1111's, ComfyUI's A1111-style),
@@ -187,7 +159,7 @@ class Form:
         if not path:
             return [gr.skip()] * (len(self.fields) + 1)
         try:
-            offered = {label: SAMPLER_NAMES.get(label, label) for label in self.samplers}
+            offered = {label: SAMPLER_NAMES.get(label, label) for label in FIELD["sampler"].choices}
             values = read_form_values(path, offered_samplers=offered)
         except InvalidInput as exc:
             raise gr.Error(str(exc), title="No settings in this image", print_exception=False) from None
@@ -225,3 +197,34 @@ class Form:
             rows += [gr.update(value=name), gr.update(value=weight)]
         return rows
 
+
+
+def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
+    """A plain field's control as the table says: a slider over its bounds (its typed numbers checked by
+    assets/page.js: class "bounded"), or a dropdown of its choices."""
+    shown = row.control
+    info = shown.info.format(low=row.lowest, high=row.high) or None
+    if row.kind == "choice":
+        return gr.Dropdown(choices=list(row.choices), value=value, label=shown.label, info=info,
+                           allow_custom_value=False, elem_id=shown.elem_id, **layout)  # fmt: skip
+    return gr.Slider(minimum=row.lowest, maximum=row.high, value=value, step=shown.step, label=shown.label, info=info,
+                     elem_id=shown.elem_id, elem_classes=["bounded"], **layout)  # fmt: skip
+
+
+def _text(value: object):
+    return gr.update(value=value) if isinstance(value, str) else gr.skip()
+
+
+def _fill_plain(row: Field, value: object, notes: list[str]):
+    """The update of a plain field's control from a setting: skipped (with a note) when the page cannot show it."""
+    if row.kind == "choice":
+        if isinstance(value, str) and value not in row.choices:
+            notes.append(f"The {row.called} {value!r} is not offered here, so the {row.called} was left as it is.")
+        return gr.update(value=value) if value in row.choices else gr.skip()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return gr.skip()
+    if not row.lowest <= value <= row.high:
+        notes.append(f"{row.name.replace('_', ' ').capitalize()} {value:g} is outside {row.lowest:g} to {row.high:g}, "
+                     "so it was left as it is.")  # fmt: skip
+        return gr.skip()
+    return gr.update(value=int(value) if row.kind == "int" else float(value))

@@ -12,6 +12,7 @@ at its next denoising step.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import io
 import logging
 import pathlib
@@ -26,11 +27,10 @@ import numpy as np
 from PIL import Image
 
 from pipeline.errors import InvalidInput
-from pipeline.fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE
+from pipeline.fields import FIELDS, PLAIN
 from pipeline.image_inputs import open_image
-from pipeline.request import DEFAULT_STRENGTH, Request, RequestRules, parse_request
+from pipeline.request import Request, RequestRules, parse_request
 from pipeline.stopping import Stopped
-from pipeline.styles import DEFAULT_STYLE
 
 from .delivery import Outbox
 from .examples import ExampleCache
@@ -87,59 +87,34 @@ class Handlers:
 
     def endpoint(self, image_format: str | None = None):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
-        `image_format="png"`, for /generate_png. Its parameters are the API's, with this server's defaults."""
+        `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
+        (`pipeline.fields.FIELDS`), with this server's defaults, then the page's own."""
         rules = self.rules
+        signature = api_signature(rules)
 
-        def generate(
-            prompt: str,
-            negative_prompt: str = "",
-            style: str = DEFAULT_STYLE,
-            guidance_scale: float = rules.guidance_scale,
-            seed: int = 0,
-            randomize_seed: bool = True,
-            aspect_ratio: str = size_label(*rules.sizes[0]),
-            steps: int = rules.steps,
-            sampler: str = rules.sampler or "Euler",
-            cfg_end: float = DEFAULT_CFG_END,
-            deepcache: int = DEFAULT_DEEPCACHE,
-            loras: list | None = None,
-            init_image: dict | None = None,
-            mask_image: dict | None = None,
-            strength: float = DEFAULT_STRENGTH,
-            previews: bool = True,
-            picture: dict | None = None,  # the page's mask editor: the strokes painted over the picture
-            request: gr.Request = None,  # Gradio's own injection: the caller's session (for the Stop button)
-            progress: gr.Progress = gr.Progress(),  # noqa: B008  # Gradio's own injection: a live "step k / N" bar
-        ) -> Iterator[tuple[Gallery, int, str]]:
-            """Generate one image per accelerator core.
-
-            `cfg_end` < 1 guides the first part of the steps only; `deepcache` N > 1 runs the whole UNet every N
-            steps and its shallow part between: both faster, both change the picture (1 and 1: exact). `loras`:
-            up to 4 [name, weight] pairs of the server's LoRAs (also `<lora:NAME:WEIGHT>` in the prompt).
-            `init_image` (a file: image to image) and `mask_image` (white = repaint: inpainting), with `strength`
-            (0 < s <= 1; int(steps × s) steps run).
-            Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from
-            /generate_png), the seed used and a status line. Before it, /generate streams the images forming every 2
-            steps (small previews; the seed and status unchanged), unless the server runs with --no-previews or
-            `previews` is False (the devices then run no preview program either).
-            Stop, `job.cancel()` or a closed page end the request at the next denoising step.
-            """
+        def generate(*args, **kwargs) -> Iterator[tuple[Gallery, int, str]]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given, request = bound.arguments, bound.arguments["request"]
             try:
-                image, mask = file_path(init_image), file_path(mask_image)
-                if picture is not None and image is not None and mask is None:
-                    mask = painted_mask(picture)
+                image, mask = file_path(given["init_image"]), file_path(given["mask_image"])
+                if given["picture"] is not None and image is not None and mask is None:
+                    mask = painted_mask(given["picture"])
                 checked = parse_request(
-                    prompt, negative_prompt, style, guidance_scale, seed, randomize_seed, size=aspect_ratio,
-                    steps=steps, sampler=sampler, cfg_end=cfg_end, deepcache=deepcache, loras=loras,
-                    init_image=image, mask_image=mask, strength=strength, rules=rules,
+                    given["prompt"], given["negative_prompt"], given["style"], seed=given["seed"],
+                    randomize_seed=given["randomize_seed"], size=given["aspect_ratio"], loras=given["loras"],
+                    init_image=image, mask_image=mask, rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
+                    **{row.name: given[row.name] for row in PLAIN},
                 )  # fmt: skip
             except InvalidInput as exc:
                 raise invalid(exc) from None
-            ignored = not rules.cfg and (bool(checked_text(negative_prompt)) or guidance_scale != rules.guidance_scale)
-            yield from self.run(checked, session_of(request), progress, image_format, cfg_ignored=ignored,
-                                user=getattr(request, "username", None), previews=previews is not False)  # fmt: skip
+            yield from self.run(checked, session_of(request), given["progress"], image_format,
+                                user=getattr(request, "username", None), previews=given["previews"] is not False)
 
+        generate.__signature__ = signature
+        generate.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
+        generate.__doc__ = API_DOC
         return generate
 
     def example(self, seeds: dict[str, int], first_seed: int):
@@ -255,7 +230,6 @@ class Handlers:
         progress,
         image_format: str | None = None,
         *,
-        cfg_ignored: bool = False,
         user: str | None = None,
         previews: bool = True,
     ) -> Iterator[tuple]:
@@ -272,51 +246,28 @@ class Handlers:
         with self._idle:
             self._running += 1
         try:
-            yield from self._run(request, session, progress, image_format, cfg_ignored=cfg_ignored, user=user,
-                                 previews=previews)  # fmt: skip
+            yield from self._run(request, session, progress, image_format, user=user, previews=previews)
         finally:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _run(self, request, session, progress, image_format, *, cfg_ignored, user, previews) -> Iterator[tuple]:
-        # gr.Progress finds its request through context variables: step reports run in a copy of this context (one at
-        # a time), the engine in another (a context can be entered by one thread at a time).
-        progress_context, engine_context = contextvars.copy_context(), contextvars.copy_context()
-        context_lock = threading.Lock()
-
-        reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
-
-        def on_step(step: int, total: int) -> None:
-            with context_lock:
-                reported[:] = [(step, total)]
-                progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
-
+    def _run(self, request: Request, session: str, progress, image_format: str | None, *, user: str | None,
+             previews: bool) -> Iterator[tuple]:  # fmt: skip
+        """The engine's run, its previews streamed, then the stopped request's answer or the finished one's."""
         stop = self.stops.begin(session)
         closed = threading.Event()  # set when Gradio closes this generator (a cancel): the engine stops too
         started = time.perf_counter()
-
-        def should_stop() -> bool:
-            return (closed.is_set() or stop() or self.shutting_down.is_set() or request_gone()
-                    or self.early_cancels.take(session))  # fmt: skip
-
         forming = LatestPreview() if image_format is None and previews else None
-        worker = EngineRun(
-            lambda: self.engine.generate(
-                request, on_step if self.progress else None, should_stop=should_stop,
-                **({"on_preview": forming.put} if forming is not None else {}),
-            ),
-            engine_context,
-            on_done=forming.finish if forming is not None else None,
-        )  # fmt: skip
+        reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
+        on_step = _step_reporter(progress, reported)
+        worker = self._start(request, session, on_step, forming,
+                             lambda: closed.is_set() or stop() or self.shutting_down.is_set())  # fmt: skip
         previewed = False  # whether the gallery now shows this request's previews
         try:
             while (shown := (forming.take() if forming is not None else None)) is not None:
-                done, total, pixels = shown
-                height, width = request.size
                 previewed = True
-                caption = f"step {done} / {total} · {width}×{height}"
-                yield [(str(self._preview_file(image)), caption) for image in pixels], gr.skip(), gr.skip()
+                yield self._previews(request, *shown), gr.skip(), gr.skip()
                 if reported:  # a client's job.status() shows the last message: a preview's carries no progress
                     on_step(*reported[0])
             result = worker.result()
@@ -340,14 +291,45 @@ class Handlers:
             at = f" at step {result.done} / {result.total}"
             raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
         if isinstance(result, Stopped):
-            # The gallery goes back from the previews to the last images, if any, else keeps the last preview; the
-            # PNGs and the seed box keep the last images'.
-            before = self.shown.gallery(session)
-            note = " The images are still the previous request's." if before else \
-                " The pictures are its last preview." if previewed else ""  # fmt: skip
-            gallery = before if previewed and before else gr.skip()
-            yield gallery, gr.skip(), f"Stopped at step {result.done} / {result.total}.{note}"
-            return
+            yield self._stopped(result, session, previewed)
+        else:
+            yield self._answer(request, result, session, user, image_format, started)
+
+    def _start(self, request: Request, session: str, on_step: Callable[[int, int], None],
+               forming: LatestPreview | None, stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
+        """The engine's call in its own thread (in a copy of this request's context): steps reported, stopped by
+        Stop, a cancel, a closed page or the server stopping between steps, previews handed to `forming`."""
+
+        def should_stop() -> bool:
+            return stopped() or request_gone() or self.early_cancels.take(session)
+
+        return EngineRun(
+            lambda: self.engine.generate(
+                request, on_step if self.progress else None, should_stop=should_stop,
+                **({"on_preview": forming.put} if forming is not None else {}),
+            ),
+            contextvars.copy_context(),
+            on_done=forming.finish if forming is not None else None,
+        )  # fmt: skip
+
+    def _previews(self, request: Request, done: int, total: int, pixels: np.ndarray) -> Gallery:
+        """The gallery of the pictures forming: one small JPEG per image, captioned with the step."""
+        height, width = request.size
+        caption = f"step {done} / {total} · {width}×{height}"
+        return [(str(self._preview_file(image)), caption) for image in pixels]
+
+    def _stopped(self, stopped: Stopped, session: str, previewed: bool) -> tuple:
+        """A stopped request's answer: the gallery goes back from the previews to the last images, if any, else
+        keeps the last preview; the PNGs and the seed box keep the last images'."""
+        before = self.shown.gallery(session)
+        note = " The images are still the previous request's." if before else \
+            " The pictures are its last preview." if previewed else ""  # fmt: skip
+        gallery = before if previewed and before else gr.skip()
+        return gallery, gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{note}"
+
+    def _answer(self, request: Request, result: Any, session: str, user: str | None, image_format: str | None,
+                started: float) -> tuple:  # fmt: skip
+        """A finished request's answer: its files written (web/delivery.py), the history told, the status line."""
         try:
             delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
         except Exception:
@@ -370,13 +352,12 @@ class Handlers:
         )  # fmt: skip
         status = status_line(len(paths), engine_s, request, result.steps, result.sampler)
         # Only an API caller can send them; gradio_client sends the page's defaults unasked, so only say it for others.
-        if cfg_ignored:
+        if request.ignored:
             status += f" · {NO_CFG_NOTE}"
         if result.truncated:
             gr.Warning(result.truncated)
             status += f"\n\n⚠️ {result.truncated}"
-        yield gallery, request.seed, status
-
+        return gallery, request.seed, status
 
     def _preview_file(self, pixels: np.ndarray) -> pathlib.Path:
         """One preview (uint8 [h, w, 3] at latent size) as a small JPEG file (see RunFiles.content_file)."""
@@ -466,6 +447,20 @@ class EngineRun:
         return None if ok else value
 
 
+def _step_reporter(progress, reported: list) -> Callable[[int, int], None]:
+    """The engine's `on_step`: "step k / N" on Gradio's bar, the last step kept in `reported`. gr.Progress finds its
+    request through context variables: reports run in a copy of this context, one at a time (the engine runs in
+    another: a context can be entered by one thread at a time)."""
+    progress_context, context_lock = contextvars.copy_context(), threading.Lock()
+
+    def on_step(step: int, total: int) -> None:
+        with context_lock:
+            reported[:] = [(step, total)]
+            progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
+
+    return on_step
+
+
 def file_path(payload: object) -> str | None:
     """The server path of an uploaded file as Gradio hands it over (its cache: Gradio refuses any other path)."""
     if isinstance(payload, dict):
@@ -489,14 +484,11 @@ def painted_mask(payload: dict) -> Image.Image | None:
 
 
 def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str) -> str:
-    """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234" (+ " · CFG end 0.5 · DeepCache 3")."""
+    """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234", then the request's other settings (the
+    table's fields away from their default, its picture, its LoRAs)."""
     height, width = request.size
     steps_text = f"{steps} step{'s' if steps != 1 else ''}, {sampler}"
-    levers = (f" · CFG end {request.cfg_end:g}" if request.cfg_end != DEFAULT_CFG_END else "") + (
-        f" · DeepCache {request.deepcache}" if request.deepcache != DEFAULT_DEEPCACHE else "")  # fmt: skip
-    if request.init_image is not None:
-        levers += f" · {'inpainted' if request.mask_image is not None else 'from a picture'}, strength " \
-            f"{request.strength:g}"  # fmt: skip
+    levers = request.status_text()
     if request.loras:
         levers += " · LoRA " + ", ".join(
             f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras)
@@ -504,6 +496,43 @@ def status_line(count: int, seconds: float, request: Request, steps: int, sample
         f"seed {request.seed}{levers}"  # fmt: skip
 
 
-def checked_text(value: object) -> str:
-    """A raw text input's words ("" for anything else): whether an API caller sent a negative prompt at all."""
-    return " ".join(value.split()) if isinstance(value, str) else ""
+def api_defaults(rules: RequestRules) -> dict[str, Any]:
+    """Each request field's default as the API offers it: this server's (guidance, size, steps, sampler), else the
+    table's."""
+    defaults = {row.name: getattr(rules, row.rule) if row.rule else row.default for row in FIELDS}
+    return {**defaults, "aspect_ratio": size_label(*rules.sizes[0]), "sampler": rules.sampler or "Euler"}
+
+
+def api_signature(rules: RequestRules) -> inspect.Signature:
+    """The API's parameters: the request fields in the table's order with this server's defaults, then the page's
+    mask editor and Gradio's own injections (the caller's session, for Stop; a live "step k / N" bar)."""
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    defaults = api_defaults(rules)
+    parameters = [
+        inspect.Parameter(row.name, keyword, default=inspect.Parameter.empty if row.name == "prompt" else
+                          defaults[row.name], annotation=row.api_type)  # fmt: skip
+        for row in FIELDS
+    ]
+    return inspect.Signature([
+        *parameters,
+        # False: no pictures forming streamed, no preview program run
+        inspect.Parameter("previews", keyword, default=True, annotation=bool),
+        inspect.Parameter("picture", keyword, default=None, annotation=dict | None),  # strokes painted on the picture
+        inspect.Parameter("request", keyword, default=None, annotation=gr.Request),
+        inspect.Parameter("progress", keyword, default=gr.Progress(), annotation=gr.Progress),
+    ])  # fmt: skip
+
+
+#: The API's docstring (gradio_client's view_api): the endpoint, then one line per request field of the table.
+API_DOC = "\n".join([
+    "Generate one image per accelerator core.",
+    "",
+    "Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from "
+    "/generate_png), the seed used and a status line. Before it, /generate streams the images forming every 2 steps "
+    "(small previews; the seed and status unchanged), unless the server runs with --no-previews. Stop, "
+    "`job.cancel()` or a closed page end the request at the next denoising step.",
+    "",
+    "Parameters:",
+    *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
+    "    previews: False = no pictures forming streamed, and the devices run no preview program",
+])  # fmt: skip

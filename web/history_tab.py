@@ -1,9 +1,10 @@
 """Past generations: the History tab and the `/history` endpoint, kept where the server's logins say.
 
-With logins (`--auth`), every finished request goes to the server's store (web/history.py: SQLite under
-`--data-dir`), written in the background once its PNGs are, and each user sees, uses and deletes only their own;
-the images come from an owner-only route (web/history_files.py). Without logins, a visitor's history lives in their
-own browser (Gradio's BrowserState, web/browser_history.py) and the server keeps nothing.
+One class per storage mode. With logins (`--auth`, `ServerHistory`), every finished request goes to the server's
+store (web/history.py: SQLite under `--data-dir`), written in the background once its PNGs are, and each user sees,
+uses and deletes only their own; the images come from an owner-only route (web/history_files.py). Without logins
+(`BrowserHistory`), a visitor's history lives in their own browser (Gradio's BrowserState, web/browser_history.py)
+and the server keeps nothing. `History` itself is the tab and its events, with nothing kept (--no-history).
 
     history = History.for_server(data_dir, logins=True, max_entries=500)   # or History.off()
     handlers = Handlers(..., on_finished=history.keep)               # every delivered request
@@ -29,6 +30,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import PLAIN
 from pipeline.styles import DEFAULT_STYLE
 
 from .browser_history import (
@@ -82,15 +84,15 @@ class HistoryTab:
 
 
 class History:
-    """The page's past generations: the server's store (logins), the visitor's browser (none), or off."""
+    """The page's past generations, by storage mode: this class is the tab and its events, with nothing kept (the
+    server runs with --no-history); `ServerHistory` keeps them in the server's store, `BrowserHistory` in each
+    visitor's browser."""
 
-    def __init__(self, store: HistoryStore | None = None, *, browser: bool = False, secret: str | None = None) -> None:
-        self.store = store  # with logins: every user's entries
-        self.browser = browser and store is None  # without logins: each browser keeps its own
-        self.secret = secret  # the BrowserState's key (kept in the data folder: it survives a restart)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="history") if store is not None else None
-        self._pending: dict[str, list[Future]] = collections.defaultdict(list)  # user -> writes not yet done
-        self._waiting: collections.OrderedDict[str, dict] = collections.OrderedDict()  # session -> browser entry
+    store: HistoryStore | None = None  # the server's store (ServerHistory only)
+    enabled = False  # whether the page shows a History tab
+    where = ""  # where the entries are kept, as the tab says it
+
+    def __init__(self) -> None:
         self._listed: dict[str, list] = {}  # session -> entry ids its tab shows, in order
         self._selected: dict[str, Any] = {}  # session -> the entry id it clicked
         self._lock = threading.Lock()
@@ -104,123 +106,37 @@ class History:
     def for_server(cls, data_dir: str | Path, *, logins: bool, max_entries: int | None) -> History:
         """Logins: a store in `data_dir` (kept `max_entries` per user); none: browsers keep their own."""
         if logins:
-            return cls(HistoryStore(data_dir, max_entries))
+            return ServerHistory(HistoryStore(data_dir, max_entries))
         try:
             secret = browser_secret(data_dir)
         except OSError as exc:  # the browsers' history still works; it just cannot outlive this run
             logger.warning("history: cannot keep the browsers' key in %s (%s); their history lasts until a restart",
                            data_dir, exc.strerror or exc)  # fmt: skip
             secret = None
-        return cls(browser=True, secret=secret)
-
-    @property
-    def enabled(self) -> bool:
-        return self.store is not None or self.browser
+        return BrowserHistory(secret)
 
     def middleware(self) -> list:
-        """ASGI middleware the page needs: the owner-only file route (server history only)."""
-        return [history_files_middleware(self._file)] if self.store is not None else []
+        """ASGI middleware the page needs (the server's owner-only file route)."""
+        return []
 
     def close(self) -> None:
-        """Finish the writes under way, then close the store."""
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-        if self.store is not None:
-            self.store.close()
-
-    # ---- keeping -------------------------------------------------------------------------------------------------
+        """Finish the writes under way and close the store (a mode that has them)."""
 
     def keep(self, finished: Finished) -> None:
-        """Handlers' `on_finished`: the store writes it in the background (after its PNGs); a browser is handed it by
-        the page's follow-up event (`remember_in_browser`)."""
-        if not self.enabled:
-            return
-        settings = request_settings(finished.request, finished.result)
-        if self.store is not None and finished.user:
-            future = self._writer.submit(self._write, finished.user, settings, finished.delivery)
-            with self._lock:
-                pending = self._pending[finished.user]
-                pending[:] = [f for f in pending if not f.done()] + [future]
-        elif self.browser and finished.session:
-            with self._lock:
-                self._waiting[finished.session] = {"settings": settings, "images": list(finished.delivery.gallery)}
-                self._waiting.move_to_end(finished.session)
-                while len(self._waiting) > WAITING_SESSIONS:
-                    self._waiting.popitem(last=False)
+        """Handlers' `on_finished`: what a mode keeps of every delivered request."""
 
-    def _write(self, user: str, settings: dict, delivery) -> int | None:
-        """One entry: the lossless PNGs (with their parameters), thumbnails from the gallery's JPEGs."""
-        try:
-            pngs = [Path(future.result(timeout=PNG_WAIT_S)) for future in delivery.pngs]
-            started = time.perf_counter()
-            entry_id = self.store.add(user, settings, pngs, thumbnail_sources=list(delivery.gallery))
-            logger.info("history: kept entry %d (%d images) in %.0f ms", entry_id, len(pngs),
-                        (time.perf_counter() - started) * 1000)  # fmt: skip
-            return entry_id
-        except Exception:  # the request was answered; only its history entry is lost
-            logger.exception("history: could not keep a finished request")
-            return None
-
-    def _settled(self, user: str) -> None:
-        """Wait for `user`'s writes under way (their last request shows up in a listing made right after it)."""
-        with self._lock:
-            pending = list(self._pending.get(user, ()))
-        for future in pending:
-            with contextlib.suppress(Exception):  # a failed write is logged by _write
-                future.result(timeout=PNG_WAIT_S)
-
-    def remember_in_browser(self, entries: Any, request: gr.Request = None) -> list[dict]:
-        """The page's follow-up without logins: its last finished request added to the browser's list."""
-        with self._lock:
-            waiting = self._waiting.pop(session_of(request), None)
-        entries = clean_entries(entries)
-        if waiting is None:
-            return entries
-        try:
-            entry = browser_entry(waiting["settings"], waiting["images"])
-        except OSError:  # its files are gone already (a very old run): nothing to keep
-            return entries
-        return add_entry(entries, entry)
+    def state(self) -> gr.State | None:
+        """The mode's per-visitor state, made at the page's top level (a component inside a tab only exists in the
+        browser once that tab is opened); None without a history."""
+        return None
 
     # ---- reading -------------------------------------------------------------------------------------------------
-
-    def api(self, limit: int = 100, offset: int = 0, request: gr.Request = None) -> list[dict]:
-        """The caller's past generations, newest first: each with its settings (prompt, negative_prompt, seed,
-        steps, sampler, guidance_scale, width, height, ...), `id`, `created` (ISO 8601, UTC) and `images` (URLs of
-        the lossless PNGs, for this login only; `thumbnails` likewise). `limit`: up to 1000; `offset`: entries to
-        skip. Only with logins: without, each visitor's history stays in their browser."""
-        user = self._user(request)
-        try:
-            entries = self.store.list(user, limit=_whole(limit, "limit"), offset=_whole(offset, "offset"))
-        except InvalidInput as exc:
-            raise invalid(exc) from None
-        root = public_root(request)
-        return [
-            {
-                **entry.as_json(images=[file_url(root, entry.id, i) for i in range(len(entry.images))]),
-                "thumbnails": [file_url(root, entry.id, i, thumbnail=True) for i in range(len(entry.thumbnails))],
-            }
-            for entry in entries
-        ]
 
     def show(self, entries: Any = None, request: gr.Request = None):
         """The tab's gallery (one thumbnail per entry, newest first, captioned with prompt and seed) and a cleared
         details panel."""
         session = session_of(request)
-        if self.store is not None:
-            user = self._user(request)
-            listed = self.store.list(user, limit=TAB_ENTRIES)
-            root = public_root(request)
-            items = [(file_url(root, e.id, 0, thumbnail=True), _caption(e.settings)) for e in listed]
-            ids = [e.id for e in listed]
-        else:
-            listed = clean_entries(entries)
-            items, ids = [], []
-            for entry in listed:
-                pictures = thumbnail_jpegs(entry)
-                if pictures and self.files is not None:
-                    items.append((str(self.files.content_file(pictures[0], ".jpg")), _caption(entry["settings"])))
-                    ids.append(entry["id"])
+        items, ids = self._listing(entries, request)
         with self._lock:
             self._listed[session] = ids
             self._selected.pop(session, None)
@@ -233,14 +149,15 @@ class History:
             ids = self._listed.get(session, [])
             entry_id = ids[evt.index] if isinstance(evt.index, int) and 0 <= evt.index < len(ids) else None
             self._selected[session] = entry_id
-        settings, created = self._settings(entry_id, entries, request)
+        settings, created = self._settings(entry_id, entries, request) if entry_id is not None else (None, None)
         return _details(settings, created) if settings is not None else NOTHING_SELECTED
 
     def use(self, form: Form):
         """"Use these settings": the selected entry's settings into the form, and the Generate tab shown."""
 
         def use_settings(entries: Any = None, request: gr.Request = None):
-            settings, _ = self._settings(self._selected.get(session_of(request)), entries, request)
+            entry_id = self._selected.get(session_of(request))
+            settings, _ = self._settings(entry_id, entries, request) if entry_id is not None else (None, None)
             if settings is None:
                 raise gr.Error(NOTHING_SELECTED, title="History", print_exception=False)
             updates, notes = form.fill(settings)
@@ -252,45 +169,28 @@ class History:
 
     def delete(self, entries: Any = None, request: gr.Request = None):
         """Delete the selected entry (its files too); the tab shows what is left."""
-        session = session_of(request)
-        entry_id = self._selected.get(session)
+        entry_id = self._selected.get(session_of(request))
         if entry_id is None:
             raise gr.Error(NOTHING_SELECTED, title="History", print_exception=False)
-        if self.store is not None:
-            self.store.delete(self._user(request), entry_id)
-            kept = entries
-        else:
-            kept = delete_entry(clean_entries(entries), entry_id)
+        kept = self._delete(entry_id, entries, request)
         gallery, summary = self.show(kept, request)
         return kept, gallery, summary, ""
 
     def delete_all(self, entries: Any = None, request: gr.Request = None):
         """Delete every entry of this user (or this browser); other users' stay."""
-        store = self.store
-        count = store.delete_all(self._user(request)) if store is not None else len(clean_entries(entries))
+        count = self._delete_all(entries, request)
         gr.Info(f"Deleted {count} entr{'y' if count == 1 else 'ies'}.")
         gallery, summary = self.show([], request)
         return [], gallery, summary, "", gr.update(visible=False)
 
     # ---- the tab ---------------------------------------------------------------------------------------------------
 
-    def state(self) -> gr.State | None:
-        """The browser's entries (BrowserState) without logins, else a placeholder: made at the page's top level, as
-        a component inside a tab only exists in the browser once that tab is opened."""
-        if not self.enabled:
-            return None
-        if self.browser:
-            return gr.BrowserState([], storage_key="sdxl-jax-history", secret=self.secret)
-        return gr.State(None)
-
     def layout(self, state: gr.State | None) -> HistoryTab | None:
         """The History tab (inside the page's `gr.Tabs`); None when the server keeps no history."""
         if state is None:
             return None
-        where = "on this server, for your login only" if self.store is not None else \
-            f"in this browser only (the last {BROWSER_MAX_ENTRIES}; the server keeps nothing)"  # fmt: skip
         with gr.Tab("History", id="history", elem_id="history-tab") as tab:
-            gr.Markdown(f"Your past generations, newest first: kept {where}.", elem_id="history-where")
+            gr.Markdown(f"Your past generations, newest first: kept {self.where}.", elem_id="history-where")
             summary = gr.Markdown("", elem_id="history-summary")
             gallery = gr.Gallery(
                 label="Past generations", show_label=False, columns=6, height="auto", object_fit="cover",
@@ -313,8 +213,7 @@ class History:
                           listing, limit, offset, api)  # fmt: skip
 
     def wire(self, ui: HistoryTab, form: Form, tabs: gr.Tabs, generated: list) -> None:
-        """The tab's events, and /history; `generated`: the page's generation events (a browser keeps each one's
-        result once it is answered)."""
+        """The tab's events, and /history; `generated`: the page's generation events."""
         shown = {"api_visibility": "private", "concurrency_limit": 4, "concurrency_id": "history"}
         ui.tab.select(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], **shown)
         ui.gallery.select(self.select, inputs=ui.state, outputs=ui.details, **shown)
@@ -324,42 +223,136 @@ class History:
         ui.keep.click(lambda: gr.update(visible=False), outputs=ui.confirm, queue=False, api_visibility="private")
         ui.really.click(self.delete_all, inputs=ui.state,
                         outputs=[ui.state, ui.gallery, ui.summary, ui.details, ui.confirm], **shown)  # fmt: skip
-        if self.browser:
-            for event in generated:
-                event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden",
-                              **shown)  # fmt: skip
-            # The tab follows the browser's list (a request finishing while it is open shows up at once).
-            ui.state.change(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], show_progress="hidden",
-                            **shown)  # fmt: skip
+        self._wire_mode(ui, generated, shown)
         ui.api.click(
-            self.api if self.store is not None else _refuse(IN_BROWSER), inputs=[ui.limit, ui.offset],
-            outputs=ui.listing, api_name="history",
+            self._api(), inputs=[ui.limit, ui.offset], outputs=ui.listing, api_name="history",
             api_description="Your past generations as JSON, newest first (on a server with logins).",
             concurrency_limit=4, concurrency_id="history",
         )  # fmt: skip
 
-    # ---- internals -------------------------------------------------------------------------------------------------
+    # ---- what a storage mode gives -----------------------------------------------------------------------------------
+
+    def _wire_mode(self, ui: HistoryTab, generated: list, shown: dict) -> None:
+        """The mode's own events."""
+
+    def _api(self):
+        """/history's function: refused without logins."""
+        return _refuse(NO_HISTORY)
+
+    def _listing(self, entries: Any, request: gr.Request | None) -> tuple[list, list]:
+        """The tab's gallery items and their entry ids, newest first."""
+        return [], []
+
+    def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
+        """The settings and time of an entry of this caller's (None, None for anything else)."""
+        return None, None
+
+    def _delete(self, entry_id, entries, request) -> Any:
+        """Delete one entry; the state's new value."""
+        return entries
+
+    def _delete_all(self, entries, request) -> int:
+        """Delete every entry of the caller's; how many there were."""
+        return 0
+
+
+class ServerHistory(History):
+    """With logins: every finished request goes to the server's store, written in the background once its PNGs are;
+    each user sees, uses and deletes only their own, and their images come from an owner-only route."""
+
+    enabled = True
+    where = "on this server, for your login only"
+
+    def __init__(self, store: HistoryStore) -> None:
+        super().__init__()
+        self.store = store  # every user's entries
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="history")
+        self._pending: dict[str, list[Future]] = collections.defaultdict(list)  # user -> writes not yet done
+
+    def middleware(self) -> list:
+        return [history_files_middleware(self._file)]
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self.store.close()
+
+    def keep(self, finished: Finished) -> None:
+        """The store writes it in the background (after its PNGs)."""
+        settings = request_settings(finished.request, finished.result)
+        if finished.user:
+            future = self._writer.submit(self._write, finished.user, settings, finished.delivery)
+            with self._lock:
+                pending = self._pending[finished.user]
+                pending[:] = [f for f in pending if not f.done()] + [future]
+
+    def state(self) -> gr.State:
+        return gr.State(None)  # a placeholder: the store holds the entries
+
+    def _write(self, user: str, settings: dict, delivery) -> int | None:
+        """One entry: the lossless PNGs (with their parameters), thumbnails from the gallery's JPEGs."""
+        try:
+            pngs = [Path(future.result(timeout=PNG_WAIT_S)) for future in delivery.pngs]
+            started = time.perf_counter()
+            entry_id = self.store.add(user, settings, pngs, thumbnail_sources=list(delivery.gallery))
+            logger.info("history: kept entry %d (%d images) in %.0f ms", entry_id, len(pngs),
+                        (time.perf_counter() - started) * 1000)  # fmt: skip
+            return entry_id
+        except Exception:  # the request was answered; only its history entry is lost
+            logger.exception("history: could not keep a finished request")
+            return None
+
+    def _settled(self, user: str) -> None:
+        """Wait for `user`'s writes under way (their last request shows up in a listing made right after it)."""
+        with self._lock:
+            pending = list(self._pending.get(user, ()))
+        for future in pending:
+            with contextlib.suppress(Exception):  # a failed write is logged by _write
+                future.result(timeout=PNG_WAIT_S)
+
+    def api(self, limit: int = 100, offset: int = 0, request: gr.Request = None) -> list[dict]:
+        """The caller's past generations, newest first: each with its settings (prompt, negative_prompt, seed,
+        steps, sampler, guidance_scale, width, height, ...), `id`, `created` (ISO 8601, UTC) and `images` (URLs of
+        the lossless PNGs, for this login only; `thumbnails` likewise). `limit`: up to 1000; `offset`: entries to
+        skip. Only with logins: without, each visitor's history stays in their browser."""
+        user = self._user(request)
+        try:
+            entries = self.store.list(user, limit=_whole(limit, "limit"), offset=_whole(offset, "offset"))
+        except InvalidInput as exc:
+            raise invalid(exc) from None
+        root = public_root(request)
+        return [
+            {
+                **entry.as_json(images=[file_url(root, entry.id, i) for i in range(len(entry.images))]),
+                "thumbnails": [file_url(root, entry.id, i, thumbnail=True) for i in range(len(entry.thumbnails))],
+            }
+            for entry in entries
+        ]
+
+    def _api(self):
+        return self.api
+
+    def _listing(self, entries: Any, request: gr.Request | None) -> tuple[list, list]:
+        listed = self.store.list(self._user(request), limit=TAB_ENTRIES)
+        root = public_root(request)
+        return [(file_url(root, e.id, 0, thumbnail=True), _caption(e.settings)) for e in listed], [e.id for e in listed]
+
+    def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
+        entry = self.store.get(self._user(request), entry_id)
+        return (entry.settings, entry.created) if entry is not None else (None, None)
+
+    def _delete(self, entry_id, entries, request) -> Any:
+        self.store.delete(self._user(request), entry_id)
+        return entries
+
+    def _delete_all(self, entries, request) -> int:
+        return self.store.delete_all(self._user(request))
 
     def _user(self, request: gr.Request | None) -> str:
-        if self.store is None:
-            raise gr.Error(IN_BROWSER if self.browser else NO_HISTORY, title="History", print_exception=False)
         user = getattr(request, "username", None)
         if not user:
             raise gr.Error("Sign in to see your history.", title="History", print_exception=False)
         self._settled(user)
         return user
-
-    def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
-        """The settings and time of an entry of this caller's (None, None for anything else)."""
-        if entry_id is None:
-            return None, None
-        if self.store is not None:
-            entry = self.store.get(self._user(request), entry_id)
-            return (entry.settings, entry.created) if entry is not None else (None, None)
-        for entry in clean_entries(entries):
-            if entry["id"] == entry_id:
-                return entry["settings"], entry["created"]
-        return None, None
 
     def _file(self, user: str, entry_id: int, index: int, thumbnail: bool) -> Path | None:
         """The owner-only route's lookup: `user`'s file, or None."""
@@ -367,6 +360,79 @@ class History:
             return self.store.path_of(user, entry_id, index, thumbnail)
         except InvalidInput:
             return None
+
+
+class BrowserHistory(History):
+    """Without logins: a visitor's history lives in their own browser (Gradio's BrowserState) and the server keeps
+    nothing; each finished request is handed to the browser by the page's follow-up event."""
+
+    enabled = True
+    where = f"in this browser only (the last {BROWSER_MAX_ENTRIES}; the server keeps nothing)"
+
+    def __init__(self, secret: str | None) -> None:
+        super().__init__()
+        self.secret = secret  # the BrowserState's key (kept in the data folder: it survives a restart)
+        self._waiting: collections.OrderedDict[str, dict] = collections.OrderedDict()  # session -> browser entry
+
+    def keep(self, finished: Finished) -> None:
+        """Held for the session's browser, which takes it with `remember_in_browser`."""
+        if not finished.session:
+            return
+        settings = request_settings(finished.request, finished.result)
+        with self._lock:
+            self._waiting[finished.session] = {"settings": settings, "images": list(finished.delivery.gallery)}
+            self._waiting.move_to_end(finished.session)
+            while len(self._waiting) > WAITING_SESSIONS:
+                self._waiting.popitem(last=False)
+
+    def state(self) -> gr.BrowserState:
+        return gr.BrowserState([], storage_key="sdxl-jax-history", secret=self.secret)
+
+    def remember_in_browser(self, entries: Any, request: gr.Request = None) -> list[dict]:
+        """The page's follow-up: its last finished request added to the browser's list."""
+        with self._lock:
+            waiting = self._waiting.pop(session_of(request), None)
+        entries = clean_entries(entries)
+        if waiting is None:
+            return entries
+        try:
+            entry = browser_entry(waiting["settings"], waiting["images"])
+        except OSError:  # its files are gone already (a very old run): nothing to keep
+            return entries
+        return add_entry(entries, entry)
+
+    def _wire_mode(self, ui: HistoryTab, generated: list, shown: dict) -> None:
+        """The browser keeps each generation's result once it is answered; the tab follows the browser's list (a
+        request finishing while it is open shows up at once)."""
+        for event in generated:
+            event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden",
+                          **shown)  # fmt: skip
+        ui.state.change(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], show_progress="hidden",
+                        **shown)  # fmt: skip
+
+    def _api(self):
+        return _refuse(IN_BROWSER)
+
+    def _listing(self, entries: Any, request: gr.Request | None) -> tuple[list, list]:
+        items, ids = [], []
+        for entry in clean_entries(entries):
+            pictures = thumbnail_jpegs(entry)
+            if pictures and self.files is not None:
+                items.append((str(self.files.content_file(pictures[0], ".jpg")), _caption(entry["settings"])))
+                ids.append(entry["id"])
+        return items, ids
+
+    def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
+        for entry in clean_entries(entries):
+            if entry["id"] == entry_id:
+                return entry["settings"], entry["created"]
+        return None, None
+
+    def _delete(self, entry_id, entries, request) -> Any:
+        return delete_entry(clean_entries(entries), entry_id)
+
+    def _delete_all(self, entries, request) -> int:
+        return len(clean_entries(entries))
 
 
 def public_root(request: gr.Request | None) -> str:
@@ -427,12 +493,14 @@ def _details(settings: dict, created: float | None) -> str:
         f"{settings.get('sampler')} · guidance {settings.get('guidance_scale')} · seed {settings.get('seed')}"
     )
     extras = []
-    if settings.get("cfg_end") not in (None, 1, 1.0):
-        extras.append(f"CFG end {settings['cfg_end']:g}")
-    if settings.get("deepcache") not in (None, 1):
-        extras.append(f"DeepCache {settings['deepcache']}")
-    if settings.get("picture"):
-        extras.append(f"{settings['picture']}, strength {settings.get('strength')}")
+    for row in PLAIN:
+        value = settings.get(row.name)
+        if not row.status or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if row.needs == "picture" and settings.get("picture"):
+            extras.append(f"{settings['picture']}, {row.status} {value:g}")
+        elif row.needs != "picture" and value != row.default:
+            extras.append(f"{row.status} {value:g}")
     for item in settings.get("loras") or []:
         if isinstance(item, list | tuple) and item:
             extras.append(f"LoRA {_code(item[0])} {item[1] if len(item) > 1 else ''}")

@@ -19,11 +19,12 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from PIL import Image, UnidentifiedImageError
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import FIELDS
 from pipeline.host.images import read_parameters
 from pipeline.image_inputs import FORMAT_NAMES
 
@@ -31,12 +32,11 @@ from pipeline.image_inputs import FORMAT_NAMES
 MAX_TEXT_CHARS = 65_536
 #: Pairs the last line needs to count as the settings line (A1111's rule).
 MIN_SETTINGS = 3
-#: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890").
+#: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890"): the
+#: request fields' labels (`pipeline.fields.FIELDS`), then A1111's own.
 NUMBER_KEYS = {
-    "Steps": int,
-    "Seed": int,
-    "CFG scale": float,
-    "Denoising strength": float,
+    **{row.label: int if row.kind in ("int", "seed") else float for row in FIELDS
+       if row.label and row.kind in ("int", "seed", "float")},
     "Clip skip": int,
     "Hires upscale": float,
     "Hires steps": int,
@@ -87,9 +87,6 @@ class FormValues:
     height: int | None
     extra: dict[str, object] = field(default_factory=dict)  # every other pair: typed where known (see `typed`)
     notes: tuple[str, ...] = ()  # one sentence per setting that could not be used as written
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def parse_infotext(text: str) -> Infotext:

@@ -31,6 +31,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors need
 import numpy as np
 
 from ..errors import CheckpointError
+from .cache import default_cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -305,8 +306,6 @@ def _rename_transformers(pt_key: str, tensor: np.ndarray, lookup: dict, prefix: 
 
 
 def cache_root() -> Path:
-    from ..host.compilation import default_cache_root
-
     return default_cache_root() / "converted"
 
 

@@ -331,19 +331,39 @@ def load_per_component(
 ) -> LoadedModel:
     """Build diffusers' Flax modules from the configs, then take each component's weights from its Flax file when
     there is one, else from its PyTorch safetensors (converted by convert.py, cached), and the UNet from `unet`."""
-    import jax.numpy as jnp
-    from diffusers import (
-        FlaxAutoencoderKL,
-        FlaxEulerDiscreteScheduler,
-        FlaxStableDiffusionXLPipeline,
-        FlaxUNet2DConditionModel,
-    )
-    from flax.serialization import msgpack_restore
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
-    from .convert import load_converted, pytorch_weight_files
+    from diffusers import FlaxStableDiffusionXLPipeline
 
     started = time.perf_counter()
+    modules, tokenizers, scheduler = _modules_from_configs(directory, dtype)
+    params: dict = {"scheduler": scheduler.create_state()}
+    origins: dict = {}
+    for name, module in modules.items():
+        params[name], origins[name] = _component_weights(
+            directory, name, module, dtype=dtype, variant=variant, unet=unet, use_cache=use_cache
+        )
+    load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    params = cast_params(params, dtype)
+    cast_s = time.perf_counter() - started
+    pipeline = FlaxStableDiffusionXLPipeline(
+        text_encoder=modules["text_encoder"],
+        text_encoder_2=modules["text_encoder_2"],
+        vae=modules["vae"],
+        tokenizer=tokenizers[0],
+        tokenizer_2=tokenizers[1],
+        unet=modules["unet"],
+        scheduler=scheduler,
+    )
+    logger.info("loaded %s in %.1f s (%s)", source, load_s, ", ".join(f"{k}: {v}" for k, v in origins.items()))
+    return LoadedModel(pipeline=pipeline, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
+
+
+def _modules_from_configs(directory: Path, dtype: str) -> tuple[dict, list, object]:
+    """diffusers' and transformers' Flax modules (no weights), the tokenizers and the scheduler, from the configs."""
+    import jax.numpy as jnp
+    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxUNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
     jax_dtype = getattr(jnp, dtype)
     try:
         modules = {
@@ -363,53 +383,42 @@ def load_per_component(
         # each be warned about; samplers.py reads the file whole and refuses what the engine cannot honour.
         scheduler_config = _flax_config(FlaxEulerDiscreteScheduler, directory, "scheduler")
         scheduler = FlaxEulerDiscreteScheduler.from_config(scheduler_config)
-        scheduler_state = scheduler.create_state()
     except (OSError, ValueError, TypeError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
         raise CheckpointError(f"Could not read the configs or tokenizers in {directory}: {detail}") from None
+    return modules, tokenizers, scheduler
 
-    params: dict = {"scheduler": scheduler_state}
-    origins: dict = {}
-    for name, module in modules.items():
-        flax_file = directory / name / FLAX_WEIGHTS[name]
-        if name == "unet" and unet:
-            files = [resolve_unet_file(unet)]
-        elif flax_file.is_file():
-            params[name] = msgpack_restore(flax_file.read_bytes())
-            origins[name] = "flax"
-            continue
-        else:
-            files = pytorch_weight_files(directory / name, name, variant)
-            if files is None:
-                raise CheckpointError(f"{directory / name} has neither Flax nor PyTorch safetensors weights.")
-        if name.startswith("text_encoder"):
-            init, prefix, config = (
-                functools.partial(module.init_weights, input_shape=module.input_shape),
-                module.base_model_prefix,
-                module.config.to_dict(),
-            )
-        else:
-            init, prefix, config = module.init_weights, None, dict(module.config)
-        converted = load_converted(
-            files, init, component=name, dtype=dtype, config=config, model_prefix=prefix, use_cache=use_cache
+
+def _component_weights(
+    directory: Path, name: str, module, *, dtype: str, variant: str | None, unet: str | None, use_cache: bool
+) -> tuple[dict, str]:
+    """One component's weights and where they came from: its Flax file, else its PyTorch safetensors (or the UNet
+    file `unet`) converted without torch, cached."""
+    from flax.serialization import msgpack_restore
+
+    from .convert import load_converted, pytorch_weight_files
+
+    flax_file = directory / name / FLAX_WEIGHTS[name]
+    if name == "unet" and unet:
+        files = [resolve_unet_file(unet)]
+    elif flax_file.is_file():
+        return msgpack_restore(flax_file.read_bytes()), "flax"
+    else:
+        files = pytorch_weight_files(directory / name, name, variant)
+        if files is None:
+            raise CheckpointError(f"{directory / name} has neither Flax nor PyTorch safetensors weights.")
+    if name.startswith("text_encoder"):
+        init, prefix, config = (
+            functools.partial(module.init_weights, input_shape=module.input_shape),
+            module.base_model_prefix,
+            module.config.to_dict(),
         )
-        params[name] = converted.params
-        origins[name] = "conversion cache" if converted.cached else "converted"
-    load_s = time.perf_counter() - started
-    started = time.perf_counter()
-    params = cast_params(params, dtype)
-    cast_s = time.perf_counter() - started
-    pipeline = FlaxStableDiffusionXLPipeline(
-        text_encoder=modules["text_encoder"],
-        text_encoder_2=modules["text_encoder_2"],
-        vae=modules["vae"],
-        tokenizer=tokenizers[0],
-        tokenizer_2=tokenizers[1],
-        unet=modules["unet"],
-        scheduler=scheduler,
+    else:
+        init, prefix, config = module.init_weights, None, dict(module.config)
+    converted = load_converted(
+        files, init, component=name, dtype=dtype, config=config, model_prefix=prefix, use_cache=use_cache
     )
-    logger.info("loaded %s in %.1f s (%s)", source, load_s, ", ".join(f"{k}: {v}" for k, v in origins.items()))
-    return LoadedModel(pipeline=pipeline, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
+    return converted.params, "conversion cache" if converted.cached else "converted"
 
 
 def _flax_config(cls, directory: Path, subfolder: str) -> dict:

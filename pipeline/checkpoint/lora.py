@@ -155,10 +155,6 @@ class LoraFile:
         return tuple(sorted({layer.rank for layer in self.layers.values()}))
 
     @property
-    def max_rank(self) -> int:
-        return self.ranks[-1]
-
-    @property
     def components(self) -> tuple[str, ...]:
         """The components it changes, in COMPONENTS order."""
         touched = {leaf[0] for leaf in self.layers}

@@ -270,13 +270,39 @@ def _random_params(init_weights: Callable[[Any], Any], seed: int, component: str
 
 def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -> None:
     """Build every component and save the pipeline into the (existing, empty) ``directory``."""
-    from diffusers import (
-        FlaxAutoencoderKL,
-        FlaxEulerDiscreteScheduler,
-        FlaxStableDiffusionXLPipeline,
-        FlaxUNet2DConditionModel,
+    from diffusers import FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline
+
+    vocab, tokenizer, tokenizer_2 = _tokenizers(geometry)
+    text_encoder, text_encoder_2 = _text_encoders(geometry, vocab)
+    unet, vae = _unet_and_vae(geometry)
+    text_input_shape = (1, geometry.model_max_length)
+    params = {
+        "text_encoder": _random_params(
+            lambda key: text_encoder.init_weights(key, text_input_shape), seed, "text_encoder"
+        ),
+        "text_encoder_2": _random_params(
+            lambda key: text_encoder_2.init_weights(key, text_input_shape), seed, "text_encoder_2"
+        ),
+        "unet": _random_params(unet.init_weights, seed, "unet"),
+        "vae": _random_params(vae.init_weights, seed, "vae"),
+    }
+    pipeline = FlaxStableDiffusionXLPipeline(
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        vae=vae,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=FlaxEulerDiscreteScheduler(**SCHEDULER_CONFIG),
     )
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+    pipeline.save_pretrained(directory, params=params)
+    marker = {"name": TINY_CHECKPOINT_NAME, "seed": seed, "geometry": dataclasses.asdict(geometry)}
+    (directory / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _tokenizers(geometry: TinyGeometry) -> tuple[dict, object, object]:
+    """The BPE vocabulary trained on CORPUS and the two CLIP tokenizers on it (SDXL's pad tokens)."""
+    from transformers import CLIPTokenizer
 
     vocab, merges = train_bpe(CORPUS.split(), geometry.bpe_merges)
     with tempfile.TemporaryDirectory(prefix="tiny-bpe-") as bpe_dir:
@@ -285,6 +311,12 @@ def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -
         files = {"vocab_file": str(bpe_path / "vocab.json"), "merges_file": str(bpe_path / "merges.txt")}
         tokenizer = CLIPTokenizer(**files, pad_token=END_TOKEN, model_max_length=geometry.model_max_length)
         tokenizer_2 = CLIPTokenizer(**files, pad_token="!", model_max_length=geometry.model_max_length)
+    return vocab, tokenizer, tokenizer_2
+
+
+def _text_encoders(geometry: TinyGeometry, vocab: dict) -> tuple[object, object]:
+    """The two CLIP text encoders (no weights), SDXL's kinds at the tiny widths."""
+    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
     special_ids = {
         "bos_token_id": vocab[START_TOKEN],
@@ -312,7 +344,12 @@ def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -
         **special_ids,
     )
     text_encoder = FlaxCLIPTextModel(text_config, _do_init=False)
-    text_encoder_2 = FlaxCLIPTextModelWithProjection(text_2_config, _do_init=False)
+    return text_encoder, FlaxCLIPTextModelWithProjection(text_2_config, _do_init=False)
+
+
+def _unet_and_vae(geometry: TinyGeometry) -> tuple[object, object]:
+    """SDXL's UNet (text_time conditioning, cross-attention blocks) and VAE (no weights), at the tiny widths."""
+    from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
 
     unet = FlaxUNet2DConditionModel(
         sample_size=geometry.unet_sample_size,
@@ -342,32 +379,7 @@ def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -
         sample_size=geometry.unet_sample_size * geometry.vae_scale_factor,
         scaling_factor=geometry.vae_scaling_factor,
     )
-    scheduler = FlaxEulerDiscreteScheduler(**SCHEDULER_CONFIG)
-
-    text_input_shape = (1, geometry.model_max_length)
-    params = {
-        "text_encoder": _random_params(
-            lambda key: text_encoder.init_weights(key, text_input_shape), seed, "text_encoder"
-        ),
-        "text_encoder_2": _random_params(
-            lambda key: text_encoder_2.init_weights(key, text_input_shape), seed, "text_encoder_2"
-        ),
-        "unet": _random_params(unet.init_weights, seed, "unet"),
-        "vae": _random_params(vae.init_weights, seed, "vae"),
-    }
-
-    pipeline = FlaxStableDiffusionXLPipeline(
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        vae=vae,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=scheduler,
-    )
-    pipeline.save_pretrained(directory, params=params)
-    marker = {"name": TINY_CHECKPOINT_NAME, "seed": seed, "geometry": dataclasses.asdict(geometry)}
-    (directory / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    return unet, vae
 
 
 def _is_complete(directory: pathlib.Path) -> bool:

@@ -34,8 +34,9 @@ import time
 
 import jax
 
-from ..host.loop import Stopped, ignore_preview
+from ..host.loop import ignore_preview
 from ..request import Request
+from ..stopping import Stopped
 from .arrays import coordinator_client
 from .faults import Deadline, fatal
 from .options import ClusterOptions

@@ -40,9 +40,8 @@ import threading
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ..config import ATTENTIONS
+from .cores import ATTENTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -285,13 +284,3 @@ def hooked(fn, kind: str, *, interpret: bool = False):
             return fn(*args, **kwargs)
 
     return wrapper
-
-
-def reference_attention(q, k, v, scale: float) -> np.ndarray:
-    """Exact attention in float64 numpy (for tests and benchmarks): q [B, Lq, N, H] -> [B, Lq, N, H]."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    scores = np.einsum("bqnh,bknh->bnqk", q, k) * scale
-    scores -= scores.max(-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(-1, keepdims=True)
-    return np.einsum("bnqk,bknh->bqnh", probs, v)

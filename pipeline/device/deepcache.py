@@ -39,13 +39,9 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 
 from .denoise import unet_step
-
-#: DeepCache's branch: 0 = the outermost skip (the package's `cache_branch_id`); the only one served.
-BRANCH = 0
 
 
 @dataclass(frozen=True)
@@ -226,8 +222,3 @@ def conditional_half_local(*arrays):
     """
     halves = tuple(jnp.split(array, 2, axis=0)[1] for array in arrays)
     return halves if len(halves) != 1 else halves[0]
-
-
-def abstract_feature(unet, batch: int, latent_height: int, latent_width: int, dtype) -> jax.ShapeDtypeStruct:
-    """The feature as an abstract argument (for lowering the shallow program without data)."""
-    return jax.ShapeDtypeStruct(feature_shape(unet, batch, latent_height, latent_width), dtype)

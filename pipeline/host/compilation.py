@@ -17,15 +17,9 @@ import jax
 from jax._src.dispatch import BACKEND_COMPILE_EVENT  # the event name JAX records for every XLA compilation
 from jax.experimental.compilation_cache import compilation_cache
 
+from ..checkpoint.cache import default_cache_root
+
 CACHE_HITS_EVENT = "/jax/compilation_cache/cache_hits"
-
-
-def default_cache_root() -> Path:
-    """Per-user cache root of the project ($SDXL_JAX_CACHE, else $XDG_CACHE_HOME/sdxl-jax, else ~/.cache/sdxl-jax)."""
-    if os.environ.get("SDXL_JAX_CACHE"):
-        return Path(os.environ["SDXL_JAX_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "sdxl-jax"
 
 
 def host_cpu_signature() -> str:

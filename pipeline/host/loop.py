@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from ..stopping import StopFlag, Stopped  # noqa: F401  # re-exported: loop.Stopped is what run() raises
+from ..stopping import Stopped
 from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan
@@ -216,31 +216,3 @@ def local_rows(array: jax.Array) -> np.ndarray:
         return np.asarray(array)
     shards = sorted(array.addressable_shards, key=lambda shard: shard.index[0].start or 0)
     return np.concatenate([np.asarray(shard.data) for shard in shards])
-
-
-def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
-              cfg: bool = True, prediction_type: str = "epsilon", seeds=None) -> np.ndarray:  # fmt: skip
-    """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
-
-    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
-    """
-    from ..device.denoise import step_local
-    from ..device.text import encode_local
-    from ..device.vae import decode_local
-
-    encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
-    step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
-    decode = jax.jit(functools.partial(decode_local, modules))
-    seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
-    windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
-    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
-    latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
-    zeros = np.zeros_like(latents)
-    image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none
-    previous = latents
-    for index, row in enumerate(plan.coefficients):
-        latents, previous = step(
-            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index), image,
-            np.float32(0),
-        )  # fmt: skip
-    return np.asarray(decode(params, latents))

@@ -35,7 +35,6 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InvalidInput
-from ..fields import DEFAULT_CFG_END, DEFAULT_DEEPCACHE, check_cfg_end, check_deepcache
 
 
 def guided_steps(steps_run: int, cfg_end: float) -> int:
@@ -85,16 +84,15 @@ class SpeedPlan:
 
 
 def speed_plan(
-    steps: int, cfg_end: float = DEFAULT_CFG_END, deepcache: int = DEFAULT_DEEPCACHE, *, first: int = 0,
+    steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, first: int = 0,
     cfg: bool = True,
 ) -> SpeedPlan:  # fmt: skip
     """The per-step program choice for a request of `steps` steps starting at `first`.
 
-    `cfg`: whether the request is guided at all (the CFG program); without it `cfg_end` changes nothing.
+    `cfg`: whether the request is guided at all (the CFG program); without it `cfg_end` changes nothing. The levers
+    come checked from the request (`fields.FIELDS`); `steps` and `first` from the host's own plan.
     """
-    cfg_end, interval = check_cfg_end(cfg_end), check_deepcache(deepcache)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidInput(f"Steps must be a whole number of at least 1; got {steps!r}.")
+    interval = deepcache
     if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < steps:
         raise InvalidInput(f"The first step must be between 0 and {steps - 1}; got {first!r}.")
     run = steps - first

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import generate
 from jax.sharding import PartitionSpec as P
+from reference import reference_attention
 
 from pipeline.checkpoint.loading import load_model
 from pipeline.device import attention
@@ -48,7 +49,7 @@ def kernels():
 
 def error(out, q, k, v) -> np.ndarray:
     """|out - exact attention of the same (possibly bf16-rounded) inputs|, in float64."""
-    return np.abs(np.asarray(out, np.float64) - attention.reference_attention(q, k, v, SCALE))
+    return np.abs(np.asarray(out, np.float64) - reference_attention(q, k, v, SCALE))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))

@@ -79,8 +79,9 @@ def test_params_equal_the_libraries_from_pt_conversion_without_torch(converted):
 
 def test_engine_matches_pytorch_pipeline_images(converted):
     """diffusers' PyTorch StableDiffusionXLPipeline, same latents: within 1 level (Flax uses tanh-approximate GELU)."""
+    from reference import run_local
+
     from pipeline.device.modules import Modules
-    from pipeline.host.loop import run_local
     from pipeline.host.plan import SamplerConfig
     from pipeline.host.tokens import tokenize
 

@@ -13,19 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import InvalidInput
-from pipeline.fields import (
-    GUIDANCE_MAX,
-    GUIDANCE_MIN,
-    MAX_PROMPT_CHARS,
-    SEED_MAX,
-    check_guidance,
-    check_shape,
-    check_style,
-    clean_text,
-    resolve_seed,
-)
+from pipeline.fields import FIELD, MAX_PROMPT_CHARS, check_shape, check_style, clean_text, resolve_seed
 from pipeline.styles import load_styles
 
+check_guidance = FIELD["guidance_scale"].check
+GUIDANCE_MIN, GUIDANCE_MAX = FIELD["guidance_scale"].low, FIELD["guidance_scale"].high
+SEED_MAX = FIELD["seed"].high
 FAST = settings(max_examples=200, deadline=None)
 STYLES = load_styles()
 

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 from PIL import Image
+from reference import prepare_image
 
 from pipeline.errors import InvalidInput
+from pipeline.fields import FIELD
 from pipeline.image_inputs import (
     MAX_IMAGE_PIXELS,
     binarize,
-    check_strength,
     fit,
     latent_mask,
     open_image,
-    prepare_image,
     prepare_image_inputs,
     prepare_mask,
     steps_to_run,
@@ -31,6 +31,7 @@ from pipeline.image_inputs import (
 )
 
 INPUT_IMAGE, INPUT_MASK = FIXTURES / "image-input.png", FIXTURES / "image-mask.png"
+check_strength = FIELD["strength"].check
 EXPECTED = np.load(FIXTURES / "image-expected.npz")
 INPUT_SIZE = tuple(json.loads((FIXTURES / "image-expected.json").read_text())["inputs"]["size"])  # (width, height)
 

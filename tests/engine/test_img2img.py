@@ -16,12 +16,13 @@ import jax
 import numpy as np
 import pytest
 from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
+from reference import prepare_image
 
 from pipeline.device.denoise import initial_latents, start_local
 from pipeline.errors import InvalidInput
 from pipeline.host.image_plan import image_plan
 from pipeline.host.plan import SAMPLER_NAMES, SamplerConfig
-from pipeline.image_inputs import prepare_image, prepare_mask, steps_to_run
+from pipeline.image_inputs import prepare_mask, steps_to_run
 from pipeline.request import parse_request
 
 MANIFEST = json.loads((FIXTURES / "image-expected.json").read_text())

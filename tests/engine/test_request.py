@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
+from conftest import FIXTURES
 
 from pipeline.config import EngineConfig
 from pipeline.errors import InvalidInput
-from pipeline.fields import SEED_MAX
-from pipeline.request import Request, RequestRules, parse_request
+from pipeline.fields import FIELD, FIELDS, PLAIN
+from pipeline.request import Request, RequestRules, parse_request, request_schema
 from web.prompt_filter import PromptFilter
 
 
@@ -49,7 +51,7 @@ def test_parse_request_empty_prompt(prompt):
 
 def test_parse_request_randomize_and_errors():
     request = parse_request("a dog", seed="not a number", randomize_seed=True)
-    assert 0 <= request.seed <= SEED_MAX
+    assert 0 <= request.seed <= FIELD["seed"].high
     with pytest.raises(InvalidInput, match="^Guidance scale"):
         parse_request("a dog", guidance_scale=99)
     with pytest.raises(InvalidInput, match="^Unknown style"):
@@ -104,3 +106,47 @@ def test_a_request_travels_as_json_data_and_comes_back_equal():
     request = parse_request("a lighthouse", "fog", style="Anime", guidance_scale=6.5, seed=1234, steps=9,
                             sampler="Euler a", size=(1024, 1024))  # fmt: skip
     assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+
+
+def test_the_schema_describes_the_wire_format_with_the_tables_bounds():
+    """`request_schema()` names every key `to_dict()` writes; a plain field's bounds are the table's."""
+    request = parse_request("a lighthouse", steps=9, cfg_end=0.5, deepcache=2, rules=RequestRules(sizes=((64, 64),)))
+    data, schema = request.to_dict(), request_schema()
+    assert set(schema["properties"]) == set(data) and schema["required"] == ["prompt"]
+    assert json.loads(json.dumps(schema)) == schema
+    for row in PLAIN:
+        described = schema["properties"][row.name]
+        if row.kind == "choice":
+            assert row.choices == tuple(described["anyOf"][0]["enum"])
+            continue
+        lowest = described.get("exclusiveMinimum", described.get("minimum"))
+        assert described["maximum"] == row.high and lowest == row.low
+        value = data[row.name]
+        assert (row.low < value if row.above else row.low <= value) and value <= row.high
+
+
+def test_every_request_field_with_a_flag_is_a_flag_of_generate():
+    """The CLI's request flags are the table's: each row with a flag, with its default."""
+    from pipeline.__main__ import build_parser
+
+    parser = build_parser()
+    generate = next(action for action in parser._actions if action.dest == "command").choices["generate"]
+    flags = {flag: action for action in generate._actions for flag in action.option_strings}
+    for row in FIELDS:
+        if row.flag:
+            assert row.flag in flags, row.flag
+    assert flags["--deepcache"].default == FIELD["deepcache"].default and flags["--deepcache"].type is int
+
+
+def test_a_follower_decodes_the_picture_it_receives_to_the_leaders_arrays():
+    """The leader keeps the arrays it fitted; a follower decodes the PNGs it receives, once, to the same arrays."""
+    rules = RequestRules(sizes=((64, 64),), steps=8)
+    request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",
+                            strength=0.6, rules=rules)  # fmt: skip
+    rebuilt = Request.from_dict(json.loads(json.dumps(request.to_dict())))
+    assert rebuilt == request and rebuilt.decoded is None
+    here, there = request.picture(), rebuilt.picture()
+    assert there is rebuilt.picture()  # decoded once
+    assert here.steps_run == there.steps_run == 4  # int(8 × 0.6)
+    for name in ("pixels", "repaint", "repaint_latents"):
+        assert np.array_equal(getattr(here, name), getattr(there, name)), name

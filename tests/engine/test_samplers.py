@@ -166,8 +166,9 @@ def tiny_pt():
 
 def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     """PyTorch's trailing, guidance-0 images: the guidance-free program, and the CFG program at g = 0 and g = 1."""
+    from reference import run_local
+
     from pipeline.device.modules import Modules
-    from pipeline.host.loop import run_local
     from pipeline.host.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
@@ -210,8 +211,9 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
 @pytest.mark.parametrize("name", ["dpmpp_2m_karras_cfg_8_steps", "dpmpp_2m_cfg_8_steps"])
 def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     """DPM++ 2M (Karras), 8 steps with CFG, through the served step program's body: within 1 level of PyTorch's."""
+    from reference import run_local
+
     from pipeline.device.modules import Modules
-    from pipeline.host.loop import run_local
     from pipeline.host.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())

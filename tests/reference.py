@@ -1,0 +1,54 @@
+"""Reference code the tests compare the engine with: not served, so kept out of the engine's modules."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from pipeline.host.plan import Plan
+from pipeline.image_inputs import ImageSource, fit, open_image, to_rgb
+
+
+def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
+              cfg: bool = True, prediction_type: str = "epsilon", seeds=None) -> np.ndarray:  # fmt: skip
+    """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
+
+    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
+    """
+    from pipeline.device.denoise import step_local
+    from pipeline.device.text import encode_local
+    from pipeline.device.vae import decode_local
+
+    encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
+    step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
+    decode = jax.jit(functools.partial(decode_local, modules))
+    seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
+    windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
+    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
+    latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
+    zeros = np.zeros_like(latents)
+    image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none
+    previous = latents
+    for index, row in enumerate(plan.coefficients):
+        latents, previous = step(
+            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index), image,
+            np.float32(0),
+        )  # fmt: skip
+    return np.asarray(decode(params, latents))
+
+
+def reference_attention(q, k, v, scale: float) -> np.ndarray:
+    """Exact attention in float64 numpy (for tests and benchmarks): q [B, Lq, N, H] -> [B, Lq, N, H]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("bqnh,bknh->bnqk", q, k) * scale
+    scores -= scores.max(-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnqk,bknh->bqnh", probs, v)
+
+
+def prepare_image(source: ImageSource, height: int, width: int) -> np.ndarray:
+    """Decode, convert and fit an init image: uint8 [height, width, 3]."""
+    return np.asarray(fit(to_rgb(open_image(source, what="image")), height, width), dtype=np.uint8).copy()
