@@ -49,7 +49,10 @@ def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feat
     expected = feature_engine.generate(request)
     got = [Image.open(path) for path in summary["images"]]
     for image, want in zip(got, expected.images, strict=True):
-        np.testing.assert_array_equal(np.asarray(image.convert("RGB")), np.asarray(want))
+        # The CLI's process has 2 XLA:CPU devices, the feature engine 2 of 8: since the short prompt runs the
+        # 1-window programs, XLA:CPU rounds one fused value differently between the two (seen: 1 value, 1 level).
+        difference = np.abs(np.asarray(image.convert("RGB"), np.int16) - np.asarray(want, np.int16))
+        assert difference.max() <= 1 and np.count_nonzero(difference) <= 4, np.argwhere(difference)
     text = got[0].info["parameters"]
     assert text == expected.parameters[0]
     assert text.startswith(f"{PROMPT} <lora:kohya_sgm:0.8> <lora:peft:0.5:1.2>\nNegative prompt: blurry\n")
