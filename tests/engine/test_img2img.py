@@ -242,8 +242,8 @@ def test_a_server_without_levers_compiles_the_plain_step_and_refuses_levers(inpa
     """--no-speed-levers: one `step` program per size and guidance mode; cfg_end/deepcache refused in one
     sentence, before anything runs."""
     labels = [key.label for key in inpaint_engine.program_keys()]
-    assert labels == ["encode cfg", "encode_image 64x64", "start 64x64", "step 64x64 cfg", "preview 64x64",
-                      "decode 64x64"]  # fmt: skip
+    assert labels == ["encode cfg", "encode cfg 3 windows", "encode_image 64x64", "start 64x64", "step 64x64 cfg",
+                      "step 64x64 cfg 3 windows", "preview 64x64", "decode 64x64"]  # fmt: skip
     for levers in ({"cfg_end": 0.5}, {"deepcache": 2}):
         with pytest.raises(InvalidInput, match=r"^This server runs every step whole and guided \(started with "
                            r"--no-speed-levers\): cfg_end and deepcache must be 1\.$"):  # fmt: skip

@@ -66,7 +66,10 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     kinds = [start["kind"] for start in startup["app"]]
     assert kinds == ["cold", "warm", "warm + executables"]  # --startup-runs 1
     cold, warm, whole = (start["programs"] for start in startup["app"])
-    assert cold["traced"] == cold["compiled"] == cold["programs"] > 0 and cold["loaded"] == 0
+    # Cold: every program traced and compiled, but one whose HLO an earlier program of the same start already put in
+    # JAX's cache is read from it.
+    assert cold["traced"] == cold["programs"] > 0 and cold["loaded"] == 0
+    assert cold["compiled"] + cold["cached"] == cold["traced"] and cold["compiled"] > 0
     assert warm["traced"] == warm["cached"] == warm["programs"] and warm["loaded"] == 0
     assert whole["loaded"] == whole["programs"] and whole["traced"] == 0
     assert startup["ratio"] == pytest.approx(startup["warm"]["first_image_s"] / startup["cold"]["first_image_s"])
