@@ -257,7 +257,7 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
     # A cold start compiles each served program; one whose HLO another already gave JAX's cache is compiled once
     # more past the cache, to be stored whole (pipeline/host/executables.py): more compile lines, never fewer.
     assert warm.served_programs == served <= cold.served_programs
-    assert cold.served_hits == 0 and cold.not_cached == 0
+    assert cold.not_cached == 0 and cold.served_hits <= cold.served_programs - served  # each hit: built again
     assert warm.served_hits == warm.served_programs and warm.not_cached == 0
     whole = programs_line("".join(lines))
     assert whole["programs"] == whole["loaded"] == served and whole["traced"] == 0, "".join(lines)
