@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidInput
-from .host.plan import SAMPLER_NAMES
+from .sampler_names import SAMPLER_NAMES, SCHEDULE_TYPES
 from .styles import DEFAULT_STYLE
 
 Size = tuple[int, int]  # (height, width)
@@ -324,6 +324,11 @@ FIELDS: tuple[Field, ...] = (
           needs="picture", flag="--strength", api_type=float,
           control=Control("Strength", "How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
                           step=0.05, elem_id="strength", group="picture")),
+    Field("schedule_type", "choice", "A1111's schedule type: the sampler's noise levels (Automatic: the checkpoint's)",
+          "Automatic", choices=SCHEDULE_TYPES, called="schedule type", label="Schedule type", status="schedule",
+          flag="--schedule-type", api_type=str,
+          control=Control("Schedule type", "Automatic = the checkpoint's; Karras, Exponential, SGM Uniform (trailing)",
+                          elem_id="schedule-type", group="sampling")),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

@@ -45,12 +45,13 @@ from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
-from .host.plan import SamplerConfig, sampler_label
+from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
 from .host.tokens import dropped_text, summarize_dropped, tokenize
 from .image_inputs import latent_mask
 from .request import Picture, Request, RequestRules, parse_request
+from .sampler_names import sampler_label
 from .stopping import Stopped
 from .styles import DEFAULT_STYLE, PLACEHOLDER
 
@@ -304,15 +305,17 @@ class Generator:
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
-        plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler)
         scale = self.programs.modules.vae_scale_factor
         given = request.picture(scale)
+        first = 0 if given is None else request.steps - given.steps_run  # a multistep sampler's history starts there
+        plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler,
+                                request.schedule_type, first)  # fmt: skip
         picture = None
-        if given is not None:  # image to image / inpainting: the last int(steps × strength) rows run
+        if given is not None:  # image to image / inpainting: the last int(steps × strength) steps' rows run
             pure_noise = given.repaint is not None or self.programs.inpainting_unet
             started_at = image_plan(plan, given.steps_run, pure_noise=pure_noise)
             plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
-        speed = cached_speed_plan(plan.steps, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
+        speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
@@ -379,7 +382,7 @@ class Generator:
                 unet=self.config.unet,  # the --unet file, by file name
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
-                spacing=None if plan.sampler == "dpmpp_2m_karras" else self.sampler.timestep_spacing,
+                spacing=self._spacing_written(plan),
                 extra=written_settings(request, self.loras),
             )
             for s in seeds
@@ -428,15 +431,23 @@ class Generator:
         if (height, width) not in self._blanks:
             n, scale = self.num_images, self.programs.modules.vae_scale_factor
             latents = np.zeros((n, LATENT_CHANNELS, height // scale, width // scale), np.float32)
-            zeros, ones = global_batch((latents, np.ones_like(latents[:, :1])), self._batch_sharding)
+            history = np.zeros((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
+            zeros, ones, history = global_batch((latents, np.ones_like(latents[:, :1]), history),
+                                                self._batch_sharding)  # fmt: skip
             masked = zeros
             if self.programs.inpainting_unet:  # diffusers' inpainting pipeline with an all-white mask: a grey picture
                 pixels, keep = np.zeros((n, height, width, 3), np.uint8), np.zeros((n, height, width), bool)
                 grey, keep = global_batch((pixels, keep), self._batch_sharding)
                 encode = self.programs.compile(ProgramKey("encode_image", height, width))
                 masked = encode(self.programs.weights(ProgramKey("encode_image"), params), grey, keep)
-            self._blanks[(height, width)] = Blank(latents=zeros, repaint=ones, masked=masked)
+            self._blanks[(height, width)] = Blank(latents=zeros, repaint=ones, masked=masked, history=history)
         return self._blanks[(height, width)]
+
+    def _spacing_written(self, plan) -> str | None:
+        """The timestep spacing a plan ran with, for its parameters (None where its schedule type sets the sigmas)."""
+        if plan.schedule_type in ("Karras", "Exponential") or plan.sampler == "lcm":
+            return None
+        return "trailing" if plan.schedule_type == "SGM Uniform" else self.sampler.timestep_spacing
 
     def _put(self, array: np.ndarray) -> jax.Array:
         """A small host array on every device (replicated), on one process or several."""

@@ -18,9 +18,9 @@ from .config import DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD, FIELDS, Field
-from .host.plan import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .presets import PRESET_NAMES
 from .request import MAX_LORAS
+from .sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
 APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"

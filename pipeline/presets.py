@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InvalidInput
-from .host.plan import SamplerConfig
+from .sampler_names import SPACINGS, sampler_id
 
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
 #: Names, for --help and the argparse choices (the file is checked when a preset is used).
@@ -58,8 +58,12 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
             problem = ", ".join(sorted(fields - got) or sorted(got - fields)) or "not an object"
             raise InvalidInput(f"Preset {name!r} in {path} is malformed ({problem}).")
         preset = Preset(name=name, **entry)
-        # The sampler settings are checked by the class that uses them (one clear line on a bad value).
-        SamplerConfig(sampler=preset.sampler, timestep_spacing=preset.timestep_spacing, cfg=preset.cfg)
+        sampler_id(preset.sampler)  # one clear line on a bad value
+        if preset.timestep_spacing not in SPACINGS:
+            raise InvalidInput(f"Unsupported timestep spacing {preset.timestep_spacing!r}; choose one of: "
+                               f"{', '.join(SPACINGS)}.")
+        if not isinstance(preset.cfg, bool):
+            raise InvalidInput(f"cfg must be true or false; got {preset.cfg!r}.")
         for key in ("steps", "height", "width"):
             value = getattr(preset, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -27,8 +27,8 @@ from PIL import Image
 from .config import EngineConfig
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
-from .host.plan import sampler_label
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .sampler_names import check_steps, resolve, sampler_label
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
 #: LoRAs one request may apply at once (the merge program's slots).
@@ -98,6 +98,7 @@ class Request:
     init_image: bytes | None = None  # PNG of the picture to start from, fitted to `size` (None: text to image)
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
+    schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -146,7 +147,7 @@ class Request:
             if row.status and row.needs == "picture" and started:
                 parts.append(f" · {started}, {row.status} {value:g}")
             elif row.status and row.needs != "picture" and value != row.default:
-                parts.append(f" · {row.status} {value:g}")
+                parts.append(f" · {row.status} {value:g}" if row.kind != "choice" else f" · {row.status} {value}")
         return "".join(parts)
 
     def picture(self, vae_scale_factor: int = 8) -> Picture | None:
@@ -240,6 +241,7 @@ def parse_request(
     resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
     height, width = _size(size, rules.sizes)
     _check_levers(values, rules)
+    _check_sampler(values, init_image is not None)
     ignored = () if rules.cfg else _ignored(given, values, negative, rules)
     if not rules.cfg:  # the guidance-free program reads none of them
         negative = ""
@@ -292,6 +294,17 @@ def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
         must = f"must be {defaults.pop()}" if len(defaults) == 1 else "must be at their defaults"
         raise InvalidInput("This server runs every step whole and guided (started with --no-speed-levers): "
                            f"{' and '.join(row.name for row in levers)} {must}.")  # fmt: skip
+
+
+def _check_sampler(values: Mapping[str, object], picture: bool) -> None:
+    """A sampler and schedule type that make no sense together (or with the steps, or a picture), in one sentence;
+    a server's default sampler (None before the model loads) is checked where its plan is made."""
+    if values.get("sampler") is None:
+        return
+    base, _ = resolve(values["sampler"], values["schedule_type"])
+    check_steps(base, values["steps"])
+    if picture and base == "lcm":
+        raise InvalidInput("LCM runs from noise only here (text to image); pick another sampler for a picture.")
 
 
 def _ignored(given: Mapping[str, object], values: Mapping[str, object], negative: str, rules: RequestRules

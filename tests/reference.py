@@ -7,7 +7,7 @@ import functools
 import jax
 import numpy as np
 
-from pipeline.host.plan import Plan
+from pipeline.host.plan import HISTORY, Plan
 from pipeline.image_inputs import ImageSource, fit, open_image, to_rgb
 
 
@@ -30,7 +30,7 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
     zeros = np.zeros_like(latents)
     image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none
-    previous = latents
+    previous = np.zeros((latents.shape[0], HISTORY, *latents.shape[1:]), np.float32)  # the samplers' history
     for index, row in enumerate(plan.coefficients):
         latents, previous = step(
             params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index), image,

@@ -19,8 +19,8 @@ import gradio as gr
 
 from pipeline.errors import InvalidInput
 from pipeline.fields import FIELD, FIELDS, PLAIN, Field
-from pipeline.host.plan import SAMPLER_NAMES
 from pipeline.request import LORA_TAG, Request
+from pipeline.sampler_names import SAMPLER_NAMES
 from pipeline.styles import load_styles, unapply_style
 
 from .png_info import FormValues, read_form_values

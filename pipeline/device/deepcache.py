@@ -191,7 +191,7 @@ def step_full_local(
     modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
     blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
-    """`denoise.step_local` that also keeps DeepCache's feature: (latents', D, feature [cb, h, w, C])."""
+    """`denoise.step_local` that also keeps DeepCache's feature: (latents', history', feature [cb, h, w, C])."""
 
     def call(sample, timesteps, added):
         return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
@@ -204,7 +204,7 @@ def step_shallow_local(
     modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
     blend_sigma, feature, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
-    """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', D)."""
+    """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', history')."""
 
     def call(sample, timesteps, added):
         return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)

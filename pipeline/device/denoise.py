@@ -44,9 +44,10 @@ def step_local(
     modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
     image, blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
-    """One denoising step of any sampler: (latents, D) -> (latents', D). Shapes: latents/previous float32
-    [b, 4, h, w], hidden [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to),
-    guidance [b], seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [6] (one row of a
+    """One denoising step of any sampler: (latents, history) -> (latents', history'). Shapes: latents float32
+    [b, 4, h, w], previous (the history, `sampler_update.history_update`) float32 [b, 4, 4, h, w], hidden
+    [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to), guidance [b],
+    seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [11] (one row of a
     `host/plan.Plan`), index int32 [] and blend_sigma float32 [] are the same on every device (c = 2 with
     classifier-free guidance, else 1).
     """
@@ -64,7 +65,8 @@ def unet_step(
     image, blend_sigma, *, cfg: bool, prediction_type: str,
 ):  # fmt: skip
     """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
-    returns (latents', D, *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go through it.
+    returns (latents', history', *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go
+    through it.
 
     `image` holds a request's picture, as diffusers' inpainting pipeline uses it: "latents" x0 and "noise" n
     [b, 4, h, w], "repaint" m [b, 1, h, w] (1 = repaint), "masked" [b, 4, h, w] (the masked picture's latents). A
@@ -86,11 +88,14 @@ def unet_step(
         noise, *extra = unet_call(model_input, jnp.broadcast_to(timestep, model_input.shape[:1]), added)
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
     noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
-    # Only ancestral samplers use it (coefficient d != 0); drawing it always keeps one program for every sampler.
+    # Only stochastic samplers use it (Euler a, DPM++ 2M SDE, LCM: d != 0); drawing it always keeps one program.
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
-    updated, denoised = sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous, fresh)
+    # previous: the history [b, 4, 4, h, w] (its first array: the last step's D); returned updated in D's place
+    updated, denoised = sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous[:, 0],
+                                                      fresh)  # fmt: skip
+    updated, history = sampler_update.history_update(updated, latents, denoised, coefficients, previous)
     if not inpainting_unet:  # keep the picture outside the mask, re-noised to the next step's level
         repaint = image["repaint"]
         updated = (1 - repaint) * (image["latents"] + blend_sigma * image["noise"]) + repaint * updated
-    return (updated, denoised, *extra)
+    return (updated, history, *extra)

@@ -1,8 +1,8 @@
 """The sampler's update on the device, traced in float32: one step of any sampler from its plan row.
 
-The host computes each sampler as per-step coefficients (`host/plan.py`); the step program applies them here:
-x' = a·x + b·D + c·D_prev + d·noise, with D the denoised prediction. Guidance follows diffusers: g <= 1 means the
-conditional prediction alone.
+The host computes each sampler as per-step coefficients (`host/plan.py`, `host/solvers.py`); the step program applies
+them here: x' = a·x + b·D + c·D_prev + d·noise, with D the denoised prediction, plus the multistep samplers' older
+history (`history_update`). Guidance follows diffusers: g <= 1 means the conditional prediction alone.
 """
 
 from __future__ import annotations
@@ -50,8 +50,21 @@ def ancestral_noise(keys, index, shape):
 def sampler_update(prediction_type: str, model_output, sample, coefficients, previous, noise):
     """One step of any sampler: (x', D) with D the denoised prediction and x' = a·x + b·D + c·D_prev + d·noise.
 
-    coefficients: float32 [6] (COEFFICIENTS, one row of a plan); previous: the last step's D (zeros at step 0).
+    coefficients: float32 [11] (COEFFICIENTS, one row of a plan; the first six read here); previous: the last step's
+    D (zeros at step 0).
     """
-    sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))
+    sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))  # the first six columns
     denoised = predicted_original(prediction_type, model_output, sample, sigma)
     return a * sample + b * denoised + c * previous + d * noise, denoised
+
+
+def history_update(updated, sample, denoised, coefficients, history):
+    """The older history's share of a step and the history the next step reads (UniPC, LMS; zero weights otherwise).
+
+    history: float32 [b, 4, 4, h, w]: [the last D, the last three entries e]; coefficients [11] (a plan row): h1..h3
+    weigh the entries, e = p·x + q·D is this step's. Returns (x' [b, 4, h, w], history' = [D, e, older two]).
+    """
+    h1, h2, h3, p, q = (coefficients[i] for i in range(6, 11))
+    updated = updated + h1 * history[:, 1] + h2 * history[:, 2] + h3 * history[:, 3]
+    entry = p * sample + q * denoised
+    return updated, jnp.stack([denoised, entry, history[:, 1], history[:, 2]], axis=1)

@@ -40,7 +40,8 @@ def image_plan(full: Plan, steps_run: int, *, pure_noise: bool) -> ImagePlan:
     """The last `steps_run` rows of `full` (`image_inputs.steps_to_run` checked there are some), with pure noise
     for an inpainting request at full strength."""
     start = full.steps - steps_run
-    coefficients = full.coefficients[start:].copy()  # float32 [run, 6]
+    row = start * full.order  # Heun's steps are two rows each (diffusers: timesteps[t_start * order:])
+    coefficients = full.coefficients[row:].copy()  # float32 [rows run, 11]
     first = coefficients[0]
     if first[4] != 0:  # a second-order row: with no history, D_prev = D, i.e. b + c on D
         first[3] = np.float32(np.float64(first[3]) + np.float64(first[4]))
@@ -49,9 +50,9 @@ def image_plan(full: Plan, steps_run: int, *, pure_noise: bool) -> ImagePlan:
     plan = dataclasses.replace(
         full,
         steps=steps_run,
-        init_sigma=full.init_sigma if pure else float(full.sigmas[start]),
-        timesteps=full.timesteps[start:].copy(),
-        sigmas=full.sigmas[start:].copy(),
+        init_sigma=full.init_sigma if pure else float(full.sigmas[row]),
+        timesteps=full.timesteps[row:].copy(),
+        sigmas=full.sigmas[row:].copy(),
         coefficients=coefficients,
     )
     return ImagePlan(plan=plan, start_index=start, image_weight=0.0 if pure else 1.0)

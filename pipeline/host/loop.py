@@ -1,6 +1,6 @@
 """The denoising loop on the host: one request's plan (steps, sampler, stop), dispatched a step ahead.
 
-    plan = sampler_config.plan(steps, "DPM++ 2M Karras")         # host numpy: one coefficient row per step
+    plan = sampler_config.plan(steps, "DPM++ 2M", "Karras")      # host numpy: one coefficient row per UNet call
     pixels = run(programs, params, inputs, plan, size=(h, w), on_step=..., should_stop=...)
 
 Each step is one call of the compiled step program (`programs.py`). JAX dispatches asynchronously, so the host
@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
@@ -71,6 +72,7 @@ class Blank:
     latents: jax.Array  # float32 [B, 4, h, w]: zeros (x0)
     repaint: jax.Array  # float32 [B, 1, h, w]: ones (repaint everything: the blend is the identity)
     masked: jax.Array  # float32 [B, 4, h, w]: an inpainting UNet's masked picture: a grey one's latents (else zeros)
+    history: jax.Array  # float32 [B, 4, 4, h, w]: zeros, the samplers' history before the first step
 
 
 def ignore_preview(done: int, total: int, pixels) -> None:
@@ -79,9 +81,34 @@ def ignore_preview(done: int, total: int, pixels) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def cached_plan(config: SamplerConfig, steps: int, sampler: str) -> Plan:
-    """`config.plan(steps, sampler)`, computed once per (config, steps, sampler)."""
-    return config.plan(steps, sampler)
+def cached_plan(config: SamplerConfig, steps: int, sampler: str, schedule_type: str | None = None,
+                first: int = 0) -> Plan:  # fmt: skip
+    """`config.plan(steps, sampler, schedule_type, first)`, computed once per argument set."""
+    return config.plan(steps, sampler, schedule_type, first)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What every stage of one `run` call reads: the programs, the weights, the size and the host's callbacks."""
+
+    programs: ServedPrograms
+    params: Any
+    height: int
+    width: int
+    text: int | None  # static: ProgramKey.windows of the request's text
+    put: Callable[[np.ndarray], jax.Array]
+    timings: dict | None
+
+    def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None):
+        size = (self.height, self.width) if sized else (None, None)
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows))
+
+    def weights(self, kind: str) -> dict:
+        return self.programs.weights(ProgramKey(kind), self.params)
+
+    def mark(self, name: str) -> None:
+        if self.timings is not None:
+            self.timings[name] = time.perf_counter()
 
 
 def run(
@@ -102,12 +129,13 @@ def run(
     gate: Gate | None = None,
     timings: dict | None = None,
 ) -> jax.Array:
-    """Encode, sample `plan.steps` steps, decode: uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
+    """Encode, sample the plan's rows (`plan.rows` UNet calls: `plan.steps` steps, two per step for Heun), decode:
+    uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
 
-    `speed` (per-request `cfg_end` and `deepcache`, `speed_plan.py`; None: neither) picks each step's program: with
-    guidance or without, the whole UNet or the shallow one. A server compiled with those programs
-    (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without runs
-    `step`. `put` places a small host array on every device (replicated; on several processes each passes the
+    `speed` (per-request `cfg_end` and `deepcache`, `speed_plan.py`, over the plan's rows; None: neither) picks each
+    row's program: with guidance or without, the whole UNet or the shallow one. A server compiled with those
+    programs (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without
+    runs `step`. `put` places a small host array on every device (replicated; on several processes each passes the
     same).
     The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it (`programs.program_keys`).
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
@@ -119,92 +147,119 @@ def run(
     is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
     """
     height, width = size
-    started = time.perf_counter()
-    if timings is not None:
-        timings["started_at"] = started
-    text = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)  # static: which text programs run
-    encode = programs.compile(ProgramKey("encode", cfg=cfg, windows=text))
-    start = programs.compile(ProgramKey("start", height, width))
-    decode = programs.compile(ProgramKey("decode", height, width))
-    speed = speed or speed_plan(plan.steps, cfg=cfg)
-    kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
+    stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
+                  put, timings)  # fmt: skip
+    stage.mark("started_at")
+    text = encode_text(stage, inputs, cfg)
+    latents, image = start_latents(stage, inputs, plan, blank, picture)
+    speed = speed or speed_plan(plan.rows, cfg=cfg)
+    latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history,
+                      Watchers(on_preview, on_step, should_stop, gate))  # fmt: skip
+    return stage.compile("decode")(stage.weights("decode"), latents)
 
-    def step_program(full: bool, step_cfg: bool):
-        return programs.compile(ProgramKey(kinds[0] if full else kinds[1], height, width, step_cfg, text))
 
-    hidden, pooled, key_lengths = encode(
-        programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
-        inputs.windows,
-    )  # fmt: skip
+def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool) -> tuple:
+    """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB])."""
+    encode = stage.compile("encode", sized=False, cfg=cfg, windows=stage.text)
+    return encode(stage.weights("encode"), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
+                  inputs.windows)  # fmt: skip
+
+
+def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):
+    """The start latents [B, 4, h, w] and the step's `image` argument (the picture, or the blank's stand-ins)."""
     x0, repaint, masked, weight = blank.latents, blank.repaint, blank.masked, 0.0
     if picture is not None:
-        encode_image = programs.compile(ProgramKey("encode_image", height, width))
-        vae = programs.weights(ProgramKey("encode_image"), params)
+        encode_image, vae = stage.compile("encode_image"), stage.weights("encode_image")
         x0, repaint, weight = encode_image(vae, picture.pixels, picture.keep), picture.repaint, picture.weight
-        if programs.inpainting_unet:
+        if stage.programs.inpainting_unet:
             masked = encode_image(vae, picture.pixels, picture.keep_unmasked)
-    latents, noise = start({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)), x0,
-                           put(np.asarray(weight, np.float32)))  # fmt: skip
-    image = {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
-    previous = latents  # step 0 has no previous D (its coefficient is 0); any finite array will do
+    put = stage.put
+    latents, noise = stage.compile("start")({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)), x0,
+                                            put(np.asarray(weight, np.float32)))  # fmt: skip
+    return latents, {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """The host's listeners and stop checks of one request (each may be None)."""
+
+    on_preview: PreviewListener | None
+    on_step: Listener | None
+    should_stop: StopCheck | None
+    gate: Gate | None
+
+    def stop_now(self, position: int) -> bool:
+        wants_stop = bool(self.should_stop and self.should_stop())
+        return self.gate(position, wants_stop) if self.gate is not None else wants_stop
+
+
+def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, text: tuple, latents, image, history,
+            watchers: Watchers) -> jax.Array:  # fmt: skip
+    """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
+    carried history (zeros at the start: the first row's weights on it are 0)."""
+    programs, put = stage.programs, stage.put
+    hidden, pooled, key_lengths = text
+    kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
-    unet = programs.weights(ProgramKey("step"), params)
-    preview = programs.compile(ProgramKey("preview", height, width)) if on_preview is not None else None
+    unet = stage.weights("step")
+    preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
-    done = 0  # steps whose result is ready
-    total = len(speed.schedule)
+    done, total = 0, len(speed.schedule)  # steps whose result is ready, of all
     for position, planned in enumerate(speed.schedule):
-        wants_stop = bool(should_stop and should_stop())
-        if gate(position, wants_stop) if gate is not None else wants_stop:
-            if timings is not None:
-                timings["stop_seen_at"] = time.perf_counter()
-            if pending:  # the step already queued finishes: the devices are free once it has
-                pending[-1][0].block_until_ready()
-            if timings is not None:
-                timings["freed_at"] = time.perf_counter()
-            raise Stopped(position, total)
+        if watchers.stop_now(position):
+            _stop(stage, pending, position, total)
         if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
-            halve = programs.compile(ProgramKey("halve_text", windows=text))
+            halve = stage.compile("halve_text", sized=False, windows=stage.text)
             hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
         if planned.halve_feature:  # a shallow step without guidance after a whole step with it
-            feature = programs.compile(ProgramKey("halve_feature", height, width))({}, feature)
-        # This step's coefficients, float32 [6], and index, int32 []: placed while the step before runs.
+            feature = stage.compile("halve_feature")({}, feature)
+        # This row's coefficients, float32 [11], and index, int32 []: placed while the step before runs.
         index = planned.index
         row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
         blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
-        args = (unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
+        args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
                 blend_sigma)  # fmt: skip
+        program = stage.compile(kinds[0] if planned.full else kinds[1], cfg=planned.cfg, windows=stage.text)
         if planned.full and kinds[0] == "step_full":
-            latents, previous, feature = step_program(True, planned.cfg)(*args)
+            latents, history, feature = program(*args)
         elif planned.full:
-            latents, previous = step_program(True, planned.cfg)(*args)
+            latents, history = program(*args)
         else:
-            latents, previous = step_program(False, planned.cfg)(*args, feature)
+            latents, history = program(*args, feature)
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
-            shown = preview({}, previous)  # [B, h, w, 3] uint8 of this step's D
+            shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D
             shown.copy_to_host_async()
         pending.append((latents, shown))
-        if position == 0 and timings is not None:
-            timings["first_dispatch_at"] = time.perf_counter()
+        if position == 0:
+            stage.mark("first_dispatch_at")
         if len(pending) > 1:  # this step is queued behind the one we now wait for
-            done = _ready(*pending.pop(0), done, total, on_step, on_preview, timings, started)
+            done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
     while pending:
-        done = _ready(*pending.pop(0), done, total, on_step, on_preview, timings, started)
-    return decode(programs.weights(ProgramKey("decode"), params), latents)
+        done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
+    return latents
 
 
-def _ready(latents: jax.Array, shown, done: int, total: int, on_step, on_preview, timings, started) -> int:
+def _stop(stage: Stage, pending: list, position: int, total: int) -> None:
+    """Stop at `position`: the step already queued finishes (the devices are free once it has), then `Stopped`."""
+    stage.mark("stop_seen_at")
+    if pending:
+        pending[-1][0].block_until_ready()
+    stage.mark("freed_at")
+    raise Stopped(position, total)
+
+
+def _ready(latents: jax.Array, shown, done: int, total: int, watchers: Watchers, timings: dict | None) -> int:
     latents.block_until_ready()
     done += 1
     if timings is not None and done == 1:
         timings["first_step_at"] = now = time.perf_counter()
-        timings["first_step_s"] = now - started
+        timings["first_step_s"] = now - timings["started_at"]
     try:  # a listener must never break the loop
-        if on_step is not None:
-            on_step(done, total)
+        if watchers.on_step is not None:
+            watchers.on_step(done, total)
         if shown is not None:
-            on_preview(done, total, local_rows(shown))
+            watchers.on_preview(done, total, local_rows(shown))
     except Exception:
         logger.exception("a progress or preview listener failed at step %d", done)
     return done

@@ -23,19 +23,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInput
+from ..sampler_names import (
+    AUTOMATIC,
+    PREDICTION_TYPES,
+    SAMPLERS,
+    SPACINGS,
+    check_steps,
+    resolve,
+    sampler_id,
+    sampler_label,
+)
+from . import solvers
 
 logger = logging.getLogger(__name__)
 
-#: A1111's sampler names (what the page, the API and the CLI take) -> the ids used here.
-SAMPLER_NAMES = {
-    "Euler": "euler",
-    "Euler a": "euler_ancestral",
-    "DPM++ 2M": "dpmpp_2m",
-    "DPM++ 2M Karras": "dpmpp_2m_karras",
-}
-SAMPLERS = tuple(SAMPLER_NAMES.values())
-SPACINGS = ("leading", "linspace", "trailing")
-PREDICTION_TYPES = ("epsilon", "v_prediction")
+
 BETA_SCHEDULES = ("linear", "scaled_linear")
 #: diffusers scheduler class -> our sampler (the checkpoint's own choice is the default).
 _CLASS_SAMPLER = {
@@ -67,6 +69,7 @@ class SamplerConfig:
     beta_start: float = 0.00085  # first beta of the training schedule
     beta_end: float = 0.012  # last beta
     beta_schedule: str = "scaled_linear"  # "scaled_linear" (SDXL) or "linear"
+    set_alpha_to_one: bool = True  # DDIM and LCM: their final step lands on x0 (True) or on training step 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", sampler_id(self.sampler))
@@ -120,6 +123,7 @@ class SamplerConfig:
             "beta_start": float(config.get("beta_start", 0.0001)),
             "beta_end": float(config.get("beta_end", 0.02)),
             "beta_schedule": config.get("beta_schedule", "linear"),
+            "set_alpha_to_one": bool(config.get("set_alpha_to_one", True)),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
@@ -135,31 +139,14 @@ class SamplerConfig:
         """The Euler timestep/sigma table for `steps` steps (host numpy; see `compute_schedule`)."""
         return compute_schedule(self, steps)
 
-    def plan(self, steps: int, sampler: str | None = None) -> Plan:
+    def plan(self, steps: int, sampler: str | None = None, schedule_type: str | None = None, first: int = 0) -> Plan:
         """Per-step coefficients of `sampler` (default: this config's) for `steps` steps; see `plan`."""
-        return plan(self, steps, sampler)
+        return plan(self, steps, sampler, schedule_type, first)
 
     @property
     def label(self) -> str:
         """Short human-readable name of the default sampler, e.g. "Euler a" (PNG parameters, header)."""
         return sampler_label(self.sampler, self.prediction_type)
-
-
-def sampler_id(name: str) -> str:
-    """A sampler's id from its A1111 name (any case) or its id; one line listing the names otherwise."""
-    text = str(name).strip()
-    if text in SAMPLERS:
-        return text
-    for label, ident in SAMPLER_NAMES.items():
-        if text.lower() == label.lower():
-            return ident
-    raise InvalidInput(f"Unknown sampler {name!r}; choose one of: {', '.join(SAMPLER_NAMES)}.")
-
-
-def sampler_label(sampler: str, prediction_type: str = "epsilon") -> str:
-    """A1111's name of a sampler id, e.g. "DPM++ 2M Karras" (+ ", v-prediction" where it applies)."""
-    name = next(label for label, ident in SAMPLER_NAMES.items() if ident == sampler_id(sampler))
-    return name + (", v-prediction" if prediction_type == "v_prediction" else "")
 
 
 @dataclass(frozen=True)
@@ -221,24 +208,37 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
     return Schedule(timesteps.astype(np.float32), sigmas, init_noise_sigma, sigmas_up, sigmas_down)
 
 
-#: Columns of a plan's coefficient table: what the step program is told for one step.
-COEFFICIENTS = ("timestep", "sigma", "x", "denoised", "previous", "noise")
+#: Columns of a plan's coefficient table: what the step program is told for one step. With the history H
+#: [B, 4, 4, h, w] (H[0] = the last step's D, H[1..3] the last three entries e, newest first):
+#:     x' = a·x + b·D + c·H[0] + h1·H[1] + h2·H[2] + h3·H[3] + d·noise,   e = p·x + q·D,   H' = [D, e, H[1], H[2]]
+COEFFICIENTS = ("timestep", "sigma", "x", "denoised", "previous", "noise", "history1", "history2", "history3",
+                "keep_x", "keep_denoised")  # fmt: skip
+#: Arrays the step's history holds (`COEFFICIENTS`): the last D and three entries.
+HISTORY = 4
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One request's sampling: which sampler, how many steps, and the step program's arguments for each step."""
+    """One request's sampling: which sampler, how many steps, and the step program's arguments for each row (one
+    UNet call each: Heun runs two per step but its last)."""
 
-    sampler: str  # sampler id (SAMPLERS)
+    sampler: str  # sampler id (SAMPLERS), as the request named it (a combined name stays combined)
     steps: int  # denoising steps
     init_sigma: float  # initial latents = standard-normal noise × init_sigma
-    timesteps: np.ndarray  # float32 [steps]: what the UNet is told at each step
-    sigmas: np.ndarray  # float32 [steps + 1]: noise level before each step, then the final one (0)
-    coefficients: np.ndarray  # float32 [steps, 6]: COEFFICIENTS per step (x' = a·x + b·D + c·D_prev + d·noise)
+    timesteps: np.ndarray  # float32 [rows]: what the UNet is told at each row
+    sigmas: np.ndarray  # float32 [rows + 1]: noise level before each row, then the final one (0)
+    coefficients: np.ndarray  # float32 [rows, 11]: COEFFICIENTS per row
+    schedule_type: str = AUTOMATIC  # A1111's schedule type it ran with (a combined name's own)
+    order: int = 1  # rows per step (Heun: 2)
 
     @property
     def label(self) -> str:
         return sampler_label(self.sampler)
+
+    @property
+    def rows(self) -> int:
+        """UNet calls the loop makes."""
+        return len(self.coefficients)
 
 
 def _check_steps(config: SamplerConfig, steps: int) -> None:
@@ -246,17 +246,21 @@ def _check_steps(config: SamplerConfig, steps: int) -> None:
         raise InvalidInput(f"Steps must be between 1 and {config.num_train_timesteps}; got {steps!r}.")
 
 
-def dpm_schedule(config: SamplerConfig, steps: int, karras: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Timesteps and sigmas as PyTorch's `DPMSolverMultistepScheduler.set_timesteps` computes them.
+def dpm_schedule(config: SamplerConfig, steps: int, karras: bool, schedule: str = AUTOMATIC):
+    """Timesteps and sigmas as PyTorch's `DPMSolverMultistepScheduler.set_timesteps` (and UniPC's, the same
+    arithmetic) compute them.
 
-    Its spacings differ from the Euler schedulers' (`leading` divides by steps + 1); Karras sigmas (rho 7) span the
-    training sigmas, and their timesteps are the log-sigma interpolation, rounded.
+    Its spacings differ from the Euler schedulers' (`leading` divides by steps + 1); Karras sigmas (rho 7) and
+    exponential ones span the training sigmas; Karras timesteps are the log-sigma interpolation rounded, exponential
+    ones truncated (PyTorch's cast to int64).
     """
     _check_steps(config, steps)
+    schedule = "Karras" if karras else schedule
     n = config.num_train_timesteps  # lambda_min_clipped = -inf: nothing is clipped
-    if config.timestep_spacing == "linspace":
+    spacing = "trailing" if schedule == "SGM Uniform" else config.timestep_spacing
+    if spacing == "linspace":
         timesteps = np.linspace(0, n - 1, steps + 1).round()[::-1][:-1].copy().astype(np.int64)
-    elif config.timestep_spacing == "leading":
+    elif spacing == "leading":
         step_ratio = n // (steps + 1)
         timesteps = (np.arange(0, steps + 1) * step_ratio).round()[::-1][:-1].copy().astype(np.int64)
         timesteps += config.steps_offset
@@ -264,16 +268,44 @@ def dpm_schedule(config: SamplerConfig, steps: int, karras: bool) -> tuple[np.nd
         timesteps = trailing_timesteps(n, steps)
     table = train_sigmas(config)  # float32 [T]
     log_table = np.log(table)
-    if karras:
-        sigma_min, sigma_max = float(table[0]), float(table[-1])
-        ramp = np.linspace(0, 1, steps)
-        rho = 7.0
-        sigmas = (sigma_max ** (1 / rho) + ramp * (sigma_min ** (1 / rho) - sigma_max ** (1 / rho))) ** rho
-        timesteps = _sigma_to_t(sigmas, log_table).round()
+    if schedule in ("Karras", "Exponential"):
+        sigmas = _converted(schedule, float(table[-1]), float(table[0]), steps)
+        timesteps = _sigma_to_t(sigmas, log_table)
+        timesteps = timesteps.round() if schedule == "Karras" else np.trunc(timesteps)
     else:
         sigmas = np.interp(timesteps, np.arange(0, len(table)), table)
     sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
     return timesteps.astype(np.float32), sigmas
+
+
+def _converted(schedule: str, sigma_max: float, sigma_min: float, steps: int) -> np.ndarray:
+    """Karras (rho 7) or exponential sigmas from sigma_max down to sigma_min: diffusers' `_convert_to_karras` and
+    `_convert_to_exponential`, float64 [steps]."""
+    if schedule == "Karras":
+        rho, ramp = 7.0, np.linspace(0, 1, steps)
+        return (sigma_max ** (1 / rho) + ramp * (sigma_min ** (1 / rho) - sigma_max ** (1 / rho))) ** rho
+    return np.exp(np.linspace(np.log(sigma_max), np.log(sigma_min), steps))
+
+
+def euler_schedule(config: SamplerConfig, steps: int, schedule: str = AUTOMATIC) -> Schedule:
+    """The Euler schedulers' timesteps and sigmas (`EulerDiscreteScheduler`, `HeunDiscreteScheduler`,
+    `LMSDiscreteScheduler`: the same code) with a schedule type: Karras and exponential sigmas span the spaced
+    schedule's own first and last sigma; their timesteps are the log-sigma interpolation (fractional)."""
+    if schedule == "SGM Uniform":
+        config = dataclasses.replace(config, timestep_spacing="trailing")
+    spaced = compute_schedule(config, steps)
+    if schedule not in ("Karras", "Exponential"):
+        return spaced
+    sigmas = _converted(schedule, float(spaced.sigmas[0]), float(spaced.sigmas[-2]), steps)
+    timesteps = _sigma_to_t(sigmas, np.log(train_sigmas(config))).astype(np.float32)
+    sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
+    max_sigma = sigmas.max()
+    if config.timestep_spacing in ("linspace", "trailing"):
+        init_noise_sigma = float(max_sigma)
+    else:
+        init_noise_sigma = float(np.float32((max_sigma**2 + 1) ** 0.5))
+    zeros = np.zeros(steps, np.float32)
+    return Schedule(timesteps, sigmas, init_noise_sigma, zeros, zeros)
 
 
 def _sigma_to_t(sigma: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
@@ -287,44 +319,79 @@ def _sigma_to_t(sigma: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
     return ((1 - w) * low_idx + w * high_idx).reshape(sigma.shape)
 
 
-def plan(config: SamplerConfig, steps: int, sampler: str | None = None) -> Plan:
-    """Coefficients of every step of `sampler` (default: the config's) over `steps` steps, computed in float64.
+def ddim_schedule(config: SamplerConfig, steps: int, schedule: str = AUTOMATIC):
+    """DDIMScheduler's integer timesteps, their levels and the level each step lands on (that of t - T/steps; after
+    the last step training step 0's, or 0 with `set_alpha_to_one`): [steps] each."""
+    n = config.num_train_timesteps
+    spacing = "trailing" if schedule == "SGM Uniform" else config.timestep_spacing
+    if spacing == "linspace":
+        timesteps = np.linspace(0, n - 1, steps).round()[::-1].copy().astype(np.int64)
+    elif spacing == "leading":
+        timesteps = (np.arange(0, steps) * (n // steps)).round()[::-1].copy().astype(np.int64) + config.steps_offset
+    else:
+        timesteps = trailing_timesteps(n, steps)
+    table = train_sigmas(config)
+    previous = timesteps - n // steps
+    final = 0.0 if config.set_alpha_to_one else float(table[0])
+    after = np.array([float(table[t]) if t >= 0 else final for t in previous])  # where each step lands [steps]
+    return timesteps.astype(np.float32), table[timesteps].astype(np.float64), after
 
-    Euler: x' = (s'/s)·x + (1 - s'/s)·D. Euler a: the same towards sigma_down, plus sigma_up·noise. DPM++ 2M
-    (dpmsolver++, midpoint, lower order at the first and the final step as diffusers does with final sigma 0):
-    with r = s'/s, h = log(s/s'), r0 = h_prev / h, x' = r·x + (1 - r)·(D + (D - D_prev) / (2·r0)).
+
+def lcm_timesteps(config: SamplerConfig, steps: int, original_steps: int = 50) -> np.ndarray:
+    """LCMScheduler's timesteps: `steps` of its `original_steps` skipping ones, int64 [steps]."""
+    k = config.num_train_timesteps // original_steps
+    origin = (np.arange(1, original_steps + 1) * k - 1)[::-1].copy()
+    return origin[np.floor(np.linspace(0, len(origin), num=steps, endpoint=False)).astype(np.int64)]
+
+
+def _rows(config: SamplerConfig, steps: int, base: str, schedule: str, first: int):
+    """(timesteps, sigmas, init_sigma, table float64, rows per step) of `base` with `schedule`."""
+    if base in ("dpmpp_2m", "dpmpp_2m_sde", "unipc"):
+        timesteps, sigmas = dpm_schedule(config, steps, False, schedule)
+        s = sigmas.astype(np.float64)
+        table = {"dpmpp_2m": solvers.dpmpp_2m, "dpmpp_2m_sde": solvers.dpmpp_2m_sde, "unipc": solvers.unipc}[base](
+            s, first
+        )
+        return timesteps, sigmas, (float(sigmas[0]) ** 2 + 1) ** 0.5, table, 1  # their sample is x / sqrt(s^2 + 1)
+    if base == "ddim":
+        timesteps, levels, after = ddim_schedule(config, steps, schedule)
+        sigmas = np.concatenate([levels, [0.0]])  # the final latents are the sample itself
+        return timesteps, sigmas, (float(levels[0]) ** 2 + 1) ** 0.5, solvers.ddim(levels, after), 1
+    if base == "lcm":
+        timesteps = lcm_timesteps(config, steps)
+        sigmas = np.concatenate([train_sigmas(config)[timesteps].astype(np.float64), [0.0]])
+        return timesteps, sigmas, (float(sigmas[0]) ** 2 + 1) ** 0.5, solvers.lcm(timesteps, sigmas), 1
+    if base == "euler_ancestral":
+        config = dataclasses.replace(config, timestep_spacing="trailing") if schedule == "SGM Uniform" else config
+        schedule = AUTOMATIC
+    spaced = euler_schedule(config, steps, schedule)
+    s = spaced.sigmas.astype(np.float64)
+    if base == "heun":
+        timesteps, sigmas, table = solvers.heun(spaced.timesteps.astype(np.float64), s)
+        return timesteps, sigmas, spaced.init_noise_sigma, table, 2
+    table = {"euler": solvers.euler, "euler_ancestral": solvers.euler_ancestral, "lms": solvers.lms}[base](s, first)
+    return spaced.timesteps, spaced.sigmas, spaced.init_noise_sigma, table, 1
+
+
+def plan(config: SamplerConfig, steps: int, sampler: str | None = None, schedule_type: str | None = None,
+         first: int = 0) -> Plan:  # fmt: skip
+    """Coefficients of every row of `sampler` (default: the config's) with `schedule_type` (None: Automatic) over
+    `steps` steps, computed in float64 (`solvers.py`); a multistep sampler's history starts at step `first` (an
+    image request's first step run, as diffusers' `set_begin_index` restarts it).
     """
     sampler = sampler_id(sampler if sampler is not None else config.sampler)
+    base, schedule = resolve(sampler, schedule_type)
     _check_steps(config, steps)
-    if sampler.startswith("dpmpp_2m"):
-        timesteps, sigmas = dpm_schedule(config, steps, karras=sampler == "dpmpp_2m_karras")
-        init_sigma = float(np.float32((float(sigmas[0]) ** 2 + 1) ** 0.5))  # DPM's sample is x / sqrt(s^2 + 1)
-    else:
-        schedule = compute_schedule(config, steps)
-        timesteps, sigmas, init_sigma = schedule.timesteps, schedule.sigmas, schedule.init_noise_sigma
-    s = sigmas.astype(np.float64)
-    table = np.zeros((steps, len(COEFFICIENTS)), np.float64)
-    table[:, 0], table[:, 1] = timesteps, s[:-1]
-    for i in range(steps):
-        sigma, sigma_next = s[i], s[i + 1]
-        if sampler == "euler_ancestral":
-            sigma_up = (sigma_next**2 * (sigma**2 - sigma_next**2) / sigma**2) ** 0.5
-            sigma_down = max(sigma_next**2 - sigma_up**2, 0.0) ** 0.5
-            ratio, noise = sigma_down / sigma, sigma_up
-        else:
-            ratio, noise = sigma_next / sigma, 0.0
-        second_order = sampler.startswith("dpmpp_2m") and 0 < i < steps - 1
-        if second_order:
-            h, h_prev = np.log(sigma / sigma_next), np.log(s[i - 1] / sigma)
-            half_over_r0 = 0.5 * h / h_prev
-            table[i, 2:] = ratio, (1 - ratio) * (1 + half_over_r0), -(1 - ratio) * half_over_r0, noise
-        else:
-            table[i, 2:] = ratio, 1 - ratio, 0.0, noise
+    check_steps(base, steps)
+    timesteps, sigmas, init_sigma, table, order = _rows(config, steps, base, schedule, first)
+    table[:, 0] = timesteps
     return Plan(
         sampler=sampler,
         steps=steps,
-        init_sigma=float(init_sigma),
+        init_sigma=float(np.float32(init_sigma)),
         timesteps=np.asarray(timesteps, np.float32),
-        sigmas=sigmas.astype(np.float32),
+        sigmas=np.asarray(sigmas, np.float32),
         coefficients=table.astype(np.float32),
+        schedule_type=schedule,
+        order=order,
     )

@@ -8,11 +8,12 @@ replicated, batch split:
                                                   -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
     start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
-    step[size, cfg, K]   latents, D_prev, hidden, pooled, key_lengths, guidance [B], seeds [B], coefficients [6],
-                         index [], image {x0, noise, repaint, masked}, blend_sigma []   -> latents', D
+    step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
+                         coefficients [11], index [], image {x0, noise, repaint, masked}, blend_sigma []
+                                                                  -> latents', history' (its first array: D)
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
-    preview[size]        a step's D [B, 4, h, w]                          -> uint8 [B, h, w, 3] (live previews)
+    preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows the text is read in: 1, or the server's
@@ -46,7 +47,7 @@ from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
-from .plan import COEFFICIENTS
+from .plan import COEFFICIENTS, HISTORY
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
@@ -206,8 +207,8 @@ class ServedPrograms:
         elif key.kind == "halve_feature":
             body = _without_weights(conditional_half_local)
             in_specs, out_specs = (one, batch), batch
-        elif key.kind == "preview":  # a step's D -> uint8 RGB at latent size
-            body = _without_weights(latents_to_rgb)
+        elif key.kind == "preview":  # a step's history -> its D as uint8 RGB at latent size
+            body = _without_weights(_latest_to_rgb)
             in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
             body = functools.partial(decode_local, modules)
@@ -245,21 +246,24 @@ class ServedPrograms:
             return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
             return weights, spec((n,), np.uint32), spec((), np.float32, whole), latents, spec((), np.float32, whole)
-        if key.kind in ("decode", "preview"):
+        history = spec((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
+        if key.kind == "decode":
             return weights, latents
+        if key.kind == "preview":
+            return weights, history
         if key.kind == "halve_feature":
             return weights, self._split(self._feature(key.height, key.width, True))
         hidden, pooled, lengths = self._encoded(key.cfg, key.windows)
         step_args = (
             weights,
             latents,
-            latents,
+            history,
             spec(hidden.shape, hidden.dtype),  # [cB, K*77, D]
             spec(pooled.shape, pooled.dtype),  # [cB, P]
             spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
-            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [6]
+            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [11]
             spec((), np.int32, whole),  # step index
             image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
             spec((), np.float32, whole),  # blend sigma
@@ -304,6 +308,11 @@ class ServedPrograms:
 def image_inputs(latents, repaint) -> dict:
     """A step's `image` argument (device/denoise.unet_step): x0, its noise, the mask, the masked picture."""
     return {"latents": latents, "noise": latents, "repaint": repaint, "masked": latents}
+
+
+def _latest_to_rgb(history):
+    """The preview of a step's history: its first array, the step's D [b, 4, h, w] -> uint8 [b, h, w, 3]."""
+    return latents_to_rgb(history[:, 0])
 
 
 def _named(fn, name: str):

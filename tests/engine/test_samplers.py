@@ -14,7 +14,8 @@ from conftest import FIXTURES
 from bench.fused import ancestral_step, euler_step
 from pipeline.device.sampler_update import scale_model_input
 from pipeline.errors import InvalidInput
-from pipeline.host.plan import SAMPLER_NAMES, SamplerConfig, trailing_timesteps
+from pipeline.host.plan import SamplerConfig, trailing_timesteps
+from pipeline.sampler_names import SAMPLER_NAMES
 
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
 

@@ -10,7 +10,7 @@ from PIL import Image, PngImagePlugin
 
 from pipeline.errors import InvalidInput
 from pipeline.host import images as image_io
-from pipeline.host.plan import SAMPLER_NAMES
+from pipeline.sampler_names import SAMPLER_NAMES
 from web.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,

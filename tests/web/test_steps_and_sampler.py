@@ -13,7 +13,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from pipeline.host.images import read_parameters
-from pipeline.host.plan import SAMPLER_NAMES
+from pipeline.sampler_names import SAMPLER_NAMES
 
 
 def parameters_of(item) -> str:
