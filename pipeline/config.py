@@ -15,11 +15,12 @@ import argparse
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD
-from .presets import Preset, get_preset
+from .presets import Preset, get_preset, lora_of
 from .sizes import default_sizes, parse_sizes
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class EngineConfig:
     steps_offset: int | None = None  # added to leading timesteps; None = the checkpoint's
     cfg: bool = True  # static: False = guidance-free program (UNet on the prompt only; guidance, negative ignored)
     preset: str | None = None  # the preset (assets/presets.json) these settings came from, if any
+    default_lora: str | None = None  # NAME:WEIGHT of --lora-dir for requests naming no LoRA (a preset's, e.g. LCM's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
@@ -137,6 +139,7 @@ def preset_settings(preset: Preset, *, model: str | None = None, **explicit) -> 
         "cfg": preset.cfg,
         "guidance_scale": preset.guidance_scale,
         "preset": preset.name,
+        "default_lora": preset.lora,
     }
     if own_model:
         settings.update(unet=preset.unet, variant=preset.variant, height=preset.height, width=preset.width)
@@ -144,6 +147,21 @@ def preset_settings(preset: Preset, *, model: str | None = None, **explicit) -> 
         logger.info("preset %s on %s: its sampler settings only (not its UNet file or size)", preset.name, model)
     settings.update({key: value for key, value in explicit.items() if value is not None})
     return settings
+
+
+#: What to fetch for a preset's LoRA (its NAME:WEIGHT -> one line, formatted with the preset and the LoRA).
+LORA_TO_FETCH = {
+    "lcm-lora-sdxl:1": "preset %s runs LCM without its LoRA (%s: not in --lora-dir), which gives blurred pictures: "
+    "fetch pytorch_lora_weights.safetensors of latent-consistency/lcm-lora-sdxl (huggingface-cli download "
+    "latent-consistency/lcm-lora-sdxl pytorch_lora_weights.safetensors), save it as lcm-lora-sdxl.safetensors in "
+    "a directory and start with --lora-dir DIR",
+}
+
+
+def _has_lora(lora_dir: str | None, lora: str) -> bool:
+    """Whether --lora-dir holds the LoRA of a preset's NAME:WEIGHT (any case, as requests name LoRAs)."""
+    name = lora_of(lora)[0].lower()
+    return bool(lora_dir) and any(path.stem.lower() == name for path in Path(lora_dir).glob("*.safetensors"))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -184,6 +202,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         sizes = tuple(default_sizes(tiny=tiny))
     if sizes:
         settings["height"], settings["width"] = sizes[0]
+    if settings.get("default_lora") and not _has_lora(get("lora_dir"), settings["default_lora"]):
+        logger.warning(LORA_TO_FETCH.get(settings["default_lora"], "preset %s: its LoRA %s is not in --lora-dir"),
+                       settings.get("preset"), settings["default_lora"])  # fmt: skip
+        settings.pop("default_lora")
     return EngineConfig(
         model=model,
         revision=get("revision"),

@@ -21,7 +21,7 @@ from .sampler_names import SPACINGS, sampler_id
 
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
 #: Names, for --help and the argparse choices (the file is checked when a preset is used).
-PRESET_NAMES = ("sdxl-base", "lightning-2step", "lightning-4step", "lightning-8step", "turbo")
+PRESET_NAMES = ("sdxl-base", "lightning-2step", "lightning-4step", "lightning-8step", "turbo", "lcm-lora-4step")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Preset:
     guidance_scale: float  # the default guidance (traced; ignored when cfg is off)
     height: int  # static: image height of the recipe
     width: int  # static: image width of the recipe
+    lora: str | None = None  # A1111's NAME:WEIGHT of a LoRA of --lora-dir the recipe needs (requests naming none)
 
 
 def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
@@ -51,11 +52,12 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
     if not isinstance(raw, dict):
         raise InvalidInput(f"Presets in {path} must be a JSON object of name -> preset.")
     fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
+    required = {f.name for f in dataclasses.fields(Preset) if f.default is dataclasses.MISSING} - {"name"}
     presets = {}
     for name, entry in raw.items():
-        if not isinstance(entry, dict) or set(entry) != fields:
+        if not isinstance(entry, dict) or not required <= set(entry) <= fields:
             got = set(entry) if isinstance(entry, dict) else set()
-            problem = ", ".join(sorted(fields - got) or sorted(got - fields)) or "not an object"
+            problem = ", ".join(sorted(required - got) or sorted(got - fields)) or "not an object"
             raise InvalidInput(f"Preset {name!r} in {path} is malformed ({problem}).")
         preset = Preset(name=name, **entry)
         sampler_id(preset.sampler)  # one clear line on a bad value
@@ -70,6 +72,12 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
                 raise InvalidInput(f"Preset {name!r} in {path}: {key} must be a positive whole number.")
         presets[name] = preset
     return presets
+
+
+def lora_of(text: str) -> tuple[str, float]:
+    """A preset's NAME:WEIGHT as (name, weight)."""
+    name, _, weight = text.rpartition(":")
+    return name, float(weight)
 
 
 def get_preset(name: str, path: str | Path = PRESETS_PATH) -> Preset:

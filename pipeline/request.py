@@ -28,6 +28,7 @@ from .config import EngineConfig
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .presets import lora_of
 from .sampler_names import check_steps, resolve, sampler_label
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
@@ -50,6 +51,7 @@ class RequestRules:
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
+    default_loras: tuple[tuple[str, float, float], ...] = ()  # a request naming no LoRA gets these (a preset's)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -61,9 +63,12 @@ class RequestRules:
         directory = pathlib.Path(config.lora_dir) if config.lora_dir else None
         loras = tuple(sorted(p.stem for p in directory.glob("*.safetensors"))) if directory and directory.is_dir() \
             else ()  # fmt: skip
+        by_name = {name.lower(): name for name in loras}
+        name, weight = lora_of(config.default_lora) if config.default_lora else ("", 0.0)
+        default = ((by_name[name.lower()], weight, weight),) if name.lower() in by_name else ()
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
-            cfg=config.cfg, levers=config.speed_levers, loras=loras,
+            cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
         )  # fmt: skip
 
 
@@ -246,7 +251,7 @@ def parse_request(
     if not rules.cfg:  # the guidance-free program reads none of them
         negative = ""
         values.update({row.name: row.without_cfg for row in PLAIN if row.without_cfg is not None})
-    chosen = _loras(text, loras, rules.loras)
+    chosen = _loras(text, loras, rules.loras) or rules.default_loras
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
                                     steps=values["steps"])  # fmt: skip
