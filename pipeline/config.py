@@ -139,8 +139,9 @@ def preset_settings(preset: Preset, *, model: str | None = None, **explicit) -> 
         "cfg": preset.cfg,
         "guidance_scale": preset.guidance_scale,
         "preset": preset.name,
-        "default_lora": preset.lora,
     }
+    if preset.lora:
+        settings["default_lora"] = preset.lora
     if own_model:
         settings.update(unet=preset.unet, variant=preset.variant, height=preset.height, width=preset.width)
     elif model.strip() != TINY_MODEL:

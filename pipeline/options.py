@@ -131,7 +131,8 @@ def request_option(row: Field) -> Option:
     if not row.plain:  # text
         return Option(row.flag, row.help, default=row.default, required=row.name == "prompt", programs=cli)
     later = bool(row.rule or row.needs)  # the server's default, or a picture's
-    return Option(row.flag, f"{row.help}; {row.values_text}", type=int if row.kind == "int" else float,
+    kind = {"int": int, "float": float}.get(row.kind, str)
+    return Option(row.flag, f"{row.help}; {row.values_text}", type=kind,
                   default=None if later else row.default, default_text=f"{row.default:g}" if later else "",
                   choices=row.choices, programs=cli)  # fmt: skip
 

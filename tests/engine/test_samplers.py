@@ -14,7 +14,7 @@ from conftest import FIXTURES
 from bench.fused import ancestral_step, euler_step
 from pipeline.device.sampler_update import scale_model_input
 from pipeline.errors import InvalidInput
-from pipeline.host.plan import SamplerConfig, trailing_timesteps
+from pipeline.host.plan import COEFFICIENTS, SamplerConfig, trailing_timesteps
 from pipeline.sampler_names import SAMPLER_NAMES
 
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
@@ -98,7 +98,7 @@ def test_dpm_schedule_equals_pytorch_scheduler(case):
     plan = config.plan(case["steps"], case["sampler"])
     assert plan.timesteps.tolist() == case["timesteps"]
     np.testing.assert_allclose(plan.sigmas, case["sigmas"], rtol=1e-5, atol=1e-6)
-    assert plan.coefficients.shape == (case["steps"], 6)
+    assert plan.coefficients.shape == (case["steps"], len(COEFFICIENTS))
 
 
 @pytest.mark.parametrize(
@@ -121,17 +121,18 @@ def test_dpm_run_equals_pytorch_scheduler(case):
 
 def test_plans_for_every_sampler_and_step_count():
     config = SamplerConfig()
-    for name, ident in SAMPLER_NAMES.items():
+    for name, ident in list(SAMPLER_NAMES.items())[:4]:  # the others: tests/engine/test_a1111_samplers.py
         for steps in (1, 2, 50, 100):
             plan = config.plan(steps, name)
-            assert plan.sampler == ident and plan.coefficients.shape == (steps, 6) and plan.label == name
+            assert plan.sampler == ident and plan.coefficients.shape == (steps, len(COEFFICIENTS))
+            assert plan.label == name
             assert np.isfinite(plan.coefficients).all()
             adds_noise = (plan.coefficients[:, 5] != 0).any()  # only Euler a does, before its final step
             assert adds_noise == (ident == "euler_ancestral" and steps > 1)
             assert plan.coefficients[0, 4] == 0  # the first step has no previous prediction
     assert config.plan(4, "dpm++ 2m karras").sampler == "dpmpp_2m_karras"  # A1111's names, any case
-    with pytest.raises(InvalidInput, match="Unknown sampler 'LMS'"):
-        config.plan(4, "LMS")
+    with pytest.raises(InvalidInput, match="Unknown sampler 'DPM2'"):
+        config.plan(4, "DPM2")
     with pytest.raises(InvalidInput, match="Steps must be between 1 and 1000; got 0"):
         config.plan(0, "Euler")
 
@@ -150,9 +151,9 @@ def test_trailing_spacing_runs_the_steps_asked_for_every_count():
             assert theirs[-1] == -1
         assert ours.min() >= 0 and ours.max() == 999
     assert longer[:4] == [61, 103, 121, 122]
-    for name in SAMPLER_NAMES:
+    for name in [n for n in SAMPLER_NAMES if n not in ("Heun", "LCM")]:  # Heun: 2 rows a step; LCM: <= 50 steps
         for steps in longer[:4]:
-            assert config.plan(steps, name).coefficients.shape == (steps, 6)
+            assert config.plan(steps, name).coefficients.shape == (steps, len(COEFFICIENTS))
 
 
 # ---- images against diffusers' PyTorch pipeline (tests/fixtures/tiny-pt, shared with the checkpoint loader) ------

@@ -53,7 +53,9 @@ def test_same_request_same_pixels_and_samplers_differ(ui_client):
         ({"steps": 0}, "Steps must be a whole number from 1 to 100; got 0."),
         ({"steps": 101}, "Steps must be a whole number from 1 to 100; got 101."),
         ({"steps": 2.5}, "Steps must be a whole number from 1 to 100; got 2.5."),
-        ({"sampler": "LMS"}, "Unknown sampler 'LMS'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras."),
+        ({"sampler": "DPM2"}, "Unknown sampler 'DPM2'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, "
+                              "DPM++ 2M SDE, UniPC, DDIM, Heun, LMS, LCM, DPM++ 2M SDE Karras, "
+                              "DPM++ 2M SDE Exponential, LMS Karras."),
     ],
 )
 def test_bad_steps_or_sampler_is_one_sentence(ui_client, kwargs, message):
