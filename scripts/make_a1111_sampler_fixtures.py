@@ -2,12 +2,14 @@
 
     /work/main/.venv/bin/python scripts/make_engine_noise.py                 # first: the engine's noise (JAX)
     /work/torchenv/bin/python scripts/make_a1111_sampler_fixtures.py         # needs torch + diffusers; never in CI
+    /work/torchenv/bin/python scripts/make_a1111_sampler_fixtures.py --runs-only    # keep the images
 
 Writes tests/fixtures/a1111-samplers.json (+ .npz):
 - `schedules`: timesteps, sigmas and init_noise_sigma of each sampler × schedule type (A1111's names: `SCHEDULERS`
   below says which PyTorch scheduler and options each is) at 1, 2, 7, 8 and 25 steps, SDXL base's scheduler config;
 - `runs`: whole runs on a fixed linear stand-in for the UNet, every row, from the first step and from a later one
-  (`set_begin_index`, as image to image starts), the stochastic samplers' noise fed from fixed arrays;
+  (`set_begin_index`, as image to image starts), the stochastic samplers' noise fed from fixed arrays (`start`,
+  `noise`, `weight`: shared by every case);
 - `images` (npz, by case name): diffusers' PyTorch `StableDiffusionXLPipeline` on tests/fixtures/tiny-pt (64x64,
   float32, guidance 6.5) with each new sampler × a schedule type or two at 6-8 steps, from the fixed latents of
   tiny-pt-expected.npz; DPM++ 2M SDE and LCM draw the engine's own noise (tests/fixtures/engine-noise.npz).
@@ -85,9 +87,13 @@ class FedNoise:
         return drawn
 
     def __enter__(self):
-        from diffusers.schedulers import scheduling_dpmsolver_multistep, scheduling_lcm
+        from diffusers.schedulers import (
+            scheduling_dpmsolver_multistep,
+            scheduling_euler_ancestral_discrete,
+            scheduling_lcm,
+        )
 
-        self.modules = (scheduling_dpmsolver_multistep, scheduling_lcm)
+        self.modules = (scheduling_dpmsolver_multistep, scheduling_euler_ancestral_discrete, scheduling_lcm)
         self.saved = [module.randn_tensor for module in self.modules]
         for module in self.modules:
             module.randn_tensor = self
@@ -136,12 +142,9 @@ def runs() -> list[dict]:
                     model_input = scheduler.scale_model_input(sample, t)
                     output = weight * model_input + 0.01 * float(t) / 1000  # stands in for the UNet
                     sample = scheduler.step(output, t, sample).prev_sample
-            cases.append({
-                "sampler": sampler, "schedule_type": schedule, "steps": steps, "first": first,
-                "start": start.tolist(), "noise": noise.tolist(), "weight": float(weight),
-                "final": sample.numpy().tolist(),
-            })  # fmt: skip
-    return cases
+            cases.append({"sampler": sampler, "schedule_type": schedule, "steps": steps, "first": first,
+                          "final": sample.numpy().tolist()})  # fmt: skip
+    return {"start": start.tolist(), "noise": noise.tolist(), "weight": float(weight), "cases": cases}
 
 
 def images() -> tuple[dict, list[dict]]:
@@ -167,6 +170,11 @@ def images() -> tuple[dict, list[dict]]:
 def main() -> None:
     import diffusers
 
+    if "--runs-only" in sys.argv[1:]:  # keep the committed images (5 minutes on 2 cores)
+        data = json.loads(OUT.with_suffix(".json").read_text())
+        data.update(schedules=schedules(), runs=runs())
+        OUT.with_suffix(".json").write_text(json.dumps(data) + "\n")
+        return
     arrays, image_cases = images()
     data = {
         "what": "diffusers' PyTorch schedulers and StableDiffusionXLPipeline for A1111's samplers and schedule types "

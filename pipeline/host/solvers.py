@@ -146,7 +146,8 @@ def lms(sigmas: np.ndarray, first: int = 0, max_order: int = 4) -> np.ndarray:
     table = _table(sigmas)
     for i in range(len(sigmas) - 1):
         order = min(i + 1, max_order)
-        coefficients = [_lms_coefficient(sigmas, order, i, k) for k in range(min(order, i - first + 1))]
+        made = max(1, i - first + 1)  # derivatives the run has made (rows before `first` are never run)
+        coefficients = [_lms_coefficient(sigmas, order, i, k) for k in range(min(order, made))]
         table[i, X] = 1 + coefficients[0] / sigmas[i]
         table[i, D] = -coefficients[0] / sigmas[i]
         for k, column in zip(range(1, len(coefficients)), (H1, H2, H3), strict=False):

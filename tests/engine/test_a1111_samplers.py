@@ -56,14 +56,15 @@ def one_step():
     return jax.jit(step)
 
 
-@pytest.mark.parametrize("case", PYTORCH["runs"], ids=_name)
+@pytest.mark.parametrize("case", PYTORCH["runs"]["cases"], ids=_name)
 def test_run_equals_pytorch_scheduler(case, one_step):
     """Every row of a run with a linear stand-in for the UNet: the history (DPM, UniPC, LMS, Heun), the noise (SDE,
     LCM) and a later first step (image to image: diffusers' `set_begin_index`) as PyTorch's."""
     steps, first = case["steps"], case["first"]
     full = _config().plan(steps, case["sampler"], case["schedule_type"], first)
     plan = image_plan(full, steps - first, pure_noise=False).plan if first else full
-    start, noise = np.asarray(case["start"], np.float32), np.asarray(case["noise"], np.float32)
+    runs = PYTORCH["runs"]
+    start, noise, weight = np.asarray(runs["start"], np.float32), np.asarray(runs["noise"], np.float32), runs["weight"]
     if first:
         vp = case["sampler"] in VARIANCE_PRESERVING
         x = start * np.float32(np.sqrt(np.float64(plan.sigmas[0]) ** 2 + 1) if vp else 1.0)
@@ -72,7 +73,7 @@ def test_run_equals_pytorch_scheduler(case, one_step):
     history = np.zeros((1, HISTORY, *x.shape[1:]), np.float32)
     for index, row in enumerate(plan.coefficients):
         model_input = x / np.sqrt(row[1] ** 2 + 1)  # what the UNet sees: every scheduler's own model input
-        output = case["weight"] * model_input + 0.01 * row[0] / 1000
+        output = weight * model_input + 0.01 * row[0] / 1000
         x, history = one_step(output, x, row, history, noise[index])
         x = np.asarray(x)
     np.testing.assert_allclose(x, case["final"], rtol=1e-4, atol=2e-5)
@@ -156,7 +157,7 @@ def test_every_sampler_and_schedule_type_plans_every_step_count():
                 plan = config.plan(steps, name, schedule)
                 assert np.isfinite(plan.coefficients).all(), (name, schedule, steps)
                 assert plan.rows == (2 * steps - 1 if base == "heun" else steps)
-                assert plan.coefficients[0, 4:9].tolist() == [0.0] * 5 or base == "heun"  # no history at row 0
+                assert not plan.coefficients[0, [4, 6, 7, 8]].any()  # no history read at row 0
     assert set(SCHEDULE_TYPES) == {"Automatic", "Karras", "Exponential", "SGM Uniform"}
 
 
