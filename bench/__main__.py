@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> dict:
     if "samplers" in args.parts:
         from .hostloop import sampler_sweep
 
-        progress("samplers: steps 1..50 x 4 samplers, counting compilations ...")
+        progress("samplers: steps 1..50 x every sampler and schedule type, counting compilations ...")
         results["samplers"] = sampler_sweep(generator)
     if "sizes" in args.parts:
         from .hostloop import warm_start

@@ -130,25 +130,52 @@ def host_loop_cost(generator, steps: int, runs: int, say: Progress = progress) -
 
 @dataclass(frozen=True)
 class SamplerSweep:
-    requests: int  # requests made: every step count in 1..max_steps with each sampler
+    requests: int  # requests made: every step count in 1..max_steps with each sampler and schedule type it has
     max_steps: int
-    samplers: tuple[str, ...]
+    samplers: tuple[str, ...]  # "sampler / schedule type" pairs swept
     compiles_added: int  # XLA compilations during the sweep (must be 0)
     seconds: float
+    plan_ms_per_step: dict  # sampler -> host ms per step to compute its plan (25 steps, uncached; median of 20)
+    wall_ms_per_row: dict  # sampler -> wall ms per UNet call over its sweep (host + device, this engine's size)
+
+
+def plan_cost(sampler: str, steps: int = 25, repeats: int = 20) -> float:
+    """Host milliseconds per step of computing `sampler`'s plan (its rows), uncached: median of `repeats`."""
+    from pipeline.host.plan import SamplerConfig
+
+    config, times = SamplerConfig(timestep_spacing="leading"), []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        config.plan(steps, sampler)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2] * 1000 / steps
 
 
 def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> SamplerSweep:
-    """Every step count 1..max_steps with every sampler, one request each; counts compilations."""
-    from pipeline.host.plan import SAMPLER_NAMES
+    """Every step count 1..max_steps with every sampler and each of its schedule types, one request each; counts
+    compilations, and times each sampler's plan on the host."""
+    from pipeline.sampler_names import AUTOMATIC, LCM_MAX_STEPS, SAMPLER_NAMES, SCHEDULES_OF, resolve
 
+    pairs = [(name, schedule) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC
+             for schedule in SCHEDULES_OF[resolve(name)[0]]]  # fmt: skip
     before, started, requests = generator.compile_count, time.perf_counter(), 0
-    for steps in range(1, max_steps + 1):
-        for sampler in SAMPLER_NAMES:
-            generator.generate(generator.request(PROMPT, seed=steps, steps=steps, sampler=sampler))
+    wall: dict[str, list[float]] = {}
+    for sampler, schedule in pairs:
+        sampler_started, rows = time.perf_counter(), 0
+        for steps in range(1, (LCM_MAX_STEPS if sampler == "LCM" else max_steps) + 1):
+            request = generator.request(PROMPT, seed=steps, steps=steps, sampler=sampler, schedule_type=schedule)
+            generator.generate(request)
             requests += 1
+            rows += 2 * steps - 1 if sampler == "Heun" else steps
+        wall.setdefault(sampler, []).append((time.perf_counter() - sampler_started) * 1000 / rows)
+        say(f"samplers: {sampler} / {schedule} done, {generator.compile_count - before} compiles so far")
     compiles = generator.compile_count - before
-    say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(SAMPLER_NAMES)} samplers), {compiles} compiles")
-    return SamplerSweep(requests, max_steps, tuple(SAMPLER_NAMES), compiles, time.perf_counter() - started)
+    say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(pairs)} sampler/schedule pairs), {compiles} "
+        "compiles")  # fmt: skip
+    costs = {name: plan_cost(name) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC}
+    return SamplerSweep(requests, max_steps, tuple(f"{s} / {t}" for s, t in pairs), compiles,
+                        time.perf_counter() - started, costs,
+                        {name: sorted(v)[len(v) // 2] for name, v in wall.items()})  # fmt: skip
 
 
 # ---- Stop -------------------------------------------------------------------------------------------------------

@@ -220,7 +220,13 @@ def markdown(results: dict) -> str:
     if (sw := results.get("samplers")) is not None:
         lines += [
             f"## Steps and samplers per request: {sw.requests} requests (steps 1..{sw.max_steps} × "
-            f"{', '.join(sw.samplers)}): **{sw.compiles_added} compilations** in {sw.seconds:.0f} s",
+            f"{len(sw.samplers)} sampler / schedule type pairs): **{sw.compiles_added} compilations** in "
+            f"{sw.seconds:.0f} s",
+            "",
+            "| sampler | host ms per step (its plan, 25 steps) | wall ms per UNet call (sweep, this engine) |",
+            "|---|---|---|",
+            *(f"| {name} | {cost:.3f} | {sw.wall_ms_per_row.get(name, float('nan')):.1f} |"
+              for name, cost in sw.plan_ms_per_step.items()),
             "",
         ]
     if (ws := results.get("sizes")) is not None:

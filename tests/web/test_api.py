@@ -153,9 +153,10 @@ def test_api_parameters_are_named_with_defaults(client):
     names = [p["parameter_name"] for p in params]
     assert names == [
         "prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio", "steps",
-        "sampler", "cfg_end", "deepcache", "loras", "init_image", "mask_image", "strength", "previews",
+        "sampler", "cfg_end", "deepcache", "loras", "init_image", "mask_image", "strength", "schedule_type",
+        "previews",
     ]  # fmt: skip
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 15
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 16
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):
