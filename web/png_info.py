@@ -141,8 +141,8 @@ def form_values(info: Infotext, offered_samplers: Mapping[str, str] | None = Non
         if sampler is None:
             notes.append(f"Sampler {sampler_text!r} is not offered here, so the sampler was left as it is.")
             typed_values["Sampler"] = sampler_text
-        elif schedule is not None and offered_samplers is not None:
-            typed_values.pop("Schedule type", None)  # folded into the sampler's label
+        elif schedule is not None and offered_samplers is not None and _normal(sampler) != _normal(str(sampler_text)):
+            typed_values.pop("Schedule type", None)  # folded into the sampler's label (A1111's older names)
     return FormValues(
         prompt=info.prompt,
         negative_prompt=info.negative_prompt,

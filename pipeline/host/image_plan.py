@@ -41,7 +41,7 @@ def image_plan(full: Plan, steps_run: int, *, pure_noise: bool) -> ImagePlan:
     for an inpainting request at full strength."""
     start = full.steps - steps_run
     row = start * full.order  # Heun's steps are two rows each (diffusers: timesteps[t_start * order:])
-    coefficients = full.coefficients[row:].copy()  # float32 [rows run, 11]
+    coefficients = full.coefficients[row:].copy()  # float32 [rows run, 12]
     first = coefficients[0]
     if first[4] != 0:  # a second-order row: with no history, D_prev = D, i.e. b + c on D
         first[3] = np.float32(np.float64(first[3]) + np.float64(first[4]))

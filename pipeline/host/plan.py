@@ -70,6 +70,8 @@ class SamplerConfig:
     beta_end: float = 0.012  # last beta
     beta_schedule: str = "scaled_linear"  # "scaled_linear" (SDXL) or "linear"
     set_alpha_to_one: bool = True  # DDIM and LCM: their final step lands on x0 (True) or on training step 0
+    clip_sample: bool | None = None  # DDIM and LCM clip x0 to ±clip_sample_range (None: each one's default)
+    clip_sample_range: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", sampler_id(self.sampler))
@@ -124,6 +126,8 @@ class SamplerConfig:
             "beta_end": float(config.get("beta_end", 0.02)),
             "beta_schedule": config.get("beta_schedule", "linear"),
             "set_alpha_to_one": bool(config.get("set_alpha_to_one", True)),
+            "clip_sample": None if config.get("clip_sample") is None else bool(config["clip_sample"]),
+            "clip_sample_range": float(config.get("clip_sample_range", 1.0)),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
@@ -212,7 +216,7 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
 #: [B, 4, 4, h, w] (H[0] = the last step's D, H[1..3] the last three entries e, newest first):
 #:     x' = a·x + b·D + c·H[0] + h1·H[1] + h2·H[2] + h3·H[3] + d·noise,   e = p·x + q·D,   H' = [D, e, H[1], H[2]]
 COEFFICIENTS = ("timestep", "sigma", "x", "denoised", "previous", "noise", "history1", "history2", "history3",
-                "keep_x", "keep_denoised")  # fmt: skip
+                "keep_x", "keep_denoised", "clip")  # fmt: skip  (clip > 0: D clipped to ±clip first; DDIM, LCM)
 #: Arrays the step's history holds (`COEFFICIENTS`): the last D and three entries.
 HISTORY = 4
 
@@ -227,7 +231,7 @@ class Plan:
     init_sigma: float  # initial latents = standard-normal noise × init_sigma
     timesteps: np.ndarray  # float32 [rows]: what the UNet is told at each row
     sigmas: np.ndarray  # float32 [rows + 1]: noise level before each row, then the final one (0)
-    coefficients: np.ndarray  # float32 [rows, 11]: COEFFICIENTS per row
+    coefficients: np.ndarray  # float32 [rows, 12]: COEFFICIENTS per row
     schedule_type: str = AUTOMATIC  # A1111's schedule type it ran with (a combined name's own)
     order: int = 1  # rows per step (Heun: 2)
 
@@ -385,6 +389,9 @@ def plan(config: SamplerConfig, steps: int, sampler: str | None = None, schedule
     check_steps(base, steps)
     timesteps, sigmas, init_sigma, table, order = _rows(config, steps, base, schedule, first)
     table[:, 0] = timesteps
+    # DDIMScheduler clips x0 unless its config says not (SDXL base's does); LCMScheduler only when it says so
+    if base in ("ddim", "lcm") and (config.clip_sample if config.clip_sample is not None else base == "ddim"):
+        table[:, solvers.CLIP] = config.clip_sample_range
     return Plan(
         sampler=sampler,
         steps=steps,

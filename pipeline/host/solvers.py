@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-WIDTH = 11  # len(plan.COEFFICIENTS)
-X, D, PREV, NOISE, H1, H2, H3, KEEP_X, KEEP_D = range(2, 11)
+WIDTH = 12  # len(plan.COEFFICIENTS)
+X, D, PREV, NOISE, H1, H2, H3, KEEP_X, KEEP_D, CLIP = range(2, 12)
 
 
 def _table(sigmas: np.ndarray) -> np.ndarray:
