@@ -47,7 +47,7 @@ def step_local(
     """One denoising step of any sampler: (latents, history) -> (latents', history'). Shapes: latents float32
     [b, 4, h, w], previous (the history, `sampler_update.history_update`) float32 [b, 4, 4, h, w], hidden
     [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to), guidance [b],
-    seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [12] (one row of a
+    seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [13] (one row of a
     `host/plan.Plan`), index int32 [] and blend_sigma float32 [] are the same on every device (c = 2 with
     classifier-free guidance, else 1).
     """

@@ -10,8 +10,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-#: The plan row's column of DDIM's and LCM's clip_sample range (0: no clipping), `host/plan.COEFFICIENTS`.
-CLIP = 11
+#: The plan row's columns of DDIM's and LCM's clip_sample range (0: no clipping) and of the unclipped D's weight
+#: (`host/plan.COEFFICIENTS`).
+CLIP, UNCLIPPED = 11, 12
 #: Stream id folded into an image's key for its ancestral noise (its initial noise uses the key itself).
 ANCESTRAL_STREAM = 1
 
@@ -52,21 +53,23 @@ def ancestral_noise(keys, index, shape):
 def sampler_update(prediction_type: str, model_output, sample, coefficients, previous, noise):
     """One step of any sampler: (x', D) with D the denoised prediction and x' = a·x + b·D + c·D_prev + d·noise.
 
-    coefficients: float32 [12] (COEFFICIENTS, one row of a plan: the first six and the clip); previous: the last step's
-    D (zeros at step 0).
+    coefficients: float32 [13] (COEFFICIENTS, one row of a plan: the first six and the clip columns); previous: the
+    last step's D (zeros at step 0).
     """
     sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))  # the first six columns
-    denoised = predicted_original(prediction_type, model_output, sample, sigma)
-    if coefficients.shape[0] > CLIP:  # static: a plan row (DDIM's and LCM's clip_sample: D within ±clip)
+    denoised = unclipped = predicted_original(prediction_type, model_output, sample, sigma)
+    updated = 0.0
+    if coefficients.shape[0] > UNCLIPPED:  # static: a plan row (DDIM's and LCM's clip_sample: D within ±clip)
         clip = coefficients[CLIP]
-        denoised = jnp.where(clip > 0, jnp.clip(denoised, -clip, clip), denoised)
-    return a * sample + b * denoised + c * previous + d * noise, denoised
+        denoised = jnp.where(clip > 0, jnp.clip(unclipped, -clip, clip), unclipped)
+        updated = coefficients[UNCLIPPED] * unclipped  # DDIM's noise direction is the model's, not the clipped D's
+    return updated + a * sample + b * denoised + c * previous + d * noise, denoised
 
 
 def history_update(updated, sample, denoised, coefficients, history):
     """The older history's share of a step and the history the next step reads (UniPC, LMS; zero weights otherwise).
 
-    history: float32 [b, 4, 4, h, w]: [the last D, the last three entries e]; coefficients [12] (a plan row): h1..h3
+    history: float32 [b, 4, 4, h, w]: [the last D, the last three entries e]; coefficients [13] (a plan row): h1..h3
     weigh the entries, e = p·x + q·D is this step's. Returns (x' [b, 4, h, w], history' = [D, e, older two]).
     """
     h1, h2, h3, p, q = (coefficients[i] for i in range(6, 11))

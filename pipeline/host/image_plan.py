@@ -32,7 +32,6 @@ class ImagePlan:
     """One image request's sampling: the rows of the full plan that run, and how its start latents are made."""
 
     plan: Plan  # the rows that run (steps = run); init_sigma = the noise's scale in the start latents
-    start_index: int  # rows of the full plan skipped: steps - int(steps × strength)
     image_weight: float  # start latents = image_weight·x0 + plan.init_sigma·n: 1.0, or 0.0 for pure noise
 
 
@@ -41,7 +40,7 @@ def image_plan(full: Plan, steps_run: int, *, pure_noise: bool) -> ImagePlan:
     for an inpainting request at full strength."""
     start = full.steps - steps_run
     row = start * full.order  # Heun's steps are two rows each (diffusers: timesteps[t_start * order:])
-    coefficients = full.coefficients[row:].copy()  # float32 [rows run, 12]
+    coefficients = full.coefficients[row:].copy()  # float32 [rows run, 13]
     first = coefficients[0]
     if first[4] != 0:  # a second-order row: with no history, D_prev = D, i.e. b + c on D
         first[3] = np.float32(np.float64(first[3]) + np.float64(first[4]))
@@ -55,4 +54,4 @@ def image_plan(full: Plan, steps_run: int, *, pure_noise: bool) -> ImagePlan:
         sigmas=full.sigmas[row:].copy(),
         coefficients=coefficients,
     )
-    return ImagePlan(plan=plan, start_index=start, image_weight=0.0 if pure else 1.0)
+    return ImagePlan(plan=plan, image_weight=0.0 if pure else 1.0)

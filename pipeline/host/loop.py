@@ -213,7 +213,7 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
             hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
         if planned.halve_feature:  # a shallow step without guidance after a whole step with it
             feature = stage.compile("halve_feature")({}, feature)
-        # This row's coefficients, float32 [12], and index, int32 []: placed while the step before runs.
+        # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
         index = planned.index
         row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
         blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level

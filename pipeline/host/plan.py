@@ -216,7 +216,8 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
 #: [B, 4, 4, h, w] (H[0] = the last step's D, H[1..3] the last three entries e, newest first):
 #:     x' = a·x + b·D + c·H[0] + h1·H[1] + h2·H[2] + h3·H[3] + d·noise,   e = p·x + q·D,   H' = [D, e, H[1], H[2]]
 COEFFICIENTS = ("timestep", "sigma", "x", "denoised", "previous", "noise", "history1", "history2", "history3",
-                "keep_x", "keep_denoised", "clip")  # fmt: skip  (clip > 0: D clipped to ±clip first; DDIM, LCM)
+                "keep_x", "keep_denoised", "clip", "unclipped")  # fmt: skip
+# (clip > 0: D is clipped to ±clip first, and "unclipped" weighs the D before clipping: DDIM, LCM)
 #: Arrays the step's history holds (`COEFFICIENTS`): the last D and three entries.
 HISTORY = 4
 
@@ -231,7 +232,7 @@ class Plan:
     init_sigma: float  # initial latents = standard-normal noise × init_sigma
     timesteps: np.ndarray  # float32 [rows]: what the UNet is told at each row
     sigmas: np.ndarray  # float32 [rows + 1]: noise level before each row, then the final one (0)
-    coefficients: np.ndarray  # float32 [rows, 12]: COEFFICIENTS per row
+    coefficients: np.ndarray  # float32 [rows, 13]: COEFFICIENTS per row
     schedule_type: str = AUTOMATIC  # A1111's schedule type it ran with (a combined name's own)
     order: int = 1  # rows per step (Heun: 2)
 
@@ -391,7 +392,7 @@ def plan(config: SamplerConfig, steps: int, sampler: str | None = None, schedule
     table[:, 0] = timesteps
     # DDIMScheduler clips x0 unless its config says not (SDXL base's does); LCMScheduler only when it says so
     if base in ("ddim", "lcm") and (config.clip_sample if config.clip_sample is not None else base == "ddim"):
-        table[:, solvers.CLIP] = config.clip_sample_range
+        solvers.clip(table, config.clip_sample_range, base == "ddim")
     return Plan(
         sampler=sampler,
         steps=steps,

@@ -9,7 +9,7 @@ replicated, batch split:
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
     start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
-                         coefficients [12], index [], image {x0, noise, repaint, masked}, blend_sigma []
+                         coefficients [13], index [], image {x0, noise, repaint, masked}, blend_sigma []
                                                                   -> latents', history' (its first array: D)
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
@@ -263,7 +263,7 @@ class ServedPrograms:
             spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
-            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [12]
+            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [13]
             spec((), np.int32, whole),  # step index
             image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
             spec((), np.float32, whole),  # blend sigma

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-WIDTH = 12  # len(plan.COEFFICIENTS)
-X, D, PREV, NOISE, H1, H2, H3, KEEP_X, KEEP_D, CLIP = range(2, 12)
+WIDTH = 13  # len(plan.COEFFICIENTS)
+X, D, PREV, NOISE, H1, H2, H3, KEEP_X, KEEP_D, CLIP, UNCLIPPED = range(2, 13)
 
 
 def _table(sigmas: np.ndarray) -> np.ndarray:
@@ -185,6 +185,15 @@ def ddim(sigmas: np.ndarray, after: np.ndarray) -> np.ndarray:
     rescale = ((levels[1:] ** 2 + 1) / (after**2 + 1)) ** 0.5
     table[:, X], table[:, D] = rescale * ratio, rescale * (1 - ratio)
     return table
+
+
+def clip(table: np.ndarray, sample_range: float, noise_from_model: bool) -> None:
+    """`clip_sample`: D clipped to ±sample_range. DDIM (`noise_from_model`) still steps along the model's own noise:
+    x' = k·(D_clipped + s_prev·eps), eps = (x - D)/s, so the row's weight on D goes to the clipped D and its share of
+    the noise direction, -(a), to the unclipped D. LCM's boundary condition reads the clipped D only."""
+    table[:, CLIP] = sample_range
+    if noise_from_model:
+        table[:, D], table[:, UNCLIPPED] = table[:, D] + table[:, X], -table[:, X]
 
 
 def lcm(timesteps: np.ndarray, sigmas: np.ndarray, timestep_scaling: float = 10.0) -> np.ndarray:
