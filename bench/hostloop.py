@@ -151,9 +151,10 @@ def plan_cost(sampler: str, steps: int = 25, repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2] * 1000 / steps
 
 
-def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> SamplerSweep:
-    """Every step count 1..max_steps with every sampler and each of its schedule types, one request each; counts
-    compilations, and times each sampler's plan on the host."""
+def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, counts: tuple[int, ...] = ()
+                  ) -> SamplerSweep:  # fmt: skip
+    """Every step count 1..max_steps (or `counts`) with every sampler and each of its schedule types, one request
+    each; counts compilations, and times each sampler's plan on the host."""
     from pipeline.sampler_names import AUTOMATIC, LCM_MAX_STEPS, SAMPLER_NAMES, SCHEDULES_OF, resolve
 
     pairs = [(name, schedule) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC
@@ -162,7 +163,8 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress) -> S
     wall: dict[str, list[float]] = {}
     for sampler, schedule in pairs:
         sampler_started, rows = time.perf_counter(), 0
-        for steps in range(1, (LCM_MAX_STEPS if sampler == "LCM" else max_steps) + 1):
+        limit = LCM_MAX_STEPS if sampler == "LCM" else max_steps
+        for steps in [n for n in counts if n <= limit] if counts else range(1, limit + 1):
             request = generator.request(PROMPT, seed=steps, steps=steps, sampler=sampler, schedule_type=schedule)
             generator.generate(request)
             requests += 1
