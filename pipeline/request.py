@@ -50,6 +50,7 @@ class RequestRules:
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
+    embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod

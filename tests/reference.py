@@ -26,7 +26,10 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     decode = jax.jit(functools.partial(decode_local, modules))
     seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
     windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
-    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
+    weights = np.ones(np.shape(prompt_ids), np.float32)  # [B, 2, 77]: no emphasis
+    extra = [np.zeros((1, params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1]),
+                      np.float32) for name in ("text_encoder", "text_encoder_2")]  # no embeddings  # fmt: skip
+    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows, weights, weights, *extra)
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
     zeros = np.zeros_like(latents)
     image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none

@@ -51,6 +51,9 @@ class RequestInputs:
     windows: jax.Array  # int32 [B, 2]: the 77-token windows the negative prompt and the prompt fill
     guidance: jax.Array  # float32 [B]
     seeds: jax.Array  # uint32 [B]
+    prompt_weights: jax.Array  # float32 [B, 2, K*77]: each token's emphasis (A1111's weights; 1 = none)
+    negative_weights: jax.Array  # float32 [B, 2, K*77]
+    embedding_tables: tuple[jax.Array, jax.Array]  # float32 [E, D1], [E, D2] (replicated): the embeddings' vectors
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ def run(
 
     hidden, pooled, key_lengths = encode(
         programs.weights(ProgramKey("encode"), params), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
-        inputs.windows,
+        inputs.windows, inputs.prompt_weights, inputs.negative_weights, *inputs.embedding_tables,
     )  # fmt: skip
     x0, repaint, masked, weight = blank.latents, blank.repaint, blank.masked, 0.0
     if picture is not None:
