@@ -42,6 +42,7 @@ from .errors import InvalidInput
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.emphasis import EMPHASIS_LABELS, has_emphasis
 from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
@@ -49,7 +50,6 @@ from .host.lora_sets import LoraSets
 from .host.plan import SamplerConfig, sampler_label
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
-from .host.emphasis import EMPHASIS_LABELS, has_emphasis
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
 from .image_inputs import latent_mask
 from .request import Picture, Request, RequestRules, parse_request

@@ -44,10 +44,10 @@ from ..device.modules import Modules
 from ..device.preview import latents_to_rgb
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
-from .tokens import extra_capacity
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
 from .plan import COEFFICIENTS
+from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
