@@ -53,7 +53,8 @@ def test_parse_is_a1111s(prompt, expected):
 
 def test_fixture_segments_are_the_parse(tokenizers):
     for case in MANIFEST["cases"]:
-        for text, segments in ((case["prompt"], case["segments"]), (case["negative_prompt"], case["negative_segments"])):
+        texts = ((case["prompt"], case["segments"]), (case["negative_prompt"], case["negative_segments"]))
+        for text, segments in texts:
             want = [("BREAK", None) if s is None else (s[0], round(s[1], 6)) for s in segments]
             assert [pair for pair in as_pairs(text) if pair[0]] == want  # empty runs tokenize to nothing
 
