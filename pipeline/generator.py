@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from .checkpoint.embeddings import Embedding, load_embeddings_dir
+from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.scheduler_config import read_scheduler_config
@@ -145,11 +145,11 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
-def read_embeddings(loaded: LoadedModel, config: EngineConfig) -> list[Embedding]:
-    """The SDXL embeddings of `config.embeddings_dir` this checkpoint's encoders take (each refused file logged in
-    one line); [] without a directory."""
+def read_embeddings(loaded: LoadedModel, config: EngineConfig) -> EmbeddingDirectory:
+    """The SDXL embeddings of `config.embeddings_dir` this checkpoint's encoders take and the refused files (each
+    logged in one line); none without a directory."""
     if not config.embeddings_dir:
-        return []
+        return EmbeddingDirectory()
     return load_embeddings_dir(config.embeddings_dir, text_widths(loaded.params))
 
 
@@ -213,8 +213,10 @@ class Generator:
         self._check_sizes(Modules.of(loaded.pipeline))
         #: What a request may ask for and what it gets when it names nothing (`request.parse_request`).
         files, layout = read_loras(loaded, config)
-        #: Prompts -> token ids and weights (A1111's emphasis, the embeddings of --embeddings-dir)
-        self.prompts = PromptReader(self._tokenizers, config.emphasis, read_embeddings(loaded, config))
+        #: The embeddings of --embeddings-dir offered (`.offered`: name, vectors, hash) and refused (`.refused`)
+        self.embedding_files = read_embeddings(loaded, config)
+        #: Prompts -> token ids and weights (A1111's emphasis, the embeddings offered)
+        self.prompts = PromptReader(self._tokenizers, config.emphasis, self.embedding_files.offered)
         self.rules = dataclasses.replace(
             RequestRules.of(config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg,
             loras=tuple(lora.name for lora in files), embeddings=tuple(self.prompts.embeddings),

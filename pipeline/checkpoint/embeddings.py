@@ -84,18 +84,27 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_embeddings_dir(directory: str | Path, widths: tuple[int, int]) -> list[Embedding]:
+@dataclass(frozen=True)
+class EmbeddingDirectory:
+    """What `--embeddings-dir` gave: the embeddings offered (sorted by name) and the refused files' names (stems)."""
+
+    offered: tuple[Embedding, ...] = ()
+    refused: tuple[str, ...] = ()
+
+
+def load_embeddings_dir(directory: str | Path, widths: tuple[int, int]) -> EmbeddingDirectory:
     """Every `*.safetensors` SDXL embedding in `directory`, sorted by name; each refused file logged in one line."""
     directory = Path(directory)
     if not directory.is_dir():
         raise EmbeddingFileError(f"Embeddings directory {directory} does not exist or is not a directory.")
-    offered = []
+    offered, refused = [], []
     for path in sorted(directory.glob("*.safetensors")):
         if not path.is_file():
             continue
         try:
             offered.append(load_embedding(path, widths))
         except EmbeddingFileError as exc:
+            refused.append(path.stem)
             logger.warning("Embedding refused: %s", exc)
     logger.info("Embeddings: %d offered from %s", len(offered), directory)
-    return offered
+    return EmbeddingDirectory(tuple(offered), tuple(refused))

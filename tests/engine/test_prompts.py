@@ -76,7 +76,7 @@ def embeddings(tiny_pt):
     from pipeline.checkpoint.embeddings import load_embeddings_dir
     from pipeline.generator import text_widths
 
-    return load_embeddings_dir(EMBEDDINGS, text_widths(tiny_pt.params))
+    return load_embeddings_dir(EMBEDDINGS, text_widths(tiny_pt.params)).offered
 
 
 def test_plain_prompts_read_as_before(tokenizers, embeddings):
@@ -112,8 +112,8 @@ def test_refused_files_leave_the_rest(tiny_pt, caplog):
     from pipeline.generator import text_widths
 
     with caplog.at_level(logging.WARNING, logger="pipeline.checkpoint.embeddings"):
-        offered = load_embeddings_dir(EMBEDDINGS, text_widths(tiny_pt.params))
-    assert [e.name for e in offered] == [NAME]
+        files = load_embeddings_dir(EMBEDDINGS, text_widths(tiny_pt.params))
+    assert [e.name for e in files.offered] == [NAME] and files.refused == ("broken", "sd15emb")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and all("\n" not in line for line in lines)
     assert any("sd15emb.safetensors is an SD 1.5" in line for line in lines)
@@ -204,6 +204,7 @@ def test_the_engine_reads_weights_and_embeddings_without_compiling(feature_engin
     from pipeline.checkpoint.embeddings import file_hash
 
     assert feature_engine.rules.embeddings == (NAME,)
+    assert feature_engine.embedding_files.refused == ("broken", "sd15emb")  # each named in one line at start-up
     before = feature_engine.compile_count
     plain = generate(feature_engine, "a red fox", seed=3)
     prompt = f"a (red:1.3) fox, [{NAME}] BREAK ((grass))"
