@@ -20,6 +20,7 @@ from pathlib import Path
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD
+from .host.emphasis import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
 from .presets import Preset, get_preset, lora_of
 from .sizes import default_sizes, parse_sizes
 
@@ -65,6 +66,8 @@ class EngineConfig:
     unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
     lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
+    embeddings_dir: str | None = None  # every SDXL *.safetensors textual-inversion embedding in it is offered
+    emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
@@ -103,6 +106,8 @@ class EngineConfig:
             raise InvalidInput(f"Unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}.")
         if self.attention not in ATTENTIONS:
             raise InvalidInput(f"Unknown attention {self.attention!r}; choose one of: {', '.join(ATTENTIONS)}.")
+        if self.emphasis not in EMPHASIS_MODES:
+            raise InvalidInput(f"Unknown emphasis {self.emphasis!r}; choose one of: {', '.join(EMPHASIS_MODES)}.")
         if self.quantize not in QUANTIZE_MODES:
             raise InvalidInput(f"Unknown quantize mode {self.quantize!r}; choose one of: {', '.join(QUANTIZE_MODES)}.")
         if self.quantize != "none" and self.lora_dir:
@@ -211,6 +216,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=model,
         revision=get("revision"),
         lora_dir=get("lora_dir"),
+        embeddings_dir=get("embeddings_dir"),
+        emphasis=get("emphasis") or "original",
         sizes=sizes,
         dtype=get("dtype"),
         per_device_batch=get("per_device_batch") or 1,

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.scheduler_config import read_scheduler_config
@@ -41,6 +42,7 @@ from .errors import InvalidInput
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.emphasis import EMPHASIS_LABELS, has_emphasis
 from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
@@ -48,7 +50,7 @@ from .host.lora_sets import LoraSets
 from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
-from .host.tokens import dropped_text, summarize_dropped, tokenize
+from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
 from .image_inputs import latent_mask
 from .request import Picture, Request, RequestRules, parse_request
 from .sampler_names import sampler_label
@@ -81,11 +83,26 @@ class GenerationResult:
         return image_io.save_pngs(self.images, directory, stem)
 
 
-def written_settings(request: Request, loras: LoraSets | None = None) -> dict[str, object]:
-    """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default)."""
+def written_settings(request: Request, loras: LoraSets | None = None, text: dict | None = None) -> dict[str, object]:
+    """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default);
+    `text`: what reading its prompts adds (`text_settings`)."""
     style = {"Style": request.style} if request.style != DEFAULT_STYLE else {}  # a reader can undo the styled prompt
     hashes = {"Lora hashes": loras.hashes(request.loras)} if request.loras and loras is not None else {}
-    return {**style, **request.written_settings(picture=True), **hashes, **request.written_settings(picture=False)}
+    return {**style, **request.written_settings(picture=True), **hashes, **(text or {}),
+            **request.written_settings(picture=False)}  # fmt: skip
+
+
+def text_settings(reader: PromptReader, used: tuple[str, ...], texts: tuple[str, ...]) -> dict[str, str]:
+    """A1111's `TI hashes` ("name: hash, ...") for the embeddings a request used, and `Emphasis` when the server's
+    mode is not A1111's default and a text has a bracket (as A1111 writes them)."""
+    settings = {}
+    if used:
+        settings["TI hashes"] = ", ".join(
+            f"{name.replace(':', '').replace(',', '')}: {reader.embeddings[name].short_hash}" for name in used
+        )
+    if reader.emphasis != "original" and any(has_emphasis(text) for text in texts):
+        settings["Emphasis"] = EMPHASIS_LABELS[reader.emphasis]
+    return settings
 
 
 def style_tail(rules: RequestRules, style: str) -> str:
@@ -129,6 +146,22 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
 
 
+def read_embeddings(loaded: LoadedModel, config: EngineConfig) -> EmbeddingDirectory:
+    """The SDXL embeddings of `config.embeddings_dir` this checkpoint's encoders take and the refused files (each
+    logged in one line); none without a directory."""
+    if not config.embeddings_dir:
+        return EmbeddingDirectory()
+    return load_embeddings_dir(config.embeddings_dir, text_widths(loaded.params))
+
+
+def text_widths(params) -> tuple[int, int]:
+    """(D1, D2): the widths of the two text encoders' input vectors."""
+    return tuple(
+        int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
+        for name in ("text_encoder", "text_encoder_2")
+    )
+
+
 def served_modules(loaded: LoadedModel, config: EngineConfig) -> Modules:
     """The checkpoint's modules as the programs run them: with `--quantize int8`, the UNet's int8 form."""
     modules = Modules.of(loaded.pipeline)
@@ -161,6 +194,7 @@ def build_programs(
         prompt_windows=config.prompt_windows,
         levers=config.speed_levers,
         lora_layout=layout,
+        emphasis=config.emphasis,
     )
 
 
@@ -180,9 +214,13 @@ class Generator:
         self._check_sizes(Modules.of(loaded.pipeline))
         #: What a request may ask for and what it gets when it names nothing (`request.parse_request`).
         files, layout = read_loras(loaded, config)
+        #: The embeddings of --embeddings-dir offered (`.offered`: name, vectors, hash) and refused (`.refused`)
+        self.embedding_files = read_embeddings(loaded, config)
+        #: Prompts -> token ids and weights (A1111's emphasis, the embeddings offered)
+        self.prompts = PromptReader(self._tokenizers, config.emphasis, self.embedding_files.offered)
         self.rules = dataclasses.replace(
             RequestRules.of(config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg,
-            loras=tuple(lora.name for lora in files),
+            loras=tuple(lora.name for lora in files), embeddings=tuple(self.prompts.embeddings),
         )  # fmt: skip
         started = time.perf_counter()
         served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
@@ -200,6 +238,7 @@ class Generator:
                               placed=self.config.lora_cache) if files else None  # fmt: skip
         self._device_lock = threading.Lock()  # one request on the devices at a time
         self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
+        self._no_embeddings: dict[int, tuple] = {}  # per K windows: the empty embedding tables, on the devices
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
@@ -319,18 +358,20 @@ class Generator:
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
 
         n, windows = self.num_images, self.config.prompt_windows
-        prompt_row, prompt_windows = tokenize(self._tokenizers, prompt, windows)  # [2, N*77], windows it fills
-        negative_row, negative_windows = tokenize(self._tokenizers, negative_prompt, windows)
-        read = self._max_tokens * self.text_windows(max(prompt_windows, negative_windows))  # K*77
-        prompt_row, negative_row = prompt_row[:, :read], negative_row[:, :read]  # [2, K*77]
-        prompt_ids = np.broadcast_to(prompt_row, (n, *prompt_row.shape))  # [B, 2, K*77]
-        negative_ids = np.broadcast_to(negative_row, (n, *negative_row.shape))  # [B, 2, K*77]
+        extra = ExtraRows()  # the embeddings both texts name, each once
+        text = self.prompts.read(prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
+        negative = self.prompts.read(negative_prompt, windows, extra)
+        k = self.text_windows(max(text.windows, negative.windows))
+        read = self._max_tokens * k  # K*77
+        rows = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.ids, negative.ids)]  # [B, 2, K*77]
+        weights = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.weights, negative.weights)]
         has_negative = np.full((n,), bool(negative_prompt))  # [B]
-        filled = np.broadcast_to(np.asarray([negative_windows, prompt_windows], np.int32), (n, 2))  # [B, 2]
+        filled = np.broadcast_to(np.asarray([negative.windows, text.windows], np.int32), (n, 2))  # [B, 2]
         guidance = np.full((n,), request.guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
         inputs = RequestInputs(
-            *global_batch((prompt_ids, negative_ids, has_negative, filled, guidance, seed_array), self._batch_sharding)
+            *global_batch((*rows, has_negative, filled, guidance, seed_array, *weights), self._batch_sharding),
+            embedding_tables=self._embedding_tables(extra, k),
         )  # in RequestInputs' order
         loop_timings: dict[str, float] = {}
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
@@ -367,7 +408,7 @@ class Generator:
             off_device = time.perf_counter()
             run["done"] = plan.steps
 
-        dropped = dropped_text(self._tokenizers[0], prompt, windows)
+        dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
         parameters = [
             image_io.describe(
@@ -383,7 +424,8 @@ class Generator:
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=self._spacing_written(plan),
-                extra=written_settings(request, self.loras),
+                extra=written_settings(request, self.loras, text_settings(self.prompts, extra.names,
+                                                                          (prompt, negative_prompt))),
             )
             for s in seeds
         ]
@@ -412,6 +454,16 @@ class Generator:
         programs: a short prompt pays nothing for the long ones), else the server's N. The first window of N-window
         token rows is the 1-window rows, so K = 1 keeps only it."""
         return 1 if filled <= 1 else self.config.prompt_windows
+
+    def _embedding_tables(self, extra: ExtraRows, k: int) -> tuple:
+        """The request's embedding tables [E, D1], [E, D2] on every device: the vectors its texts use, or (none used)
+        the zero tables placed once per K."""
+        if not extra.size and k in self._no_embeddings:
+            return self._no_embeddings[k]
+        tables = self._put_all(extra.tables(extra_capacity(k), self.programs.text_widths))
+        if not extra.size:
+            self._no_embeddings[k] = tables
+        return tables
 
     def _picture(self, given: Picture, weight: float) -> PictureInputs:
         """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import DTYPES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
+from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD, FIELDS, Field
@@ -151,6 +151,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--lora-dir", "offer every *.safetensors LoRA in DIR (kohya/A1111, diffusers/PEFT; LoCon), by file name: "
            "<lora:NAME:WEIGHT> in a prompt, the API's `loras`, the page's picker; a file it cannot apply is named and "
            "left out", "SDXL_LORA_DIR", metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--embeddings-dir", "offer every SDXL textual-inversion embedding (*.safetensors with clip_l and clip_g) "
+           "in DIR by file name: the name in a prompt or negative prompt puts its vectors there (A1111's rule); a "
+           "file it cannot read (SD 1.5, broken) is named in one line and left out", "SDXL_EMBEDDINGS_DIR",
+           metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE})),
+    Option("--emphasis", "A1111's emphasis: (word) ×1.1, [word] ÷1.1, (word:1.3), BREAK; 'original' rescales each "
+           "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
+           "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default="original",
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
            "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
            "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64), 8,

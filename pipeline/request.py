@@ -52,6 +52,7 @@ class RequestRules:
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
     default_loras: tuple[tuple[str, float, float], ...] = ()  # a request naming no LoRA gets these (a preset's)
+    embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod

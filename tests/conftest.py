@@ -104,14 +104,15 @@ def lora_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def feature_engine(lora_dir):
     """tiny-pt on 2 devices at 64x64 with the fixture LoRAs and the speed levers (the default), warmed up: the engine
-    the LoRA, picture and speed-lever references run through, and the page of the feature tests serves."""
+    the LoRA, picture, speed-lever and prompt references run through, and the page of the feature tests serves
+    (with the embedding fixtures: tests/fixtures/embeddings)."""
     import jax
 
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
         str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32",
-        devices=jax.devices()[:FEATURE_DEVICES], lora_dir=str(lora_dir),
+        devices=jax.devices()[:FEATURE_DEVICES], lora_dir=str(lora_dir), embeddings_dir=str(FIXTURES / "embeddings"),
     )  # fmt: skip
     generator.warmup()
     return generator

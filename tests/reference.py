@@ -12,10 +12,12 @@ from pipeline.image_inputs import ImageSource, fit, open_image, to_rgb
 
 
 def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
-              cfg: bool = True, prediction_type: str = "epsilon", seeds=None) -> np.ndarray:  # fmt: skip
+              cfg: bool = True, prediction_type: str = "epsilon", seeds=None, text=None) -> np.ndarray:  # fmt: skip
     """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
 
-    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument.
+    For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument. `text`: the
+    encode program's other arguments (windows [b, 2], prompt and negative weights [b, 2, K*77], embedding tables
+    [E, D1], [E, D2]); None: one window, no emphasis, no embeddings.
     """
     from pipeline.device.denoise import step_local
     from pipeline.device.text import encode_local
@@ -25,8 +27,13 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
     decode = jax.jit(functools.partial(decode_local, modules))
     seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
-    windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
-    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, windows)
+    if text is None:
+        windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
+        weights = np.ones(np.shape(prompt_ids), np.float32)  # [B, 2, 77]: no emphasis
+        extra = [np.zeros((1, params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1]),
+                          np.float32) for name in ("text_encoder", "text_encoder_2")]  # no embeddings  # fmt: skip
+        text = (windows, weights, weights, *extra)
+    hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, *text)
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
     zeros = np.zeros_like(latents)
     image = {"latents": zeros, "noise": zeros, "repaint": np.ones_like(latents[:, :1]), "masked": zeros}  # none

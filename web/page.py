@@ -311,6 +311,9 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
     with gr.Row(equal_height=True, visible=rules.levers):
         controls.update(table_controls("levers", rules))
     lora_rows = lora_picker(rules)
+    embeddings = tuple(getattr(rules, "embeddings", ()))  # --embeddings-dir: a name in a prompt puts its vectors
+    gr.Markdown("Embeddings (write the name in a prompt or negative prompt): "
+                + ", ".join(f"`{name}`" for name in embeddings), visible=bool(embeddings), elem_id="embeddings")
     controls["loras"] = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):

@@ -48,6 +48,7 @@ from ..device.text import encode_local
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
 from .plan import COEFFICIENTS, HISTORY
+from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
@@ -151,6 +152,7 @@ class ServedPrograms:
         prompt_windows: int = 1,
         levers: bool = False,
         lora_layout: MergeLayout | None = None,
+        emphasis: str = "original",
     ):
         self.modules = modules
         self.mesh = mesh
@@ -161,6 +163,12 @@ class ServedPrograms:
         self.prompt_windows = prompt_windows  # static: the most 77-token windows a prompt is read in (N)
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
+        self.emphasis = emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/emphasis.py)
+        #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
+        self.text_widths = tuple(
+            int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
+            for name in ("text_encoder", "text_encoder_2")
+        )
         self.inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static: a 9-channel UNet
         self._params = {
             name: jax.tree_util.tree_map(
@@ -183,9 +191,9 @@ class ServedPrograms:
             body = functools.partial(merge_donating, components=self.lora_layout.components)
             return jax.jit(_named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True,
                            out_shardings=replicated(self.mesh))  # fmt: skip
-        if key.kind == "encode":
-            body = functools.partial(encode_local, modules, cfg=key.cfg)
-            in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch, batch)
+        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2
+            body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch, batch)
         elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
             body = functools.partial(vae_encode_local, modules)
             in_specs, out_specs = (one, batch, batch), batch
@@ -237,7 +245,10 @@ class ServedPrograms:
             return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole)
         if key.kind == "encode":
             ids = spec((n, 2, self.max_tokens * key.text_windows), np.int32)  # [B, 2, K*77]
-            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32)
+            emphasis = spec(ids.shape, np.float32)  # [B, 2, K*77]: each token's weight
+            rows = extra_capacity(key.text_windows)  # E: the request's embedding table
+            tables = [spec((rows, width), np.float32, whole) for width in self.text_widths]  # [E, D1], [E, D2]
+            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
         scale = self.modules.vae_scale_factor

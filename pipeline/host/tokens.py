@@ -8,7 +8,12 @@ last window is dropped, and `dropped_text` says what the model never saw.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
+
+from .emphasis import segments
 
 #: CLIP's window: 77 token ids, the begin and end tokens included.
 WINDOW = 77
@@ -72,3 +77,146 @@ def summarize_dropped(dropped: str, chunks: int = 1, style_tail: str = "", shown
         return f"The prompt with its style's words is longer than {limit}; the end of the style's words was " \
             f"ignored: “{quoted}”{more}."  # fmt: skip
     return f"The prompt is longer than {limit}; this part was ignored: “{quoted}”{more}."
+
+
+# ---- weighted prompts and embeddings ------------------------------------------------------------------------------
+
+#: Token ids at or above this are rows of the request's embedding table (`ExtraRows`), not of the vocabulary.
+EXTRA_BASE = 1 << 24
+
+
+def extra_capacity(windows: int) -> int:
+    """Rows of a request's embedding table for texts of `windows` windows: room for the prompt and the negative
+    prompt to fill every position of every window with embedding vectors (a static shape: it never overflows)."""
+    return 2 * CHUNK * windows
+
+
+class ExtraRows:
+    """One request's embedding table: each embedding named in its texts gets its n rows once (both texts share)."""
+
+    def __init__(self):
+        self._start: dict[str, int] = {}
+        self._tables: list[tuple[np.ndarray, ...]] = []
+        self.size = 0
+
+    def start_of(self, embedding) -> int:
+        """The first row of `embedding`'s vectors in the table, added on first use."""
+        if embedding.name not in self._start:
+            self._start[embedding.name] = self.size
+            self._tables.append(embedding.vectors)
+            self.size += embedding.length
+        return self._start[embedding.name]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The embeddings used, in order of first use."""
+        return tuple(self._start)
+
+    def tables(self, rows: int, widths: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """float32 [rows, D1], [rows, D2]: the vectors used, zeros after them."""
+        out = []
+        for encoder, width in enumerate(widths):
+            table = np.zeros((rows, width), np.float32)
+            if self._tables:
+                used = np.concatenate([vectors[encoder] for vectors in self._tables])  # [size, D]
+                table[: len(used)] = used
+            out.append(table)
+        return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """One text as the encode program reads it, for both tokenizers."""
+
+    ids: np.ndarray  # int32 [2, chunks * 77]; an embedding's vectors are EXTRA_BASE + their table row
+    weights: np.ndarray  # float32 [2, chunks * 77]: each token's emphasis (1 for begin, end and padding)
+    windows: int  # the windows the text fills (1 at least, `chunks` at most)
+    overflow: bool  # the text needs more than `chunks` windows: its end was dropped
+
+
+class PromptReader:
+    """Texts -> token ids and weights, as A1111 reads them: emphasis segments tokenized one by one, BREAK closing a
+    window, an embedding's name (as its tokens, A1111's rule, the longest name first) replaced by its vectors.
+
+    A text without brackets, BREAK or an embedding's name gives exactly `tokenize`'s ids (weights all 1).
+    A1111's comma backtrack (moving the words after a late comma to the next window) is not done: windows split at
+    75 tokens, as they do here for plain prompts.
+    """
+
+    def __init__(self, tokenizers, emphasis: str = "original", embeddings: Sequence = ()):
+        self.tokenizers = tuple(tokenizers)
+        self.emphasis = emphasis
+        self.embeddings = {embedding.name: embedding for embedding in embeddings}
+        self._lookups = [self._lookup(tokenizer) for tokenizer in self.tokenizers]
+
+    def _lookup(self, tokenizer) -> dict[int, list[tuple[tuple[int, ...], object]]]:
+        """First token id -> (the name's ids, embedding), longest names first (A1111's `ids_lookup`)."""
+        lookup: dict[int, list] = {}
+        for embedding in self.embeddings.values():
+            ids = tuple(tokenizer(embedding.name, add_special_tokens=False, verbose=False).input_ids)
+            if ids:
+                lookup.setdefault(ids[0], []).append((ids, embedding))
+        for matches in lookup.values():
+            matches.sort(key=lambda match: len(match[0]), reverse=True)
+        return lookup
+
+    def read(self, text: str, chunks: int, extra: ExtraRows) -> TokenRows:
+        """`text`'s rows in `chunks` windows; embeddings it names get rows of `extra`."""
+        parts = segments(text, self.emphasis)
+        rows, weights, used, overflow = [], [], 1, False
+        for tokenizer, lookup in zip(self.tokenizers, self._lookups, strict=True):
+            windows = self._windows(tokenizer, lookup, parts, extra)
+            used, overflow = max(used, min(chunks, len(windows))), overflow or len(windows) > chunks
+            windows += [([], [])] * (chunks - len(windows))
+            begin, end, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+            row, weight = [], []
+            for ids, factors in windows[:chunks]:
+                row += [begin, *ids, end] + [pad] * (CHUNK - len(ids))
+                weight += [1.0, *factors, 1.0] + [1.0] * (CHUNK - len(ids))
+            rows.append(row)
+            weights.append(weight)
+        return TokenRows(np.asarray(rows, np.int32), np.asarray(weights, np.float32), used, overflow)
+
+    def _windows(self, tokenizer, lookup, parts, extra: ExtraRows) -> list[tuple[list, list]]:
+        """The text's windows of at most 75 (ids, weights), A1111's `tokenize_line` without the comma backtrack."""
+        windows: list[tuple[list, list]] = []
+        ids, factors = [], []
+
+        def close() -> None:
+            nonlocal ids, factors
+            windows.append((ids, factors))
+            ids, factors = [], []
+
+        for part in parts:
+            if part.is_break:
+                close()
+                continue
+            tokens = tokenizer(part.text, add_special_tokens=False, truncation=False, verbose=False).input_ids
+            position = 0
+            while position < len(tokens):
+                if len(ids) == CHUNK:
+                    close()
+                match = _match_at(lookup, tokens, position)
+                if match is None:
+                    ids.append(tokens[position])
+                    factors.append(part.weight)
+                    position += 1
+                    continue
+                name_ids, embedding = match
+                if len(ids) + embedding.length > CHUNK:
+                    close()
+                start = EXTRA_BASE + extra.start_of(embedding)
+                ids += range(start, start + embedding.length)
+                factors += [part.weight] * embedding.length
+                position += len(name_ids)
+        if ids or not windows:
+            close()
+        return windows
+
+
+def _match_at(lookup, tokens: list[int], position: int):
+    """(the name's ids, embedding) of the longest embedding name starting at `position`, or None."""
+    for ids, embedding in lookup.get(tokens[position], ()):
+        if tuple(tokens[position : position + len(ids)]) == ids:
+            return ids, embedding
+    return None

@@ -179,6 +179,8 @@ def test_page_offers_the_pickers_sliders_and_picture_controls(page, feature_engi
     assert (by_id["deepcache"]["props"]["minimum"], by_id["deepcache"]["props"]["value"]) == (1, 1)
     assert by_id["cfg-end"]["props"]["value"] == 1 and by_id["strength"]["props"]["value"] == 0.75
     assert "kohya_sgm" in json.dumps(config)
+    embeddings = by_id["embeddings"]["props"]  # the embedding fixtures (--embeddings-dir), listed by name
+    assert embeddings["visible"] is True and "`zqxtoken`" in embeddings["value"]
 
 
 # ---- the page's picture handlers, called as Gradio calls them ------------------------------------------------------
