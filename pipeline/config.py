@@ -64,6 +64,7 @@ class EngineConfig:
     unet: str | None = None  # a whole-UNet .safetensors (path or REPO:FILE) replacing the checkpoint's UNet
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
     lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
+    controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
@@ -188,6 +189,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=model,
         revision=get("revision"),
         lora_dir=get("lora_dir"),
+        controlnets=controlnet_specs(get("controlnet")),
         sizes=sizes,
         dtype=get("dtype"),
         per_device_batch=get("per_device_batch") or 1,
@@ -201,3 +203,15 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         executable_cache=not get("no_executable_cache"),
         **settings,
     )
+
+
+#: The environment variable of --controlnet: comma-separated specs (the flag, repeated, wins).
+CONTROLNET_ENV = "SDXL_CONTROLNET"
+
+
+def controlnet_specs(flags) -> tuple[str, ...]:
+    """--controlnet values (PATH, REPO or NAME=PATH), else SDXL_CONTROLNET's comma-separated ones."""
+    import os
+
+    values = list(flags or ()) or os.environ.get(CONTROLNET_ENV, "").split(",")
+    return tuple(value.strip() for value in values if value.strip())

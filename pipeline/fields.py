@@ -324,6 +324,8 @@ FIELDS: tuple[Field, ...] = (
           needs="picture", flag="--strength", api_type=float,
           control=Control("Strength", "How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
                           step=0.05, elem_id="strength", group="picture")),
+    Field("controlnets", "controls", "up to 2 {name, image, weight 0..2, start, end, preprocessor none|canny} of the "
+          "server's ControlNets", flag="--control-image", api_type=list),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

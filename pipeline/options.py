@@ -150,6 +150,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--lora-dir", "offer every *.safetensors LoRA in DIR (kohya/A1111, diffusers/PEFT; LoCon), by file name: "
            "<lora:NAME:WEIGHT> in a prompt, the API's `loras`, the page's picker; a file it cannot apply is named and "
            "left out", "SDXL_LORA_DIR", metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--controlnet", "an SDXL ControlNet in diffusers' layout (config.json + safetensors, fp16 variant too): "
+           "PATH, Hub REPO or NAME=PATH (repeat; named by its folder); requests use up to 2 (`controlnets`); one "
+           "that cannot be loaded is named in one line and left out", "SDXL_CONTROLNET", kind="append",
+           metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True,
+           env_text="SDXL_CONTROLNET: comma-separated"),
     Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
            "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
            "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64), 8,

@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from .config import EngineConfig
+from .controls import ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .host.plan import sampler_label
@@ -50,6 +51,7 @@ class RequestRules:
     cfg: bool = True  # False: the guidance-free program runs; negative prompt and guidance are ignored
     levers: bool = True  # cfg_end and deepcache are offered (their programs compiled: not with --no-speed-levers)
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
+    controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -64,6 +66,7 @@ class RequestRules:
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras,
+            controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
         )  # fmt: skip
 
 
@@ -98,6 +101,7 @@ class Request:
     init_image: bytes | None = None  # PNG of the picture to start from, fitted to `size` (None: text to image)
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
+    controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controls.py)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -109,8 +113,9 @@ class Request:
         data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.compare}
         for name in ("init_image", "mask_image"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
+        units = [unit.to_dict() for unit in self.controlnets]
         return {**data, "size": list(self.size), "loras": [list(lora) for lora in self.loras],
-                "ignored": list(self.ignored)}  # fmt: skip
+                "ignored": list(self.ignored), "controlnets": units}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Request:
@@ -119,6 +124,7 @@ class Request:
         values["size"] = tuple(values["size"])  # JSON has no tuples
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         values["ignored"] = tuple(values.get("ignored", ()))
+        values["controlnets"] = tuple(ControlUnit.from_dict(unit) for unit in values.get("controlnets", ()))
         for name in ("init_image", "mask_image"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
@@ -210,6 +216,7 @@ def parse_request(
     loras: object = None,
     init_image: object = None,
     mask_image: object = None,
+    controlnets: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
     **plain: object,
@@ -222,7 +229,8 @@ def parse_request(
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
-    the size; `strength` only counts with a picture.
+    the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
+    preprocessor}` of the server's ControlNets (controls.py).
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -248,6 +256,9 @@ def parse_request(
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
                                     steps=values["steps"])  # fmt: skip
+    units = parse_controls(controlnets, rules.controlnets, height, width)
+    if units and values.get("deepcache", 1) != 1:
+        raise InvalidInput("DeepCache does not combine with ControlNet: set deepcache to 1 or drop the controlnets.")
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -261,6 +272,7 @@ def parse_request(
         seed=resolved_seed,
         size=(height, width),
         loras=chosen,
+        controlnets=units,
         **values,
         **_picture_fields(pictures),
         styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
@@ -401,3 +413,9 @@ def _size(size: object, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:
     height, width = size if isinstance(size, tuple | list) and len(size) == 2 else (size, None)
     check_shape(height, width, sizes)
     return int(height), int(width)
+
+
+def _controlnet_name(spec: str) -> str:
+    """A --controlnet value's name (NAME=PATH, else its folder's or repo's name), known before it loads."""
+    name, sep, source = spec.partition("=")
+    return name.strip() if sep and name.strip() else pathlib.Path((source if sep else spec).strip().rstrip("/")).name

@@ -145,24 +145,6 @@ class SDXLControlNet(nn.Module):
         )["params"]
 
 
-def scaled_residuals(controlnets, params, scales, sample, timesteps, hidden, added, controls):
-    """Sum of every ControlNet's residuals, each times its per-step scale (diffusers' MultiControlNetModel).
-
-    controlnets: the static modules; params: one tree each; scales float32 [n] (weight x window, from the host);
-    controls: one [b, 3, H, W] image each. Returns (down residuals, mid residual) to hand to the UNet.
-    """
-    down_sum, mid_sum = None, None
-    for i, (module, tree, control) in enumerate(zip(controlnets, params, controls, strict=True)):
-        down, mid = module.apply({"params": tree}, sample, timesteps, hidden, added["text_embeds"],
-                                 added["time_ids"], control.astype(module.dtype))  # fmt: skip
-        scale = scales[i].astype(mid.dtype)
-        down = [residual * scale for residual in down]
-        mid = mid * scale
-        down_sum = down if down_sum is None else [a + b for a, b in zip(down_sum, down, strict=True)]
-        mid_sum = mid if mid_sum is None else mid_sum + mid
-    return tuple(down_sum), mid_sum
-
-
 def shape_params(module: SDXLControlNet):
     """The parameter tree's shapes, traced: nothing allocated."""
     return jax.eval_shape(module.init_weights, jax.random.PRNGKey(0))

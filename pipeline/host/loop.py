@@ -73,6 +73,16 @@ class Blank:
     masked: jax.Array  # float32 [B, 4, h, w]: an inpainting UNet's masked picture: a grey one's latents (else zeros)
 
 
+@dataclass(frozen=True)
+class ControlInputs:
+    """One request's ControlNet units (`controls.py`): their maps on the devices, weights and per-step scales."""
+
+    maps: tuple  # one float32 [B, 3, H, W] map in [0, 1] per unit (split over the batch)
+    trees: tuple  # each unit's ControlNet weights (replicated)
+    nets: tuple[int, ...]  # static: each unit's architecture (`ProgramKey.nets`)
+    scales: np.ndarray  # float32 [plan rows, units]: weight x window per step (0: that unit is off there)
+
+
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
@@ -95,6 +105,7 @@ def run(
     put: Callable[[np.ndarray], jax.Array],
     blank: Blank,
     picture: PictureInputs | None = None,
+    control: ControlInputs | None = None,
     speed: SpeedPlan | None = None,
     on_preview: PreviewListener | None = None,
     on_step: Listener | None = None,
@@ -117,6 +128,8 @@ def run(
     run, `image_plan.py`); `blank` stands in for it without one. `on_preview` gets every PREVIEW_EVERY-th step's
     predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step
     is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
+    `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`, the others
+    (no ControlNet, or outside every unit's window) the plain step.
     """
     height, width = size
     started = time.perf_counter()
@@ -174,7 +187,12 @@ def run(
         blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
         args = (unet, latents, previous, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
                 blend_sigma)  # fmt: skip
-        if planned.full and kinds[0] == "step_full":
+        scales = control.scales[index] if control is not None else None  # float32 [units]
+        if planned.full and scales is not None and scales.any():
+            key = ProgramKey("step_control", height, width, planned.cfg, text, control.nets)
+            weights = {**unet, "controlnets": control.trees}
+            latents, previous = programs.compile(key)(weights, *args[1:], control.maps, put(scales))
+        elif planned.full and kinds[0] == "step_full":
             latents, previous, feature = step_program(True, planned.cfg)(*args)
         elif planned.full:
             latents, previous = step_program(True, planned.cfg)(*args)

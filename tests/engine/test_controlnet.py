@@ -1,0 +1,106 @@
+"""ControlNet requests on the engine equal diffusers' PyTorch SDXL ControlNet pipelines (within 1 level of 255):
+weight 0.8 over all steps, 1.2 over 0.25-0.75, two ControlNets at once, ControlNet + img2img; weight 0 gives the
+pixels of no control exactly; nothing compiles per request; the images record A1111's ControlNet entries.
+
+Fixtures: scripts/make_controlnet_fixtures.py (tests/fixtures/controlnet-*).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
+from PIL import Image
+
+from pipeline.controls import step_scales
+from pipeline.errors import InvalidInput
+from pipeline.request import Request
+
+MANIFEST = json.loads((FIXTURES / "controlnet-expected.json").read_text())
+ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")
+CASES = {case["name"]: case for case in MANIFEST["cases"]}
+
+
+@pytest.fixture(scope="module")
+def control_engine():
+    """tiny-pt with both fixture ControlNets on 2 devices; no levers, one text window, no previews: few programs."""
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
+        prompt_windows=1, previews=False, devices=jax.devices()[:FEATURE_DEVICES],
+        controlnets=(str(FIXTURES / "controlnet-a"), str(FIXTURES / "controlnet-b")),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
+def _units(case) -> list[dict]:
+    return [{"name": name, "image": FIXTURES / image, "weight": weight, "start": start, "end": end}
+            for name, image, weight, start, end in zip(case["controlnets"], case["maps"], case["weights"],
+                                                       case["starts"], case["ends"], strict=True)]  # fmt: skip
+
+
+def _request(engine, case, tmp_path, **fields):
+    if case["pipeline"].endswith("Img2ImgPipeline"):
+        picture = tmp_path / "init.png"
+        Image.fromarray(np.load(FIXTURES / "image-expected.npz")["fit_image"]).save(picture)
+        fields.update(init_image=picture, strength=case["strength"])
+    return engine.request(case["prompt"], seed=case["seed"], steps=case["steps"], guidance_scale=case["guidance_scale"],
+                          sampler="Euler", controlnets=_units(case), **fields)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pixels_match_diffusers_controlnet_pipelines(control_engine, name, tmp_path):
+    case = CASES[name]
+    before = control_engine.compile_count
+    result = control_engine.generate(_request(control_engine, case, tmp_path))
+    assert control_engine.compile_count == before  # nothing compiles per request
+    got = np.asarray(result.images[0], np.int16)  # [64, 64, 3]
+    expected = ARRAYS[name][0].astype(np.int16)
+    assert np.abs(got - expected).max() <= 1, name
+    request = _request(control_engine, case, tmp_path)
+    plain = control_engine.generate(Request(**{**request.__dict__, "controlnets": ()}))
+    assert np.abs(np.asarray(plain.images[0], np.int16) - expected).max() > 8  # the control changes the picture
+    assert 'ControlNet 0: "Module: none, Model: controlnet-' in result.parameters[0]
+
+
+def test_weight_zero_is_exactly_no_control(control_engine, tmp_path):
+    case = {**CASES["weight0.8"], "weights": [0.0]}
+    with_zero = control_engine.generate(_request(control_engine, case, tmp_path))
+    request = _request(control_engine, case, tmp_path)
+    without = control_engine.generate(Request(**{**request.__dict__, "controlnets": ()}))
+    assert np.array_equal(np.asarray(with_zero.images[0]), np.asarray(without.images[0]))
+
+
+def test_window_is_diffusers_controlnet_keep():
+    from pipeline.controls import ControlUnit
+
+    window = ControlUnit("a", b"", weight=1.2, start=0.25, end=0.75)
+    assert step_scales((window,), 4)[:, 0].tolist() == pytest.approx([0, 1.2, 1.2, 0])
+    assert step_scales((ControlUnit("a", b"", 0.5), ControlUnit("b", b"", 1, 0.5, 1)), 2).tolist() == [[0.5, 0],
+                                                                                                      [0.5, 1]]
+
+
+def test_request_travels_and_refusals_are_one_sentence(control_engine):
+    request = control_engine.request("a fox", controlnets=[{"name": "controlnet-b", "image": FIXTURES / MANIFEST[
+        "cases"][0]["maps"][0], "weight": 0.5, "preprocessor": "canny", "low": 50, "high": 120}])  # fmt: skip
+    assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+    unit = request.controlnets[0]
+    assert unit.module == "canny" and set(np.unique(unit.pixels())) <= {0, 255}
+    bad = [({"name": "nope", "image": FIXTURES / "controlnet-map-a.png"}, "Unknown ControlNet"),
+           ({"name": "controlnet-a"}, "needs a control image"),
+           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 3}, "weight must be"),
+           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "start": 0.8, "end": 0.2}, "below"),
+           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "preprocessor": "depth"},
+            "preprocessor")]  # fmt: skip
+    for unit, words in bad:
+        with pytest.raises(InvalidInput, match=words) as error:
+            control_engine.request("a fox", controlnets=[unit])
+        assert "\n" not in str(error.value)
+    with pytest.raises(InvalidInput, match="At most 2"):
+        control_engine.request("a fox", controlnets=[{"name": "controlnet-a", "image": FIXTURES /
+                                                      "controlnet-map-a.png"}] * 3)  # fmt: skip
