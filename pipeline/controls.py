@@ -60,7 +60,7 @@ class ControlUnit:
                 f"Guidance End: {self.end:g}")  # fmt: skip
         if self.module == "canny":
             text += f", Threshold A: {self.low}, Threshold B: {self.high}"
-        return f"ControlNet {index}", f'"{text}"'
+        return f"ControlNet {index}", text  # describe() quotes it, as A1111 does a value with commas
 
 
 def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
