@@ -135,3 +135,25 @@ def step_scales(units: tuple[ControlUnit, ...], steps: int) -> np.ndarray:
             if not (i / steps < unit.start or (i + 1) / steps > unit.end):
                 scales[i, column] = unit.weight
     return scales
+
+
+#: A1111's ControlNet entry keys -> this unit's fields (what PNG Info reads back).
+_WRITTEN_KEYS = {"Module": "module", "Model": "name", "Weight": "weight", "Guidance Start": "start",
+                 "Guidance End": "end", "Threshold A": "low", "Threshold B": "high"}  # fmt: skip
+
+
+def read_written(text: str) -> dict[str, object]:
+    """An entry `written` made (or A1111's extension: its extra keys are skipped) -> {name, module, weight, start,
+    end[, low, high]}; numbers as numbers. What PNG Info shows of a ControlNet (the map itself is not in the text)."""
+    values: dict[str, object] = {}
+    for part in str(text).split(","):
+        key, sep, value = part.partition(":")
+        field_name = _WRITTEN_KEYS.get(key.strip())
+        if not sep or field_name is None:
+            continue
+        value = value.strip()
+        try:
+            values[field_name] = float(value) if field_name not in ("module", "name") else value
+        except ValueError:
+            continue
+    return values

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from .config import EngineConfig
-from .controls import ControlUnit, parse_controls
+from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .host.plan import sampler_label
@@ -189,6 +189,11 @@ def request_schema() -> dict:
         "written_prompt": text,
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
+        "controlnets": {"type": "array", "maxItems": MAX_CONTROLNETS, "description": FIELD["controlnets"].help,
+                        "items": {"type": "object", "required": ["name", "image"], "properties": {
+                            "name": text, "image": picture, "weight": {"type": "number", "minimum": 0, "maximum": 2},
+                            "start": {"type": "number"}, "end": {"type": "number"}, "module": {"enum": list(PREPROCESSORS)},
+                            "low": {"type": "integer"}, "high": {"type": "integer"}}}},
     }  # fmt: skip
     for row in PLAIN:
         properties[row.name] = row.schema()

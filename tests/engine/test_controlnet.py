@@ -15,9 +15,10 @@ import pytest
 from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 from PIL import Image
 
-from pipeline.controls import step_scales
+from pipeline.controls import read_written, step_scales
 from pipeline.errors import InvalidInput
 from pipeline.request import Request
+from web.png_info import parse_infotext
 
 MANIFEST = json.loads((FIXTURES / "controlnet-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")
@@ -65,7 +66,11 @@ def test_pixels_match_diffusers_controlnet_pipelines(control_engine, name, tmp_p
     request = _request(control_engine, case, tmp_path)
     plain = control_engine.generate(Request(**{**request.__dict__, "controlnets": ()}))
     assert np.abs(np.asarray(plain.images[0], np.int16) - expected).max() > 8  # the control changes the picture
-    assert 'ControlNet 0: "Module: none, Model: controlnet-' in result.parameters[0]
+    written = parse_infotext(result.parameters[0]).settings  # what PNG Info reads back
+    for i, name in enumerate(case["controlnets"]):
+        entry = read_written(written[f"ControlNet {i}"])
+        assert entry == {"module": "none", "name": name, "weight": pytest.approx(case["weights"][i]),
+                         "start": case["starts"][i], "end": case["ends"][i]}  # fmt: skip
 
 
 def test_weight_zero_is_exactly_no_control(control_engine, tmp_path):
