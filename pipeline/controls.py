@@ -84,6 +84,21 @@ def _number(item: Mapping, key: str, default: float, low: float, high: float, ca
     return float(value)
 
 
+def image_source(value: object) -> object:
+    """A unit's image as `open_image` takes it. Text is base64 (a `data:` URL or bare, as A1111's API sends
+    images), never a path: a request must not read the server's files. Python callers may pass a `pathlib.Path`,
+    bytes, a PIL image or an array."""
+    if isinstance(value, str):
+        text = value.split(",", 1)[1] if value.startswith("data:") else value
+        try:
+            return base64.b64decode(text, validate=True)
+        except ValueError:
+            raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).") from None
+    if isinstance(value, Mapping):
+        raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).")
+    return value
+
+
 def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) -> ControlUnit:
     """One `{name, image, weight, start, end, preprocessor, low, high}` checked into a ControlUnit."""
     if not isinstance(item, Mapping):
@@ -106,7 +121,8 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
         raise InvalidInput(f"ControlNet start ({start:g}) must be below its end ({end:g}).")
     low = int(_number(item, "low", CANNY_LOW, 1, 255, "low threshold"))
     high = int(_number(item, "high", CANNY_HIGH, 1, 255, "high threshold"))
-    picture = fit(to_rgb(open_image(item["image"], what="control image"), what="control image"), height, width)
+    picture = fit(to_rgb(open_image(image_source(item["image"]), what="control image"), what="control image"),
+                  height, width)  # fmt: skip
     control_map = preprocess(np.asarray(picture), module, low, high)
     buffer = io.BytesIO()
     Image.fromarray(control_map).save(buffer, format="PNG", compress_level=1)

@@ -192,8 +192,9 @@ def request_schema() -> dict:
         "controlnets": {"type": "array", "maxItems": MAX_CONTROLNETS, "description": FIELD["controlnets"].help,
                         "items": {"type": "object", "required": ["name", "image"], "properties": {
                             "name": text, "image": picture, "weight": {"type": "number", "minimum": 0, "maximum": 2},
-                            "start": {"type": "number"}, "end": {"type": "number"}, "module": {"enum": list(PREPROCESSORS)},
-                            "low": {"type": "integer"}, "high": {"type": "integer"}}}},
+                            "start": {"type": "number"}, "end": {"type": "number"},
+                            "module": {"enum": list(PREPROCESSORS)}, "low": {"type": "integer"},
+                            "high": {"type": "integer"}}}},
     }  # fmt: skip
     for row in PLAIN:
         properties[row.name] = row.schema()
