@@ -77,7 +77,7 @@ def controlnet_module(config: dict, dtype: str):
             f"text width {config.get('cross_attention_dim')}: an SD 1.5/2.x ControlNet?)"
         )
     for key, wanted in _REQUIRED.items():
-        if config.get(key, wanted) != wanted:
+        if config.get(key, wanted) != wanted and not (config.get(key) is None and wanted is False):  # null = off
             raise CheckpointError(f"its config has {key}={config[key]!r}, which this engine does not run")
     if not set(config.get("down_block_types", ())) <= _BLOCK_TYPES:
         raise CheckpointError(f"its down blocks {config['down_block_types']} are not SDXL's")

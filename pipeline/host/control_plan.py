@@ -32,8 +32,9 @@ class ServedControlNets:
     sets: tuple[tuple[int, ...], ...] = ()  # static: the architecture combinations with a step program
 
     @classmethod
-    def of(cls, nets: list, loaded, mesh) -> ServedControlNets:
-        """Place each loaded ControlNet that fits the UNet; one that does not is named in one line and left out."""
+    def of(cls, nets: list, loaded, mesh=None) -> ServedControlNets:
+        """Place each loaded ControlNet that fits the UNet on `mesh` (None: place nothing, a TPU topology's
+        precompile reads shapes only); one that does not fit is named in one line and left out."""
         unet = dict(loaded.pipeline.unet.config)
         archs, keys, arch_of, trees = [], [], {}, {}
         for net in nets:
@@ -46,7 +47,7 @@ class ServedControlNets:
                 keys.append(key)
                 archs.append(net.module)
             arch_of[net.name] = keys.index(key)
-            trees[net.name] = replicate_tree(net.params, mesh)
+            trees[net.name] = replicate_tree(net.params, mesh) if mesh is not None else None
         indices = range(len(archs))
         sets = tuple(combo for size in range(1, MAX_CONTROLNETS + 1)
                      for combo in itertools.combinations_with_replacement(indices, size))  # fmt: skip
