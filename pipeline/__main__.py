@@ -146,9 +146,16 @@ def control_units(args: argparse.Namespace) -> list[dict]:
         for key, dest in settings.items():
             values = getattr(args, dest, None) or []
             if i < len(values):
-                unit[key] = values[i]
+                unit[key] = _number(values[i], dest) if key in ("weight", "start", "end") else values[i]
         units.append(unit)
     return units
+
+
+def _number(text: str, dest: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInput(f"--{dest.replace('_', '-')} must be a number; got {text!r}.") from None
 
 
 def _lora(text: str) -> list:

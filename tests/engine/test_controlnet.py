@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 
-import jax
 import numpy as np
 import pytest
-from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
+from conftest import FIXTURES
 from PIL import Image
 
 from pipeline.controls import read_written, step_scales
@@ -23,20 +22,6 @@ from web.png_info import parse_infotext
 MANIFEST = json.loads((FIXTURES / "controlnet-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")
 CASES = {case["name"]: case for case in MANIFEST["cases"]}
-
-
-@pytest.fixture(scope="module")
-def control_engine():
-    """tiny-pt with both fixture ControlNets on 2 devices; no levers, one text window, no previews: few programs."""
-    from pipeline.generator import Generator
-
-    generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
-        prompt_windows=1, previews=False, devices=jax.devices()[:FEATURE_DEVICES],
-        controlnets=(str(FIXTURES / "controlnet-a"), str(FIXTURES / "controlnet-b")),
-    )  # fmt: skip
-    generator.warmup()
-    return generator
 
 
 def _units(case) -> list[dict]:
