@@ -94,3 +94,27 @@ def test_request_travels_and_refusals_are_one_sentence(control_engine):
     with pytest.raises(InvalidInput, match="At most 2"):
         control_engine.request("a fox", controlnets=[{"name": "controlnet-a", "image": FIXTURES /
                                                       "controlnet-map-a.png"}] * 3)  # fmt: skip
+
+
+def test_cli_flags_make_units(tmp_path):
+    from pipeline.__main__ import build_parser, request_arguments
+    from pipeline.config import engine_config
+    from pipeline.request import RequestRules, parse_request
+
+    argv = ["generate", "--model", "tiny", "--controlnet", f"edges={FIXTURES / 'controlnet-a'}", "--controlnet",
+            str(FIXTURES / "controlnet-b"), "--prompt", "a fox", "--out", str(tmp_path),
+            "--control-image", str(FIXTURES / "controlnet-map-a.png"), "--control", "edges", "--control-weight", "0.7",
+            "--control-image", str(FIXTURES / "image-input.png"), "--control", "controlnet-b",
+            "--control-preprocessor", "none", "--control-preprocessor", "canny", "--control-end", "1",
+            "--control-end", "0.5"]  # the i-th of each flag goes with the i-th image  # fmt: skip
+    args = build_parser().parse_args(argv)
+    config = engine_config(args)
+    assert config.controlnets == (f"edges={FIXTURES / 'controlnet-a'}", str(FIXTURES / "controlnet-b"))
+    rules = RequestRules.of(config)
+    assert rules.controlnets == ("edges", "controlnet-b")
+    request = parse_request(**request_arguments(args), rules=rules)
+    first, second = request.controlnets
+    assert (first.name, first.weight, first.module, second.name, second.end, second.module) == (
+        "edges", 0.7, "none", "controlnet-b", 0.5, "canny")  # fmt: skip
+    with pytest.raises(InvalidInput, match="--control-weight must be a number"):
+        parse_request(**request_arguments(build_parser().parse_args([*argv, "--control-weight", "x"])), rules=rules)
