@@ -69,3 +69,16 @@ def controlnet_cost(config, runs: int, say: Progress = progress) -> ControlNetCo
     height, width = generator.sizes[0]
     return ControlNetCost(f"{width}×{height}", generator.config.steps, generator.device_count,
                           warm["compile_s"] + warm["first_run_s"], rows, compiles)  # fmt: skip
+
+
+def markdown(cost) -> list[str]:
+    """The part's table (`cost` as results.json holds it: a dict, or the dataclass)."""
+    cost = cost if isinstance(cost, dict) else dataclasses.asdict(cost)
+    lines = ["", f"## ControlNet: requests with 0, 1, 2 ControlNets ({cost['size']}, {cost['steps']} steps, "
+             f"{cost['devices']} devices; {cost['compiles']} compilations while timing)", "",
+             "| ControlNets | request ms, median (p90; min–max) | vs none |", "|---|---|---|"]  # fmt: skip
+    for row in cost["rows"]:
+        request = row["request"]
+        lines.append(f"| {row['controlnets']} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
+                     f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_none']:.2f}× |")  # fmt: skip
+    return lines

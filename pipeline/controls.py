@@ -173,3 +173,28 @@ def read_written(text: str) -> dict[str, object]:
         except ValueError:
             continue
     return values
+
+
+def from_a1111(args: object) -> list[dict]:
+    """sd-webui-controlnet's `alwayson_scripts.controlnet.args` -> `controlnets` units (for an A1111-shaped API).
+
+    Each arg: `image` (base64, or {"image": base64} as older clients send), `module`, `model` (its " [hash]" suffix
+    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `enabled`
+    (False: skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
+    if not isinstance(args, (list, tuple)):
+        raise InvalidInput("alwayson_scripts.controlnet.args must be a list of ControlNet units.")
+    units = []
+    for arg in args:
+        if not isinstance(arg, Mapping):
+            raise InvalidInput(f"Each ControlNet unit must be an object; got {echo(arg)}.")
+        if arg.get("enabled", True) is False:
+            continue
+        image = arg.get("image") or arg.get("input_image")
+        image = image.get("image") if isinstance(image, Mapping) else image
+        unit = {"name": str(arg.get("model") or "").split(" [")[0].strip() or None, "image": image,
+                "weight": arg.get("weight"), "start": arg.get("guidance_start"), "end": arg.get("guidance_end"),
+                "preprocessor": arg.get("module")}  # fmt: skip
+        if str(arg.get("module", "")).lower() == "canny":
+            unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))
+        units.append({key: value for key, value in unit.items() if value is not None})
+    return units

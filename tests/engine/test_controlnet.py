@@ -7,6 +7,7 @@ Fixtures: scripts/make_controlnet_fixtures.py (tests/fixtures/controlnet-*).
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from conftest import FIXTURES
 from PIL import Image
 
-from pipeline.controls import read_written, step_scales
+from pipeline.controls import parse_controls, read_written, step_scales
 from pipeline.errors import InvalidInput
 from pipeline.request import Request
 from web.png_info import parse_infotext
@@ -118,3 +119,17 @@ def test_cli_flags_make_units(tmp_path):
         "edges", 0.7, "none", "controlnet-b", 0.5, "canny")  # fmt: skip
     with pytest.raises(InvalidInput, match="--control-weight must be a number"):
         parse_request(**request_arguments(build_parser().parse_args([*argv, "--control-weight", "x"])), rules=rules)
+
+
+def test_a1111_controlnet_args_map_to_units():
+    from pipeline.controls import from_a1111
+
+    image = base64.b64encode((FIXTURES / "controlnet-map-a.png").read_bytes()).decode()
+    args = [{"enabled": True, "image": {"image": image}, "module": "canny", "model": "controlnet-a [a1b2c3]",
+             "weight": 0.6, "guidance_start": 0.1, "guidance_end": 0.9, "threshold_a": 64, "threshold_b": 128},
+            {"enabled": False, "image": image, "model": "controlnet-b"}]  # fmt: skip
+    [unit] = from_a1111(args)
+    assert unit == {"name": "controlnet-a", "image": image, "weight": 0.6, "start": 0.1, "end": 0.9,
+                    "preprocessor": "canny", "low": 64, "high": 128}  # fmt: skip
+    [parsed] = parse_controls(from_a1111(args), ("controlnet-a",), 64, 64)
+    assert (parsed.module, parsed.low, parsed.high, parsed.weight) == ("canny", 64, 128, 0.6)
