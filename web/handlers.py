@@ -103,7 +103,7 @@ class Handlers:
                 checked = parse_request(
                     given["prompt"], given["negative_prompt"], given["style"], seed=given["seed"],
                     randomize_seed=given["randomize_seed"], size=given["aspect_ratio"], loras=given["loras"],
-                    init_image=image, mask_image=mask, controlnets=control_request(given["controlnets"]), rules=rules,
+                    init_image=image, mask_image=mask, controlnets=given["controlnets"], rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                     **{row.name: given[row.name] for row in PLAIN},
                 )  # fmt: skip
@@ -537,7 +537,3 @@ API_DOC = "\n".join([
     "    previews: False = no pictures forming streamed, and the devices run no preview program",
 ])  # fmt: skip
 
-
-def control_request(value: Any) -> Any:
-    """The API's `controlnets` as parse_request reads it: images arrive as base64 text (never a server path)."""
-    return value
