@@ -31,7 +31,7 @@ from .reference import CHECK_RATIO
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost",
+    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -261,6 +261,11 @@ def run(args: argparse.Namespace) -> dict:
 
         progress(f"img2img: text to image vs image to image (0.5, 1.0) vs inpainting ({args.runs} runs) ...")
         results["img2img"] = image_inputs_cost(generator, args.runs)
+    if "controlnet" in args.parts:
+        from .controlnet import controlnet_cost
+
+        progress(f"controlnet: requests with 0, 1 and 2 ControlNets ({args.runs} runs) ...")
+        results["controlnet"] = controlnet_cost(args.config, args.runs)
     if "levers" in args.parts:
         from .features import speed_levers
 

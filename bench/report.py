@@ -299,6 +299,10 @@ def markdown(results: dict) -> str:
         from .apphost import markdown as apphost_markdown
 
         lines += apphost_markdown(results["apphost"])
+    if results.get("controlnet") is not None:
+        from .controlnet import markdown as controlnet_markdown
+
+        lines += controlnet_markdown(results["controlnet"])
     return "\n".join(lines)
 
 

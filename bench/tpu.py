@@ -57,11 +57,13 @@ from pathlib import Path
 SDXL = "sdxl"
 TINY = "tiny"
 KINDS = ("step", "decode", "encode", "start", "merge", "step_full", "step_shallow", "halve_text", "halve_feature",
-         "preview")
+         "preview", "step_control")
+#: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
+CONTROLNET_CONFIG = Path(__file__).resolve().parent.parent / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
-UNET_KINDS = ("step", "step_full", "step_shallow")
+UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")
 #: The kinds that read the prompt's hidden states, so depend on --prompt-windows.
-TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "halve_text")
+TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "step_control", "halve_text")
 #: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
 LORA_RANK = 32
 #: int8 x int8 peak per chip (ops/s): v5e 393 TOPS, v6e 1836 TOPS (Google Cloud's TPU pages), twice bf16's.
@@ -75,6 +77,7 @@ REQUESTS = (
     ("SDXL base, 25 steps, DeepCache 3", 25, True, 1.0, 3),
     ("SDXL base, 25 steps, cfg_end 0.5 + DeepCache 3", 25, True, 0.5, 3),
     ("Lightning-4, 4 steps, no CFG", 4, False, 1.0, 1),
+    (CONTROLNET_REQUEST := "SDXL base, 25 steps, CFG, 1 ControlNet", 25, True, 1.0, 1),
 )
 #: MLPerf Inference's SDXL scenario (20 steps, guidance 8, 1024x1024), beside the published v5e figure.
 MLPERF_REQUEST = ("MLPerf SDXL, 20 steps, CFG", 20, True, 1.0, 1)
@@ -161,8 +164,20 @@ def sdxl_model(dtype, quantize: str = "none"):
 
         params["unet"] = abstract_unet_params(unet, dtype)
         unet = quantized_unet(unet)
-    modules = Modules(texts[0], texts[1], unet, vae, scheduler=None, vae_scale_factor=8)
+    modules = Modules(texts[0], texts[1], unet, vae, scheduler=None, vae_scale_factor=8,
+                      controlnets=(sdxl_controlnet(dtype),))
     return modules, params
+
+
+def sdxl_controlnet(dtype):
+    """The full-size SDXL ControlNet module (random weights: only its shapes are compiled)."""
+    import json
+
+    import jax.numpy as jnp
+
+    from pipeline.checkpoint.controlnet import controlnet_module
+
+    return controlnet_module(json.loads(CONTROLNET_CONFIG.read_text()), jnp.dtype(dtype).name)
 
 
 @functools.cache
@@ -223,6 +238,7 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
+    from pipeline.checkpoint.controlnet import controlnet_module
     from pipeline.config import EngineConfig
     from pipeline.generator import build_programs, sampler_of
     from pipeline.host.programs import ServedPrograms
@@ -235,7 +251,8 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
             from pipeline.device.quantize import abstract_unet_params
 
             params = {**params, "unet": abstract_unet_params(loaded.pipeline.unet, dtype)}
-        return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout)
+        net = controlnet_module(dict(loaded.pipeline.unet.config), dtype)  # ControlNetModel.from_unet's shape
+        return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
     modules, params = sdxl_model(dtype, quantize)
     return ServedPrograms(
         modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout,
@@ -317,9 +334,10 @@ def jobs(args, sizes) -> list[tuple]:
     text = windows_key(args.prompt_windows)  # the text programs' windows (None: one, the plain programs' keys)
     order = []
     for index, (height, width) in enumerate(sizes):
-        for kind in ("step", "step_full", "step_shallow"):
+        for kind in ("step", "step_full", "step_shallow", "step_control"):
             if kind in args.kind_list:
-                order += [(ProgramKey(kind, height, width, cfg, text), a) for cfg in args.cfgs
+                nets = (0,) if kind == "step_control" else None  # one ControlNet unit
+                order += [(ProgramKey(kind, height, width, cfg, text, nets), a) for cfg in args.cfgs
                           for a in args.attentions]  # fmt: skip
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
@@ -455,6 +473,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
                 if planned.halve_feature:
                     parts.setdefault("halve_feature", []).append(find("halve_feature", None, None, quantize, windows))
                 kind = "step_full" if planned.full else "step_shallow"
+                kind = "step_control" if name == CONTROLNET_REQUEST else kind  # every step under the control
                 row = find(kind, planned.cfg, attention, quantize, windows)
                 if row is None and planned.full:
                     row = find("step", planned.cfg, attention, quantize, windows)

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import pathlib
 import sys
 import time
 
@@ -131,7 +132,30 @@ def request_arguments(args: argparse.Namespace) -> dict:
     given = {row.name: getattr(args, request_option(row).dest) for row in FIELDS if row.flag}
     randomize = str(given["seed"]).strip().lower() in ("random", "randomize")
     loras = [_lora(text) for text in given["loras"]]
-    return {**given, "seed": None if randomize else given["seed"], "randomize_seed": randomize, "loras": loras}
+    return {**given, "seed": None if randomize else given["seed"], "randomize_seed": randomize, "loras": loras,
+            "controlnets": control_units(args)}
+
+
+def control_units(args: argparse.Namespace) -> list[dict]:
+    """--control-image FILE (repeated) with the i-th --control, --control-weight, ... of each as one unit."""
+    settings = {"name": "control", "weight": "control_weight", "start": "control_start", "end": "control_end",
+                "preprocessor": "control_preprocessor"}  # fmt: skip
+    units = []
+    for i, image in enumerate(getattr(args, "control_image", None) or []):
+        unit = {"image": pathlib.Path(image)}  # the CLI's user names their own file
+        for key, dest in settings.items():
+            values = getattr(args, dest, None) or []
+            if i < len(values):
+                unit[key] = _number(values[i], dest) if key in ("weight", "start", "end") else values[i]
+        units.append(unit)
+    return units
+
+
+def _number(text: str, dest: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInput(f"--{dest.replace('_', '-')} must be a number; got {text!r}.") from None
 
 
 def _lora(text: str) -> list:

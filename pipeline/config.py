@@ -68,6 +68,7 @@ class EngineConfig:
     lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
     embeddings_dir: str | None = None  # every SDXL *.safetensors textual-inversion embedding in it is offered
     emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
+    controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
@@ -218,6 +219,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lora_dir=get("lora_dir"),
         embeddings_dir=get("embeddings_dir"),
         emphasis=get("emphasis") or "original",
+        controlnets=controlnet_specs(get("controlnet")),
         sizes=sizes,
         dtype=get("dtype"),
         per_device_batch=get("per_device_batch") or 1,
@@ -231,3 +233,15 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         executable_cache=not get("no_executable_cache"),
         **settings,
     )
+
+
+#: The environment variable of --controlnet: comma-separated specs (the flag, repeated, wins).
+CONTROLNET_ENV = "SDXL_CONTROLNET"
+
+
+def controlnet_specs(flags) -> tuple[str, ...]:
+    """--controlnet values (PATH, REPO or NAME=PATH), else SDXL_CONTROLNET's comma-separated ones."""
+    import os
+
+    values = list(flags or ()) or os.environ.get(CONTROLNET_ENV, "").split(",")
+    return tuple(value.strip() for value in values if value.strip())

@@ -329,6 +329,8 @@ FIELDS: tuple[Field, ...] = (
           flag="--schedule-type", api_type=str,
           control=Control("Schedule type", "Automatic = the checkpoint's; Karras, Exponential, SGM Uniform (trailing)",
                           elem_id="schedule-type", group="sampling")),
+    Field("controlnets", "controls", "up to 2 {name, image, weight 0..2, start, end, preprocessor none|canny} of the "
+          "server's ControlNets", flag="--control-image", api_type=list),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

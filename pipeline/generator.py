@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from PIL import Image
 
+from .checkpoint.controlnet import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
@@ -42,6 +43,7 @@ from .errors import InvalidInput
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
+from .host.control_plan import ServedControlNets, control_inputs, control_settings
 from .host.emphasis import EMPHASIS_LABELS, has_emphasis
 from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
@@ -178,13 +180,14 @@ def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
 
 
 def build_programs(
-    loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None
+    loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None,
+    controlnets: tuple = (),
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
-    build them here."""
+    build them here. `controlnets`: the served ControlNets' architectures (`ServedControlNets.archs`)."""
     return ServedPrograms(
-        served_modules(loaded, config),
+        dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets)),
         params,
         mesh,
         per_device_batch=config.per_device_batch,
@@ -201,7 +204,8 @@ def build_programs(
 class Generator:
     """SDXL on every device of a 1-D mesh: compiled programs, one image per device (x per-device batch)."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, devices: list | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, devices: list | None = None,
+                 controlnets: list | None = None):  # fmt: skip
         self.config = config  # resolved for the devices (`for_platform`)
         self.source = loaded.source
         self.mesh = data_mesh(devices)
@@ -222,6 +226,9 @@ class Generator:
             RequestRules.of(config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg,
             loras=tuple(lora.name for lora in files), embeddings=tuple(self.prompts.embeddings),
         )  # fmt: skip
+        #: The ControlNets served (--controlnet; those that fit this UNet), placed on the devices
+        self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh)
+        self.rules = dataclasses.replace(self.rules, controlnets=self.controlnets.names)
         started = time.perf_counter()
         served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
         self._params = jax.block_until_ready(replicate_tree(served, self.mesh))  # placed once, kept
@@ -232,7 +239,8 @@ class Generator:
         }
         self._batch_sharding = batch_sharded(self.mesh)
         self._replicated = replicated(self.mesh)
-        self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout)
+        self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
+                                       self.controlnets.archs)  # fmt: skip
         #: The LoRAs offered and the set merged now (None without any)
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
                               placed=self.config.lora_cache) if files else None  # fmt: skip
@@ -261,7 +269,9 @@ class Generator:
             config.model, dtype=config.dtype, revision=config.revision, variant=config.variant, unet=config.unet,
             conversion_cache=config.conversion_cache,
         )  # fmt: skip
-        return cls(loaded, config, devices)
+        nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant,
+                                use_cache=config.conversion_cache) if config.controlnets else []  # fmt: skip
+        return cls(loaded, config, devices, nets)
 
     @classmethod
     def from_pretrained(cls, model: str = SDXL_BASE, *, devices: list | None = None, **settings) -> Generator:
@@ -278,7 +288,8 @@ class Generator:
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
-                            previews=self.config.previews, windows=self.config.prompt_windows)  # fmt: skip
+                            previews=self.config.previews, windows=self.config.prompt_windows,
+                            control_sets=self.controlnets.sets)  # fmt: skip
 
     @property
     def device_summary(self) -> str:
@@ -390,6 +401,7 @@ class Generator:
                     put=self._put,
                     blank=self._blank(height, width, params),
                     picture=picture,
+                    control=control_inputs(self.controlnets, request.controlnets, plan.steps, n, self._batch_sharding),
                     # Only a request someone watches runs the preview program (compiled or not, the others run the
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
                     on_preview=on_preview if self.config.previews else None,
@@ -424,8 +436,9 @@ class Generator:
                 dtype=self.config.dtype,
                 sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=self._spacing_written(plan),
-                extra=written_settings(request, self.loras, text_settings(self.prompts, extra.names,
-                                                                          (prompt, negative_prompt))),
+                extra={**written_settings(request, self.loras, text_settings(self.prompts, extra.names,
+                                                                           (prompt, negative_prompt))),
+                       **control_settings(request.controlnets)},
             )
             for s in seeds
         ]

@@ -126,6 +126,9 @@ def request_option(row: Field) -> Option:
                       programs=cli)  # fmt: skip
     if row.kind == "file":
         return Option(row.flag, row.help, metavar="FILE", programs=cli, aliases=row.aliases)
+    if row.kind == "controls":  # one per ControlNet unit; --control, --control-weight, ... apply to the same unit
+        return Option(row.flag, "a control map (or picture, with --control-preprocessor canny) for a --controlnet "
+                      "(repeat for a second one)", kind="append", metavar="FILE", programs=cli)
     if row.kind == "seed":
         return Option(row.flag, f"{row.help}; or 'random'", default=str(row.default), programs=cli)
     if not row.plain:  # text
@@ -136,6 +139,20 @@ def request_option(row: Field) -> Option:
                   default=None if later else row.default, default_text=f"{row.default:g}" if later else "",
                   choices=row.choices, programs=cli)  # fmt: skip
 
+
+#: The CLI's ControlNet unit settings, the i-th of each going with the i-th --control-image.
+CONTROL_OPTIONS = (
+    Option("--control", "which --controlnet the control image is for (by name; needed when several are loaded)",
+           kind="append", metavar="NAME", programs=frozenset({CLI})),
+    Option("--control-weight", "the control's weight, 0..2 (A1111's Control Weight)", kind="append", type=float,
+           metavar="W", programs=frozenset({CLI})),
+    Option("--control-start", "fraction of the steps where the control starts acting, 0..1", kind="append",
+           type=float, metavar="F", programs=frozenset({CLI})),
+    Option("--control-end", "fraction of the steps where it stops, 0..1", kind="append", type=float, metavar="F",
+           programs=frozenset({CLI})),
+    Option("--control-preprocessor", "none (the image is the map) or canny (edges of the picture)", kind="append",
+           metavar="NAME", programs=frozenset({CLI})),
+)  # fmt: skip
 
 #: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.
 OPTIONS: tuple[Option, ...] = (
@@ -159,6 +176,11 @@ OPTIONS: tuple[Option, ...] = (
            "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
            "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default="original",
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--controlnet", "an SDXL ControlNet in diffusers' layout (config.json + safetensors, fp16 variant too): "
+           "PATH, Hub REPO or NAME=PATH (repeat; named by its folder); requests use up to 2 (`controlnets`); one "
+           "that cannot be loaded is named in one line and left out", "SDXL_CONTROLNET", kind="append",
+           metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True,
+           env_text="SDXL_CONTROLNET: comma-separated"),
     Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
            "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
            "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64), 8,
@@ -224,6 +246,7 @@ OPTIONS: tuple[Option, ...] = (
            recompiles=True),
     # -- one request (CLI only): the request fields' table (pipeline/fields.py)
     *(request_option(row) for row in FIELDS if row.flag),
+    *CONTROL_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
     # -- several processes

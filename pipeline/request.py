@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from .config import EngineConfig
+from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
@@ -53,6 +54,7 @@ class RequestRules:
     loras: tuple[str, ...] = ()  # the LoRAs offered, by name (--lora-dir)
     default_loras: tuple[tuple[str, float, float], ...] = ()  # a request naming no LoRA gets these (a preset's)
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
+    controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -70,6 +72,7 @@ class RequestRules:
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
+            controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
         )  # fmt: skip
 
 
@@ -105,6 +108,7 @@ class Request:
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
+    controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controls.py)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -116,8 +120,9 @@ class Request:
         data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.compare}
         for name in ("init_image", "mask_image"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
+        units = [unit.to_dict() for unit in self.controlnets]
         return {**data, "size": list(self.size), "loras": [list(lora) for lora in self.loras],
-                "ignored": list(self.ignored)}  # fmt: skip
+                "ignored": list(self.ignored), "controlnets": units}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Request:
@@ -126,6 +131,7 @@ class Request:
         values["size"] = tuple(values["size"])  # JSON has no tuples
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         values["ignored"] = tuple(values.get("ignored", ()))
+        values["controlnets"] = tuple(ControlUnit.from_dict(unit) for unit in values.get("controlnets", ()))
         for name in ("init_image", "mask_image"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
@@ -190,6 +196,12 @@ def request_schema() -> dict:
         "written_prompt": text,
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
+        "controlnets": {"type": "array", "maxItems": MAX_CONTROLNETS, "description": FIELD["controlnets"].help,
+                        "items": {"type": "object", "required": ["name", "image"], "properties": {
+                            "name": text, "image": picture, "weight": {"type": "number", "minimum": 0, "maximum": 2},
+                            "start": {"type": "number"}, "end": {"type": "number"},
+                            "module": {"enum": list(PREPROCESSORS)}, "low": {"type": "integer"},
+                            "high": {"type": "integer"}}}},
     }  # fmt: skip
     for row in PLAIN:
         properties[row.name] = row.schema()
@@ -217,6 +229,7 @@ def parse_request(
     loras: object = None,
     init_image: object = None,
     mask_image: object = None,
+    controlnets: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
     **plain: object,
@@ -229,7 +242,8 @@ def parse_request(
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
-    the size; `strength` only counts with a picture.
+    the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
+    preprocessor}` of the server's ControlNets (controls.py).
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -256,6 +270,9 @@ def parse_request(
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
                                     steps=values["steps"])  # fmt: skip
+    units = parse_controls(controlnets, rules.controlnets, height, width)
+    if units and values.get("deepcache", 1) != 1:
+        raise InvalidInput("DeepCache does not combine with ControlNet: set deepcache to 1 or drop the controlnets.")
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -269,6 +286,7 @@ def parse_request(
         seed=resolved_seed,
         size=(height, width),
         loras=chosen,
+        controlnets=units,
         **values,
         **_picture_fields(pictures),
         styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
@@ -420,3 +438,9 @@ def _size(size: object, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:
     height, width = size if isinstance(size, tuple | list) and len(size) == 2 else (size, None)
     check_shape(height, width, sizes)
     return int(height), int(width)
+
+
+def _controlnet_name(spec: str) -> str:
+    """A --controlnet value's name (NAME=PATH, else its folder's or repo's name), known before it loads."""
+    name, sep, source = spec.partition("=")
+    return name.strip() if sep and name.strip() else pathlib.Path((source if sep else spec).strip().rstrip("/")).name

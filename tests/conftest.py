@@ -118,6 +118,26 @@ def feature_engine(lora_dir):
     return generator
 
 
+#: The two tiny SDXL ControlNets of scripts/make_controlnet_fixtures.py (ControlNetModel.from_unet of tiny-pt's UNet).
+CONTROLNETS = (FIXTURES / "controlnet-a", FIXTURES / "controlnet-b")
+
+
+@pytest.fixture(scope="session")
+def control_engine():
+    """tiny-pt with both fixture ControlNets on 2 devices at 64x64, 4 steps; no levers, one text window, previews
+    on: the engine of the ControlNet parity tests and of the ControlNet page."""
+    import jax
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
+        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], controlnets=tuple(str(n) for n in CONTROLNETS),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
 #: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
 UI_SIZES = [(TEST_SIZE, TEST_SIZE), (128, 224)]
 #: Enough steps to watch a progress bar move.

@@ -103,7 +103,7 @@ class Handlers:
                 checked = parse_request(
                     given["prompt"], given["negative_prompt"], given["style"], seed=given["seed"],
                     randomize_seed=given["randomize_seed"], size=given["aspect_ratio"], loras=given["loras"],
-                    init_image=image, mask_image=mask, rules=rules,
+                    init_image=image, mask_image=mask, controlnets=given["controlnets"], rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                     **{row.name: given[row.name] for row in PLAIN},
                 )  # fmt: skip
@@ -536,3 +536,4 @@ API_DOC = "\n".join([
     *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
     "    previews: False = no pictures forming streamed, and the devices run no preview program",
 ])  # fmt: skip
+

@@ -22,6 +22,7 @@ from pipeline.host.images import model_name
 from pipeline.request import MAX_LORAS
 from pipeline.styles import DEFAULT_STYLE, load_examples
 
+from .control_panel import control_panel
 from .delivery import Outbox
 from .files import RunFiles
 from .form import Form, control
@@ -161,7 +162,7 @@ def build_page(
         # ---- events ----
         form = Form(  # the fields that settings fill back: History's "Use these settings", an image's parameters
             controls={"prompt": top.prompt, **{name: component for name, component in fields.controls.items()
-                                               if name not in ("loras", "init_image", "mask_image")}},
+                                               if name not in ("loras", "init_image", "mask_image", "controlnets")}},
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
         )  # fmt: skip
         generated = wire_generate(handlers, rules, top, shown, fields)
@@ -325,6 +326,7 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
             )  # fmt: skip
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
+    controls["controlnets"] = control_panel(rules)
     # the API's previews=False: no pictures forming streamed, no preview program run
     previews = gr.Checkbox(value=True, visible=False, label="previews")
     for row in PLAIN:  # a field of a group the layout above does not place: a row of its own

@@ -16,6 +16,7 @@ class Modules:
     vae: Any  # FlaxAutoencoderKL
     scheduler: Any  # FlaxEulerDiscreteScheduler (its state lives in params["scheduler"])
     vae_scale_factor: int  # 8 for SDXL: pixels per latent
+    controlnets: tuple = ()  # the served ControlNets' architectures (device/controlnet.SDXLControlNet), one per kind
 
     @classmethod
     def of(cls, pipeline) -> Modules:

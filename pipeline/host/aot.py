@@ -128,7 +128,7 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py", "device/quantize.py")
+                   "device/preview.py", "device/quantize.py", "device/controlnet.py", "device/control_step.py")
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
@@ -136,8 +136,9 @@ PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py
 #: setting, a new one included, is in every program's fingerprint.
 NOT_SHAPING: dict[str, frozenset[str]] = {
     "levers": frozenset(KINDS),  # which programs exist (their kinds), not what one computes
-    "prediction_type": frozenset(KINDS) - {"step", "step_full", "step_shallow"},
-    "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_full", "step_shallow"},
+    "prediction_type": frozenset(KINDS) - {"step", "step_control", "step_full", "step_shallow"},
+    "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_control", "step_full",
+                                          "step_shallow"},
     "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
 }
 
@@ -152,6 +153,8 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     static = (key.label, int(programs.mesh.devices.size), first.platform, first.device_kind,
               _static_settings(programs, key.kind))  # fmt: skip
     digest.update(repr(static).encode())
+    if key.nets is not None:  # each unit's ControlNet architecture (its fields; shapes alone miss a few)
+        digest.update(repr([programs.modules.controlnets[i] for i in key.nets]).encode())
     for name in WEIGHTS[key.kind] or ("text_encoder", "text_encoder_2", "unet", "vae"):  # none: shapes from all
         module = getattr(programs.modules, name)
         digest.update(f"{_config_text(module)} {getattr(module, 'dtype', None)}".encode())  # computation dtype

@@ -78,6 +78,16 @@ class Blank:
     history: jax.Array  # float32 [B, 4, 4, h, w]: zeros, the samplers' history before the first step
 
 
+@dataclass(frozen=True)
+class ControlInputs:
+    """One request's ControlNet units (`controls.py`): their maps on the devices, weights and per-step scales."""
+
+    maps: tuple  # one float32 [B, 3, H, W] map in [0, 1] per unit (split over the batch)
+    trees: tuple  # each unit's ControlNet weights (replicated)
+    nets: tuple[int, ...]  # static: each unit's architecture (`ProgramKey.nets`)
+    scales: np.ndarray  # float32 [plan rows, units]: weight x window per step (0: that unit is off there)
+
+
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
@@ -102,9 +112,10 @@ class Stage:
     put: Callable[[np.ndarray], jax.Array]
     timings: dict | None
 
-    def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None):
+    def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None,
+                nets: tuple[int, ...] | None = None):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows))
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets))
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -125,6 +136,7 @@ def run(
     put: Callable[[np.ndarray], jax.Array],
     blank: Blank,
     picture: PictureInputs | None = None,
+    control: ControlInputs | None = None,
     speed: SpeedPlan | None = None,
     on_preview: PreviewListener | None = None,
     on_step: Listener | None = None,
@@ -148,6 +160,8 @@ def run(
     run, `image_plan.py`); `blank` stands in for it without one. `on_preview` gets every PREVIEW_EVERY-th step's
     predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step
     is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
+    `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`, the others
+    (no ControlNet, or outside every unit's window) the plain step.
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
@@ -157,7 +171,7 @@ def run(
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     speed = speed or speed_plan(plan.rows, cfg=cfg)
     latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history,
-                      Watchers(on_preview, on_step, should_stop, gate))  # fmt: skip
+                      Watchers(on_preview, on_step, should_stop, gate), control)  # fmt: skip
     return stage.compile("decode")(stage.weights("decode"), latents)
 
 
@@ -197,7 +211,7 @@ class Watchers:
 
 
 def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, text: tuple, latents, image, history,
-            watchers: Watchers) -> jax.Array:  # fmt: skip
+            watchers: Watchers, control: ControlInputs | None = None) -> jax.Array:  # fmt: skip
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
     carried history (zeros at the start: the first row's weights on it are 0)."""
     programs, put = stage.programs, stage.put
@@ -222,13 +236,18 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
         blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
         args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
                 blend_sigma)  # fmt: skip
-        program = stage.compile(kinds[0] if planned.full else kinds[1], cfg=planned.cfg, windows=stage.text)
-        if planned.full and kinds[0] == "step_full":
+        scales = control.scales[index] if control is not None else None  # float32 [units]
+        if planned.full and scales is not None and scales.any():
+            program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
+            weights = {**unet, "controlnets": control.trees}
+            latents, history = program(weights, *args[1:], control.maps, put(scales))
+        elif planned.full and kinds[0] == "step_full":
+            program = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)
             latents, history, feature = program(*args)
         elif planned.full:
-            latents, history = program(*args)
+            latents, history = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)(*args)
         else:
-            latents, history = program(*args, feature)
+            latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
             shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D

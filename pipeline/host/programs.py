@@ -11,6 +11,7 @@ replicated, batch split:
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
                          coefficients [13], index [], image {x0, noise, repaint, masked}, blend_sigma []
                                                                   -> latents', history' (its first array: D)
+    step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
@@ -37,6 +38,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ..device import attention as attention_core
+from ..device.control_step import step_control_local
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
 from ..device.lora import COMPONENTS as LORA_COMPONENTS
@@ -51,7 +53,7 @@ from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("merge", "encode", "encode_image", "start", "step", "step_full", "step_shallow", "halve_text",
+KINDS = ("merge", "encode", "encode_image", "start", "step", "step_control", "step_full", "step_shallow", "halve_text",
          "halve_feature", "preview", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
@@ -60,6 +62,7 @@ WEIGHTS = {
     "encode_image": ("vae",),
     "start": (),
     "step": ("unet",),
+    "step_control": ("unet", "controlnets"),  # the request's ControlNets' weights, one tree per unit
     "step_full": ("unet",),
     "step_shallow": ("unet",),
     "halve_text": (),
@@ -78,6 +81,7 @@ class ProgramKey:
     width: int | None = None  # static: image width in pixels (start, step, decode)
     cfg: bool | None = None  # static: classifier-free guidance on/off (encode, step)
     windows: int | None = None  # static: the text's 77-token windows when more than one (encode, halve_text, steps)
+    nets: tuple[int, ...] | None = None  # static: each ControlNet unit's architecture (step_control)
 
     @property
     def label(self) -> str:
@@ -89,6 +93,8 @@ class ProgramKey:
             parts.append("cfg" if self.cfg else "no-cfg")
         if self.windows is not None:
             parts.append(f"{self.windows} windows")
+        if self.nets is not None:
+            parts.append("controlnets " + "+".join(str(i) for i in self.nets))
         return " ".join(parts)
 
     @property
@@ -104,7 +110,7 @@ def windows_key(windows: int) -> int | None:
 
 def program_keys(
     sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
-    windows: int = 1,
+    windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (),
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -113,6 +119,7 @@ def program_keys(
     small programs that keep a CFG batch's conditional half. `lora`: LoRAs are offered (the merge program).
     `previews`: a step's predicted picture as small RGB images, while the request runs. `windows` N > 1: the
     programs that read the text are compiled for one window and for N (a request runs the fewest its text needs).
+    `control_sets`: the ControlNet architecture combinations a request may use (`step_control`, per mode and text).
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -127,6 +134,8 @@ def program_keys(
             keys += [ProgramKey("halve_feature", height, width)] if cfg else []
         else:
             keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
+        keys += [ProgramKey("step_control", height, width, mode, k, nets) for nets in control_sets for k in texts
+                 for mode in modes]  # fmt: skip
         keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
     return keys
@@ -174,15 +183,19 @@ class ServedPrograms:
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
             )
-            for name in {name for names in WEIGHTS.values() for name in names}
+            for name in {name for names in WEIGHTS.values() for name in names} if name in params
         }
+        self._control_params = tuple(_abstract_controlnet(module, mesh) for module in modules.controlnets)
         self._compiled: dict[ProgramKey, jax.stages.Compiled] = {}
 
     # ---- what each program is -------------------------------------------------------------------------------------
 
     def weights(self, key: ProgramKey, params) -> dict:
         """The part of `params` that `key`'s program takes as its first argument."""
-        return {name: params[name] for name in WEIGHTS[key.kind]}
+        chosen = {name: params[name] for name in WEIGHTS[key.kind] if name != "controlnets"}
+        if key.kind == "step_control":  # the request's trees (run time), or each unit's architecture's shapes
+            chosen["controlnets"] = params.get("controlnets") or tuple(self._control_params[i] for i in key.nets)
+        return chosen
 
     def jitted(self, key: ProgramKey):
         """jit(shard_map(body)) for `key`: each device runs its own images; weights are replicated."""
@@ -209,6 +222,12 @@ class ServedPrograms:
             in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one)
             in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
             out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
+        elif key.kind == "step_control":
+            body = functools.partial(step_control_local, modules, cfg=key.cfg, prediction_type=self.prediction_type,
+                                     nets=key.nets)  # fmt: skip
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one,
+                        tuple(batch for _ in key.nets), one)  # fmt: skip
+            out_specs = (batch, batch)
         elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
             body = _without_weights(conditional_half_local)
             in_specs, out_specs = (one, batch, batch, batch), (batch, batch, batch)
@@ -281,6 +300,9 @@ class ServedPrograms:
         )
         if key.kind == "step_shallow":
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
+        if key.kind == "step_control":
+            maps = tuple(spec((n, 3, key.height, key.width), np.float32) for _ in key.nets)  # [B, 3, H, W] each
+            return (*step_args, maps, spec((len(key.nets),), np.float32, whole))  # scales [n]
         return step_args
 
     def _encoded(self, cfg: bool, windows: int | None):
@@ -314,6 +336,15 @@ class ServedPrograms:
 
     def is_compiled(self, key: ProgramKey) -> bool:
         return key in self._compiled
+
+
+def _abstract_controlnet(module, mesh):
+    """A ControlNet architecture's weights as replicated shapes in its computation dtype."""
+    from ..device.controlnet import shape_params
+
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, module.dtype, sharding=replicated(mesh)), shape_params(module)
+    )
 
 
 def image_inputs(latents, repaint) -> dict:

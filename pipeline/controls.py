@@ -1,0 +1,200 @@
+"""A request's ControlNet units: which ControlNet, its control map, weight, window and preprocessor.
+
+Each unit is checked once at the request's edge and kept as data: the map is preprocessed (`canny`) and fitted to
+the request's size there, so the engine, the followers and the engine service receive the finished map as PNG and
+nothing runs twice. Weight and window become one number per step and ControlNet (`step_scales`: diffusers'
+`controlnet_keep` x `controlnet_conditioning_scale`), an argument of the compiled step: nothing compiles per request.
+
+Canny is OpenCV's `cv2.Canny` (opencv-python-headless): the map SDXL's canny ControlNets were trained on and what
+A1111's ControlNet extension and diffusers' docs compute (scikit-image's `feature.canny` smooths first and thresholds
+differently, so its maps differ from the ones the models expect).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image
+
+from .errors import InvalidInput
+from .fields import echo
+from .image_inputs import fit, open_image, to_rgb
+
+#: ControlNets one request may use at once (each one is a ControlNet call per step).
+MAX_CONTROLNETS = 2
+PREPROCESSORS = ("none", "canny")
+CANNY_LOW, CANNY_HIGH = 100, 200  # A1111's and diffusers' docs' defaults
+
+
+@dataclass(frozen=True)
+class ControlUnit:
+    """One ControlNet of a request, checked: the map is final (preprocessed, fitted to the request's size)."""
+
+    name: str  # one of the server's ControlNets
+    image: bytes  # PNG of the control map, uint8 RGB at the request's size
+    weight: float = 1.0  # A1111's "Control Weight", diffusers' controlnet_conditioning_scale: 0..2
+    start: float = 0.0  # first fraction of the steps it acts on (control_guidance_start)
+    end: float = 1.0  # last fraction (control_guidance_end)
+    module: str = "none"  # the preprocessor that made the map from the given picture
+    low: int = CANNY_LOW  # canny's thresholds (module "canny")
+    high: int = CANNY_HIGH
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "image": base64.b64encode(self.image).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> ControlUnit:
+        return cls(**{**data, "image": base64.b64decode(data["image"])})
+
+    def pixels(self) -> np.ndarray:
+        """The map: uint8 [H, W, 3]."""
+        return np.asarray(Image.open(io.BytesIO(self.image)).convert("RGB"))
+
+    def written(self, index: int) -> tuple[str, str]:
+        """A1111's ControlNet extension's `parameters` entry: ('ControlNet 0', 'Module: canny, Model: ...')."""
+        text = (f"Module: {self.module}, Model: {self.name}, Weight: {self.weight:g}, Guidance Start: {self.start:g}, "
+                f"Guidance End: {self.end:g}")  # fmt: skip
+        if self.module == "canny":
+            text += f", Threshold A: {self.low}, Threshold B: {self.high}"
+        return f"ControlNet {index}", text  # describe() quotes it, as A1111 does a value with commas
+
+
+def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
+    """OpenCV's Canny edges of an RGB picture as a white-on-black RGB map: uint8 [H, W, 3]."""
+    import cv2
+
+    edges = cv2.Canny(np.ascontiguousarray(pixels), low, high)  # [H, W] 0/255
+    return np.repeat(edges[:, :, None], 3, axis=2)
+
+
+def preprocess(pixels: np.ndarray, module: str, low: int = CANNY_LOW, high: int = CANNY_HIGH) -> np.ndarray:
+    """The control map a preprocessor makes of a picture (uint8 [H, W, 3]); "none": the picture is the map."""
+    return canny(pixels, low, high) if module == "canny" else pixels
+
+
+def _number(item: Mapping, key: str, default: float, low: float, high: float, called: str) -> float:
+    value = item.get(key, default)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
+        raise InvalidInput(f"ControlNet {called} must be a number between {low:g} and {high:g}; got {echo(value)}.")
+    return float(value)
+
+
+def image_source(value: object) -> object:
+    """A unit's image as `open_image` takes it. Text is base64 (a `data:` URL or bare, as A1111's API sends
+    images), never a path: a request must not read the server's files. Python callers may pass a `pathlib.Path`,
+    bytes, a PIL image or an array."""
+    if isinstance(value, str):
+        text = value.split(",", 1)[1] if value.startswith("data:") else value
+        try:
+            return base64.b64decode(text, validate=True)
+        except ValueError:
+            raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).") from None
+    if isinstance(value, Mapping):
+        raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).")
+    return value
+
+
+def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) -> ControlUnit:
+    """One `{name, image, weight, start, end, preprocessor, low, high}` checked into a ControlUnit."""
+    if not isinstance(item, Mapping):
+        raise InvalidInput(f"Each item of controlnets must be an object with name and image; got {echo(item)}.")
+    name = item.get("name") or (offered[0] if len(offered) == 1 else None)
+    if not offered:
+        raise InvalidInput("This server has no ControlNet (start it with --controlnet PATH).")
+    if name not in offered:
+        raise InvalidInput(f"Unknown ControlNet {echo(name)}; choose one of: {', '.join(offered)}.")
+    if item.get("image") is None:
+        raise InvalidInput(f"ControlNet {name} needs a control image.")
+    module = str(item.get("preprocessor") or item.get("module") or "none").strip().lower()
+    if module not in PREPROCESSORS:
+        choices = ", ".join(PREPROCESSORS)
+        raise InvalidInput(f"Unknown ControlNet preprocessor {echo(module)}; choose one of: {choices}.")
+    weight = _number(item, "weight", 1.0, 0.0, 2.0, "weight")
+    start = _number(item, "start", 0.0, 0.0, 1.0, "start")
+    end = _number(item, "end", 1.0, 0.0, 1.0, "end")
+    if start >= end:
+        raise InvalidInput(f"ControlNet start ({start:g}) must be below its end ({end:g}).")
+    low = int(_number(item, "low", CANNY_LOW, 1, 255, "low threshold"))
+    high = int(_number(item, "high", CANNY_HIGH, 1, 255, "high threshold"))
+    picture = fit(to_rgb(open_image(image_source(item["image"]), what="control image"), what="control image"),
+                  height, width)  # fmt: skip
+    control_map = preprocess(np.asarray(picture), module, low, high)
+    buffer = io.BytesIO()
+    Image.fromarray(control_map).save(buffer, format="PNG", compress_level=1)
+    return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high)
+
+
+def parse_controls(value: object, offered: tuple[str, ...], height: int, width: int) -> tuple[ControlUnit, ...]:
+    """The request's `controlnets` (None or a list of up to MAX_CONTROLNETS units), each checked."""
+    if value is None or value == []:
+        return ()
+    if isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInput("controlnets must be a list of {name, image, weight, start, end, preprocessor} objects.")
+    if len(value) > MAX_CONTROLNETS:
+        raise InvalidInput(f"At most {MAX_CONTROLNETS} ControlNets per request; got {len(value)}.")
+    return tuple(parse_unit(item, offered, height, width) for item in value)
+
+
+def step_scales(units: tuple[ControlUnit, ...], steps: int) -> np.ndarray:
+    """Per step, each unit's scale: its weight where the step lies in its window, else 0 (diffusers'
+    `controlnet_keep`: step i of n acts unless i/n < start or (i+1)/n > end). float32 [steps, len(units)]."""
+    scales = np.zeros((steps, len(units)), np.float32)
+    for column, unit in enumerate(units):
+        for i in range(steps):
+            if not (i / steps < unit.start or (i + 1) / steps > unit.end):
+                scales[i, column] = unit.weight
+    return scales
+
+
+#: A1111's ControlNet entry keys -> this unit's fields (what PNG Info reads back).
+_WRITTEN_KEYS = {"Module": "module", "Model": "name", "Weight": "weight", "Guidance Start": "start",
+                 "Guidance End": "end", "Threshold A": "low", "Threshold B": "high"}  # fmt: skip
+
+
+def read_written(text: str) -> dict[str, object]:
+    """An entry `written` made (or A1111's extension: its extra keys are skipped) -> {name, module, weight, start,
+    end[, low, high]}; numbers as numbers. What PNG Info shows of a ControlNet (the map itself is not in the text)."""
+    values: dict[str, object] = {}
+    for part in str(text).split(","):
+        key, sep, value = part.partition(":")
+        field_name = _WRITTEN_KEYS.get(key.strip())
+        if not sep or field_name is None:
+            continue
+        value = value.strip()
+        try:
+            values[field_name] = float(value) if field_name not in ("module", "name") else value
+        except ValueError:
+            continue
+    return values
+
+
+def from_a1111(args: object) -> list[dict]:
+    """sd-webui-controlnet's `alwayson_scripts.controlnet.args` -> `controlnets` units (for an A1111-shaped API).
+
+    Each arg: `image` (base64, or {"image": base64} as older clients send), `module`, `model` (its " [hash]" suffix
+    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `enabled`
+    (False: skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
+    if not isinstance(args, (list, tuple)):
+        raise InvalidInput("alwayson_scripts.controlnet.args must be a list of ControlNet units.")
+    units = []
+    for arg in args:
+        if not isinstance(arg, Mapping):
+            raise InvalidInput(f"Each ControlNet unit must be an object; got {echo(arg)}.")
+        if arg.get("enabled", True) is False:
+            continue
+        image = arg.get("image") or arg.get("input_image")
+        image = image.get("image") if isinstance(image, Mapping) else image
+        unit = {"name": str(arg.get("model") or "").split(" [")[0].strip() or None, "image": image,
+                "weight": arg.get("weight"), "start": arg.get("guidance_start"), "end": arg.get("guidance_end"),
+                "preprocessor": arg.get("module")}  # fmt: skip
+        if str(arg.get("module", "")).lower() == "canny":
+            unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))
+        units.append({key: value for key, value in unit.items() if value is not None})
+    return units

@@ -1,0 +1,60 @@
+"""One denoising step with ControlNets: their residuals, each scaled by a per-step number, fed to the UNet.
+
+The same step as `denoise.step_local` (guidance, sampler update, the picture's blend), with the UNet call preceded by
+the request's ControlNets (`device/controlnet.py`) on the same input, text and time embedding, as diffusers'
+`StableDiffusionXLControlNetPipeline` calls them (no guess mode: both CFG halves see the control map). The scales
+(weight x window) are traced numbers, so one program serves every weight and window; a ControlNet whose scale is 0
+on a step is skipped there (`lax.cond`), which is exact: its residuals would be multiplied by 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .denoise import unet_step
+from .modules import Modules
+
+
+def control_residuals(controlnets, trees, scales, sample, timesteps, hidden, added, controls):
+    """Sum of each ControlNet's residuals x its scale (diffusers' MultiControlNetModel adds them in order).
+
+    controlnets: static modules; trees: their weights; scales float32 [n]; controls: [cb, 3, H, W] in [0, 1] each.
+    Returns (down residuals, each [cb, h_i, w_i, C_i]; mid residual [cb, h', w', C']) in the UNet's NHWC layout.
+    """
+    total = None
+    for i, (module, tree, control) in enumerate(zip(controlnets, trees, controls, strict=True)):
+        scale = scales[i]
+
+        def scaled(module=module, tree=tree, control=control, scale=scale):
+            latents = sample[:, : module.in_channels]  # an inpainting UNet's input begins with the latents
+            down, mid = module.apply({"params": tree}, latents, timesteps, hidden, added["text_embeds"],
+                                     added["time_ids"], control.astype(sample.dtype))  # fmt: skip
+            return tuple(r * scale.astype(r.dtype) for r in down), mid * scale.astype(mid.dtype)
+
+        shapes = jax.eval_shape(scaled)
+        zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        residuals = jax.lax.cond(scale != 0, scaled, lambda zeros=zeros: zeros)
+        total = residuals if total is None else jax.tree_util.tree_map(jnp.add, total, residuals)
+    return total
+
+
+def step_control_local(
+    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
+    image, blend_sigma, controls, scales, *, cfg: bool, prediction_type: str, nets: tuple[int, ...],
+):  # fmt: skip
+    """`denoise.step_local` with ControlNets: params {"unet", "controlnets": one tree per unit}, controls one
+    float32 [b, 3, H, W] map per unit (the images on this device), scales float32 [n] (this step's weight x window
+    per unit), `nets` (static) the architecture (`modules.controlnets` index) of each unit."""
+    controlnets = tuple(modules.controlnets[i] for i in nets)
+    maps = tuple(jnp.concatenate([c, c]) if cfg else c for c in controls)  # [cb, 3, H, W]: both halves see it
+
+    def call(sample, timesteps, added):
+        down, mid = control_residuals(controlnets, params["controlnets"], scales, sample, timesteps, hidden, added,
+                                      maps)  # fmt: skip
+        return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
+                                   added_cond_kwargs=added, down_block_additional_residuals=down,
+                                   mid_block_additional_residual=mid).sample,)  # fmt: skip
+
+    return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
+                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip

@@ -1,0 +1,59 @@
+"""The page's ControlNet panel: a picture, the preprocessor's map shown before generating, weight and range sliders.
+
+The panel keeps the API's `controlnets` value (a hidden JSON component, one unit, the picture as base64 PNG) in step
+with its controls, and shows the map the ControlNet will see (canny's edges, or the picture itself with "none") as
+soon as a picture or a threshold changes: what the request checks again (`pipeline.controls`) when it is sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from pipeline.controls import CANNY_HIGH, CANNY_LOW, PREPROCESSORS, preprocess
+
+
+def control_update(picture, name, module, low, high, weight, start, end):
+    """(the map shown, the API's `controlnets`) for the panel's values; no picture: nothing shown, no unit."""
+    if picture is None or not name:
+        return None, []
+    pixels = np.asarray(Image.fromarray(np.asarray(picture)).convert("RGB"))  # uint8 [H, W, 3]
+    shown = preprocess(pixels, module, int(low), int(high))
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+    unit = {"name": name, "image": base64.b64encode(buffer.getvalue()).decode("ascii"), "weight": float(weight),
+            "start": float(start), "end": float(end), "preprocessor": module, "low": int(low),
+            "high": int(high)}  # fmt: skip
+    return shown, [unit]
+
+
+def control_panel(rules: Any) -> gr.JSON:
+    """The panel (hidden when the server has no ControlNet); returns the API's `controlnets` component."""
+    offered = list(rules.controlnets)
+    value = gr.JSON(value=[], visible=False, label="controlnets")
+    with gr.Accordion("ControlNet", open=False, visible=bool(offered), elem_id="controlnet-settings"):
+        with gr.Row(equal_height=True):
+            picture = gr.Image(label="Control picture (upload or paste)", type="numpy", sources=["upload", "clipboard"],
+                               elem_id="control-image")  # fmt: skip
+            shown = gr.Image(label="What the ControlNet sees", interactive=False, elem_id="control-map")
+        with gr.Row(equal_height=True):
+            name = gr.Dropdown(choices=offered, value=offered[0] if offered else None, label="ControlNet",
+                               elem_id="control-name")  # fmt: skip
+            module = gr.Dropdown(choices=list(PREPROCESSORS), value="canny", label="Preprocessor",
+                                 info="canny: the picture's edges; none: the picture is the map",
+                                 elem_id="control-module")  # fmt: skip
+            low = gr.Slider(1, 255, CANNY_LOW, step=1, label="Canny low threshold", elem_id="control-low")
+            high = gr.Slider(1, 255, CANNY_HIGH, step=1, label="Canny high threshold", elem_id="control-high")
+        with gr.Row(equal_height=True):
+            weight = gr.Slider(0, 2, 1, step=0.05, label="Control weight", elem_id="control-weight")
+            start = gr.Slider(0, 1, 0, step=0.05, label="Starting control step", elem_id="control-start")
+            end = gr.Slider(0, 1, 1, step=0.05, label="Ending control step", elem_id="control-end")
+    inputs = [picture, name, module, low, high, weight, start, end]
+    for component in inputs:
+        component.change(control_update, inputs=inputs, outputs=[shown, value], queue=False, api_visibility="private")
+    return value
