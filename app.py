@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        quiet_start()
+        if not args.engine:  # diffusers' and JAX's start-up noise: only where they load (not in front of engines)
+            quiet_start()
         history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
