@@ -293,6 +293,10 @@ def markdown(results: dict) -> str:
         from .apphost import markdown as apphost_markdown
 
         lines += apphost_markdown(results["apphost"])
+    if results.get("service") is not None:
+        from .service import markdown as service_markdown
+
+        lines += service_markdown(results["service"])
     return "\n".join(lines)
 
 
