@@ -33,7 +33,8 @@ class Launched:
     """A process whose output goes to a file the test reads while it runs."""
 
     def __init__(self, command: list[str], log: pathlib.Path, env: dict | None = None) -> None:
-        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --cpu-devices decides, not the suite's 8
+        # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS)
+        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         self.command, self.log, self.env = command, log, {**environment, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.start()
