@@ -158,15 +158,17 @@ class RemoteEngines:
         headers = {**self.pool.headers(endpoint), "Content-Type": "application/json"}
         stopped = threading.Event()
         last = [0, request.steps]
+        response = None
         try:
             try:
                 connection.request("POST", f"/v1/generate?previews={1 if on_preview else 0}", body, headers)
+                sock = connection.sock  # the response takes it over (the stream ends with the connection)
                 response = connection.getresponse()
             except OSError as exc:
                 raise EngineFailed(f"could not send the request: {exc}") from None
             self._check_status(response)
             watcher = threading.Thread(target=contextvars.copy_context().run,
-                                       args=(_watch, should_stop, stopped, connection), daemon=True)  # fmt: skip
+                                       args=(_watch, should_stop, stopped, sock), daemon=True)  # fmt: skip
             watcher.start()
             try:
                 while raw := response.readline():
@@ -192,6 +194,8 @@ class RemoteEngines:
             raise EngineFailed("the stream ended before the images")
         finally:
             stopped.set()  # ends the watcher
+            if response is not None:
+                response.close()
             connection.close()
 
     @staticmethod
@@ -210,15 +214,13 @@ class RemoteEngines:
         raise EngineFailed(f"HTTP {response.status}: {message}")
 
 
-def _watch(should_stop: Callable[[], bool], stopped: threading.Event, connection) -> None:
-    """While the request runs: on Stop, close the connection (the engine stops at its next step)."""
+def _watch(should_stop: Callable[[], bool], stopped: threading.Event, sock: socket.socket) -> None:
+    """While the request runs: on Stop, shut the connection down (the engine stops at its next step)."""
     while not stopped.wait(STOP_POLL_S):
         if should_stop():
             stopped.set()
-            sock = connection.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):  # already closed by the engine's side
-                    sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # already closed by the engine's side
+                sock.shutdown(socket.SHUT_RDWR)
             return
 
 

@@ -6,6 +6,7 @@ still answers, the next ones succeed, the restarted engine rejoins) and no JAX i
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import pytest
 from conftest import REPO, free_port, run_cli
@@ -221,3 +223,29 @@ def test_a_killed_engine_the_request_reruns_elsewhere_and_the_restarted_one_rejo
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda seed: generate(page, seed, LONG_STEPS), (41, 42)))
     assert victim.metric('sdxl_engine_requests_total{outcome="ok"}') > before
+
+
+def test_previews_a_picture_parameters_and_stop_through_the_page(page, engines, tmp_path):
+    from gradio_client import handle_file
+
+    picture = tmp_path / "start.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(picture)
+    job = client(page).submit("a lighthouse", api_name="/generate", seed=51, randomize_seed=False, steps=8,
+                              init_image=handle_file(str(picture)), strength=0.5)  # fmt: skip
+    gallery, seed, status = job.result(timeout=300)
+    assert seed == 51 and "from a picture, strength 0.5" in status
+    forming = [out[0][0]["caption"] for out in job.outputs()[:-1] if isinstance(out[0], list) and out[0]]
+    assert any(caption.startswith("step ") for caption in forming), job.outputs()  # the pictures forming
+    gallery, _, _ = client(page).predict("a lighthouse", api_name="/generate_png", seed=52, randomize_seed=False)
+    assert "Seed: 52" in Image.open(gallery[0]["image"]).info["parameters"]
+    stopped_before = sum(e.metric('sdxl_engine_requests_total{outcome="stopped"}') for e in engines)
+    job = client(page).submit("a lighthouse", api_name="/generate", seed=53, randomize_seed=False, steps=100)
+    deadline = time.monotonic() + 120
+    while not any(e.metric("sdxl_engine_busy") == 1 for e in engines):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with contextlib.suppress(httpx.TimeoutException):  # a loaded machine may answer /cancel late: its effect counts
+        job.cancel()  # as Stop or a closed tab: the page closes the engine's connection, the engine stops
+    while sum(e.metric('sdxl_engine_requests_total{outcome="stopped"}') for e in engines) == stopped_before:
+        assert time.monotonic() < deadline, "the engine did not stop the cancelled request"
+        time.sleep(0.1)
