@@ -19,7 +19,9 @@ import binascii
 import dataclasses
 import io
 import json
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +36,17 @@ from ..styles import DEFAULT_STYLE
 STREAM_TYPE = "application/x-ndjson"
 #: zlib level of the PNGs on the wire: lossless, fast (level 1 costs a third of the default's time at 1024²).
 PNG_LEVEL = 1
+#: Threads encoding or decoding one answer's PNGs at once (zlib releases the GIL: 8 images at 1024² take a quarter
+#: of the serial time on 4 cores).
+PNG_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def _each(function, items: list) -> list:
+    """`function` over `items`, in parallel threads when there are several."""
+    if len(items) < 2 or PNG_THREADS < 2:
+        return [function(*item) for item in items]
+    with ThreadPoolExecutor(min(PNG_THREADS, len(items))) as pool:
+        return list(pool.map(lambda item: function(*item), items))
 
 
 def line(event: str, **fields) -> bytes:
@@ -74,7 +87,7 @@ def preview_pixels(event: dict) -> np.ndarray:
 
 def result_line(result) -> bytes:
     """The finished request: a GenerationResult's images (PNG + parameters) and what the page shows of it."""
-    images = [png_b64(image, text) for image, text in zip(result.images, result.parameters, strict=True)]
+    images = _each(png_b64, list(zip(result.images, result.parameters, strict=True)))
     return line(
         "result", images=images, parameters=list(result.parameters), seeds=list(result.seeds), prompt=result.prompt,
         negative_prompt=result.negative_prompt, truncated=result.truncated, timings=dict(result.timings),
@@ -99,7 +112,7 @@ class RemoteResult:
     @classmethod
     def of(cls, event: dict) -> RemoteResult:
         parameters = list(event["parameters"])
-        images = [image_of(text, words) for text, words in zip(event["images"], parameters, strict=True)]
+        images = _each(image_of, list(zip(event["images"], parameters, strict=True)))
         return cls(images=images, seeds=list(event["seeds"]), prompt=event["prompt"],
                    negative_prompt=event["negative_prompt"], truncated=event["truncated"], parameters=parameters,
                    timings=dict(event.get("timings") or {}), steps=int(event["steps"]),
