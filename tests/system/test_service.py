@@ -22,6 +22,8 @@ import pytest
 from conftest import REPO, free_port, run_cli
 from PIL import Image
 
+pytestmark = pytest.mark.slow  # three processes: two engines and a page
+
 TOKEN = "test-engine-token"
 #: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each.
 ENGINE_FLAGS = ["--sizes", "64x64", "--steps", "2", "--dtype", "float32", "--cpu-devices", "2", "--no-speed-levers",
