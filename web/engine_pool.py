@@ -21,6 +21,8 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.service.info import disagreement
+
 logger = logging.getLogger("sdxl_jax.engines")
 
 #: Seconds between two probes of every engine.
@@ -90,6 +92,7 @@ class EnginePool:
         self._busy: set[Endpoint] = set()  # running one of this page's requests
         self._refused_until: dict[Endpoint, float] = {}  # answered 503 busy (another page's request): not before
         self.infos: dict[Endpoint, dict] = {}  # each ready engine's /v1/info
+        self.reference: dict | None = None  # the info the page built its form from: a joining engine is compared
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._prober: threading.Thread | None = None
@@ -125,6 +128,8 @@ class EnginePool:
                     status, info = self.get_json(endpoint, "/v1/info")
                     if status == 200:
                         self.infos[endpoint] = info
+                        if self.reference is not None and (difference := disagreement(self.reference, info)):
+                            logger.warning("engine %s differs from the page's form: %s", endpoint, difference)
                 states[endpoint] = status == 200 and endpoint in self.infos
                 if status == 401:
                     logger.error("engine %s refuses this page's token (SDXL_ENGINE_TOKEN / --engine-token)", endpoint)

@@ -105,7 +105,7 @@ class RemoteEngines:
                 raise OSError(f"no engine was ready within {wait_s:.0f} s: {', '.join(pool.urls)}")
             time.sleep(0.25)
         first, *others = pool.ready
-        info = pool.infos[first]
+        info = pool.reference = pool.infos[first]
         for other in others:
             if difference := disagreement(info, pool.infos[other]):
                 logger.warning("engine %s differs from %s: %s", other, first, difference)
