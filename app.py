@@ -68,6 +68,21 @@ def start_engine(args):
     return generator
 
 
+def start_cluster_and_engine(args):
+    """(the cluster, the engine): this process's, loaded and warm; or, with --engine, no cluster and the engine
+    services in front of which the page runs (no JAX imported, no weights loaded: web/remote_engine.py)."""
+    if args.engine:
+        from pipeline.service.auth import token_from
+        from web.remote_engine import RemoteEngines
+
+        return None, RemoteEngines.connect(args.engine, token_from(args.engine_token))
+    from pipeline.cluster.options import options_from_args
+    from pipeline.cluster.startup import start
+
+    cluster_options = options_from_args(args)
+    return start(cluster_options), start_engine(args)  # the cluster first: nothing may touch JAX before it joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
@@ -77,8 +92,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args = parse_args(argv)
         use_cpu_cores(args.cpu_devices)  # before anything imports JAX
-        from pipeline.cluster.options import options_from_args
-        from pipeline.cluster.startup import start
         from pipeline.errors import InvalidInput, ModelLoadError
         from pipeline.styles import StyleFileError, load_examples
         from web.history import HistoryLocked, default_data_dir
@@ -91,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        quiet_start()
+        if not args.engine:  # diffusers' and JAX's start-up noise: only where they load (not in front of engines)
+            quiet_start()
         history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
@@ -99,9 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
                                              max_entries=args.history_max)  # fmt: skip
             examples = load_examples()
-            cluster_options = options_from_args(args)
-            # The cluster first: nothing may touch JAX before it has joined.
-            cluster, generator = guard.run(lambda: (start(cluster_options), start_engine(args)))
+            cluster, generator = guard.run(lambda: start_cluster_and_engine(args))
         except (OSError, StyleFileError, ModelLoadError, InvalidInput, HistoryLocked) as exc:
             history.close()
             print(f"app.py: error: {exc}", file=sys.stderr)
@@ -110,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
         if history.store is not None:
             logger.info("history: kept per login in %s (up to %d each)", history.store.directory, args.history_max)
-        if not cluster.is_leader:
+        if cluster is not None and not cluster.is_leader:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()
+        engine = cluster.lead(generator) if cluster is not None else generator
         page = build_page(
-            cluster.lead(generator), examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
+            engine, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
             progress=not args.no_progress, history=history, logins=bool(args.auth),
         )  # fmt: skip
     try:
@@ -122,7 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   started=started)  # fmt: skip
     finally:
         page.close()
-        cluster.stop()  # STOP to the followers (a no-op on one process)
+        if cluster is not None:
+            cluster.stop()  # STOP to the followers (a no-op on one process)
+        else:
+            generator.close()  # the engine services' prober
 
 
 if __name__ == "__main__":

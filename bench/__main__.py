@@ -31,14 +31,14 @@ from .reference import CHECK_RATIO
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet",
+    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet", "service",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
 )  # fmt: skip
 #: Parts that run on the bench's shared engine (loaded and warmed up once, before the first of them).
 ENGINE_PARTS = {"reference", "app", "recompiles", "soak", "hostloop", "stop", "samplers", "img2img", "levers",
-                "previews", "history"}  # fmt: skip
+                "previews", "history", "service"}  # fmt: skip
 
 
 #: The bench's own defaults for the engine's options it takes (pipeline/options.py marks them BENCH): the tiny
@@ -293,6 +293,11 @@ def run(args: argparse.Namespace) -> dict:
         progress(f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
                  f"({args.runs} rounds) ...")  # fmt: skip
         results["apphost"] = app_host_cost(args.runs)
+    if "service" in args.parts:
+        from .service import service_cost
+
+        progress(f"service: two engine processes, the hop, requests/s, a killed engine ({args.runs} runs) ...")
+        results["service"] = service_cost(generator, args, args.runs, Path(args.out) / "service")
     results["bench_s"] = time.perf_counter() - started
     return results
 

@@ -303,6 +303,10 @@ def markdown(results: dict) -> str:
         from .controlnet import markdown as controlnet_markdown
 
         lines += controlnet_markdown(results["controlnet"])
+    if results.get("service") is not None:
+        from .service import markdown as service_markdown
+
+        lines += service_markdown(results["service"])
     return "\n".join(lines)
 
 

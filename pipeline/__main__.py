@@ -1,6 +1,7 @@
-"""Command line: `python -m pipeline make-tiny DIR`, `python -m pipeline generate ...` and
+"""Command line: `python -m pipeline make-tiny DIR`, `python -m pipeline generate ...`,
 `python -m pipeline precompile --topology v5e:2x2 [engine options] --out DIR` (executables for a precompiled
-start-up). Both read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
+start-up) and `python -m pipeline serve [engine options] --port N` (the engine as an HTTP service,
+pipeline/service/). All read the engine's options as the app does (pipeline/options.py, `config.engine_config`).
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 `--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
@@ -20,9 +21,10 @@ import time
 from .config import engine_config
 from .errors import CheckpointError, InvalidInput, ModelLoadError
 from .fields import FIELD, FIELDS
-from .options import CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option
+from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
 from .request import LORA_TAG, RequestRules, parse_request
+from .service.options import build_serve_parser
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "devices (default v5e:2x2)")  # fmt: skip
     pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
     add_options(pre, PRECOMPILE)
+    build_serve_parser(commands)
     return parser
 
 
@@ -178,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("generate", "precompile"):
-        check_env_choices(parser, args, CLI if args.command == "generate" else PRECOMPILE)
-    if args.command == "generate" or (args.command == "precompile" and args.topology == "cpu"):
+    if args.command in ("generate", "precompile", "serve"):
+        check_env_choices(parser, args, {"generate": CLI, "precompile": PRECOMPILE, "serve": APP}[args.command])
+    if args.command == "serve":
+        logging.getLogger().setLevel(logging.INFO)  # its phases and its address, as the app logs them
+    if args.command in ("generate", "serve") or (args.command == "precompile" and args.topology == "cpu"):
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
     else:  # make-tiny; compiling for a TPU topology needs libtpu, not a TPU: no probe for one either way
         skip_absent_tpu()
@@ -193,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "precompile":
             return _precompile(args)
+        if args.command == "serve":
+            from .service.serving import serve
+
+            return serve(args)
         return _generate(args)
     except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)

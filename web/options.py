@@ -24,7 +24,9 @@ from pipeline.options import (
     markdown_table,
     port_number,
 )
+from pipeline.service.options import ENGINE_TOKEN
 
+from .engine_pool import parse_engine_url
 from .history import DEFAULT_MAX_ENTRIES
 
 #: Requests that may wait in the app's queue by default.
@@ -56,6 +58,10 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option("--no-history", "keep no past generations (no History tab, no /history)", "SDXL_NO_HISTORY", kind="switch",
            programs=_APP),
     Option("--share", "also open a public *.gradio.live link (needs internet)", kind="switch", programs=_APP),
+    Option("--engine", "serve the page in front of this engine service (`python -m pipeline serve`; repeat for more; "
+           "a name resolving to several addresses counts as each): no model is loaded here, no JAX", "SDXL_ENGINES",
+           kind="append", metavar="URL", programs=_APP, env_text="SDXL_ENGINES: URLs separated by commas"),
+    ENGINE_TOKEN,
 )  # fmt: skip
 
 #: Every option of every program: the app's parser and the README's table come from it.
@@ -76,6 +82,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.auth = read_auth(args.auth or [os.environ.get("SDXL_AUTH")], args.auth_file)
     except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    args.engine = args.engine or [url for url in os.environ.get("SDXL_ENGINES", "").split(",") if url.strip()]
+    try:
+        args.engine = [parse_engine_url(url)[0] for url in args.engine]
+    except ValueError as exc:
         parser.error(str(exc))
     try:
         args.config = engine_config(args)

@@ -165,8 +165,9 @@ def build_page(
                                                if name not in ("loras", "init_image", "mask_image", "controlnets")}},
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
         )  # fmt: skip
-        generated = wire_generate(handlers, rules, top, shown, fields)
-        wire_examples(handlers, rules, examples, buttons, top, shown, fields)
+        concurrency = getattr(engine, "concurrency", GENERATE_CONCURRENCY)  # engine services: two per engine
+        generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
+        wire_examples(handlers, rules, examples, buttons, top, shown, fields, concurrency)
         # PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared).
         shown.settings_image.upload(form.from_image, inputs=shown.settings_image,
                                     outputs=[*form.fields, shown.settings_image], api_visibility="private",
@@ -378,7 +379,8 @@ def example_buttons(examples: Sequence[str]) -> list[gr.Button]:
 # ---- events ----------------------------------------------------------------------------------------------------------
 
 
-def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results, fields: Fields) -> list:
+def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results, fields: Fields,
+                  concurrency: int = GENERATE_CONCURRENCY) -> list:  # fmt: skip
     """Generate (button, Enter, Vary), the API's /generate and /generate_png, Stop, the PNG follow-up, the picture
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
     inputs = fields.inputs(top.prompt)  # the API's parameters
@@ -393,7 +395,7 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         # Raw payloads go straight to pipeline.request, so the API and the page get the same messages (Gradio's own
         # checks would answer out-of-range values and unknown styles in its own words).
         "preprocess": False,
-        "concurrency_limit": GENERATE_CONCURRENCY,
+        "concurrency_limit": concurrency,
         "concurrency_id": "generate",
     }
     page_generating = {  # the page's own: its picture editor too; one "step k / N" bar and error badge
@@ -435,14 +437,14 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         api_description="The same as /generate, but the images are lossless PNGs with a `parameters` text chunk "
         "(slower to encode and about 8x larger than /generate's JPEGs).",
         preprocess=False,
-        concurrency_limit=GENERATE_CONCURRENCY,  # a group takes its events' lowest limit: give the same
+        concurrency_limit=concurrency,  # a group takes its events' lowest limit: give the same
         concurrency_id="generate",  # shares /generate's slots
     )
     return [generated, *varied]
 
 
 def wire_examples(handlers: Handlers, rules: Any, examples: Sequence[str], buttons: list, top: PromptRow,
-                  shown: Results, fields: Fields) -> None:  # fmt: skip
+                  shown: Results, fields: Fields, concurrency: int = GENERATE_CONCURRENCY) -> None:  # fmt: skip
     """An example (web/examples.py): its settings into the form, then its images (kept after its first click) with
     the PNG list of the last request hidden (it no longer matches them). Its seed is fixed: its kept images are
     honest."""
@@ -463,6 +465,6 @@ def wire_examples(handlers: Handlers, rules: Any, examples: Sequence[str], butto
             api_visibility="private",
         ).then(
             fn=run_example, inputs=example_fields, outputs=[shown.gallery, fields.controls["seed"], shown.status],
-            preprocess=False, concurrency_limit=GENERATE_CONCURRENCY, concurrency_id="generate", show_progress="full",
+            preprocess=False, concurrency_limit=concurrency, concurrency_id="generate", show_progress="full",
             show_progress_on=[shown.gallery], api_visibility="private",
         )  # fmt: skip

@@ -1,0 +1,66 @@
+"""`GET /v1/info`: what a page needs to build its form for an engine, and to tell engines apart.
+
+Names, never server paths: a local model or UNet file is named by its folder or file name, as images name them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+
+from ..checkpoint.tiny import COMPLETE_MARKER
+from ..config import TINY_MODEL
+from ..host.images import model_name, unet_name
+from ..host.plan import SAMPLER_NAMES
+from ..request import MAX_LORAS, request_schema
+
+#: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
+VERSIONED = ("jax", "jaxlib", "flax", "diffusers", "transformers")
+#: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
+MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "num_images")
+
+
+def engine_info(generator, processes: int = 1) -> dict:
+    """The info of a loaded, warmed-up `Generator` (on several processes: process 0's, for the whole slice)."""
+    config, rules, sampler = generator.config, generator.rules, generator.sampler
+    model = str(config.model).strip()
+    return {
+        "model": model_name(model),
+        "test_model": model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file(),
+        "unet": unet_name(config.unet) or None,
+        "preset": getattr(config, "preset", None),
+        "steps": config.steps,
+        "sizes": [list(size) for size in rules.sizes],
+        "sampler": rules.sampler,
+        "samplers": list(SAMPLER_NAMES),
+        "sampler_settings": {"label": sampler.label, "timestep_spacing": sampler.timestep_spacing, "cfg": sampler.cfg},
+        "guidance_scale": rules.guidance_scale,
+        "cfg": rules.cfg,
+        "levers": rules.levers,
+        "previews": bool(config.previews),
+        "loras": list(rules.loras),
+        "max_loras": MAX_LORAS,
+        "styles": list(rules.styles),
+        "request_schema": request_schema(),
+        "num_images": generator.num_images,
+        "device_count": generator.device_count,
+        "device_kind": str(generator.device_kind),
+        "device_summary": generator.device_summary,
+        "processes": processes,
+        "versions": {name: _version(name) for name in VERSIONED},
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def disagreement(first: dict, other: dict) -> str | None:
+    """The first setting two engines' infos differ on, as words ("sizes: [[128, 128]] vs [[64, 64]]"), else None."""
+    for key in MUST_AGREE:
+        if first.get(key) != other.get(key):
+            return f"{key}: {first.get(key)!r} vs {other.get(key)!r}"
+    return None

@@ -1,0 +1,253 @@
+"""Two engine services (`python -m pipeline serve`) and one page in front (`python app.py --engine ...`) on
+loopback, as real processes on the real tiny checkpoint: the token, the endpoints, one request per engine, a closed
+connection stopping a request, two requests at once on both engines, an engine SIGKILLed mid-request (the request
+still answers, the next ones succeed, the restarted engine rejoins) and no JAX in the page's process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import http.client
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from conftest import REPO, free_port, run_cli
+from PIL import Image
+
+pytestmark = pytest.mark.slow  # three processes: two engines and a page
+
+TOKEN = "test-engine-token"
+#: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each.
+ENGINE_FLAGS = ["--sizes", "64x64", "--steps", "2", "--dtype", "float32", "--cpu-devices", "2", "--no-speed-levers",
+                "--prompt-windows", "1"]  # fmt: skip
+#: Steps of a request long enough to act on mid-way (64², 2 devices: a few seconds).
+LONG_STEPS = 60
+START_S = 600
+
+
+class Launched:
+    """A process whose output goes to a file the test reads while it runs."""
+
+    def __init__(self, command: list[str], log: pathlib.Path, env: dict | None = None) -> None:
+        # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS)
+        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        self.command, self.log, self.env = command, log, {**environment, **(env or {})}
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.process = subprocess.Popen(self.command, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, marker: str, timeout: float = START_S, after: int = 0) -> None:
+        deadline = time.monotonic() + timeout
+        while marker not in self.text()[after:]:
+            assert self.process.poll() is None, f"{self.command[1:3]} exited:\n{self.text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {marker!r} within {timeout} s:\n{self.text()[-3000:]}"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+class Engine(Launched):
+    def __init__(self, tiny_dir, log: pathlib.Path) -> None:
+        self.port = free_port()
+        super().__init__([sys.executable, "-m", "pipeline", "serve", "--model", str(tiny_dir), *ENGINE_FLAGS,
+                          "--port", str(self.port)], log, {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def call(self, method: str, path: str, body: dict | None = None, token: str | None = TOKEN):
+        """(status, headers, body bytes) of one request to this engine."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            connection.request(method, path, json.dumps(body).encode() if body is not None else None, headers)
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def metric(self, name: str) -> float:
+        text = self.call("GET", "/metrics")[2].decode()
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("service")
+    started = [Engine(tiny_dir, logs / f"engine{i}.log") for i in range(2)]
+    try:
+        for engine in started:
+            engine.wait_for("Serving the engine on")
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+@pytest.fixture(scope="module")
+def page(engines, tmp_path_factory):
+    port = free_port()
+    front = Launched([sys.executable, "app.py", "--port", str(port), "--no-history",
+                      *(arg for engine in engines for arg in ("--engine", engine.url))],
+                     tmp_path_factory.mktemp("page") / "page.log", {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+    try:
+        front.wait_for("Running on")
+        front.url = f"http://127.0.0.1:{port}/"
+        yield front
+    finally:
+        front.stop()
+
+
+def client(page):
+    from gradio_client import Client
+
+    return Client(page.url, verbose=False)
+
+
+def generate(page, seed: int, steps: int = 2) -> tuple[list[np.ndarray], int, str]:
+    gallery, used, status = client(page).predict("a lighthouse", api_name="/generate", seed=seed,
+                                                 randomize_seed=False, steps=steps)  # fmt: skip
+    return [np.asarray(Image.open(item["image"]).convert("RGB")) for item in gallery], used, status
+
+
+def test_the_token_and_the_endpoints(engines):
+    engine = engines[0]
+    assert engine.call("GET", "/healthz", token=None)[0] == 200
+    for token in (None, "wrong"):
+        for path in ("/readyz", "/v1/info", "/metrics"):
+            status, _, body = engine.call("GET", path, token=token)
+            assert status == 401 and json.loads(body)["error"].endswith(".")
+        assert engine.call("POST", "/v1/generate", {"prompt": "a cat"}, token=token)[0] == 401
+    assert engine.call("GET", "/readyz")[0] == 200
+    info = json.loads(engine.call("GET", "/v1/info")[2])
+    assert info["sizes"] == [[64, 64]] and info["num_images"] == 2 and "Euler" in info["samplers"]
+    assert info["request_schema"]["title"] == "Request" and str(REPO) not in json.dumps(info)
+    metrics = engine.call("GET", "/metrics")[2].decode()
+    for name in ('sdxl_engine_requests_total{outcome="refused"}', "sdxl_engine_request_seconds_bucket",
+                 "sdxl_engine_busy 0"):  # fmt: skip
+        assert name in metrics
+    status, _, body = engine.call("POST", "/v1/generate", {"prompt": "a cat", "steps": 1000})
+    assert status == 400 and json.loads(body) == {"error": "Steps must be a whole number from 1 to 100; got 1000."}
+
+
+def test_a_second_request_is_refused_at_once_and_a_closed_connection_stops_the_first(engines):
+    engine = engines[1]
+    stopped_before = engine.metric('sdxl_engine_requests_total{outcome="stopped"}')
+    connection = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=120)
+    connection.request("POST", "/v1/generate", json.dumps({"prompt": "a cat", "steps": LONG_STEPS}).encode(),
+                       {"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    response = connection.getresponse()
+    assert response.status == 200 and json.loads(response.readline())["event"] == "step"
+    started = time.monotonic()
+    status, headers, body = engine.call("POST", "/v1/generate", {"prompt": "a dog"})
+    assert status == 503 and headers["Retry-After"] == "1" and time.monotonic() - started < 5
+    assert engine.metric("sdxl_engine_busy") == 1
+    response.close()  # the page's Stop: the engine stops at its next step
+    connection.close()
+    deadline = time.monotonic() + 60
+    while engine.metric('sdxl_engine_requests_total{outcome="stopped"}') == stopped_before:
+        assert time.monotonic() < deadline, "the closed request did not stop"
+        time.sleep(0.1)
+    assert engine.metric("sdxl_engine_busy") == 0
+    status, _, body = engine.call("POST", "/v1/generate", {"prompt": "a dog", "seed": 3})
+    assert status == 200 and json.loads(body.splitlines()[-1])["event"] == "result"
+
+
+def test_non_loopback_without_a_token_is_refused_before_loading():
+    result = run_cli("serve", "--model", "tiny", "--host", "0.0.0.0", env={"SDXL_ENGINE_TOKEN": ""}, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "python -m pipeline serve: error: --host 0.0.0.0 accepts connections from other machines: give a token with "
+        "--engine-token or SDXL_ENGINE_TOKEN (the page then sends it with SDXL_ENGINE_TOKEN too)"
+    ]
+
+
+def test_the_page_holds_no_jax_and_runs_two_requests_at_once_on_both_engines(page, engines):
+    maps = pathlib.Path(f"/proc/{page.process.pid}/maps")
+    if maps.exists():  # Linux: JAX imported means jaxlib's shared library mapped
+        assert "jaxlib" not in maps.read_text()
+    images, seed, status = generate(page, 11)
+    assert seed == 11 and len(images) == 2 and images[0].shape == (64, 64, 3) and "seed 11" in status
+    both_busy = False
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(generate, page, seed, LONG_STEPS) for seed in (21, 22)]
+        while not all(future.done() for future in running):
+            both_busy |= all(engine.metric("sdxl_engine_busy") == 1 for engine in engines)
+            time.sleep(0.05)
+        answers = [future.result() for future in running]
+    assert both_busy, "the two requests never ran on both engines at the same time"
+    assert [answer[1] for answer in answers] == [21, 22]
+
+
+def test_a_killed_engine_the_request_reruns_elsewhere_and_the_restarted_one_rejoins(page, engines):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(generate, page, 31, LONG_STEPS)
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None:
+            assert time.monotonic() < deadline and not running.done()
+            victim = next((engine for engine in engines if engine.metric("sdxl_engine_busy") == 1), None)
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few steps in
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait(30)
+        images, seed, status = running.result(timeout=300)
+    assert seed == 31 and len(images) == 2  # re-run once on the other engine, same seed
+    again, _, _ = generate(page, 31, LONG_STEPS)
+    assert all(np.array_equal(a, b) for a, b in zip(images, again, strict=True))  # same seed, same pixels
+    assert generate(page, 32)[1] == 32  # the page keeps serving on the engine left
+    page_mark, engine_mark = len(page.text()), len(victim.text())
+    victim.start()
+    victim.wait_for("Serving the engine on", after=engine_mark)
+    page.wait_for(f"engine {victim.url} is ready", timeout=60, after=page_mark)
+    before = victim.metric('sdxl_engine_requests_total{outcome="ok"}')
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda seed: generate(page, seed, LONG_STEPS), (41, 42)))
+    assert victim.metric('sdxl_engine_requests_total{outcome="ok"}') > before
+
+
+def test_previews_a_picture_parameters_and_stop_through_the_page(page, engines, tmp_path):
+    from gradio_client import handle_file
+
+    picture = tmp_path / "start.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(picture)
+    job = client(page).submit("a lighthouse", api_name="/generate", seed=51, randomize_seed=False, steps=8,
+                              init_image=handle_file(str(picture)), strength=0.5)  # fmt: skip
+    gallery, seed, status = job.result(timeout=300)
+    assert seed == 51 and "from a picture, strength 0.5" in status
+    forming = [out[0][0]["caption"] for out in job.outputs()[:-1] if isinstance(out[0], list) and out[0]]
+    assert any(caption.startswith("step ") for caption in forming), job.outputs()  # the pictures forming
+    gallery, _, _ = client(page).predict("a lighthouse", api_name="/generate_png", seed=52, randomize_seed=False)
+    assert "Seed: 52" in Image.open(gallery[0]["image"]).info["parameters"]
+    stopped_before = sum(e.metric('sdxl_engine_requests_total{outcome="stopped"}') for e in engines)
+    job = client(page).submit("a lighthouse", api_name="/generate", seed=53, randomize_seed=False, steps=100)
+    deadline = time.monotonic() + 120
+    while not any(e.metric("sdxl_engine_busy") == 1 for e in engines):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with contextlib.suppress(httpx.TimeoutException):  # a loaded machine may answer /cancel late: its effect counts
+        job.cancel()  # as Stop or a closed tab: the page closes the engine's connection, the engine stops
+    while sum(e.metric('sdxl_engine_requests_total{outcome="stopped"}') for e in engines) == stopped_before:
+        assert time.monotonic() < deadline, "the engine did not stop the cancelled request"
+        time.sleep(0.1)
