@@ -1,6 +1,6 @@
 """What the server history costs: the store's calls (web/history.py), then `/history` through the launched page.
 
-    python -m bench --only history      # HistoryStore.add per request, list/get/path_of/delete, then /history
+    python -m bench --only history      # HistoryStore.add per request, list/get/file_of/delete, then /history
 
 The store (a temporary data directory, `max_entries=None`):
   add                ms per `HistoryStore.add` of one request's `--history-images` images at `--history-size`²
@@ -151,7 +151,7 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
             list_all = Millis.of([_ms(lambda: listing(count)) for _ in range(30)])
             newest = store.list(USER, 1)[0].id
             get = Millis.of([_ms(lambda: store.get(USER, newest)) for _ in range(200)])
-            path_of = Millis.of([_ms(lambda: store.path_of(USER, newest, 0)) for _ in range(200)])
+            path_of = Millis.of([_ms(lambda: store.file_of(USER, newest, 0)) for _ in range(200)])
             answer_kb = len(listing(count)) / 1024
             oldest = [entry.id for entry in store.list(USER, 20, offset=count - 20)]
             delete = Millis.of([_ms(lambda i=i: store.delete(USER, i)) for i in oldest])
