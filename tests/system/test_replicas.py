@@ -1,0 +1,80 @@
+"""Page replicas behind HAProxy (deploy/haproxy/haproxy.cfg, the shipped file) sharing one PostgreSQL and one image
+store: a login keeps its replica (the sticky cookie), and what a user made through one replica is in their history
+seen through the other. Real HAProxy, real PostgreSQL (tests/throwaway.py), the tiny engine; nothing mocked.
+
+The two replicas are two pages launched in this process around the session's engine: each is its own Gradio app,
+with its own queue and its own login tokens, as two `python app.py --database-url ...` processes would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import httpx
+import pytest
+from conftest import REPO, served
+from gradio_client import Client
+from throwaway import haproxy
+
+USER = ("ann", "ann-secret")
+CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+#: Seconds for a finished request's entry to reach the database (written in the background after its PNGs).
+LANDS_WITHIN_S = 120
+
+
+@pytest.fixture(scope="module")
+def replicas(ui_engine, postgres, tmp_path_factory):
+    """Two pages with logins, one database, one image folder (the volume replicas would share)."""
+    from web.history_tab import History
+
+    database, images = postgres.new_database(), tmp_path_factory.mktemp("shared-images")
+    with contextlib.ExitStack() as stack:
+        pages = []
+        for name in ("a", "b"):
+            history = History.for_server(tmp_path_factory.mktemp(f"data-{name}"), logins=True, max_entries=None,
+                                         database_url=database, image_store=str(images))  # fmt: skip
+            pages.append(stack.enter_context(served(ui_engine, auth=[USER], history=history)))
+        yield pages
+
+
+@pytest.fixture(scope="module")
+def proxy(replicas):
+    addresses = [page.local_url.removeprefix("http://").rstrip("/") for page in replicas]
+    with haproxy(CONFIG, addresses) as url:
+        _wait_until_both_up(url)
+        yield url
+
+
+def _wait_until_both_up(url: str) -> None:
+    """Until HAProxy's health checks have seen both replicas (two fresh visitors land on two replicas)."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = {httpx.get(url, timeout=30).cookies.get("SDXL_PAGE") for _ in range(2)}
+        if seen == {"page1", "page2"} or time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
+
+
+def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy):
+    first, second = (Client(proxy, auth=USER, verbose=False) for _ in range(2))
+    # Each login landed on a replica and holds HAProxy's cookie naming it: two visitors, two replicas.
+    assert {first.cookies["SDXL_PAGE"], second.cookies["SDXL_PAGE"]} == {"page1", "page2"}
+    token = {name: value for name, value in first.cookies.items() if name != "SDXL_PAGE"}
+    # With the sticky cookie every call reaches the replica that knows the login ...
+    assert [httpx.get(f"{proxy}config", cookies=first.cookies).status_code for _ in range(4)] == [200] * 4
+    # ... without it (each call a new visitor), round robin sends some to the other replica, which never saw it.
+    assert 401 in [httpx.get(f"{proxy}config", cookies=token).status_code for _ in range(4)]
+
+    first.predict("a lighthouse made on one replica", seed=5, randomize_seed=False, steps=2, api_name="/generate")
+    deadline = time.monotonic() + LANDS_WITHIN_S
+    while not (listed := second.predict(api_name="/history")) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the entry is written in the background once its PNGs are
+    assert [entry["prompt"] for entry in listed] == ["a lighthouse made on one replica"]
+    assert listed[0]["seed"] == 5 and listed[0]["images"][0].startswith(proxy)  # URLs as the proxy is reached
+    assert [e["id"] for e in first.predict(api_name="/history")] == [listed[0]["id"]]
+    # The other replica serves the image from the shared store, to this login only.
+    image = httpx.get(listed[0]["images"][0], cookies=second.cookies, timeout=60)
+    assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"a lighthouse made on one replica" in image.content
+    assert httpx.get(listed[0]["images"][0], timeout=60).status_code == 404  # no login: nothing
