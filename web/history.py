@@ -133,7 +133,7 @@ class HistoryStore:
         url = _store_url(self.directory, database_url)
         self.shared = not url.startswith("sqlite")  # replicas share the rows: no directory lock, careful sweeps
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_file = None if self.shared else _take_lock(self.directory / "lock")
+        self._lock_file = None if self.shared else take_lock(self.directory / "lock")
         self._database = None
         try:
             self.files = _open_files(self.directory, image_store, durable)
@@ -358,7 +358,7 @@ def default_data_dir() -> Path:
     return Path(base) / "sdxl-jax"
 
 
-def _take_lock(path: Path):
+def take_lock(path: Path):
     """An exclusive, non-blocking flock on `path` for this store's lifetime (released by the kernel on exit/kill)."""
     handle = open(path, "a+b")  # noqa: SIM115  # held open until close()
     try:

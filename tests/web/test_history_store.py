@@ -415,3 +415,20 @@ def _row_of(store: HistoryStore, folder: str) -> int | None:
 
     with store._require().reading() as db:
         return db.execute(sa.select(ENTRIES.c.id).where(ENTRIES.c.folder == folder)).scalar()
+
+
+def test_a_one_process_history_moves_to_the_replicas_storage(postgres, tmp_path, request_files):
+    """`python -m web.history_copy`: the SQLite history's entries, ids and files, now in PostgreSQL and an object
+    store; each login finds its own as it was, and new entries follow the copied ids."""
+    from web.history_copy import main
+
+    with HistoryStore(tmp_path) as store:
+        ids = [store.add(user, _settings(seed), request_files) for seed, user in enumerate(["alice", "bob", "alice"])]
+    url, images = postgres.new_database(), f"memory://copied-{tmp_path.name}"
+    assert main(["--data-dir", str(tmp_path), "--database-url", url, "--image-store", images]) == 0
+    with HistoryStore(tmp_path / "replica", database_url=url, image_store=images) as replica:
+        assert [e.id for e in replica.list("alice")] == [ids[2], ids[0]] and [e.id for e in replica.list("bob")] == [
+            ids[1]]  # fmt: skip
+        assert replica.file_of("bob", ids[1], 1) == request_files[1].read_bytes()
+        assert replica.add("bob", _settings(9), request_files) == ids[2] + 1
+    assert main(["--data-dir", str(tmp_path), "--database-url", url, "--image-store", images]) == 1  # not empty
