@@ -137,7 +137,7 @@ class HistoryStore:
         self._database = None
         try:
             self.files = _open_files(self.directory, image_store, durable)
-            self._database = HistoryDatabase.open(url, durable=durable)
+            self._database = _open_database(url, durable)
             self._owner_key = self._database.owner_key()
             self._sweep()
         except BaseException:
@@ -343,6 +343,16 @@ def _store_url(directory: Path, url: str | None) -> str:
         return database_url(directory, url)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+
+
+def _open_database(url: str, durable: bool) -> HistoryDatabase:
+    """The database, or one sentence (no traceback) when it cannot be reached."""
+    try:
+        return HistoryDatabase.open(url, durable=durable)
+    except sa.exc.OperationalError as exc:
+        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+        reason = str(exc.orig or exc).strip().splitlines()[0][:200]
+        raise InvalidInput(f"cannot open the history database {shown}: {reason}") from None
 
 
 def _open_files(directory: Path, url: str | None, durable: bool):

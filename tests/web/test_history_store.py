@@ -359,6 +359,8 @@ def test_bad_storage_urls_get_one_sentence(tmp_path):
         HistoryStore(tmp_path, database_url="mysql://db/history")
     with pytest.raises(InvalidInput, match="--image-store nosuchfs://bucket"):
         HistoryStore(tmp_path, image_store="nosuchfs://bucket")
+    with pytest.raises(InvalidInput, match="cannot open the history database postgresql\\+psycopg://sdxl:\\*\\*\\*@"):
+        HistoryStore(tmp_path, database_url=f"postgresql://sdxl:secret@/sdxl?host={tmp_path}/no-such-socket")
     HistoryStore(tmp_path).close()  # a refused store let go of the directory
 
 
