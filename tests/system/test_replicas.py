@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from conftest import REPO, served
+from conftest import REPO, run_python, served
 from gradio_client import Client
 from throwaway import haproxy
 
@@ -78,3 +78,16 @@ def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy):
     assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"a lighthouse made on one replica" in image.content
     assert httpx.get(listed[0]["images"][0], timeout=60).status_code == 404  # no login: nothing
+
+
+def test_the_app_takes_its_history_storage_from_the_options(tmp_path):
+    """`python app.py --database-url` reaches the store before any model loads: an unreachable database is one
+    line (its password hidden) and exit status 2."""
+    socket_dir = tmp_path / "no-server-here"
+    result = run_python("app.py", "--model", "tiny", "--auth", "ann:pw", "--data-dir", str(tmp_path / "data"),
+                        env={"SDXL_DATABASE_URL": f"postgresql://sdxl:hunter2@/sdxl?host={socket_dir}",
+                             "SDXL_IMAGE_STORE": str(tmp_path / "images")}, timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("app.py: error:")]
+    assert len(lines) == 1 and "cannot open the history database" in lines[0], result.stderr
+    assert "hunter2" not in result.stderr + result.stdout and "Traceback" not in result.stderr
