@@ -101,7 +101,8 @@ class HistoryDatabase:
 
     @contextlib.contextmanager
     def reading(self):
-        with self.engine.connect() as connection:
+        """A connection for reads (SQLite: a deferred BEGIN, so readers never wait for a writer under WAL)."""
+        with self.engine.connect().execution_options(history_reading=True) as connection:
             yield connection
 
     def owner_key(self) -> bytes:
@@ -151,4 +152,5 @@ def _sqlite_pragmas(engine: sa.Engine, durable: bool) -> None:
 
     @sa.event.listens_for(engine, "begin")
     def on_begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        reading = connection.get_execution_options().get("history_reading", False)
+        connection.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
