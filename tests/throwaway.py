@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -118,3 +119,31 @@ def haproxy(config: Path, pages: list[str]):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def nginx(config: Path, pages: list[str]):
+    """nginx running `config` (the shipped file, its `listen` and `server` lines given loopback addresses) with a
+    prefix in a temporary folder; yields its URL."""
+    program = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if program is None:
+        missing("nginx (apt-get install nginx)")
+    port, text = free_port(), config.read_text()
+    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
+    for index, page in enumerate(pages, 1):
+        text = re.sub(rf"server page{index}:\d+", f"server {page}", text)
+    with tempfile.TemporaryDirectory(prefix="sdxl-nginx-") as prefix:
+        os.chmod(prefix, 0o777)  # nginx's workers run as nobody when started as root
+        (Path(prefix) / "nginx.conf").write_text(text)
+        process = subprocess.Popen([program, "-p", prefix, "-c", f"{prefix}/nginx.conf", "-g", "daemon off;"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            wait_for_port(port, process, timeout=60)
+            yield f"http://127.0.0.1:{port}/"
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -1,6 +1,7 @@
-"""Page replicas behind HAProxy (deploy/haproxy/haproxy.cfg, the shipped file) sharing one PostgreSQL and one image
-store: a login keeps its replica (the sticky cookie), and what a user made through one replica is in their history
-seen through the other. Real HAProxy, real PostgreSQL (tests/throwaway.py), the tiny engine; nothing mocked.
+"""Page replicas behind HAProxy (deploy/haproxy/haproxy.cfg, the shipped file; deploy/nginx/nginx.conf too) sharing
+one PostgreSQL and one image store: a login keeps its replica (the sticky cookie), and what a user made through one
+replica is in their history seen through the other. Real HAProxy and nginx, real PostgreSQL (tests/throwaway.py),
+the tiny engine; nothing mocked.
 
 The two replicas are two pages launched in this process around the session's engine: each is its own Gradio app,
 with its own queue and its own login tokens, as two `python app.py --database-url ...` processes would be.
@@ -15,10 +16,11 @@ import httpx
 import pytest
 from conftest import REPO, run_python, served
 from gradio_client import Client
-from throwaway import haproxy
+from throwaway import haproxy, nginx
 
 USER = ("ann", "ann-secret")
 CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+NGINX_CONFIG = REPO / "deploy" / "nginx" / "nginx.conf"
 #: Seconds for a finished request's entry to reach the database (written in the background after its PNGs).
 LANDS_WITHIN_S = 120
 
@@ -65,20 +67,49 @@ def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy):
     assert [httpx.get(f"{proxy}config", cookies=first.cookies).status_code for _ in range(4)] == [200] * 4
     # ... without it (each call a new visitor), round robin sends some to the other replica, which never saw it.
     assert 401 in [httpx.get(f"{proxy}config", cookies=token).status_code for _ in range(4)]
+    _made_on_one_replica_seen_on_the_other(proxy, first, second, "a lighthouse made on one replica")
 
-    first.predict("a lighthouse made on one replica", seed=5, randomize_seed=False, steps=2, api_name="/generate")
+
+def test_nginx_keeps_a_login_on_its_replica_too(replicas):
+    """deploy/nginx/nginx.conf (its addresses put in): a route cookie hashed to one replica."""
+    addresses = [page.local_url.removeprefix("http://").rstrip("/") for page in replicas]
+    with nginx(NGINX_CONFIG, addresses) as proxy:
+        logins = {}  # replica (the login cookie's name, one per Gradio app) -> cookies of a login that landed there
+        for route in range(64):
+            answer = httpx.post(f"{proxy}login", data=dict(zip(("username", "password"), USER, strict=True)),
+                                cookies={"sdxl_route": f"r{route}"}, timeout=60)  # fmt: skip
+            assert answer.status_code == 200 and answer.cookies["sdxl_route"] == f"r{route}"
+            replica = min(name for name in answer.cookies if name.startswith("access-token"))
+            logins.setdefault(replica, dict(answer.cookies))
+            if len(logins) == 2:
+                break
+        assert len(logins) == 2, "every route went to one replica"
+        mine, theirs = logins.values()
+        assert [httpx.get(f"{proxy}config", cookies=mine).status_code for _ in range(4)] == [200] * 4
+        elsewhere = {**mine, "sdxl_route": theirs["sdxl_route"]}  # this login, the other replica's route
+        assert httpx.get(f"{proxy}config", cookies=elsewhere).status_code == 401
+        first, second = (Client(proxy, verbose=False, httpx_kwargs={"cookies": cookies, "timeout": 600})
+                         for cookies in (mine, theirs))  # fmt: skip
+        _made_on_one_replica_seen_on_the_other(proxy, first, second, "a windmill made behind nginx")
+
+
+def _made_on_one_replica_seen_on_the_other(proxy: str, first: Client, second: Client, prompt: str) -> None:
+    """A request through `first`'s replica is in the history seen through `second`'s, its PNG served there."""
+    before = {entry["id"] for entry in second.predict(api_name="/history")}
+    first.predict(prompt, seed=5, randomize_seed=False, steps=2, api_name="/generate")
     deadline = time.monotonic() + LANDS_WITHIN_S
-    while not (listed := second.predict(api_name="/history")) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        listed = [entry for entry in second.predict(api_name="/history") if entry["id"] not in before]
+        if listed:
+            break
         time.sleep(0.5)  # the entry is written in the background once its PNGs are
-    assert [entry["prompt"] for entry in listed] == ["a lighthouse made on one replica"]
+    assert [entry["prompt"] for entry in listed] == [prompt]
     assert listed[0]["seed"] == 5 and listed[0]["images"][0].startswith(proxy)  # URLs as the proxy is reached
-    assert [e["id"] for e in first.predict(api_name="/history")] == [listed[0]["id"]]
-    # The other replica serves the image from the shared store, to this login only.
+    assert listed[0]["id"] in [e["id"] for e in first.predict(api_name="/history")]
     image = httpx.get(listed[0]["images"][0], cookies=second.cookies, timeout=60)
     assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
-    assert b"a lighthouse made on one replica" in image.content
+    assert prompt.encode() in image.content
     assert httpx.get(listed[0]["images"][0], timeout=60).status_code == 404  # no login: nothing
-
 
 def test_the_app_takes_its_history_storage_from_the_options(tmp_path):
     """`python app.py --database-url` reaches the store before any model loads: an unreachable database is one
