@@ -60,11 +60,11 @@ def _check_fields(value, model: str | type, where: str) -> None:
         for key, item in value.items():
             assert key in fields, f"{where}: {model.__name__} has no field {key!r}"
             _check_fields(item, fields[key], f"{where}.{key}")
-    elif model.startswith("List["):
+    elif model.lower().startswith("list["):  # "list[V1Container]" (older releases of the package: "List[...]")
         assert isinstance(value, list), f"{where}: expected a list"
         for index, item in enumerate(value):
             _check_fields(item, model[5:-1], f"{where}[{index}]")
-    elif model.startswith("Dict["):
+    elif model.lower().startswith(("dict(", "dict[")):
         assert isinstance(value, dict), f"{where}: expected a mapping"
     elif model == "int":
         assert isinstance(value, int) and not isinstance(value, bool), f"{where}: expected a whole number"
