@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
             if serves and not args.no_history:  # opened first: a data folder in use or unwritable fails at once
                 history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
-                                             max_entries=args.history_max)  # fmt: skip
+                                             max_entries=args.history_max, database_url=args.database_url,
+                                             image_store=args.image_store)  # fmt: skip
             examples = load_examples()
             cluster, generator = guard.run(lambda: start_cluster_and_engine(args))
         except (OSError, StyleFileError, ModelLoadError, InvalidInput, HistoryLocked) as exc:
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if prompt_filter is not None:
             logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
         if history.store is not None:
-            logger.info("history: kept per login in %s (up to %d each)", history.store.directory, args.history_max)
+            logger.info("history: kept per login in %s (up to %d each)", history.store.where(), args.history_max)
         if cluster is not None and not cluster.is_leader:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()

@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--history-entries", type=int, default=1000, help="one user's entries when listing (20..1000, default 1000)")
     add("--history-size", type=int, default=1024, help="image side of the history part's added requests (default 1024)")
     add("--history-calls", type=int, default=20, help="timed /history calls in the history part (default 20)")
+    add("--history-database-url", metavar="URL",
+        help="the history part's rows in this empty PostgreSQL database, not SQLite (default: SQLite)")  # fmt: skip
     return parser
 
 
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace) -> dict:
                  f"/history ({args.history_calls} calls) ...")  # fmt: skip
         results["history"] = history_cost(
             generator, adds=args.history_adds, entries=args.history_entries, size=args.history_size,
-            calls=args.history_calls,
+            calls=args.history_calls, database_url=args.history_database_url,
         )  # fmt: skip
     if "apphost" in args.parts:
         from .apphost import app_host_cost

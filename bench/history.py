@@ -1,6 +1,6 @@
 """What the server history costs: the store's calls (web/history.py), then `/history` through the launched page.
 
-    python -m bench --only history      # HistoryStore.add per request, list/get/path_of/delete, then /history
+    python -m bench --only history      # HistoryStore.add per request, list/get/file_of/delete, then /history
 
 The store (a temporary data directory, `max_entries=None`):
   add                ms per `HistoryStore.add` of one request's `--history-images` images at `--history-size`²
@@ -60,6 +60,7 @@ class HistoryCost:
     delete: Millis
     answer_kb: float  # the store's JSON of every entry (file names, not URLs)
     endpoint: HistoryEndpoint | None  # None when no engine was given
+    database: str = "sqlite"  # where the rows were: "sqlite" (the default, in the data directory) or "postgresql"
 
 
 def request_pil(count: int, size: int) -> list:
@@ -110,9 +111,15 @@ def _ms(action) -> float:
 
 
 def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images: int = 4, size: int = 1024,
-                 calls: int = 20, say: Progress = progress) -> HistoryCost:  # fmt: skip
-    """The store's figures in a temporary data directory; with `generator`, the `/history` endpoint too."""
+                 calls: int = 20, database_url: str | None = None,
+                 say: Progress = progress) -> HistoryCost:  # fmt: skip
+    """The store's figures in a temporary data directory (the rows in `database_url` when given: an empty
+    PostgreSQL database, as page replicas share); with `generator`, the `/history` endpoint too."""
+    from functools import partial
+
     from web.history import HistoryStore
+
+    HistoryStore = partial(HistoryStore, database_url=database_url)  # noqa: N806  # the same calls, either database
 
     with tempfile.TemporaryDirectory(prefix="bench-history-") as folder:
         directory, sources = Path(folder) / "data", Path(folder) / "sources"
@@ -151,7 +158,7 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
             list_all = Millis.of([_ms(lambda: listing(count)) for _ in range(30)])
             newest = store.list(USER, 1)[0].id
             get = Millis.of([_ms(lambda: store.get(USER, newest)) for _ in range(200)])
-            path_of = Millis.of([_ms(lambda: store.path_of(USER, newest, 0)) for _ in range(200)])
+            path_of = Millis.of([_ms(lambda: store.file_of(USER, newest, 0)) for _ in range(200)])
             answer_kb = len(listing(count)) / 1024
             oldest = [entry.id for entry in store.list(USER, 20, offset=count - 20)]
             delete = Millis.of([_ms(lambda i=i: store.delete(USER, i)) for i in oldest])
@@ -161,19 +168,22 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
         )
         endpoint = None
         if generator is not None:
-            endpoint = history_endpoint(generator, Path(folder) / "served", small, entries, calls, size, say)
-    return HistoryCost(count, images, size, file_kb, add, list_50, list_all, get, path_of, delete, answer_kb, endpoint)
+            endpoint = history_endpoint(generator, Path(folder) / "served", small, entries, calls, size, say,
+                                        database_url=database_url)  # fmt: skip
+    database = "postgresql" if database_url else "sqlite"
+    return HistoryCost(count, images, size, file_kb, add, list_50, list_all, get, path_of, delete, answer_kb, endpoint,
+                       database)  # fmt: skip
 
 
 def history_endpoint(generator, data_dir: Path, files: list[Path], entries: int, calls: int, size: int,
-                     say: Progress = progress) -> HistoryEndpoint:  # fmt: skip
+                     say: Progress = progress, database_url: str | None = None) -> HistoryEndpoint:  # fmt: skip
     """`/history` of a launched page with logins, its user's history filled to `entries` entries of `files`."""
     from gradio_client import Client
 
     from web.history_tab import History
     from web.page import build_page
 
-    history = History.for_server(data_dir, logins=True, max_entries=None)
+    history = History.for_server(data_dir, logins=True, max_entries=None, database_url=database_url)
     page = build_page(generator, history=history)
     try:
         page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=[(USER, PASSWORD)])
@@ -204,7 +214,7 @@ def markdown(cost: HistoryCost | None) -> list[str]:
     rows = [f"| {name.rsplit('_', 1)[0]} | {name.rsplit('_', 1)[1]} | {stats.text(1)} |"
             for name, stats in cost.add.items()]  # fmt: skip
     lines = [
-        f"## Server history ({cost.images_per_request} images of {cost.image_size}² per request; JPEG "
+        f"## Server history ({cost.database}; {cost.images_per_request} images of {cost.image_size}² per request; JPEG "
         f"{cost.file_kb['jpeg']:.0f} KB, PNG {cost.file_kb['png']:.0f} KB per image)",
         "",
         "| kept (thumbnails from) | sync | ms per `add`, median (p90; min–max) |",

@@ -250,3 +250,16 @@ def stop_then_generate(page, url: str, done_text: str) -> list:
     page.locator("#status").get_by_text(done_text).wait_for(timeout=TIMEOUT_MS)
     page.wait_for_function("() => document.querySelectorAll('#gallery img').length > 0", timeout=TIMEOUT_MS)
     return page.evaluate(GALLERY_LOADS)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL (tests/throwaway.py) for the whole run; `postgres.new_database()` gives a test its own
+    empty database. Skipped where PostgreSQL is missing, failed instead under CI=true."""
+    from throwaway import ThrowawayPostgres
+
+    server = ThrowawayPostgres()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,48 +1,54 @@
-"""Past generations per signed-in user: an embedded SQLite database plus one folder of files per entry.
+"""Past generations per signed-in user: rows in one SQL database, files in one image store.
 
-    store = HistoryStore(data_dir, max_entries=500)
+    store = HistoryStore(data_dir, max_entries=500)            # SQLite and files under data_dir (one process)
+    store = HistoryStore(data_dir, database_url="postgresql://…", image_store="s3://…")   # shared by page replicas
     entry_id = store.add(username, settings, image_paths)      # after a request: one entry, all or nothing
     store.list(username, limit=50)                              # newest first; never another user's
-    store.path_of(username, entry_id, 0, thumbnail=True)        # a file of one's own entry, or None
+    store.file_of(username, entry_id, 0, thumbnail=True)        # a file of one's own entry (Path or bytes), or None
 
-Layout under `directory`:
+Storage is split by role: the rows (web/history_db.py: SQLite by default, PostgreSQL with `--database-url`) and the
+files (web/image_store.py: `<data_dir>/files/` by default, a shared directory or an fsspec URL with `--image-store`).
+Layout of the default data directory:
     history.sqlite3          the entries (WAL journal: readers never wait for the writer)
-    lock                     held (flock) by the one store that owns the directory
+    lock                     held (flock) by the one process whose SQLite history this is
     staging/<token>/         an entry's files while they are written
     files/<owner>/<token>/   a finished entry's images (`00.png`, ...) and thumbnails (`00.thumb.jpg`, ...)
-`<owner>` is a keyed hash of the user name (the key is random per data directory and lives in the database), so a
-folder never names its user and cannot be found from a name without the database.
+`<owner>` is a keyed hash of the user name (the key is random per database and lives in it), so a folder never
+names its user and cannot be found from a name without the database.
 
-An entry exists once its row is committed, and the row is written last: files are copied into a staging folder,
-synced, moved into place with one rename, and only then is the row inserted (one transaction, which also prunes the
-user's oldest entries past the cap). A kill at any point leaves either a complete entry or files no row points to,
-which the next start-up removes; listings only ever come from rows. Rows of pruned or deleted entries are removed
-first and their folders after, so a crash in between again leaves only unlisted files.
+An entry exists once its row is committed, and the row is written last: the files are stored first (staged and
+renamed into place in a directory, each object whole in an object store), and only then is the row inserted (one
+transaction, which also prunes the user's oldest entries past the cap). A kill at any point leaves either a complete
+entry or files no row points to, which a later start-up removes; listings only ever come from rows. Rows of pruned
+or deleted entries are removed first and their folders after, so a crash in between again leaves only unlisted files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
 import secrets
-import shutil
-import sqlite3
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import sqlalchemy as sa
 from PIL import Image
 
 from pipeline.errors import InvalidInput
 
+from .history_db import DATABASE_NAME, ENTRIES, HistoryDatabase, database_url
+from .image_store import SHARED_GRACE_S, image_store
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["DATABASE_NAME", "DEFAULT_MAX_ENTRIES", "Entry", "HistoryLocked", "HistoryStore", "default_data_dir"]
 
 #: Entries one user keeps by default (`--history-max`); adding one more removes the oldest with its files.
 DEFAULT_MAX_ENTRIES = 500
@@ -60,23 +66,7 @@ REQUIRED_SETTINGS = ("prompt", "negative_prompt", "seed", "steps", "sampler", "g
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 #: Longest user name accepted (Gradio's logins are short; this bounds what is hashed).
 MAX_USER_CHARS = 256
-#: Seconds a database call waits for a lock held by another connection before failing.
-BUSY_TIMEOUT_S = 10
-DATABASE_NAME = "history.sqlite3"
-SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- grows with every entry: newest first is id descending
-    owner TEXT NOT NULL,                   -- keyed hash of the user name (never the name)
-    created REAL NOT NULL,                 -- when the entry was kept: seconds since the epoch
-    folder TEXT NOT NULL UNIQUE,           -- the entry's folder under files/<owner>/
-    settings TEXT NOT NULL,                -- JSON object: the request's settings
-    images TEXT NOT NULL,                  -- JSON list: image file names in the folder, in image order
-    thumbnails TEXT NOT NULL               -- JSON list: thumbnail file names, same order
-);
-CREATE INDEX IF NOT EXISTS entries_by_owner ON entries (owner, id);
-"""
+_ROW = (ENTRIES.c.id, ENTRIES.c.created, ENTRIES.c.settings, ENTRIES.c.images, ENTRIES.c.thumbnails)
 
 
 class HistoryLocked(RuntimeError):
@@ -90,7 +80,7 @@ class Entry:
     id: int  # the entry's number: unique across users, larger for newer entries
     created: float  # when it was kept: seconds since the epoch
     settings: dict  # the request's settings as given to `add` (JSON values); a copy, free to change
-    images: tuple[str, ...]  # image file names in the entry's folder, in image order (`path_of` finds them)
+    images: tuple[str, ...]  # image file names in the entry's folder, in image order (`file_of` finds them)
     thumbnails: tuple[str, ...]  # their thumbnails' file names, same order
 
     @property
@@ -113,7 +103,8 @@ class Entry:
 
 
 class HistoryStore:
-    """Every user's past generations under one data directory; thread-safe (one server process per directory)."""
+    """Every user's past generations; thread-safe. With the default SQLite database one process owns the data
+    directory; with a shared database (PostgreSQL) any number of page replicas use the same rows and files."""
 
     def __init__(
         self,
@@ -122,11 +113,16 @@ class HistoryStore:
         *,
         thumbnail_size: int = THUMBNAIL_SIZE,
         durable: bool = True,
+        database_url: str | None = None,
+        image_store: str | None = None,
     ) -> None:
-        """Open (or create) the store in `directory`, then remove what an earlier run left half-written.
+        """Open (or create) the store, then remove what an earlier run left half-written.
 
+        `directory`: the data directory (the SQLite file and the files when no URL says otherwise).
         `max_entries`: entries kept per user (None: no cap). `durable`: sync files and commits to the disk before
         an entry counts as kept (survives a power cut, not just a killed process); costs a few fsyncs per entry.
+        `database_url`: `postgresql://...` to share the rows between replicas. `image_store`: a directory or fsspec
+        URL for the files (a store the replicas share).
         """
         if max_entries is not None and (isinstance(max_entries, bool) or int(max_entries) < 1):
             raise ValueError(f"max_entries must be a positive whole number or None; got {max_entries!r}")
@@ -134,24 +130,23 @@ class HistoryStore:
         self.max_entries = None if max_entries is None else int(max_entries)
         self.thumbnail_size = int(thumbnail_size)
         self.durable = durable
-        self._files = self.directory / "files"
-        self._staging = self.directory / "staging"
-        for folder in (self.directory, self._files, self._staging):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_file = _take_lock(self.directory / "lock")
-        self._lock = threading.Lock()  # one connection, used by one thread at a time
+        url = _store_url(self.directory, database_url)
+        self.shared = not url.startswith("sqlite")  # replicas share the rows: no directory lock, careful sweeps
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_file = None if self.shared else take_lock(self.directory / "lock")
+        self._database = None
         try:
-            self._db = db = sqlite3.connect(
-                self.directory / DATABASE_NAME, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-            )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            db.execute("PRAGMA foreign_keys=ON")
-            self._owner_key = self._setup()
+            self.files = _open_files(self.directory, image_store, durable)
+            self._database = _open_database(url, durable)
+            self._owner_key = self._database.owner_key()
             self._sweep()
         except BaseException:
             self.close()
             raise
+
+    def where(self) -> str:
+        """Where the rows and the files are (for the log; no password)."""
+        return f"{self._require().where()}, files in {self.files.where()}"
 
     # ---- writing -------------------------------------------------------------------------------------------------
 
@@ -167,10 +162,10 @@ class HistoryStore:
 
         Returns the new entry's id. Either the whole entry is kept or nothing is (see the module docstring); the
         user's oldest entries past `max_entries` are removed with their files in the same transaction.
-        The files are hard-linked where they can be (same file system: no copy; the app never rewrites a file it
-        wrote) and copied otherwise. Thumbnails are made from `thumbnail_sources` when given, one per image: the
-        request's PIL images still in memory, or its JPEG gallery files (decoded at 1/4 size); decoding a 1024²
-        PNG instead costs ~50 ms per image.
+        In a directory the files are hard-linked where they can be (same file system: no copy; the app never
+        rewrites a file it wrote) and copied otherwise. Thumbnails are made from `thumbnail_sources` when given,
+        one per image: the request's PIL images still in memory, or its JPEG gallery files (decoded at 1/4 size);
+        decoding a 1024² PNG instead costs ~50 ms per image.
         """
         owner = self._owner(user)
         settings_json = _settings_json(settings)
@@ -183,90 +178,58 @@ class HistoryStore:
         thumbnail_sources = list(sources if thumbnail_sources is None else thumbnail_sources)
         if len(thumbnail_sources) != len(sources):
             raise ValueError(f"{len(thumbnail_sources)} thumbnail sources for {len(sources)} images")
+        files: dict[str, Path | bytes] = {}
+        for index, (source, thumbnail_source) in enumerate(zip(sources, thumbnail_sources, strict=True)):
+            files[_image_name(index, source)] = source
+            files[_thumbnail_name(index)] = self._thumbnail(thumbnail_source)
         token = secrets.token_hex(12)
-        staged = self._stage(token, sources, thumbnail_sources)
-        try:
-            folder = self._publish(owner, token, staged)
-        except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise
+        self.files.put(owner, token, files)
         try:
             return self._insert(owner, token, settings_json, sources, created)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            self.files.remove(owner, [token])
             raise
-
-    def _stage(self, token: str, sources: list[Path], thumbnail_sources: list) -> Path:
-        """Link or copy the images and write their thumbnails into staging/<token>/ (synced when durable)."""
-        staged = self._staging / token
-        staged.mkdir(mode=0o700)
-        try:
-            for index, (source, thumbnail_source) in enumerate(zip(sources, thumbnail_sources, strict=True)):
-                _link_or_copy(source, staged / _image_name(index, source))
-                self._make_thumbnail(thumbnail_source, staged / _thumbnail_name(index))
-            if self.durable:
-                for path in staged.iterdir():
-                    _fsync(path)
-                _fsync(staged)
-        except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise
-        return staged
-
-    def _publish(self, owner: str, token: str, staged: Path) -> Path:
-        """Move the staged folder to files/<owner>/<token> in one rename (an entry's files appear all at once)."""
-        owner_dir = self._files / owner
-        if not owner_dir.is_dir():
-            owner_dir.mkdir(mode=0o700, exist_ok=True)
-            if self.durable:
-                _fsync(self._files)
-        folder = owner_dir / token
-        os.rename(staged, folder)
-        if self.durable:
-            _fsync(owner_dir)
-            _fsync(self._staging)
-        return folder
 
     def _insert(self, owner: str, token: str, settings_json: str, sources: list[Path], created: float | None) -> int:
         """Insert the row and prune past the cap, in one transaction; then remove the pruned entries' folders."""
-        images = json.dumps([_image_name(index, source) for index, source in enumerate(sources)])
-        thumbnails = json.dumps([_thumbnail_name(index) for index in range(len(sources))])
-        created = time.time() if created is None else float(created)
-        with self._lock, self._transaction() as db:
-            cursor = db.execute(
-                "INSERT INTO entries (owner, created, folder, settings, images, thumbnails) VALUES (?, ?, ?, ?, ?, ?)",
-                (owner, created, token, settings_json, images, thumbnails),
-            )
-            entry_id = int(cursor.lastrowid)
+        row = {
+            "owner": owner,
+            "created": time.time() if created is None else float(created),
+            "folder": token,
+            "settings": settings_json,
+            "images": json.dumps([_image_name(index, source) for index, source in enumerate(sources)]),
+            "thumbnails": json.dumps([_thumbnail_name(index) for index in range(len(sources))]),
+        }
+        with self._require().writing() as db:
+            entry_id = int(db.execute(sa.insert(ENTRIES).values(**row).returning(ENTRIES.c.id)).scalar_one())
             pruned = []
             if self.max_entries is not None:
                 pruned = db.execute(
-                    "SELECT id, folder FROM entries WHERE owner = ? ORDER BY id DESC LIMIT -1 OFFSET ?",
-                    (owner, self.max_entries),
-                ).fetchall()
-                db.executemany("DELETE FROM entries WHERE id = ?", [(row[0],) for row in pruned])
-        self._remove_folders(owner, [row[1] for row in pruned])
+                    sa.select(ENTRIES.c.id, ENTRIES.c.folder).where(ENTRIES.c.owner == owner)
+                    .order_by(ENTRIES.c.id.desc()).offset(self.max_entries)
+                ).all()  # fmt: skip
+                if pruned:
+                    db.execute(sa.delete(ENTRIES).where(ENTRIES.c.id.in_([p.id for p in pruned])))
+        self._remove_folders(owner, [p.folder for p in pruned])
         return entry_id
 
     def delete(self, user: str, entry_id: int) -> bool:
         """Remove one of `user`'s entries with its files; False when `user` has no such entry (theirs or nobody's)."""
         owner, entry_id = self._owner(user), _entry_id(entry_id)
-        with self._lock, self._transaction() as db:
-            row = db.execute(
-                "DELETE FROM entries WHERE id = ? AND owner = ? RETURNING folder", (entry_id, owner)
-            ).fetchone()
-        if row is None:
-            return False
-        self._remove_folders(owner, [row[0]])
-        return True
+        mine = (ENTRIES.c.id == entry_id) & (ENTRIES.c.owner == owner)
+        with self._require().writing() as db:
+            folders = db.execute(sa.delete(ENTRIES).where(mine).returning(ENTRIES.c.folder)).scalars().all()
+        self._remove_folders(owner, folders)
+        return bool(folders)
 
     def delete_all(self, user: str) -> int:
         """Remove every entry of `user` with its files; returns how many there were. Other users' stay."""
         owner = self._owner(user)
-        with self._lock, self._transaction() as db:
-            rows = db.execute("DELETE FROM entries WHERE owner = ? RETURNING folder", (owner,)).fetchall()
-        self._remove_folders(owner, [row[0] for row in rows])
-        return len(rows)
+        with self._require().writing() as db:
+            stmt = sa.delete(ENTRIES).where(ENTRIES.c.owner == owner).returning(ENTRIES.c.folder)
+            folders = db.execute(stmt).scalars().all()
+        self._remove_folders(owner, folders)
+        return len(folders)
 
     # ---- reading -------------------------------------------------------------------------------------------------
 
@@ -274,35 +237,27 @@ class HistoryStore:
         """`user`'s entries, newest first: at most `limit` (≤ MAX_LIST) after skipping `offset`."""
         owner = self._owner(user)
         limit, offset = _bounded("limit", limit, 0, MAX_LIST), _bounded("offset", offset, 0, 2**62)
-        with self._lock:
-            db = self._require()
-            rows = db.execute(
-                "SELECT id, created, settings, images, thumbnails FROM entries WHERE owner = ? "
-                "ORDER BY id DESC LIMIT ? OFFSET ?",
-                (owner, limit, offset),
-            ).fetchall()
+        query = sa.select(*_ROW).where(ENTRIES.c.owner == owner).order_by(ENTRIES.c.id.desc())
+        with self._require().reading() as db:
+            rows = db.execute(query.limit(limit).offset(offset)).all()
         return [_entry(row) for row in rows]
 
     def count(self, user: str) -> int:
         """How many entries `user` has."""
         owner = self._owner(user)
-        with self._lock:
-            db = self._require()
-            return int(db.execute("SELECT COUNT(*) FROM entries WHERE owner = ?", (owner,)).fetchone()[0])
+        with self._require().reading() as db:
+            return int(db.execute(sa.select(sa.func.count()).where(ENTRIES.c.owner == owner)).scalar_one())
 
     def get(self, user: str, entry_id: int) -> Entry | None:
         """One of `user`'s entries; None when `user` has no entry with that id (another user's counts as none)."""
         owner, entry_id = self._owner(user), _entry_id(entry_id)
-        with self._lock:
-            db = self._require()
-            row = db.execute(
-                "SELECT id, created, settings, images, thumbnails FROM entries WHERE id = ? AND owner = ?",
-                (entry_id, owner),
-            ).fetchone()
+        with self._require().reading() as db:
+            row = db.execute(sa.select(*_ROW).where((ENTRIES.c.id == entry_id) & (ENTRIES.c.owner == owner))).first()
         return None if row is None else _entry(row)
 
-    def path_of(self, user: str, entry_id: int, index: int, thumbnail: bool = False) -> Path | None:
-        """The file of image `index` (or its thumbnail) of one of `user`'s entries; None for anything else.
+    def file_of(self, user: str, entry_id: int, index: int, thumbnail: bool = False) -> Path | bytes | None:
+        """The file of image `index` (or its thumbnail) of one of `user`'s entries: its path in a directory store,
+        its bytes in an object store; None for anything else.
 
         Another user's entry, an unknown id and an index past the entry's images all answer None alike, so a
         caller learns nothing about entries that are not theirs.
@@ -310,72 +265,36 @@ class HistoryStore:
         owner, entry_id = self._owner(user), _entry_id(entry_id)
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             return None
-        with self._lock:
-            db = self._require()
-            row = db.execute(
-                "SELECT folder, images, thumbnails FROM entries WHERE id = ? AND owner = ?", (entry_id, owner)
-            ).fetchone()
+        query = sa.select(ENTRIES.c.folder, ENTRIES.c.images, ENTRIES.c.thumbnails)
+        with self._require().reading() as db:
+            row = db.execute(query.where((ENTRIES.c.id == entry_id) & (ENTRIES.c.owner == owner))).first()
         if row is None:
             return None
-        names = json.loads(row[2] if thumbnail else row[1])
-        if index >= len(names):
-            return None
-        path = self._files / owner / row[0] / names[index]
-        return path if path.is_file() else None
-
-    def export(self, user: str, entry_id: int, index: int, directory: str | os.PathLike, thumbnail: bool = False):
-        """Link (or copy) one of `user`'s files into `directory` (e.g. the app's served folder): the new path or None.
-
-        For Gradio: files under the data directory must not be served directly (an allowed path is open to every
-        signed-in user who knows it), so the page serves a copy in its own output folder instead.
-        """
-        source = self.path_of(user, entry_id, index, thumbnail)
-        if source is None:
-            return None
-        target = Path(directory) / f"history-{_entry_id(entry_id)}-{source.name}"
-        with contextlib.suppress(FileNotFoundError):
-            target.unlink()
-        _link_or_copy(source, target)
-        return target
+        names = json.loads(row.thumbnails if thumbnail else row.images)
+        return self.files.find(owner, row.folder, names[index]) if index < len(names) else None
 
     # ---- housekeeping --------------------------------------------------------------------------------------------
 
     def _sweep(self) -> int:
         """Remove files no entry points to (staged or published by a run that was killed); returns how many folders.
 
-        Only at start-up, before this store's first `add` (the directory lock keeps every other writer out): later,
-        a folder published an instant before its row is inserted would look orphaned.
+        At start-up. A store that owns its directory removes them all, before its first `add`; replicas sharing
+        the files remove only those older than `SHARED_GRACE_S` (another replica's newest folder has no row yet).
         """
-        removed = 0
-        for staged in self._staging.iterdir():
-            _remove(staged)
-            removed += 1
-        with self._lock:
-            db = self._require()
-            known = {row[0] for row in db.execute("SELECT owner || '/' || folder FROM entries")}
-        for owner_dir in self._files.iterdir():
-            if not owner_dir.is_dir():
-                _remove(owner_dir)
-                continue
-            for folder in owner_dir.iterdir():
-                if f"{owner_dir.name}/{folder.name}" not in known:
-                    _remove(folder)
-                    removed += 1
-            with contextlib.suppress(OSError):
-                owner_dir.rmdir()  # only when empty
+        with self._require().reading() as db:
+            known = {f"{owner}/{folder}" for owner, folder in db.execute(sa.select(ENTRIES.c.owner, ENTRIES.c.folder))}
+        removed = self.files.sweep(known, SHARED_GRACE_S if self.shared else 0.0)
         if removed:
-            logger.info("history: removed %d unfinished or orphaned entry folder(s) under %s", removed, self.directory)
+            logger.info("history: removed %d unfinished or orphaned entry folder(s) in %s", removed, self.files.where())
         return removed
 
     def close(self) -> None:
         """Close the database and release the directory (a new store may then open it)."""
-        with self._lock:
-            db, self._db = getattr(self, "_db", None), None
-            if db is not None:
-                db.close()
-        lock_file = getattr(self, "_lock_file", None)
-        if lock_file is not None:
-            lock_file.close()  # closing the descriptor drops the flock
+        database, self._database = self._database, None
+        if database is not None:
+            database.close()
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing the descriptor drops the flock
             self._lock_file = None
 
     def __enter__(self) -> HistoryStore:
@@ -386,22 +305,6 @@ class HistoryStore:
 
     # ---- internals -----------------------------------------------------------------------------------------------
 
-    def _setup(self) -> bytes:
-        """Create the schema on first use; return the key that turns user names into folder names."""
-        with self._lock:
-            self._require().executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); runs outside our transactions
-        with self._lock, self._transaction() as db:
-            version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if version is None:
-                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(version[0]) != SCHEMA_VERSION:
-                raise RuntimeError(f"history database schema {version[0]} is not {SCHEMA_VERSION}: {self.directory}")
-            key = db.execute("SELECT value FROM meta WHERE key = 'owner_key'").fetchone()
-            if key is None:
-                key = (secrets.token_hex(32),)
-                db.execute("INSERT INTO meta VALUES ('owner_key', ?)", key)
-        return bytes.fromhex(key[0])
-
     def _owner(self, user: str) -> str:
         """The folder name and row owner of `user`: keyed BLAKE2b of the name (32 hex digits)."""
         if not isinstance(user, str) or not user.strip():
@@ -410,25 +313,14 @@ class HistoryStore:
             raise InvalidInput(f"User names longer than {MAX_USER_CHARS} characters have no history.")
         return hashlib.blake2b(user.encode("utf-8", "surrogatepass"), key=self._owner_key, digest_size=16).hexdigest()
 
-    def _require(self) -> sqlite3.Connection:
-        """The connection (the caller holds `self._lock`); a closed store says so."""
-        if self._db is None:
+    def _require(self) -> HistoryDatabase:
+        """The database; a closed store says so."""
+        if self._database is None:
             raise RuntimeError("the history store is closed")
-        return self._db
+        return self._database
 
-    @contextlib.contextmanager
-    def _transaction(self):
-        """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): the caller holds `self._lock`."""
-        db = self._require()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    def _make_thumbnail(self, source: Image.Image | str | os.PathLike, target: Path) -> None:
+    def _thumbnail(self, source: Image.Image | str | os.PathLike) -> bytes:
+        """A JPEG of at most `thumbnail_size` pixels a side."""
         box = (self.thumbnail_size, self.thumbnail_size)
         if isinstance(source, Image.Image):
             factor = max(1, max(source.size) // self.thumbnail_size)
@@ -438,11 +330,36 @@ class HistoryStore:
                 image.draft("RGB", box)  # JPEG: decoded at 1/2, 1/4 or 1/8 size, which is most of the saving
                 thumbnail = image.convert("RGB")
         thumbnail.thumbnail(box, Image.Resampling.BILINEAR)
-        thumbnail.save(target, format="JPEG", quality=THUMBNAIL_QUALITY)
+        buffer = io.BytesIO()
+        thumbnail.save(buffer, format="JPEG", quality=THUMBNAIL_QUALITY)
+        return buffer.getvalue()
 
     def _remove_folders(self, owner: str, folders: list[str]) -> None:
-        for folder in folders:
-            _remove(self._files / owner / folder)
+        self.files.remove(owner, folders)
+
+
+def _store_url(directory: Path, url: str | None) -> str:
+    try:
+        return database_url(directory, url)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _open_database(url: str, durable: bool) -> HistoryDatabase:
+    """The database, or one sentence (no traceback) when it cannot be reached."""
+    try:
+        return HistoryDatabase.open(url, durable=durable)
+    except sa.exc.OperationalError as exc:
+        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+        reason = str(exc.orig or exc).strip().splitlines()[0][:200]
+        raise InvalidInput(f"cannot open the history database {shown}: {reason}") from None
+
+
+def _open_files(directory: Path, url: str | None, durable: bool):
+    try:
+        return image_store(directory, url, durable=durable)
+    except (ImportError, ValueError) as exc:  # an fsspec protocol whose package is not installed, or a bad URL
+        raise InvalidInput(f"--image-store {url.split('?')[0]}: {exc}") from None
 
 
 def default_data_dir() -> Path:
@@ -451,7 +368,7 @@ def default_data_dir() -> Path:
     return Path(base) / "sdxl-jax"
 
 
-def _take_lock(path: Path):
+def take_lock(path: Path):
     """An exclusive, non-blocking flock on `path` for this store's lifetime (released by the kernel on exit/kill)."""
     handle = open(path, "a+b")  # noqa: SIM115  # held open until close()
     try:
@@ -515,27 +432,3 @@ def _bounded(name: str, value, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidInput(f"The history {name} must be a whole number from {low} to {high}; got {value!r}.")
     return value
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:  # another file system, or links not allowed here: copy
-        shutil.copyfile(source, target)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's or a folder's contents (a folder: its entries, i.e. renames into it) to the disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()

@@ -15,7 +15,7 @@ from pathlib import Path
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
-from starlette.responses import FileResponse, PlainTextResponse
+from starlette.responses import FileResponse, PlainTextResponse, Response
 
 #: The route, below the app's root path: entry id, image index, and "/thumbnail" for the small JPEG.
 ROUTE = "history-file"
@@ -39,9 +39,10 @@ def signed_in_user(scope) -> str | None:
 
 
 class HistoryFiles:
-    """ASGI middleware answering the history file route; `find(user, entry_id, index, thumbnail)` -> Path | None."""
+    """ASGI middleware answering the history file route; `find(user, entry_id, index, thumbnail)` -> the file's
+    path, its bytes (an object store), or None."""
 
-    def __init__(self, app, find: Callable[[str, int, int, bool], Path | None]) -> None:
+    def __init__(self, app, find: Callable[[str, int, int, bool], Path | bytes | None]) -> None:
         self.app = app
         self.find = find
 
@@ -54,14 +55,27 @@ class HistoryFiles:
         path = None
         if user is not None and scope.get("method") in ("GET", "HEAD"):
             path = await run_in_threadpool(self.find, user, int(match[1]), int(match[2]), bool(match[3]))
+        private = {"Cache-Control": "private, max-age=86400"}  # a shared cache must never hand it to another user
         if path is None:
             response = PlainTextResponse("Not found", status_code=404)
+        elif isinstance(path, bytes):
+            response = Response(path, media_type=_content_type(path), headers=private)
         else:
-            # private: a shared cache must never hand one user's image to another
-            response = FileResponse(path, headers={"Cache-Control": "private, max-age=86400"})
+            response = FileResponse(path, headers=private)
         await response(scope, receive, send)
 
 
-def history_files_middleware(find: Callable[[str, int, int, bool], Path | None]) -> Middleware:
+def _content_type(data: bytes) -> str:
+    """The type of an image an entry holds, from its first bytes (an object store's file has no path to tell it)."""
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "application/octet-stream"
+
+
+def history_files_middleware(find: Callable[[str, int, int, bool], Path | bytes | None]) -> Middleware:
     """The middleware for `launch(app_kwargs={"middleware": [...]})`."""
     return Middleware(HistoryFiles, find=find)

@@ -1,10 +1,11 @@
 """Past generations: the History tab and the `/history` endpoint, kept where the server's logins say.
 
 One class per storage mode. With logins (`--auth`, `ServerHistory`), every finished request goes to the server's
-store (web/history.py: SQLite under `--data-dir`), written in the background once its PNGs are, and each user sees,
-uses and deletes only their own; the images come from an owner-only route (web/history_files.py). Without logins
-(`BrowserHistory`), a visitor's history lives in their own browser (Gradio's BrowserState, web/browser_history.py)
-and the server keeps nothing. `History` itself is the tab and its events, with nothing kept (--no-history).
+store (web/history.py: SQLite under `--data-dir`, or `--database-url` and `--image-store` shared by page replicas),
+written in the background once its PNGs are, and each user sees, uses and deletes only their own; the images come
+from an owner-only route (web/history_files.py). Without logins (`BrowserHistory`), a visitor's history lives in
+their own browser (Gradio's BrowserState, web/browser_history.py) and the server keeps nothing. `History` itself is
+the tab and its events, with nothing kept (--no-history).
 
     history = History.for_server(data_dir, logins=True, max_entries=500)   # or History.off()
     handlers = Handlers(..., on_finished=history.keep)               # every delivered request
@@ -103,10 +104,20 @@ class History:
         return cls()
 
     @classmethod
-    def for_server(cls, data_dir: str | Path, *, logins: bool, max_entries: int | None) -> History:
-        """Logins: a store in `data_dir` (kept `max_entries` per user); none: browsers keep their own."""
+    def for_server(
+        cls,
+        data_dir: str | Path,
+        *,
+        logins: bool,
+        max_entries: int | None,
+        database_url: str | None = None,
+        image_store: str | None = None,
+    ) -> History:
+        """Logins: a store in `data_dir` (kept `max_entries` per user), or in the database and image store the URLs
+        name (shared by page replicas); none: browsers keep their own."""
         if logins:
-            return ServerHistory(HistoryStore(data_dir, max_entries))
+            return ServerHistory(HistoryStore(data_dir, max_entries, database_url=database_url,
+                                              image_store=image_store))  # fmt: skip
         try:
             secret = browser_secret(data_dir)
         except OSError as exc:  # the browsers' history still works; it just cannot outlive this run
@@ -354,10 +365,10 @@ class ServerHistory(History):
         self._settled(user)
         return user
 
-    def _file(self, user: str, entry_id: int, index: int, thumbnail: bool) -> Path | None:
-        """The owner-only route's lookup: `user`'s file, or None."""
+    def _file(self, user: str, entry_id: int, index: int, thumbnail: bool) -> Path | bytes | None:
+        """The owner-only route's lookup: `user`'s file (a path, or its bytes from an object store), or None."""
         try:
-            return self.store.path_of(user, entry_id, index, thumbnail)
+            return self.store.file_of(user, entry_id, index, thumbnail)
         except InvalidInput:
             return None
 

@@ -53,6 +53,12 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            "images); without, only the key that lets browsers read their own history after a restart",
            "SDXL_DATA_DIR", metavar="DIR", default_text="$XDG_DATA_HOME/sdxl-jax (~/.local/share/sdxl-jax)",
            programs=_APP),
+    Option("--database-url", "where the history's rows live: postgresql://USER:PASSWORD@HOST/DB for page replicas "
+           "that share one history (SQLAlchemy 2 + psycopg 3); SQLite in --data-dir when not given",
+           "SDXL_DATABASE_URL", metavar="URL", default_text="sqlite:///DATA_DIR/history.sqlite3", programs=_APP),
+    Option("--image-store", "where the history's images live: a directory (a volume the replicas share) or an "
+           "fsspec URL such as s3://BUCKET/PATH or gs://BUCKET/PATH (its package, s3fs or gcsfs, installed)",
+           "SDXL_IMAGE_STORE", metavar="PLACE", default_text="--data-dir", programs=_APP),
     Option("--history-max", "past generations kept per user; one more removes the oldest with its files",
            "SDXL_HISTORY_MAX", at_least_one, DEFAULT_MAX_ENTRIES, metavar="N", programs=_APP),
     Option("--no-history", "keep no past generations (no History tab, no /history)", "SDXL_NO_HISTORY", kind="switch",
