@@ -11,8 +11,8 @@ import pathlib
 from ..checkpoint.tiny import COMPLETE_MARKER
 from ..config import TINY_MODEL
 from ..host.images import model_name, unet_name
-from ..host.plan import SAMPLER_NAMES
 from ..request import MAX_LORAS, request_schema
+from ..sampler_names import SAMPLER_NAMES
 
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
 VERSIONED = ("jax", "jaxlib", "flax", "diffusers", "transformers")
