@@ -83,6 +83,8 @@ class RemoteEngines:
         self.rules = RequestRules(
             sizes=tuple(tuple(size) for size in info["sizes"]), steps=info["steps"], sampler=info.get("sampler"),
             guidance_scale=info["guidance_scale"], cfg=info["cfg"], levers=info["levers"], loras=tuple(info["loras"]),
+            default_loras=tuple(tuple(lora) for lora in info.get("default_loras", ())),
+            embeddings=tuple(info.get("embeddings", ())), controlnets=tuple(info.get("controlnets", ())),
         )  # fmt: skip
         self.sampler = RemoteSampler(**info["sampler_settings"])
         self.num_images = info["num_images"]

@@ -17,7 +17,8 @@ from ..sampler_names import SAMPLER_NAMES
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
 VERSIONED = ("jax", "jaxlib", "flax", "diffusers", "transformers")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
-MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "num_images")
+MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
+              "controlnets", "num_images")
 
 
 def engine_info(generator, processes: int = 1) -> dict:
@@ -39,6 +40,9 @@ def engine_info(generator, processes: int = 1) -> dict:
         "levers": rules.levers,
         "previews": bool(config.previews),
         "loras": list(rules.loras),
+        "default_loras": [list(lora) for lora in rules.default_loras],
+        "embeddings": list(rules.embeddings),
+        "controlnets": list(rules.controlnets),
         "max_loras": MAX_LORAS,
         "styles": list(rules.styles),
         "request_schema": request_schema(),
