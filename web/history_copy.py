@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         count = copy_history(args.data_dir, args.database_url, args.image_store)
-    except (OSError, ValueError, RuntimeError, sa.exc.SQLAlchemyError) as exc:
+    except (OSError, ValueError, RuntimeError, ImportError, sa.exc.SQLAlchemyError) as exc:
         print(f"history_copy: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"copied {count} entries")

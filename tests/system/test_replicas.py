@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import httpx
 import pytest
@@ -27,15 +28,17 @@ LANDS_WITHIN_S = 120
 
 @pytest.fixture(scope="module")
 def replicas(ui_engine, postgres, tmp_path_factory):
-    """Two pages with logins, one database, one image folder (the volume replicas would share)."""
+    """Two pages with logins, one database, one image store."""
     from web.history_tab import History
 
-    database, images = postgres.new_database(), tmp_path_factory.mktemp("shared-images")
+    # The images in an object store both replicas reach: fsspec's memory:// is one per process, as a bucket is one
+    # per deployment (a shared directory is tested with two stores in tests/web/test_history_store.py).
+    database, images = postgres.new_database(), f"memory://replicas-{uuid.uuid4().hex}"
     with contextlib.ExitStack() as stack:
         pages = []
         for name in ("a", "b"):
             history = History.for_server(tmp_path_factory.mktemp(f"data-{name}"), logins=True, max_entries=None,
-                                         database_url=database, image_store=str(images))  # fmt: skip
+                                         database_url=database, image_store=images)  # fmt: skip
             pages.append(stack.enter_context(served(ui_engine, auth=[USER], history=history)))
         yield pages
 
@@ -108,7 +111,9 @@ def _made_on_one_replica_seen_on_the_other(proxy: str, first: Client, second: Cl
     assert listed[0]["id"] in [e["id"] for e in first.predict(api_name="/history")]
     image = httpx.get(listed[0]["images"][0], cookies=second.cookies, timeout=60)
     assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
-    assert prompt.encode() in image.content
+    assert image.headers["content-type"] == "image/png" and prompt.encode() in image.content
+    thumbnail = httpx.get(listed[0]["thumbnails"][0], cookies=second.cookies, timeout=60)
+    assert thumbnail.headers["content-type"] == "image/jpeg" and thumbnail.content[:3] == b"\xff\xd8\xff"
     assert httpx.get(listed[0]["images"][0], timeout=60).status_code == 404  # no login: nothing
 
 def test_the_app_takes_its_history_storage_from_the_options(tmp_path):
