@@ -130,7 +130,8 @@ class EnginePool:
                         self.infos[endpoint] = info
                         if self.reference is not None and (difference := disagreement(self.reference, info)):
                             logger.warning("engine %s differs from the page's form: %s", endpoint, difference)
-                states[endpoint] = status == 200 and endpoint in self.infos
+                usable = endpoint in self.infos and not self.infos[endpoint].get("follower")  # not a worker
+                states[endpoint] = status == 200 and usable
                 if status == 401:
                     logger.error("engine %s refuses this page's token (SDXL_ENGINE_TOKEN / --engine-token)", endpoint)
             except OSError:
