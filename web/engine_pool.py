@@ -162,6 +162,12 @@ class EnginePool:
         self._closed.set()
 
     @property
+    def known(self) -> list[Endpoint]:
+        """Every engine the URLs resolved to at the last probe, ready or not."""
+        with self._changed:
+            return list(self._ready)
+
+    @property
     def ready(self) -> list[Endpoint]:
         with self._changed:
             return [endpoint for endpoint, ready in self._ready.items() if ready]
