@@ -93,6 +93,7 @@ class EnginePool:
         self._refused_until: dict[Endpoint, float] = {}  # answered 503 busy (another page's request): not before
         self.infos: dict[Endpoint, dict] = {}  # each ready engine's /v1/info
         self.reference: dict | None = None  # the info the page built its form from: a joining engine is compared
+        self._refused_token: set[Endpoint] = set()
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._prober: threading.Thread | None = None
@@ -132,7 +133,8 @@ class EnginePool:
                             logger.warning("engine %s differs from the page's form: %s", endpoint, difference)
                 usable = endpoint in self.infos and not self.infos[endpoint].get("follower")  # not a worker
                 states[endpoint] = status == 200 and usable
-                if status == 401:
+                if status == 401 and endpoint not in self._refused_token:  # said once per engine
+                    self._refused_token.add(endpoint)
                     logger.error("engine %s refuses this page's token (SDXL_ENGINE_TOKEN / --engine-token)", endpoint)
             except OSError:
                 states[endpoint] = False
