@@ -8,6 +8,7 @@
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
     python -m bench --only apphost                   # the app's own time per 1024² request, with and without previews
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
+    python -m bench --only service                   # two engine services: the page->engine hop, failover (minutes)
     python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave

@@ -93,6 +93,7 @@ class EnginePool:
         self._refused_until: dict[Endpoint, float] = {}  # answered 503 busy (another page's request): not before
         self.infos: dict[Endpoint, dict] = {}  # each ready engine's /v1/info
         self.reference: dict | None = None  # the info the page built its form from: a joining engine is compared
+        self._refused_token: set[Endpoint] = set()
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._prober: threading.Thread | None = None
@@ -130,8 +131,10 @@ class EnginePool:
                         self.infos[endpoint] = info
                         if self.reference is not None and (difference := disagreement(self.reference, info)):
                             logger.warning("engine %s differs from the page's form: %s", endpoint, difference)
-                states[endpoint] = status == 200 and endpoint in self.infos
-                if status == 401:
+                usable = endpoint in self.infos and not self.infos[endpoint].get("follower")  # not a worker
+                states[endpoint] = status == 200 and usable
+                if status == 401 and endpoint not in self._refused_token:  # said once per engine
+                    self._refused_token.add(endpoint)
                     logger.error("engine %s refuses this page's token (SDXL_ENGINE_TOKEN / --engine-token)", endpoint)
             except OSError:
                 states[endpoint] = False
@@ -159,6 +162,12 @@ class EnginePool:
 
     def close(self) -> None:
         self._closed.set()
+
+    @property
+    def known(self) -> list[Endpoint]:
+        """Every engine the URLs resolved to at the last probe, ready or not."""
+        with self._changed:
+            return list(self._ready)
 
     @property
     def ready(self) -> list[Endpoint]:

@@ -90,9 +90,9 @@ class RemoteEngines:
         self.num_images = info["num_images"]
         self.device_kind = info["device_kind"]
         self.device_summary = f"{info['device_summary']} per engine"
-        #: Requests the page's generate event runs at once: two per engine known at start-up (one on its devices,
-        #: one writing its files); more wait in the page's queue, and in `EnginePool.acquire` for a free engine.
-        self.concurrency = max(2, 2 * len(pool.ready))
+        #: Requests the page's generate event runs at once: two per engine known at start-up, ready or not (one on
+        #: its devices, one writing its files); more wait in the page's queue, then in `EnginePool.acquire`.
+        self.concurrency = max(2, 2 * len(pool.known))
 
     @classmethod
     def connect(cls, urls: list[str], token: str | None = None, wait_s: float = START_WAIT_S) -> RemoteEngines:

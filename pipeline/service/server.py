@@ -53,9 +53,13 @@ class EngineService:
         self.info = info
         self.engine = engine
 
+    def following(self, process: int) -> None:
+        """This process is warm and follows process 0 (a multi-host engine): ready for its probes, no requests."""
+        self.info = {"follower": True, "process": process}
+
     @property
     def is_ready(self) -> bool:
-        return self.engine is not None and not self.stopping.is_set()
+        return self.info is not None and not self.stopping.is_set()
 
     def try_begin(self) -> bool:
         """Take the engine for one request; False at once when another one runs."""
@@ -110,6 +114,10 @@ class Handler(BaseHTTPRequestHandler):
         if request is None:
             return
         service = self.service
+        if service.engine is None and service.is_ready:  # a follower
+            self._json(503, {"error": "This process follows process 0 of a multi-host engine: send requests to "
+                                      "process 0."})  # fmt: skip
+            return
         if not service.is_ready or not service.try_begin():
             service.metrics.finished("refused")
             why = "The engine is busy with another request." if service.is_ready else "The engine is not ready."

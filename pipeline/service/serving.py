@@ -46,7 +46,11 @@ def serve(args: argparse.Namespace) -> int:
     cluster = start(options_from_args(args))  # before anything else touches JAX
     generator = _warm_engine(config, args.precompiled)
     if not cluster.is_leader:
-        return cluster.follow(generator)
+        service.following(cluster.process_index)  # its probes answer (a LeaderWorkerSet's workers have them too)
+        try:
+            return cluster.follow(generator)
+        finally:
+            _stop(service, server)
     from .info import engine_info
 
     service.ready(cluster.lead(generator), engine_info(generator, cluster.process_count))
