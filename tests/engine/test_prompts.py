@@ -215,3 +215,18 @@ def test_the_engine_reads_weights_and_embeddings_without_compiling(feature_engin
     assert f'TI hashes: "{NAME}: {file_hash(EMBEDDINGS / (NAME + ".safetensors"))[:12]}"' in text  # A1111 quotes
     assert "TI hashes" not in plain.parameters[0] and "Emphasis" not in text
     assert not np.array_equal(np.asarray(plain.images[0]), np.asarray(weighted.images[0]))
+
+
+def test_original_rescales_each_window_and_no_norm_does_not():
+    from pipeline.device.text import emphasized
+
+    hidden = np.random.default_rng(0).standard_normal((2, 77, 8)).astype(np.float32) + 0.5  # [M, 77, D]
+    weights = np.ones((2, 77), np.float32)
+    weights[0, 3:6] = 1.3  # window 0 weighted, window 1 plain
+    original = np.asarray(emphasized(hidden, weights, True))
+    no_norm = np.asarray(emphasized(hidden, weights, False))
+    np.testing.assert_allclose(no_norm[0], hidden[0] * weights[0][:, None], rtol=1e-6)
+    np.testing.assert_allclose(original[0].mean(), hidden[0].mean(), rtol=1e-5)
+    ratio = hidden[0].mean() / no_norm[0].mean()
+    np.testing.assert_allclose(original[0], no_norm[0] * ratio, rtol=1e-5)
+    assert np.array_equal(original[1], hidden[1]) and np.array_equal(no_norm[1], hidden[1])
