@@ -230,3 +230,16 @@ def test_original_rescales_each_window_and_no_norm_does_not():
     ratio = hidden[0].mean() / no_norm[0].mean()
     np.testing.assert_allclose(original[0], no_norm[0] * ratio, rtol=1e-5)
     assert np.array_equal(original[1], hidden[1]) and np.array_equal(no_norm[1], hidden[1])
+
+
+def test_embeddings_past_the_windows_read_take_no_rows(tokenizers, embeddings):
+    """Dropped windows give no embedding rows: the prompt and negative prompt always fit the static table."""
+    reader, extra = PromptReader(tokenizers, "original", embeddings), ExtraRows()
+    many = " ".join([NAME] * 200)  # 400 vectors: 5+ windows
+    text, negative = reader.read(many, 1, extra), reader.read(many, 1, extra)
+    assert text.overflow and negative.overflow and extra.size == 2  # one embedding, placed once
+    assert text.ids[0, 1:76].max() == EXTRA_BASE + 1
+    widths = tuple(v.shape[1] for v in embeddings[0].vectors)
+    tables = extra.tables(extra_capacity(1), widths)
+    assert tables[0].shape == (extra_capacity(1), widths[0])
+    np.testing.assert_array_equal(tables[1][:2], embeddings[0].vectors[1])
