@@ -161,7 +161,8 @@ class PromptReader:
         return lookup
 
     def read(self, text: str, chunks: int, extra: ExtraRows) -> TokenRows:
-        """`text`'s rows in `chunks` windows; embeddings it names get rows of `extra`."""
+        """`text`'s rows in `chunks` windows; embeddings it names in them get rows of `extra` (at most 75 per
+        window: the prompt and negative prompt together fit `extra_capacity`)."""
         parts = segments(text, self.emphasis)
         rows, weights, used, overflow = [], [], 1, False
         for tokenizer, lookup in zip(self.tokenizers, self._lookups, strict=True):
@@ -170,7 +171,9 @@ class PromptReader:
             windows += [([], [])] * (chunks - len(windows))
             begin, end, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
             row, weight = [], []
-            for ids, factors in windows[:chunks]:
+            for ids, factors in windows[:chunks]:  # embedding rows only for the windows read (a bounded table)
+                ids = [token if isinstance(token, int) else EXTRA_BASE + extra.start_of(token[0]) + token[1]
+                       for token in ids]  # fmt: skip
                 row += [begin, *ids, end] + [pad] * (CHUNK - len(ids))
                 weight += [1.0, *factors, 1.0] + [1.0] * (CHUNK - len(ids))
             rows.append(row)
@@ -205,8 +208,7 @@ class PromptReader:
                 name_ids, embedding = match
                 if len(ids) + embedding.length > CHUNK:
                     close()
-                start = EXTRA_BASE + extra.start_of(embedding)
-                ids += range(start, start + embedding.length)
+                ids += [(embedding, index) for index in range(embedding.length)]  # rows given when read
                 factors += [part.weight] * embedding.length
                 position += len(name_ids)
         if ids or not windows:

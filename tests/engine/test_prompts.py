@@ -215,3 +215,31 @@ def test_the_engine_reads_weights_and_embeddings_without_compiling(feature_engin
     assert f'TI hashes: "{NAME}: {file_hash(EMBEDDINGS / (NAME + ".safetensors"))[:12]}"' in text  # A1111 quotes
     assert "TI hashes" not in plain.parameters[0] and "Emphasis" not in text
     assert not np.array_equal(np.asarray(plain.images[0]), np.asarray(weighted.images[0]))
+
+
+def test_original_rescales_each_window_and_no_norm_does_not():
+    from pipeline.device.text import emphasized
+
+    hidden = np.random.default_rng(0).standard_normal((2, 77, 8)).astype(np.float32) + 0.5  # [M, 77, D]
+    weights = np.ones((2, 77), np.float32)
+    weights[0, 3:6] = 1.3  # window 0 weighted, window 1 plain
+    original = np.asarray(emphasized(hidden, weights, True))
+    no_norm = np.asarray(emphasized(hidden, weights, False))
+    np.testing.assert_allclose(no_norm[0], hidden[0] * weights[0][:, None], rtol=1e-6)
+    np.testing.assert_allclose(original[0].mean(), hidden[0].mean(), rtol=1e-5)
+    ratio = hidden[0].mean() / no_norm[0].mean()
+    np.testing.assert_allclose(original[0], no_norm[0] * ratio, rtol=1e-5)
+    assert np.array_equal(original[1], hidden[1]) and np.array_equal(no_norm[1], hidden[1])
+
+
+def test_embeddings_past_the_windows_read_take_no_rows(tokenizers, embeddings):
+    """Dropped windows give no embedding rows: the prompt and negative prompt always fit the static table."""
+    reader, extra = PromptReader(tokenizers, "original", embeddings), ExtraRows()
+    many = " ".join([NAME] * 200)  # 400 vectors: 5+ windows
+    text, negative = reader.read(many, 1, extra), reader.read(many, 1, extra)
+    assert text.overflow and negative.overflow and extra.size == 2  # one embedding, placed once
+    assert text.ids[0, 1:76].max() == EXTRA_BASE + 1
+    widths = tuple(v.shape[1] for v in embeddings[0].vectors)
+    tables = extra.tables(extra_capacity(1), widths)
+    assert tables[0].shape == (extra_capacity(1), widths[0])
+    np.testing.assert_array_equal(tables[1][:2], embeddings[0].vectors[1])
