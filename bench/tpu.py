@@ -475,7 +475,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
                 kind = "step_full" if planned.full else "step_shallow"
                 kind = "step_control" if name == CONTROLNET_REQUEST else kind  # every step under the control
                 row = find(kind, planned.cfg, attention, quantize, windows)
-                if row is None and planned.full:
+                if row is None and planned.full and kind != "step_control":  # never a ControlNet-free step for it
                     row = find("step", planned.cfg, attention, quantize, windows)
                 label = f"{kind} {'cfg' if planned.cfg else 'no-cfg'}"
                 parts.setdefault(label, []).append(row)

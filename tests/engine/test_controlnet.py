@@ -133,3 +133,15 @@ def test_a1111_controlnet_args_map_to_units():
                     "preprocessor": "canny", "low": 64, "high": 128}  # fmt: skip
     [parsed] = parse_controls(from_a1111(args), ("controlnet-a",), 64, 64)
     assert (parsed.module, parsed.low, parsed.high, parsed.weight) == ("canny", 64, 128, 0.6)
+
+
+def test_inpainting_runs_with_a_control(control_engine):
+    """Inpainting (the 4-channel UNet's blend) with a ControlNet: no compile; the kept part stays, the rest changes."""
+    before = control_engine.compile_count
+    fields = {"seed": 4, "steps": 4, "init_image": FIXTURES / "image-input.png", "strength": 1.0,
+              "mask_image": FIXTURES / "image-mask.png"}  # fmt: skip
+    unit = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.5}
+    with_control = np.asarray(control_engine.generate(control_engine.request("a fox", controlnets=[unit], **fields))
+                              .images[0], np.int16)  # fmt: skip
+    without = np.asarray(control_engine.generate(control_engine.request("a fox", **fields)).images[0], np.int16)
+    assert np.abs(with_control - without).max() > 8 and control_engine.compile_count == before
