@@ -179,3 +179,23 @@ def test_no_sampler_schedule_type_or_step_count_compiles(engine):
                 assert f"Sampler: {name}," in text
                 assert (f"Schedule type: {schedule}" in text) == (schedule != "Automatic")
     assert engine.compile_count == before
+
+
+def test_lcm_lora_preset_uses_its_lora_when_there_and_says_what_to_fetch_when_not(tmp_path, caplog):
+    from pipeline.__main__ import build_parser
+    from pipeline.config import engine_config
+    from pipeline.presets import get_preset
+    from pipeline.request import RequestRules, parse_request
+
+    preset = get_preset("lcm-lora-4step")
+    assert (preset.sampler, preset.steps, preset.guidance_scale, preset.cfg) == ("lcm", 4, 1.5, True)
+    args = ["generate", "--prompt", "a fox", "--out", str(tmp_path), "--preset", "lcm-lora-4step", "--model", "tiny"]
+    with caplog.at_level("WARNING"):
+        config = engine_config(build_parser().parse_args([*args, "--lora-dir", str(tmp_path)]))
+    assert config.default_lora is None and "latent-consistency/lcm-lora-sdxl" in caplog.text
+    (tmp_path / "lcm-lora-sdxl.safetensors").write_bytes(b"")  # RequestRules reads the names only
+    config = engine_config(build_parser().parse_args([*args, "--lora-dir", str(tmp_path)]))
+    rules = RequestRules.of(config)
+    assert config.default_lora == "lcm-lora-sdxl:1" and rules.sampler == "LCM" and rules.steps == 4
+    assert parse_request("a fox", rules=rules).loras == (("lcm-lora-sdxl", 1.0, 1.0),)
+    assert "<lora:lcm-lora-sdxl:1>" in parse_request("a fox", rules=rules).written_prompt
