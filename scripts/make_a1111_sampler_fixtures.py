@@ -127,11 +127,13 @@ def runs() -> list[dict]:
     noise = rng.standard_normal((20, 1, 4, 4, 4)).astype(np.float32)
     weight = np.float32(0.3)
     cases = []
-    for sampler, schedule in PAIRS:
+    for sampler, schedule in [*PAIRS, ("DDIM", "Automatic clip_sample")]:
         for steps, first in ((7, 0), (8, 0), (8, 3)):
             if sampler == "LCM" and first:
                 continue  # LCM's image to image picks other timesteps (strength): not served
-            scheduler = make(SDXL_BASE_SCHEDULER, sampler, schedule)
+            clipping = schedule.endswith(" clip_sample")  # DDIM's default (x0 within ±1), off in SDXL's config
+            config = {**SDXL_BASE_SCHEDULER, "clip_sample": True} if clipping else SDXL_BASE_SCHEDULER
+            scheduler = make(config, sampler, schedule.removesuffix(" clip_sample"))
             scheduler.set_timesteps(steps)
             timesteps = scheduler.timesteps[first * scheduler.order:]
             if first and hasattr(scheduler, "set_begin_index"):  # DDIM keeps no history: it has none
@@ -147,7 +149,7 @@ def runs() -> list[dict]:
     return {"start": start.tolist(), "noise": noise.tolist(), "weight": float(weight), "cases": cases}
 
 
-def images() -> tuple[dict, list[dict]]:
+def images(only: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
     from diffusers import StableDiffusionXLPipeline
 
     pipe = StableDiffusionXLPipeline.from_pretrained(str(FIXTURES / "tiny-pt"), torch_dtype=torch.float32)
@@ -157,13 +159,18 @@ def images() -> tuple[dict, list[dict]]:
     arrays, cases = {}, []
     for sampler, schedule, steps in IMAGES:
         name = f"{sampler}-{schedule}-{steps}".replace(" ", "_").replace("+", "p")
-        pipe.scheduler = make(config, sampler, schedule)
+        if only and sampler not in only:
+            continue
+        # DDIM with SDXL base's clip_sample=False (tiny-pt's config has no such key: DDIM's default, True, would clip
+        # x0 to ±1 in latent space); clipping itself is checked by `runs`.
+        pipe.scheduler = make({**config, "clip_sample": False} if sampler == "DDIM" else config, sampler, schedule)
         with torch.no_grad(), FedNoise(noise):
             image = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=GUIDANCE,
                          height=64, width=64, latents=torch.from_numpy(latents), output_type="np").images
         arrays[name] = np.asarray(image, np.float32)  # [1, 64, 64, 3] in [0, 1]
         cases.append({"name": name, "sampler": sampler, "schedule_type": schedule, "steps": steps,
-                      "timesteps": [float(t) for t in pipe.scheduler.timesteps]})  # fmt: skip
+                      "timesteps": [float(t) for t in pipe.scheduler.timesteps],
+                      "clip_sample": bool(getattr(pipe.scheduler.config, "clip_sample", False))})  # fmt: skip
     return arrays, cases
 
 
@@ -174,6 +181,17 @@ def main() -> None:
         data = json.loads(OUT.with_suffix(".json").read_text())
         data.update(schedules=schedules(), runs=runs())
         OUT.with_suffix(".json").write_text(json.dumps(data) + "\n")
+        return
+    if "--images" in sys.argv[1:]:  # only these samplers' images: --images DDIM,LMS
+        only = tuple(sys.argv[sys.argv.index("--images") + 1].split(","))
+        data = json.loads(OUT.with_suffix(".json").read_text())
+        arrays = dict(np.load(OUT.with_suffix(".npz")))
+        new_arrays, new_cases = images(only)
+        arrays.update(new_arrays)
+        data["images"] = [case for case in data["images"] if case["sampler"] not in only] + new_cases
+        data["runs"] = runs()
+        OUT.with_suffix(".json").write_text(json.dumps(data) + "\n")
+        np.savez(OUT.with_suffix(".npz"), **arrays)
         return
     arrays, image_cases = images()
     data = {

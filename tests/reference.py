@@ -10,6 +10,9 @@ import numpy as np
 from pipeline.host.plan import HISTORY, Plan
 from pipeline.image_inputs import ImageSource, fit, open_image, to_rgb
 
+#: run_local's jitted programs by (model, cfg, prediction type); the model is kept so its id stays its own.
+_JITTED: dict = {}
+
 
 def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
               cfg: bool = True, prediction_type: str = "epsilon", seeds=None, text=None) -> np.ndarray:  # fmt: skip
@@ -23,9 +26,12 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     from pipeline.device.text import encode_local
     from pipeline.device.vae import decode_local
 
-    encode = jax.jit(functools.partial(encode_local, modules, cfg=cfg))
-    step = jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type))
-    decode = jax.jit(functools.partial(decode_local, modules))
+    key = (id(modules), cfg, prediction_type)
+    if key not in _JITTED:  # one trace per model and setting for every run (the samplers' rows are data)
+        _JITTED[key] = (modules, jax.jit(functools.partial(encode_local, modules, cfg=cfg)),
+                        jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type)),
+                        jax.jit(functools.partial(decode_local, modules)))  # fmt: skip
+    _, encode, step, decode = _JITTED[key]
     seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
     if text is None:
         windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each

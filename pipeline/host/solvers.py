@@ -129,15 +129,20 @@ def unipc(sigmas: np.ndarray, first: int = 0) -> np.ndarray:
     return table
 
 
+#: 2-point Gauss-Legendre nodes and weights on [-1, 1]: exact for LMS's polynomials (degree <= 3, order <= 4).
+_GAUSS_NODES, _GAUSS_WEIGHTS = np.polynomial.legendre.leggauss(2)
+
+
 def _lms_coefficient(sigmas: np.ndarray, order: int, i: int, current: int) -> float:
     """∫ from sigma_i to sigma_i+1 of the Lagrange basis polynomial of node i - current over nodes i .. i-order+1
-    (diffusers' `get_lms_coefficient`, integrated exactly)."""
-    poly = np.polynomial.Polynomial([1.0])
+    (diffusers' `get_lms_coefficient`, which integrates it numerically; here exactly, by Gauss-Legendre)."""
+    low, high = sigmas[i], sigmas[i + 1]
+    taus = (high - low) / 2 * _GAUSS_NODES + (high + low) / 2
+    product = np.ones_like(taus)
     for k in range(order):
         if k != current:
-            poly *= np.polynomial.Polynomial([-sigmas[i - k], 1.0]) / (sigmas[i - current] - sigmas[i - k])
-    antiderivative = poly.integ()
-    return float(antiderivative(sigmas[i + 1]) - antiderivative(sigmas[i]))
+            product *= (taus - sigmas[i - k]) / (sigmas[i - current] - sigmas[i - k])
+    return float((high - low) / 2 * np.dot(_GAUSS_WEIGHTS, product))
 
 
 def lms(sigmas: np.ndarray, first: int = 0, max_order: int = 4) -> np.ndarray:

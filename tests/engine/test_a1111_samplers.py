@@ -5,6 +5,7 @@ type or step count compiles anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -60,8 +61,11 @@ def one_step():
 def test_run_equals_pytorch_scheduler(case, one_step):
     """Every row of a run with a linear stand-in for the UNet: the history (DPM, UniPC, LMS, Heun), the noise (SDE,
     LCM) and a later first step (image to image: diffusers' `set_begin_index`) as PyTorch's."""
-    steps, first = case["steps"], case["first"]
-    full = _config().plan(steps, case["sampler"], case["schedule_type"], first)
+    steps, first, schedule = case["steps"], case["first"], case["schedule_type"]
+    config = _config()
+    if schedule.endswith(" clip_sample"):  # DDIM's default clipping of x0
+        config, schedule = dataclasses.replace(config, clip_sample=True), schedule.removesuffix(" clip_sample")
+    full = config.plan(steps, case["sampler"], schedule, first)
     plan = image_plan(full, steps - first, pure_noise=False).plan if first else full
     runs = PYTORCH["runs"]
     start, noise, weight = np.asarray(runs["start"], np.float32), np.asarray(runs["noise"], np.float32), runs["weight"]
@@ -113,7 +117,8 @@ def test_images_equal_pytorch_pipeline(tiny_pt):
     negative = tokenize(tokenizers, PYTORCH["negative_prompt"])[0][None]
     modules, failures = Modules.of(tiny_pt.pipeline), []
     for case in PYTORCH["images"]:
-        plan = config.plan(case["steps"], case["sampler"], case["schedule_type"])
+        clipping = dataclasses.replace(config, clip_sample=case.get("clip_sample"))  # DDIM: as the reference ran
+        plan = clipping.plan(case["steps"], case["sampler"], case["schedule_type"])
         np.testing.assert_allclose(plan.timesteps, case["timesteps"], rtol=1e-5, atol=1e-4)
         image = run_local(modules, tiny_pt.params, ids, negative, np.array([True]),
                           np.array([PYTORCH["guidance_scale"]], np.float32), latents, plan)[0].astype(np.int16)
@@ -174,3 +179,23 @@ def test_no_sampler_schedule_type_or_step_count_compiles(engine):
                 assert f"Sampler: {name}," in text
                 assert (f"Schedule type: {schedule}" in text) == (schedule != "Automatic")
     assert engine.compile_count == before
+
+
+def test_lcm_lora_preset_uses_its_lora_when_there_and_says_what_to_fetch_when_not(tmp_path, caplog):
+    from pipeline.__main__ import build_parser
+    from pipeline.config import engine_config
+    from pipeline.presets import get_preset
+    from pipeline.request import RequestRules, parse_request
+
+    preset = get_preset("lcm-lora-4step")
+    assert (preset.sampler, preset.steps, preset.guidance_scale, preset.cfg) == ("lcm", 4, 1.5, True)
+    args = ["generate", "--prompt", "a fox", "--out", str(tmp_path), "--preset", "lcm-lora-4step", "--model", "tiny"]
+    with caplog.at_level("WARNING"):
+        config = engine_config(build_parser().parse_args([*args, "--lora-dir", str(tmp_path)]))
+    assert config.default_lora is None and "latent-consistency/lcm-lora-sdxl" in caplog.text
+    (tmp_path / "lcm-lora-sdxl.safetensors").write_bytes(b"")  # RequestRules reads the names only
+    config = engine_config(build_parser().parse_args([*args, "--lora-dir", str(tmp_path)]))
+    rules = RequestRules.of(config)
+    assert config.default_lora == "lcm-lora-sdxl:1" and rules.sampler == "LCM" and rules.steps == 4
+    assert parse_request("a fox", rules=rules).loras == (("lcm-lora-sdxl", 1.0, 1.0),)
+    assert "<lora:lcm-lora-sdxl:1>" in parse_request("a fox", rules=rules).written_prompt
