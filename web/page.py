@@ -75,11 +75,12 @@ class Page:
         return self.demo.local_url
 
     def launch(self, **settings) -> Page:
-        """Start serving (settings: web/server.launch's keywords)."""
+        """Start serving (settings: web/server.launch's keywords; `middleware` joins the page's own)."""
         from .server import launch
 
-        launch(self.demo, middleware=[self.handlers.early_cancels.middleware(), *self.history.middleware()],
-               **settings)  # fmt: skip
+        middleware = [self.handlers.early_cancels.middleware(), *self.history.middleware(),
+                      *settings.pop("middleware", ())]  # fmt: skip
+        launch(self.demo, middleware=middleware, **settings)
         return self
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
