@@ -313,6 +313,9 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
         controls.update(table_controls("levers", rules))
     lora_rows = lora_picker(rules)
     controls["loras"] = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
+    # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
+    controls["loras"].api_info = lambda: {"type": "array", "items": {"type": "array", "items": {"anyOf": [
+        {"type": "string"}, {"type": "number"}]}}, "description": "[[name, weight], ...]"}  # fmt: skip
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):
             controls["init_image"] = gr.Image(label="Picture (upload or paste)", type="filepath",

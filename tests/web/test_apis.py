@@ -256,17 +256,20 @@ def test_mcp_lists_and_calls_generate(url):
 
     async def session_run():
         headers = {"Authorization": f"Bearer {KEYS[0]}"}
-        async with streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                tools = (await session.list_tools()).tools
-                tool = next(t for t in tools if t.name.endswith("generate"))
-                called = await session.call_tool(tool.name, {"prompt": "a kite", "seed": 5, "randomize_seed": False})
-                return tool, called
+        async with streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _), \
+                ClientSession(read, write) as session:  # fmt: skip
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            tool = next(t for t in tools if t.name.endswith("generate"))
+            called = await session.call_tool(tool.name, {"prompt": "a kite", "seed": 5, "randomize_seed": False})
+            return tool, called
 
     tool, called = asyncio.run(session_run())
-    assert "prompt" in tool.inputSchema["properties"] and "Generate one image" in (tool.description or "")
-    assert not called.isError and called.content
+    assert "returns the images" in tool.description
+    assert all(argument.get("description") for argument in tool.inputSchema["properties"].values())
+    assert not called.isError, called.content
+    text = " ".join(str(getattr(item, "text", "")) for item in called.content)
+    assert "/gradio_api/file=" in text and ".jpg" in text  # the images as URLs (Gradio's MCP answer for a gallery)
     answer = requests.post(f"{url}/gradio_api/mcp/", json={}, timeout=30)
     assert answer.status_code == 401
 
