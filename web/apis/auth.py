@@ -47,6 +47,8 @@ class ApiAccess:
             return key
         if self.logins:
             raise Refused(401, "This server requires a login: send HTTP Basic credentials (--api-auth in A1111).")
+        if self.keys and not (self.api or loopback(self.host)):  # keys alone on a reachable host: not open either
+            raise Refused(401, "This server requires an API key: send it as 'Authorization: Bearer KEY'.")
         return f"host:{client_host}"
 
     def bearer_caller(self, authorization: str | None, client_host: str) -> str:
