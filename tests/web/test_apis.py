@@ -149,7 +149,7 @@ def test_progress_with_preview_and_interrupt_only_the_callers_own(webui, url):
     webui.interrupt()
     thread.join(120)
     result = done["result"]
-    assert len(result.images) < 64 and "Stopped at step" in result.info["comments"]["interrupted"]
+    assert len(result.images) < 64 and "Stopped" in result.info["comments"]["interrupted"]
 
 
 BAD = [

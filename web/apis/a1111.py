@@ -144,27 +144,31 @@ class A1111Api:
         per_call = self.engine.num_images
         user = caller[len("user:"):] if caller.startswith("user:") else None
         pngs: list[str] = []
-        first_seed, status = None, ""
+        first_seed, status, started, interrupted = None, "", time.monotonic(), False
         with self.files.hold(pictures or {}) as held:
             given = {**asked.given, **held}
             for call in range(-(-asked.count // per_call)):
+                if self.queued.interrupted_since(caller, started):  # between two calls: none of them to stop
+                    status, interrupted = f"Stopped after {len(pngs)} images.", True
+                    break
                 if first_seed is not None:  # the next images: the seeds after the last call's
                     given.update(seed=(first_seed + call * per_call) % 2**32, randomize_seed=False)
                 outcome = await self.queued.run(request, given, caller=caller, username=user, image_format="jpeg")
                 status = outcome.status
                 if outcome.stopped:
+                    interrupted = True
                     break
                 first_seed = outcome.seed if first_seed is None else first_seed
                 pngs += outcome.pngs
         pngs = pngs[: asked.count]
         encoded = await asyncio.to_thread(lambda: [png_base64(path) for path in pngs])
         infotexts = [read_parameters(path) for path in pngs]
-        info = self._info(payload, asked, first_seed, len(pngs), infotexts, status)
+        info = self._info(payload, asked, first_seed, len(pngs), infotexts, status if interrupted else None)
         images = encoded if payload.get("send_images", True) is not False else []
         return JSONResponse({"images": images, "parameters": echo_parameters(payload), "info": json.dumps(info)})
 
     def _info(self, payload: dict, asked: A1111Request, seed: int | None, count: int, infotexts: list[str],
-              status: str) -> dict:  # fmt: skip
+              interrupted: str | None) -> dict:  # fmt: skip
         """A1111's `info` (Processed.js()): what the images were made with, read back from their own parameters."""
         settings = parse_infotext(infotexts[0]).settings if infotexts else {}
         height, width = self.rules.sizes[0]
@@ -190,8 +194,8 @@ class A1111Api:
         if asked.ignored_scripts:
             info["comments"] = {"alwayson_scripts": f"ignored (not run by this server): "
                                                     f"{', '.join(asked.ignored_scripts)}"}  # fmt: skip
-        if seed is None:
-            info["comments"] = {**info.get("comments", {}), "interrupted": status}
+        if interrupted is not None:
+            info["comments"] = {**info.get("comments", {}), "interrupted": interrupted}
         return info
 
     # ---- progress and interrupt ------------------------------------------------------------------------------------

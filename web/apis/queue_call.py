@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class QueuedGenerate:
     page: Page
     fn_index: dict[str, int] = field(default_factory=dict)  # image format ("jpeg" + previews | "png") -> event
     running: dict[str, Running] = field(default_factory=dict)  # by session
+    interrupts: dict[str, float] = field(default_factory=dict)  # caller -> when it last asked to interrupt
 
     @classmethod
     def register(cls, page: Page) -> QueuedGenerate:
@@ -177,8 +179,14 @@ class QueuedGenerate:
         """The caller's requests in the queue or running, oldest first."""
         return [run for run in self.running.values() if run.caller == caller]
 
+    def interrupted_since(self, caller: str, since: float) -> bool:
+        """Whether the caller asked to interrupt after `since` (time.monotonic): a request of several engine calls
+        checks it between them, where no call of it is in the queue to stop."""
+        return self.interrupts.get(caller, -1.0) >= since
+
     def interrupt(self, caller: str) -> int:
         """Stop the caller's requests (never another caller's) at their next step; how many."""
+        self.interrupts[caller] = time.monotonic()
         mine = self.of_caller(caller)
         handlers = self.page.handlers
         for run in mine:
