@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         use_cpu_cores(args.cpu_devices)  # before anything imports JAX
         from pipeline.errors import InvalidInput, ModelLoadError
         from pipeline.styles import StyleFileError, load_examples
+        from web.apis import ApiAccess, attach_apis
         from web.history import HistoryLocked, default_data_dir
         from web.history_tab import History
         from web.page import build_page
@@ -131,9 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
             progress=not args.no_progress, history=history, logins=bool(args.auth),
         )  # fmt: skip
+        apis = attach_apis(page, ApiAccess.from_args(args))  # A1111, OpenAI Images, MCP: through the page's queue
     try:
         return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,
-                                  started=started)  # fmt: skip
+                                  started=started, **apis)  # fmt: skip
     finally:
         page.close()
         if cluster is not None:

@@ -68,6 +68,13 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            "a name resolving to several addresses counts as each): no model is loaded here, no JAX", "SDXL_ENGINES",
            kind="append", metavar="URL", programs=_APP, env_text="SDXL_ENGINES: URLs separated by commas"),
     ENGINE_TOKEN,
+    Option("--api", "serve the A1111 (/sdapi/v1) and OpenAI (/v1/images) APIs on a reachable --host without "
+           "--auth (on 127.0.0.1, or with --auth or --api-key, they are served anyway; docs/apis.md)", "SDXL_API",
+           kind="switch", programs=_APP),
+    Option("--api-key", "a bearer key the OpenAI API and MCP accept (repeat for more); with keys they require one",
+           "SDXL_API_KEY", kind="append", metavar="KEY", programs=_APP, env_text="SDXL_API_KEY: one KEY"),
+    Option("--mcp", "also serve the page's /generate as an MCP tool (Gradio's MCP server, /gradio_api/mcp/)",
+           "SDXL_MCP", kind="switch", programs=_APP),
 )  # fmt: skip
 
 #: Every option of every program: the app's parser and the README's table come from it.
@@ -94,6 +101,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.engine = [parse_engine_url(url)[0] for url in args.engine]
     except ValueError as exc:
         parser.error(str(exc))
+    args.api_key = [key for key in (args.api_key or [os.environ.get("SDXL_API_KEY")]) if key]
+    if any(not key.strip() or any(ord(char) < 33 for char in key) for key in args.api_key):
+        parser.error("--api-key: a key must be printable text without spaces")
     try:
         args.config = engine_config(args)
     except InvalidInput as exc:

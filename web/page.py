@@ -76,11 +76,12 @@ class Page:
         return self.demo.local_url
 
     def launch(self, **settings) -> Page:
-        """Start serving (settings: web/server.launch's keywords)."""
+        """Start serving (settings: web/server.launch's keywords; `middleware` joins the page's own)."""
         from .server import launch
 
-        launch(self.demo, middleware=[self.handlers.early_cancels.middleware(), *self.history.middleware()],
-               **settings)  # fmt: skip
+        middleware = [self.handlers.early_cancels.middleware(), *self.history.middleware(),
+                      *settings.pop("middleware", ())]  # fmt: skip
+        launch(self.demo, middleware=middleware, **settings)
         return self
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
@@ -317,6 +318,9 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
     gr.Markdown("Embeddings (write the name in a prompt or negative prompt): "
                 + ", ".join(f"`{name}`" for name in embeddings), visible=bool(embeddings), elem_id="embeddings")
     controls["loras"] = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
+    # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
+    controls["loras"].api_info = lambda: {"type": "array", "items": {"type": "array", "items": {"anyOf": [
+        {"type": "string"}, {"type": "number"}]}}, "description": "[[name, weight], ...]"}  # fmt: skip
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):
             controls["init_image"] = gr.Image(label="Picture (upload or paste)", type="filepath",

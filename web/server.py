@@ -37,10 +37,14 @@ def launch(
     quiet: bool = False,
     auth: Sequence[tuple[str, str]] | None = None,
     middleware: Sequence = (),
+    routes: Sequence = (),
+    mcp_server: bool = False,
 ) -> gr.Blocks:
-    """Start serving `demo`; `auth`: Gradio's login, if given; `middleware`: ASGI middleware for Gradio's app."""
+    """Start serving `demo`; `auth`: Gradio's login, if given; `middleware`: ASGI middleware for Gradio's app;
+    `routes`: more HTTP routes on its port, matched before Gradio's (web/apis); `mcp_server`: Gradio's MCP server."""
     demo.launch(
-        app_kwargs={"middleware": list(middleware)},
+        app_kwargs={"middleware": list(middleware), "routes": list(routes)},
+        mcp_server=mcp_server,
         auth=list(auth) if auth else None,
         auth_message=f"<h2>{TITLE}</h2><p>Sign in to generate images.</p>" if auth else None,
         server_name=host,
@@ -77,10 +81,11 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 def serve_until_signal(
-    page, *, host: str, port: int, share: bool, auth: Sequence[tuple[str, str]], started: float
+    page, *, host: str, port: int, share: bool, auth: Sequence[tuple[str, str]], started: float, **extra
 ) -> int:
     """Open the page and serve until SIGTERM or Ctrl-C; the caller closes it. The exit status. `started`: when the
-    page began to be built (time.perf_counter), for the log's "web UI up in" line."""
+    page began to be built (time.perf_counter), for the log's "web UI up in" line; `extra`: more of `launch`'s
+    keywords (the APIs' routes, middleware, MCP)."""
     stop = threading.Event()
 
     def request_stop(signum, _frame):
@@ -90,7 +95,7 @@ def serve_until_signal(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        page.launch(host=host, port=port, share=share, prevent_thread_lock=True, quiet=True, auth=auth)
+        page.launch(host=host, port=port, share=share, prevent_thread_lock=True, quiet=True, auth=auth, **extra)
     except OSError as exc:  # the port was taken while the model loaded
         print(f"app.py: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return 2

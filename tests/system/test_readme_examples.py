@@ -38,6 +38,7 @@ def test_every_python_block_names_its_server():
 def app_server(argv: list[str], data_home):
     """What `python app.py ARGV` serves, started as app.main starts it, in this process."""
     from app import start_engine
+    from web.apis import ApiAccess, attach_apis
     from web.history import default_data_dir
     from web.history_tab import History
     from web.options import parse_args
@@ -50,7 +51,8 @@ def app_server(argv: list[str], data_home):
                                      max_entries=args.history_max)  # fmt: skip
     page = build_page(start_engine(args), queue_size=args.queue_size, progress=not args.no_progress, history=history)
     try:
-        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=args.auth)
+        apis = attach_apis(page, ApiAccess.from_args(args))  # as app.py: the A1111, OpenAI and MCP APIs
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=args.auth, **apis)
         yield page
     finally:
         page.close()

@@ -1,0 +1,314 @@
+"""The A1111, OpenAI Images and MCP APIs with the clients people use (webuiapi, openai, the mcp SDK) against one
+launched page (the feature engine: 2 devices, 64 px, 3 steps, the fixture LoRAs), plus contract tests that read the
+answers as Open WebUI, SillyTavern and LibreChat do. Every generation goes through the page's queue and handler: the
+images equal the page's for the same seed and settings, and nothing compiles."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+from conftest import FIXTURES, TEST_SIZE, free_port
+from PIL import Image
+
+KEYS = ("key-one", "key-two")
+SIZE = f"{TEST_SIZE}x{TEST_SIZE}"
+
+
+@pytest.fixture(scope="module")
+def app(feature_engine):
+    """The page with every API on (MCP too; bearer keys for OpenAI and MCP), launched once for this file."""
+    from web.apis import ApiAccess, attach_apis
+    from web.page import build_page
+
+    page = build_page(feature_engine)
+    try:
+        extra = attach_apis(page, ApiAccess(keys=KEYS, mcp=True))
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **extra)
+        yield page
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def url(app) -> str:
+    return app.local_url.rstrip("/")
+
+
+@pytest.fixture(scope="module")
+def webui(url):
+    import webuiapi
+
+    host, port = url.removeprefix("http://").split(":")
+    return webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", steps=3)
+
+
+def pixels(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def leftovers(app) -> list:
+    folder = app.files.root / "api-inputs"
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+# ---- AUTOMATIC1111 ---------------------------------------------------------------------------------------------------
+
+
+def test_webuiapi_txt2img_equals_the_page_with_consecutive_seeds_and_no_compile(app, webui, feature_engine,
+                                                                                  tmp_path):  # fmt: skip
+    from gradio_client import Client
+
+    before = feature_engine.compile_count
+    result = webui.txt2img(prompt="a red kite <lora:peft:0.5>", negative_prompt="fog", seed=40, width=TEST_SIZE,
+                           height=TEST_SIZE, cfg_scale=4.0, batch_size=3, n_iter=1)  # fmt: skip
+    assert len(result.images) == 3  # 2 per engine call: two calls, the fourth image dropped
+    assert result.info["all_seeds"] == [40, 41, 42] and result.info["seed"] == 40
+    assert result.info["sd_model_name"] and result.info["steps"] == 3 and result.info["cfg_scale"] == 4.0
+    assert result.info["sampler_name"] == "Euler" and (result.info["width"], result.info["height"]) == (64, 64)
+    infotexts = result.info["infotexts"]
+    assert "Seed: 42" in infotexts[2] and "Lora hashes" in infotexts[0]
+    assert result.images[0].info["parameters"] == infotexts[0]  # the PNG carries its parameters chunk
+    assert result.parameters["prompt"] == "a red kite <lora:peft:0.5>"
+    client = Client(app.local_url, verbose=False, download_files=str(tmp_path))
+    gallery, seed, _status = client.predict(
+        prompt="a red kite <lora:peft:0.5>", negative_prompt="fog", seed=40, randomize_seed=False,
+        guidance_scale=4.0, sampler="Euler", api_name="/generate_png",
+    )  # fmt: skip
+    assert seed == 40
+    for ours, page in zip(result.images[:2], gallery, strict=True):
+        assert np.array_equal(pixels(ours), pixels(Image.open(page["image"])))
+    assert feature_engine.compile_count == before
+
+
+def test_webuiapi_img2img_with_a_mask(webui, app):
+    picture = Image.open(FIXTURES / "image-input.png")
+    mask = Image.open(FIXTURES / "image-mask.png")
+    result = webui.img2img(images=[picture], mask_image=mask, prompt="a garden", seed=3, width=TEST_SIZE,
+                           height=TEST_SIZE, denoising_strength=0.6)  # fmt: skip
+    assert len(result.images) == 1 and result.images[0].size == (TEST_SIZE, TEST_SIZE)
+    assert "Denoising strength: 0.6" in result.info["infotexts"][0]
+    assert leftovers(app) == []  # the request's pictures are gone with it
+
+
+def test_webuiapi_lists_and_options(webui, feature_engine):
+    options = webui.get_options()
+    model = options["sd_model_checkpoint"]
+    assert webui.util_get_model_names() == [model]
+    webui.set_options({"sd_model_checkpoint": model, "samples_format": "jpg", "anything": [1, 2]})
+    assert webui.get_options()["sd_model_checkpoint"] == model
+    assert {"Euler", "Euler a"} <= set(webui.util_get_sampler_names())
+    assert "automatic" in webui.util_get_scheduler_names()
+    assert sorted(lora["name"] for lora in webui.get_loras()) == sorted(feature_engine.rules.loras)
+    assert webui.get_embeddings() == {"loaded": {}, "skipped": {}}
+    assert webui.get_upscalers()[0]["name"] == "None" and webui.get_sd_vae() == []
+
+
+def test_webuiapi_png_info(webui):
+    made = webui.txt2img(prompt="a lighthouse", seed=9, width=TEST_SIZE, height=TEST_SIZE, batch_size=1)
+    read = webui.png_info(made.image)
+    assert read.info == made.info["infotexts"][0] and "Seed: 9" in read.info
+
+
+def test_progress_with_preview_and_interrupt_only_the_callers_own(webui, url):
+    done = {}
+
+    def long_request():  # 32 engine calls of 100 steps: long enough to watch, stopped long before its end
+        try:
+            done["result"] = webui.txt2img(prompt="a long walk", seed=1, steps=100, width=TEST_SIZE,
+                                           height=TEST_SIZE, batch_size=2, n_iter=32)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            done["error"] = exc
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    deadline = time.monotonic() + 300
+
+    def progress_when(ready) -> dict:
+        while not ready(progress := webui.get_progress()):
+            assert time.monotonic() < deadline and thread.is_alive(), (progress, done)
+            time.sleep(0.1)
+        return progress
+
+    progress = progress_when(lambda p: p["state"]["sampling_step"] >= 2 and p["current_image"])
+    assert progress["state"]["sampling_steps"] == 100 and progress["state"]["job_count"] == 1
+    Image.open(io.BytesIO(base64.b64decode(progress["current_image"]))).load()
+    other = {"Authorization": f"Bearer {KEYS[0]}"}  # another caller: sees nothing of it, cannot stop it
+    assert requests.get(f"{url}/sdapi/v1/progress", headers=other, timeout=30).json()["state"]["job_count"] == 0
+    requests.post(f"{url}/sdapi/v1/interrupt", headers=other, timeout=30).raise_for_status()
+    seen = progress["state"]["sampling_step"]
+    progress_when(lambda p: p["state"]["sampling_step"] not in (0, seen))  # still running
+    webui.interrupt()
+    thread.join(120)
+    result = done["result"]
+    assert len(result.images) < 64 and "Stopped" in result.info["comments"]["interrupted"]
+
+
+BAD = [
+    ({"prompt": "x", "width": 65, "height": 64}, "Size 65x64 is not offered"),
+    ({"prompt": "x", "sampler_name": "Heun++"}, "Sampler 'Heun++' is not offered"),
+    ({"prompt": "x", "steps": "many"}, "Steps must be"),
+    ({"prompt": "x", "batch_size": 80}, "batch_size must be"),
+    ({"prompt": ""}, "Please enter a prompt."),
+    ({"prompt": "x", "init_images": ["%%%"]}, "not valid base64"),
+    ({"prompt": "x", "init_images": [base64.b64encode(b"not a picture").decode()]}, "image"),
+]
+
+
+@pytest.mark.parametrize(("payload", "sentence"), BAD)
+def test_bad_input_is_one_sentence_and_leaves_nothing(url, app, payload, sentence):
+    endpoint = "img2img" if "init_images" in payload else "txt2img"
+    answer = requests.post(f"{url}/sdapi/v1/{endpoint}", json={**payload, "width": payload.get("width", 64),
+                                                               "height": 64}, timeout=120)  # fmt: skip
+    assert 400 <= answer.status_code < 500, answer.text
+    detail = answer.json()["detail"]
+    assert sentence in detail and "\n" not in detail and "Traceback" not in answer.text
+    assert leftovers(app) == []
+
+
+def test_a_huge_picture_and_a_wrong_body_are_refused(url, app):
+    buffer = io.BytesIO()
+    Image.new("1", (10_000, 6_000)).save(buffer, format="PNG")  # 60 MP: past the engine's decode limit
+    huge = base64.b64encode(buffer.getvalue()).decode()
+    answer = requests.post(f"{url}/sdapi/v1/img2img", json={"prompt": "x", "init_images": [huge]}, timeout=120)
+    assert answer.status_code == 422 and "over the limit" in answer.json()["detail"]
+    answer = requests.post(f"{url}/sdapi/v1/txt2img", data=b"[1, 2", timeout=30)
+    assert answer.status_code == 422 and answer.json()["detail"] == "The request body must be a JSON object."
+    assert leftovers(app) == []
+
+
+def test_a_full_queue_answers_503(url, app):
+    queue = app.demo._queue
+    size, queue.max_size = queue.max_size, 0
+    try:
+        answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "width": 64, "height": 64},
+                               timeout=60)  # fmt: skip
+    finally:
+        queue.max_size = size
+    assert answer.status_code == 503 and "busy" in answer.json()["detail"]
+
+
+# ---- OpenAI Images ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openai_client(url):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=300)
+
+
+def test_openai_generate_b64_and_url(openai_client, webui):
+    made = openai_client.images.generate(prompt="a red kite", size=SIZE, n=3, response_format="b64_json",
+                                         extra_body={"seed": 40, "guidance_scale": 4.0, "sampler": "Euler",
+                                                     "negative_prompt": "fog"})  # fmt: skip
+    assert len(made.data) == 3 and made.data[0].b64_json
+    first = Image.open(io.BytesIO(base64.b64decode(made.data[0].b64_json)))
+    assert "Seed: 40" in first.info["parameters"]
+    same = webui.txt2img(prompt="a red kite", negative_prompt="fog", seed=40, width=64, height=64, cfg_scale=4.0)
+    assert np.array_equal(pixels(first), pixels(same.image))  # one engine, one handler
+    linked = openai_client.images.generate(prompt="a kite", size=SIZE, n=1, response_format="url")
+    link = linked.data[0].url
+    assert len(link.rsplit("/", 1)[1]) >= 32  # an unguessable name
+    fetched = requests.get(link, timeout=30)
+    assert fetched.status_code == 200 and Image.open(io.BytesIO(fetched.content)).size == (64, 64)
+    assert requests.get(link[:-8] + "AAAA.png", timeout=30).status_code == 404
+
+
+def test_openai_edit_with_a_mask(openai_client, app):
+    mask = Image.new("RGBA", (64, 64), (0, 0, 0, 255))
+    mask.paste((0, 0, 0, 0), (16, 16, 48, 48))  # transparent: redrawn
+    buffer = io.BytesIO()
+    mask.save(buffer, format="PNG")
+    with open(FIXTURES / "image-input.png", "rb") as picture:
+        edited = openai_client.images.edit(image=picture, mask=("mask.png", buffer.getvalue(), "image/png"),
+                                           prompt="a pond", size=SIZE, response_format="b64_json")  # fmt: skip
+    assert Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))).size == (64, 64)
+    assert leftovers(app) == []
+
+
+def test_openai_refusals(openai_client, url):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.images.generate(prompt="a kite", size="1024x1024")
+    assert "Size '1024x1024' is not offered by this server; choose one of: 64x64" in str(refused.value)
+    answer = requests.post(f"{url}/v1/images/generations", json={"prompt": "x"}, timeout=30)
+    assert answer.status_code == 401 and "API key" in answer.json()["error"]["message"]
+    answer = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEYS[0]}"}, timeout=30)
+    assert answer.json()["data"][0]["object"] == "model"
+
+
+# ---- MCP -------------------------------------------------------------------------------------------------------------
+
+
+def test_mcp_lists_and_calls_generate(url):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def session_run():
+        headers = {"Authorization": f"Bearer {KEYS[0]}"}
+        async with streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _), \
+                ClientSession(read, write) as session:  # fmt: skip
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            tool = next(t for t in tools if t.name.endswith("generate"))
+            called = await session.call_tool(tool.name, {"prompt": "a kite", "seed": 5, "randomize_seed": False})
+            return tool, called
+
+    tool, called = asyncio.run(session_run())
+    assert "returns the images" in tool.description
+    assert all(argument.get("description") for argument in tool.inputSchema["properties"].values())
+    assert not called.isError, called.content
+    text = " ".join(str(getattr(item, "text", "")) for item in called.content)
+    assert "/gradio_api/file=" in text and ".jpg" in text  # the images as URLs (Gradio's MCP answer for a gallery)
+    answer = requests.post(f"{url}/gradio_api/mcp/", json={}, timeout=30)
+    assert answer.status_code == 401
+
+
+# ---- how other apps read the answers (contract tests) ----------------------------------------------------------------
+
+
+def test_open_webui_reads_options_models_and_images(url):
+    """Open WebUI (backend/open_webui/routers/images.py, automatic1111 engine): GET /options for the model, POST
+    /options with the whole dict to set it, GET /sd-models `title`s, txt2img's images[] as raw base64 PNGs."""
+    options = requests.get(f"{url}/sdapi/v1/options", timeout=30).json()
+    titles = [model["title"] for model in requests.get(f"{url}/sdapi/v1/sd-models", timeout=30).json()]
+    assert options["sd_model_checkpoint"] in titles
+    options["sd_model_checkpoint"] = titles[0]
+    assert requests.post(f"{url}/sdapi/v1/options", json=options, timeout=30).status_code == 200
+    res = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "batch_size": 1, "width": 64, "height": 64,
+                                                         "steps": 3, "cfg_scale": 7, "sampler_name": "Euler",
+                                                         "scheduler": "Automatic", "negative_prompt": ""},
+                        timeout=300).json()  # fmt: skip
+    for image in res["images"]:
+        assert not image.startswith("data:")
+        Image.open(io.BytesIO(base64.b64decode(image))).load()
+
+
+def test_librechat_and_sillytavern_read_info_and_progress(url):
+    """LibreChat's StableDiffusion tool: `images[0]`, `JSON.parse(info)` (seed, infotexts), `sampler_index` sent;
+    SillyTavern: GET /options as its ping, /progress `state.job_count`, `scheduler` among /schedulers names."""
+    answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "negative_prompt": "", "steps": 3,
+                                                            "sampler_index": "DPM++ 2M", "width": 64, "height": 64,
+                                                            "seed": -1, "alwayson_scripts": {"controlnet":
+                                                                                             {"args": []}}},
+                           timeout=300).json()  # fmt: skip
+    info = json.loads(answer["info"])
+    assert answer["images"][0] and isinstance(info["seed"], int) and "Sampler: DPM++ 2M" in info["infotexts"][0]
+    assert "controlnet" in info["comments"]["alwayson_scripts"]
+    assert requests.get(f"{url}/sdapi/v1/options", timeout=30).ok
+    assert requests.get(f"{url}/sdapi/v1/progress", timeout=30).json()["state"]["job_count"] == 0
+    names = [item["name"] for item in requests.get(f"{url}/sdapi/v1/schedulers", timeout=30).json()]
+    scheduled = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "sampler_name": "DPM++ 2M",
+                                                               "scheduler": "karras", "width": 64, "height": 64},
+                              timeout=300).json()  # fmt: skip
+    assert "karras" in names and "Karras" in json.loads(scheduled["info"])["infotexts"][0]

@@ -1,0 +1,143 @@
+"""AUTOMATIC1111's request fields onto this server's table (`pipeline.fields.FIELDS`), one place.
+
+A1111's clients send about fifty fields (`modules/api/models.py`: StableDiffusionTxt2ImgProcessingAPI and its img2img
+sibling); those this engine has are mapped, every other one is ignored. Samplers and schedule types are read from the
+table's choices (the `sampler` field, and `schedule_type` where the table has it), never copied here, so a sampler
+the table gains is offered here too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.errors import InvalidInput
+from pipeline.fields import FIELD, PLAIN, echo
+
+#: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
+MAX_IMAGES = 64
+#: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
+MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "sampler_name", "sampler_index",
+                    "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles"})
+#: A1111 spells "automatic" for the sampler's own schedule.
+AUTOMATIC = "automatic"
+
+
+@dataclass(frozen=True)
+class A1111Request:
+    """An A1111 payload as the page's handler takes it: its fields, how many images, what was ignored."""
+
+    given: dict[str, Any]  # the handler's inputs by table name (pictures added later)
+    count: int  # batch_size × n_iter images
+    ignored_scripts: tuple[str, ...] = ()  # alwayson_scripts this server does not run
+    notes: tuple[str, ...] = field(default=())
+
+
+def sampler_choices() -> tuple[str, ...]:
+    return tuple(FIELD["sampler"].choices)
+
+
+def schedule_choices() -> tuple[str, ...]:
+    """The table's schedule types ("Automatic", "Karras", ...), or () when the table has no such field."""
+    row = FIELD.get("schedule_type")
+    return tuple(row.choices) if row is not None else ()
+
+
+def scheduler_items() -> list[dict]:
+    """/sdapi/v1/schedulers: A1111's names (lower case, underscores) and labels of the schedules offered."""
+    labels = list(schedule_choices())
+    if not labels:  # samplers with a schedule in their name ("DPM++ 2M Karras"): that schedule is offered too
+        suffixes = {name.rsplit(" ", 1)[-1] for name in sampler_choices() if name.endswith(" Karras")}
+        labels = ["Automatic", *sorted(suffixes)]
+    return [{"name": scheduler_name(label), "label": label, "aliases": None, "default_rho": -1,
+             "need_inner_model": False} for label in labels]  # fmt: skip
+
+
+def scheduler_name(label: str) -> str:
+    return label.strip().lower().replace(" ", "_")
+
+
+def map_sampler(name: object, scheduler: object, default: str) -> dict[str, str]:
+    """A1111's `sampler_name` and `scheduler` as the table's `sampler` (and `schedule_type`); one sentence listing the
+    offered ones when either is not offered."""
+    samplers, schedules = sampler_choices(), schedule_choices()
+    sampler, schedule = default, None
+    if name not in (None, ""):
+        text = str(name).strip() if isinstance(name, str) else None
+        sampler = next((s for s in samplers if text and s.lower() == text.lower()), None)
+        for label in schedules:  # an older client's "DPM++ 2M Karras" where the table has both apart
+            if sampler is None and text and text.lower().endswith(" " + label.lower()):
+                base = text[: -len(label) - 1].strip().lower()
+                sampler = next((s for s in samplers if s.lower() == base), None)
+                schedule = label if sampler else None
+        if sampler is None:
+            raise InvalidInput(f"Sampler {echo(name)} is not offered by this server; choose one of: "
+                               f"{', '.join(samplers)}.")  # fmt: skip
+    wanted = scheduler_name(str(scheduler)) if isinstance(scheduler, str) and scheduler.strip() else AUTOMATIC
+    if wanted != AUTOMATIC:
+        labels = {scheduler_name(label): label for label in schedules}
+        if schedules and wanted in labels:
+            schedule = labels[wanted]
+        elif not schedules and (combined := next((s for s in samplers if scheduler_name(s) ==
+                                                  scheduler_name(f"{sampler} {wanted}")), None)):  # fmt: skip
+            sampler = combined
+        else:
+            offered = ", ".join(item["name"] for item in scheduler_items())
+            raise InvalidInput(f"Scheduler {echo(scheduler)} is not offered with sampler '{sampler}'; choose one "
+                               f"of: {offered}.")  # fmt: skip
+    return {"sampler": sampler, **({"schedule_type": schedule} if schedule and schedules else {})}
+
+
+def whole(payload: dict, key: str, default: int, low: int, high: int) -> int:
+    """A whole-number field of the payload in [low, high]; one sentence otherwise."""
+    value = payload.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or int(value) != value or not low <= value <= high:  # fmt: skip
+        raise InvalidInput(f"{key} must be a whole number from {low} to {high}; got {echo(value)}.")
+    return int(value)
+
+
+def offered_size(payload: dict, sizes) -> str:
+    """A1111's width and height as an offered 'WxH' (the first offered size when neither is given)."""
+    height, width = sizes[0]
+    width, height = payload.get("width") or width, payload.get("height") or height
+    if (height, width) not in [tuple(size) for size in sizes] or isinstance(width, bool) or isinstance(height, bool):
+        offered = ", ".join(f"{w}x{h}" for h, w in sizes)
+        raise InvalidInput(f"Size {echo(width)}x{echo(height)} is not offered by this server (its programs are "
+                           f"compiled ahead); choose one of: {offered}.")  # fmt: skip
+    return f"{width}x{height}"
+
+
+def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
+    """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
+    given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
+                             or ""}  # fmt: skip
+    seed = payload.get("seed", -1)
+    if seed is None or (isinstance(seed, int | float) and not isinstance(seed, bool) and seed == -1):
+        given["randomize_seed"] = True
+    else:
+        given.update(seed=seed, randomize_seed=False)
+    for ours, theirs in (("steps", "steps"), ("guidance_scale", "cfg_scale")):
+        if payload.get(theirs) is not None:
+            given[ours] = payload[theirs]
+    if picture and payload.get("denoising_strength") is not None:
+        given["strength"] = payload["denoising_strength"]
+    default_sampler = rules.sampler or sampler_choices()[0]
+    given.update(map_sampler(payload.get("sampler_name") or payload.get("sampler_index"), payload.get("scheduler"),
+                             default_sampler))  # fmt: skip
+    given["aspect_ratio"] = offered_size(payload, rules.sizes)
+    styles = payload.get("styles") or []
+    if isinstance(styles, list) and styles and isinstance(styles[0], str) and styles[0] in rules.styles:
+        given["style"] = styles[0]  # A1111's saved styles by name; this server's styles are its presets
+    for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
+        if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
+            given[row.name] = payload[row.name]
+    count = whole(payload, "batch_size", 1, 1, MAX_IMAGES) * whole(payload, "n_iter", 1, 1, MAX_IMAGES)
+    if count > MAX_IMAGES:
+        raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
+    scripts = payload.get("alwayson_scripts") or {}
+    ignored = tuple(sorted(str(name) for name in scripts)) if isinstance(scripts, dict) else ()
+    return A1111Request(given, count, ignored)
