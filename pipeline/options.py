@@ -27,7 +27,7 @@ APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"
 BOTH = frozenset({APP, CLI})
 #: Options that shape the compiled programs, taken by every program that loads the model.
 ENGINE = frozenset({APP, CLI, PRECOMPILE, BENCH})
-#: The names the README's table uses for the programs.
+#: The names docs/options.md's table uses for the programs.
 PROGRAM_NAMES = {APP: "app", CLI: "CLI", PRECOMPILE: "precompile", BENCH: "bench"}
 #: Truthy spellings of a switch's environment variable (SDXL_NO_CFG=1).
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -346,7 +346,7 @@ def _values(option: Option) -> str:
 
 
 def markdown_table(table: tuple[Option, ...]) -> str:
-    """The README's table of options (`python -m web.options` prints it for every option; a test keeps the README
+    """docs/options.md's table of options (`python -m web.options` prints it for every option; a test keeps the page
     in step)."""
     rows = [
         "| Flag | Environment variable | Values | Default | Meaning | Recompiles | Taken by |",

@@ -1,7 +1,7 @@
 """The web server's own options (the app takes these beside the engine's, `pipeline/options.py`), declared once,
 and the app's command line read from both.
 
-    python -m web.options          # prints the README's table of every option, engine and server
+    python -m web.options          # prints docs/options.md's table of every option, engine and server
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            "SDXL_MCP", kind="switch", programs=_APP),
 )  # fmt: skip
 
-#: Every option of every program: the app's parser and the README's table come from it.
+#: Every option of every program: the app's parser and docs/options.md's table come from it.
 ALL_OPTIONS: tuple[Option, ...] = OPTIONS + SERVER_OPTIONS
 
 

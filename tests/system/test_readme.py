@@ -17,6 +17,7 @@ from pipeline.options import APP, markdown_table, options_for
 from web.options import ALL_OPTIONS, parse_args
 
 README = REPO / "README.md"
+OPTIONS_PAGE = REPO / "docs" / "options.md"
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -89,9 +90,12 @@ def test_every_flag_the_readme_names_is_taken():
     assert "--mask-image" in _generate_parser()._option_string_actions
 
 
-def test_readme_lists_every_app_option_and_is_for_users():
+def test_the_options_page_lists_every_app_option_and_the_readme_is_for_users():
+    """Every option is on docs/options.md (the README, for users, names the common ones and links the page)."""
     text = README.read_text(encoding="utf-8")
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(--[\w-]+)[^`]*` \| ([^|]*) \|", text, re.M)}
+    options_page = OPTIONS_PAGE.read_text(encoding="utf-8")
+    assert "docs/options.md" in text
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(--[\w-]+)[^`]*` \| ([^|]*) \|", options_page, re.M)}
     for option in options_for(APP, ALL_OPTIONS):
         assert option.flag in rows, option.flag
         if option.env:
@@ -101,7 +105,7 @@ def test_readme_lists_every_app_option_and_is_for_users():
     for section in ("## Install", "## Run", "## Options", "## API", "## Deploy", "## Figures"):
         assert re.search(rf"^{section}", text, re.M), section
     assert "8 images in 2.3 s · 1344×768 · 4 steps, DPM++ 2M Karras · seed 1234" in text  # the status line today
-    assert markdown_table(ALL_OPTIONS) in text  # the table is the one `python -m web.options` prints
+    assert markdown_table(ALL_OPTIONS) in options_page  # the table is the one `python -m web.options` prints
 
 
 def test_licences_are_said_apart():

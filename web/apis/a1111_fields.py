@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.controls import from_a1111
 from pipeline.errors import InvalidInput
 from pipeline.fields import FIELD, PLAIN, echo
 
@@ -140,4 +141,8 @@ def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
         raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
     scripts = payload.get("alwayson_scripts") or {}
     ignored = tuple(sorted(str(name) for name in scripts)) if isinstance(scripts, dict) else ()
+    if "controlnet" in ignored and getattr(rules, "controlnets", ()):  # sd-webui-controlnet's units, when served
+        control = scripts["controlnet"]
+        given["controlnets"] = from_a1111(control.get("args") if isinstance(control, dict) else control)
+        ignored = tuple(name for name in ignored if name != "controlnet")
     return A1111Request(given, count, ignored)

@@ -1,0 +1,33 @@
+"""A1111 payloads onto the field table, without a server: sd-webui-controlnet's units become `controlnets` where the
+server offers ControlNets, and are ignored (and said so) where it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import InvalidInput
+from pipeline.request import RequestRules
+from web.apis.a1111_fields import a1111_request
+
+UNIT = {"enabled": True, "image": "aGVsbG8=", "module": "canny", "model": "canny-tiny [abc123]", "weight": 0.8,
+        "guidance_start": 0.25, "guidance_end": 0.75, "threshold_a": 50, "threshold_b": 150}  # fmt: skip
+PAYLOAD = {"prompt": "a house", "alwayson_scripts": {"controlnet": {"args": [UNIT, {"enabled": False}]},
+                                                     "adetailer": {"args": []}}}  # fmt: skip
+
+
+def test_controlnet_units_are_run_where_the_server_offers_controlnets():
+    asked = a1111_request(PAYLOAD, RequestRules(sizes=((64, 64),), controlnets=("canny-tiny",)), picture=False)
+    assert asked.given["controlnets"] == [{"name": "canny-tiny", "image": "aGVsbG8=", "weight": 0.8, "start": 0.25,
+                                           "end": 0.75, "preprocessor": "canny", "low": 50, "high": 150}]  # fmt: skip
+    assert asked.ignored_scripts == ("adetailer",)
+
+
+def test_controlnet_units_are_ignored_and_said_so_without_controlnets():
+    asked = a1111_request(PAYLOAD, RequestRules(sizes=((64, 64),)), picture=False)
+    assert "controlnets" not in asked.given and asked.ignored_scripts == ("adetailer", "controlnet")
+
+
+def test_a_broken_controlnet_args_is_one_sentence():
+    broken = {"prompt": "x", "alwayson_scripts": {"controlnet": {"args": "not a list"}}}
+    with pytest.raises(InvalidInput, match="must be a list"):
+        a1111_request(broken, RequestRules(sizes=((64, 64),), controlnets=("canny-tiny",)), picture=False)
