@@ -354,9 +354,28 @@ class Generator:
         """
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
-        height, width = request.size
-        scale = self.programs.modules.vae_scale_factor
-        given = request.picture(scale)
+        plan, picture, speed = self._plans(request)
+        seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
+        inputs, text, extra = self._inputs(request, seeds)
+        loop_timings: dict[str, float] = {}
+        pixels, device_s = self._run(request, inputs, plan, speed, picture,
+                                     loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings)  # fmt: skip
+        windows = self.config.prompt_windows
+        dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
+        truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
+        parameters = self._describe(request, plan, seeds, extra)
+        images = image_io.to_pil(pixels, parameters)
+        total_s = time.perf_counter() - started
+        timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s,
+                   "first_step_s": loop_timings.get("first_step_s", 0.0)}  # fmt: skip
+        return GenerationResult(images=images, seeds=seeds, prompt=prompt, negative_prompt=negative_prompt,
+                                truncated=truncated, parameters=parameters, timings=timings, steps=plan.steps,
+                                sampler=plan.label)  # fmt: skip
+
+    def _plans(self, request: Request):
+        """The request's rows (its sampler's plan; with a picture, the rows that run), its picture on the devices,
+        and its speed plan (per step: guided or not, whole UNet or shallow)."""
+        given = request.picture(self.programs.modules.vae_scale_factor)
         first = 0 if given is None else request.steps - given.steps_run  # a multistep sampler's history starts there
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler,
                                 request.schedule_type, first)  # fmt: skip
@@ -366,17 +385,20 @@ class Generator:
             started_at = image_plan(plan, given.steps_run, pure_noise=pure_noise)
             plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
         speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
-        seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
+        return plan, picture, speed
 
+    def _inputs(self, request: Request, seeds: list[int]):
+        """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
+        (`RequestInputs`); with what reading the prompt found (`text`: overflow) and the embeddings it names."""
         n, windows = self.num_images, self.config.prompt_windows
         extra = ExtraRows()  # the embeddings both texts name, each once
-        text = self.prompts.read(prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
-        negative = self.prompts.read(negative_prompt, windows, extra)
+        text = self.prompts.read(request.styled_prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
+        negative = self.prompts.read(request.styled_negative_prompt, windows, extra)
         k = self.text_windows(max(text.windows, negative.windows))
         read = self._max_tokens * k  # K*77
         rows = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.ids, negative.ids)]  # [B, 2, K*77]
         weights = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.weights, negative.weights)]
-        has_negative = np.full((n,), bool(negative_prompt))  # [B]
+        has_negative = np.full((n,), bool(request.styled_negative_prompt))  # [B]
         filled = np.broadcast_to(np.asarray([negative.windows, text.windows], np.int32), (n, 2))  # [B, 2]
         guidance = np.full((n,), request.guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
@@ -384,32 +406,28 @@ class Generator:
             *global_batch((*rows, has_negative, filled, guidance, seed_array, *weights), self._batch_sharding),
             embedding_tables=self._embedding_tables(extra, k),
         )  # in RequestInputs' order
-        loop_timings: dict[str, float] = {}
+        return inputs, text, extra
+
+    def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
+             loop_timings: dict) -> tuple[np.ndarray, float]:  # fmt: skip
+        """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
+        seconds the devices were held. Every run (stopped ones too) joins `recent_runs`."""
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
+        height, width = request.size
         with self._device_lock:
             on_device = time.perf_counter()
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
+            control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.num_images,
+                                     self._batch_sharding)  # fmt: skip
             try:
                 pixels = loop.run(
-                    self.programs,
-                    params,
-                    inputs,
-                    plan,
-                    size=(height, width),
-                    cfg=self.sampler.cfg,
-                    speed=speed,
-                    put=self._put,
-                    blank=self._blank(height, width, params),
-                    picture=picture,
-                    control=control_inputs(self.controlnets, request.controlnets, plan.steps, n, self._batch_sharding),
+                    self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
+                    put=self._put, blank=self._blank(height, width, params), picture=picture, control=control,
                     # Only a request someone watches runs the preview program (compiled or not, the others run the
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
-                    on_preview=on_preview if self.config.previews else None,
-                    on_step=on_step,
-                    should_stop=should_stop,
-                    gate=gate,
-                    timings=loop_timings,
-                )
+                    on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
+                    should_stop=watchers.should_stop, gate=watchers.gate, timings=loop_timings,
+                )  # fmt: skip
             except Stopped as stopped:
                 run.update(done=stopped.done, stopped=True)
                 raise
@@ -417,50 +435,27 @@ class Generator:
                 run.update({k: v for k, v in loop_timings.items() if k.endswith("_at")})
                 self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
-            off_device = time.perf_counter()
             run["done"] = plan.steps
+            return pixels, time.perf_counter() - on_device
 
-        dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
-        truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
-        parameters = [
+    def _describe(self, request: Request, plan, seeds: list[int], extra: ExtraRows) -> list[str]:
+        """Each image's `parameters` text, as A1111 writes it."""
+        prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
+        height, width = request.size
+        extra_settings = {**written_settings(request, self.loras, text_settings(self.prompts, extra.names,
+                                                                                (prompt, negative_prompt))),
+                          **control_settings(request.controlnets)}  # fmt: skip
+        return [
             image_io.describe(
-                prompt=request.written_prompt or prompt,
-                negative_prompt=negative_prompt,
-                seed=s,
-                steps=request.steps,
-                guidance_scale=request.guidance_scale,
-                height=height,
-                width=width,
+                prompt=request.written_prompt or prompt, negative_prompt=negative_prompt, seed=s, steps=request.steps,
+                guidance_scale=request.guidance_scale, height=height, width=width,
                 model=self.config.model,  # named without its server path (image_io.model_name)
                 unet=self.config.unet,  # the --unet file, by file name
-                dtype=self.config.dtype,
-                sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
-                spacing=self._spacing_written(plan),
-                extra={**written_settings(request, self.loras, text_settings(self.prompts, extra.names,
-                                                                           (prompt, negative_prompt))),
-                       **control_settings(request.controlnets)},
-            )
+                dtype=self.config.dtype, sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
+                spacing=self._spacing_written(plan), extra=extra_settings,
+            )  # fmt: skip
             for s in seeds
         ]
-        images = image_io.to_pil(pixels, parameters)
-        finished = time.perf_counter()
-        timings = {
-            "total_s": finished - started,
-            "device_s": off_device - on_device,
-            "host_s": (finished - started) - (off_device - on_device),
-            "first_step_s": loop_timings.get("first_step_s", 0.0),
-        }
-        return GenerationResult(
-            images=images,
-            seeds=seeds,
-            prompt=prompt,
-            negative_prompt=negative_prompt,
-            truncated=truncated,
-            parameters=parameters,
-            timings=timings,
-            steps=plan.steps,
-            sampler=plan.label,
-        )
 
     def text_windows(self, filled: int) -> int:
         """K, the 77-token windows a request's texts are read in when the longer fills `filled`: 1 (the 1-window

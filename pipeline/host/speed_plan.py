@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import InvalidInput
-
 
 def guided_steps(steps_run: int, cfg_end: float) -> int:
     """⌈cfg_end × steps_run⌉: how many of the steps run use guidance (at least 1).
@@ -60,8 +58,7 @@ class PlannedStep:
 class SpeedPlan:
     """One request's levers, step by step."""
 
-    steps: int  # the sampler plan's steps
-    first: int  # the first step run
+    steps: int  # the plan's rows that run (with a picture: only those, `image_plan.py`)
     cfg_end: float  # the fraction of the steps run with guidance (1 = all)
     interval: int  # DeepCache's N (1 = off)
     schedule: tuple[PlannedStep, ...]  # one entry per step run, in order
@@ -83,19 +80,15 @@ class SpeedPlan:
         return not all(step.cfg for step in self.schedule)
 
 
-def speed_plan(
-    steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, first: int = 0,
-    cfg: bool = True,
-) -> SpeedPlan:  # fmt: skip
-    """The per-step program choice for a request of `steps` steps starting at `first`.
+def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True) -> SpeedPlan:
+    """The per-step program choice for a request whose plan runs `steps` rows (a picture's plan holds only the rows
+    that run, so both levers count from its first step).
 
     `cfg`: whether the request is guided at all (the CFG program); without it `cfg_end` changes nothing. The levers
-    come checked from the request (`fields.FIELDS`); `steps` and `first` from the host's own plan.
+    come checked from the request (`fields.FIELDS`); `steps` from the host's own plan.
     """
     interval = deepcache
-    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < steps:
-        raise InvalidInput(f"The first step must be between 0 and {steps - 1}; got {first!r}.")
-    run = steps - first
+    run = steps
     guided = guided_steps(run, cfg_end) if cfg else 0
     schedule = []
     feature_cfg = None  # the CFG mode of the kept feature (None: nothing kept yet)
@@ -105,7 +98,7 @@ def speed_plan(
         halve = not full and feature_cfg is True and not step_cfg
         schedule.append(
             PlannedStep(
-                index=first + j,
+                index=j,
                 cfg=step_cfg,
                 full=full,
                 drop_uncond=cfg and j == guided,
@@ -116,4 +109,4 @@ def speed_plan(
             feature_cfg = step_cfg
         elif halve:
             feature_cfg = False
-    return SpeedPlan(steps=steps, first=first, cfg_end=cfg_end, interval=interval, schedule=tuple(schedule))
+    return SpeedPlan(steps=steps, cfg_end=cfg_end, interval=interval, schedule=tuple(schedule))

@@ -186,9 +186,10 @@ def test_plan_switches_and_halving():
     # Levers off: every step guided and whole, nothing to halve; no CFG at all: nothing to drop.
     assert all(s.cfg and s.full and not (s.drop_uncond or s.halve_feature) for s in speed_plan(5).schedule)
     assert not any(s.cfg or s.drop_uncond for s in speed_plan(5, 0.4, 2, cfg=False).schedule)
-    # A picture that starts part-way (img2img): both levers count from the first step run.
-    plan = speed_plan(10, 0.5, 2, first=4)
-    assert [s.index for s in plan.schedule] == list(range(4, 10))
+    # A picture that starts part-way (img2img): its plan holds only the rows that run, and both levers count from
+    # the first of them.
+    plan = speed_plan(6, 0.5, 2)
+    assert [s.index for s in plan.schedule] == list(range(6))
     assert [s.full for s in plan.schedule] == [True, False] * 3 and plan.guided_steps == 3
     assert (plan.full_steps, plan.uses_shallow, plan.uses_no_cfg) == (3, True, True)
 
@@ -209,21 +210,17 @@ def test_guided_steps_rounds_up_exactly():
         ({"deepcache": 0}, "deepcache must be"),
         ({"deepcache": FIELD["deepcache"].high + 1}, "deepcache must be"),
         ({"deepcache": 2.5}, "deepcache must be"),
-        ({"first": 8}, "first step"),
     ],
 )
 def test_bad_levers_are_one_sentence(kwargs, message):
     with pytest.raises(InvalidInput, match=message) as error:
-        if "first" in kwargs:  # the host's own plan
-            speed_plan(8, **kwargs)
-        else:  # a lever: its rule lives in the table once, and nothing below the request edge checks it again
-            ((name, value),) = kwargs.items()
-            FIELD[name].check(value)
+        # a lever: its rule lives in the table once, and nothing below the request edge checks it again
+        ((name, value),) = kwargs.items()
+        FIELD[name].check(value)
     assert str(error.value).count(". ") == 0 and str(error.value).endswith(".")
-    if "first" not in kwargs:  # the request edge gives the same sentence
-        with pytest.raises(InvalidInput) as at_the_edge:
-            parse_request("a cat", **kwargs)
-        assert str(at_the_edge.value) == str(error.value)
+    with pytest.raises(InvalidInput) as at_the_edge:  # the request edge gives the same sentence
+        parse_request("a cat", **kwargs)
+    assert str(at_the_edge.value) == str(error.value)
 
 
 def test_a_server_without_levers_refuses_them_in_one_sentence():
