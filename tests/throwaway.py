@@ -113,12 +113,7 @@ def haproxy(config: Path, pages: list[str]):
         wait_for_port(port, process, timeout=60)
         yield f"http://127.0.0.1:{port}/"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
 
 
 @contextlib.contextmanager
@@ -141,9 +136,14 @@ def nginx(config: Path, pages: list[str]):
             wait_for_port(port, process, timeout=60)
             yield f"http://127.0.0.1:{port}/"
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -201,11 +201,7 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
     table = train_sigmas(config)
     sigmas = np.interp(timesteps, np.arange(0, len(table)), table)
     sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
-    max_sigma = sigmas.max()
-    if config.timestep_spacing in ("linspace", "trailing"):
-        init_noise_sigma = float(max_sigma)
-    else:
-        init_noise_sigma = float(np.float32((max_sigma**2 + 1) ** 0.5))
+    init_noise_sigma = _init_noise_sigma(sigmas, config.timestep_spacing)
     sigma_from, sigma_to = sigmas[:-1], sigmas[1:]
     sigmas_up = ((sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2) ** 0.5).astype(np.float32)
     sigmas_down = ((sigma_to**2 - sigmas_up**2).clip(min=0) ** 0.5).astype(np.float32)
@@ -304,11 +300,7 @@ def euler_schedule(config: SamplerConfig, steps: int, schedule: str = AUTOMATIC)
     sigmas = _converted(schedule, float(spaced.sigmas[0]), float(spaced.sigmas[-2]), steps)
     timesteps = _sigma_to_t(sigmas, np.log(train_sigmas(config))).astype(np.float32)
     sigmas = np.concatenate([sigmas, [0.0]]).astype(np.float32)
-    max_sigma = sigmas.max()
-    if config.timestep_spacing in ("linspace", "trailing"):
-        init_noise_sigma = float(max_sigma)
-    else:
-        init_noise_sigma = float(np.float32((max_sigma**2 + 1) ** 0.5))
+    init_noise_sigma = _init_noise_sigma(sigmas, config.timestep_spacing)
     zeros = np.zeros(steps, np.float32)
     return Schedule(timesteps, sigmas, init_noise_sigma, zeros, zeros)
 
@@ -403,3 +395,12 @@ def plan(config: SamplerConfig, steps: int, sampler: str | None = None, schedule
         schedule_type=schedule,
         order=order,
     )
+
+
+def _init_noise_sigma(sigmas: np.ndarray, spacing: str) -> float:
+    """The start noise's scale, as diffusers' schedulers set it: the largest sigma with linspace or trailing spacing,
+    else sqrt(sigma_max**2 + 1)."""
+    max_sigma = sigmas.max()
+    if spacing in ("linspace", "trailing"):
+        return float(max_sigma)
+    return float(np.float32((max_sigma**2 + 1) ** 0.5))
