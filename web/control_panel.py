@@ -36,6 +36,9 @@ def control_panel(rules: Any) -> gr.JSON:
     """The panel (hidden when the server has no ControlNet); returns the API's `controlnets` component."""
     offered = list(rules.controlnets)
     value = gr.JSON(value=[], visible=False, label="controlnets")
+    # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
+    value.api_info = lambda: {"type": "array", "items": {"type": "object"}, "description": "[{name, image (base64 "
+                              "PNG), weight, start, end, preprocessor}, ...]"}  # fmt: skip
     with gr.Accordion("ControlNet", open=False, visible=bool(offered), elem_id="controlnet-settings"):
         with gr.Row(equal_height=True):
             picture = gr.Image(label="Control picture (upload or paste)", type="numpy", sources=["upload", "clipboard"],
