@@ -180,7 +180,9 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
     # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels. A
     # cancel that reaches the server after gradio_client's last poll is lost (seen in CI: that request ran all its
     # steps, on both processes alike): then the leader logs no stop, and a new request is cancelled.
+    attempts = 0
     for _ in range(3):
+        attempts += 1
         job = client.submit(PROMPT, steps=100, api_name="/generate")
         while not (data := job.status().progress_data) or data[0].index is None or data[0].index < 2:
             assert not job.done(), "the request ended before it could be cancelled"
@@ -201,7 +203,8 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
     assert stopped, leader.output + follower.output
     followed = stopped.group(1)  # "k / 100"
     assert f"request stopped at step {followed} (seed" in leader.output, leader.output + follower.output
-    assert follower_summary(follower) == {"process": 1, "requests": 4, "compiles_after_warmup": 0}
+    requests = 3 + attempts  # a request whose cancel was lost ran whole, on both processes alike
+    assert follower_summary(follower) == {"process": 1, "requests": requests, "compiles_after_warmup": 0}
     assert "Traceback" not in leader.output and "Traceback" not in follower.output
     assert_same_pixels(got, expected)
     assert_same_pixels(after_stop, expected)
