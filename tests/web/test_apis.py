@@ -301,8 +301,21 @@ def test_open_webui_reads_options_models_and_images(url):
 
 
 def test_librechat_and_sillytavern_read_info_and_progress(url):
-    """LibreChat's StableDiffusion tool: `images[0]`, `JSON.parse(info)` (seed, infotexts), `sampler_index` sent;
-    SillyTavern: GET /options as its ping, /progress `state.job_count`, `scheduler` among /schedulers names."""
+    """LibreChat's Stable Diffusion tool (api/app/clients/tools/structured/StableDiffusion.js, read for this test):
+    it posts {prompt, negative_prompt, cfg_scale: 4.5, steps: 22, width: 1024, height: 1024} (here the test server's
+    size), reads `images[0]` as base64 and `JSON.parse(info)`: height, width, seed, and the settings line of
+    `infotexts[0]` (its last line). SillyTavern: GET /options as its ping, /progress `state.job_count`, `scheduler`
+    among /schedulers names; a client's `alwayson_scripts` this server does not run are said in `info`. SillyTavern
+    (src/endpoints/stable-diffusion.js, read for this test): after POST /options {sd_model_checkpoint} it polls
+    /progress until `progress === 0.0 && job_count === 0`; it lists /upscalers and /latent-upscale-modes `name`s,
+    /sd-vae `model_name`s, /samplers and /schedulers `name`s and /sd-models `title`s."""
+    payload = {"prompt": "x", "negative_prompt": "y", "cfg_scale": 4.5, "steps": 22, "width": 64, "height": 64}
+    answer = requests.post(f"{url}/sdapi/v1/txt2img", json=payload, timeout=300).json()
+    Image.open(io.BytesIO(base64.b64decode(answer["images"][0].split(",", 1)[0]))).load()
+    info = json.loads(answer["info"])
+    assert (info["height"], info["width"]) == (64, 64) and isinstance(info["seed"], int)
+    settings_line = info["infotexts"][0].split("\n").pop()
+    assert settings_line.startswith("Steps: 22,") and "CFG scale: 4.5" in settings_line
     answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "negative_prompt": "", "steps": 3,
                                                             "sampler_index": "DPM++ 2M", "width": 64, "height": 64,
                                                             "seed": -1, "alwayson_scripts": {"controlnet":
@@ -312,7 +325,14 @@ def test_librechat_and_sillytavern_read_info_and_progress(url):
     assert answer["images"][0] and isinstance(info["seed"], int) and "Sampler: DPM++ 2M" in info["infotexts"][0]
     assert "controlnet" in info["comments"]["alwayson_scripts"]
     assert requests.get(f"{url}/sdapi/v1/options", timeout=30).ok
-    assert requests.get(f"{url}/sdapi/v1/progress", timeout=30).json()["state"]["job_count"] == 0
+    title = requests.get(f"{url}/sdapi/v1/sd-models", timeout=30).json()[0]["title"]
+    assert requests.post(f"{url}/sdapi/v1/options", json={"sd_model_checkpoint": title}, timeout=30).ok
+    progress = requests.get(f"{url}/sdapi/v1/progress", timeout=30).json()
+    assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0  # SillyTavern's "model loaded"
+    for listing, key in (("upscalers", "name"), ("latent-upscale-modes", "name"), ("sd-vae", "model_name"),
+                         ("samplers", "name")):  # fmt: skip
+        items = requests.get(f"{url}/sdapi/v1/{listing}", timeout=30).json()
+        assert isinstance(items, list) and all(key in item for item in items), listing
     names = [item["name"] for item in requests.get(f"{url}/sdapi/v1/schedulers", timeout=30).json()]
     scheduled = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "sampler_name": "DPM++ 2M",
                                                                "scheduler": "karras", "width": 64, "height": 64},
