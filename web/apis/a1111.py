@@ -62,9 +62,8 @@ STUBS: dict[str, tuple[str, Any]] = {
 
 
 def offered_embeddings(engine: Any) -> dict[str, dict]:
-    """The textual inversions the engine offers, by name (none until the engine has them): the one place
-    /sdapi/v1/embeddings reads."""
-    names = getattr(engine.rules, "embeddings", None) or getattr(engine, "embeddings", None) or ()
+    """The textual inversions the engine offers, by name: the one place /sdapi/v1/embeddings reads."""
+    names = engine.rules.embeddings
     return {str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None,
                         "vectors": None} for name in names}  # fmt: skip
 

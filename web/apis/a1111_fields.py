@@ -2,7 +2,7 @@
 
 A1111's clients send about fifty fields (`modules/api/models.py`: StableDiffusionTxt2ImgProcessingAPI and its img2img
 sibling); those this engine has are mapped, every other one is ignored. Samplers and schedule types are read from the
-table's choices (the `sampler` field, and `schedule_type` where the table has it), never copied here, so a sampler
+table's choices (the `sampler` and `schedule_type` fields), never copied here, so a sampler
 the table gains is offered here too.
 """
 
@@ -40,17 +40,13 @@ def sampler_choices() -> tuple[str, ...]:
 
 
 def schedule_choices() -> tuple[str, ...]:
-    """The table's schedule types ("Automatic", "Karras", ...), or () when the table has no such field."""
-    row = FIELD.get("schedule_type")
-    return tuple(row.choices) if row is not None else ()
+    """The table's schedule types ("Automatic", "Karras", ...)."""
+    return tuple(FIELD["schedule_type"].choices)
 
 
 def scheduler_items() -> list[dict]:
     """/sdapi/v1/schedulers: A1111's names (lower case, underscores) and labels of the schedules offered."""
-    labels = list(schedule_choices())
-    if not labels:  # samplers with a schedule in their name ("DPM++ 2M Karras"): that schedule is offered too
-        suffixes = {name.rsplit(" ", 1)[-1] for name in sampler_choices() if name.endswith(" Karras")}
-        labels = ["Automatic", *sorted(suffixes)]
+    labels = schedule_choices()
     return [{"name": scheduler_name(label), "label": label, "aliases": None, "default_rho": -1,
              "need_inner_model": False} for label in labels]  # fmt: skip
 
@@ -78,16 +74,12 @@ def map_sampler(name: object, scheduler: object, default: str) -> dict[str, str]
     wanted = scheduler_name(str(scheduler)) if isinstance(scheduler, str) and scheduler.strip() else AUTOMATIC
     if wanted != AUTOMATIC:
         labels = {scheduler_name(label): label for label in schedules}
-        if schedules and wanted in labels:
-            schedule = labels[wanted]
-        elif not schedules and (combined := next((s for s in samplers if scheduler_name(s) ==
-                                                  scheduler_name(f"{sampler} {wanted}")), None)):  # fmt: skip
-            sampler = combined
-        else:
+        if wanted not in labels:
             offered = ", ".join(item["name"] for item in scheduler_items())
             raise InvalidInput(f"Scheduler {echo(scheduler)} is not offered with sampler '{sampler}'; choose one "
                                f"of: {offered}.")  # fmt: skip
-    return {"sampler": sampler, **({"schedule_type": schedule} if schedule and schedules else {})}
+        schedule = labels[wanted]
+    return {"sampler": sampler, **({"schedule_type": schedule} if schedule else {})}
 
 
 def whole(payload: dict, key: str, default: int, low: int, high: int) -> int:
@@ -141,7 +133,7 @@ def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
         raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
     scripts = payload.get("alwayson_scripts") or {}
     ignored = tuple(sorted(str(name) for name in scripts)) if isinstance(scripts, dict) else ()
-    if "controlnet" in ignored and getattr(rules, "controlnets", ()):  # sd-webui-controlnet's units, when served
+    if "controlnet" in ignored and rules.controlnets:  # sd-webui-controlnet's units, when served
         control = scripts["controlnet"]
         given["controlnets"] = from_a1111(control.get("args") if isinstance(control, dict) else control)
         ignored = tuple(name for name in ignored if name != "controlnet")
