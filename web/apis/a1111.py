@@ -295,12 +295,10 @@ def inverted(mask: bytes) -> bytes:
 
 
 def preview_base64(path: str) -> str | None:
-    import base64
-    import pathlib
-
+    """The preview file as base64, or None when it was swept meanwhile."""
     try:
-        return base64.b64encode(pathlib.Path(path).read_bytes()).decode("ascii")
-    except OSError:  # swept meanwhile
+        return png_base64(path)
+    except OSError:
         return None
 
 

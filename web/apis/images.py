@@ -79,7 +79,7 @@ class RequestFiles:
 
 
 def png_base64(path: str | os.PathLike) -> str:
-    """A PNG file as base64 text (no data: prefix, as A1111 and OpenAI answer)."""
+    """A picture file as base64 text (no data: prefix, as A1111 and OpenAI answer)."""
     return base64.b64encode(pathlib.Path(path).read_bytes()).decode("ascii")
 
 
