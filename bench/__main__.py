@@ -5,6 +5,7 @@
     python -m bench --model stabilityai/stable-diffusion-xl-base-1.0 --height 1024 --width 1024 --steps 25 \\
         --dtype bfloat16 --cpu-devices 0            # on a TPU/GPU host
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
+    python -m bench accelerator                      # the engine at 1024² on this host's GPU/TPU, vs diffusers
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
     python -m bench --only apphost                   # the app's own time per 1024² request, with and without previews
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
@@ -311,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         from .unet import main as unet_main
 
         return unet_main(argv[1:])
+    if argv[:1] == ["accelerator"]:  # `python -m bench accelerator ...`: the engine at full size on this host's chip
+        from .accelerator import main as accelerator_main
+
+        return accelerator_main(argv[1:])
     if argv[:1] == ["tpu"]:  # `python -m bench tpu ...`: served programs compiled for a TPU topology (bench/tpu.py)
         from .tpu import main as tpu_main
 

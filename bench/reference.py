@@ -104,12 +104,13 @@ def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_sc
     return pil_images
 
 
-def engine_vs_reference(generator, runs: int, say: Progress = progress) -> EngineVsReference:
-    """Time `runs` interleaved calls of each (engine, reference, engine, ...) after one warm call of each."""
+def engine_vs_reference(generator, runs: int, say: Progress = progress, reference=None) -> EngineVsReference:
+    """Time `runs` interleaved calls of each (engine, reference, engine, ...) after one warm call of each.
+    `reference`: diffusers' (pipeline, replicated params) when not the checkpoint the generator loaded."""
     config = generator.config
     kwargs = {"steps": config.steps, "height": config.height, "width": config.width}
     started = time.perf_counter()
-    pipe, p_params = load_reference(config.model, config.dtype)
+    pipe, p_params = reference or load_reference(config.model, config.dtype)
     load_s = time.perf_counter() - started
     say(f"reference loaded in {load_s:.1f} s; first reference call (pmap compile) ...")
     first_s, images = timed(

@@ -128,6 +128,9 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
         raise InvalidInput(str(exc)) from None
     if attention == "diffusers" and config.prompt_windows > 1:  # no hook: its cross-attention would read every window
         raise InvalidInput("--attention diffusers reads one 77-token window; use it with --prompt-windows 1.")
+    if config.quantize == "int8" and platform in ("gpu", "cuda", "rocm"):  # found compiling it on an H200, jax 0.11.2
+        raise InvalidInput("--quantize int8 runs on TPU and CPU only: XLA's GPU backend cannot compile its int8 "
+                           "convolutions (cuDNN takes no int32 output).")  # fmt: skip
     return config.replace(dtype=dtype, attention=attention)
 
 
@@ -384,7 +387,9 @@ class Generator:
             pure_noise = given.repaint is not None or self.programs.inpainting_unet
             started_at = image_plan(plan, given.steps_run, pure_noise=pure_noise)
             plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
-        speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg)
+        # guidance <= 1 asks for none: the guidance-free step programs, where the levers compiled them
+        guided = request.guidance_scale > 1 or not self.config.speed_levers
+        speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg, guided=guided)
         return plan, picture, speed
 
     def _inputs(self, request: Request, seeds: list[int]):

@@ -80,16 +80,20 @@ class SpeedPlan:
         return not all(step.cfg for step in self.schedule)
 
 
-def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True) -> SpeedPlan:
+def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True,
+               guided: bool = True) -> SpeedPlan:  # fmt: skip
     """The per-step program choice for a request whose plan runs `steps` rows (a picture's plan holds only the rows
     that run, so both levers count from its first step).
 
-    `cfg`: whether the request is guided at all (the CFG program); without it `cfg_end` changes nothing. The levers
+    `cfg`: whether the texts come as a CFG batch (the server's CFG programs); without it `cfg_end` changes nothing.
+    `guided`: whether the request asks for guidance at all (guidance > 1). A CFG batch that asks for none keeps its
+    conditional half before the first step and runs every step guidance-free: the CFG program would compute the
+    unconditional half only to drop it (`sampler_update.guide`), twice the UNet work for the same pixels. The levers
     come checked from the request (`fields.FIELDS`); `steps` from the host's own plan.
     """
     interval = deepcache
     run = steps
-    guided = guided_steps(run, cfg_end) if cfg else 0
+    guided = (guided_steps(run, cfg_end) if guided else 0) if cfg else 0
     schedule = []
     feature_cfg = None  # the CFG mode of the kept feature (None: nothing kept yet)
     for j in range(run):

@@ -59,3 +59,8 @@ def test_quantize_settings_are_one_sentence():
         EngineConfig(quantize="int4")
     with pytest.raises(InvalidInput, match="does not combine with LoRAs"):
         EngineConfig(quantize="int8", lora_dir="/somewhere")
+    from pipeline.generator import for_platform
+
+    with pytest.raises(InvalidInput, match="runs on TPU and CPU only"):  # XLA:GPU cannot compile its int8 convs
+        for_platform(EngineConfig(quantize="int8"), "cuda")
+    assert for_platform(EngineConfig(quantize="int8"), "tpu").quantize == "int8"

@@ -33,6 +33,18 @@ def test_plain_request_runs_the_plain_txt2img_programs(engine):
     assert engine.compile_count == before
 
 
+def test_unguided_request_runs_the_guidance_free_steps(engine):
+    """guidance <= 1 asks for no guidance: on a CFG server the texts' conditional half is kept once, before the
+    first step, and every step runs the guidance-free program (half the UNet rows), not the CFG one."""
+    size = f"{TEST_SIZE}x{TEST_SIZE}"
+    before = engine.compile_count
+    images = []
+    ran = programs_run(engine, lambda: images.extend(generate(engine, "a red fox", seed=3, guidance_scale=1.0).images))
+    assert ran == ["encode cfg", f"start {size}", "halve_text", *[f"step_full {size} no-cfg"] * TEST_STEPS,
+                   f"decode {size}"]  # fmt: skip
+    assert engine.compile_count == before
+
+
 def test_short_prompt_reads_the_same_in_one_window_as_in_three(engine, monkeypatch):
     """The 3-window programs mask the empty windows out: a short prompt run through them gives the 1-window
     programs' images (to float rounding: the masked softmax sums 231 keys, the plain one 77)."""

@@ -131,6 +131,22 @@ def test_bench_unet_smoke_on_cpu(tmp_path):
     assert row["ms_per_step"] > 0 and row["finite"] and row["mfu"] is None  # CPU: no known peak for the MFU
 
 
+def test_bench_accelerator_smoke_on_cpu(tmp_path):
+    """The accelerator part's command at the tiny checkpoint's size: engine vs diffusers on the same weights, and the
+    request kinds, each running its own programs (a request without guidance: the guidance-free step)."""
+    command = [sys.executable, "-m", "bench", "accelerator", "--model", "tiny", "--size", "64", "--steps", "2",
+               "--runs", "1", "--parts", "engine,requests", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "accelerator.json").read_text())
+    compared = results["engine_vs_diffusers"]
+    assert compared["engine"]["median"] > 0 and compared["reference"]["median"] > 0 and compared["ratio"] > 0
+    rows = {row["request"]: row for row in results["requests"]}
+    assert len(rows) == 6 and all(row["median_s"] > 0 for row in rows.values())
+    assert any("no-cfg" in label for label in rows["4 steps, no CFG (Lightning-4's shape)"]["programs_ms"])
+    assert any("step_shallow" in label for label in rows["25 steps, DeepCache 3"]["programs_ms"])
+
+
 def test_bench_unet_cost_counts_the_fused_kernels():
     """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
     from bench.unet import cost_report, parse_args
