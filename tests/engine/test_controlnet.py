@@ -167,8 +167,10 @@ def test_a_control_with_a_lora_previews_and_stop(control_engine):
     assert seen[0][2].shape == (control_engine.num_images, 8, 8, 3) and seen[0][2].dtype == np.uint8
     stop = StopFlag()
     with pytest.raises(Stopped) as stopped:  # Stop pressed while step 1's result comes in
-        control_engine.generate(control_engine.request("a fox <lora:kohya_sgm:0.8>", seed=5, steps=4,
-                                                       controlnets=[unit]),
-                                on_step=lambda done, total: stop.set() if done == 1 else None, should_stop=stop)
+        control_engine.generate(
+            control_engine.request("a fox <lora:kohya_sgm:0.8>", seed=5, steps=4, controlnets=[unit]),
+            on_step=lambda done, total: stop.set() if done == 1 else None,
+            should_stop=stop,
+        )
     assert (stopped.value.done, stopped.value.total) == (2, 4)  # step 2 was queued already; step 3 never runs
     assert control_engine.compile_count == before
