@@ -329,6 +329,7 @@ def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[s
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # two processes that compile the ControlNet step (about 100 s on 2 cores)
 def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path,
                                                                            procs):  # fmt: skip
     """Two CLI processes of one device each against `control_engine` (one process, 2 devices): the control map
