@@ -174,3 +174,21 @@ def test_a_control_with_a_lora_previews_and_stop(control_engine):
         )
     assert (stopped.value.done, stopped.value.total) == (2, 4)  # step 2 was queued already; step 3 never runs
     assert control_engine.compile_count == before
+
+
+def test_an_engine_service_body_keeps_the_units_and_their_finished_maps(control_engine):
+    """`Request.to_dict()` as an engine service reads it (`request_from_wire`): the units arrive whole, and a map a
+    preprocessor made where the request entered is taken as it is (a canny map edged again would lose its lines)."""
+    from pipeline.service.wire import request_from_wire
+
+    units = [{"name": "controlnet-b", "image": FIXTURES / "image-input.png", "weight": 0.5, "preprocessor": "canny",
+              "low": 50, "high": 120}, {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "end": 0.5}]
+    request = control_engine.request("a fox", seed=2, controlnets=units)
+    assert request_from_wire(json.loads(json.dumps(request.to_dict())), control_engine.rules) == request
+    picture = base64.b64encode((FIXTURES / "image-input.png").read_bytes()).decode()
+    written = {"prompt": "a fox", "controlnets": [{"name": "controlnet-b", "image": picture, "preprocessor": "canny"}]}
+    [unit] = request_from_wire(written, control_engine.rules).controlnets  # a hand-written body: the picture's edges
+    assert unit.module == "canny" and set(np.unique(unit.pixels())) <= {0, 255}
+    with pytest.raises(InvalidInput, match="preprocessor"):
+        request_from_wire({"prompt": "a fox", "controlnets": [{**request.to_dict()["controlnets"][0], "module": "x"}]},
+                          control_engine.rules)  # fmt: skip
