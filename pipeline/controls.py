@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from PIL import Image
@@ -140,6 +140,34 @@ def parse_controls(value: object, offered: tuple[str, ...], height: int, width: 
     if len(value) > MAX_CONTROLNETS:
         raise InvalidInput(f"At most {MAX_CONTROLNETS} ControlNets per request; got {len(value)}.")
     return tuple(parse_unit(item, offered, height, width) for item in value)
+
+
+def sent_maps(value: object) -> tuple[object, tuple[str | None, ...]]:
+    """`controlnets` as `Request.to_dict()` sends them (an engine service's body) -> (the items to check, as
+    `parse_controls` takes them; each item's module to record, None for an item to preprocess).
+
+    A unit naming its `module` holds the finished map that module made where the request entered: it is checked like
+    any input but not preprocessed again (a canny map edged twice loses its lines), and `with_modules` gives it its
+    module back for the record. A unit naming a `preprocessor` instead (a hand-written body) is a picture."""
+    items = [value] if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)):
+        return value, ()
+    modules = tuple(str(item["module"] or "none").strip().lower()
+                    if isinstance(item, Mapping) and "module" in item and "preprocessor" not in item else None
+                    for item in items)  # fmt: skip
+    for module in modules:
+        if module is not None and module not in PREPROCESSORS:
+            choices = ", ".join(PREPROCESSORS)
+            raise InvalidInput(f"Unknown ControlNet preprocessor {echo(module)}; choose one of: {choices}.")
+    as_maps = [{**item, "module": "none"} if module else item for item, module in zip(items, modules, strict=True)]
+    return as_maps, modules
+
+
+def with_modules(units: tuple[ControlUnit, ...], modules: tuple[str | None, ...]) -> tuple[ControlUnit, ...]:
+    """The checked units of `sent_maps`' items, each finished map with the module that made it."""
+    if not any(modules):
+        return units
+    return tuple(replace(unit, module=module) if module else unit for unit, module in zip(units, modules, strict=True))
 
 
 def step_scales(units: tuple[ControlUnit, ...], steps: int) -> np.ndarray:

@@ -123,9 +123,10 @@ CONTROLNETS = (FIXTURES / "controlnet-a", FIXTURES / "controlnet-b")
 
 
 @pytest.fixture(scope="session")
-def control_engine():
-    """tiny-pt with both fixture ControlNets on 2 devices at 64x64, 4 steps; no levers, one text window, previews
-    on: the engine of the ControlNet parity tests and of the ControlNet page."""
+def control_engine(lora_dir):
+    """tiny-pt with both fixture ControlNets and the fixture LoRAs on 2 devices at 64x64, 4 steps; no levers, one
+    text window, previews on: the engine of the ControlNet parity tests, the ControlNet page, and the embedded
+    reference of ControlNet requests on two processes and through the engine service."""
     import jax
 
     from pipeline.generator import Generator
@@ -133,6 +134,7 @@ def control_engine():
     generator = Generator.from_pretrained(
         str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
         prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], controlnets=tuple(str(n) for n in CONTROLNETS),
+        lora_dir=str(lora_dir),
     )  # fmt: skip
     generator.warmup()
     return generator

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, PngImagePlugin
 
+from ..controls import sent_maps, with_modules
 from ..errors import InvalidInput
 from ..fields import PLAIN
 from ..request import LORA_TAG, Request, RequestRules, parse_request
@@ -137,16 +138,18 @@ def request_from_wire(data: object, rules: RequestRules) -> Request:
     loras = data.get("loras")
     if isinstance(loras, list):  # the prompt's own tags are read from the prompt again: not twice
         loras = [item for item in loras if not (isinstance(item, list) and item and str(item[0]).lower() in tagged)]
+    controls, modules = sent_maps(data.get("controlnets"))  # maps made where the request entered: not made again
     checked = parse_request(
         data.get("prompt"), data.get("negative_prompt", ""), data.get("style", DEFAULT_STYLE), seed=data.get("seed", 0),
-        size=data.get("size"), loras=loras, **pictures, rules=rules,
+        size=data.get("size"), loras=loras, **pictures, controlnets=controls, rules=rules,
         **{row.name: data.get(row.name) for row in PLAIN},
     )  # fmt: skip
     styled = {name: data[name] for name in STYLED if isinstance(data.get(name), str) and data[name]}
     ignored = data.get("ignored")
     ignored = tuple(ignored) if isinstance(ignored, list) and all(isinstance(x, str) for x in ignored) else \
         checked.ignored  # fmt: skip
-    return dataclasses.replace(checked, **styled, ignored=ignored)
+    return dataclasses.replace(checked, **styled, ignored=ignored,
+                               controlnets=with_modules(checked.controlnets, modules))
 
 
 def _picture(value: object, name: str) -> bytes | None:

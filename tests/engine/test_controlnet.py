@@ -145,3 +145,50 @@ def test_inpainting_runs_with_a_control(control_engine):
                               .images[0], np.int16)  # fmt: skip
     without = np.asarray(control_engine.generate(control_engine.request("a fox", **fields)).images[0], np.int16)
     assert np.abs(with_control - without).max() > 8 and control_engine.compile_count == before
+
+
+def test_a_control_with_a_lora_previews_and_stop(control_engine):
+    """A ControlNet request with a LoRA: the LoRA still changes the picture (its merge feeds the controlled UNet),
+    previews stream every 2 steps, Stop ends the request at the next step, and nothing compiles."""
+    from pipeline.stopping import StopFlag, Stopped
+
+    before = control_engine.compile_count
+    unit = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2}
+    seen = []
+    with_lora = control_engine.generate(
+        control_engine.request("a fox <lora:kohya_sgm:0.8>", seed=5, steps=4, controlnets=[unit]),
+        on_preview=lambda done, total, pixels: seen.append((done, total, pixels)),
+    )
+    without = control_engine.generate(control_engine.request("a fox", seed=5, steps=4, controlnets=[unit]))
+    assert np.abs(np.asarray(with_lora.images[0], np.int16) - np.asarray(without.images[0], np.int16)).max() > 8
+    text = with_lora.parameters[0]
+    assert "Lora hashes" in text and 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in text
+    assert [(done, total) for done, total, _ in seen] == [(2, 4)]
+    assert seen[0][2].shape == (control_engine.num_images, 8, 8, 3) and seen[0][2].dtype == np.uint8
+    stop = StopFlag()
+    with pytest.raises(Stopped) as stopped:  # Stop pressed while step 1's result comes in
+        control_engine.generate(
+            control_engine.request("a fox <lora:kohya_sgm:0.8>", seed=5, steps=4, controlnets=[unit]),
+            on_step=lambda done, total: stop.set() if done == 1 else None,
+            should_stop=stop,
+        )
+    assert (stopped.value.done, stopped.value.total) == (2, 4)  # step 2 was queued already; step 3 never runs
+    assert control_engine.compile_count == before
+
+
+def test_an_engine_service_body_keeps_the_units_and_their_finished_maps(control_engine):
+    """`Request.to_dict()` as an engine service reads it (`request_from_wire`): the units arrive whole, and a map a
+    preprocessor made where the request entered is taken as it is (a canny map edged again would lose its lines)."""
+    from pipeline.service.wire import request_from_wire
+
+    units = [{"name": "controlnet-b", "image": FIXTURES / "image-input.png", "weight": 0.5, "preprocessor": "canny",
+              "low": 50, "high": 120}, {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "end": 0.5}]
+    request = control_engine.request("a fox", seed=2, controlnets=units)
+    assert request_from_wire(json.loads(json.dumps(request.to_dict())), control_engine.rules) == request
+    picture = base64.b64encode((FIXTURES / "image-input.png").read_bytes()).decode()
+    written = {"prompt": "a fox", "controlnets": [{"name": "controlnet-b", "image": picture, "preprocessor": "canny"}]}
+    [unit] = request_from_wire(written, control_engine.rules).controlnets  # a hand-written body: the picture's edges
+    assert unit.module == "canny" and set(np.unique(unit.pixels())) <= {0, 255}
+    with pytest.raises(InvalidInput, match="preprocessor"):
+        request_from_wire({"prompt": "a fox", "controlnets": [{**request.to_dict()["controlnets"][0], "module": "x"}]},
+                          control_engine.rules)  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, REPO, TEST_SIZE, TEST_STEPS, free_port, generate
+from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, REPO, TEST_SIZE, TEST_STEPS, TINY_PT, free_port, generate
 from gradio_client import Client, handle_file
 from PIL import Image
 
@@ -28,10 +28,10 @@ PROMPT, NEGATIVE, SEED, GUIDANCE = "a lighthouse at dusk", "fog", 1234, 6.5
 HEARTBEAT_S = 5  # --heartbeat-timeout of the fault tests
 
 
-def process_env() -> dict:
+def process_env(devices: int = 4) -> dict:
     """4 devices per process (conftest gives this one 8); the same compilation cache, so programs compile once."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
 
 
@@ -62,9 +62,9 @@ def app_command(tiny_dir: Path, web_port: int, port: int, process_id: int, **clu
 class Proc:
     """A launched process whose combined output is collected as it runs."""
 
-    def __init__(self, command: list[str]):
+    def __init__(self, command: list[str], devices: int = 4):
         self.popen = subprocess.Popen(
-            command, cwd=REPO, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command, cwd=REPO, env=process_env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -308,3 +308,49 @@ def test_loras_picture_and_levers_on_two_processes_give_the_eight_images_of_one(
     assert (summary["process"], summary["requests"]) == (1, len(FEATURE_REQUESTS))
     # LoraSets.prepare at warm-up: a request never compiles the first merge's copies (several processes)
     assert summary["compiles_after_warmup"] == 0
+
+
+# ---- a ControlNet (with a LoRA) on two processes (issue 38) ---------------------------------------------------------
+
+#: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
+CONTROL_PROMPT = f"{PROMPT} <lora:kohya_sgm:0.8>"
+CONTROL_UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2, "end": 0.75}
+
+
+def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[str]:
+    """The CLI as `control_engine` is configured (tiny-pt, 4 steps, no levers, one text window), one ControlNet."""
+    return [
+        sys.executable, "-m", "pipeline", "generate", "--model", str(TINY_PT), "--prompt", CONTROL_PROMPT,
+        "--negative-prompt", NEGATIVE, "--seed", str(SEED), "--guidance-scale", str(GUIDANCE), "--steps", "4",
+        "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--no-speed-levers",
+        "--prompt-windows", "1", "--lora-dir", str(lora_dir), "--controlnet", str(CONTROLNETS[0]),
+        "--control-image", str(CONTROL_UNIT["image"]), "--control-weight", str(CONTROL_UNIT["weight"]),
+        "--control-end", str(CONTROL_UNIT["end"]), "--out", str(out), "--json", *cluster_args(port, process_id),
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # two processes that compile the ControlNet step (about 100 s on 2 cores)
+def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path,
+                                                                           procs):  # fmt: skip
+    """Two CLI processes of one device each against `control_engine` (one process, 2 devices): the control map
+    reaches the follower with the request, both run the ControlNet step with the LoRA merged, nothing compiles after
+    warm-up on either, and the 2 images are one process's."""
+    port = free_port()
+    for process_id in (1, 0):
+        procs.append(Proc(control_cli(tmp_path / str(process_id), port, process_id, lora_dir), devices=1))
+    follower, leader = procs
+    assert leader.finish(timeout=600) == 0, leader.output + follower.output
+    assert follower.finish(timeout=60) == 0, follower.output
+    summary = json.loads(leader.output[leader.output.index("{\n") : leader.output.rindex("}") + 1])
+    assert summary["processes"] == 2 and summary["compiles_after_warmup"] == 0
+    assert follower_summary(follower) == {"process": 1, "requests": 1, "compiles_after_warmup": 0}
+    request = control_engine.request(CONTROL_PROMPT, negative_prompt=NEGATIVE, seed=SEED, guidance_scale=GUIDANCE,
+                                     steps=4, controlnets=[CONTROL_UNIT])  # fmt: skip
+    result = control_engine.generate(request)
+    expected = np.stack([np.asarray(image) for image in result.images])  # uint8 [2, 64, 64, 3]
+    got = pixels_of(summary["images"])
+    assert len(got) == FEATURE_DEVICES
+    assert_same_pixels(got, expected)
+    assert 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in Image.open(summary["images"][0]).info[
+        "parameters"]  # fmt: skip
+    assert "Traceback" not in leader.output + follower.output

@@ -5,6 +5,7 @@ still answers, the next ones succeed, the restarted engine rejoins) and no JAX i
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import http.client
@@ -19,15 +20,16 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import REPO, free_port, run_cli
+from conftest import CONTROLNETS, FIXTURES, REPO, TINY_PT, free_port, run_cli
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # three processes: two engines and a page
 
 TOKEN = "test-engine-token"
-#: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each.
+#: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each, and a
+#: ControlNet: `control_engine`'s configuration, so that engine is the embedded reference of a ControlNet request.
 ENGINE_FLAGS = ["--sizes", "64x64", "--steps", "2", "--dtype", "float32", "--cpu-devices", "2", "--no-speed-levers",
-                "--prompt-windows", "1"]  # fmt: skip
+                "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0])]  # fmt: skip
 #: Steps of a request long enough to act on mid-way (64², 2 devices: a few seconds).
 LONG_STEPS = 60
 START_S = 600
@@ -67,9 +69,9 @@ class Launched:
 
 
 class Engine(Launched):
-    def __init__(self, tiny_dir, log: pathlib.Path) -> None:
+    def __init__(self, model: pathlib.Path, log: pathlib.Path) -> None:
         self.port = free_port()
-        super().__init__([sys.executable, "-m", "pipeline", "serve", "--model", str(tiny_dir), *ENGINE_FLAGS,
+        super().__init__([sys.executable, "-m", "pipeline", "serve", "--model", str(model), *ENGINE_FLAGS,
                           "--port", str(self.port)], log, {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
 
     @property
@@ -93,9 +95,9 @@ class Engine(Launched):
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_dir, tmp_path_factory):
+def engines(tmp_path_factory):
     logs = tmp_path_factory.mktemp("service")
-    started = [Engine(tiny_dir, logs / f"engine{i}.log") for i in range(2)]
+    started = [Engine(TINY_PT, logs / f"engine{i}.log") for i in range(2)]
     try:
         for engine in started:
             engine.wait_for("Serving the engine on")
@@ -251,3 +253,22 @@ def test_previews_a_picture_parameters_and_stop_through_the_page(page, engines, 
     while sum(e.metric('sdxl_engine_requests_total{outcome="stopped"}') for e in engines) == stopped_before:
         assert time.monotonic() < deadline, "the engine did not stop the cancelled request"
         time.sleep(0.1)
+
+
+def test_a_controlnet_request_through_the_page_gives_the_embedded_engines_pixels(page, control_engine):
+    """The page checks the unit (canny of the picture) and sends the finished map to an engine, which runs it as
+    the embedded engine of the same configuration does: same pixels, A1111's ControlNet entry in `parameters`."""
+    picture = FIXTURES / "image-input.png"
+    unit = {"name": "controlnet-a", "image": base64.b64encode(picture.read_bytes()).decode(), "weight": 0.9,
+            "start": 0.25, "preprocessor": "canny", "low": 60, "high": 140}  # fmt: skip
+    gallery, seed, _ = client(page).predict("a lighthouse", api_name="/generate_png", seed=61, randomize_seed=False,
+                                            steps=4, controlnets=[unit])  # fmt: skip
+    text = Image.open(gallery[0]["image"]).info["parameters"]
+    assert 'ControlNet 0: "Module: canny, Model: controlnet-a, Weight: 0.9, Guidance Start: 0.25' in text, text
+    before = control_engine.compile_count
+    request = control_engine.request("a lighthouse", seed=61, steps=4, controlnets=[{**unit, "image": picture}])
+    expected = [np.asarray(image, np.int16) for image in control_engine.generate(request).images]
+    got = [np.asarray(Image.open(item["image"]).convert("RGB"), np.int16) for item in gallery]
+    assert seed == 61 and len(got) == len(expected) == 2 and control_engine.compile_count == before
+    for mine, reference in zip(got, expected, strict=True):  # 2 devices of 8 here, of 2 there: XLA's own rounding
+        assert np.abs(mine - reference).max() <= 1, np.abs(mine - reference).max()
