@@ -209,7 +209,8 @@ OPTIONS: tuple[Option, ...] = (
            recompiles=True),
     Option("--quantize", "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
            "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
-           "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir; not on NVIDIA GPUs",
+           "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir; not on NVIDIA "
+           "GPUs",
            "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default="none", programs=ENGINE, recompiles=True),
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",

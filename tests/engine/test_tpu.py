@@ -66,6 +66,7 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
         ("splash", ProgramKey("step", *SPLASH_SIZE, False)),
         (None, ProgramKey("encode", cfg=True)),
         (None, ProgramKey("decode", TEST_SIZE, TEST_SIZE)),
+        ("splash", ProgramKey("step_control", *SPLASH_SIZE, False, None, (0,))),  # the UNet and a ControlNet, splash
     ):
         programs = tpu_programs[core or "xla"]
         rows.append(compile_one(programs, key, core, TOPOLOGY, progress=lambda _: None))
@@ -78,6 +79,9 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
     # prompt's 77-token windows is XLA's masked core whatever the kind: device/attention.context_lengths).
     assert splash["fallbacks"] and not any("q (1, 120, 4, 16), k (1, 120" in line for line in splash["fallbacks"])
     assert any("q (1, 30, 4, 16), k (1, 30" in line for line in splash["fallbacks"]), splash["fallbacks"]
+    control = rows[4]  # the ControlNet's blocks take the same core: its 120-token self-attention in the kernel too
+    assert control["kind"] == "step_control" and control["fallbacks"]
+    assert not any("q (1, 120, 4, 16), k (1, 120" in line for line in control["fallbacks"])
 
 
 @needs_libtpu
