@@ -547,6 +547,7 @@ API_DOC = "\n".join([
     "",
     "Parameters:",
     *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
-    "    previews: False = no pictures forming streamed, and the devices run no preview program",
+    "    previews: False = no pictures forming streamed, no preview program run, the answer alone (each file fetched "
+    "once)",
 ])  # fmt: skip
 
