@@ -12,9 +12,9 @@ itself at 1024² costs minutes per image on 2 CPU cores, so the real device work
 milliseconds in its own spread, and compete with them for the same cores where a TPU would not.
 
 Each round calls, in turn, /generate (previews streamed), /generate with previews=False and /generate_png, every
-image fetched as a script with `download_files` gets them (gradio_client fetches each file of each streamed answer
-one by one, previews included), and the two /generate calls again from a client that fetches nothing
-(`download_files=False`): the server's part alone.
+image fetched as a script with `download_files` gets them (gradio_client fetches each file of each streamed message
+one by one, previews included, and a streamed answer's twice: once streamed, once as the result), and the two
+/generate calls again from a client that fetches nothing (`download_files=False`): the server's part alone.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from .prompt_filter import PromptFilter
 from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
 from .sizes import size_label
 from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
+from .whole_answers import WholeAnswers
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -79,16 +80,22 @@ class Handlers:
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
+        self.whole_answers = WholeAnswers()  # /generate without previews, to a plain twin (middleware: Page.launch)
         self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
         self._running = 0  # requests in `run` now (shut_down waits for them to answer)
         self._idle = threading.Condition()
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
-    def endpoint(self, image_format: str | None = None):
+    def endpoint(self, image_format: str | None = None, *, streams: bool = True):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
         `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
-        (`pipeline.fields.FIELDS`), with this server's defaults, then the page's own."""
+        (`pipeline.fields.FIELDS`), with this server's defaults, then the page's own.
+
+        `streams=False`: a plain function that returns the answer alone, no previews. gradio_client downloads every
+        file of every message a stream sends, and a generator's last message is sent twice (streamed, then as the
+        answer), so a streamed answer's images are fetched twice; a call that wants nothing before its answer is
+        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py)."""
         rules = self.rules
         signature = api_signature(rules)
 
@@ -110,12 +117,18 @@ class Handlers:
             except InvalidInput as exc:
                 raise invalid(exc) from None
             yield from self.run(checked, session_of(request), given["progress"], image_format,
-                                user=getattr(request, "username", None), previews=given["previews"] is not False)
+                                user=getattr(request, "username", None),
+                                previews=streams and given["previews"] is not False)  # fmt: skip
 
-        generate.__signature__ = signature
-        generate.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
-        generate.__doc__ = API_DOC
-        return generate
+        def answer(*args, **kwargs) -> tuple[Gallery, int, str]:
+            messages = list(generate(*args, **kwargs))  # no previews: the answer alone (or a stopped request's)
+            return messages[-1]
+
+        function = generate if streams else answer
+        function.__signature__ = signature
+        function.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
+        function.__doc__ = API_DOC
+        return function
 
     def example(self, seeds: dict[str, int], first_seed: int):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;
@@ -534,6 +547,7 @@ API_DOC = "\n".join([
     "",
     "Parameters:",
     *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
-    "    previews: False = no pictures forming streamed, and the devices run no preview program",
+    "    previews: False = no pictures forming streamed, no preview program run, the answer alone (each file fetched "
+    "once)",
 ])  # fmt: skip
 

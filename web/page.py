@@ -45,6 +45,7 @@ from .texts import (
     read_template,
     sampler_summary,
 )
+from .whole_answers import Twin
 
 #: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
 #: while the app runs it is swept every 5 min and files older than 15 min are removed.
@@ -79,8 +80,8 @@ class Page:
         """Start serving (settings: web/server.launch's keywords; `middleware` joins the page's own)."""
         from .server import launch
 
-        middleware = [self.handlers.early_cancels.middleware(), *self.history.middleware(),
-                      *settings.pop("middleware", ())]  # fmt: skip
+        middleware = [self.handlers.early_cancels.middleware(), self.handlers.whole_answers.middleware(),
+                      *self.history.middleware(), *settings.pop("middleware", ())]  # fmt: skip
         launch(self.demo, middleware=middleware, **settings)
         return self
 
@@ -407,13 +408,18 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         "show_progress": "full", "show_progress_on": [shown.gallery],
     }  # fmt: skip
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
-    shown.api_button.click(
+    streaming = shown.api_button.click(
         inputs=inputs,
         api_name="generate",
         api_description="One image per accelerator core; returns the images, the seed used and a status line."
         + ("" if rules.cfg else f" Note: {NO_CFG_NOTE}."),
         **generating,
     )
+    # /generate with previews=False streams nothing before its answer: a plain function answers it, so a client
+    # fetches the images once (web/whole_answers.py). On the same hidden button, which nothing clicks.
+    whole = shown.api_button.click(inputs=inputs, api_name="generate_whole", api_visibility="private",
+                                   **{**generating, "fn": handlers.endpoint(streams=False)})  # fmt: skip
+    handlers.whole_answers.add(Twin(streaming["id"], whole["id"], inputs.index(fields.previews)))
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
     # The picture goes to the mask editor as its background (strokes start afresh).
     init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=[init_image, fields.picture],
@@ -434,7 +440,7 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     # Not queued: it must run while this session's generation holds the queue.
     top.stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
     shown.png_api.click(
-        fn=handlers.endpoint("png"),
+        fn=handlers.endpoint("png", streams=False),  # no previews: a plain function, its PNGs fetched once
         inputs=inputs,
         outputs=answer,
         api_name="generate_png",

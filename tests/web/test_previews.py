@@ -47,6 +47,33 @@ def test_an_api_caller_asks_for_no_previews_and_the_devices_run_none(ui_client, 
     assert not [label for label in timer.labels if label.startswith("preview")] and timer.labels
 
 
+def test_without_previews_each_image_is_fetched_once_and_a_cancel_still_stops_it(ui_client, ui_engine, monkeypatch):
+    # gradio_client fetches every file of every message; a generator's answer comes twice (streamed, then as the
+    # answer), so a call without previews is answered by the plain twin (web/whole_answers.py): one message.
+    fetched: list[str] = []
+    for api_name in ("/generate", "/generate_png"):
+        endpoint = ui_client.endpoints[ui_client._infer_fn_index(api_name, None)]
+        fetch = endpoint._download_file
+        monkeypatch.setattr(endpoint, "_download_file", lambda x, fetch=fetch: fetched.append(x["path"]) or fetch(x))
+    gallery, seed, status = ui_client.predict(prompt="a lantern in the fog", seed=12, randomize_seed=False, steps=4,
+                                              previews=False, api_name="/generate")  # fmt: skip
+    assert seed == 12 and "4 steps" in status and len(gallery) == ui_engine.num_images
+    assert len(fetched) == len(set(fetched)) == ui_engine.num_images
+    fetched.clear()
+    ui_client.predict(prompt="a lantern in the fog", seed=12, randomize_seed=False, steps=4, api_name="/generate_png")
+    assert len(fetched) == len(set(fetched)) == ui_engine.num_images
+    # The twin is stopped by job.cancel() as /generate is: between two steps, the queue free for the next request.
+    job = ui_client.submit(prompt="a castle", steps=LONG, previews=False, api_name="/generate")
+    while not ((data := job.status().progress_data) and data[0].index is not None and data[0].index >= 2):
+        assert not job.done(), "the request ended before it could be cancelled"
+        time.sleep(0.005)
+    job.cancel()
+    _, _, status = ui_client.predict(prompt="a castle", steps=2, previews=False, api_name="/generate")
+    assert "2 steps" in status
+    cancelled = next(run for run in reversed(ui_engine.recent_runs) if run["steps"] == LONG)
+    assert cancelled["stopped"] and 2 <= cancelled["done"] < LONG
+
+
 def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_client):
     job = ui_client.submit(prompt="a castle", steps=LONG, api_name="/generate")
     deadline = time.monotonic() + 120

@@ -1,0 +1,125 @@
+"""A /generate call that asks for no previews is answered by a plain function: its images are fetched once.
+
+gradio_client downloads every file of every message a call streams, one by one (a new HTTP client per file: ~27 ms
+each on 2 cores, whatever the file's size), and Gradio sends a generator's last message twice: streamed, then as the
+answer. So a generator's answer of 8 JPEGs costs its caller 16 downloads, where a plain function's costs 8. /generate
+must stream (the pictures forming), but a call with `previews=False` streams nothing before its answer: this ASGI
+middleware reads Gradio's POST .../queue/join and sends such a call to the same handler registered as a plain
+function (`Handlers.endpoint(streams=False)`, a private twin event with the same inputs, outputs and concurrency
+group); its cancel (which names the event the client called) is sent to the twin as well; everything else
+passes unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import threading
+from dataclasses import dataclass
+
+from starlette.middleware import Middleware
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A streaming event and its plain twin: Gradio's function indexes, and where `previews` is in a call's data."""
+
+    streaming: int  # fn_index of the generator (the public /generate)
+    whole: int  # fn_index of its plain twin
+    previews_at: int  # index of the `previews` argument in the call's `data`
+
+
+class WholeAnswers:
+    """The twins the page registered (`add`), the calls sent to them, and the middleware that sends them."""
+
+    def __init__(self, remember: int = 1024) -> None:
+        self._twins: dict[int, Twin] = {}
+        self._sent: collections.OrderedDict[str, Twin] = collections.OrderedDict()  # event id -> its twin
+        self._remember = remember
+        self._lock = threading.Lock()
+
+    def add(self, twin: Twin) -> None:
+        self._twins[twin.streaming] = twin
+
+    def route(self, call: dict) -> Twin | None:
+        """The twin a queue/join body goes to (a call to a streaming event with `previews` False), or None."""
+        twin = self._twins.get(call.get("fn_index")) if isinstance(call.get("fn_index"), int) else None
+        data = call.get("data")
+        if twin is None or not isinstance(data, list) or len(data) <= twin.previews_at:
+            return None
+        return twin if data[twin.previews_at] is False else None
+
+    def sent(self, event_id: str, twin: Twin) -> None:
+        """Gradio gave a routed call this event id (the join's answer): its cancel must name the twin too."""
+        with self._lock:
+            self._sent[event_id] = twin
+            while len(self._sent) > self._remember:
+                self._sent.popitem(last=False)
+
+    def cancel_route(self, cancel: dict) -> Twin | None:
+        """The twin a /cancel body must name instead (the client names the event it called), or None."""
+        with self._lock:
+            twin = self._sent.get(str(cancel.get("event_id")))
+        return twin if twin is not None and cancel.get("fn_index") == twin.streaming else None
+
+    def middleware(self) -> Middleware:
+        """The ASGI middleware (for `launch(app_kwargs={"middleware": [...]})`)."""
+        return Middleware(_TwinRouter, answers=self)
+
+
+class _TwinRouter:
+    """ASGI middleware: reads the bodies of Gradio's POST .../queue/join and .../cancel and passes them on, naming
+    the twin when `WholeAnswers` says so (a cancel names the event that runs it, else Gradio cannot stop it)."""
+
+    def __init__(self, app, answers: WholeAnswers) -> None:
+        self.app = app
+        self.answers = answers
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
+        if not path.endswith(("/queue/join", "/cancel")):
+            return await self.app(scope, receive, send)
+        messages, call = await _read_json(receive)
+        joining = path.endswith("/queue/join")
+        twin = None if call is None else self.answers.route(call) if joining else self.answers.cancel_route(call)
+        if twin is not None:
+            body = json.dumps({**call, "fn_index": twin.whole}).encode()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+            scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        pending = iter(messages)
+
+        async def replay():
+            return next(pending, None) or await receive()
+
+        if twin is None or not joining:
+            return await self.app(scope, replay, send)
+        answer = b""
+
+        async def note_event(message):  # the join's answer: {"event_id": ...}
+            nonlocal answer
+            if message.get("type") == "http.response.body":
+                answer += message.get("body", b"")
+                if not message.get("more_body"):
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        self.answers.sent(str(json.loads(answer)["event_id"]), twin)
+            await send(message)
+
+        return await self.app(scope, replay, note_event)
+
+
+async def _read_json(receive) -> tuple[list, dict | None]:
+    """A request's body messages (to replay) and its JSON object (None when it is not one)."""
+    messages, body = [], b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        body += message.get("body", b"")
+        if message.get("type") != "http.request" or not message.get("more_body"):
+            break
+    try:
+        call = json.loads(body or b"{}")
+    except ValueError:
+        return messages, None
+    return messages, call if isinstance(call, dict) else None
