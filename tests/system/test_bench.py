@@ -39,6 +39,7 @@ def bench_out(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_results_json_has_every_part_with_sane_values(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     for part in PARTS:
@@ -102,6 +103,7 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_markdown_and_chart_are_written(bench_out):
     text = (bench_out / "results.md").read_text()
     for heading in ("Engine vs diffusers", "Start-up", "Through the Gradio app", "Recompilations", "Hardware limit"):
@@ -213,6 +215,7 @@ def timed_ok(stats: dict, n: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_lora_part(feature_results):
     lora = feature_results["lora"]
     assert len(lora["offered"]) >= 2 and "corrupt" not in lora["offered"]  # the fixtures the engine accepts
@@ -225,6 +228,7 @@ def test_bench_lora_part(feature_results):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_img2img_part(feature_results):
     images = feature_results["img2img"]
     kinds = {kind["name"]: kind for kind in images["kinds"]}
@@ -237,6 +241,7 @@ def test_bench_img2img_part(feature_results):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_levers_part(feature_results):
     levers = feature_results["levers"]
     rows = {(row["cfg_end"], row["deepcache"]): row for row in levers["rows"]}
@@ -251,6 +256,7 @@ def test_bench_levers_part(feature_results):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_previews_part(feature_results):
     on_off = feature_results["previews"]
     assert on_off["previews_per_request"] == 1 and on_off["compiles_while_timing"] == 0  # 4 steps: one, at step 2
@@ -279,6 +285,7 @@ def test_bench_previews_v5e_steps_come_from_the_tpu_results():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_history_part(feature_results):
     history = feature_results["history"]
     assert history["entries"] == 20 and history["image_size"] == 128 and history["images_per_request"] == 4

@@ -86,6 +86,7 @@ def test_make_tiny_writes_a_loadable_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the app's restart test (test_app_process.py) checks the cache and more
 def test_restart_reuses_the_persistent_compilation_cache(tiny_dir, tmp_path):
     """A second process compiles nothing from scratch: every program comes from JAX_COMPILATION_CACHE_DIR."""
     args = ["generate", "--model", str(tiny_dir), "--prompt", "a cat", "--steps", "2", "--height", "64"]

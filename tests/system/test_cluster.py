@@ -138,6 +138,7 @@ def assert_same_pixels(got: np.ndarray, want: np.ndarray) -> None:
     assert difference.max() <= 1 and np.count_nonzero(difference) <= want.size // 10_000, np.count_nonzero(difference)
 
 
+@pytest.mark.long  # the LoRA + picture + levers and ControlNet two-process tests check the same, with more
 def test_cli_on_two_processes_gives_the_eight_images_of_one(tiny_dir, tmp_path, expected, procs):
     port = free_port()
     follower = Proc(cli(tiny_dir, tmp_path / "follower", port, 1))
