@@ -17,7 +17,6 @@ weights). One device is used (per-chip figures).
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from pathlib import Path
 
@@ -158,34 +157,13 @@ def cost_report(args, progress) -> list[dict]:
 
 
 def random_params(unet, dtype):
-    """Random UNet weights made leaf by leaf on the default device, in `dtype`; never on the host.
-
-    Kernels ~ N(0, 1/fan_in), biases 0, norm scales 1: activations keep a sane size through the 2.57 B parameters.
-    One small program per distinct leaf shape (diffusers' whole `init_weights` takes minutes to compile on a CPU).
-    """
-    import math
-
+    """Random UNet weights made leaf by leaf on the default device, in `dtype`; never on the host
+    (`bench.accelerator.random_like`: N(0, 1/fan_in) kernels, zero biases, unit norm scales)."""
     import jax
-    import jax.numpy as jnp
 
-    shapes = jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    from .accelerator import random_like
 
-    @functools.partial(jax.jit, static_argnums=(1, 2))
-    def normal(key, shape, std):
-        return (jax.random.normal(key, shape, jnp.float32) * std).astype(dtype)
-
-    made = []
-    for index, (path, leaf) in enumerate(leaves):
-        name = getattr(path[-1], "key", "")
-        if name == "bias":
-            made.append(jnp.zeros(leaf.shape, dtype))
-        elif name == "scale":
-            made.append(jnp.ones(leaf.shape, dtype))
-        else:
-            fan_in = math.prod(leaf.shape[:-1]) or 1
-            made.append(normal(jax.random.fold_in(jax.random.PRNGKey(0), index), leaf.shape, fan_in**-0.5))
-    return jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, made))
+    return random_like(jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0)), dtype)
 
 
 def tiny_params(dtype):

@@ -8,7 +8,6 @@ cancelled or closed request between two steps; `EarlyCancels` reads Gradio's can
 from __future__ import annotations
 
 import collections
-import json
 import pathlib
 import threading
 import time
@@ -17,6 +16,8 @@ from collections.abc import Sequence
 from starlette.middleware import Middleware
 
 from pipeline.stopping import StopFlag
+
+from .asgi_bodies import read_json_body
 
 
 class StopRequests:
@@ -158,17 +159,7 @@ class _CancelWatcher:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("/cancel"):
             return await self.app(scope, receive, send)
-        messages, body = [], b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            body += message.get("body", b"")
-            if message.get("type") != "http.request" or not message.get("more_body"):
-                break
-        try:
-            data = json.loads(body or b"{}")
-        except ValueError:
-            data = None
+        messages, data = await read_json_body(receive)
         if isinstance(data, dict) and data.get("session_hash") and not data.get("event_id"):
             self.cancels.note(str(data["session_hash"]))
         pending = iter(messages)

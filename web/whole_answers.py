@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from starlette.middleware import Middleware
 
+from .asgi_bodies import read_json_body
+
 
 @dataclass(frozen=True)
 class Twin:
@@ -80,7 +82,8 @@ class _TwinRouter:
         path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
         if not path.endswith(("/queue/join", "/cancel")):
             return await self.app(scope, receive, send)
-        messages, call = await _read_json(receive)
+        messages, call = await read_json_body(receive)
+        call = call if isinstance(call, dict) else None
         joining = path.endswith("/queue/join")
         twin = None if call is None else self.answers.route(call) if joining else self.answers.cancel_route(call)
         if twin is not None:
@@ -107,19 +110,3 @@ class _TwinRouter:
             await send(message)
 
         return await self.app(scope, replay, note_event)
-
-
-async def _read_json(receive) -> tuple[list, dict | None]:
-    """A request's body messages (to replay) and its JSON object (None when it is not one)."""
-    messages, body = [], b""
-    while True:
-        message = await receive()
-        messages.append(message)
-        body += message.get("body", b"")
-        if message.get("type") != "http.request" or not message.get("more_body"):
-            break
-    try:
-        call = json.loads(body or b"{}")
-    except ValueError:
-        return messages, None
-    return messages, call if isinstance(call, dict) else None
