@@ -239,6 +239,7 @@ def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # three app start-ups; test_executables.py restarts the engine whole, test_loop.py finds no callback
 def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_executables():
     """Progress on (the default): no program has a host callback, so a second start compiles nothing: without this
     host's executables every program is traced and XLA's part comes from JAX's cache; with them (the default)
