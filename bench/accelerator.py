@@ -158,18 +158,14 @@ def _leaves(tree):
 def engine(loaded, args, dtype: str, nets=(), **settings):
     """A generator over `loaded` as the app builds one, warmed up: (generator, its warm-up timings). The executable
     store is off: a program JAX's cache already holds would be compiled a second time to be stored."""
-    import jax
 
     from pipeline.config import EngineConfig
-    from pipeline.generator import Generator, for_platform
-    from pipeline.host.compilation import CompileCounter, configure_compilation_cache
+    from pipeline.generator import Generator, prepare
 
     config = EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=args.steps, dtype=dtype,
                           attention=args.attention, prompt_windows=args.prompt_windows, previews=False,
                           executable_cache=False, **settings)  # fmt: skip
-    config = for_platform(config, jax.devices()[0].platform)
-    CompileCounter.install()  # as Generator.load does before it loads a checkpoint
-    configure_compilation_cache(config.compilation_cache)
+    config = prepare(config)  # as Generator.load does before it loads a checkpoint
     generator = Generator(loaded, config, None, list(nets))  # every local device, as diffusers' pmap uses them
     return generator, generator.warmup()
 

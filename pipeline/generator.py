@@ -134,6 +134,15 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
     return config.replace(dtype=dtype, attention=attention)
 
 
+def prepare(config: EngineConfig, devices: list | None = None) -> EngineConfig:
+    """What a generator needs before weights load: `config` for the devices' platform (`for_platform`), the compile
+    counter installed and JAX's compilation cache as `config` asks."""
+    config = for_platform(config, (devices[0] if devices else jax.devices()[0]).platform)
+    CompileCounter.install()
+    configure_compilation_cache(config.compilation_cache)
+    return config
+
+
 def sampler_of(loaded: LoadedModel, config: EngineConfig) -> SamplerConfig:
     """The checkpoint's scheduler config, read whole, with `config`'s sampler settings over it (static)."""
     scheduler = read_scheduler_config(loaded.source, config.revision, fallback=dict(loaded.pipeline.scheduler.config))
@@ -263,10 +272,7 @@ class Generator:
         PyTorch safetensors are converted without torch (`variant="fp16"` picks *.fp16.safetensors); `unet` swaps in
         a whole-UNet .safetensors file (path or REPO:FILE), e.g. an SDXL-Lightning UNet.
         """
-        platform = (devices[0] if devices else jax.devices()[0]).platform
-        config = for_platform(config, platform)
-        CompileCounter.install()
-        configure_compilation_cache(config.compilation_cache)
+        config = prepare(config, devices)
         SamplerConfig().with_overrides(**config.sampler_overrides())  # bad sampler settings fail before loading
         loaded = load_model(
             config.model, dtype=config.dtype, revision=config.revision, variant=config.variant, unet=config.unet,
