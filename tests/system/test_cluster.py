@@ -83,13 +83,19 @@ class Proc:
         return "".join(self.lines)
 
     def wait_for(self, marker: str, timeout: float) -> bool:
+        return self.wait_for_any((marker,), timeout) == marker
+
+    def wait_for_any(self, markers: tuple[str, ...], timeout: float, since: int = 0) -> str | None:
+        """The first of `markers` in the output from line `since` on, waiting up to `timeout` s; None if none came."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while marker not in self.output:
+            while True:
+                written = "".join(self.lines[since:])
+                if found := next((marker for marker in markers if marker in written), None):
+                    return found
                 if self.popen.poll() is not None or time.monotonic() > deadline:
-                    return marker in self.output
+                    return None
                 self._changed.wait(0.5)
-        return True
 
     def finish(self, timeout: float) -> int:
         code = self.popen.wait(timeout=timeout)
@@ -178,18 +184,22 @@ def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tin
         client.predict(PROMPT, "", "No style", GUIDANCE, -3, False, api_name="/generate")
     gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
     assert len(gallery) == 8
-    # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels. A
-    # cancel that reaches the server after gradio_client's last poll is lost (seen in CI: that request ran all its
-    # steps, on both processes alike): then the leader logs no stop, and a new request is cancelled.
+    # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels. The
+    # stopping client downloads no previews: one that does reads the stream seconds behind the server (it saw step 7
+    # while the server ran step 62; a 100-step request here takes about 5 s), and on a loaded machine its cancel came
+    # after the request's end. Should the request still end first, the leader logs its 100 steps, and a new request
+    # is cancelled.
+    stopper = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=False)
     attempts = 0
     for _ in range(3):
         attempts += 1
-        job = client.submit(PROMPT, steps=100, api_name="/generate")
+        since = len(leader.lines)
+        job = stopper.submit(PROMPT, steps=100, api_name="/generate")
         while not (data := job.status().progress_data) or data[0].index is None or data[0].index < 2:
             assert not job.done(), "the request ended before it could be cancelled"
             time.sleep(0.01)
         job.cancel()
-        if leader.wait_for("request stopped at step", timeout=180):
+        if leader.wait_for_any(("request stopped at step", " 100 steps "), 180, since) == "request stopped at step":
             break
     gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png")
     after_stop = pixels_of([item["image"] for item in gallery])
