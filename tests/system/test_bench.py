@@ -133,6 +133,7 @@ def test_bench_unet_smoke_on_cpu(tmp_path):
     assert row["ms_per_step"] > 0 and row["finite"] and row["mfu"] is None  # CPU: no known peak for the MFU
 
 
+@pytest.mark.long  # as the other parts' smoke tests; the request kinds' programs: tests/engine/test_request_programs.py
 def test_bench_accelerator_smoke_on_cpu(tmp_path):
     """The accelerator part's command at the tiny checkpoint's size: engine vs diffusers on the same weights, and the
     request kinds, each running its own programs (a request without guidance: the guidance-free step)."""

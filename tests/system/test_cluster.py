@@ -1,9 +1,9 @@
 """Two processes x 4 virtual CPU devices on loopback, as on a multi-host slice: `jax.distributed` with gloo.
 
 Each test launches real processes (the CLI and app.py, as users run them on every host) and checks what the issue
-asks: the 8 images of one request equal those of one process with 8 devices (LoRAs, a picture and the speed levers
-too); no recompiles on any process; STOP on shutdown; a follower that dies or never joins makes the leader exit with
-one line within a bound.
+asks: the 8 images of one request equal those of one process with 8 devices (LoRAs, a picture, the speed levers
+and a ControlNet: two processes of one device each against one process of two); no recompiles on any process; STOP
+on shutdown; a follower that dies or never joins makes the leader exit with one line within a bound.
 """
 
 from __future__ import annotations
@@ -121,8 +121,6 @@ def expected(engine) -> np.ndarray:
     """The 8 images one process with 8 devices makes for the request."""
     result = generate(engine, PROMPT, negative_prompt=NEGATIVE, seed=SEED, guidance_scale=GUIDANCE)
     return np.stack([np.asarray(image) for image in result.images])  # uint8 [8, H, W, 3]
-
-
 
 
 def pixels_of(paths) -> np.ndarray:
@@ -275,27 +273,26 @@ FEATURE_REQUESTS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def feature_reference(tiny_dir, lora_dir):
-    """One process with 8 devices and the fixture LoRAs: what two processes of 4 must give."""
-    from pipeline.generator import Generator
-
-    generator = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", lora_dir=str(lora_dir)
-    )
-    generator.warmup()
-    return generator
+def feature_settings(lora_dir: Path) -> list[str]:
+    """The options that make a process serve what `feature_engine` serves (tiny-pt, 64x64, 3 steps, float32, the
+    fixture LoRAs and embeddings, the levers)."""
+    return [
+        "--model", str(TINY_PT), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", "3",
+        "--dtype", "float32", "--lora-dir", str(lora_dir), "--embeddings-dir", str(FIXTURES / "embeddings"),
+    ]  # fmt: skip
 
 
-def test_loras_picture_and_levers_on_two_processes_give_the_eight_images_of_one(
-    tiny_dir, lora_dir, tmp_path, feature_reference, procs
-):
-    """The app leads, the CLI follows, both with --lora-dir: each request reaches the follower whole (LoRA set,
-    picture and mask as PNG bytes, levers), both merge the same LoRAs, and the 8 images are one process's."""
+def test_loras_picture_and_levers_on_two_processes_give_the_images_of_one(lora_dir, tmp_path, feature_engine,
+                                                                          procs):  # fmt: skip
+    """The app leads, the CLI follows, one device each, against `feature_engine` (one process, 2 devices): each
+    request reaches the follower whole (LoRA set, picture and mask as PNG bytes, levers), both merge the same LoRAs,
+    and the 2 images are one process's."""
     port, web_port = free_port(), free_port()
-    leader = Proc([*app_command(tiny_dir, web_port, port, 0), "--lora-dir", str(lora_dir)])
+    leader = Proc([sys.executable, "app.py", *feature_settings(lora_dir), "--port", str(web_port),
+                   *cluster_args(port, 0)], devices=1)  # fmt: skip
     procs.append(leader)
-    follower = Proc([*cli(tiny_dir, tmp_path / "follower", port, 1), "--lora-dir", str(lora_dir)])
+    follower = Proc([sys.executable, "-m", "pipeline", "generate", *feature_settings(lora_dir), "--prompt", PROMPT,
+                     "--out", str(tmp_path / "follower"), "--json", *cluster_args(port, 1)], devices=1)  # fmt: skip
     procs.append(follower)
     assert leader.wait_for("Running on", timeout=400), leader.output + follower.output
     client = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=str(tmp_path / "downloads"))
@@ -306,10 +303,9 @@ def test_loras_picture_and_levers_on_two_processes_give_the_eight_images_of_one(
         gallery, seed, status = client.predict(
             prompt, NEGATIVE, "No style", GUIDANCE, SEED, False, **sent, api_name="/generate_png"
         )
-        assert seed == SEED and status.startswith("8 images"), (name, status)
-        request = feature_reference.request(prompt, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=SEED,
-                                            **rest)  # fmt: skip
-        expected = np.stack([np.asarray(image) for image in feature_reference.generate(request).images])
+        assert seed == SEED and status.startswith(f"{FEATURE_DEVICES} images"), (name, status)
+        request = feature_engine.request(prompt, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=SEED, **rest)
+        expected = np.stack([np.asarray(image) for image in feature_engine.generate(request).images])
         assert_same_pixels(pixels_of([item["image"] for item in gallery]), expected)
     leader.popen.send_signal(signal.SIGTERM)
     assert leader.finish(timeout=60) == 0, leader.output
