@@ -310,6 +310,12 @@ def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
     return values
 
 
+def asks_for_levers(request: Request) -> bool:
+    """Whether `request` sets a speed lever (cfg_end, deepcache) away from its default: only then does it run the
+    levers' programs (shallow steps; a guidance-free step after `cfg_end`)."""
+    return any(getattr(request, row.name) != row.default for row in PLAIN if row.lever)
+
+
 def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
     """Without the levers' programs (--no-speed-levers) every lever must stay at its default."""
     levers = [row for row in PLAIN if row.lever]
