@@ -121,6 +121,13 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         text = image.info["parameters"]
     assert "Steps: 4," in text and "Size: 128x128" in text
     assert text.startswith("cinematic still a lighthouse")  # the style template was applied, as in the API
+    # Only what its request runs: no previews, no levers' programs (a request that sets a lever compiles them:
+    # tests/system/test_features_cli.py).
+    from pipeline.host.programs import program_keys
+
+    programs = summary["programs"]
+    plain = program_keys([(128, 128)], cfg=True, levers=False, previews=False, windows=3)
+    assert programs["traced"] + programs["loaded"] + programs["precompiled"] == len(plain) == 7, programs
     assert "deprecated" not in done.stderr.lower() and "Warning" not in done.stderr
 
 
