@@ -226,6 +226,12 @@ class Handlers:
         """The Stop button: this session's running request ends at its next step (it answers "Stopped at ...")."""
         self.stops.stop(session_of(request))
 
+    @property
+    def running(self) -> int:
+        """Requests in `run` now: on the devices, waiting for them, or delivering their files."""
+        with self._idle:
+            return self._running
+
     def shut_down(self, timeout: float) -> bool:
         """The server is stopping: every running request ends at its next step and answers SERVER_STOPPING (an API
         client gets that sentence, not a dropped connection); a request that starts from now on answers it at once.
