@@ -158,7 +158,6 @@ def _leaves(tree):
 def engine(loaded, args, dtype: str, nets=(), **settings):
     """A generator over `loaded` as the app builds one, warmed up: (generator, its warm-up timings). The executable
     store is off: a program JAX's cache already holds would be compiled a second time to be stored."""
-
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator, prepare
 
