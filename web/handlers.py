@@ -192,7 +192,7 @@ class Handlers:
         if path is None:
             return None, None
         try:
-            open_image(path, what="uploaded file").close()
+            open_image(path, what="image").close()  # as the APIs name it: one sentence
         except InvalidInput as exc:
             logger.info("a picture upload was refused: %s", exc)
             gr.Warning(str(exc), title="Not a picture")

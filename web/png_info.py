@@ -15,6 +15,7 @@ A PNG carries the text in its `parameters` text chunk, a JPEG or WebP in EXIF Us
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -178,8 +179,18 @@ def typed(key: str, value: str):
 
 def read_infotext(path: str | os.PathLike) -> str:
     """The `parameters` text of an image file; InvalidInput (one sentence) when it is not an image or has none."""
+    text = parameters_text(path)
+    if not text:
+        raise InvalidInput(COMFY_ONLY if _made_by_comfyui(path) else NO_PARAMETERS)
+    return text
+
+
+def parameters_text(source: str | os.PathLike | bytes) -> str:
+    """The `parameters` text of an image (a file, or its bytes: A1111's /png-info), "" when it has none; read from
+    the header and text chunks only, so a picture cut short still gives its text. InvalidInput (the page's sentence)
+    when it is not an image or its text is too long."""
     try:
-        text = read_parameters(path)
+        text = read_parameters(io.BytesIO(source) if isinstance(source, bytes) else source)
     except Image.DecompressionBombError:
         raise InvalidInput(TOO_LARGE) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, TypeError):
@@ -187,8 +198,6 @@ def read_infotext(path: str | os.PathLike) -> str:
     text = _fix_byte_order(text).strip("\0").strip()
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidInput(TOO_LONG)
-    if not text:
-        raise InvalidInput(COMFY_ONLY if _made_by_comfyui(path) else NO_PARAMETERS)
     return text
 
 

@@ -31,3 +31,31 @@ def test_a_broken_controlnet_args_is_one_sentence():
     broken = {"prompt": "x", "alwayson_scripts": {"controlnet": {"args": "not a list"}}}
     with pytest.raises(InvalidInput, match="must be a list"):
         a1111_request(broken, RequestRules(sizes=((64, 64),), controlnets=("canny-tiny",)), picture=False)
+
+
+@pytest.mark.parametrize("styles", [["../../etc/passwd"], ["Cinematic", "nope"], "Cinematic"])
+def test_a_style_this_server_does_not_offer_is_refused_in_the_tables_words(styles):
+    from pipeline.fields import check_style
+
+    rules = RequestRules(sizes=((64, 64),))
+    with pytest.raises(InvalidInput) as refused:
+        a1111_request({"prompt": "x", "styles": styles}, rules, picture=False)
+    if isinstance(styles, list):  # what the page and gradio_client answer for the same name
+        with pytest.raises(InvalidInput) as table:
+            check_style(styles[-1], rules.styles)
+        assert str(refused.value) == str(table.value)
+    else:
+        assert "styles must be a list" in str(refused.value)
+    assert a1111_request({"prompt": "x", "styles": ["Cinematic"]}, rules, picture=False).given["style"] == "Cinematic"
+    assert "style" not in a1111_request({"prompt": "x", "styles": []}, rules, picture=False).given
+
+
+def test_samplers_and_schedulers_not_offered_are_refused_in_the_tables_words():
+    from pipeline.fields import FIELD
+
+    rules = RequestRules(sizes=((64, 64),))
+    for payload, row, value in (({"sampler_name": "Heun++"}, "sampler", "Heun++"),
+                                ({"scheduler": "lunar"}, "schedule_type", "lunar")):  # fmt: skip
+        with pytest.raises(InvalidInput) as refused:
+            a1111_request({"prompt": "x", **payload}, rules, picture=False)
+        assert str(refused.value) == str(FIELD[row].refusal(value))

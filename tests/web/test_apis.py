@@ -155,12 +155,15 @@ def test_progress_with_preview_and_interrupt_only_the_callers_own(webui, url):
 
 BAD = [
     ({"prompt": "x", "width": 65, "height": 64}, "Size 65x64 is not offered"),
-    ({"prompt": "x", "sampler_name": "Heun++"}, "Sampler 'Heun++' is not offered"),
+    ({"prompt": "x", "sampler_name": "Heun++"}, "Unknown sampler 'Heun++'; choose one of: Euler"),
+    ({"prompt": "x", "styles": ["../../etc/passwd"]}, "Unknown style '../../etc/passwd'; choose one of:"),
     ({"prompt": "x", "steps": "many"}, "Steps must be"),
     ({"prompt": "x", "batch_size": 80}, "batch_size must be"),
     ({"prompt": ""}, "Please enter a prompt."),
     ({"prompt": "x", "init_images": ["%%%"]}, "not valid base64"),
     ({"prompt": "x", "init_images": [base64.b64encode(b"not a picture").decode()]}, "image"),
+    ({"prompt": "x", "init_images": [base64.b64encode(FIXTURES.joinpath("image-input.png").read_bytes()[:-400])
+                                     .decode()]}, "The image file is damaged or incomplete"),  # fmt: skip
 ]
 
 
@@ -195,6 +198,72 @@ def test_a_full_queue_answers_503(url, app):
     finally:
         queue.max_size = size
     assert answer.status_code == 503 and "busy" in answer.json()["detail"]
+
+
+def test_png_info_reads_a_truncated_png_as_the_page_does(webui, url):
+    from web.png_info import read_infotext
+
+    made = webui.txt2img(prompt="a cut kite", seed=11, width=TEST_SIZE, height=TEST_SIZE, batch_size=1)
+    buffer = io.BytesIO()
+    made.image.save(buffer, format="PNG", pnginfo=pnginfo(made.info["infotexts"][0]))
+    cut = buffer.getvalue()[: len(buffer.getvalue()) // 2]  # the pixels cut short; the text chunk comes before
+    answer = requests.post(f"{url}/sdapi/v1/png-info", json={"image": base64.b64encode(cut).decode()}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["info"] == made.info["infotexts"][0]
+    page_file = io.BytesIO(cut)
+    assert read_infotext(page_file) == answer.json()["info"]  # what the page's PNG Info fills in from that file
+    refused = requests.post(f"{url}/sdapi/v1/png-info", json={"image": base64.b64encode(b"text").decode()},
+                            timeout=60)  # fmt: skip
+    from web.png_info import NOT_AN_IMAGE
+
+    assert refused.status_code == 422 and refused.json()["detail"] == NOT_AN_IMAGE
+
+
+def pnginfo(text: str):
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", text)
+    return info
+
+
+def test_one_sentence_for_one_mistake_on_every_api(url, app, openai_client, tmp_path):
+    """The same bad sampler, unknown style and truncated picture get the same sentence from gradio_client (the
+    page's handler), A1111 and OpenAI (OpenAI: 400, its own shape)."""
+    import openai
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    cut = FIXTURES.joinpath("image-input.png").read_bytes()[:-400]
+    (tmp_path / "cut.png").write_bytes(cut)
+    client = Client(app.local_url, verbose=False, download_files=False)
+
+    def page_says(**fields) -> str:
+        with pytest.raises(AppError) as refused:
+            client.predict(prompt="x", api_name="/generate_png", **fields)
+        return str(refused.value)
+
+    def a1111_says(endpoint: str = "txt2img", **payload) -> str:
+        answer = requests.post(f"{url}/sdapi/v1/{endpoint}", json={"prompt": "x", **payload}, timeout=120)
+        assert 400 <= answer.status_code < 500, answer.text
+        return answer.json()["detail"]
+
+    def openai_says(call, **fields) -> str:
+        with pytest.raises(openai.BadRequestError) as refused:
+            call(prompt="x", size=SIZE, **fields)
+        assert refused.value.response.json()["error"]["type"] == "invalid_request_error"
+        return refused.value.response.json()["error"]["message"]
+
+    sampler = page_says(sampler="Heun++")
+    assert sampler.startswith("Unknown sampler 'Heun++'")
+    assert a1111_says(sampler_name="Heun++") == sampler
+    assert openai_says(openai_client.images.generate, extra_body={"sampler": "Heun++"}) == sampler
+    style = page_says(style="../../etc/passwd")
+    assert style.startswith("Unknown style") and a1111_says(styles=["../../etc/passwd"]) == style
+    damaged = page_says(init_image=handle_file(str(tmp_path / "cut.png")))
+    assert damaged == "The image file is damaged or incomplete; its pixels could not be decoded."
+    assert a1111_says("img2img", init_images=[base64.b64encode(cut).decode()]) == damaged
+    assert openai_says(openai_client.images.edit, image=("cut.png", cut, "image/png")) == damaged
+    assert leftovers(app) == []
 
 
 # ---- OpenAI Images ---------------------------------------------------------------------------------------------------
@@ -244,6 +313,11 @@ def test_openai_refusals(openai_client, url):
     assert "Size '1024x1024' is not offered by this server; choose one of: 64x64" in str(refused.value)
     answer = requests.post(f"{url}/v1/images/generations", json={"prompt": "x"}, timeout=30)
     assert answer.status_code == 401 and "API key" in answer.json()["error"]["message"]
+    keyed = {"Authorization": f"Bearer {KEYS[0]}"}
+    for payload in ({}, {"prompt": ""}, {"prompt": "x", "n": 0}, {"prompt": "x", "steps": 1000}):  # OpenAI: 400
+        answer = requests.post(f"{url}/v1/images/generations", json=payload, headers=keyed, timeout=120)
+        assert answer.status_code == 400, (payload, answer.text)
+        assert answer.json()["error"]["type"] == "invalid_request_error" and answer.json()["error"]["message"]
     answer = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEYS[0]}"}, timeout=30)
     assert answer.json()["data"][0]["object"] == "model"
 

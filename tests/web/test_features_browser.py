@@ -148,7 +148,7 @@ def test_a_non_image_picture_is_one_sentence_at_upload(tab, tmp_path, capfd, cap
     tab.locator("#picture-settings").get_by_text("Start from a picture").click()
     with caplog.at_level("INFO", logger="sdxl_jax.app"):
         tab.locator("#init-image input[type=file]").set_input_files(str(not_a_picture))
-        sentence = "The uploaded file is not a picture in a format this server reads"
+        sentence = "The image is not a picture in a format this server reads"
         tab.get_by_text(sentence).first.wait_for(timeout=TIMEOUT_MS)
         tab.wait_for_function("() => !document.querySelector('#init-image img')", timeout=TIMEOUT_MS)
     tab.screenshot(path=str(ARTIFACTS / "features-not-a-picture.png"))

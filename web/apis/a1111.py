@@ -25,10 +25,10 @@ from PIL import Image, ImageOps
 from pipeline.errors import InvalidInput
 from pipeline.host.images import model_name, read_parameters
 
-from ..png_info import parse_infotext
+from ..png_info import parameters_text, parse_infotext
 from .a1111_fields import A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
-from .images import RequestFiles, decode_picture, png_base64
+from .images import RequestFiles, decode_base64, decode_picture, png_base64
 from .queue_call import QueuedGenerate, Refused
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -131,7 +131,7 @@ class A1111Api:
         images = payload.get("init_images")
         if not isinstance(images, list) or not images:
             raise InvalidInput("init_images must be a list with one base64-encoded picture.")
-        pictures = {"init_image": decode_picture(images[0], "init image"), "mask_image": None}
+        pictures = {"init_image": decode_picture(images[0], "image"), "mask_image": None}  # named as on the page
         if payload.get("mask"):
             mask = decode_picture(payload["mask"], "mask")
             pictures["mask_image"] = inverted(mask) if payload.get("inpainting_mask_invert") else mask
@@ -259,11 +259,10 @@ class A1111Api:
                              for name, style in self.rules.styles.items()])  # fmt: skip
 
     async def png_info(self, request: Request, caller: str):
-        """A picture's `parameters` text, as A1111 reads it (and taken apart)."""
+        """A picture's `parameters` text, as A1111 reads it (and taken apart): read as the page's PNG Info reads a
+        dropped file (its header and text, no pixels decoded), with the page's sentences; none is an empty answer."""
         payload = await json_object(request)
-        data = decode_picture(payload.get("image"), "image")
-        with Image.open(io.BytesIO(data)) as image:
-            text = str(image.info.get("parameters") or "")
+        text = parameters_text(decode_base64(payload.get("image"), "image"))
         info = parse_infotext(text) if text else None
         parameters = {"Prompt": info.prompt, "Negative prompt": info.negative_prompt, **info.settings} if info else {}
         return JSONResponse({"info": text, "items": {"parameters": text} if text else {}, "parameters": parameters})

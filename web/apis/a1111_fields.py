@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.controls import from_a1111
 from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD, PLAIN, echo
+from pipeline.fields import FIELD, PLAIN, check_style, echo
 
 #: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
 MAX_IMAGES = 64
@@ -56,8 +56,8 @@ def scheduler_name(label: str) -> str:
 
 
 def map_sampler(name: object, scheduler: object, default: str) -> dict[str, str]:
-    """A1111's `sampler_name` and `scheduler` as the table's `sampler` (and `schedule_type`); one sentence listing the
-    offered ones when either is not offered."""
+    """A1111's `sampler_name` and `scheduler` as the table's `sampler` (and `schedule_type`); the table's sentence
+    listing the offered ones when either is not offered (the same as the page's and the other APIs')."""
     samplers, schedules = sampler_choices(), schedule_choices()
     sampler, schedule = default, None
     if name not in (None, ""):
@@ -69,15 +69,12 @@ def map_sampler(name: object, scheduler: object, default: str) -> dict[str, str]
                 sampler = next((s for s in samplers if s.lower() == base), None)
                 schedule = label if sampler else None
         if sampler is None:
-            raise InvalidInput(f"Sampler {echo(name)} is not offered by this server; choose one of: "
-                               f"{', '.join(samplers)}.")  # fmt: skip
+            raise FIELD["sampler"].refusal(name)  # the table's sentence: the page's and every API's
     wanted = scheduler_name(str(scheduler)) if isinstance(scheduler, str) and scheduler.strip() else AUTOMATIC
     if wanted != AUTOMATIC:
         labels = {scheduler_name(label): label for label in schedules}
         if wanted not in labels:
-            offered = ", ".join(item["name"] for item in scheduler_items())
-            raise InvalidInput(f"Scheduler {echo(scheduler)} is not offered with sampler '{sampler}'; choose one "
-                               f"of: {offered}.")  # fmt: skip
+            raise FIELD["schedule_type"].refusal(scheduler)
         schedule = labels[wanted]
     return {"sampler": sampler, **({"schedule_type": schedule} if schedule else {})}
 
@@ -104,6 +101,19 @@ def offered_size(payload: dict, sizes) -> str:
     return f"{width}x{height}"
 
 
+def a1111_style(styles: object, offered) -> str | None:
+    """A1111's `styles` (a list of names) as the table's one `style`: None for none, the table's sentence for a name
+    this server does not offer (as the page and gradio_client are answered), one sentence for more than one."""
+    if styles in (None, []):
+        return None
+    if not isinstance(styles, list):
+        raise InvalidInput(f"styles must be a list of style names; got {echo(styles)}.")
+    names = [check_style(name, offered) for name in styles]
+    if len(set(names)) > 1:
+        raise InvalidInput(f"This server applies one style per request; got {len(set(names))}: {', '.join(names)}.")
+    return names[0]
+
+
 def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
     given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
@@ -122,9 +132,9 @@ def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
     given.update(map_sampler(payload.get("sampler_name") or payload.get("sampler_index"), payload.get("scheduler"),
                              default_sampler))  # fmt: skip
     given["aspect_ratio"] = offered_size(payload, rules.sizes)
-    styles = payload.get("styles") or []
-    if isinstance(styles, list) and styles and isinstance(styles[0], str) and styles[0] in rules.styles:
-        given["style"] = styles[0]  # A1111's saved styles by name; this server's styles are its presets
+    style = a1111_style(payload.get("styles"), rules.styles)
+    if style is not None:
+        given["style"] = style  # A1111's saved styles by name; this server's styles are its presets
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]

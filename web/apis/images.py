@@ -29,6 +29,12 @@ _DATA_URL = re.compile(r"^data:[\w./+-]*(;[\w=-]+)*;base64,", re.IGNORECASE)
 
 def decode_picture(value: object, what: str) -> bytes:
     """A picture sent as base64 (A1111: raw or a data URL), checked: one sentence when it is not a picture."""
+    return check_picture(decode_base64(value, what), what)
+
+
+def decode_base64(value: object, what: str) -> bytes:
+    """The bytes of a picture sent as base64 (raw or a data URL), not yet checked; one sentence when it is not
+    base64 or past MAX_IMAGE_BYTES."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"The {what} must be a base64-encoded picture (or a data: URL).")
     text = _DATA_URL.sub("", value.strip(), count=1)
@@ -38,7 +44,9 @@ def decode_picture(value: object, what: str) -> bytes:
         data = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidInput(f"The {what} is not valid base64.") from None
-    return check_picture(data, what)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InvalidInput(f"The {what} is too large: the limit is {MAX_IMAGE_BYTES // 2**20} MB.")
+    return data
 
 
 def check_picture(data: bytes, what: str) -> bytes:

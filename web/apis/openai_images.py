@@ -62,9 +62,12 @@ class OpenAIImages:
             try:
                 caller = self.access.bearer_caller(request.headers.get("authorization"), client_host(request))
                 return await handler(request, caller)
-            except Refused as exc:
-                return error(exc.status, exc.message, "authentication_error" if exc.status == 401 else
-                             "server_error" if exc.status >= 500 else "invalid_request_error")  # fmt: skip
+            except Refused as exc:  # the handler's refusals of bad input (422 elsewhere) are OpenAI's 400
+                if exc.status == 401:
+                    return error(401, exc.message, "authentication_error")
+                if exc.status >= 500:
+                    return error(exc.status, exc.message, "server_error")
+                return error(400, exc.message, "invalid_request_error")
             except InvalidInput as exc:
                 return error(400, str(exc), "invalid_request_error")
 
