@@ -349,6 +349,34 @@ def test_mcp_lists_and_calls_generate(url):
     assert answer.status_code == 401
 
 
+def test_apis_left_off_say_so_at_start_up_and_to_each_request(feature_engine, caplog):
+    """The README's CPU `docker run`: a reachable host, no login. The log says the page is open and the APIs off
+    (and how to turn them on); each API's request gets that sentence in its own shape, not a bare 404."""
+    import logging
+
+    from web.apis import ApiAccess, attach_apis
+    from web.apis.auth import APIS_OFF
+    from web.page import build_page
+
+    page = build_page(feature_engine)
+    try:
+        with caplog.at_level(logging.INFO, logger="sdxl_jax.app"):
+            extra = attach_apis(page, ApiAccess(host="0.0.0.0"))  # served on 127.0.0.1 here; the rules of 0.0.0.0
+        logged = [record.getMessage() for record in caplog.records]
+        assert APIS_OFF in logged and "--api (SDXL_API=1)" in APIS_OFF
+        assert any("open on every interface without a login" in line for line in logged), logged
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **extra)
+        base = page.local_url.rstrip("/")
+        a1111 = requests.post(f"{base}/sdapi/v1/txt2img", json={"prompt": "x"}, timeout=30)
+        assert a1111.status_code == 403 and a1111.json()["detail"] == APIS_OFF
+        for method, path in (("POST", "/v1/images/generations"), ("GET", "/v1/models")):
+            answer = requests.request(method, f"{base}{path}", json={"prompt": "x"}, timeout=30)
+            assert answer.status_code == 403 and answer.json()["error"]["message"] == APIS_OFF
+        assert requests.get(f"{base}/gradio_api/info", timeout=30).ok  # the page and its own API are served
+    finally:
+        page.close()
+
+
 # ---- how other apps read the answers (contract tests) ----------------------------------------------------------------
 
 

@@ -12,9 +12,16 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import logging
 from dataclasses import dataclass
 
 from .queue_call import Refused
+
+#: What a switched-off API answers (in its own error shape) and the start-up log says: why, and the flag.
+APIS_OFF = (
+    "The HTTP APIs (/sdapi/v1, /v1/images) are off: this server listens on a reachable host without --auth or "
+    "--api-key; start it with --api (SDXL_API=1) to serve them without a login, or with --auth or --api-key."
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,18 @@ class ApiAccess:
     def enabled(self) -> bool:
         """Whether the HTTP APIs are served at all."""
         return self.api or bool(self.logins) or bool(self.keys) or loopback(self.host)
+
+    def startup_notes(self) -> list[tuple[int, str]]:
+        """(log level, line) for the start-up log: a page any machine reaches without a login, and APIs left off."""
+        notes = []
+        if not self.logins and not loopback(self.host):
+            where = "every interface" if self.host in ("0.0.0.0", "::", "") else self.host
+            notes.append((logging.WARNING, f"the page is open on {where} without a login: anyone who reaches this "
+                                           "port can generate; --auth USER:PASSWORD (SDXL_AUTH) or --auth-file asks "
+                                           "for one"))  # fmt: skip
+        if not self.enabled:
+            notes.append((logging.INFO, APIS_OFF))
+        return notes
 
     def a1111_caller(self, authorization: str | None, client_host: str) -> str:
         """The A1111 caller's identity; with logins, HTTP Basic with one of them (or a bearer key) or a 401."""
