@@ -73,8 +73,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            kind="switch", programs=_APP),
     Option("--api-key", "a bearer key the OpenAI API and MCP accept (repeat for more); with keys they require one",
            "SDXL_API_KEY", kind="append", metavar="KEY", programs=_APP, env_text="SDXL_API_KEY: one KEY"),
-    Option("--mcp", "also serve the page's /generate as an MCP tool (Gradio's MCP server, /gradio_api/mcp/)",
-           "SDXL_MCP", kind="switch", programs=_APP),
+    Option("--mcp", "also serve the page's API as MCP tools: generate, generate_png, history (Gradio's MCP server, "
+           "/gradio_api/mcp/)", "SDXL_MCP", kind="switch", programs=_APP),
 )  # fmt: skip
 
 #: Every option of every program: the app's parser and docs/options.md's table come from it.

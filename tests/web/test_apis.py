@@ -325,7 +325,7 @@ def test_openai_refusals(openai_client, url):
 # ---- MCP -------------------------------------------------------------------------------------------------------------
 
 
-def test_mcp_lists_and_calls_generate(url):
+def test_mcp_tools_are_named_as_the_api_and_answer_images_without_server_paths(url, app, feature_engine):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
 
@@ -334,17 +334,29 @@ def test_mcp_lists_and_calls_generate(url):
         async with streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _), \
                 ClientSession(read, write) as session:  # fmt: skip
             await session.initialize()
-            tools = (await session.list_tools()).tools
-            tool = next(t for t in tools if t.name.endswith("generate"))
-            called = await session.call_tool(tool.name, {"prompt": "a kite", "seed": 5, "randomize_seed": False})
-            return tool, called
+            tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+            fields = {"prompt": "a kite", "seed": 5, "randomize_seed": False}
+            made = await session.call_tool("generate", fields)
+            lossless = await session.call_tool("generate_png", fields)
+            refused = await session.call_tool("generate", {"prompt": ""})
+            return tools, made, lossless, refused
 
-    tool, called = asyncio.run(session_run())
-    assert "returns the images" in tool.description
-    assert all(argument.get("description") for argument in tool.inputSchema["properties"].values())
-    assert not called.isError, called.content
-    text = " ".join(str(getattr(item, "text", "")) for item in called.content)
-    assert "/gradio_api/file=" in text and ".jpg" in text  # the images as URLs (Gradio's MCP answer for a gallery)
+    tools, made, lossless, refused = asyncio.run(session_run())
+    endpoints = {fn.api_name for fn in app.demo.fns.values() if fn.api_visibility == "public"}
+    assert set(tools) == endpoints and {"generate", "generate_png"} <= endpoints  # gradio_client's names
+    assert "returns the images" in tools["generate"].description
+    assert all(argument.get("description") for argument in tools["generate"].inputSchema["properties"].values())
+    for answer, kind in ((made, "image/jpeg"), (lossless, "image/png")):
+        assert not answer.isError, answer.content
+        images = [item for item in answer.content if item.type == "image"]
+        assert len(images) == feature_engine.num_images and {item.mimeType for item in images} == {kind}
+        first = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
+        assert first.size == (TEST_SIZE, TEST_SIZE)
+        texts = " ".join(item.text for item in answer.content if item.type == "text")
+        assert "seed 5" in texts and "/tmp" not in texts and "gradio_api/file" not in texts
+    assert "Seed: 5" in first.info["parameters"]  # the PNG as written, its parameters chunk kept
+    said = " ".join(str(getattr(item, "text", "")) for item in refused.content)
+    assert refused.isError and "Please enter a prompt." in said and "/tmp" not in said
     answer = requests.post(f"{url}/gradio_api/mcp/", json={}, timeout=30)
     assert answer.status_code == 401
 

@@ -21,7 +21,7 @@ from ..page import Page
 from .a1111 import A1111Api
 from .auth import APIS_OFF, ApiAccess
 from .images import RequestFiles, ServedFiles
-from .mcp import McpKeys
+from .mcp import MCP_PATH, McpGate, name_tools
 from .openai_images import OpenAIImages, error
 from .queue_call import QueuedGenerate
 
@@ -40,8 +40,10 @@ def attach_apis(page: Page, access: ApiAccess) -> dict:
     for level, line in access.startup_notes():
         logger.log(level, line)
     settings: dict = {"mcp_server": access.mcp}
-    if access.mcp and (access.keys or access.logins):
-        settings["middleware"] = [Middleware(McpKeys, access=access)]
+    if access.mcp:
+        tools = name_tools(page.demo)
+        settings["middleware"] = [Middleware(McpGate, access=access)]
+        logger.info("MCP: %s/ with the tools %s", MCP_PATH, ", ".join(tools))
     if not access.enabled:
         return {**settings, "routes": switched_off_routes()}
     queued = QueuedGenerate.register(page)
