@@ -64,6 +64,10 @@ def markdown(results: dict) -> str:
         "Packages: " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
         "",
     ]
+    if failed := results.get("failed"):  # bench/parts.py: recorded, and the other parts ran
+        lines += ["## Parts that failed (the others ran)", ""]
+        lines += [f"- **{name}**: {entry['error']} (raised at {entry['at']})" for name, entry in failed.items()]
+        lines += [""]
     if (ref := results.get("reference")) is not None:
         lines += [
             "## Engine vs diffusers' FlaxStableDiffusionXLPipeline (per call, PIL images out)",
@@ -217,6 +221,8 @@ def markdown(results: dict) -> str:
             f"{_verdict(sp.meets_target)}.",
             "",
         ]
+        if sp.missed:  # tries whose cancel came too late to measure anything (a loaded machine), sent again
+            lines += [f"{len(sp.missed)} tries measured nothing and were made again: {'; '.join(sp.missed)}.", ""]
     if (sw := results.get("samplers")) is not None:
         lines += [
             f"## Steps and samplers per request: {sw.requests} requests (steps 1..{sw.max_steps} × "

@@ -44,6 +44,7 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     for part in PARTS:
         assert results.get(part), f"results.json lacks {part}"
+    assert results["failed"] == {}  # no part failed (a failed one is recorded there, the others still run)
     machine = results["machine"]
     assert machine["device_count"] == 8 and machine["cpu_count"] >= 1
     assert set(machine["packages"]) >= {"jax", "jaxlib", "flax", "diffusers", "transformers", "gradio"}
@@ -161,6 +162,65 @@ def test_bench_unet_cost_counts_the_fused_kernels():
     assert 0 < rows["splash"]["flops"] < rows["xla"]["flops"]
 
 
+# ---- a part that fails ----------------------------------------------------------------------------------------------
+
+
+def test_every_part_has_its_measurement():
+    from bench.__main__ import DEFAULT_PARTS, ENGINE_PARTS, MEASURES, PARTS
+
+    assert set(MEASURES) == set(PARTS) and set(DEFAULT_PARTS) | ENGINE_PARTS <= set(PARTS)
+
+
+def test_a_part_that_fails_is_recorded_and_the_next_parts_run():
+    """bench/parts.py over real measurements (the samplers part's plan timing): the one given an unknown sampler
+    raises; its error and where it was raised are recorded, and the parts on either side of it still measure."""
+    from bench.hostloop import plan_cost
+    from bench.parts import run_parts
+
+    measured: dict[str, float] = {}
+    lines: list[str] = []
+    failed = run_parts(
+        [(name, lambda name=name: measured.update({name: plan_cost(name, steps=4, repeats=1)}))
+         for name in ("Euler", "No such sampler", "Heun")],
+        say=lines.append,
+    )  # fmt: skip
+    assert list(measured) == ["Euler", "Heun"] and all(ms > 0 for ms in measured.values())
+    assert list(failed) == ["No such sampler"]
+    error, at = failed["No such sampler"]["error"], failed["No such sampler"]["at"]
+    assert error.startswith("InvalidInput: Unknown sampler 'No such sampler'; choose one of: Euler")
+    assert at.startswith("pipeline/sampler_names.py:") and at.endswith(" in sampler_id")
+    assert lines == [f"No such sampler failed: {error} ({at}); the next part runs"]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C still ends the bench
+        run_parts([("interrupted", interrupted), ("after", lambda: measured.update(after=1.0))])
+    assert "after" not in measured
+
+
+def test_bench_writes_its_results_with_the_failed_parts_and_exits_1(tmp_path):
+    """An engine that does not load (no such checkpoint): recorded as "engine", the parts that need it as not run;
+    results.json and results.md are written all the same; exit 1, and --check says its part measured nothing."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "bench", "--only", "reference,stop", "--model", str(tmp_path / "absent"),
+               "--runs", "1", "--check", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    failed = results["failed"]
+    assert list(failed) == ["engine", "reference", "stop"] and "reference" not in results and "stop" not in results
+    engine_error = failed["engine"]["error"]
+    assert engine_error.startswith("CheckpointError: Model directory ") and "does not exist" in engine_error
+    assert failed["engine"]["at"].startswith("pipeline/checkpoint/")
+    assert all("not run: the bench's engine did not load" in failed[part]["error"] for part in ("reference", "stop"))
+    assert "engine failed: CheckpointError: Model directory" in done.stdout and "Traceback" not in done.stderr
+    assert "bench: 3 part(s) failed (engine, reference, stop)" in done.stderr
+    assert "bench check FAILED: the reference part measured nothing" in done.stderr
+    text = (out / "results.md").read_text()
+    assert "## Parts that failed (the others ran)" in text and "- **stop**: RuntimeError: not run" in text
+
+
 # ---- in-process parts ---------------------------------------------------------------------------------------------
 
 
@@ -185,6 +245,20 @@ def test_bench_hostloop_part_measures_both_loops(engine):
     result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
     assert result.host_loop_call.median > 0 and result.fused_call.median > 0
     assert result.compiles_while_timing == 0 and result.steps == 3
+
+
+@pytest.mark.slow  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20
+def test_bench_stop_part_measures_a_cancelled_request(engine):
+    """`python -m bench --only stop` on the shared engine (64×64): a 100-step request cancelled through
+    gradio_client stops well before its end, and the server's moments come in order."""
+    from bench.hostloop import STOP_STEPS, stop_latency
+
+    result = stop_latency(engine, runs=1, say=lambda _line: None)
+    assert result.steps == STOP_STEPS == 100 and 2 <= result.engine_stopped_after < STOP_STEPS
+    assert result.cancelled_at_step >= 2 and result.cancel_to_stop_seen.n == 1 and result.step_s.median > 0
+    assert 0 <= result.cancel_to_stop_seen.median <= result.cancel_to_devices_free.median
+    assert result.cancel_to_devices_free.median <= result.cancel_to_next_first_step_queued.median
+    assert result.cancel_to_next_first_step_queued.median <= result.cancel_to_next_first_step_ready.median
 
 
 # ---- the feature parts: lora, img2img, levers, previews, history (one `python -m bench` at its smallest) -------------
