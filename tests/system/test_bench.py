@@ -247,7 +247,8 @@ def test_bench_hostloop_part_measures_both_loops(engine):
     assert result.compiles_while_timing == 0 and result.steps == 3
 
 
-@pytest.mark.slow  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20
+@pytest.mark.long  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20; the
+# parts' runner is checked by the fast tests above, the Stop path by tests/web/test_stop.py
 def test_bench_stop_part_measures_a_cancelled_request(engine):
     """`python -m bench --only stop` on the shared engine (64×64): a 100-step request cancelled through
     gradio_client stops well before its end, and the server's moments come in order."""
