@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         skip_absent_tpu()
     try:
         checked = _check(args) if args.command == "generate" else None  # before JAX is imported: bad input in a moment
+        if args.command == "serve":  # its model and LoRA folder, as the app's
+            served = engine_config(args)
+            check_model(served)
+            check_loras(served)
         quiet_start()  # diffusers' logging: imports diffusers, and JAX with it
         if args.command == "make-tiny":
             from .checkpoint.tiny import make_tiny

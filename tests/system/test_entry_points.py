@@ -70,6 +70,17 @@ def test_cli_names_the_mask_the_user_typed(tmp_path):
     assert json.loads(done.stdout) == []
 
 
+def test_serve_bad_model_is_one_line_before_jax_is_imported():
+    argv = ["serve", "--model", "/nonexistent/x", "--port", str(free_port())]
+    done = run_python("-c", DRIVER.format(module="pipeline.__main__"), *argv, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert _errors(done.stderr, "error:") == [
+        "error: Model directory /nonexistent/x does not exist; pass an existing directory, a Hub id like "
+        "stabilityai/stable-diffusion-xl-base-1.0, or 'tiny'."
+    ]
+    assert "Traceback" not in done.stderr and json.loads(done.stdout) == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
