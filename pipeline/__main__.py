@@ -6,8 +6,8 @@ pipeline/service/). All read the engine's options as the app does (pipeline/opti
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 `--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
 (single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app. The
-arguments and the files they name are checked before JAX is imported (`_check`, pipeline/preflight.py), so a mistake
-is said in about a second, not after the 5-25 s that JAX and diffusers take to import.
+arguments and the files they name are checked before JAX is imported (`_check`, pipeline/preflight.py): a mistake
+is said before JAX and diffusers have taken their seconds to import.
 """
 
 from __future__ import annotations
