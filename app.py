@@ -16,15 +16,19 @@ import sys
 import time
 from collections.abc import Sequence
 
-from web.files import ProcessFolder
-from web.startup import EXIT_INTERRUPTED, StartupGuard
+if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
+    from pipeline.installed import require_installed
+
+    require_installed("app.py")
+
+from web.files import ProcessFolder  # noqa: E402
+from web.startup import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
 
 logger = logging.getLogger("sdxl_jax.app")
 
 
 def start_engine(args):
     """Load, compile and warm up the engine `args.config` describes, logging each phase with its time."""
-    from pipeline.checkpoint.loading import resolve_model
     from pipeline.generator import Generator
     from pipeline.platform import accelerator_installed
     from web.sizes import size_label
@@ -33,11 +37,6 @@ def start_engine(args):
     # After JAX is imported: set before, JAX would take it as its own level and add a second handler (every line twice).
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     config = args.config
-    resolve_model(config.model, config.variant)  # a wrong path fails here, before anything is said about it
-    if config.lora_dir:
-        from pipeline.checkpoint.lora import screen_lora_dir
-
-        screen_lora_dir(config.lora_dir)  # a missing --lora-dir too
     logger.info("loading %s: %d×%d, %d steps", config.model, config.width, config.height, config.steps)
     real_model = not is_tiny(config.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
@@ -93,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         use_cpu_cores(args.cpu_devices)  # before anything imports JAX
         from pipeline.errors import InvalidInput, ModelLoadError
+        from pipeline.preflight import check_loras, check_model
+
+        if not args.engine:  # a wrong --model or --lora-dir: said in a moment, before Gradio and JAX are imported
+            try:
+                check_model(args.config)
+                check_loras(args.config)
+            except (OSError, ModelLoadError, InvalidInput) as exc:
+                print(f"app.py: error: {exc}", file=sys.stderr)
+                return 2
         from pipeline.styles import StyleFileError, load_examples
         from web.apis import ApiAccess, attach_apis
         from web.history import HistoryLocked, default_data_dir

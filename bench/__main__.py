@@ -27,10 +27,15 @@ import time
 import warnings
 from pathlib import Path
 
-from .common import configure_platform, progress
-from .features import LORA_FIXTURES
-from .parts import run_parts
-from .reference import CHECK_RATIO
+if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
+    from pipeline.installed import require_installed
+
+    require_installed("python -m bench")
+
+from .common import configure_platform, progress  # noqa: E402
+from .features import LORA_FIXTURES  # noqa: E402
+from .parts import run_parts  # noqa: E402
+from .reference import CHECK_RATIO  # noqa: E402
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",

@@ -9,24 +9,29 @@ Folders by role: `checkpoint/` (files -> weights), `device/` (what runs on the a
 programs, the loop, images), `cluster/` (several processes). No Gradio here: the page is `web/`.
 """
 
-from .config import SDXL_BASE, TINY_MODEL, EngineConfig
-from .errors import CheckpointError, InvalidInput, ModelLoadError
-from .request import Request, RequestRules, parse_request
+import importlib
+import sys
+
+#: The package's names, by the module that holds them: imported when first asked for, so `import pipeline` (and
+#: `python -m pipeline`, which imports this first) costs nothing; `pipeline/installed.py` runs on a bare Python.
+_HOME = {
+    "SDXL_BASE": "config", "TINY_MODEL": "config", "EngineConfig": "config",
+    "CheckpointError": "errors", "InvalidInput": "errors", "ModelLoadError": "errors",
+    "Request": "request", "RequestRules": "request", "parse_request": "request",
+    "Generator": "generator", "GenerationResult": "generator",
+}  # fmt: skip
 
 
 def __getattr__(name: str):
-    # Generator imports JAX; keep `import pipeline` light for code that only needs requests, options and styles.
-    if name in ("Generator", "GenerationResult"):
-        import sys
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Generator imports JAX. Before it does, as the app and CLI: one device per CPU core, no probe for an absent TPU.
+    if home == "generator" and "jax" not in sys.modules:
+        from .platform import use_cpu_cores
 
-        if "jax" not in sys.modules:  # as the app and the CLI: one device per CPU core, no probe for an absent TPU
-            from .platform import use_cpu_cores
-
-            use_cpu_cores()
-        from . import generator
-
-        return getattr(generator, name)
-    raise AttributeError(name)
+        use_cpu_cores()
+    return getattr(importlib.import_module(f".{home}", __name__), name)
 
 
 __all__ = [

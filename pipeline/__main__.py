@@ -5,7 +5,9 @@ pipeline/service/). All read the engine's options as the app does (pipeline/opti
 
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 `--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
-(single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app.
+(single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app. The
+arguments and the files they name are checked before JAX is imported (`_check`, pipeline/preflight.py): a mistake
+is said before JAX and diffusers have taken their seconds to import.
 """
 
 from __future__ import annotations
@@ -14,17 +16,23 @@ import argparse
 import dataclasses
 import json
 import logging
-import pathlib
 import sys
 import time
 
-from .config import engine_config
-from .errors import CheckpointError, InvalidInput, ModelLoadError
-from .fields import FIELD, FIELDS
-from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option
-from .platform import quiet_start, skip_absent_tpu, use_cpu_cores
-from .request import LORA_TAG, RequestRules, asks_for_levers, parse_request
-from .service.options import build_serve_parser
+if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
+    from .installed import require_installed
+
+    require_installed("python -m pipeline")
+
+from .config import EngineConfig, engine_config  # noqa: E402
+from .errors import CheckpointError, InvalidInput, ModelLoadError  # noqa: E402
+from .fields import FIELD, FIELDS, resolve_seed  # noqa: E402
+from .image_inputs import GivenPath  # noqa: E402
+from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option  # noqa: E402
+from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
+from .preflight import check_loras, check_model  # noqa: E402
+from .request import LORA_TAG, Request, RequestRules, asks_for_levers, parse_request  # noqa: E402
+from .service.options import build_serve_parser  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -60,27 +68,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from .cluster.options import options_from_args
-    from .cluster.startup import start
-    from .generator import Generator
-    from .host.compilation import CompileCounter
-
-    # Check what the user typed before spending time on loading and compiling: the same checks as the page and API.
+def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
+    """What the user typed and the files it names, checked before JAX is imported (a mistake costs a moment, not a
+    load): the LoRA folder's, the page's and API's (`parse_request`), then the model's (pipeline/preflight.py)."""
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     # The request's own flags are what it asks for; the server's defaults are what it would get without them.
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
-        from .checkpoint.lora import screen_lora_dir
-
-        offered, refused = screen_lora_dir(config.lora_dir)
+        offered, refused = check_loras(config)
         rules = dataclasses.replace(rules, loras=tuple(offered))
         asked = [_lora(text)[0] for text in args.lora] + [m.group(1) for m in LORA_TAG.finditer(args.prompt)]
         for name in asked:
             if why := refused.get(name.strip()):
                 raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
     request = parse_request(**request_arguments(args), rules=rules)
+    check_model(config)  # a wrong --model is bad input too
+    return config, request
+
+
+def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:
+    from .cluster.options import options_from_args
+    from .cluster.startup import start
+    from .generator import Generator
+    from .host.compilation import CompileCounter
+
     if request.ignored:
         flags = ", ".join(FIELD[name].flag for name in request.ignored)
         print(f"warning: no classifier-free guidance: {flags} ignored", file=sys.stderr)
@@ -140,9 +152,15 @@ def request_arguments(args: argparse.Namespace) -> dict:
     """The request fields' flags (the table's, `fields.FIELDS`) as `parse_request`'s keywords."""
     given = {row.name: getattr(args, request_option(row).dest) for row in FIELDS if row.flag}
     randomize = str(given["seed"]).strip().lower() in ("random", "randomize")
+    if not randomize:
+        try:
+            resolve_seed(given["seed"])  # the request's own check, with the CLI's way to a random seed added
+        except InvalidInput as exc:
+            raise InvalidInput(f"{str(exc).removesuffix('.')} (pass --seed random for a random seed).") from None
+    pictures = {name: GivenPath(given[name]) for name in ("init_image", "mask_image") if given[name] is not None}
     loras = [_lora(text) for text in given["loras"]]
-    return {**given, "seed": None if randomize else given["seed"], "randomize_seed": randomize, "loras": loras,
-            "controlnets": control_units(args)}
+    return {**given, **pictures, "seed": None if randomize else given["seed"], "randomize_seed": randomize,
+            "loras": loras, "controlnets": control_units(args)}  # fmt: skip
 
 
 def control_units(args: argparse.Namespace) -> list[dict]:
@@ -151,7 +169,7 @@ def control_units(args: argparse.Namespace) -> list[dict]:
                 "preprocessor": "control_preprocessor"}  # fmt: skip
     units = []
     for i, image in enumerate(getattr(args, "control_image", None) or []):
-        unit = {"image": pathlib.Path(image)}  # the CLI's user names their own file
+        unit = {"image": GivenPath(image)}  # the CLI's user names their own file
         for key, dest in settings.items():
             values = getattr(args, dest, None) or []
             if i < len(values):
@@ -195,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         use_cpu_cores(args.cpu_devices)  # before JAX is imported
     else:  # make-tiny; compiling for a TPU topology needs libtpu, not a TPU: no probe for one either way
         skip_absent_tpu()
-    quiet_start()
     try:
+        checked = _check(args) if args.command == "generate" else None  # before JAX is imported: bad input in a moment
+        if args.command == "serve":  # its model and LoRA folder, as the app's
+            served = engine_config(args)
+            check_model(served)
+            check_loras(served)
+        quiet_start()  # diffusers' logging: imports diffusers, and JAX with it
         if args.command == "make-tiny":
             from .checkpoint.tiny import make_tiny
 
@@ -208,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             from .service.serving import serve
 
             return serve(args)
-        return _generate(args)
+        return _generate(args, *checked)
     except (InvalidInput, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

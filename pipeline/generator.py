@@ -228,6 +228,8 @@ class Generator:
         self._max_tokens = self._tokenizers[0].model_max_length  # 77 for CLIP
         self.sampler = sampler_of(loaded, config)
         self._check_sizes(Modules.of(loaded.pipeline))
+        #: The UNet's parameter count (SDXL's 2.57 B): what a request's time on a CPU grows with (the page's CPU note)
+        self.unet_parameters = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(loaded.params["unet"]))
         #: What a request may ask for and what it gets when it names nothing (`request.parse_request`).
         files, layout = read_loras(loaded, config)
         #: The embeddings of --embeddings-dir offered (`.offered`: name, vectors, hash) and refused (`.refused`)

@@ -54,6 +54,22 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 #: Modes that carry transparency (besides "P" with a `transparency` entry).
 _WITH_ALPHA = ("RGBA", "RGBa", "LA", "PA")
 
+
+class GivenPath(os.PathLike):
+    """A file path its user typed (the CLI's --init-image, --mask-image, --control-image): a refusal names it as
+    given, folders and all. Any other path is named by its file name only: on a server it is the server's own (an
+    upload in Gradio's cache), which no client should see."""
+
+    def __init__(self, text: str) -> None:
+        self.text = str(text)
+
+    def __fspath__(self) -> str:
+        return os.path.expanduser(self.text)
+
+    def __repr__(self) -> str:
+        return f"GivenPath({self.text!r})"
+
+
 ImageSource = bytes | bytearray | memoryview | str | os.PathLike | Image.Image
 
 
@@ -123,7 +139,8 @@ def open_image(source: ImageSource, *, what: str = "image") -> Image.Image:
     elif isinstance(source, (str, os.PathLike)):
         stream = Path(source)
         if not stream.is_file():
-            raise InvalidInput(f"The {what} file {echo(stream.name)} does not exist or is not a file.")
+            shown = repr(source.text) if isinstance(source, GivenPath) else echo(stream.name)  # whole: the user's own
+            raise InvalidInput(f"The {what} file {shown} does not exist or is not a file.")
         if stream.stat().st_size == 0:
             raise InvalidInput(f"The {what} is empty (0 bytes).")
     else:

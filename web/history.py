@@ -45,13 +45,12 @@ from pipeline.errors import InvalidInput
 
 from .history_db import DATABASE_NAME, ENTRIES, HistoryDatabase, database_url
 from .image_store import SHARED_GRACE_S, image_store
+from .options import DEFAULT_MAX_ENTRIES
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DATABASE_NAME", "DEFAULT_MAX_ENTRIES", "Entry", "HistoryLocked", "HistoryStore", "default_data_dir"]
 
-#: Entries one user keeps by default (`--history-max`); adding one more removes the oldest with its files.
-DEFAULT_MAX_ENTRIES = 500
 #: Longest side of an entry's thumbnails in pixels (the History tab's grid shows them, not the full images).
 THUMBNAIL_SIZE = 256
 #: JPEG quality of thumbnails.

@@ -27,10 +27,12 @@ from pipeline.options import (
 from pipeline.service.options import ENGINE_TOKEN
 
 from .engine_pool import parse_engine_url
-from .history import DEFAULT_MAX_ENTRIES
 
 #: Requests that may wait in the app's queue by default.
 DEFAULT_QUEUE_SIZE = 20
+#: Entries one user keeps by default (`--history-max`, web/history.py); adding one more removes the oldest with its
+#: files. Declared here, not in web/history.py: reading the command line imports no database library (SQLAlchemy, 1 s).
+DEFAULT_MAX_ENTRIES = 500
 _APP = frozenset({APP})
 
 #: The server's options. Order is the order of --help, after the engine's.

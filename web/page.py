@@ -142,7 +142,8 @@ def build_page(
     history.files = files
     handlers = Handlers(engine, rules, files=files, outbox=outbox, prompt_filter=prompt_filter, progress=progress,
                         on_finished=history.keep)  # fmt: skip
-    texts = model_texts(engine.config.model, on_cpu=str(engine.device_kind).lower() == "cpu", unet=engine.config.unet)
+    texts = model_texts(engine.config.model, on_cpu=str(engine.device_kind).lower() == "cpu", unet=engine.config.unet,
+                        unet_parameters=getattr(engine, "unet_parameters", None))  # fmt: skip
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         history_state = history.state()  # the visitor's entries when their browser keeps them

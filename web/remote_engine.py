@@ -88,6 +88,7 @@ class RemoteEngines:
         )  # fmt: skip
         self.sampler = RemoteSampler(**info["sampler_settings"])
         self.num_images = info["num_images"]
+        self.unet_parameters = info.get("unet_parameters")  # the engine's model's size (None from an older engine)
         self.device_kind = info["device_kind"]
         self.device_summary = f"{info['device_summary']} per engine"
         #: Requests the page's generate event runs at once: two per engine known at start-up, ready or not (one on

@@ -32,6 +32,9 @@ CPU_NOTICE = (
 
 #: What visitors see instead: short, nothing for them to install.
 CPU_VISITOR_NOTICE = "Running on a CPU: each request takes many minutes."
+#: The UNet size from which the CPU note is shown (a 25th of SDXL's 2.57 B parameters): a request's time grows with
+#: it, and the test-sized checkpoints (tiny, tests/fixtures/tiny-pt: a few million) answer in seconds on a CPU.
+CPU_SLOW_UNET_PARAMETERS = 100_000_000
 
 TITLE = "Stable Diffusion XL on JAX"
 MODEL_CARD_URL = "https://huggingface.co/stabilityai/stable-diffusion-xl-base-1.0"
@@ -91,10 +94,13 @@ def is_tiny(model: str) -> bool:
         return False
 
 
-def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, str]:
+def model_texts(
+    model: str, on_cpu: bool, unet: str | None = None, unet_parameters: int | None = None
+) -> dict[str, str]:
     """Header and footer lines that depend on the served model: only SDXL base is described as SDXL 1.0.
 
     Models and UNet files are named as the images' `parameters` name them (Hub id or file name, never a server path).
+    The CPU note follows the model's size, `unet_parameters` (the engine's; without it, whether `model` is tiny).
     """
     model = model.strip()
     if is_tiny(model):
@@ -104,7 +110,8 @@ def model_texts(model: str, on_cpu: bool, unet: str | None = None) -> dict[str, 
         about = "" if model == SDXL_BASE else f"Model: `{model_name(model)}`"
     if unet:
         about = f"{about} · UNet: `{unet_name(unet)}`" if about else f"UNet: `{unet_name(unet)}`"
-    notice = CPU_VISITOR_NOTICE if on_cpu and not is_tiny(model) else ""
+    slow = not is_tiny(model) if unet_parameters is None else unet_parameters >= CPU_SLOW_UNET_PARAMETERS
+    notice = CPU_VISITOR_NOTICE if on_cpu and slow else ""
     return {"footer_path": str(footer), "about": about, "notice": notice}
 
 

@@ -29,6 +29,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "model": model_name(model),
         "test_model": model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file(),
         "unet": unet_name(config.unet) or None,
+        "unet_parameters": generator.unet_parameters,  # the page's CPU note follows the model's size
         "preset": getattr(config, "preset", None),
         "steps": config.steps,
         "sizes": [list(size) for size in rules.sizes],

@@ -20,6 +20,7 @@ from pipeline.errors import InvalidInput
 from pipeline.fields import FIELD
 from pipeline.image_inputs import (
     MAX_IMAGE_PIXELS,
+    GivenPath,
     binarize,
     fit,
     latent_mask,
@@ -225,6 +226,11 @@ def test_not_a_picture_is_one_sentence(tmp_path):
     assert _refusal(open_image, text_file, what="mask").startswith("The mask is not a picture")
     assert "is empty" in _refusal(open_image, b"")
     assert "does not exist" in _refusal(open_image, tmp_path / "missing.png")
+    # A server's path (an upload in Gradio's cache) is named by its file name; a path the user typed, as typed.
+    upload = "/srv/cache/ab12/photo.png"
+    assert _refusal(open_image, upload) == "The image file 'photo.png' does not exist or is not a file."
+    typed = GivenPath("../pictures/photo.png")
+    assert _refusal(open_image, typed) == "The image file '../pictures/photo.png' does not exist or is not a file."
     assert "does not exist or is not a file" in _refusal(open_image, tmp_path)
     assert "got a value of type int" in _refusal(open_image, 42)
 

@@ -76,7 +76,7 @@ def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feat
         (["--init-image", str(PICTURE), "--strength", "0"],
          "error: Strength must be a number above 0 and at most 1; got 0.0."),
         (["--init-image", "/nowhere/cabin.png"],
-         "error: The image file 'cabin.png' does not exist or is not a file."),
+         "error: The image file '/nowhere/cabin.png' does not exist or is not a file."),  # as the user typed it
         (["--lora", "kohya_sgm:0.8"], "error: No LoRAs are offered (they come from --lora-dir DIR)."),
         (["--lora-dir", "LORA_DIR", "--lora", "peft:abc"],
          "error: The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'."),

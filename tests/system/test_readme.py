@@ -45,7 +45,30 @@ def readme_commands(prefix: str) -> list[list[str]]:
             line = line.split(" #", 1)[0].strip().removesuffix("&").strip()  # "... &": in the background
             if line.startswith(prefix):
                 commands.append(shlex.split(line)[len(shlex.split(prefix)) :])
+            elif line.startswith("pip install") and f"&& {prefix}" in line:  # "pip install ... && python app.py ..."
+                commands.append(shlex.split(line.split(f"&& {prefix}", 1)[1]))
     return commands
+
+
+def test_the_first_screen_installs_before_it_runs():
+    """The first screen's two commands work as typed on a fresh clone: each installs what it then runs (issue 48:
+    `python app.py --model tiny` alone met `No module named 'PIL'`), the tests' file the app's too."""
+    first = re.search(r"^```bash\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S).group(1)
+    commands = [line.split(" #", 1)[0].strip() for line in first.splitlines() if line.strip()]
+    assert commands == [
+        "pip install -r requirements.txt && python app.py --model tiny",
+        "pip install -r requirements-dev.txt && python -m pytest",
+    ]
+    dev = (REPO / "requirements-dev.txt").read_text(encoding="utf-8").splitlines()
+    assert "-r requirements.txt" in dev and any(line.startswith("pytest==") for line in dev)
+    assert ["--model", "tiny"] in readme_commands("python app.py")  # the parser sees it behind its install
+
+
+def test_the_dev_install_names_what_ci_installs_with_apt():
+    """A developer machine gets the Debian packages CI gets (.ci/run), or the replicas' tests skip there."""
+    ci_packages = re.findall(r"packages\+=\((\S+)\)", (REPO / ".ci" / "run").read_text(encoding="utf-8"))
+    (line,) = re.findall(r"`sudo apt-get install ([^`]+)`", README.read_text(encoding="utf-8"))
+    assert sorted(line.split()) == sorted(ci_packages) and {"chromium", "haproxy", "nginx-light"} <= set(ci_packages)
 
 
 def test_every_readme_command_parses(monkeypatch):

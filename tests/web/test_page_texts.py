@@ -77,5 +77,29 @@ def test_real_model_on_cpu_is_said_plainly(tiny_dir):
     assert "acme/my-sdxl" in page_texts.header_links("acme/my-sdxl")
 
 
+def test_the_cpu_note_follows_the_model_size():
+    """A page in front of an engine service knows its model by name only ('tiny-pt': no folder to read): the CPU note
+    follows the engine's UNet size (issue 48: tests/fixtures/tiny-pt's page said "each request takes many minutes")."""
+    from pipeline.service.info import engine_info
+    from web.engine_pool import EnginePool
+    from web.remote_engine import RemoteEngines
+
+    one = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:1]
+    )  # nothing compiled: the page only reads the configuration
+    info = engine_info(one)
+    assert info["model"] == "tiny-pt" and not info["test_model"]  # not made by make-tiny: named, not "tiny"
+    assert 0 < info["unet_parameters"] == one.unet_parameters < page_texts.CPU_SLOW_UNET_PARAMETERS
+    remote = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), info)  # nothing contacted: the page reads `info`
+    assert remote.unet_parameters == info["unet_parameters"]
+    with page_config(remote, examples=[]) as config:
+        assert page_texts.CPU_VISITOR_NOTICE not in json.dumps(config, ensure_ascii=False)
+    sdxl = 2_567_463_684  # SDXL base's UNet
+    model_texts = page_texts.model_texts
+    assert model_texts("tiny-pt", on_cpu=True, unet_parameters=sdxl)["notice"] == page_texts.CPU_VISITOR_NOTICE
+    assert model_texts("tiny-pt", on_cpu=False, unet_parameters=sdxl)["notice"] == ""
+    assert model_texts(SDXL_BASE, on_cpu=True, unet_parameters=info["unet_parameters"])["notice"] == ""
+
+
 def test_gallery_columns_fit_the_count():
     assert [page_texts.gallery_columns(n) for n in (1, 2, 4, 8, 16, 32)] == [1, 2, 2, 4, 4, 8]

@@ -1,0 +1,57 @@
+"""Whether requirements.txt is installed, asked by each entry point (app.py, `python -m pipeline`, `python -m bench`)
+before it imports anything else: a fresh clone run before its install says in one sentence which command to run,
+where Python would print a ModuleNotFoundError's traceback from deep inside an import.
+
+Standard library only, and `pipeline/__init__.py` imports nothing at import time, so this runs on a bare Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+#: The install command that gives every entry point what it imports.
+INSTALL = "pip install -r requirements.txt"
+#: What requirements.txt installs, by the name it is imported as -> its requirement's name (in the file's order;
+#: tests/system/test_entry_points.py keeps the two in step).
+REQUIRED = {
+    "jax": "jax",
+    "jaxlib": "jaxlib",
+    "flax": "flax",
+    "diffusers": "diffusers",
+    "transformers": "transformers",
+    "huggingface_hub": "huggingface-hub",
+    "gradio": "gradio",
+    "numpy": "numpy",
+    "ml_dtypes": "ml-dtypes",
+    "PIL": "pillow",
+    "psutil": "psutil",
+    "cv2": "opencv-python-headless",
+    "qwix": "qwix",
+    "sqlalchemy": "sqlalchemy",
+    "psycopg": "psycopg",
+    "fsspec": "fsspec",
+}
+
+
+def missing() -> list[str]:
+    """The requirements whose module this Python cannot find (found, not imported: a few milliseconds)."""
+    absent = []
+    for module, requirement in REQUIRED.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken install, or a module set to None in sys.modules
+            found = False
+        if not found:
+            absent.append(requirement)
+    return absent
+
+
+def require_installed(prog: str) -> None:
+    """Exit with status 2 and one line naming the install command when a requirement is missing."""
+    if absent := missing():
+        names = ", ".join(absent) if len(absent) <= 3 else f"{', '.join(absent[:3])} and {len(absent) - 3} more"
+        verb = "is" if len(absent) == 1 else "are"
+        print(f"{prog}: error: {names} {verb} not installed: run `{INSTALL}` first (README, Install).",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
