@@ -86,11 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     with StartupGuard("app.py", cleanup=ProcessFolder.remove_all) as guard:  # before Gradio or JAX is imported
-        from pipeline.platform import quiet_start, use_cpu_cores
+        from pipeline.platform import quiet_gradio, quiet_start, use_cpu_cores
         from web.options import parse_args
 
         args = parse_args(argv)
-        use_cpu_cores(args.cpu_devices)  # before anything imports JAX
+        if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
+            use_cpu_cores(args.cpu_devices)  # before anything imports JAX
         from pipeline.errors import InvalidInput, ModelLoadError
         from pipeline.preflight import check_loras, check_model
 
@@ -113,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        if not args.engine:  # diffusers' and JAX's start-up noise: only where they load (not in front of engines)
+        if args.engine:  # diffusers' and JAX's start-up noise only where they load; Gradio's everywhere
+            quiet_gradio()
+        else:
             quiet_start()
         history = History.off()
         try:

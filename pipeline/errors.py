@@ -14,3 +14,9 @@ class CheckpointError(ModelLoadError):
 
 class InvalidInput(ValueError):
     """Bad user input; str(error) is one sentence fit to show to the user, no traceback needed."""
+
+
+class EngineUnavailable(RuntimeError):
+    """No engine could run the request: the one running it stopped mid-request and none other could, or none was ready
+    in time (a page in front of engine services). str(error) is one sentence fit to show to the user. Engines that die
+    or restart are expected, not a bug: the page says the sentence and logs the traceback at DEBUG only."""

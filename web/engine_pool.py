@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.errors import EngineUnavailable
 from pipeline.service.info import disagreement
 
 logger = logging.getLogger("sdxl_jax.engines")
@@ -31,7 +32,7 @@ PROBE_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 
 
-class NoEngine(Exception):
+class NoEngine(EngineUnavailable):
     """No engine could take the request (none ready, or the only one failed): its message is one sentence."""
 
 
@@ -176,13 +177,15 @@ class EnginePool:
 
     # ---- one request -----------------------------------------------------------------------------------------------
 
-    def acquire(self, should_stop: Callable[[], bool], exclude: frozenset = frozenset(),
-                give_up_s: float = 60.0) -> Endpoint | None:  # fmt: skip
+    def acquire(self, should_stop: Callable[[], bool], exclude: frozenset = frozenset(), give_up_s: float = 60.0,
+                on_wait: Callable[[int, int], None] | None = None) -> Endpoint | None:  # fmt: skip
         """A free, ready engine not in `exclude`, marked busy; waits while every engine is busy. None when
-        `should_stop()` turns true; NoEngine when none is ready (or none but `exclude`) for `give_up_s`."""
-        unready_since = None
-        with self._changed:
-            while True:
+        `should_stop()` turns true; NoEngine when none is ready (or none but `exclude`) for `give_up_s`. While it
+        waits, `on_wait(ready, known)` is told the engines ready of those known, first and whenever that changes (the
+        page says "waiting for an engine (0 of 2 ready)" rather than a bare spinner)."""
+        unready_since = told = None
+        while True:
+            with self._changed:
                 now = time.monotonic()
                 usable = [e for e, ready in self._ready.items() if ready and e not in exclude]
                 free = [e for e in usable if e not in self._busy and self._refused_until.get(e, 0) <= now]
@@ -195,8 +198,13 @@ class EnginePool:
                     unready_since = None
                 elif unready_since is None:
                     unready_since = now
-                elif now - unready_since > give_up_s:
+                if unready_since is not None and now - unready_since >= give_up_s:  # give_up_s=0: at once
                     raise NoEngine("No engine is available to run this request right now; please try again shortly.")
+                counts = (sum(self._ready.values()), len(self._ready))
+            if on_wait is not None and counts != told:  # outside the lock: the page's report may take a while
+                told = counts
+                on_wait(*counts)
+            with self._changed:
                 self._changed.wait(0.1)
 
     def release(self, endpoint: Endpoint, *, failed: bool = False, retry_after: float = 0.0) -> None:

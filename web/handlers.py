@@ -26,7 +26,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from pipeline.errors import InvalidInput
+from pipeline.errors import EngineUnavailable, InvalidInput
 from pipeline.fields import FIELDS, PLAIN
 from pipeline.image_inputs import open_image
 from pipeline.request import Request, RequestRules, parse_request
@@ -82,6 +82,8 @@ class Handlers:
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
         self.whole_answers = WholeAnswers()  # /generate without previews, to a plain twin (middleware: Page.launch)
         self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
+        # engines that can wait for one another (web/remote_engine.py) say what a request waits for: the page shows it
+        self.engine_waits = "on_wait" in inspect.signature(engine.generate).parameters
         self._running = 0  # requests in `run` now (shut_down waits for them to answer)
         self._idle = threading.Condition()
 
@@ -279,10 +281,11 @@ class Handlers:
         started = time.perf_counter()
         forming = LatestPreview() if image_format is None and previews else None
         reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
-        on_step = _step_reporter(progress, reported)
-        worker = self._start(request, session, on_step, forming,
+        on_step, on_wait = _reporters(progress, reported)
+        worker = self._start(request, session, on_step, on_wait, forming,
                              lambda: closed.is_set() or stop() or self.shutting_down.is_set())  # fmt: skip
         previewed = False  # whether the gallery now shows this request's previews
+        failure = None  # the error the request answers, after its previews gave way
         try:
             while (shown := (forming.take() if forming is not None else None)) is not None:
                 previewed = True
@@ -299,13 +302,21 @@ class Handlers:
             if isinstance(stopped := worker.exception(), Stopped):
                 logger.info("request %s (seed %d)", stopped, request.seed)
             raise
-        except Exception:
+        except EngineUnavailable as exc:  # an engine died or none is ready: expected, its sentence says what happened
+            logger.warning("request failed (seed %d): %s", request.seed, exc)
+            logger.debug("the failed request's traceback (seed %d)", request.seed, exc_info=True)
+            failure = gr.Error(str(exc), title="No engine", print_exception=False)
+        except Exception:  # a bug: its traceback at ERROR
             logger.exception("generation failed (seed %d, style %s)", request.seed, request.style)
-            raise gr.Error(GENERATION_FAILED, print_exception=False) from None  # logged above
+            failure = gr.Error(GENERATION_FAILED, print_exception=False)  # logged above
         finally:
             closed.set()
             worker.join()
             self.stops.end(session, stop)
+        if failure is not None:
+            if previewed:  # no dead request's preview stays: the last images again, else an empty gallery
+                yield self.shown.gallery(session), gr.skip(), gr.skip()
+            raise failure
         if isinstance(result, Stopped) and self.shutting_down.is_set():
             at = f" at step {result.done} / {result.total}"
             raise gr.Error(SERVER_STOPPING.format(at=at), title="Server stopping", print_exception=False)
@@ -315,9 +326,11 @@ class Handlers:
             yield self._answer(request, result, session, user, image_format, started)
 
     def _start(self, request: Request, session: str, on_step: Callable[[int, int], None],
-               forming: LatestPreview | None, stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
+               on_wait: Callable[[str], None], forming: LatestPreview | None,
+               stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
         """The engine's call in its own thread (in a copy of this request's context): steps reported, stopped by
-        Stop, a cancel, a closed page or the server stopping between steps, previews handed to `forming`."""
+        Stop, a cancel, a closed page or the server stopping between steps, previews handed to `forming`, what it
+        waits for reported (engines that wait for one)."""
 
         def should_stop() -> bool:
             return stopped() or request_gone() or self.early_cancels.take(session)
@@ -326,6 +339,7 @@ class Handlers:
             lambda: self.engine.generate(
                 request, on_step if self.progress else None, should_stop=should_stop,
                 **({"on_preview": forming.put} if forming is not None else {}),
+                **({"on_wait": on_wait} if self.engine_waits else {}),
             ),
             contextvars.copy_context(),
             on_done=forming.finish if forming is not None else None,
@@ -466,10 +480,11 @@ class EngineRun:
         return None if ok else value
 
 
-def _step_reporter(progress, reported: list) -> Callable[[int, int], None]:
-    """The engine's `on_step`: "step k / N" on Gradio's bar, the last step kept in `reported`. gr.Progress finds its
-    request through context variables: reports run in a copy of this context, one at a time (the engine runs in
-    another: a context can be entered by one thread at a time)."""
+def _reporters(progress, reported: list) -> tuple[Callable[[int, int], None], Callable[[str], None]]:
+    """The engine's `on_step` ("step k / N" on Gradio's bar, the last step kept in `reported`) and `on_wait` (what
+    the request waits for, as the bar's text, no bar). gr.Progress finds its request through context variables:
+    reports run in a copy of this context, one at a time (the engine runs in another: a context can be entered by
+    one thread at a time)."""
     progress_context, context_lock = contextvars.copy_context(), threading.Lock()
 
     def on_step(step: int, total: int) -> None:
@@ -477,7 +492,11 @@ def _step_reporter(progress, reported: list) -> Callable[[int, int], None]:
             reported[:] = [(step, total)]
             progress_context.run(progress, (step, total), desc=f"step {step} / {total}", unit="steps")
 
-    return on_step
+    def on_wait(text: str) -> None:
+        with context_lock:
+            progress_context.run(progress, None, desc=text)
+
+    return on_step, on_wait
 
 
 def file_path(payload: object) -> str | None:

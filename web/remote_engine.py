@@ -5,7 +5,9 @@ images per request, devices, sampler), built from the engines' `/v1/info`. No JA
 Each request goes to a free engine (web/engine_pool.py) as `Request.to_dict()`; the engine's NDJSON stream
 (pipeline/service/wire.py) brings its steps, previews and images. Stop closes the connection: the engine stops at
 its next step. An engine that fails mid-request (killed, connection lost, an error event, a 5xx) is marked down and
-the request runs once more, with the same seed (so the same pixels), on another engine; then one sentence.
+the request runs once more, with the same seed (so the same pixels), on another engine: at once when one is free, when
+one frees if all others are busy, and not at all when no other is ready (no timer to sit out). Else one sentence that
+says what happened ("The engine stopped mid-request (connection lost at step 88 / 100) and ...").
 """
 
 from __future__ import annotations
@@ -37,12 +39,37 @@ READ_TIMEOUT_S = 600.0
 START_WAIT_S = 1800.0
 #: How often the page looks at Stop while a request runs on an engine.
 STOP_POLL_S = 0.05
-#: The sentence a request answers when its engine failed and no other could run it.
-ENGINE_LOST = "The engine running this request stopped answering and no other engine could finish it; please try again."
+#: Seconds a request waits while no engine is ready (all down or restarting) before it answers NoEngine's sentence.
+NO_ENGINE_WAIT_S = 60.0
+#: The sentence a request answers when its engine failed and no other could run it: `why` is what happened in words a
+#: visitor may read (no host, no path: EngineFailed.why), `then` ONLY_ENGINE or ALSO_FAILED.
+ENGINE_LOST = "The engine stopped mid-request ({why}) and {then}; please try again."
+ONLY_ENGINE = "no other engine is ready to run it again"
+ALSO_FAILED = "so did the engine that ran it again"
+
+
+def waiting_text(ready: int, known: int) -> str:
+    """What the page shows while a request waits for an engine (its progress text), instead of a bare spinner."""
+    if ready == 0:
+        return f"waiting for an engine (0 of {known} ready)"
+    return f"waiting for a free engine ({ready} of {known} ready, all busy)"
 
 
 class EngineFailed(Exception):
-    """The engine failed this request (connection lost, 5xx, an error event): another engine may run it."""
+    """The engine failed this request (connection lost, 5xx, an error event): another engine may run it. `reason`
+    says what happened in words a visitor may read; str() adds the detail the log keeps (the engine's message, the
+    socket's error)."""
+
+    def __init__(self, reason: str, detail: str = "", at: list[int] | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.done, self.total = at or (0, 0)  # the last step the engine reported
+
+    @property
+    def why(self) -> str:
+        """e.g. "connection lost at step 88 / 100"."""
+        at = f"at step {self.done} / {self.total}" if self.done else "before its first step"
+        return f"{self.reason} {at}"
 
 
 class EngineBusy(Exception):
@@ -122,17 +149,21 @@ class RemoteEngines:
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def generate(self, request: Request, on_step: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, on_preview=None) -> RemoteResult:  # fmt: skip
-        """Run `request` on a free engine; once more on another if that one fails; Stopped on Stop."""
+                 should_stop: Callable[[], bool] | None = None, on_preview=None,
+                 on_wait: Callable[[str], None] | None = None) -> RemoteResult:  # fmt: skip
+        """Run `request` on a free engine; once more on another if that one fails; Stopped on Stop. `on_wait` is told
+        what the request waits for while no engine is free ("waiting for an engine (0 of 2 ready)")."""
         should_stop = should_stop or (lambda: False)
+        report = (lambda ready, known: on_wait(waiting_text(ready, known))) if on_wait is not None else None
         failed: set[Endpoint] = set()
+        lost: EngineFailed | None = None  # the first engine's failure, once there was one
         while True:
-            try:
+            try:  # a re-run waits for a busy engine to free, never for one that is not ready: it answers at once
                 endpoint = self.pool.acquire(should_stop, exclude=frozenset(failed),
-                                             give_up_s=10.0 if failed else 60.0)  # fmt: skip
+                                             give_up_s=0.0 if failed else NO_ENGINE_WAIT_S, on_wait=report)  # fmt: skip
             except NoEngine:
-                if failed:
-                    raise NoEngine(ENGINE_LOST) from None
+                if lost is not None:
+                    raise NoEngine(ENGINE_LOST.format(why=lost.why, then=ONLY_ENGINE)) from None
                 raise
             if endpoint is None:
                 raise Stopped(0, request.steps)
@@ -143,10 +174,12 @@ class RemoteEngines:
                 continue
             except EngineFailed as exc:
                 self.pool.release(endpoint, failed=True)
-                logger.warning("engine %s failed a request (seed %d): %s", endpoint, request.seed, exc)
-                if failed:
-                    raise NoEngine(ENGINE_LOST) from None
+                logger.warning("engine %s failed a request (seed %d, step %d / %d): %s", endpoint, request.seed,
+                               exc.done, exc.total, exc)  # fmt: skip
+                if lost is not None:
+                    raise NoEngine(ENGINE_LOST.format(why=exc.why, then=ALSO_FAILED)) from None
                 failed.add(endpoint)
+                lost = exc
                 continue
             except BaseException:
                 self.pool.release(endpoint)
@@ -168,7 +201,7 @@ class RemoteEngines:
                 sock = connection.sock  # the response takes it over (the stream ends with the connection)
                 response = connection.getresponse()
             except OSError as exc:
-                raise EngineFailed(f"could not send the request: {exc}") from None
+                raise EngineFailed("could not send the request", str(exc)) from None
             self._check_status(response)
             watcher = threading.Thread(target=contextvars.copy_context().run,
                                        args=(_watch, should_stop, stopped, sock), daemon=True)  # fmt: skip
@@ -188,13 +221,13 @@ class RemoteEngines:
                     elif kind == "stopped":
                         raise Stopped(event["done"], event["total"])
                     elif kind == "error":
-                        raise EngineFailed(event.get("message", "an error event"))
+                        raise EngineFailed("the engine reported an error", event.get("message", ""), last)
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 if not stopped.is_set():
-                    raise EngineFailed(f"connection lost: {exc or type(exc).__name__}") from None
+                    raise EngineFailed("connection lost", repr(exc), last) from None
             if stopped.is_set():
                 raise Stopped(*last)
-            raise EngineFailed("the stream ended before the images")
+            raise EngineFailed("connection lost", "the stream ended before the images", last)
         finally:
             stopped.set()  # ends the watcher
             if response is not None:
@@ -214,7 +247,7 @@ class RemoteEngines:
             raise EngineBusy(float(response.getheader("Retry-After") or 1))
         if response.status == 400:
             raise InvalidInput(message or "The engine refused this request.")
-        raise EngineFailed(f"HTTP {response.status}: {message}")
+        raise EngineFailed(f"it answered HTTP {response.status}", message)
 
 
 def _watch(should_stop: Callable[[], bool], stopped: threading.Event, sock: socket.socket) -> None:

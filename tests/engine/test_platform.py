@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import warnings
 
+import pytest
+
 from pipeline import platform
 
 
-def test_quiet_start_silences_gradios_starlette_warning():
+@pytest.mark.parametrize("quiet", ["quiet_start", "quiet_gradio"])  # the app's; a page in front of engines'
+def test_quiet_start_silences_gradios_starlette_warning(quiet):
     """The warning Gradio 6.17.3 triggers on each request, raised as Starlette raises it (its own class)."""
     from starlette.exceptions import StarletteDeprecationWarning
 
@@ -16,7 +19,7 @@ def test_quiet_start_silences_gradios_starlette_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warnings.warn(message, StarletteDeprecationWarning, stacklevel=1)
-        platform.quiet_start()
+        getattr(platform, quiet)()
         warnings.warn(message, StarletteDeprecationWarning, stacklevel=1)
         warnings.warn("something else", StarletteDeprecationWarning, stacklevel=1)  # others still show
     assert [str(w.message) for w in caught] == [message, "something else"]

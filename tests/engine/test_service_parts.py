@@ -8,14 +8,16 @@ import re
 
 import numpy as np
 import pytest
+from conftest import free_port
 from PIL import Image
 
-from pipeline.errors import InvalidInput
+from pipeline.errors import EngineUnavailable, InvalidInput
 from pipeline.request import RequestRules, parse_request
 from pipeline.service import auth, wire
 from pipeline.service.info import disagreement
 from pipeline.service.metrics import Metrics
-from web.engine_pool import parse_engine_url, resolve
+from web.engine_pool import EnginePool, NoEngine, parse_engine_url, resolve
+from web.remote_engine import ENGINE_LOST, ONLY_ENGINE, EngineFailed, waiting_text
 
 RULES = RequestRules(sizes=((64, 64), (64, 128)), loras=("my-style", "other"))
 
@@ -102,3 +104,36 @@ def test_engines_that_disagree_are_named():
     info = {"model": "tiny", "sizes": [[64, 64]], "samplers": ["Euler"], "num_images": 2}
     assert disagreement(info, dict(info)) is None
     assert disagreement(info, {**info, "sizes": [[128, 128]]}) == "sizes: [[64, 64]] vs [[128, 128]]"
+
+
+def test_a_request_with_no_engine_ready_is_told_what_it_waits_for_then_gets_one_sentence():
+    """An engine address nobody listens on: the pool knows one engine, none ready. A request waiting for one is told
+    so ("0 of 1 ready"), once; past its wait it gets NoEngine, a sentence for the visitor (EngineUnavailable: the
+    page says it, no traceback); with no wait at all (a re-run), at once."""
+    pool = EnginePool([f"http://127.0.0.1:{free_port()}"], probe_s=3600).start()  # probed once, not again
+    try:
+        told = []
+        with pytest.raises(NoEngine, match=r"^No engine is available .*please try again shortly\.$") as caught:
+            pool.acquire(lambda: False, give_up_s=0.3, on_wait=lambda *counts: told.append(counts))
+        assert isinstance(caught.value, EngineUnavailable) and told == [(0, 1)]
+        assert waiting_text(*told[0]) == "waiting for an engine (0 of 1 ready)"
+        assert waiting_text(1, 2) == "waiting for a free engine (1 of 2 ready, all busy)"
+        told.clear()
+        with pytest.raises(NoEngine):
+            pool.acquire(lambda: False, give_up_s=0.0, on_wait=lambda *counts: told.append(counts))
+        assert told == []  # no wait, so nothing said about one
+        assert pool.acquire(lambda: True, give_up_s=60) is None  # Stop while it waits
+    finally:
+        pool.close()
+
+
+def test_an_engine_lost_mid_request_is_said_without_its_address():
+    lost = EngineFailed("connection lost", "RemoteDisconnected('Remote end closed connection without response')",
+                        [88, 100])  # fmt: skip
+    assert "RemoteDisconnected" in str(lost)  # the log's detail
+    assert ENGINE_LOST.format(why=lost.why, then=ONLY_ENGINE) == (
+        "The engine stopped mid-request (connection lost at step 88 / 100) and no other engine is ready to run it "
+        "again; please try again."
+    )
+    unsent = EngineFailed("could not send the request", "ConnectionRefusedError(111, 'Connection refused')")
+    assert unsent.why == "could not send the request before its first step"

@@ -272,3 +272,72 @@ def test_a_controlnet_request_through_the_page_gives_the_embedded_engines_pixels
     assert seed == 61 and len(got) == len(expected) == 2 and control_engine.compile_count == before
     for mine, reference in zip(got, expected, strict=True):  # 2 devices of 8 here, of 2 there: XLA's own rounding
         assert np.abs(mine - reference).max() <= 1, np.abs(mine - reference).max()
+
+
+def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(tmp_path):
+    """The page in front of one engine, `kill -9` while the pictures form: the client gets the sentence that says what
+    happened (no host), sooner than the 10 s the re-run used to wait for another engine; the gallery's last message
+    is the last finished images, not the dead preview. With the engine down, the next request's progress text says
+    it waits ("0 of 1 ready"); the engine restarts and the request runs (or, past the wait, says none is ready).
+    The page's log: no JAX devices, no Starlette warning, no traceback at its INFO level."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from web.remote_engine import NO_ENGINE_WAIT_S
+
+    engine = Engine(TINY_PT, tmp_path / "engine.log")
+    front = None
+    try:
+        engine.wait_for("Serving the engine on")
+        port = free_port()
+        front = Launched([sys.executable, "app.py", "--port", str(port), "--no-history", "--engine", engine.url],
+                         tmp_path / "page.log", {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+        front.wait_for("Running on")
+        # no downloads: its view of the stream does not lag behind file transfers
+        caller = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
+        finished, _, _ = caller.predict("a lighthouse", api_name="/generate", seed=71, randomize_seed=False, steps=2)
+        job = caller.submit("a lighthouse", api_name="/generate", seed=72, randomize_seed=False, steps=100)
+
+        def forming() -> bool:
+            return any(isinstance(out[0], list) and out[0] and out[0][0]["caption"].startswith("step ")
+                       for out in job.outputs())  # fmt: skip
+
+        deadline = time.monotonic() + 120
+        while not forming():
+            assert not job.done() and time.monotonic() < deadline, "no preview before the request ended"
+            time.sleep(0.02)
+        engine.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(AppError) as caught:
+            job.result(timeout=120)
+        answered = time.monotonic() - killed
+        sentence = str(caught.value)
+        assert sentence.startswith("The engine stopped mid-request (connection lost at step "), sentence
+        assert sentence.endswith("/ 100) and no other engine is ready to run it again; please try again."), sentence
+        assert "127.0.0.1" not in sentence and str(engine.port) not in sentence
+        assert answered < 10, f"{answered:.1f} s from the kill to the sentence"  # the old re-run's wait alone was 10 s
+        last_gallery = job.outputs()[-1][0]
+        assert [item["caption"] for item in last_gallery] == [item["caption"] for item in finished]  # not a preview
+        engine.process.wait(30)
+
+        engine_mark = len(engine.text())
+        engine.start()  # loading: the page knows one engine, none ready
+        job = caller.submit("a lighthouse", api_name="/generate", seed=73, randomize_seed=False, steps=2)
+        submitted = time.monotonic()
+        deadline = submitted + NO_ENGINE_WAIT_S
+        while "waiting for an engine (0 of 1 ready)" not in [unit.desc for unit in job.status().progress_data or []]:
+            assert not job.done() and time.monotonic() < deadline, job.status()
+            time.sleep(0.05)
+        try:
+            _, seed, _ = job.result(timeout=START_S)
+            assert seed == 73 and "Serving the engine on" in engine.text()[engine_mark:]  # it ran once one came
+        except AppError as exc:  # the restart took longer than the page waits for an engine
+            assert str(exc) == "No engine is available to run this request right now; please try again shortly."
+            assert time.monotonic() - submitted >= NO_ENGINE_WAIT_S  # not before it waited
+        log = front.text()
+        assert "JAX devices" not in log and "HTTP_422" not in log and "Traceback" not in log, log[-3000:]
+        assert "engine stopped mid-request" in log  # said once to the operator too, with the step
+    finally:
+        if front is not None:
+            front.stop()
+        engine.stop()

@@ -452,3 +452,15 @@ def test_librechat_and_sillytavern_read_info_and_progress(url):
                                                                "scheduler": "karras", "width": 64, "height": 64},
                               timeout=300).json()  # fmt: skip
     assert "karras" in names and "Karras" in json.loads(scheduled["info"])["infotexts"][0]
+
+
+def test_the_handlers_errors_map_to_statuses():
+    """The page's gr.Error as the A1111/OpenAI APIs answer it: a refused input 422; a stopping server, or no engine to
+    run the request (a page in front of engine services), 503 (try again); anything else 500. The sentence kept."""
+    from web.apis.queue_call import refusal
+
+    lost = "The engine stopped mid-request (connection lost at step 8 / 20) and ...; please try again."
+    for title, status in (("Invalid input", 422), ("Server stopping", 503), ("No engine", 503), (None, 500)):
+        refused = refusal({"error": lost}, title)
+        assert (refused.status, refused.message) == (status, lost)
+    assert refusal({}, None).message == "Generation failed on the server; please try again."

@@ -204,12 +204,13 @@ def as_queue_join(request: Request) -> Request:
 
 
 def refusal(output: dict, title: str | None) -> Refused:
-    """The handler's gr.Error as a status and its sentence: a refused input 4xx, anything else 5xx."""
+    """The handler's gr.Error as a status and its sentence: a refused input 4xx, a server stopping or no engine to
+    run it (a page in front of engines) 503, anything else 500."""
     message = str(output.get("error") or GENERATION_FAILED)
     title = title or output.get("title") or ""
     if title == "Invalid input":
         return Refused(422, message)
-    if title == "Server stopping":
+    if title in ("Server stopping", "No engine"):
         return Refused(503, message)
     return Refused(500, message)
 
