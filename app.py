@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from web.files import ProcessFolder
+from web.process_exit import leave
 from web.startup import EXIT_INTERRUPTED, StartupGuard
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -146,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:  # Ctrl-C before the guard was in place: the same one line, never a traceback
         print("app.py: stopped during start-up", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    leave(code)  # everything is closed: exit handlers, then no interpreter teardown (web/process_exit.py)
