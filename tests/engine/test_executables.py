@@ -90,17 +90,21 @@ def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir
     assert not list(store.glob(".*.partial"))  # written under another name, then renamed
 
 
-def test_a_start_with_a_warm_jax_cache_and_no_store_compiles_nothing_twice(tiny_dir, own_cache):
+def test_a_start_with_a_warm_jax_cache_and_no_store_compiles_nothing_twice(tiny_dir, own_cache, caplog):
     """JAX's cache holds every program (a first start with the store off filled it) but the store is empty: each
     program is built once (read from the cache: none compiled, none compiled again to be stored), all are stored from
     the cache's bytes, and the start after that loads them whole and makes the same pixels (the stored bytes hold
-    the kernels). Few programs (no levers, no previews, one prompt window): this test compiles them."""
+    the kernels). Few programs (no levers, no previews, one prompt window): this test compiles them. Each traced
+    program is logged as it is built, "program k of N"."""
     settings = {"speed_levers": False, "previews": False, "prompt_windows": 1}
     first = restart(tiny_dir, executable_cache=False, **settings)
     keys = first.program_keys()
     assert first.startup_programs.counts()["compiled"] == len(keys) and first.startup_programs.directory is None
 
-    warm = restart(tiny_dir, **settings)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        warm = restart(tiny_dir, **settings)
+    progress = [line for line in caplog.messages if line.startswith("program ")]
+    assert [line.split(":")[0] for line in progress] == [f"program {k} of {len(keys)}" for k in range(1, len(keys) + 1)]
     counts = warm.startup_programs.counts()
     assert counts["cached"] == len(keys) and counts["compiled"] == 0, counts
     assert warm.compile_count == len(keys)  # one build per program: none compiled again past the cache
