@@ -22,6 +22,7 @@ if __name__ == "__main__":  # before the imports below: run before `pip install`
     require_installed("app.py")
 
 from web.files import ProcessFolder  # noqa: E402
+from web.process_exit import leave  # noqa: E402
 from web.startup import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -157,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:  # Ctrl-C before the guard was in place: the same one line, never a traceback
         print("app.py: stopped during start-up", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    leave(code)  # everything is closed: exit handlers, then no interpreter teardown (web/process_exit.py)

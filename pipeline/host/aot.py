@@ -204,16 +204,23 @@ def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
     return f"{key.label.replace(' ', '_')}-{program_fingerprint}.jaxexe"
 
 
-def serialized_entry(programs: ServedPrograms, key: ProgramKey, compiled: jax.stages.Compiled, directory: Path) -> dict:
-    """Write `compiled` (`key`'s program) into `directory` as one file; its manifest entry.
+def serialized_entry(
+    programs: ServedPrograms, key: ProgramKey, compiled: jax.stages.Compiled, directory: Path,
+    executable_bytes: bytes | None = None,
+) -> dict:  # fmt: skip
+    """Write `compiled` (`key`'s program) into `directory` as one file; its manifest entry. `executable_bytes`: its
+    executable as JAX's persistent cache holds it, for one the cache served (host/cache_reads.py).
 
     The file is written under a temporary name and renamed, so a reader (another process starting) never sees half
     of it. Raises what serialization raises (a program holding a host callback or a constant cannot be written).
     """
     from jax.experimental.serialize_executable import serialize
 
+    from .cache_reads import serialize_with_bytes
+
     program_fingerprint = fingerprint(programs, key)
-    blob = pickle.dumps(serialize(compiled))  # (executable bytes, argument tree, result tree)
+    payload = serialize(compiled) if executable_bytes is None else serialize_with_bytes(compiled, executable_bytes)
+    blob = pickle.dumps(payload)  # (executable bytes, argument tree, result tree)
     name = _file_name(key, program_fingerprint)
     write_atomically(directory / name, blob)
     return {**_key_fields(key), "label": key.label, "file": name, "bytes": len(blob),

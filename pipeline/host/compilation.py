@@ -71,25 +71,6 @@ def configure_compilation_cache(enabled: bool = True) -> Path | None:
     return directory
 
 
-@contextlib.contextmanager
-def persistent_cache_bypassed():
-    """JAX's persistent compilation cache neither read nor written for what compiles inside (then as it was).
-
-    For an executable that must be compiled here to be written out whole (host/executables.py): one that XLA:CPU
-    loaded from the persistent cache serializes without its kernels.
-    """
-    if not jax.config.jax_enable_compilation_cache:
-        yield
-        return
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        compilation_cache.reset_cache()
-
-
 class CompileCounter:
     """Counts XLA compilations in this process, from JAX's own monitoring events.
 

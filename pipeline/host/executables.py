@@ -12,13 +12,14 @@ and reads both, so `--precompiled` can even point at it.
 
     <compilation cache>/host-<CPU signature>/executables/<platform>-<devices>-<hash>/manifest.json, *.jaxexe
 
-A program the persistent cache served is compiled once more past that cache to be stored: XLA:CPU writes an
-executable it loaded from the cache without its kernels ("Function ... not found" when the copy runs; no TPU or GPU
-here to show they differ, so every platform does it). That costs one compile, once, on a start with a warm cache
-and no executables yet (a first start after an upgrade); a cold start fills both from one compile. A program
-whose serialization fails (a host callback, a closed-over constant) is compiled at every start, as JAX's cache
-would; an unreadable file is named in one line and compiled; executables of other code are dropped when the store
-is next written. Not kept on a run of several processes (each holds part of the devices).
+A program the persistent cache served is stored from the bytes of its cache entry, not compiled again: XLA:CPU
+writes an executable it loaded from the cache without its kernels ("Function ... not found" when the copy runs),
+while the entry holds it as serialized right after its compile (host/cache_reads.py; no TPU or GPU here to show
+whether they differ, so every platform does it). So a start with a warm cache and no executables yet (a first start
+after an upgrade) compiles nothing, and a cold start fills both from one compile. A program whose serialization
+fails (a host callback, a closed-over constant) is compiled at every start, as JAX's cache would; an unreadable
+file is named in one line and compiled; executables of other code are dropped when the store is next written. Not
+kept on a run of several processes (each holds part of the devices).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pathlib import Path
 import jax
 
 from . import aot
-from .compilation import CompileCounter, compilation_cache_dir, persistent_cache_bypassed
+from .cache_reads import cache_read_bytes
+from .compilation import CompileCounter, compilation_cache_dir
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
@@ -54,13 +56,11 @@ class ProgramBuild:
     source: str  # STORED, PRECOMPILED, COMPILED or CACHED
     trace_s: float = 0.0  # tracing to a jaxpr and lowering to StableHLO (0: loaded whole)
     compile_s: float = 0.0  # XLA's compile, or reading the executable from JAX's persistent cache
-    again_s: float = 0.0  # traced and compiled once more past the persistent cache, to be stored (see above)
 
     def line(self) -> str:
         """e.g. "step_full 128x128 cfg: traced and lowered in 1.9 s, from JAX's compilation cache in 0.1 s"."""
         how = "compiled" if self.source == COMPILED else "from JAX's compilation cache"
-        line = f"{self.label}: traced and lowered in {self.trace_s:.1f} s, {how} in {self.compile_s:.1f} s"
-        return line + (f", compiled again to be stored in {self.again_s:.1f} s" if self.again_s else "")
+        return f"{self.label}: traced and lowered in {self.trace_s:.1f} s, {how} in {self.compile_s:.1f} s"
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,6 @@ class StartupPrograms:
     def compile_s(self) -> float:
         return sum(build.compile_s for build in self.builds)
 
-    @property
-    def again_s(self) -> float:
-        return sum(build.again_s for build in self.builds)
-
     def summary(self) -> str:
         """One line: how many programs came from where, and the seconds of each phase."""
         parts = [f"{self.count(STORED)} loaded from this host's executables in {self.load_s:.1f} s"]
@@ -101,8 +97,6 @@ class StartupPrograms:
                      f"in {self.compile_s:.1f} s")  # fmt: skip
         if self.count(PRECOMPILED):
             parts.append(f"{self.count(PRECOMPILED)} precompiled")
-        if again := sum(1 for build in self.builds if build.again_s):
-            parts.append(f"{again} compiled again past the cache to be stored in {self.again_s:.1f} s")
         if self.stored:
             parts.append(f"{self.stored} executables stored in {self.store_s:.1f} s")
         elif self.directory is None:
@@ -111,7 +105,7 @@ class StartupPrograms:
 
     def timings(self) -> dict[str, float]:
         return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
-                "compile_again_s": self.again_s, "executables_store_s": self.store_s}  # fmt: skip
+                "executables_store_s": self.store_s}  # fmt: skip
 
     def counts(self) -> dict[str, int]:
         """Programs per source: traced (compiled + cached), compiled, cached, loaded, precompiled; stored."""
@@ -136,7 +130,8 @@ def store_directory(programs: ServedPrograms) -> Path | None:
 def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: bool) -> StartupPrograms:
     """Give every program of `keys` its executable: already installed (`--precompiled`), loaded from this host's
     store (`store`), else traced, lowered and compiled (XLA's part from JAX's persistent cache when it has it); then
-    store what was compiled. Each compiled program and the total are logged in one line each."""
+    store what was compiled or read from JAX's cache. Each traced program ("program k of N: ...", while they compile)
+    and the total are logged in one line each."""
     builds = [ProgramBuild(key.label, PRECOMPILED) for key in keys if programs.is_compiled(key)]
     pending = [key for key in keys if not programs.is_compiled(key)]
     directory = store_directory(programs) if store else None
@@ -149,26 +144,26 @@ def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: boo
             pending = [key for key in pending if not programs.is_compiled(key)]
         else:
             logger.info("executables: none stored yet in %s", directory)
-    compiled = {}  # what goes to the store
-    for key in pending:
+    compiled = {}  # what goes to the store: {key: (executable, its cache entry's bytes or None: serialize it)}
+    for number, key in enumerate(pending, 1):
         started = time.perf_counter()
         lowered = programs.lower(key)
         traced_at = time.perf_counter()
         hits = CompileCounter.cache_hits()
-        executable = lowered.compile()
-        compiled_at = time.perf_counter()
-        source = CACHED if CompileCounter.cache_hits() > hits else COMPILED
-        again = directory is not None and source == CACHED and _serializable(key, executable)
-        if again:  # to be written whole (see the module's docstring)
-            with persistent_cache_bypassed():
-                executable = programs.lower(key).compile()  # lowered anew: `lowered` keeps the cache's executable
-        if again or source == COMPILED:
-            compiled[key] = executable
-        build = ProgramBuild(key.label, source, traced_at - started, compiled_at - traced_at,
-                             time.perf_counter() - compiled_at if again else 0.0)  # fmt: skip
+        with cache_read_bytes() if directory is not None else contextlib.nullcontext([]) as reads:
+            executable = lowered.compile()
+        build = ProgramBuild(key.label, CACHED if CompileCounter.cache_hits() > hits else COMPILED,
+                             traced_at - started, time.perf_counter() - traced_at)  # fmt: skip
+        if directory is not None:
+            if build.source == COMPILED:
+                compiled[key] = (executable, None)
+            elif len(reads) == 1 and reads[0] is not None:  # stored whole from the cache's bytes (the docstring)
+                compiled[key] = (executable, reads[0])
+            else:
+                logger.info("executables: %s not kept (its compilation cache entry was not read back)", key.label)
         programs.install(key, executable)
         builds.append(build)
-        logger.info("%s", build.line())
+        logger.info("program %d of %d: %s", number, len(pending), build.line())
     stored, store_s = (0, 0.0)
     if directory is not None and compiled:
         stored, store_s = store_executables(programs, compiled, directory)
@@ -177,20 +172,9 @@ def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: boo
     return StartupPrograms(tuple(builds), load_s, store_s, stored, directory)
 
 
-def _serializable(key: ProgramKey, executable) -> bool:
-    """Whether `executable` can be written at all (a host callback or a closed-over constant cannot); said if not."""
-    from jax.experimental.serialize_executable import serialize
-
-    try:
-        serialize(executable)
-    except Exception as exc:
-        logger.info("executables: %s not kept (%s: %s)", key.label, type(exc).__name__, str(exc)[:80])
-        return False
-    return True
-
-
 def store_executables(programs: ServedPrograms, compiled: dict, directory: Path) -> tuple[int, float]:
-    """Add `compiled` ({key: executable}) to the store in `directory`; (executables written, seconds).
+    """Add `compiled` ({key: (executable, its persistent-cache entry's bytes or None)}) to the store in `directory`;
+    (executables written, seconds).
 
     One writer at a time (a file lock: several servers may start at once on one host), the manifest replaced whole.
     Entries of other program sources are dropped, and files no entry names are removed. A program that cannot be
@@ -202,9 +186,9 @@ def store_executables(programs: ServedPrograms, compiled: dict, directory: Path)
         directory.mkdir(parents=True, exist_ok=True)
         with _locked(directory / ".lock"):
             entries = _current_entries(programs, directory)
-            for key, executable in compiled.items():
+            for key, (executable, cached_bytes) in compiled.items():
                 try:
-                    entry = aot.serialized_entry(programs, key, executable, directory)
+                    entry = aot.serialized_entry(programs, key, executable, directory, cached_bytes)
                 except Exception as exc:  # a host callback, a constant: compiled at every start instead
                     logger.info("executables: %s not kept (%s: %s)", key.label, type(exc).__name__, str(exc)[:80])
                     continue

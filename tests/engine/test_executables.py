@@ -1,6 +1,7 @@
 """This host's executable store (pipeline/host/executables.py): a restart loads every served program whole (nothing
-traced, lowered or compiled) and makes the same pixels; a broken file is named in one line and that program
-compiled and stored again; entries of other program sources are dropped.
+traced, lowered or compiled) and makes the same pixels; a start with JAX's cache warm and no store yet stores what the
+cache served without compiling it again; a broken file is named in one line and that program compiled and stored
+again; entries of other program sources are dropped.
 
 The first start is the session's `engine` (its warm-up stored its executables, or loaded them from an earlier run);
 the others are fresh engines with the same settings, as a restarted server is. Real checkpoint, real JAX."""
@@ -15,12 +16,12 @@ import pytest
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 
-def restart(tiny_dir):
-    """A new engine with the `engine` fixture's settings, warmed up: what a restarted server runs."""
+def restart(tiny_dir, **settings):
+    """A new engine with the `engine` fixture's settings (and `settings`), warmed up: what a restarted server runs."""
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
-                                          dtype="float32")  # fmt: skip
+                                          dtype="float32", **settings)  # fmt: skip
     generator.warmup()
     return generator
 
@@ -87,3 +88,28 @@ def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir
     assert mine <= {entry["fingerprint"] for entry in rewritten["programs"]} and "0" * 20 not in str(rewritten)
     assert not (store / "old.jaxexe").exists() and os.path.getsize(store / broken["file"]) > 1000
     assert not list(store.glob(".*.partial"))  # written under another name, then renamed
+
+
+def test_a_start_with_a_warm_jax_cache_and_no_store_compiles_nothing_twice(tiny_dir, own_cache, caplog):
+    """JAX's cache holds every program (a first start with the store off filled it) but the store is empty: each
+    program is built once (read from the cache: none compiled, none compiled again to be stored), all are stored from
+    the cache's bytes, and the start after that loads them whole and makes the same pixels (the stored bytes hold
+    the kernels). Few programs (no levers, no previews, one prompt window): this test compiles them. Each traced
+    program is logged as it is built, "program k of N"."""
+    settings = {"speed_levers": False, "previews": False, "prompt_windows": 1}
+    first = restart(tiny_dir, executable_cache=False, **settings)
+    keys = first.program_keys()
+    assert first.startup_programs.counts()["compiled"] == len(keys) and first.startup_programs.directory is None
+
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        warm = restart(tiny_dir, **settings)
+    progress = [line for line in caplog.messages if line.startswith("program ")]
+    assert [line.split(":")[0] for line in progress] == [f"program {k} of {len(keys)}" for k in range(1, len(keys) + 1)]
+    counts = warm.startup_programs.counts()
+    assert counts["cached"] == len(keys) and counts["compiled"] == 0, counts
+    assert warm.compile_count == len(keys)  # one build per program: none compiled again past the cache
+    assert counts["stored"] == len(keys), counts
+
+    whole = restart(tiny_dir, **settings)
+    assert whole.startup_programs.counts()["loaded"] == len(keys) and whole.compile_count == 0
+    assert_same_pixels(warm, whole)

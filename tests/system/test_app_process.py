@@ -109,6 +109,33 @@ def test_app_process_starts_warm_and_stops_cleanly_on_signal_mid_request(tiny_di
 
 
 @pytest.mark.slow
+def test_an_idle_app_exits_soon_after_sigterm(tiny_dir, tmp_path):
+    """SIGTERM with nothing running: the server closes, the folder goes, and the process ends without waiting for the
+    interpreter to take JAX's runtime apart (seconds more). The bound is a loaded machine's, not a benchmark: the
+    time is printed (python -m bench.lifecycle measures it)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONUNBUFFERED": "1", "SDXL_DATA_DIR": str(tmp_path / "data")}
+    env.pop("GRADIO_TEMP_DIR", None)
+    process = subprocess.Popen(app_command(tiny_dir, free_port()), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        lines = _read_until(process, "Running on", timeout=300)
+        assert "Running on" in "".join(lines), "".join(lines)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        print(f"SIGTERM idle: process exited in {time.monotonic() - started:.2f} s")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    time.sleep(0.2)  # the output pump's last lines
+    output = "".join(lines)
+    assert "received SIGTERM; shutting down" in output and "stopped" in output and "Traceback" not in output
+    assert not list(temp.iterdir()), list(temp.rglob("*"))  # the app's folder removed
+
+
+@pytest.mark.slow
 @pytest.mark.browser
 def test_no_generated_file_is_left_under_tmpdir_after_a_stopped_tab_and_sigterm(tiny_dir, tmp_path):
     """The sequence that once sent a tab's images to $TMPDIR/gradio (403, never removed), then SIGTERM: the tab's
