@@ -1,4 +1,4 @@
-"""Which attention core diffusers' UNet runs: a hook around `FlaxAttention`, no fork of diffusers.
+"""Which attention core the UNet and ControlNets run: a hook around their attention modules, no fork of them.
 
 diffusers' `FlaxAttention` materialises every [queries x keys] score matrix and takes its softmax in the compute
 dtype: at 1024x1024 that is a 4096x4096 matrix per head in HBM, and a bf16 softmax. The hook below replaces only the
@@ -205,10 +205,15 @@ def attend(q, k, v, scale: float, kind: str, *, interpret: bool = False):
 # ---- the hook ----------------------------------------------------------------------------------------------------
 
 
-def _flax_attention_class():
+def attention_classes() -> tuple:
+    """The modules whose core the hook swaps: the project's `nets.attention.Attention` (the ControlNet's) and
+    diffusers' `FlaxAttention` (the UNet's until it is built from `device/nets/` too). Both keep their projections
+    as `query`, `key`, `value` and `proj_attn`."""
     from diffusers.models.attention_flax import FlaxAttention
 
-    return FlaxAttention
+    from .nets.attention import Attention
+
+    return Attention, FlaxAttention
 
 
 #: Within `context_lengths`: the keys of the text each row of a cross-attention attends to (int32 [B], traced).
@@ -228,7 +233,10 @@ def context_lengths(lengths):
 
 
 def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None, deterministic=True):
-    """`FlaxAttention.__call__` with another core, using the module's own projection layers (same parameters)."""
+    """The attention module's `__call__` with another core, using its own projection layers (same parameters).
+
+    `deterministic` is diffusers' argument; its dropout (rate 0, never trained here) is the identity, so none runs.
+    """
     lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]
@@ -244,13 +252,13 @@ def _attention_call(module, kind: str, interpret: bool, hidden_states, context=N
         out = jax.nn.dot_product_attention(
             q, k, v, scale=head_dim**-0.5, key_value_seq_lengths=lengths, implementation="xla"
         )
-    out = module.proj_attn(out.reshape(batch, -1, heads * head_dim))  # [B, Lq, D]
-    return module.dropout_layer(out, deterministic=deterministic)
+    return module.proj_attn(out.reshape(batch, -1, heads * head_dim))  # [B, Lq, D]
 
 
 @contextlib.contextmanager
 def attention_hook(kind: str, *, interpret: bool = False):
-    """Within this context (entered inside a traced function), diffusers' `FlaxAttention` uses core `kind`.
+    """Within this context (entered inside a traced function), every attention module (`attention_classes`) uses
+    core `kind`.
 
     `kind` must be resolved (see `resolve`); `diffusers` installs nothing. `interpret` runs splash in Pallas'
     interpreter (tests on CPU).
@@ -262,10 +270,10 @@ def attention_hook(kind: str, *, interpret: bool = False):
         return
     import flax.linen as nn
 
-    attention_class = _flax_attention_class()
+    classes = attention_classes()
 
     def interceptor(next_fun, args, kwargs, context):
-        if context.method_name != "__call__" or not isinstance(context.module, attention_class):
+        if context.method_name != "__call__" or not isinstance(context.module, classes):
             return next_fun(*args, **kwargs)
         return _attention_call(context.module, kind, interpret, *args, **kwargs)
 

@@ -1,8 +1,8 @@
 """SDXL ControlNet in Flax: the module diffusers' PyTorch `ControlNetModel` is for SDXL configs.
 
-diffusers' own `FlaxControlNetModel` predates SDXL: no `text_time` add-embedding, one transformer layer per block,
-so a real SDXL ControlNet (transformer depth up to 10) would not load. This module is built from diffusers' Flax UNet
-blocks the way its `FlaxUNet2DConditionModel` builds SDXL's encoder half (per-block `transformer_layers_per_block`,
+diffusers' own `FlaxControlNetModel` predated SDXL: no `text_time` add-embedding, one transformer layer per block,
+so a real SDXL ControlNet (transformer depth up to 10) would not load. This module is built from the project's UNet
+blocks (`device/nets/`) the way the UNet builds SDXL's encoder half (per-block `transformer_layers_per_block`,
 the `text_time` add-embedding), plus the conditioning embedding and the zero convolutions. Parameter names follow
 PyTorch's after diffusers' `rename_key` (`controlnet_down_blocks_3`, `controlnet_cond_embedding/blocks_0`, ...), so
 `checkpoint/controlnet.py` converts a diffusers-layout file tensor by tensor, every name accounted for.
@@ -18,13 +18,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from diffusers.models.controlnets.controlnet_flax import FlaxControlNetConditioningEmbedding
-from diffusers.models.embeddings_flax import FlaxTimestepEmbedding, FlaxTimesteps
-from diffusers.models.unets.unet_2d_blocks_flax import (
-    FlaxCrossAttnDownBlock2D,
-    FlaxDownBlock2D,
-    FlaxUNetMidBlock2DCrossAttn,
-)
+
+from .nets.controlnet_embedding import ControlNetConditioningEmbedding
+from .nets.embeddings import TimestepEmbedding, Timesteps
+from .nets.unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn
 
 #: What SDXL's UNet reads as size conditioning: (original h, w, crop top, left, target h, w).
 TIME_IDS = 6
@@ -48,7 +45,6 @@ class SDXLControlNet(nn.Module):
     freq_shift: int = 0
     conditioning_embedding_out_channels: tuple[int, ...] = (16, 32, 96, 256)
     bgr: bool = False  # controlnet_conditioning_channel_order == "bgr"
-    split_head_dim: bool = True
     dtype: Any = jnp.float32
 
     @property
@@ -66,11 +62,11 @@ class SDXLControlNet(nn.Module):
         depths = self._per_block(self.transformer_layers_per_block)
         time_embed_dim = channels[0] * 4
         self.conv_in = nn.Conv(channels[0], kernel_size=(3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype)
-        self.time_proj = FlaxTimesteps(channels[0], flip_sin_to_cos=self.flip_sin_to_cos, freq_shift=self.freq_shift)
-        self.time_embedding = FlaxTimestepEmbedding(time_embed_dim, dtype=self.dtype)
-        self.add_time_proj = FlaxTimesteps(self.addition_time_embed_dim, self.flip_sin_to_cos, self.freq_shift)
-        self.add_embedding = FlaxTimestepEmbedding(time_embed_dim, dtype=self.dtype)
-        self.controlnet_cond_embedding = FlaxControlNetConditioningEmbedding(
+        self.time_proj = Timesteps(channels[0], flip_sin_to_cos=self.flip_sin_to_cos, freq_shift=self.freq_shift)
+        self.time_embedding = TimestepEmbedding(time_embed_dim, dtype=self.dtype)
+        self.add_time_proj = Timesteps(self.addition_time_embed_dim, self.flip_sin_to_cos, self.freq_shift)
+        self.add_embedding = TimestepEmbedding(time_embed_dim, dtype=self.dtype)
+        self.controlnet_cond_embedding = ControlNetConditioningEmbedding(
             conditioning_embedding_channels=channels[0],
             block_out_channels=tuple(self.conditioning_embedding_out_channels),
             dtype=self.dtype,
@@ -81,14 +77,13 @@ class SDXLControlNet(nn.Module):
             input_channel, output_channel = output_channel, channels[i]
             last = i == len(channels) - 1
             if block_type == "CrossAttnDownBlock2D":
-                block = FlaxCrossAttnDownBlock2D(
+                block = CrossAttnDownBlock2D(
                     in_channels=input_channel, out_channels=output_channel, num_layers=self.layers_per_block,
                     transformer_layers_per_block=depths[i], num_attention_heads=heads[i], add_downsample=not last,
-                    use_linear_projection=self.use_linear_projection, split_head_dim=self.split_head_dim,
-                    dtype=self.dtype,
+                    use_linear_projection=self.use_linear_projection, dtype=self.dtype,
                 )  # fmt: skip
             else:
-                block = FlaxDownBlock2D(
+                block = DownBlock2D(
                     in_channels=input_channel, out_channels=output_channel, num_layers=self.layers_per_block,
                     add_downsample=not last, dtype=self.dtype,
                 )  # fmt: skip
@@ -96,9 +91,9 @@ class SDXLControlNet(nn.Module):
             zero_convs += [self._zero_conv(output_channel) for _ in range(self.layers_per_block + (not last))]
         self.down_blocks = down_blocks
         self.controlnet_down_blocks = zero_convs
-        self.mid_block = FlaxUNetMidBlock2DCrossAttn(
+        self.mid_block = UNetMidBlock2DCrossAttn(
             in_channels=channels[-1], num_attention_heads=heads[-1], transformer_layers_per_block=depths[-1],
-            use_linear_projection=self.use_linear_projection, split_head_dim=self.split_head_dim, dtype=self.dtype,
+            use_linear_projection=self.use_linear_projection, dtype=self.dtype,
         )  # fmt: skip
         self.controlnet_mid_block = self._zero_conv(channels[-1])
 
@@ -122,12 +117,12 @@ class SDXLControlNet(nn.Module):
         sample = sample + self.controlnet_cond_embedding(jnp.transpose(control, (0, 2, 3, 1)))
         residuals = (sample,)
         for block in self.down_blocks:
-            if isinstance(block, FlaxCrossAttnDownBlock2D):
-                sample, outputs = block(sample, emb, encoder_hidden_states, deterministic=True)
+            if isinstance(block, CrossAttnDownBlock2D):
+                sample, outputs = block(sample, emb, encoder_hidden_states)
             else:
-                sample, outputs = block(sample, emb, deterministic=True)
+                sample, outputs = block(sample, emb)
             residuals += outputs
-        sample = self.mid_block(sample, emb, encoder_hidden_states, deterministic=True)
+        sample = self.mid_block(sample, emb, encoder_hidden_states)
         down = tuple(conv(residual) for conv, residual in zip(self.controlnet_down_blocks, residuals, strict=True))
         return down, self.controlnet_mid_block(sample)
 

@@ -1,0 +1,228 @@
+"""The project's own networks (pipeline/device/nets/) against diffusers' and transformers' Flax classes, through the
+committed fixture tests/fixtures/networks-expected.npz + .json (scripts/make_network_fixtures.py; neither library's
+Flax classes are imported here).
+
+- Parameter trees (names and shapes) equal the old classes' for every case and for SDXL's full-size base, refiner
+  and inpainting UNets, VAE, CLIP-L, CLIP-G and the ControlNet (`jax.eval_shape`: nothing allocated).
+- float32 outputs equal the old classes' bit for bit: the tiny checkpoint's networks (base UNet, with ControlNet
+  residuals, a refiner-shaped UNet, VAE encode and decode, both text encoders), the ControlNet's conditioning
+  embedding, and full-width blocks (SDXL's 1280-wide transformer, a 640 -> 1280 resnet, the VAE's 512-wide middle,
+  one CLIP-L and one CLIP-G layer) at a tiny spatial size.
+- bfloat16 (module dtype and parameters, as the engine runs them): equal bit for bit too (see `BF16_TOLERANCE`).
+
+Bit for bit on the tests' CPU platform (tests/conftest.py: 8 host devices), which the fixture script also uses: XLA's
+CPU convolutions split their work by thread pools the device count sizes, so the same program run with 1 device
+differs in the last bit for the tiny VAE decoder (diffusers' class and this one alike, 1.2e-6 at most).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.random_params import random_params, tree_shapes
+
+MANIFEST = json.loads((FIXTURES / "networks-expected.json").read_text())
+EXPECTED = np.load(FIXTURES / "networks-expected.npz")
+#: bfloat16 against the old classes in bfloat16: the same operations in the same order, so the same bits (0).
+BF16_TOLERANCE = 0.0
+
+
+def _arrays(case: str, kind: str) -> dict[str, np.ndarray]:
+    prefix = f"{case}/{kind}/"
+    return {key[len(prefix) :]: EXPECTED[key] for key in EXPECTED.files if key.startswith(prefix)}
+
+
+def _unet(config: dict, dtype):
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
+
+    return UNet2DConditionModel(UNetConfig.from_dict(config), dtype=dtype)
+
+
+def _vae(config: dict, dtype):
+    from pipeline.device.nets.vae import AutoencoderKL, VAEConfig
+
+    return AutoencoderKL(VAEConfig.from_dict(config), dtype=dtype)
+
+
+def _clip(config: dict, dtype, projection: bool):
+    from pipeline.device.nets.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cls = CLIPTextModelWithProjection if projection else CLIPTextModel
+    return cls(CLIPTextConfig.from_dict(config), dtype=dtype)
+
+
+def _unet_call(module, params, x):
+    residuals = sorted((k for k in x if k.startswith("residual_")), key=lambda k: int(k.split("_")[1]))
+    out = module.apply(
+        {"params": params}, x["sample"], x["timesteps"], x["encoder_hidden_states"],
+        added_cond_kwargs={"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]},
+        down_block_additional_residuals=tuple(x[k] for k in residuals) if residuals else None,
+        mid_block_additional_residual=x.get("mid_residual"),
+    )  # fmt: skip
+    return {"sample": out.sample}
+
+
+def _encode_call(module, params, x):
+    posterior = module.apply({"params": params}, x["sample"], method=module.encode).latent_dist
+    return {"mean": posterior.mean, "std": posterior.std}
+
+
+def _decode_call(module, params, x):
+    return {"sample": module.apply({"params": params}, x["latents"], method=module.decode).sample}
+
+
+def _clip_call(module, params, x):
+    out = module.apply({"params": params}, x["input_ids"])
+    result = {"last_hidden_state": out.last_hidden_state}
+    result.update({f"hidden_state_{i}": h for i, h in enumerate(out.hidden_states)})
+    if out.text_embeds is not None:
+        return {**result, "text_embeds": out.text_embeds}
+    return {**result, "pooler_output": out.pooler_output}
+
+
+def _block_call(*names):
+    def call(module, params, x):
+        return {"output": module.apply({"params": params}, *(x[n] for n in names))}
+
+    return call
+
+
+def _init_of(module, *example):
+    return lambda key: module.init(key, *example)["params"]
+
+
+def _cases() -> dict:
+    """Per case: (module for a dtype, its init, apply(module, params, inputs) -> {name: array}), as the script's."""
+    from pipeline.device.nets.clip import CLIPEncoderLayer, CLIPTextConfig
+    from pipeline.device.nets.controlnet_embedding import ControlNetConditioningEmbedding
+    from pipeline.device.nets.resnet import ResnetBlock2D
+    from pipeline.device.nets.transformer import Transformer2DModel
+    from pipeline.device.nets.vae_blocks import VAEMidBlock2D
+
+    configs, f32 = MANIFEST["configs"], jnp.float32
+    embedding = configs["controlnet_embedding"]
+
+    def clip_layer(config):
+        return lambda dtype: CLIPEncoderLayer(CLIPTextConfig.from_dict(config), dtype=dtype)
+
+    def weights(module):
+        return module.init_weights
+
+    return {
+        "unet": (lambda d: _unet(configs["unet"], d), weights, _unet_call),
+        "unet_controlnet": (lambda d: _unet(configs["unet"], d), weights, _unet_call),
+        "unet_refiner": (lambda d: _unet(configs["unet_refiner"], d), weights, _unet_call),
+        "vae_encode": (lambda d: _vae(configs["vae"], d), weights, _encode_call),
+        "vae_decode": (lambda d: _vae(configs["vae"], d), weights, _decode_call),
+        "text_encoder": (lambda d: _clip(configs["text_encoder"], d, False), weights, _clip_call),
+        "text_encoder_2": (lambda d: _clip(configs["text_encoder_2"], d, True), weights, _clip_call),
+        "controlnet_embedding": (
+            lambda d: ControlNetConditioningEmbedding(
+                embedding["conditioning_embedding_channels"], tuple(embedding["block_out_channels"]), dtype=d
+            ),
+            lambda m: _init_of(m, jnp.zeros((1, 32, 32, 3), f32)),
+            _block_call("conditioning"),
+        ),
+        "transformer_1280": (
+            lambda d: Transformer2DModel(in_channels=1280, n_heads=20, d_head=64, depth=1, dtype=d),
+            lambda m: _init_of(m, jnp.zeros((1, 4, 4, 1280), f32), jnp.zeros((1, 77, 2048), f32)),
+            _block_call("hidden_states", "context"),
+        ),
+        "resnet_640_1280": (
+            lambda d: ResnetBlock2D(640, 1280, dtype=d),
+            lambda m: _init_of(m, jnp.zeros((1, 4, 4, 640), f32), jnp.zeros((1, 1280), f32)),
+            _block_call("hidden_states", "temb"),
+        ),
+        "vae_mid_512": (
+            lambda d: VAEMidBlock2D(512, resnet_groups=32, dtype=d),
+            lambda m: _init_of(m, jnp.zeros((1, 4, 4, 512), f32)),
+            _block_call("hidden_states"),
+        ),
+        "clip_l_layer": (
+            clip_layer(configs["clip_l"]),
+            lambda m: _init_of(m, jnp.zeros((1, 77, 768), f32)),
+            _block_call("hidden_states"),
+        ),
+        "clip_g_layer": (
+            clip_layer(configs["clip_g"]),
+            lambda m: _init_of(m, jnp.zeros((1, 77, 1280), f32)),
+            _block_call("hidden_states"),
+        ),
+    }
+
+
+CASES = _cases()
+
+
+def test_fixture_covers_every_case():
+    assert set(MANIFEST["trees"]) == set(CASES)
+
+
+def _shapes(init):
+    return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tree_equals_the_old_classes(case):
+    build, init, _ = CASES[case]
+    assert tree_shapes(_shapes(init(build(jnp.float32)))) == MANIFEST["trees"][case]
+
+
+FULL_SIZE = {
+    "unet_base": lambda: _unet(MANIFEST["configs"]["sdxl_unet"], jnp.bfloat16).init_weights,
+    "unet_refiner": lambda: _unet(MANIFEST["configs"]["sdxl_refiner_unet"], jnp.bfloat16).init_weights,
+    "unet_inpainting": lambda: _unet(MANIFEST["configs"]["sdxl_inpaint_unet"], jnp.bfloat16).init_weights,
+    "vae": lambda: _vae(MANIFEST["configs"]["sdxl_vae"], jnp.bfloat16).init_weights,
+    "clip_l": lambda: _clip(MANIFEST["configs"]["clip_l"], jnp.bfloat16, False).init_weights,
+    "clip_g": lambda: _clip(MANIFEST["configs"]["clip_g"], jnp.bfloat16, True).init_weights,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FULL_SIZE))
+def test_full_size_tree_equals_the_old_classes(name):
+    """SDXL's own sizes (2.6 B parameters in all), traced only: the checkpoints' trees, leaf for leaf."""
+    assert tree_shapes(_shapes(FULL_SIZE[name]())) == MANIFEST["full_size_trees"][name]
+
+
+def test_controlnet_tree_is_unchanged():
+    """The ControlNet at diffusers/controlnet-canny-sdxl-1.0's size keeps the tree its converter maps onto."""
+    from pipeline.device.controlnet import SDXLControlNet
+
+    assert tree_shapes(_shapes(SDXLControlNet().init_weights)) == MANIFEST["full_size_trees"]["controlnet"]
+
+
+def _run(case: str, dtype_name: str) -> dict[str, np.ndarray]:
+    build, init, call = CASES[case]
+    dtype = getattr(jnp, dtype_name)
+    params = random_params(_shapes(init(build(jnp.float32))), MANIFEST["seed"])
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+    inputs = {k: jnp.asarray(v, dtype) if v.dtype == np.float32 else v for k, v in _arrays(case, "input").items()}
+    outputs = jax.jit(functools.partial(call, build(dtype)))(params, inputs)
+    return {name: np.asarray(value.astype(jnp.float32)) for name, value in outputs.items()}
+
+
+def _max_diff(got: dict, expected: dict) -> float:
+    assert sorted(got) == sorted(expected)
+    return max(float(np.max(np.abs(got[k] - expected[k]))) for k in expected)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_float32_bit_for_bit(case):
+    got, expected = _run(case, "float32"), _arrays(case, "float32")
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert np.isfinite(expected[name]).all() and np.abs(expected[name]).max() > 0, name
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{case}: {name}")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bfloat16_as_the_old_classes(case):
+    got, expected = _run(case, "bfloat16"), _arrays(case, "bfloat16")
+    assert _max_diff(got, expected) <= BF16_TOLERANCE, case
