@@ -222,6 +222,7 @@ def test_float32_bit_for_bit(case):
         np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{case}: {name}")
 
 
+@pytest.mark.long  # bfloat16 is emulated on this CPU: minutes for the whole set; the float32 cases run the same code
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bfloat16_as_the_old_classes(case):
     got, expected = _run(case, "bfloat16"), _arrays(case, "bfloat16")
