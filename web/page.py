@@ -277,11 +277,16 @@ class Fields:
     controls: dict[str, Any]  # the request fields' components by table name, but the prompt's
     lora_rows: tuple  # the LoRA picker: name, weight, name, weight, ...
     picture: gr.ImageMask  # the mask editor
-    previews: gr.Checkbox  # the API's `previews` (hidden: the page always streams them)
+    previews: gr.Checkbox  # the API's `previews` (hidden; False: an API caller gets none unless it asks)
+    page_previews: gr.Checkbox  # the page's own `previews` (hidden; True: previews are for eyes)
 
     def inputs(self, prompt: gr.Textbox) -> list:
         """The API's parameters: the request fields in the table's order, then `previews`."""
         return [*(prompt if row.name == "prompt" else self.controls[row.name] for row in FIELDS), self.previews]
+
+    def page_inputs(self, prompt: gr.Textbox) -> list:
+        """The page's Generate's: the API's, asking for previews, then the mask editor."""
+        return [*self.inputs(prompt)[:-1], self.page_previews, self.picture]
 
 
 def advanced_settings(rules: Any, engine: Any) -> Fields:
@@ -333,15 +338,17 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
     controls["controlnets"] = control_panel(rules)
-    # the API's previews=False: no pictures forming streamed, no preview program run
-    previews = gr.Checkbox(value=True, visible=False, label="previews")
+    # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
+    # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
+    previews = gr.Checkbox(value=False, visible=False, label="previews")
+    page_previews = gr.Checkbox(value=True, visible=False, label="page previews")
     for row in PLAIN:  # a field of a group the layout above does not place: a row of its own
         if row.name not in controls:
             with gr.Row(equal_height=True):
                 controls.update(table_controls(row.control.group, rules, only=row.name))
     if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
         gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
-    return Fields(controls, lora_rows, picture, previews)
+    return Fields(controls, lora_rows, picture, previews, page_previews)
 
 
 def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:
@@ -403,9 +410,9 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         "concurrency_limit": concurrency,
         "concurrency_id": "generate",
     }
-    page_generating = {  # the page's own: its picture editor too; one "step k / N" bar and error badge
-        **generating, "inputs": [*inputs, fields.picture], "api_name": "page_generate", "api_visibility": "private",
-        "show_progress": "full", "show_progress_on": [shown.gallery],
+    page_generating = {  # the page's own: previews, its picture editor too; one "step k / N" bar and error badge
+        **generating, "inputs": fields.page_inputs(top.prompt), "api_name": "page_generate",
+        "api_visibility": "private", "show_progress": "full", "show_progress_on": [shown.gallery],
     }  # fmt: skip
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
     streaming = shown.api_button.click(

@@ -19,6 +19,8 @@ import requests
 from conftest import FIXTURES, TEST_SIZE, free_port
 from PIL import Image
 
+from bench.program_times import ProgramTimer
+
 KEYS = ("key-one", "key-two")
 SIZE = f"{TEST_SIZE}x{TEST_SIZE}"
 
@@ -207,7 +209,7 @@ def openai_client(url):
     return OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=300)
 
 
-def test_openai_generate_b64_and_url(openai_client, webui):
+def test_openai_generate_b64_and_url(openai_client, webui, feature_engine):
     made = openai_client.images.generate(prompt="a red kite", size=SIZE, n=3, response_format="b64_json",
                                          extra_body={"seed": 40, "guidance_scale": 4.0, "sampler": "Euler",
                                                      "negative_prompt": "fog"})  # fmt: skip
@@ -216,7 +218,9 @@ def test_openai_generate_b64_and_url(openai_client, webui):
     assert "Seed: 40" in first.info["parameters"]
     same = webui.txt2img(prompt="a red kite", negative_prompt="fog", seed=40, width=64, height=64, cfg_scale=4.0)
     assert np.array_equal(pixels(first), pixels(same.image))  # one engine, one handler
-    linked = openai_client.images.generate(prompt="a kite", size=SIZE, n=1, response_format="url")
+    with ProgramTimer(feature_engine.programs) as timer:
+        linked = openai_client.images.generate(prompt="a kite", size=SIZE, n=1, response_format="url")
+    assert timer.labels and not [label for label in timer.labels if label.startswith("preview")]  # no previews
     link = linked.data[0].url
     assert len(link.rsplit("/", 1)[1]) >= 32  # an unguessable name
     fetched = requests.get(link, timeout=30)
@@ -251,7 +255,7 @@ def test_openai_refusals(openai_client, url):
 # ---- MCP -------------------------------------------------------------------------------------------------------------
 
 
-def test_mcp_lists_and_calls_generate(url):
+def test_mcp_lists_and_calls_generate(url, feature_engine):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
 
@@ -265,7 +269,9 @@ def test_mcp_lists_and_calls_generate(url):
             called = await session.call_tool(tool.name, {"prompt": "a kite", "seed": 5, "randomize_seed": False})
             return tool, called
 
-    tool, called = asyncio.run(session_run())
+    with ProgramTimer(feature_engine.programs) as timer:
+        tool, called = asyncio.run(session_run())
+    assert timer.labels and not [label for label in timer.labels if label.startswith("preview")]  # none unasked
     assert "returns the images" in tool.description
     assert all(argument.get("description") for argument in tool.inputSchema["properties"].values())
     assert not called.isError, called.content
