@@ -48,4 +48,36 @@
     input.files = files.files;
     input.dispatchEvent(new Event("change", { bubbles: true }));
   });
+
+  // Start from a picture: as an event's input, the mask editor exports and uploads its picture, strokes and
+  // composite (three PNGs at the picture's size: seconds in a browser without a GPU); only strokes make a mask.
+  // Until something is painted on the editor, Generate and Enter run the event without it; once painted, they press
+  // the hidden #generate-painted, whose event takes it (web/page.py: wire_generate). A new picture or a Vary gives
+  // the editor a fresh picture without strokes.
+  let painted = false;
+  document.addEventListener("pointerdown", (event) => {
+    if (event.target.closest?.("#mask-editor canvas")) painted = true;
+  }, true);
+  document.addEventListener("change", (event) => {
+    if (event.target.closest?.("#init-image")) painted = false;
+  }, true);
+  document.addEventListener("click", (event) => {
+    if (event.target.closest?.("#vary-subtle, #vary-strong")) painted = false;
+  }, true);
+  const runPainted = (event) => {
+    const button = document.querySelector("#generate-painted");
+    if (!painted || !button) return;
+    event.preventDefault();
+    event.stopPropagation();  // in the capture phase: Gradio's own handler never sees it
+    button.click();
+  };
+  document.addEventListener("click", (event) => {
+    if (event.target.closest?.("#generate")) runPainted(event);
+  }, true);
+  // Gradio's textbox submits on "keypress" Enter (a one-line box; Shift+Enter is a new line).
+  document.addEventListener("keypress", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.target.closest?.("#prompt")) {
+      runPainted(event);
+    }
+  }, true);
 })();

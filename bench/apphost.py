@@ -40,9 +40,9 @@ DEVICE_STEP_S = 0.1
 GRAIN = 34
 #: The ways an API caller can ask: label -> (endpoint, extra API arguments, whether the client fetches the images).
 CALLS = {
-    "previews": ("/generate", {}, True),
+    "previews": ("/generate", {"previews": True}, True),
     "no previews": ("/generate", {"previews": False}, True),
-    "previews, nothing fetched": ("/generate", {}, False),
+    "previews, nothing fetched": ("/generate", {"previews": True}, False),
     "no previews, nothing fetched": ("/generate", {"previews": False}, False),
     "png": ("/generate_png", {}, True),
 }

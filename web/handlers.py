@@ -149,7 +149,7 @@ class Handlers:
                 return
             answer = None
             for answer in generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
-                                   request=request, progress=progress):  # fmt: skip
+                                   previews=True, request=request, progress=progress):  # fmt: skip
                 yield answer
             if answer is not None and isinstance(answer[1], int):  # finished (previews and a Stop skip the seed)
                 cache.keep(key, answer)
@@ -553,8 +553,8 @@ def api_signature(rules: RequestRules) -> inspect.Signature:
     ]
     return inspect.Signature([
         *parameters,
-        # False: no pictures forming streamed, no preview program run
-        inspect.Parameter("previews", keyword, default=True, annotation=bool),
+        # True: the pictures forming streamed before the answer (the page asks for them; previews are for eyes)
+        inspect.Parameter("previews", keyword, default=False, annotation=bool),
         inspect.Parameter("picture", keyword, default=None, annotation=dict | None),  # strokes painted on the picture
         inspect.Parameter("request", keyword, default=None, annotation=gr.Request),
         inspect.Parameter("progress", keyword, default=gr.Progress(), annotation=gr.Progress),
@@ -566,13 +566,13 @@ API_DOC = "\n".join([
     "Generate one image per accelerator core.",
     "",
     "Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from "
-    "/generate_png), the seed used and a status line. Before it, /generate streams the images forming every 2 steps "
-    "(small previews; the seed and status unchanged), unless the server runs with --no-previews. Stop, "
+    "/generate_png), the seed used and a status line. With previews=True, /generate first streams the images forming "
+    "every 2 steps (small previews; the seed and status unchanged), unless the server runs with --no-previews. Stop, "
     "`job.cancel()` or a closed page end the request at the next denoising step.",
     "",
     "Parameters:",
     *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
-    "    previews: False = no pictures forming streamed, no preview program run, the answer alone (each file fetched "
-    "once)",
+    "    previews: True = the pictures forming streamed before the answer (the client fetches every preview's files); "
+    "default False: no preview program run, the answer alone (each file fetched once)",
 ])  # fmt: skip
 

@@ -199,6 +199,7 @@ class PromptRow:
     prompt: gr.Textbox
     run: gr.Button
     stop: gr.Button
+    run_painted: gr.Button  # Generate once a mask is painted (hidden: assets/page.js presses it instead of `run`)
 
 
 def prompt_row() -> PromptRow:
@@ -219,7 +220,9 @@ def prompt_row() -> PromptRow:
         run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
         # Grey while idle, red while this tab's request runs (assets/style.css)
         stop = gr.Button("Stop", variant="secondary", scale=0, min_width=90, elem_id="stop")
-    return PromptRow(prompt, run, stop)
+    # In the page (for assets/page.js to press), never seen: Generate with the mask editor's strokes.
+    run_painted = gr.Button("Generate", visible="hidden", elem_id="generate-painted")
+    return PromptRow(prompt, run, stop, run_painted)
 
 
 @dataclass(frozen=True)
@@ -278,11 +281,20 @@ class Fields:
     controls: dict[str, Any]  # the request fields' components by table name, but the prompt's
     lora_rows: tuple  # the LoRA picker: name, weight, name, weight, ...
     picture: gr.ImageMask  # the mask editor
-    previews: gr.Checkbox  # the API's `previews` (hidden: the page always streams them)
+    previews: gr.Checkbox  # the API's `previews` (hidden; False: an API caller gets none unless it asks)
+    page_previews: gr.Checkbox  # the page's own `previews` (hidden; True: previews are for eyes)
 
     def inputs(self, prompt: gr.Textbox) -> list:
         """The API's parameters: the request fields in the table's order, then `previews`."""
         return [*(prompt if row.name == "prompt" else self.controls[row.name] for row in FIELDS), self.previews]
+
+    def page_inputs(self, prompt: gr.Textbox, *, painted: bool = False) -> list:
+        """The page's Generate's: the API's, asking for previews, then (`painted`) the mask editor.
+
+        The editor is an input only once something is painted: as an event's input it exports and uploads its picture,
+        strokes and composite (three PNGs at the picture's size: seconds in a browser without a GPU), though only the
+        strokes make a mask and a request without any needs none of them (assets/page.js chooses the event)."""
+        return [*self.inputs(prompt)[:-1], self.page_previews, *([self.picture] if painted else [])]
 
 
 def advanced_settings(rules: Any, engine: Any) -> Fields:
@@ -334,15 +346,17 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
     controls["controlnets"] = control_panel(rules)
-    # the API's previews=False: no pictures forming streamed, no preview program run
-    previews = gr.Checkbox(value=True, visible=False, label="previews")
+    # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
+    # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
+    previews = gr.Checkbox(value=False, visible=False, label="previews")
+    page_previews = gr.Checkbox(value=True, visible=False, label="page previews")
     for row in PLAIN:  # a field of a group the layout above does not place: a row of its own
         if row.name not in controls:
             with gr.Row(equal_height=True):
                 controls.update(table_controls(row.control.group, rules, only=row.name))
     if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
         gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
-    return Fields(controls, lora_rows, picture, previews)
+    return Fields(controls, lora_rows, picture, previews, page_previews)
 
 
 def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:
@@ -393,8 +407,8 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     answer = [shown.gallery, fields.controls["seed"], shown.status]
     # A new request clears the last one's status line at once (in the browser), so a refused request never leaves
     # an older request's "8 images in ..." under its error.
-    gr.on(triggers=[top.run.click, top.prompt.submit], fn=None, js="() => ''", outputs=[shown.status],
-          api_visibility="private")  # fmt: skip
+    gr.on(triggers=[top.run.click, top.prompt.submit, top.run_painted.click], fn=None, js="() => ''",
+          outputs=[shown.status], api_visibility="private")  # fmt: skip
     generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
         "fn": handlers.endpoint(),
         "outputs": answer,
@@ -404,11 +418,14 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         "concurrency_limit": concurrency,
         "concurrency_id": "generate",
     }
-    page_generating = {  # the page's own: its picture editor too; one "step k / N" bar and error badge
-        **generating, "inputs": [*inputs, fields.picture], "api_name": "page_generate", "api_visibility": "private",
-        "show_progress": "full", "show_progress_on": [shown.gallery],
+    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge
+        **generating, "inputs": fields.page_inputs(top.prompt), "api_name": "page_generate",
+        "api_visibility": "private", "show_progress": "full", "show_progress_on": [shown.gallery],
     }  # fmt: skip
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
+    # Once strokes are painted (assets/page.js), Generate and Enter press this instead: the mask editor too.
+    painted = top.run_painted.click(**{**page_generating, "inputs": fields.page_inputs(top.prompt, painted=True),
+                                       "api_name": "page_generate_painted"})  # fmt: skip
     streaming = shown.api_button.click(
         inputs=inputs,
         api_name="generate",
@@ -433,7 +450,7 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     ]  # fmt: skip
     # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the background;
     # matched by file name, so no path a browser sends is ever opened).
-    for answered in (generated, *varied):
+    for answered in (generated, painted, *varied):
         answered.success(fn=handlers.pngs, inputs=None, outputs=shown.pngs, api_visibility="private",
                          show_progress="hidden", concurrency_limit=4, concurrency_id="pngs")  # fmt: skip
     gr.on(triggers=[row.change for row in fields.lora_rows], fn=handlers.picked_loras, inputs=list(fields.lora_rows),
@@ -451,7 +468,7 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
         concurrency_limit=concurrency,  # a group takes its events' lowest limit: give the same
         concurrency_id="generate",  # shares /generate's slots
     )
-    return [generated, *varied]
+    return [generated, painted, *varied]
 
 
 def wire_examples(handlers: Handlers, rules: Any, examples: Sequence[str], buttons: list, top: PromptRow,

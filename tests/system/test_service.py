@@ -235,7 +235,7 @@ def test_previews_a_picture_parameters_and_stop_through_the_page(page, engines, 
     picture = tmp_path / "start.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(picture)
     job = client(page).submit("a lighthouse", api_name="/generate", seed=51, randomize_seed=False, steps=8,
-                              init_image=handle_file(str(picture)), strength=0.5)  # fmt: skip
+                              init_image=handle_file(str(picture)), strength=0.5, previews=True)  # fmt: skip
     gallery, seed, status = job.result(timeout=300)
     assert seed == 51 and "from a picture, strength 0.5" in status
     forming = [out[0][0]["caption"] for out in job.outputs()[:-1] if isinstance(out[0], list) and out[0]]

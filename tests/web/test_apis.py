@@ -19,6 +19,8 @@ import requests
 from conftest import FIXTURES, TEST_SIZE, free_port
 from PIL import Image
 
+from bench.program_times import ProgramTimer
+
 KEYS = ("key-one", "key-two")
 SIZE = f"{TEST_SIZE}x{TEST_SIZE}"
 
@@ -276,7 +278,7 @@ def openai_client(url):
     return OpenAI(base_url=f"{url}/v1", api_key=KEYS[1], max_retries=0, timeout=300)
 
 
-def test_openai_generate_b64_and_url(openai_client, webui):
+def test_openai_generate_b64_and_url(openai_client, webui, feature_engine):
     made = openai_client.images.generate(prompt="a red kite", size=SIZE, n=3, response_format="b64_json",
                                          extra_body={"seed": 40, "guidance_scale": 4.0, "sampler": "Euler",
                                                      "negative_prompt": "fog"})  # fmt: skip
@@ -285,7 +287,9 @@ def test_openai_generate_b64_and_url(openai_client, webui):
     assert "Seed: 40" in first.info["parameters"]
     same = webui.txt2img(prompt="a red kite", negative_prompt="fog", seed=40, width=64, height=64, cfg_scale=4.0)
     assert np.array_equal(pixels(first), pixels(same.image))  # one engine, one handler
-    linked = openai_client.images.generate(prompt="a kite", size=SIZE, n=1, response_format="url")
+    with ProgramTimer(feature_engine.programs) as timer:
+        linked = openai_client.images.generate(prompt="a kite", size=SIZE, n=1, response_format="url")
+    assert timer.labels and not [label for label in timer.labels if label.startswith("preview")]  # no previews
     link = linked.data[0].url
     assert len(link.rsplit("/", 1)[1]) >= 32  # an unguessable name
     fetched = requests.get(link, timeout=30)
@@ -341,7 +345,9 @@ def test_mcp_tools_are_named_as_the_api_and_answer_images_without_server_paths(u
             refused = await session.call_tool("generate", {"prompt": ""})
             return tools, made, lossless, refused
 
-    tools, made, lossless, refused = asyncio.run(session_run())
+    with ProgramTimer(feature_engine.programs) as timer:
+        tools, made, lossless, refused = asyncio.run(session_run())
+    assert timer.labels and not [label for label in timer.labels if label.startswith("preview")]  # none unasked
     endpoints = {fn.api_name for fn in app.demo.fns.values() if fn.api_visibility == "public"}
     assert set(tools) == endpoints and {"generate", "generate_png"} <= endpoints  # gradio_client's names
     assert "returns the images" in tools["generate"].description

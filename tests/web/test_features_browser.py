@@ -9,8 +9,12 @@ artifacts/browser/ (git-ignored): features-levers.png, features-inpainted.png, f
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 from conftest import ARTIFACTS, FEATURE_DEVICES, FIXTURES, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -157,3 +161,53 @@ def test_a_non_image_picture_is_one_sentence_at_upload(tab, tmp_path, capfd, cap
     logged = capfd.readouterr()
     assert "Traceback" not in logged.err + logged.out and "ComponentProcessingError" not in logged.err + logged.out
     assert tab.locator("#mask-editor img").count() == 0
+
+
+def paint_a_stroke(tab) -> None:
+    """The mask editor's brush, one stroke across the middle of the picture."""
+    editor = tab.locator("#mask-editor")
+    editor.locator("button[aria-label=Brush]").click(timeout=TIMEOUT_MS)
+    canvas = editor.locator(".pixi-target canvas")
+    canvas.wait_for(timeout=TIMEOUT_MS)
+    box = canvas.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    tab.mouse.move(x - 30, y - 10)
+    tab.mouse.down()
+    for i in range(15):
+        tab.mouse.move(x - 30 + 4 * i, y - 10 + 2 * i, steps=2)
+    tab.mouse.up()
+
+
+def test_generate_uploads_the_mask_editor_only_once_something_is_painted(tab, tmp_path):
+    """Issue 48: from a picture, 4.5 s passed in the browser before Generate's request (the mask editor exporting its
+    picture, strokes and composite at the picture's size, then three uploads). The picture is on the server already:
+    nothing painted, Generate uploads nothing; painted, the editor's files go with the request. Prints the time from
+    the click to the answer (a figure for the report, not a check)."""
+    big = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)).save(big)
+    open_advanced(tab)
+    set_steps(tab, 3)
+    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    tab.locator("#init-image input[type=file]").set_input_files(str(big))
+    tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
+    tab.locator("#mask-editor button[aria-label=Brush]").wait_for(timeout=TIMEOUT_MS)  # the editor has the picture
+    uploads: list[str] = []
+    tab.on("request", lambda r: "/upload" in r.url and r.method == "POST" and uploads.append(r.url))
+    status = tab.locator("#status")
+    tab.locator("#prompt textarea").fill("a cabin in the snow")
+    started = time.perf_counter()
+    tab.locator("#generate").click()
+    status.get_by_text("from a picture, strength").wait_for(timeout=TIMEOUT_MS)
+    plain_s, plain_uploads = time.perf_counter() - started, len(uploads)
+    print(f"1024² picture, nothing painted: {plain_s:.2f} s from click to answer, {plain_uploads} uploads")
+    assert "inpainted" not in status.inner_text()
+
+    paint_a_stroke(tab)
+    uploads.clear()
+    started = time.perf_counter()
+    tab.locator("#prompt textarea").press("Enter")  # Enter takes the strokes too
+    status.get_by_text("inpainted, strength").wait_for(timeout=TIMEOUT_MS)
+    painted_s, painted_uploads = time.perf_counter() - started, len(uploads)
+    print(f"1024² picture, painted: {painted_s:.2f} s from Enter to answer, {painted_uploads} uploads")
+    assert plain_uploads == 0 and painted_uploads >= 1
+    assert not tab.errors, tab.errors

@@ -1,6 +1,6 @@
-"""Live previews: /generate streams the pictures forming every 2 steps (gradio_client's `job.outputs()`), its answer
-is unchanged, /generate_png and --no-previews send none, a stop puts the previous images back, and the page shows
-them in the gallery (Chromium, screenshot in artifacts/browser/).
+"""Live previews: /generate streams the pictures forming every 2 steps when asked (gradio_client's `job.outputs()`),
+its answer is unchanged, a caller who leaves the defaults, /generate_png and --no-previews get none, a stop puts the
+previous images back, and the page shows them in the gallery (Chromium, screenshot in artifacts/browser/).
 
 Against the page around the session's `ui_engine` (tiny model, progress on).
 """
@@ -22,7 +22,8 @@ def _captions(output) -> list[str]:
 
 
 def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
-    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, api_name="/generate")
+    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=True,
+                           api_name="/generate")  # fmt: skip
     gallery, seed, status = job.result()
     outputs = job.outputs()
     previews, answer = outputs[:-1], outputs[-1]
@@ -46,6 +47,25 @@ def test_an_api_caller_asks_for_no_previews_and_the_devices_run_none(ui_client, 
         gallery, seed, _ = job.result()
     assert len(job.outputs()) == 1 and seed == 11 and len(gallery) == ui_engine.num_images
     assert not [label for label in timer.labels if label.startswith("preview")] and timer.labels
+
+
+def test_a_caller_who_leaves_the_defaults_gets_no_previews_and_fetches_each_image_once(ui_client, ui_engine,
+                                                                                       monkeypatch):  # fmt: skip
+    """Previews are for eyes: the API's default is none (the page's Generate asks for them)."""
+    fetched: list[str] = []
+    endpoint = ui_client.endpoints[ui_client._infer_fn_index("/generate", None)]
+    fetch = endpoint._download_file
+    monkeypatch.setattr(endpoint, "_download_file", lambda x: fetched.append(x["path"]) or fetch(x))
+    info = ui_client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    assert next(p for p in info if p["parameter_name"] == "previews")["parameter_default"] is False
+    with ProgramTimer(ui_engine.programs) as timer:
+        job = ui_client.submit(prompt="a lantern in the fog", seed=13, randomize_seed=False, steps=8,
+                               api_name="/generate")  # fmt: skip
+        gallery, seed, _ = job.result()
+    assert len(job.outputs()) == 1 and seed == 13 and len(gallery) == ui_engine.num_images
+    assert all(caption.startswith("seed ") for caption in _captions(job.outputs()[0]))
+    assert not [label for label in timer.labels if label.startswith("preview")] and timer.labels
+    assert len(fetched) == len(set(fetched)) == ui_engine.num_images
 
 
 def test_without_previews_each_image_is_fetched_once_and_a_cancel_still_stops_it(ui_client, ui_engine, monkeypatch):
@@ -76,7 +96,7 @@ def test_without_previews_each_image_is_fetched_once_and_a_cancel_still_stops_it
 
 
 def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_client):
-    job = ui_client.submit(prompt="a castle", steps=LONG, api_name="/generate")
+    job = ui_client.submit(prompt="a castle", steps=LONG, previews=True, api_name="/generate")
     deadline = time.monotonic() + 120
     while len(job.outputs()) < 2:  # two previews in: the request is under way
         assert not job.done() and time.monotonic() < deadline, "the request ended before it could be cancelled"
@@ -85,7 +105,7 @@ def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_cli
     seen = [_captions(o)[0] for o in job.outputs()]
     assert all(caption.endswith("· 64×64") and caption.startswith("step ") for caption in seen)
     assert all(f" / {LONG} " in caption for caption in seen)
-    job = ui_client.submit(prompt="a castle", steps=6, api_name="/generate")
+    job = ui_client.submit(prompt="a castle", steps=6, previews=True, api_name="/generate")
     job.result()
     assert [_captions(o)[0].split(" · ")[0] for o in job.outputs()[:-1]] == ["step 2 / 6", "step 4 / 6"]
 
@@ -101,7 +121,7 @@ def test_no_previews_server_streams_only_the_answer(tiny_dir):
     assert all(key.kind != "preview" for key in generator.program_keys())
     with served(generator) as page:
         client = Client(page.local_url, verbose=False)
-        job = client.submit(prompt="a red kite", steps=8, api_name="/generate")
+        job = client.submit(prompt="a red kite", steps=8, previews=True, api_name="/generate")  # asked: still none
         job.result()
         assert len(job.outputs()) == 1
 

@@ -96,8 +96,10 @@ class QueuedGenerate:
             inputs += [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
             outputs = [gr.JSON(visible=False, label=f"api answer {i}") for i in range(3)]
             for name, function in (("jpeg", handlers.endpoint()), ("png", handlers.endpoint("png"))):
+                # No triggers (an empty list): reached only by `run`'s queue push. `triggers=None` would mean "on
+                # page load and on any input's change", and every visit would queue two empty requests.
                 dependency = gr.on(
-                    triggers=None, fn=function, inputs=inputs, outputs=outputs, preprocess=False, postprocess=False,
+                    triggers=[], fn=function, inputs=inputs, outputs=outputs, preprocess=False, postprocess=False,
                     concurrency_limit=GENERATE_CONCURRENCY, concurrency_id="generate", api_visibility="private",
                     show_progress="hidden",
                 )  # fmt: skip
