@@ -258,8 +258,3 @@ def _watch(should_stop: Callable[[], bool], stopped: threading.Event, sock: sock
             with contextlib.suppress(OSError):  # already closed by the engine's side
                 sock.shutdown(socket.SHUT_RDWR)
             return
-
-
-def connect_engines(urls: list[str], token: str | None = None) -> RemoteEngines:
-    """The app's entry: `--engine` values (and SDXL_ENGINES, comma-separated) as one engine for the page."""
-    return RemoteEngines.connect(urls, token)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import io
 import os
 import pathlib
 import re
@@ -14,8 +13,6 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-
-from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.image_inputs import open_image
@@ -89,12 +86,6 @@ class RequestFiles:
 def png_base64(path: str | os.PathLike) -> str:
     """A picture file as base64 text (no data: prefix, as A1111 and OpenAI answer)."""
     return base64.b64encode(pathlib.Path(path).read_bytes()).decode("ascii")
-
-
-def image_base64(image: Image.Image, image_format: str = "JPEG") -> str:
-    buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, format=image_format, quality=85)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class ServedFiles:
