@@ -190,6 +190,7 @@ def test_default_cache_dir_follows_environment(monkeypatch, tmp_path):
     assert tiny.default_cache_dir() == tmp_path / "explicit"
 
 
+@pytest.mark.long  # 80 s of pmap compiles; CI's bench guard runs the same pipeline (`bench --only reference`)
 def test_reference_pipeline_runs_on_all_devices(loaded):
     import jax
     import numpy as np
