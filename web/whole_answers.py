@@ -100,12 +100,12 @@ class _TwinRouter:
             return await self.app(scope, replay, send)
         answer = b""
 
-        async def note_event(message):  # the join's answer: {"event_id": ...}
+        async def note_event(message):  # the join's answer: {"event_id": ...}, or a refusal (a full queue: 503)
             nonlocal answer
             if message.get("type") == "http.response.body":
                 answer += message.get("body", b"")
                 if not message.get("more_body"):
-                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
                         self.answers.sent(str(json.loads(answer)["event_id"]), twin)
             await send(message)
 
