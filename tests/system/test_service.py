@@ -296,7 +296,8 @@ def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(
         # no downloads: its view of the stream does not lag behind file transfers
         caller = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
         finished, _, _ = caller.predict("a lighthouse", api_name="/generate", seed=71, randomize_seed=False, steps=2)
-        job = caller.submit("a lighthouse", api_name="/generate", seed=72, randomize_seed=False, steps=100)
+        job = caller.submit("a lighthouse", api_name="/generate", seed=72, randomize_seed=False, steps=100,
+                            previews=True)  # the API's default is none: this test kills the engine while they show
 
         def forming() -> bool:
             return any(isinstance(out[0], list) and out[0] and out[0][0]["caption"].startswith("step ")
