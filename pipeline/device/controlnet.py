@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from .nets.controlnet_embedding import ControlNetConditioningEmbedding
-from .nets.embeddings import TimestepEmbedding, Timesteps
-from .nets.unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn
+from .nets.embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
+from .nets.unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, run_down_blocks
 
 #: What SDXL's UNet reads as size conditioning: (original h, w, crop top, left, target h, w).
 TIME_IDS = 6
@@ -101,27 +101,15 @@ class SDXLControlNet(nn.Module):
         return nn.Conv(channels, kernel_size=(1, 1), padding="VALID", kernel_init=nn.initializers.zeros_init(),
                        bias_init=nn.initializers.zeros_init(), dtype=self.dtype)  # fmt: skip
 
-    def _embedding(self, timesteps, text_embeds, time_ids):
-        """Time embedding plus SDXL's `text_time` add-embedding: [b, 4 x C0]."""
-        t_emb = self.time_embedding(self.time_proj(timesteps))
-        time_embeds = self.add_time_proj(jnp.ravel(time_ids)).reshape((text_embeds.shape[0], -1))  # [b, 6 x A]
-        return t_emb + self.add_embedding(jnp.concatenate([text_embeds, time_embeds], axis=-1))
-
     def __call__(self, sample, timesteps, encoder_hidden_states, text_embeds, time_ids, control):
         """sample [b, 4, h, w], timesteps [b], encoder_hidden_states [b, L, D], text_embeds [b, P], time_ids [b, 6],
         control [b, 3, 8h, 8w] in [0, 1] (RGB) -> (down residuals, each [b, h_i, w_i, C_i] NHWC; mid residual)."""
-        emb = self._embedding(timesteps, text_embeds, time_ids)  # [b, 4 x C0]
+        emb = sdxl_conditioning(self, timesteps, text_embeds, time_ids)  # [b, 4 x C0]
         if self.bgr:
             control = jnp.flip(control, axis=1)
         sample = self.conv_in(jnp.transpose(sample, (0, 2, 3, 1)))  # [b, h, w, C0]
         sample = sample + self.controlnet_cond_embedding(jnp.transpose(control, (0, 2, 3, 1)))
-        residuals = (sample,)
-        for block in self.down_blocks:
-            if isinstance(block, CrossAttnDownBlock2D):
-                sample, outputs = block(sample, emb, encoder_hidden_states)
-            else:
-                sample, outputs = block(sample, emb)
-            residuals += outputs
+        sample, residuals = run_down_blocks(self.down_blocks, sample, emb, encoder_hidden_states)
         sample = self.mid_block(sample, emb, encoder_hidden_states)
         down = tuple(conv(residual) for conv, residual in zip(self.controlnet_down_blocks, residuals, strict=True))
         return down, self.controlnet_mid_block(sample)

@@ -40,3 +40,12 @@ class TimestepEmbedding(nn.Module):
     def __call__(self, temb):
         temb = nn.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_1")(temb)
         return nn.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_2")(nn.silu(temb))
+
+
+def sdxl_conditioning(module: nn.Module, timesteps, text_embeds, time_ids):
+    """SDXL's embedding of a step: the timestep's MLP plus the `text_time` add-embedding (pooled text and size ids),
+    [B, 4 x C0]. `module` is the UNet or a ControlNet: both name the parts `time_proj`, `time_embedding`,
+    `add_time_proj` and `add_embedding`."""
+    time_embeds = module.add_time_proj(jnp.ravel(time_ids)).reshape((text_embeds.shape[0], -1))  # [B, ids x A]
+    emb = module.time_embedding(module.time_proj(timesteps))  # [B, 4 x C0]
+    return emb + module.add_embedding(jnp.concatenate([text_embeds, time_embeds], axis=-1))

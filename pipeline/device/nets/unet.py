@@ -16,8 +16,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .embeddings import TimestepEmbedding, Timesteps
-from .unet_blocks import CrossAttnDownBlock2D, CrossAttnUpBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, UpBlock2D
+from .embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
+from .unet_blocks import (
+    CrossAttnDownBlock2D,
+    CrossAttnUpBlock2D,
+    DownBlock2D,
+    UNetMidBlock2DCrossAttn,
+    UpBlock2D,
+    run_down_blocks,
+)
 
 
 def _per_block(value, blocks: int) -> tuple:
@@ -163,18 +170,10 @@ class UNet2DConditionModel(nn.Module):
         if added_cond_kwargs is None:
             raise ValueError("SDXL's UNet needs added_cond_kwargs with text_embeds and time_ids")
         text_embeds, time_ids = added_cond_kwargs["text_embeds"], added_cond_kwargs["time_ids"]
-        time_embeds = self.add_time_proj(jnp.ravel(time_ids)).reshape((text_embeds.shape[0], -1))  # [B, ids x A]
-        emb = self.time_embedding(self.time_proj(timesteps))  # [B, 4 x C0]
-        emb = emb + self.add_embedding(jnp.concatenate([text_embeds, time_embeds], axis=-1))
+        emb = sdxl_conditioning(self, timesteps, text_embeds, time_ids)  # [B, 4 x C0]
 
         sample = self.conv_in(jnp.transpose(sample, (0, 2, 3, 1)))  # [B, h, w, C0]
-        skips = (sample,)
-        for block in self.down_blocks:
-            if isinstance(block, CrossAttnDownBlock2D):
-                sample, outputs = block(sample, emb, encoder_hidden_states)
-            else:
-                sample, outputs = block(sample, emb)
-            skips += outputs
+        sample, skips = run_down_blocks(self.down_blocks, sample, emb, encoder_hidden_states)
         if down_block_additional_residuals is not None:
             skips = tuple(skip + extra for skip, extra in zip(skips, down_block_additional_residuals, strict=True))
         sample = self.mid_block(sample, emb, encoder_hidden_states)

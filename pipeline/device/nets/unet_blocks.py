@@ -169,3 +169,16 @@ class UNetMidBlock2DCrossAttn(nn.Module):
         hidden_states = self.resnets[0](hidden_states, temb)
         hidden_states = self.attentions[0](hidden_states, encoder_hidden_states)
         return self.resnets[1](hidden_states, temb)
+
+
+def run_down_blocks(blocks, sample, emb, encoder_hidden_states):
+    """The encoder half, as the UNet and a ControlNet both run it: -> (the last block's output, every skip from
+    `sample` on, in order)."""
+    skips = (sample,)
+    for block in blocks:
+        if isinstance(block, CrossAttnDownBlock2D):
+            sample, outputs = block(sample, emb, encoder_hidden_states)
+        else:
+            sample, outputs = block(sample, emb)
+        skips += outputs
+    return sample, skips
