@@ -133,7 +133,7 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
         raise ModelLoadError(
             f"{path} is not an SDXL checkpoint (model_index.json names {class_name or 'no pipeline'}"
             + (f" and lacks {', '.join(missing)}" if missing else "")
-            + "); pass SDXL base or a checkpoint saved by FlaxStableDiffusionXLPipeline.save_pretrained."
+            + "); pass SDXL base or another SDXL checkpoint in diffusers' layout."
         )
     from .convert import pytorch_weight_files, weight_variants
 

@@ -1,6 +1,6 @@
 """Which attention core the UNet and ControlNets run: a hook around their attention modules, no fork of them.
 
-The reference core (diffusers' `FlaxAttention`'s, kept by `nets/attention.Attention`) materialises every
+The reference core (diffusers' Flax attention's, kept by `nets/attention.Attention`) materialises every
 [queries x keys] score matrix and takes its softmax in the compute dtype: at 1024x1024 that is a 4096x4096 matrix
 per head in HBM, and a bf16 softmax. The hook below replaces only the core (scores -> softmax -> weighted values)
 and keeps the module's own `to_q`/`to_k`/`to_v`/`to_out_0` layers, so parameter trees and checkpoints are
