@@ -43,6 +43,30 @@ def test_checkpoint_without_flax_weights(tiny_dir, tmp_path):
         resolve_model(str(copy))
 
 
+def _with_unet_config(tiny_dir, tmp_path, **changes) -> Path:
+    """A copy of the tiny checkpoint whose unet/config.json has `changes`."""
+    copy = shutil.copytree(tiny_dir, tmp_path / "changed")
+    config_file = copy / "unet" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+    return copy
+
+
+def test_flax_weights_that_do_not_fit_the_config(tiny_dir, tmp_path):
+    """Weights saved for another config are refused in one line naming a weight (not a shape error at compile)."""
+    copy = _with_unet_config(tiny_dir, tmp_path, cross_attention_dim=64)  # the file's cross-attention keys read 96
+    with pytest.raises(CheckpointError, match="does not fit its config.json") as error:
+        load_model(str(copy), dtype="float32")
+    message = str(error.value)
+    assert "attn2" in message and "(96, " in message and "(64, " in message and "\n" not in message
+
+
+def test_config_that_is_not_sdxl(tiny_dir, tmp_path):
+    copy = _with_unet_config(tiny_dir, tmp_path, addition_embed_type="text")
+    with pytest.raises(CheckpointError, match="Could not read the configs or tokenizers") as error:
+        load_model(str(copy), dtype="float32")
+    assert "addition_embed_type 'text'" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_hub_id_without_network(monkeypatch, tmp_path):
     import huggingface_hub.constants
 
