@@ -60,6 +60,15 @@ def test_flax_weights_that_do_not_fit_the_config(tiny_dir, tmp_path):
     assert "attn2" in message and "(96, " in message and "(64, " in message and "\n" not in message
 
 
+def test_damaged_flax_weights(tiny_dir, tmp_path):
+    copy = shutil.copytree(tiny_dir, tmp_path / "damaged")
+    weights = copy / "vae" / "diffusion_flax_model.msgpack"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as an interrupted copy leaves it
+    with pytest.raises(ModelLoadError, match="Could not load the checkpoint in") as error:
+        load_model(str(copy), dtype="float32")
+    assert "\n" not in str(error.value)
+
+
 def test_config_that_is_not_sdxl(tiny_dir, tmp_path):
     copy = _with_unet_config(tiny_dir, tmp_path, addition_embed_type="text")
     with pytest.raises(CheckpointError, match="Could not read the configs or tokenizers") as error:
