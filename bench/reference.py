@@ -93,7 +93,8 @@ def sdxl_reference(params: dict, networks, dtype: str):
     compute = getattr(jnp, dtype)
     pairs = ((FlaxCLIPTextModel, SDXL_TEXT_CONFIG), (FlaxCLIPTextModelWithProjection, SDXL_TEXT_2_CONFIG))
     texts = [
-        cls(CLIPTextConfig(vocab_size=49408, max_position_embeddings=77, **fields), dtype=compute, _do_init=False)
+        cls(CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **fields}),
+            dtype=compute, _do_init=False)  # eos 2: as SDXL's config.json files say
         for cls, fields in pairs
     ]
     accepted = inspect.signature(FlaxEulerDiscreteScheduler).parameters
