@@ -170,7 +170,7 @@ def tiny_params(dtype):
     import jax
     from flax.serialization import msgpack_restore
 
-    from pipeline.checkpoint.loading import FLAX_WEIGHTS
+    from pipeline.checkpoint.networks import FLAX_WEIGHTS
     from pipeline.checkpoint.tiny import tiny_checkpoint
 
     params = msgpack_restore((tiny_checkpoint() / "unet" / FLAX_WEIGHTS["unet"]).read_bytes())

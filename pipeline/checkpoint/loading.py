@@ -24,19 +24,12 @@ import numpy as np
 
 from ..config import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
 from ..errors import CheckpointError, ModelLoadError
-from .networks import Networks, build_networks
+from .networks import FLAX_WEIGHTS, Networks, build_networks
 
 logger = logging.getLogger(__name__)
 
 #: Components an SDXL checkpoint in diffusers' layout has (model_index.json keys).
 SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "unet", "vae", "scheduler")
-#: Flax weight files diffusers (models) and transformers (text encoders) write.
-FLAX_WEIGHTS = {
-    "unet": "diffusion_flax_model.msgpack",
-    "vae": "diffusion_flax_model.msgpack",
-    "text_encoder": "flax_model.msgpack",
-    "text_encoder_2": "flax_model.msgpack",
-}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 

@@ -15,6 +15,14 @@ from typing import Any
 
 from ..errors import CheckpointError
 
+#: Flax weight files diffusers (models) and transformers (text encoders) write, per weight component.
+FLAX_WEIGHTS = {
+    "unet": "diffusion_flax_model.msgpack",
+    "vae": "diffusion_flax_model.msgpack",
+    "text_encoder": "flax_model.msgpack",
+    "text_encoder_2": "flax_model.msgpack",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Networks:

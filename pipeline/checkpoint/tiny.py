@@ -290,7 +290,7 @@ def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -
     """Build every component and save the checkpoint into the (existing, empty) ``directory``."""
     from flax.serialization import to_bytes
 
-    from .loading import FLAX_WEIGHTS
+    from .networks import FLAX_WEIGHTS
 
     vocab, tokenizer, tokenizer_2 = _tokenizers(geometry)
     configs = _configs(geometry, vocab)
