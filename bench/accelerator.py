@@ -107,30 +107,27 @@ def random_like(shapes, dtype, seed: int = 0):
 
 
 def full_size_model(model: str, dtype: str):
-    """A `LoadedModel` with SDXL's architectures (or the tiny checkpoint's) and random weights on the device, its
-    scheduler SDXL's Euler in float32, and the tiny checkpoint's tokenizers."""
+    """A `LoadedModel` with SDXL's architectures (or the tiny checkpoint's) and random weights on the device, and
+    the tiny checkpoint's tokenizers and scheduler config (SDXL's Euler)."""
+    import dataclasses
+
     import jax
-    from diffusers import FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline
 
     from pipeline.checkpoint.loading import LoadedModel, load_model
-    from pipeline.checkpoint.tiny import GEOMETRY, SCHEDULER_CONFIG, _tokenizers
 
     started = time.perf_counter()
+    loaded = load_model("tiny", dtype=dtype)
     if model == TINY:
-        loaded = load_model("tiny", dtype=dtype)
-        return LoadedModel(loaded.pipeline, jax.device_put(loaded.params), loaded.source, loaded.load_s, 0.0)
+        return LoadedModel(loaded.networks, jax.device_put(loaded.params), loaded.source, loaded.load_s, 0.0)
     from .tpu import sdxl_model
 
     modules, shapes = sdxl_model(dtype)
-    _, tokenizer, tokenizer_2 = _tokenizers(GEOMETRY)
-    scheduler = FlaxEulerDiscreteScheduler(**SCHEDULER_CONFIG)
-    pipeline = FlaxStableDiffusionXLPipeline(
-        text_encoder=modules.text_encoder, text_encoder_2=modules.text_encoder_2, vae=modules.vae,
-        tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=modules.unet, scheduler=scheduler,
+    networks = dataclasses.replace(
+        loaded.networks, unet=modules.unet, vae=modules.vae, text_encoder=modules.text_encoder,
+        text_encoder_2=modules.text_encoder_2,
     )  # fmt: skip
     params = {name: random_like(tree, dtype, seed) for seed, (name, tree) in enumerate(sorted(shapes.items()))}
-    params["scheduler"] = scheduler.create_state()  # float32, as the loader keeps it
-    return LoadedModel(pipeline, params, "random SDXL-shaped weights", time.perf_counter() - started, 0.0)
+    return LoadedModel(networks, params, "random SDXL-shaped weights", time.perf_counter() - started, 0.0)
 
 
 def full_size_controlnet(model: str, dtype: str, loaded):
@@ -142,7 +139,7 @@ def full_size_controlnet(model: str, dtype: str, loaded):
     from .tpu import CONTROLNET_CONFIG
 
     started = time.perf_counter()
-    config = json.loads(CONTROLNET_CONFIG.read_text()) if model == SDXL else dict(loaded.pipeline.unet.config)
+    config = json.loads(CONTROLNET_CONFIG.read_text()) if model == SDXL else loaded.networks.unet_config
     module = controlnet_module(config, dtype)
     params = random_like(shape_params(module), dtype, seed=7)
     size = sum(leaf.nbytes for leaf in _leaves(params))
@@ -234,7 +231,7 @@ def main(argv: list[str]) -> int:
 
     progress(f"accelerator: {args.model} at {args.size}² on {device.device_kind} ({dtype}); making weights ...")
     loaded = full_size_model(args.model, dtype)
-    count = sum(leaf.size for name, tree in loaded.params.items() if name != "scheduler" for leaf in _leaves(tree))
+    count = sum(leaf.size for leaf in _leaves(loaded.params))
     progress(f"accelerator: {count / 1e9:.2f} B parameters made in {loaded.load_s:.1f} s")
     nets = [full_size_controlnet(args.model, dtype, loaded)] if "controlnet" in args.part_list else []
     generator, warmup = engine(loaded, args, dtype, nets)
@@ -242,7 +239,7 @@ def main(argv: list[str]) -> int:
              f"({generator.startup_programs.summary()})")  # fmt: skip
     save("startup", {**warmup, "programs": [key.label for key in generator.program_keys()]})
     if "engine" in args.part_list:
-        attempt("engine_vs_diffusers", lambda: _compare(generator, loaded, args.runs, progress))
+        attempt("engine_vs_diffusers", lambda: _compare(generator, loaded, args, dtype, progress))
     if "requests" in args.part_list:
         attempt("requests", lambda: time_requests(generator, REQUESTS, args.runs, progress))
     if nets:
@@ -255,13 +252,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _compare(generator, loaded, runs: int, say) -> dict:
-    """Engine vs diffusers' pipeline over the same weights, replicated as the blog does it."""
-    from flax.jax_utils import replicate
+def _compare(generator, loaded, args, dtype: str, say) -> dict:
+    """Engine vs diffusers' pipeline over the same weights, replicated as the blog does it (`--model tiny`: the
+    reference loads the tiny checkpoint itself, the same weights)."""
+    from .reference import engine_vs_reference, sdxl_reference
 
-    from .reference import engine_vs_reference
-
-    compared = engine_vs_reference(generator, runs, say, reference=(loaded.pipeline, replicate(loaded.params)))
+    reference = None if args.model == TINY else sdxl_reference(loaded.params, loaded.networks, dtype)
+    compared = engine_vs_reference(generator, args.runs, say, reference=reference)
     say(f"accelerator: engine {compared.engine.median:.3f} s, diffusers {compared.reference.median:.3f} s per "
         f"request: engine / diffusers = {compared.ratio:.3f}")  # fmt: skip
     return _plain(compared)

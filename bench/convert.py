@@ -33,14 +33,12 @@ if mode == "model":
     loaded = load_model(source, dtype=dtype, conversion_cache=cache == "1")
     result = {"load_s": loaded.load_s, "origins": loaded.origins}
 else:
-    import functools
     from pipeline.checkpoint.convert import load_converted
-    from diffusers import FlaxUNet2DConditionModel
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
     import jax.numpy as jnp
     config = json.load(open(sys.argv[5]))
     config = {k: v for k, v in config.items() if not k.startswith("_")}
-    unet = FlaxUNet2DConditionModel.from_config(config, split_head_dim=True, dtype=getattr(jnp, dtype))
-    import inspect
+    unet = UNet2DConditionModel(UNetConfig.from_dict(config), dtype=getattr(jnp, dtype))
     converted = load_converted([__import__("pathlib").Path(source)], unet.init_weights, component="unet",
                                dtype=dtype, config=config, use_cache=cache == "1")
     result = {"load_s": converted.seconds, "origins": {"unet": "conversion cache" if converted.cached else "converted"}}

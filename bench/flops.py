@@ -110,11 +110,27 @@ def _as_bf16(tree):
     return jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, jnp.bfloat16), tree)
 
 
-def unet_step_flops(batch: int = 2, latent_size: int = 128) -> float:
-    """FLOPs of one SDXL UNet call (bf16, split_head_dim) on `batch` latents of latent_size^2."""
-    from diffusers import FlaxUNet2DConditionModel
+def sdxl_networks(dtype) -> dict:
+    """SDXL base 1.0's UNet, VAE and both text encoders from the configs above, as the engine builds its networks
+    (pipeline/device/nets/); no weights."""
+    from pipeline.device.nets.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
+    from pipeline.device.nets.vae import AutoencoderKL, VAEConfig
 
-    unet = FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=jnp.bfloat16)
+    def text(fields: dict):
+        return CLIPTextConfig.from_dict({"vocab_size": 49408, "max_position_embeddings": 77, **fields})
+
+    return {
+        "unet": UNet2DConditionModel(UNetConfig.from_dict(SDXL_UNET_CONFIG), dtype=dtype),
+        "vae": AutoencoderKL(VAEConfig.from_dict(SDXL_VAE_CONFIG), dtype=dtype),
+        "text_encoder": CLIPTextModel(text(SDXL_TEXT_CONFIG), dtype=dtype),
+        "text_encoder_2": CLIPTextModelWithProjection(text(SDXL_TEXT_2_CONFIG), dtype=dtype),
+    }
+
+
+def unet_step_flops(batch: int = 2, latent_size: int = 128) -> float:
+    """FLOPs of one SDXL UNet call (bf16) on `batch` latents of latent_size^2."""
+    unet = sdxl_networks(jnp.bfloat16)["unet"]
     params = _as_bf16(jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0)))
     sample = jax.ShapeDtypeStruct((batch, 4, latent_size, latent_size), jnp.bfloat16)
     timesteps = jax.ShapeDtypeStruct((batch,), jnp.int32)
@@ -132,9 +148,7 @@ def unet_step_flops(batch: int = 2, latent_size: int = 128) -> float:
 
 def vae_decode_flops(latent_size: int = 128) -> float:
     """FLOPs of one SDXL VAE decode (bf16) of a latent_size^2 x 4 latent."""
-    from diffusers import FlaxAutoencoderKL
-
-    vae = FlaxAutoencoderKL(**SDXL_VAE_CONFIG, dtype=jnp.bfloat16)
+    vae = sdxl_networks(jnp.bfloat16)["vae"]
     params = _as_bf16(jax.eval_shape(vae.init_weights, jax.random.PRNGKey(0)))
     latents = jax.ShapeDtypeStruct((1, 4, latent_size, latent_size), jnp.bfloat16)
 
@@ -146,17 +160,14 @@ def vae_decode_flops(latent_size: int = 128) -> float:
 
 def text_encoder_flops(batch: int = 2) -> float:
     """FLOPs of SDXL's two CLIP text encoders (bf16) on `batch` sequences of 77 tokens (prompt + negative)."""
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
     total = 0.0
     ids = jax.ShapeDtypeStruct((batch, 77), jnp.int32)
-    for cls, fields in ((FlaxCLIPTextModel, SDXL_TEXT_CONFIG), (FlaxCLIPTextModelWithProjection, SDXL_TEXT_2_CONFIG)):
-        config = CLIPTextConfig(vocab_size=49408, max_position_embeddings=77, **fields)
-        model = cls(config, dtype=jnp.bfloat16, _do_init=False)
-        params = _as_bf16(jax.eval_shape(lambda rng, m=model: m.init_weights(rng, (1, 77)), jax.random.PRNGKey(0)))
+    networks = sdxl_networks(jnp.bfloat16)
+    for model in (networks["text_encoder"], networks["text_encoder_2"]):
+        params = _as_bf16(jax.eval_shape(model.init_weights, jax.random.PRNGKey(0)))
 
         def encode(params, ids, model=model):
-            return model(ids, params=params, output_hidden_states=True).hidden_states[-2]
+            return model.apply({"params": params}, ids).hidden_states[-2]
 
         total += lowered_flops(encode, params, ids)
     return total

@@ -72,6 +72,41 @@ def load_reference(model: str, dtype: str):
     return pipe, replicate(params)
 
 
+def sdxl_reference(params: dict, networks, dtype: str):
+    """diffusers' pipeline with SDXL base 1.0's architectures (bench/flops.py's configs) over `params` (the engine's
+    weights: the trees are the same) and the tokenizers of `networks`, its Euler scheduler from the engine's
+    scheduler config; with the params replicated (the blog's way). The reference where no checkpoint folder exists
+    (`python -m bench accelerator`'s random SDXL-shaped weights)."""
+    import inspect
+
+    from diffusers import (
+        FlaxAutoencoderKL,
+        FlaxEulerDiscreteScheduler,
+        FlaxStableDiffusionXLPipeline,
+        FlaxUNet2DConditionModel,
+    )
+    from flax.jax_utils import replicate
+    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+
+    from .flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
+
+    compute = getattr(jnp, dtype)
+    pairs = ((FlaxCLIPTextModel, SDXL_TEXT_CONFIG), (FlaxCLIPTextModelWithProjection, SDXL_TEXT_2_CONFIG))
+    texts = [
+        cls(CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **fields}),
+            dtype=compute, _do_init=False)  # eos 2: as SDXL's config.json files say
+        for cls, fields in pairs
+    ]
+    accepted = inspect.signature(FlaxEulerDiscreteScheduler).parameters
+    scheduler = FlaxEulerDiscreteScheduler(**{k: v for k, v in networks.scheduler_config.items() if k in accepted})
+    pipe = FlaxStableDiffusionXLPipeline(
+        text_encoder=texts[0], text_encoder_2=texts[1], vae=FlaxAutoencoderKL(**SDXL_VAE_CONFIG, dtype=compute),
+        tokenizer=networks.tokenizer, tokenizer_2=networks.tokenizer_2,
+        unet=FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=compute), scheduler=scheduler,
+    )  # fmt: skip
+    return pipe, replicate({**params, "scheduler": scheduler.create_state()})  # the scheduler state in float32
+
+
 def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width, host=None):
     """One user-visible call of the reference, exactly as the SDXL-on-JAX blog writes it: PIL images out.
 

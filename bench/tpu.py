@@ -134,28 +134,16 @@ def sdxl_model(dtype, quantize: str = "none"):
     `quantize` "int8": the UNet as `--quantize int8` serves it (pipeline/device/quantize.py), int8 kernels."""
     import jax
     import jax.numpy as jnp
-    from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
     from pipeline.device.modules import Modules
 
-    from .flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
+    from .flops import sdxl_networks
 
     dtype = jnp.dtype(dtype)
-    unet = FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=dtype)
-    vae = FlaxAutoencoderKL(**SDXL_VAE_CONFIG, dtype=dtype)
-    pairs = ((FlaxCLIPTextModel, SDXL_TEXT_CONFIG), (FlaxCLIPTextModelWithProjection, SDXL_TEXT_2_CONFIG))
-    texts = [
-        cls(CLIPTextConfig(vocab_size=49408, max_position_embeddings=77, **fields), dtype=dtype, _do_init=False)
-        for cls, fields in pairs
-    ]
+    networks = sdxl_networks(dtype)
+    unet, vae, texts = networks["unet"], networks["vae"], (networks["text_encoder"], networks["text_encoder_2"])
     key = jax.random.PRNGKey(0)
-    shapes = {
-        "unet": jax.eval_shape(unet.init_weights, key),
-        "vae": jax.eval_shape(vae.init_weights, key),
-        "text_encoder": jax.eval_shape(lambda k: texts[0].init_weights(k, (1, 77)), key),
-        "text_encoder_2": jax.eval_shape(lambda k: texts[1].init_weights(k, (1, 77)), key),
-    }
+    shapes = {name: jax.eval_shape(module.init_weights, key) for name, module in networks.items()}
     params = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
     )
@@ -164,7 +152,7 @@ def sdxl_model(dtype, quantize: str = "none"):
 
         params["unet"] = abstract_unet_params(unet, dtype)
         unet = quantized_unet(unet)
-    modules = Modules(texts[0], texts[1], unet, vae, scheduler=None, vae_scale_factor=8,
+    modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8,
                       controlnets=(sdxl_controlnet(dtype),))
     return modules, params
 
@@ -223,7 +211,7 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
 
     if model == TINY:
         loaded, params = tiny_model(dtype)
-        unet_config = dict(loaded.pipeline.unet.config)
+        unet_config = loaded.networks.unet_config
     else:
         _, params = sdxl_model(dtype)
         unet_config = dict(SDXL_UNET_CONFIG)
@@ -250,8 +238,8 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
         if quantize == "int8":
             from pipeline.device.quantize import abstract_unet_params
 
-            params = {**params, "unet": abstract_unet_params(loaded.pipeline.unet, dtype)}
-        net = controlnet_module(dict(loaded.pipeline.unet.config), dtype)  # ControlNetModel.from_unet's shape
+            params = {**params, "unet": abstract_unet_params(loaded.networks.unet, dtype)}
+        net = controlnet_module(loaded.networks.unet_config, dtype)  # ControlNetModel.from_unet's shape
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
     modules, params = sdxl_model(dtype, quantize)
     return ServedPrograms(

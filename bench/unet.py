@@ -58,17 +58,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def build_unet(model: str, dtype):
-    """A diffusers Flax UNet (split_head_dim) with SDXL's or the tiny checkpoint's geometry; no weights."""
-    from diffusers import FlaxUNet2DConditionModel
-
-    from .flops import SDXL_UNET_CONFIG
+    """The engine's UNet (pipeline/device/nets/unet.py) with SDXL's or the tiny checkpoint's geometry; no weights."""
+    from .flops import sdxl_networks
 
     if model == SDXL:
-        return FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=dtype)
+        return sdxl_networks(dtype)["unet"]
+    from pipeline.checkpoint.networks import read_config
     from pipeline.checkpoint.tiny import tiny_checkpoint
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
 
-    config = FlaxUNet2DConditionModel.load_config(str(tiny_checkpoint()), subfolder="unet")
-    return FlaxUNet2DConditionModel.from_config(config, split_head_dim=True, dtype=dtype)
+    return UNet2DConditionModel(UNetConfig.from_dict(read_config(tiny_checkpoint(), "unet")), dtype=dtype)
 
 
 def unet_inputs(unet, batch: int, height: int, width: int, dtype):
@@ -169,11 +168,12 @@ def random_params(unet, dtype):
 def tiny_params(dtype):
     """The tiny checkpoint's own (random) UNet weights, on the default device: seconds instead of compiling an init."""
     import jax
-    from diffusers import FlaxUNet2DConditionModel
+    from flax.serialization import msgpack_restore
 
+    from pipeline.checkpoint.networks import FLAX_WEIGHTS
     from pipeline.checkpoint.tiny import tiny_checkpoint
 
-    _, params = FlaxUNet2DConditionModel.from_pretrained(str(tiny_checkpoint()), subfolder="unet")
+    params = msgpack_restore((tiny_checkpoint() / "unet" / FLAX_WEIGHTS["unet"]).read_bytes())
     return jax.device_put(jax.tree_util.tree_map(lambda leaf: jax.numpy.asarray(leaf, dtype), params))
 
 

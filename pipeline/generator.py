@@ -145,7 +145,7 @@ def prepare(config: EngineConfig, devices: list | None = None) -> EngineConfig:
 
 def sampler_of(loaded: LoadedModel, config: EngineConfig) -> SamplerConfig:
     """The checkpoint's scheduler config, read whole, with `config`'s sampler settings over it (static)."""
-    scheduler = read_scheduler_config(loaded.source, config.revision, fallback=dict(loaded.pipeline.scheduler.config))
+    scheduler = read_scheduler_config(loaded.source, config.revision, fallback=loaded.networks.scheduler_config)
     return SamplerConfig.from_scheduler_config(scheduler, **config.sampler_overrides())
 
 
@@ -154,7 +154,7 @@ def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile
     layout they need; ([], None) without a directory."""
     if not config.lora_dir:
         return [], None
-    targets = lora_targets(dict(loaded.pipeline.unet.config), loaded.params)
+    targets = lora_targets(loaded.networks.unet_config, loaded.params)
     files = load_lora_dir(config.lora_dir, targets).loras
     logger.info("LoRAs: %d offered from %s", len(files), config.lora_dir)
     return files, (MergeLayout.from_loras(files, targets.shapes, factor_dtype=config.dtype) if files else None)
@@ -178,7 +178,7 @@ def text_widths(params) -> tuple[int, int]:
 
 def served_modules(loaded: LoadedModel, config: EngineConfig) -> Modules:
     """The checkpoint's modules as the programs run them: with `--quantize int8`, the UNet's int8 form."""
-    modules = Modules.of(loaded.pipeline)
+    modules = Modules.of(loaded.networks)
     if config.quantize == "none":
         return modules
     return dataclasses.replace(modules, unet=quantized_unet(modules.unet))
@@ -188,7 +188,7 @@ def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
     """The weights as the programs take them: with `--quantize int8`, the UNet's kernels int8 + scales."""
     if config.quantize == "none":
         return loaded.params
-    return {**loaded.params, "unet": quantize_unet_params(loaded.pipeline.unet, loaded.params["unet"])}
+    return {**loaded.params, "unet": quantize_unet_params(loaded.networks.unet, loaded.params["unet"])}
 
 
 def build_programs(
@@ -205,7 +205,7 @@ def build_programs(
         per_device_batch=config.per_device_batch,
         attention=config.attention,
         prediction_type=sampler.prediction_type,
-        max_tokens=loaded.pipeline.tokenizer.model_max_length,
+        max_tokens=loaded.networks.tokenizer.model_max_length,
         prompt_windows=config.prompt_windows,
         levers=config.speed_levers,
         lora_layout=layout,
@@ -224,10 +224,10 @@ class Generator:
         self.device_count = self.mesh.devices.size
         self.device_kind = self.mesh.devices.flat[0].device_kind
         self.num_images = self.device_count * config.per_device_batch
-        self._tokenizers = (loaded.pipeline.tokenizer, loaded.pipeline.tokenizer_2)
+        self._tokenizers = (loaded.networks.tokenizer, loaded.networks.tokenizer_2)
         self._max_tokens = self._tokenizers[0].model_max_length  # 77 for CLIP
         self.sampler = sampler_of(loaded, config)
-        self._check_sizes(Modules.of(loaded.pipeline))
+        self._check_sizes(Modules.of(loaded.networks))
         #: The UNet's parameter count (SDXL's 2.57 B): what a request's time on a CPU grows with (the page's CPU note)
         self.unet_parameters = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(loaded.params["unet"]))
         #: What a request may ask for and what it gets when it names nothing (`request.parse_request`).

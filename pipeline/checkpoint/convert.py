@@ -4,9 +4,10 @@ Most SDXL checkpoints (fine-tunes, SDXL-Lightning's UNets, SDXL-Turbo) ship only
 libraries' own `from_pt=True` paths need torch and build a random model first. Here each tensor is read from the
 safetensors file into its own NumPy array (`SafetensorsReader`), renamed and reshaped by the libraries' own
 per-tensor rules (diffusers' `rename_key` / `rename_key_and_reshape_tensor` for the UNet and VAE, transformers'
-`rename_key_and_reshape_tensor` for the CLIP text encoders), checked against the shapes the Flax module's
-`init_weights` would create (traced with `jax.eval_shape`, so nothing is allocated), and cast to the target dtype
-before the next tensor is read: host memory peaks at the converted model plus one tensor.
+`rename_key_and_reshape_tensor` for the CLIP text encoders; only these helpers of theirs are imported), checked
+against the shapes the network's (`device/nets/`) `init_weights` would create (traced with `jax.eval_shape`, so
+nothing is allocated), and cast to the target dtype before the next tensor is read: host memory peaks at the
+converted model plus one tensor.
 
 Converted, cast weights are cached (`<cache root>/converted/<key>/`, key = source files' path, size and mtime +
 dtype + config + CONVERTER_VERSION) in one safetensors file per component with a manifest written last; an entry

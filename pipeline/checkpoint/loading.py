@@ -1,13 +1,15 @@
-"""Loading: find the checkpoint, load it with diffusers' own loader, cast it, and say clearly what went wrong.
+"""Loading: find the checkpoint, build its networks, read its weights, cast them, and say clearly what went wrong.
 
-The loader has one path for every checkpoint (Hub id, local directory, or the tiny test model once built):
-`FlaxStableDiffusionXLPipeline.from_pretrained(..., split_head_dim=True)`. Weights are cast to the requested dtype
-on the host (no device compile per tensor); the scheduler state stays float32, because a bfloat16 scheduler
-state accumulates error into low-quality or black images.
+The loader has one path for every checkpoint (Hub id, local directory, or the tiny test model once built): the
+project's own modules from the config.json files (`networks.py`), then each component's weights from its Flax
+msgpack file (`flax.serialization.msgpack_restore`, as diffusers and transformers read them), else from its PyTorch
+safetensors converted without torch (`convert.py`). Weights are cast to the requested dtype on the host (no device
+compile per tensor).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -16,25 +18,18 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from ..config import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
 from ..errors import CheckpointError, ModelLoadError
+from .networks import FLAX_WEIGHTS, Networks, build_networks
 
 logger = logging.getLogger(__name__)
 
 #: Components an SDXL checkpoint in diffusers' layout has (model_index.json keys).
 SDXL_COMPONENTS = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "unet", "vae", "scheduler")
-#: Flax weight files diffusers (models) and transformers (text encoders) write.
-FLAX_WEIGHTS = {
-    "unet": "diffusion_flax_model.msgpack",
-    "vae": "diffusion_flax_model.msgpack",
-    "text_encoder": "flax_model.msgpack",
-    "text_encoder_2": "flax_model.msgpack",
-}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
@@ -66,10 +61,11 @@ def quiet_diffusers_deprecation() -> None:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A loaded pipeline: diffusers' module objects, the host parameters, and where they came from."""
+    """A loaded checkpoint: its networks (stateless modules, tokenizers, scheduler config), the host parameters,
+    and where they came from."""
 
-    pipeline: Any  # FlaxStableDiffusionXLPipeline: modules (stateless) + tokenizers + scheduler
-    params: dict  # {"text_encoder", "text_encoder_2", "unet", "vae": cast weights; "scheduler": float32 state}
+    networks: Networks
+    params: dict  # {"text_encoder", "text_encoder_2", "unet", "vae"}: the weights, cast
     source: str  # the directory or Hub id it was loaded from
     load_s: float  # seconds to read the checkpoint
     cast_s: float  # seconds to cast the weights
@@ -130,7 +126,7 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
         raise ModelLoadError(
             f"{path} is not an SDXL checkpoint (model_index.json names {class_name or 'no pipeline'}"
             + (f" and lacks {', '.join(missing)}" if missing else "")
-            + "); pass SDXL base or a checkpoint saved by FlaxStableDiffusionXLPipeline.save_pretrained."
+            + "); pass SDXL base or another SDXL checkpoint in diffusers' layout."
         )
     from .convert import pytorch_weight_files, weight_variants
 
@@ -166,12 +162,12 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
 
 
 def has_flax_weights(path: Path) -> bool:
-    """Every weight component of the checkpoint has Flax weights (then diffusers' own Flax loader is used)."""
+    """Every weight component of the checkpoint has Flax weights (then nothing is converted)."""
     return all((path / name / file).is_file() for name, file in FLAX_WEIGHTS.items())
 
 
 def cast_params(params: dict, dtype: str) -> dict:
-    """Cast every weight to `dtype` on the host, leaving the scheduler state in float32."""
+    """Cast every weight to `dtype` on the host."""
     import jax
 
     target = _NUMPY_DTYPES[dtype]
@@ -181,9 +177,7 @@ def cast_params(params: dict, dtype: str) -> dict:
         # copy=False: converted weights are already in the target dtype; never hold two copies of the model.
         return array.astype(target, copy=False) if np.issubdtype(array.dtype, np.floating) else array
 
-    cast_tree = {name: jax.tree_util.tree_map(cast, tree) for name, tree in params.items() if name != "scheduler"}
-    cast_tree["scheduler"] = jax.tree_util.tree_map(lambda leaf: np.asarray(leaf, np.float32), params["scheduler"])
-    return cast_tree
+    return {name: jax.tree_util.tree_map(cast, tree) for name, tree in params.items()}
 
 
 def load_model(
@@ -195,15 +189,12 @@ def load_model(
     unet: str | None = None,
     conversion_cache: bool = True,
 ) -> LoadedModel:
-    """Load an SDXL checkpoint with `split_head_dim=True` and cast it; raise ModelLoadError with a clear message.
+    """Load an SDXL checkpoint and cast it; raise ModelLoadError with a clear message.
 
-    Flax checkpoints go through diffusers' own loader. A checkpoint with PyTorch safetensors (or a `unet` file to
-    swap in) is converted without torch by `convert.py`, component by component, Flax weights preferred.
+    Each component's weights come from its Flax file when it has one, else from its PyTorch safetensors (or the
+    `unet` file swapped in), converted without torch by `convert.py`.
     """
     quiet_diffusers_deprecation()
-    import jax.numpy as jnp
-    from diffusers import FlaxStableDiffusionXLPipeline
-
     source = resolve_model(model, variant)
     is_local = os.path.isdir(source)
     revision = None if is_local else (revision or default_revision(source))
@@ -221,25 +212,16 @@ def load_model(
             except Exception as exc:  # huggingface_hub raises many types; turn each into one line
                 raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
         check_sdxl_directory(Path(directory), variant)
+    load = functools.partial(load_per_component, Path(directory), source=source, dtype=dtype, variant=variant,
+                             unet=unet, use_cache=conversion_cache)  # fmt: skip
     if unet or not has_flax_weights(Path(directory)):
-        return load_per_component(
-            Path(directory), source=source, dtype=dtype, variant=variant, unet=unet, use_cache=conversion_cache
-        )
-    started = time.perf_counter()
+        return load()
     try:
-        pipeline, params = FlaxStableDiffusionXLPipeline.from_pretrained(
-            directory, split_head_dim=True, dtype=getattr(jnp, dtype)
-        )
+        return load()
     except ModelLoadError:
         raise
-    except Exception as exc:  # diffusers/huggingface_hub raise many types; turn each into one line
+    except Exception as exc:  # a damaged msgpack or tokenizer file raises many types; turn each into one line
         raise ModelLoadError(_describe_load_failure(source, revision, is_local, exc)) from exc
-    load_s = time.perf_counter() - started
-    started = time.perf_counter()
-    params = cast_params(params, dtype)
-    cast_s = time.perf_counter() - started
-    logger.info("loaded %s in %.1f s, cast to %s in %.1f s", source, load_s, dtype, cast_s)
-    return LoadedModel(pipeline=pipeline, params=params, source=source, load_s=load_s, cast_s=cast_s)
 
 
 def _describe_load_failure(source: str, revision: str | None, is_local: bool, exc: Exception) -> str:
@@ -329,64 +311,23 @@ def resolve_unet_file(spec: str) -> Path:
 def load_per_component(
     directory: Path, *, source: str, dtype: str, variant: str | None, unet: str | None, use_cache: bool
 ) -> LoadedModel:
-    """Build diffusers' Flax modules from the configs, then take each component's weights from its Flax file when
-    there is one, else from its PyTorch safetensors (converted by convert.py, cached), and the UNet from `unet`."""
-    from diffusers import FlaxStableDiffusionXLPipeline
-
+    """Build the networks from the configs, then take each component's weights from its Flax file when there is
+    one, else from its PyTorch safetensors (converted by convert.py, cached), and the UNet from `unet`."""
     started = time.perf_counter()
-    modules, tokenizers, scheduler = _modules_from_configs(directory, dtype)
-    params: dict = {"scheduler": scheduler.create_state()}
+    networks = build_networks(directory, dtype)
+    params: dict = {}
     origins: dict = {}
-    for name, module in modules.items():
+    for name in FLAX_WEIGHTS:
         params[name], origins[name] = _component_weights(
-            directory, name, module, dtype=dtype, variant=variant, unet=unet, use_cache=use_cache
+            directory, name, getattr(networks, name), dtype=dtype, variant=variant, unet=unet, use_cache=use_cache
         )
     load_s = time.perf_counter() - started
     started = time.perf_counter()
     params = cast_params(params, dtype)
     cast_s = time.perf_counter() - started
-    pipeline = FlaxStableDiffusionXLPipeline(
-        text_encoder=modules["text_encoder"],
-        text_encoder_2=modules["text_encoder_2"],
-        vae=modules["vae"],
-        tokenizer=tokenizers[0],
-        tokenizer_2=tokenizers[1],
-        unet=modules["unet"],
-        scheduler=scheduler,
-    )
-    logger.info("loaded %s in %.1f s (%s)", source, load_s, ", ".join(f"{k}: {v}" for k, v in origins.items()))
-    return LoadedModel(pipeline=pipeline, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
-
-
-def _modules_from_configs(directory: Path, dtype: str) -> tuple[dict, list, object]:
-    """diffusers' and transformers' Flax modules (no weights), the tokenizers and the scheduler, from the configs."""
-    import jax.numpy as jnp
-    from diffusers import FlaxAutoencoderKL, FlaxEulerDiscreteScheduler, FlaxUNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
-    jax_dtype = getattr(jnp, dtype)
-    try:
-        modules = {
-            "unet": FlaxUNet2DConditionModel.from_config(
-                _flax_config(FlaxUNet2DConditionModel, directory, "unet"), split_head_dim=True, dtype=jax_dtype
-            ),
-            "vae": FlaxAutoencoderKL.from_config(_flax_config(FlaxAutoencoderKL, directory, "vae"), dtype=jax_dtype),
-            "text_encoder": FlaxCLIPTextModel(
-                CLIPTextConfig.from_pretrained(directory / "text_encoder"), dtype=jax_dtype, _do_init=False
-            ),
-            "text_encoder_2": FlaxCLIPTextModelWithProjection(
-                CLIPTextConfig.from_pretrained(directory / "text_encoder_2"), dtype=jax_dtype, _do_init=False
-            ),
-        }
-        tokenizers = [CLIPTokenizer.from_pretrained(directory / name) for name in ("tokenizer", "tokenizer_2")]
-        # The Flax scheduler from the config's fields it takes: a PyTorch config's others (karras sigmas, ...) would
-        # each be warned about; samplers.py reads the file whole and refuses what the engine cannot honour.
-        scheduler_config = _flax_config(FlaxEulerDiscreteScheduler, directory, "scheduler")
-        scheduler = FlaxEulerDiscreteScheduler.from_config(scheduler_config)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        detail = " ".join(str(exc).split())[:200] or exc.__class__.__name__
-        raise CheckpointError(f"Could not read the configs or tokenizers in {directory}: {detail}") from None
-    return modules, tokenizers, scheduler
+    logger.info("loaded %s in %.1f s (%s), cast to %s in %.1f s", source, load_s,
+                ", ".join(f"{k}: {v}" for k, v in origins.items()), dtype, cast_s)  # fmt: skip
+    return LoadedModel(networks=networks, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
 
 
 def _component_weights(
@@ -394,37 +335,51 @@ def _component_weights(
 ) -> tuple[dict, str]:
     """One component's weights and where they came from: its Flax file, else its PyTorch safetensors (or the UNet
     file `unet`) converted without torch, cached."""
-    from flax.serialization import msgpack_restore
-
     from .convert import load_converted, pytorch_weight_files
 
     flax_file = directory / name / FLAX_WEIGHTS[name]
     if name == "unet" and unet:
         files = [resolve_unet_file(unet)]
     elif flax_file.is_file():
-        return msgpack_restore(flax_file.read_bytes()), "flax"
+        return _flax_weights(flax_file, module), "flax"
     else:
         files = pytorch_weight_files(directory / name, name, variant)
         if files is None:
             raise CheckpointError(f"{directory / name} has neither Flax nor PyTorch safetensors weights.")
-    if name.startswith("text_encoder"):
-        init, prefix, config = (
-            functools.partial(module.init_weights, input_shape=module.input_shape),
-            module.base_model_prefix,
-            module.config.to_dict(),
-        )
-    else:
-        init, prefix, config = module.init_weights, None, dict(module.config)
+    # transformers' text encoders have an empty base-model prefix (""), diffusers' models none (None).
+    prefix = "" if name.startswith("text_encoder") else None
     converted = load_converted(
-        files, init, component=name, dtype=dtype, config=config, model_prefix=prefix, use_cache=use_cache
-    )
+        files, module.init_weights, component=name, dtype=dtype, config=dataclasses.asdict(module.config),
+        model_prefix=prefix, use_cache=use_cache,
+    )  # fmt: skip
     return converted.params, "conversion cache" if converted.cached else "converted"
 
 
-def _flax_config(cls, directory: Path, subfolder: str) -> dict:
-    """A PyTorch model config without the fields the Flax class has no argument for (diffusers warns about each)."""
-    import inspect
+def _flax_weights(file: Path, module) -> dict:
+    """A Flax msgpack weight file (what diffusers' and transformers' `save_pretrained` write), checked against the
+    tree `module` has for its config: a missing, extra or misshapen weight is named in one line."""
+    import jax
+    from flax.serialization import msgpack_restore
+    from flax.traverse_util import flatten_dict
 
-    config = cls.load_config(directory, subfolder=subfolder)
-    accepted = inspect.signature(cls).parameters
-    return {key: value for key, value in config.items() if key in accepted or key.startswith("_")}
+    params = msgpack_restore(file.read_bytes())
+    expected = flatten_dict(jax.eval_shape(module.init_weights, jax.random.PRNGKey(0)), sep="/")
+    found = flatten_dict(params, sep="/") if isinstance(params, dict) else {}
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in expected if k in found and tuple(np.shape(found[k])) != tuple(expected[k].shape))
+    if missing or extra or wrong:
+        first = (missing or extra or wrong)[0]
+        if missing:
+            what = f"lacks weight {first}"
+        elif extra:
+            what = f"has a weight its config has not, {first}"
+        else:
+            shapes = tuple(np.shape(found[first])), tuple(expected[first].shape)
+            what = f"has weight {first} shaped {shapes[0]}, its config {shapes[1]}"
+        more = len(missing) + len(extra) + len(wrong) - 1
+        raise CheckpointError(
+            f"{file} does not fit its config.json: it {what}" + (f" ({more} more differ)" if more else "")
+            + "; are the weights and the config from the same model?"
+        )
+    return params

@@ -1,4 +1,4 @@
-"""The checkpoint's scheduler config, read whole from its own file (the Flax scheduler keeps only what it knows)."""
+"""The checkpoint's scheduler config, read whole from its own file (the samplers read every field they honour)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ def read_scheduler_config(source: str, revision: str | None = None, fallback: di
     """The checkpoint's `scheduler/scheduler_config.json` whole (local directory or Hub cache), else `fallback`.
 
     Read from the local cache only: the loader has just fetched the checkpoint, so this never touches the network.
-    diffusers' Flax scheduler keeps only the keys it knows (no `steps_offset`, no `_class_name` of the PyTorch
-    scheduler), so its config is the fallback, not the source.
+    `fallback`: what the loader read from the same file (`checkpoint/networks.Networks.scheduler_config`).
     """
     path = Path(source) / "scheduler" / "scheduler_config.json"
     try:
@@ -35,8 +34,8 @@ def read_scheduler_config(source: str, revision: str | None = None, fallback: di
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
         return config
-    except Exception as exc:  # not cached, not JSON...: the loaded scheduler's config is next best
+    except Exception as exc:  # not cached, not JSON...: the loader's copy is next best
         if fallback is None:
             raise InvalidInput(f"Could not read the scheduler config of {source} ({exc.__class__.__name__}).") from None
-        logger.warning("could not read %s (%s); using the loaded scheduler's config", path, exc.__class__.__name__)
+        logger.warning("could not read %s (%s); using the loader's copy of it", path, exc.__class__.__name__)
         return dict(fallback)

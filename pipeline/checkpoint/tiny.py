@@ -1,15 +1,17 @@
 """A tiny, random-weight checkpoint with SDXL's architecture, built offline.
 
 The real SDXL checkpoint is ~7 GB and needs a download; tests, CI and the CLI's ``make-tiny`` need something that
-exercises exactly the same code path (``FlaxStableDiffusionXLPipeline.from_pretrained(dir, split_head_dim=True)``,
-two CLIP tokenizers and text encoders, the text-time conditioned UNet, an 8x VAE, the Euler scheduler) but builds in
-seconds and runs a whole generation in about a second on CPU. The weights are random, so the images are noise; what
-matters is that every shape, config field and file name matches SDXL's Flax layout.
+exercises exactly the same code path (the loader's, `loading.load_model`: two CLIP tokenizers and text encoders, the
+text-time conditioned UNet, an 8x VAE, the Euler scheduler's config) but builds in seconds and runs a whole
+generation in about a second on CPU. The weights are random, so the images are noise; what matters is that every
+shape, config field and file name matches SDXL's Flax layout.
 
-The checkpoint is written with diffusers' and transformers' own ``save_pretrained``, so it loads with no special
-handling. The tokenizers' vocabulary comes from a small byte-level BPE learned here from a built-in corpus (same
-alphabet and file format as CLIP's), so ordinary prompts tokenize to a realistic number of tokens and long prompts
-overflow the 77-token window, as they do with the real model.
+The checkpoint is written in the layout diffusers' and transformers' Flax ``save_pretrained`` wrote (config.json
+with their fields, ``diffusion_flax_model.msgpack`` / ``flax_model.msgpack``, the tokenizers' files,
+``scheduler_config.json``), so their loaders read it too; the parameter trees are the project's own modules'
+(`device/nets/`), which are theirs. The tokenizers' vocabulary comes from a small byte-level BPE learned here from a
+built-in corpus (same alphabet and file format as CLIP's), so ordinary prompts tokenize to a realistic number of
+tokens and long prompts overflow the 77-token window, as they do with the real model.
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ class TinyGeometry:
     # BPE merges learned from the built-in corpus (SDXL: 48894); the vocab is 512 byte symbols + merges + 2 specials.
     bpe_merges: int = 1500
 
-    # text_encoder (FlaxCLIPTextModel; SDXL: CLIP ViT-L, hidden 768, 12 layers, 12 heads, MLP 3072, quick_gelu).
+    # text_encoder (CLIPTextModel; SDXL: CLIP ViT-L, hidden 768, 12 layers, 12 heads, MLP 3072, quick_gelu).
     text_hidden_size: int = 32
     text_layers: int = 2
     text_heads: int = 2
     text_intermediate_size: int = 128
     text_hidden_act: str = "quick_gelu"
 
-    # text_encoder_2 (FlaxCLIPTextModelWithProjection; SDXL: OpenCLIP bigG, hidden 1280, 32 layers, 20 heads,
+    # text_encoder_2 (CLIPTextModelWithProjection; SDXL: OpenCLIP bigG, hidden 1280, 32 layers, 20 heads,
     # MLP 5120, gelu, projection 1280). Kept a different width from text_encoder so a swapped encoder fails loudly.
     text_2_hidden_size: int = 64
     text_2_layers: int = 2
@@ -65,9 +67,9 @@ class TinyGeometry:
     text_2_projection_dim: int = 64
 
     # UNet (SDXL: (320, 640, 1280) channels, (5, 10, 20) heads of 64, transformer depth (1, 2, 10), 2 resnets per
-    # block, sample_size 128). Channels must be multiples of 32: diffusers' Flax UNet hard-codes GroupNorm(32).
+    # block, sample_size 128). Channels must be multiples of 32: SDXL's UNet hard-codes GroupNorm(32).
     unet_block_out_channels: tuple[int, ...] = (32, 64, 64)
-    # Number of attention heads per block (diffusers' Flax UNet calls this attention_head_dim); head size 16 here.
+    # Number of attention heads per block (diffusers' config calls this attention_head_dim); head size 16 here.
     unet_attention_heads: tuple[int, ...] = (2, 4, 4)
     # Transformer blocks per down/up block, SDXL's (1, 2, 10) scaled down; the mid block uses the last entry.
     unet_transformer_layers_per_block: tuple[int, ...] = (1, 1, 2)
@@ -101,6 +103,22 @@ class TinyGeometry:
 
 
 GEOMETRY = TinyGeometry()
+
+#: The releases whose `save_pretrained` wrote the layout the files follow (the version fields their configs carry).
+LAYOUT_VERSIONS = {"diffusers": "0.39.0", "transformers": "4.57.6"}
+
+#: model_index.json: the components and the (diffusers / transformers Flax) classes that wrote them.
+MODEL_INDEX = {
+    "_class_name": "FlaxStableDiffusionXLPipeline",
+    "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+    "scheduler": ["diffusers", "FlaxEulerDiscreteScheduler"],
+    "text_encoder": ["transformers", "FlaxCLIPTextModel"],
+    "text_encoder_2": ["transformers", "FlaxCLIPTextModelWithProjection"],
+    "tokenizer": ["transformers", "CLIPTokenizer"],
+    "tokenizer_2": ["transformers", "CLIPTokenizer"],
+    "unet": ["diffusers", "FlaxUNet2DConditionModel"],
+    "vae": ["diffusers", "FlaxAutoencoderKL"],
+}
 
 # SDXL's scheduler (EulerDiscreteScheduler in the real repo's scheduler_config.json), in its Flax form.
 SCHEDULER_CONFIG = {
@@ -269,35 +287,30 @@ def _random_params(init_weights: Callable[[Any], Any], seed: int, component: str
 
 
 def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -> None:
-    """Build every component and save the pipeline into the (existing, empty) ``directory``."""
-    from diffusers import FlaxEulerDiscreteScheduler, FlaxStableDiffusionXLPipeline
+    """Build every component and save the checkpoint into the (existing, empty) ``directory``."""
+    from flax.serialization import to_bytes
+
+    from .networks import FLAX_WEIGHTS
 
     vocab, tokenizer, tokenizer_2 = _tokenizers(geometry)
-    text_encoder, text_encoder_2 = _text_encoders(geometry, vocab)
-    unet, vae = _unet_and_vae(geometry)
-    text_input_shape = (1, geometry.model_max_length)
-    params = {
-        "text_encoder": _random_params(
-            lambda key: text_encoder.init_weights(key, text_input_shape), seed, "text_encoder"
-        ),
-        "text_encoder_2": _random_params(
-            lambda key: text_encoder_2.init_weights(key, text_input_shape), seed, "text_encoder_2"
-        ),
-        "unet": _random_params(unet.init_weights, seed, "unet"),
-        "vae": _random_params(vae.init_weights, seed, "vae"),
-    }
-    pipeline = FlaxStableDiffusionXLPipeline(
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        vae=vae,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=FlaxEulerDiscreteScheduler(**SCHEDULER_CONFIG),
-    )
-    pipeline.save_pretrained(directory, params=params)
+    configs = _configs(geometry, vocab)
+    _write_json(directory / "model_index.json", MODEL_INDEX)
+    tokenizer.save_pretrained(directory / "tokenizer")
+    tokenizer_2.save_pretrained(directory / "tokenizer_2")
+    for name, module in _networks(configs).items():
+        (directory / name).mkdir()
+        _write_json(directory / name / "config.json", configs[name])
+        params = _random_params(module.init_weights, seed, name)
+        (directory / name / FLAX_WEIGHTS[name]).write_bytes(to_bytes(params))  # what save_pretrained writes
+    (directory / "scheduler").mkdir()
+    _write_json(directory / "scheduler" / "scheduler_config.json", configs["scheduler"])
     marker = {"name": TINY_CHECKPOINT_NAME, "seed": seed, "geometry": dataclasses.asdict(geometry)}
     (directory / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_json(path: pathlib.Path, value: dict) -> None:
+    """JSON as diffusers' and transformers' `save_pretrained` write their configs: sorted keys, indent 2."""
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _tokenizers(geometry: TinyGeometry) -> tuple[dict, object, object]:
@@ -314,72 +327,81 @@ def _tokenizers(geometry: TinyGeometry) -> tuple[dict, object, object]:
     return vocab, tokenizer, tokenizer_2
 
 
-def _text_encoders(geometry: TinyGeometry, vocab: dict) -> tuple[object, object]:
-    """The two CLIP text encoders (no weights), SDXL's kinds at the tiny widths."""
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
-    special_ids = {
+def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
+    """Each component's config.json (scheduler: scheduler_config.json) at the tiny widths, with the fields and
+    values diffusers' and transformers' `save_pretrained` wrote for their Flax classes (LAYOUT_VERSIONS')."""
+    text_common = {
+        "attention_dropout": 0.0,
         "bos_token_id": vocab[START_TOKEN],
         "eos_token_id": vocab[END_TOKEN],
-        "pad_token_id": vocab[END_TOKEN],
-        "vocab_size": len(vocab),
+        "initializer_factor": 1.0,
+        "initializer_range": 0.02,
+        "layer_norm_eps": 1e-05,
         "max_position_embeddings": geometry.model_max_length,
+        "model_type": "clip_text_model",
+        "pad_token_id": vocab[END_TOKEN],
+        "transformers_version": LAYOUT_VERSIONS["transformers"],
+        "vocab_size": len(vocab),
     }
-    text_config = CLIPTextConfig(
-        hidden_size=geometry.text_hidden_size,
-        intermediate_size=geometry.text_intermediate_size,
-        num_hidden_layers=geometry.text_layers,
-        num_attention_heads=geometry.text_heads,
-        hidden_act=geometry.text_hidden_act,
-        projection_dim=geometry.text_hidden_size,
-        **special_ids,
-    )
-    text_2_config = CLIPTextConfig(
-        hidden_size=geometry.text_2_hidden_size,
-        intermediate_size=geometry.text_2_intermediate_size,
-        num_hidden_layers=geometry.text_2_layers,
-        num_attention_heads=geometry.text_2_heads,
-        hidden_act=geometry.text_2_hidden_act,
-        projection_dim=geometry.text_2_projection_dim,
-        **special_ids,
-    )
-    text_encoder = FlaxCLIPTextModel(text_config, _do_init=False)
-    return text_encoder, FlaxCLIPTextModelWithProjection(text_2_config, _do_init=False)
+    blocks = len(geometry.vae_block_out_channels)
+    return {
+        "text_encoder": {
+            **text_common, "architectures": ["CLIPTextModel"], "hidden_act": geometry.text_hidden_act,
+            "hidden_size": geometry.text_hidden_size, "intermediate_size": geometry.text_intermediate_size,
+            "num_attention_heads": geometry.text_heads, "num_hidden_layers": geometry.text_layers,
+            "projection_dim": geometry.text_hidden_size,
+        },
+        "text_encoder_2": {
+            **text_common, "architectures": ["CLIPTextModelWithProjection"], "hidden_act": geometry.text_2_hidden_act,
+            "hidden_size": geometry.text_2_hidden_size, "intermediate_size": geometry.text_2_intermediate_size,
+            "num_attention_heads": geometry.text_2_heads, "num_hidden_layers": geometry.text_2_layers,
+            "projection_dim": geometry.text_2_projection_dim,
+        },
+        "unet": {
+            "_class_name": "FlaxUNet2DConditionModel", "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+            "addition_embed_type": "text_time", "addition_embed_type_num_heads": 64,
+            "addition_time_embed_dim": geometry.addition_time_embed_dim,
+            "attention_head_dim": list(geometry.unet_attention_heads),
+            "block_out_channels": list(geometry.unet_block_out_channels),
+            "cross_attention_dim": geometry.cross_attention_dim,
+            "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+            "dropout": 0.0, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": geometry.vae_latent_channels,
+            "layers_per_block": geometry.unet_layers_per_block, "mid_block_type": "UNetMidBlock2DCrossAttn",
+            "num_attention_heads": None, "only_cross_attention": False, "out_channels": geometry.vae_latent_channels,
+            "projection_class_embeddings_input_dim": geometry.projection_class_embeddings_input_dim,
+            "sample_size": geometry.unet_sample_size, "split_head_dim": False,
+            "transformer_layers_per_block": list(geometry.unet_transformer_layers_per_block),
+            "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+            "use_linear_projection": True, "use_memory_efficient_attention": False,
+        },
+        "vae": {
+            "_class_name": "FlaxAutoencoderKL", "_diffusers_version": LAYOUT_VERSIONS["diffusers"], "act_fn": "silu",
+            "block_out_channels": list(geometry.vae_block_out_channels),
+            "down_block_types": ["DownEncoderBlock2D"] * blocks, "in_channels": 3,
+            "latent_channels": geometry.vae_latent_channels, "layers_per_block": geometry.vae_layers_per_block,
+            "norm_num_groups": geometry.vae_norm_num_groups, "out_channels": 3,
+            "sample_size": geometry.unet_sample_size * geometry.vae_scale_factor,
+            "scaling_factor": geometry.vae_scaling_factor, "up_block_types": ["UpDecoderBlock2D"] * blocks,
+        },
+        "scheduler": {
+            "_class_name": "FlaxEulerDiscreteScheduler", "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+            **SCHEDULER_CONFIG, "trained_betas": None,
+        },
+    }  # fmt: skip
 
 
-def _unet_and_vae(geometry: TinyGeometry) -> tuple[object, object]:
-    """SDXL's UNet (text_time conditioning, cross-attention blocks) and VAE (no weights), at the tiny widths."""
-    from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
+def _networks(configs: dict[str, dict]) -> dict[str, Any]:
+    """The project's modules (no weights) for the configs: the trees the random weights are drawn for."""
+    from ..device.nets.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from ..device.nets.unet import UNet2DConditionModel, UNetConfig
+    from ..device.nets.vae import AutoencoderKL, VAEConfig
 
-    unet = FlaxUNet2DConditionModel(
-        sample_size=geometry.unet_sample_size,
-        in_channels=geometry.vae_latent_channels,
-        out_channels=geometry.vae_latent_channels,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-        block_out_channels=geometry.unet_block_out_channels,
-        layers_per_block=geometry.unet_layers_per_block,
-        attention_head_dim=geometry.unet_attention_heads,
-        cross_attention_dim=geometry.cross_attention_dim,
-        use_linear_projection=True,
-        transformer_layers_per_block=geometry.unet_transformer_layers_per_block,
-        addition_embed_type="text_time",
-        addition_time_embed_dim=geometry.addition_time_embed_dim,
-        projection_class_embeddings_input_dim=geometry.projection_class_embeddings_input_dim,
-    )
-    vae = FlaxAutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * len(geometry.vae_block_out_channels),
-        up_block_types=("UpDecoderBlock2D",) * len(geometry.vae_block_out_channels),
-        block_out_channels=geometry.vae_block_out_channels,
-        layers_per_block=geometry.vae_layers_per_block,
-        norm_num_groups=geometry.vae_norm_num_groups,
-        latent_channels=geometry.vae_latent_channels,
-        sample_size=geometry.unet_sample_size * geometry.vae_scale_factor,
-        scaling_factor=geometry.vae_scaling_factor,
-    )
-    return unet, vae
+    return {
+        "text_encoder": CLIPTextModel(CLIPTextConfig.from_dict(configs["text_encoder"])),
+        "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig.from_dict(configs["text_encoder_2"])),
+        "unet": UNet2DConditionModel(UNetConfig.from_dict(configs["unet"])),
+        "vae": AutoencoderKL(VAEConfig.from_dict(configs["vae"])),
+    }
 
 
 def _is_complete(directory: pathlib.Path) -> bool:
@@ -405,8 +427,8 @@ def _build_staged(target: pathlib.Path, *, seed: int, geometry: TinyGeometry) ->
 def make_tiny(directory: str | os.PathLike, *, seed: int = 0, geometry: TinyGeometry = GEOMETRY) -> pathlib.Path:
     """Write a tiny random SDXL checkpoint (diffusers Flax layout) to ``directory`` and return its path.
 
-    Loads with ``FlaxStableDiffusionXLPipeline.from_pretrained(directory, split_head_dim=True)``. The same ``seed``
-    gives byte-identical weights. Built in a temporary directory beside the target and renamed into place, so a
+    Loads with `loading.load_model` (and with diffusers' Flax pipeline's ``from_pretrained``). The same ``seed`` gives
+    byte-identical weights. Built in a temporary directory beside the target and renamed into place, so a
     crash never leaves a half-written checkpoint; an existing ``directory`` is replaced.
     """
     target = pathlib.Path(directory).absolute()

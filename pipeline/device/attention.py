@@ -1,9 +1,10 @@
 """Which attention core the UNet and ControlNets run: a hook around their attention modules, no fork of them.
 
-diffusers' `FlaxAttention` materialises every [queries x keys] score matrix and takes its softmax in the compute
-dtype: at 1024x1024 that is a 4096x4096 matrix per head in HBM, and a bf16 softmax. The hook below replaces only the
-core (scores -> softmax -> weighted values) and keeps the module's own `to_q`/`to_k`/`to_v`/`to_out_0` layers, so
-parameter trees and checkpoints are unchanged:
+The reference core (diffusers' Flax attention's, kept by `nets/attention.Attention`) materialises every
+[queries x keys] score matrix and takes its softmax in the compute dtype: at 1024x1024 that is a 4096x4096 matrix
+per head in HBM, and a bf16 softmax. The hook below replaces only the core (scores -> softmax -> weighted values)
+and keeps the module's own `to_q`/`to_k`/`to_v`/`to_out_0` layers, so parameter trees and checkpoints are
+unchanged:
 
     with attention_hook("splash"):            # entered INSIDE the traced function (see `hooked`)
         unet.apply({"params": params}, ...)
@@ -206,14 +207,11 @@ def attend(q, k, v, scale: float, kind: str, *, interpret: bool = False):
 
 
 def attention_classes() -> tuple:
-    """The modules whose core the hook swaps: the project's `nets.attention.Attention` (the ControlNet's) and
-    diffusers' `FlaxAttention` (the UNet's until it is built from `device/nets/` too). Both keep their projections
-    as `query`, `key`, `value` and `proj_attn`."""
-    from diffusers.models.attention_flax import FlaxAttention
-
+    """The modules whose core the hook swaps: the project's `nets.attention.Attention` (the UNet's and the
+    ControlNet's), whose projections are `query`, `key`, `value` and `proj_attn`."""
     from .nets.attention import Attention
 
-    return Attention, FlaxAttention
+    return (Attention,)
 
 
 #: Within `context_lengths`: the keys of the text each row of a cross-attention attends to (int32 [B], traced).
@@ -232,11 +230,8 @@ def context_lengths(lengths):
         _context_lengths.reset(token)
 
 
-def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None, deterministic=True):
-    """The attention module's `__call__` with another core, using its own projection layers (same parameters).
-
-    `deterministic` is diffusers' argument; its dropout (rate 0, never trained here) is the identity, so none runs.
-    """
+def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None):
+    """The attention module's `__call__` with another core, using its own projection layers (same parameters)."""
     lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]

@@ -1,4 +1,4 @@
-"""DeepCache (branch 0, uniform) for diffusers' Flax UNet: a full UNet call that keeps one feature, a shallow one.
+"""DeepCache (branch 0, uniform) for SDXL's Flax UNet: a full UNet call that keeps one feature, a shallow one.
 
 DeepCache (Ma et al., 2023; the `deepcache` package's `DeepCacheSDHelper`, DeepCache/extension/deepcache.py)
 skips the deep part of the UNet on most steps: on steps where (i - first) % N == 0 the whole UNet runs and every
@@ -15,9 +15,9 @@ a wrapped block). For SDXL (last up block `UpBlock2D`, 3 resnets) the feature is
 `up_blocks[2].resnets[1]`'s output: [cB, 128, 128, 320] at 1024x1024 (NHWC, as the Flax UNet holds it), and
 [cB, 8, 8, 32] for the tiny checkpoint at 64x64 (c = 2 with classifier-free guidance, 1 without).
 
-Here both modes run diffusers' own `FlaxUNet2DConditionModel.__call__` with the same parameters tree, steered by
-flax method interceptors (no fork of diffusers' modules, and the engine's attention hook, also an interceptor,
-still applies):
+Here both modes run the UNet's own `__call__` (`nets/unet.UNet2DConditionModel`) with the same parameters tree,
+steered by flax method interceptors (no second copy of the UNet, and the engine's attention hook, also an
+interceptor, still applies):
 
     noise, feature = unet_full(unet, params, sample, t, hidden, added)            # = unet.apply(...), + feature
     noise = unet_shallow(unet, params, sample, t, hidden, added, feature)         # the cached step
@@ -46,7 +46,7 @@ from .denoise import unet_step
 
 @dataclass(frozen=True)
 class Cut:
-    """Where branch 0 cuts a UNet: module names as in its parameters tree (diffusers' Flax setup names)."""
+    """Where branch 0 cuts a UNet: module names as in its parameters tree (diffusers' Flax names, kept by nets/)."""
 
     down_blocks: tuple[str, ...]  # every down block: skipped on a shallow step
     skipped_up_blocks: tuple[str, ...]  # every up block but the last: skipped
@@ -174,12 +174,11 @@ def _last_layer(where: Cut, context, arguments: dict, feature, conv_in):
     skip = arguments["res_hidden_states_tuple"][0]  # the last one its loop pops
     if skip is not conv_in:
         raise RuntimeError("DeepCache branch 0 expects conv_in's output as the last up block's last skip")
-    deterministic = arguments["deterministic"]
     hidden = jnp.concatenate((feature.astype(skip.dtype), skip), axis=-1)
-    hidden = block.resnets[-1](hidden, arguments["temb"], deterministic=deterministic)
+    hidden = block.resnets[-1](hidden, arguments["temb"])
     if where.has_attention:
-        hidden = block.attentions[-1](hidden, arguments["encoder_hidden_states"], deterministic=deterministic)
-    if block.add_upsample:  # never in diffusers' UNets (the final block does not upsample); kept for the loop's shape
+        hidden = block.attentions[-1](hidden, arguments["encoder_hidden_states"])
+    if block.add_upsample:  # never in SDXL's UNets (the final block does not upsample); kept for the loop's shape
         hidden = block.upsamplers_0(hidden)
     return hidden
 

@@ -1,4 +1,5 @@
-"""diffusers' module objects of one SDXL checkpoint: stateless, so the weights travel apart as `params`."""
+"""The module objects of one SDXL checkpoint (the project's own, `device/nets/`): stateless, so the weights travel
+apart as `params`."""
 
 from __future__ import annotations
 
@@ -8,23 +9,22 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Modules:
-    """diffusers' stateless module objects; the weights travel separately as `params`."""
+    """The stateless modules the programs run; the weights travel separately as `params`."""
 
-    text_encoder: Any  # FlaxCLIPTextModel
-    text_encoder_2: Any  # FlaxCLIPTextModelWithProjection
-    unet: Any  # FlaxUNet2DConditionModel
-    vae: Any  # FlaxAutoencoderKL
-    scheduler: Any  # FlaxEulerDiscreteScheduler (its state lives in params["scheduler"])
+    text_encoder: Any  # nets/clip.CLIPTextModel
+    text_encoder_2: Any  # nets/clip.CLIPTextModelWithProjection
+    unet: Any  # nets/unet.UNet2DConditionModel (or its int8 form, device/quantize.py)
+    vae: Any  # nets/vae.AutoencoderKL
     vae_scale_factor: int  # 8 for SDXL: pixels per latent
     controlnets: tuple = ()  # the served ControlNets' architectures (device/controlnet.SDXLControlNet), one per kind
 
     @classmethod
-    def of(cls, pipeline) -> Modules:
+    def of(cls, networks) -> Modules:
+        """From a checkpoint's `checkpoint/networks.Networks`."""
         return cls(
-            text_encoder=pipeline.text_encoder,
-            text_encoder_2=pipeline.text_encoder_2,
-            unet=pipeline.unet,
-            vae=pipeline.vae,
-            scheduler=pipeline.scheduler,
-            vae_scale_factor=pipeline.vae_scale_factor,
+            text_encoder=networks.text_encoder,
+            text_encoder_2=networks.text_encoder_2,
+            unet=networks.unet,
+            vae=networks.vae,
+            vae_scale_factor=networks.vae_scale_factor,
         )

@@ -13,7 +13,7 @@ the most sensitive layer) and `conv_out` (the noise prediction itself). The text
 touched. NVIDIA's MLPerf SDXL entries quantize the same layers (INT8 SmoothQuant, then FP8).
 
 qwix (google/qwix) intercepts `jax.lax.dot_general` / `conv_general_dilated` inside the module's `__call__`, so
-diffusers' linen UNet is used as written, with DeepCache's and the attention core's method interceptors on top.
+the UNet (`nets/unet.py`) is used as written, with DeepCache's and the attention core's method interceptors on top.
 Quality on real SDXL weights is unmeasured here (MLPerf's FID / CLIP-score bounds are the test a TPU run needs).
 """
 
@@ -38,16 +38,12 @@ def _rules():
 
 
 def quantized_unet(unet):
-    """`unet` (diffusers' FlaxUNet2DConditionModel) whose Dense and Conv layers run int8 x int8 (module docstring).
+    """`unet` (nets/unet.UNet2DConditionModel) whose Dense and Conv layers run int8 x int8 (module docstring).
 
-    qwix gives the module a new class; diffusers' config lives outside linen's dataclass fields, so it is carried
-    over (the UNet's `setup` and DeepCache's cut read `unet.config`).
-    """
+    qwix gives the module a new class with the same fields, its config among them (DeepCache's cut reads it)."""
     import qwix
 
-    quantized = qwix.quantize_model(unet, qwix.PtqProvider(_rules()))
-    type(quantized)._internal_dict = unet._internal_dict
-    return quantized
+    return qwix.quantize_model(unet, qwix.PtqProvider(_rules()))
 
 
 def abstract_unet_params(unet, dtype):

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from .modules import Modules
+from .nets.clip import CLIPTextEmbeddings
 
 #: CLIP's window of token ids (the begin and end tokens included).
 WINDOW = 77
@@ -42,12 +43,12 @@ def encode_each(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=No
         is_extra = ids >= EXTRA_BASE
         vocabulary_ids = jnp.where(is_extra, 0, ids)  # what the encoder sees (its pooled output finds the end token)
         if extra is None:
-            outputs.append(encoder(vocabulary_ids, params=params[name], output_hidden_states=True))
+            outputs.append(encoder.apply({"params": params[name]}, vocabulary_ids))
             continue
         table = extra[index]
         rows = jnp.clip(ids - EXTRA_BASE, 0, table.shape[0] - 1)
         with nn.intercept_methods(_inputs_with(is_extra, table[rows])):
-            outputs.append(encoder(vocabulary_ids, params=params[name], output_hidden_states=True))
+            outputs.append(encoder.apply({"params": params[name]}, vocabulary_ids))
     return (outputs[0]["hidden_states"][-2], outputs[1]["hidden_states"][-2]), outputs[1]["text_embeds"]
 
 
@@ -57,7 +58,7 @@ def _inputs_with(is_extra, vectors):
 
     def interceptor(next_fun, args, kwargs, context):
         module = context.module
-        if context.method_name != "__call__" or type(module).__name__ != "FlaxCLIPTextEmbeddings":
+        if context.method_name != "__call__" or not isinstance(module, CLIPTextEmbeddings):
             return next_fun(*args, **kwargs)
         bound = dict(zip(("input_ids", "position_ids"), args, strict=False), **kwargs)
         input_ids, position_ids = bound["input_ids"], bound["position_ids"]

@@ -19,6 +19,7 @@ are for a TPU host with that many chips of that kind.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -192,7 +193,7 @@ def _config_text(module) -> str:
     config = getattr(module, "config", None)
     if config is None:
         return "none"
-    items = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    items = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
     skip = ("_name_or_path", "transformers_version", "_diffusers_version", "_commit_hash")
     return json.dumps({k: v for k, v in items.items() if k not in skip and not k.startswith("_")}, sort_keys=True,
                       default=repr)  # fmt: skip

@@ -35,7 +35,7 @@ class ServedControlNets:
     def of(cls, nets: list, loaded, mesh=None) -> ServedControlNets:
         """Place each loaded ControlNet that fits the UNet on `mesh` (None: place nothing, a TPU topology's
         precompile reads shapes only); one that does not fit is named in one line and left out."""
-        unet = dict(loaded.pipeline.unet.config)
+        unet = loaded.networks.unet_config
         archs, keys, arch_of, trees = [], [], {}, {}
         for net in nets:
             why = mismatch(net.module, unet)

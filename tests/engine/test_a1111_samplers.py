@@ -112,10 +112,10 @@ def test_images_equal_pytorch_pipeline(tiny_pt):
     latents = np.load(FIXTURES / "tiny-pt-expected.npz")["latents"]  # [1, 4, 8, 8]
     scheduler = json.loads((FIXTURES / "tiny-pt" / "scheduler" / "scheduler_config.json").read_text())
     config = SamplerConfig.from_scheduler_config(scheduler)  # the checkpoint's, as the engine reads it
-    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    tokenizers = (tiny_pt.networks.tokenizer, tiny_pt.networks.tokenizer_2)
     ids = tokenize(tokenizers, PYTORCH["prompt"])[0][None]  # [1, 2, 77]
     negative = tokenize(tokenizers, PYTORCH["negative_prompt"])[0][None]
-    modules, failures = Modules.of(tiny_pt.pipeline), []
+    modules, failures = Modules.of(tiny_pt.networks), []
     for case in PYTORCH["images"]:
         clipping = dataclasses.replace(config, clip_sample=case.get("clip_sample"))  # DDIM: as the reference ran
         plan = clipping.plan(case["steps"], case["sampler"], case["schedule_type"])

@@ -105,7 +105,7 @@ def test_hook_in_sharded_loop_matches_plain_unet(tiny_dir):
     32x32 latents give 256-token self-attention in the tiny UNet, so splash really runs (not its fallback).
     """
     loaded = load_model(str(tiny_dir), dtype="float32")
-    unet = loaded.pipeline.unet
+    unet = loaded.networks.unet
     mesh = data_mesh(jax.devices()[:2])
     params = replicate_tree(loaded.params["unet"], mesh)
     rng = np.random.default_rng(0)

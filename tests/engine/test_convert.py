@@ -73,8 +73,8 @@ def test_params_equal_the_libraries_from_pt_conversion_without_torch(converted):
             assert hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest() == leaf["sha256"], name
     assert "torch" not in sys.modules
     # The scheduler config comes from scheduler/scheduler_config.json, as on the Flax path.
-    assert converted.pipeline.scheduler.config.timestep_spacing == "leading"
-    assert converted.pipeline.unet.split_head_dim is True
+    assert converted.networks.scheduler_config["timestep_spacing"] == "leading"
+    assert "scheduler" not in converted.params  # no scheduler state: the samplers compute their own schedules
 
 
 def test_engine_matches_pytorch_pipeline_images(converted):
@@ -89,8 +89,8 @@ def test_engine_matches_pytorch_pipeline_images(converted):
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
     cases = [c for c in manifest["cases"] if c["timestep_spacing"] == "leading" and c["sampler"] == "euler"]
     assert {c["steps"] for c in cases} == {2} and len({c["guidance_scale"] for c in cases}) == 1
-    modules = Modules.of(converted.pipeline)
-    tokenizers = (converted.pipeline.tokenizer, converted.pipeline.tokenizer_2)
+    modules = Modules.of(converted.networks)
+    tokenizers = (converted.networks.tokenizer, converted.networks.tokenizer_2)
     prompt_ids = np.stack([tokenize(tokenizers, c["prompt"])[0] for c in cases])  # [2, 2, 77]
     negative_ids = np.stack([tokenize(tokenizers, c["negative_prompt"] or "")[0] for c in cases])  # [2, 2, 77]
     has_negative = np.array([c["negative_prompt"] is not None for c in cases])  # [2]

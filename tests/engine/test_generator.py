@@ -21,15 +21,20 @@ def pixels(result) -> np.ndarray:
     return np.stack([np.asarray(image) for image in result.images])  # [B, H, W, 3]
 
 
-def test_weights_bfloat16_scheduler_float32(tiny_dir):
+def test_weights_and_networks_bfloat16_own_modules(tiny_dir):
+    from pipeline.device.nets.unet import UNet2DConditionModel
+
     loaded = load_model(str(tiny_dir), dtype="bfloat16")
-    assert loaded.pipeline.unet.split_head_dim is True
+    assert isinstance(loaded.networks.unet, UNet2DConditionModel)
+    assert loaded.origins == dict.fromkeys(("unet", "vae", "text_encoder", "text_encoder_2"), "flax")
+    assert sorted(loaded.params) == ["text_encoder", "text_encoder_2", "unet", "vae"]  # no scheduler state
     for component in ("text_encoder", "text_encoder_2", "unet", "vae"):
+        assert getattr(loaded.networks, component).dtype == jax.numpy.bfloat16, component
         leaves = jax.tree_util.tree_leaves(loaded.params[component])
         assert leaves, component
         assert {str(leaf.dtype) for leaf in leaves} == {"bfloat16"}, component
-    scheduler_leaves = jax.tree_util.tree_leaves(loaded.params["scheduler"])
-    assert scheduler_leaves and {str(leaf.dtype) for leaf in scheduler_leaves} == {"float32"}
+    assert loaded.networks.scheduler_config["timestep_spacing"] == "leading"  # the file, whole
+    assert loaded.networks.vae_scale_factor == 8
 
 
 def test_one_image_per_device_params_replicated(engine):

@@ -149,7 +149,7 @@ def x0(inpaint_engine):
     model = load_model(str(TINY_PT), dtype="float32")
     inpaint_vae = {"vae": jax.device_get(inpaint_engine._params["vae"])}
     return {
-        4: _encoder(model.params, Modules.of(model.pipeline)),
+        4: _encoder(model.params, Modules.of(model.networks)),
         9: _encoder(inpaint_vae, inpaint_engine.programs.modules),
     }
 

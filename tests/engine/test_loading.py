@@ -43,6 +43,39 @@ def test_checkpoint_without_flax_weights(tiny_dir, tmp_path):
         resolve_model(str(copy))
 
 
+def _with_unet_config(tiny_dir, tmp_path, **changes) -> Path:
+    """A copy of the tiny checkpoint whose unet/config.json has `changes`."""
+    copy = shutil.copytree(tiny_dir, tmp_path / "changed")
+    config_file = copy / "unet" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+    return copy
+
+
+def test_flax_weights_that_do_not_fit_the_config(tiny_dir, tmp_path):
+    """Weights saved for another config are refused in one line naming a weight (not a shape error at compile)."""
+    copy = _with_unet_config(tiny_dir, tmp_path, cross_attention_dim=64)  # the file's cross-attention keys read 96
+    with pytest.raises(CheckpointError, match="does not fit its config.json") as error:
+        load_model(str(copy), dtype="float32")
+    message = str(error.value)
+    assert "attn2" in message and "(96, " in message and "(64, " in message and "\n" not in message
+
+
+def test_damaged_flax_weights(tiny_dir, tmp_path):
+    copy = shutil.copytree(tiny_dir, tmp_path / "damaged")
+    weights = copy / "vae" / "diffusion_flax_model.msgpack"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as an interrupted copy leaves it
+    with pytest.raises(ModelLoadError, match="Could not load the checkpoint in") as error:
+        load_model(str(copy), dtype="float32")
+    assert "\n" not in str(error.value)
+
+
+def test_config_that_is_not_sdxl(tiny_dir, tmp_path):
+    copy = _with_unet_config(tiny_dir, tmp_path, addition_embed_type="text")
+    with pytest.raises(CheckpointError, match="Could not read the configs or tokenizers") as error:
+        load_model(str(copy), dtype="float32")
+    assert "addition_embed_type 'text'" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_hub_id_without_network(monkeypatch, tmp_path):
     import huggingface_hub.constants
 
@@ -77,8 +110,8 @@ def test_fp16_only_folder_loads_with_variant(tmp_path, monkeypatch, capfd, keep_
     folder = fp16_only(tmp_path, keep_plain_index)
     loaded = load_model(str(folder), dtype="float32", variant="fp16", conversion_cache=False)
     assert loaded.origins == dict.fromkeys(("unet", "vae", "text_encoder", "text_encoder_2"), "converted")
-    # The scheduler is built from the config fields the Flax class takes: no "config attributes ... were passed".
-    assert "were passed to FlaxEulerDiscreteScheduler" not in capfd.readouterr().err
+    # The scheduler config is read as a file, not handed to a scheduler class: nothing warns about its fields.
+    assert "were passed to" not in capfd.readouterr().err
 
 
 def test_fp16_only_folder_without_variant_and_an_absent_variant_say_so(tmp_path):

@@ -6,6 +6,7 @@ one sentence, and the engine's images with the PyTorch fixtures' LoRAs within 1 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -142,7 +143,7 @@ def image0(result) -> np.ndarray:
 @pytest.fixture(scope="module")
 def targets(feature_engine):
     """The engine's kernels and their names in LoRA files (diffusers' PEFT names: the fixture manifest's)."""
-    return lora_targets(dict(feature_engine.programs.modules.unet.config), feature_engine._params)
+    return lora_targets(dataclasses.asdict(feature_engine.programs.modules.unet.config), feature_engine._params)
 
 
 def to_pytorch_stats(flax_delta: np.ndarray) -> np.ndarray:

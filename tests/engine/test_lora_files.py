@@ -297,14 +297,12 @@ def test_sdxl_base_kohya_names_map_from_its_config(targets):
     """SDXL base's UNet (assets/sdxl_unet_config.json, shapes traced, nothing allocated): every attention layer a
     typical kohya SDXL LoRA targets (722) has its SGM name, and known names land where diffusers puts them."""
     import jax
-    from diffusers import FlaxUNet2DConditionModel
 
-    from pipeline.checkpoint.loading import quiet_diffusers_deprecation
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
 
-    quiet_diffusers_deprecation()
     config = json.loads((REPO / "assets" / "sdxl_unet_config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_")}
-    unet = FlaxUNet2DConditionModel.from_config(config, split_head_dim=True)
+    unet = UNet2DConditionModel(UNetConfig.from_dict(config))
     shapes = jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0))
     small = {c: targets_tree(targets, c) for c in ("text_encoder", "text_encoder_2")}
     sdxl = lora_targets(config, {"unet": shapes, **small})

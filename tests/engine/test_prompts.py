@@ -68,7 +68,7 @@ def tiny_pt():
 
 @pytest.fixture(scope="module")
 def tokenizers(tiny_pt):
-    return tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2
+    return tiny_pt.networks.tokenizer, tiny_pt.networks.tokenizer_2
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_a_prompt_without_brackets_encodes_exactly_as_before(tiny_pt, tokenizers
     from pipeline.device.text import encode_local
     from pipeline.generator import text_widths
 
-    modules, reader = Modules.of(tiny_pt.pipeline), PromptReader(tokenizers, emphasis, embeddings)
+    modules, reader = Modules.of(tiny_pt.networks), PromptReader(tokenizers, emphasis, embeddings)
     extra = ExtraRows()
     text = reader.read("a cozy cabin in a snowy forest, warm light", 1, extra)
     negative = reader.read("blurry, low quality", 1, extra)
@@ -173,10 +173,10 @@ def run_reader(tiny_pt, reader, prompt, negative, windows):
     cut = slice(0, 77 * k)
     args = (np.asarray([[neg.windows, text.windows]], np.int32), text.weights[None, :, cut],
             neg.weights[None, :, cut], *extra.tables(extra_capacity(k), text_widths(tiny_pt.params)))  # fmt: skip
-    scheduler = dict(tiny_pt.pipeline.scheduler.config)
+    scheduler = dict(tiny_pt.networks.scheduler_config)
     plan = SamplerConfig.from_scheduler_config(scheduler).plan(MANIFEST["steps"], "euler")
     return run_local(
-        Modules.of(tiny_pt.pipeline), tiny_pt.params, text.ids[None, :, cut], neg.ids[None, :, cut],
+        Modules.of(tiny_pt.networks), tiny_pt.params, text.ids[None, :, cut], neg.ids[None, :, cut],
         np.array([bool(negative)]), np.array([MANIFEST["guidance_scale"]], np.float32), ARRAYS["latents"], plan,
         text=args,
     )[0].astype(np.int16)  # fmt: skip

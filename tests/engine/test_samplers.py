@@ -177,8 +177,8 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
     cases = [c for c in manifest["cases"] if c["timestep_spacing"] == "trailing"]
     assert sorted(c["steps"] for c in cases) == [2, 4] and {c["guidance_scale"] for c in cases} == {0.0}
-    modules = Modules.of(tiny_pt.pipeline)
-    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    modules = Modules.of(tiny_pt.networks)
+    tokenizers = (tiny_pt.networks.tokenizer, tiny_pt.networks.tokenizer_2)
     trailing = SamplerConfig.from_scheduler_config(manifest["scheduler"], timestep_spacing="trailing")
     assert trailing.steps_offset == 1 and trailing.sampler == "euler"
 
@@ -225,10 +225,10 @@ def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     config = SamplerConfig.from_scheduler_config(manifest["scheduler"])
     plan = config.plan(case["steps"], case["sampler"])
     assert plan.timesteps.tolist() == case["timesteps"]
-    tokenizers = (tiny_pt.pipeline.tokenizer, tiny_pt.pipeline.tokenizer_2)
+    tokenizers = (tiny_pt.networks.tokenizer, tiny_pt.networks.tokenizer_2)
     negative = case["negative_prompt"]
     image = run_local(
-        Modules.of(tiny_pt.pipeline), tiny_pt.params, tokenize(tokenizers, case["prompt"])[0][None],
+        Modules.of(tiny_pt.networks), tiny_pt.params, tokenize(tokenizers, case["prompt"])[0][None],
         tokenize(tokenizers, negative or "")[0][None], np.array([negative is not None]),
         np.array([case["guidance_scale"]], np.float32), latents, plan,
     )[0].astype(np.int16)  # fmt: skip

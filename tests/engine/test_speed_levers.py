@@ -62,17 +62,17 @@ def _plain(unet):
 
 def test_cut_of_sdxl_and_the_tiny_checkpoint(tiny_pt):
     """Branch 0 keeps the output of the last up block's second-to-last resnet: 320 channels for SDXL, 32 tiny."""
-    from diffusers import FlaxUNet2DConditionModel
+    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
 
     config = json.loads((REPO / "assets" / "sdxl_unet_config.json").read_text())
-    sdxl = FlaxUNet2DConditionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    sdxl = UNet2DConditionModel(UNetConfig.from_dict(config))
     where = deepcache.cut(sdxl)
     assert (where.last_up_block, where.feature_layer, where.has_attention) == ("up_blocks_2", "resnets_1", False)
     assert where.down_blocks == ("down_blocks_0", "down_blocks_1", "down_blocks_2")
     assert deepcache.feature_shape(sdxl, 2, 128, 128) == (2, 128, 128, 320)  # 1024x1024 with CFG
-    assert deepcache.feature_shape(tiny_pt.pipeline.unet, 2, 8, 8) == (2, 8, 8, 32)  # 64x64 with CFG
+    assert deepcache.feature_shape(tiny_pt.networks.unet, 2, 8, 8) == (2, 8, 8, 32)  # 64x64 with CFG
     unet_params = tiny_pt.params["unet"]  # every name is a module of the parameters tree
-    tiny = deepcache.cut(tiny_pt.pipeline.unet)
+    tiny = deepcache.cut(tiny_pt.networks.unet)
     assert tiny.feature_layer in unet_params[tiny.last_up_block]
     assert set(tiny.down_blocks + tiny.skipped_up_blocks) <= set(unet_params)
 
@@ -80,7 +80,7 @@ def test_cut_of_sdxl_and_the_tiny_checkpoint(tiny_pt):
 def test_full_is_the_plain_apply_and_shallow_on_its_feature_is_full(tiny_pt):
     """Bit for bit on this CPU: `unet_full` is the plain call plus a recorded output, and the shallow call fed the
     feature of the same inputs recomputes exactly the last layer and the head."""
-    unet, params = tiny_pt.pipeline.unet, tiny_pt.params["unet"]
+    unet, params = tiny_pt.networks.unet, tiny_pt.params["unet"]
     inputs = _unet_inputs(2)
     full = jax.jit(functools.partial(deepcache.unet_full, unet))
     shallow = jax.jit(functools.partial(deepcache.unet_shallow, unet))
@@ -96,7 +96,7 @@ def test_full_is_the_plain_apply_and_shallow_on_its_feature_is_full(tiny_pt):
 
 def test_shallow_reads_only_the_last_layer_conv_in_and_the_embeddings(tiny_pt):
     """Changing any weight DeepCache skips leaves the shallow call's output bit for bit; the ones it runs matter."""
-    unet, params = tiny_pt.pipeline.unet, tiny_pt.params["unet"]
+    unet, params = tiny_pt.networks.unet, tiny_pt.params["unet"]
     where = deepcache.cut(unet)
     inputs = _unet_inputs(2)
     shallow = jax.jit(functools.partial(deepcache.unet_shallow, unet))
@@ -124,16 +124,16 @@ def test_attention_hook_still_applies(tiny_pt):
     """The engine's attention hook (an interceptor too) replaces every attention core of the full call.
 
     Flax runs the most recently entered interceptor innermost: a counter entered before the hook sees every
-    attention call, one entered after it sees only those the hook let through to diffusers' own core. Interceptors
+    attention call, one entered after it sees only those the hook let through to the module's own core. Interceptors
     run while tracing, so tracing (`jax.eval_shape`) is enough; the engine's programs run under the hook and their
     pictures are checked against PyTorch below.
     """
     import flax.linen as nn
-    from diffusers.models.attention_flax import FlaxAttention
 
     from pipeline.device.attention import attention_hook
+    from pipeline.device.nets.attention import Attention
 
-    unet, params = tiny_pt.pipeline.unet, tiny_pt.params["unet"]
+    unet, params = tiny_pt.networks.unet, tiny_pt.params["unet"]
     inputs = _unet_inputs(2)
     calls = {}
 
@@ -141,7 +141,7 @@ def test_attention_hook_still_applies(tiny_pt):
         calls[label] = 0
 
         def interceptor(next_fun, args, kwargs, context):
-            if context.method_name == "__call__" and isinstance(context.module, FlaxAttention):
+            if context.method_name == "__call__" and isinstance(context.module, Attention):
                 calls[label] += 1
             return next_fun(*args, **kwargs)
 

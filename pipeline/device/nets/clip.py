@@ -3,8 +3,8 @@
 SDXL conditions its UNet on the penultimate layer's hidden states of both, so the encoder returns the hidden
 states entering every layer and leaving the last (`hidden_states`, 1 + layers of them), plus the pooled output
 (the final-normed state at each row's end token) and, with a projection, `text_embeds`. Causal self-attention
-over the 77 tokens, no padding mask (as SDXL's pipelines call it). Parameter trees are transformers'
-`FlaxCLIPTextModel` / `FlaxCLIPTextModelWithProjection`'s: a `text_model` subtree, layers named "0", "1", ...
+over the 77 tokens, no padding mask (as SDXL's pipelines call it). Parameter trees are transformers' Flax CLIP
+text models' (without and with projection): a `text_model` subtree, layers named "0", "1", ...
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class UNetOutput:
 
 
 class UNet2DConditionModel(nn.Module):
-    """SDXL's UNet; its parameter tree is diffusers' `FlaxUNet2DConditionModel`'s for the same config."""
+    """SDXL's UNet; its parameter tree is diffusers' Flax UNet's for the same config."""
 
     config: UNetConfig = UNetConfig()
     dtype: Any = jnp.float32

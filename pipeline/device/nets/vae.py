@@ -121,7 +121,7 @@ class Decoder(nn.Module):
 
 
 class AutoencoderKL(nn.Module):
-    """SDXL's VAE; its parameter tree is diffusers' `FlaxAutoencoderKL`'s for the same config."""
+    """SDXL's VAE; its parameter tree is diffusers' Flax autoencoder's for the same config."""
 
     config: VAEConfig = VAEConfig()
     dtype: Any = jnp.float32
