@@ -6,7 +6,7 @@
 #   docker build -t sdxl-jax:cpu  --build-arg ACCELERATOR=cpu .      # CPU only (slow; for trying it out)
 # Run (TPU): docker run --privileged --net=host -v sdxl-data:/data sdxl-jax
 # Run (GPU): docker run --gpus all -p 7860:7860 -v sdxl-data:/data sdxl-jax:cuda
-# Multi-host TPU slice: the same image on every worker with -e SDXL_DISTRIBUTED=1 (see README, "Several hosts").
+# Multi-host TPU slice: the same image on every worker with -e SDXL_DISTRIBUTED=1 (see docs/deploy.md, "Several hosts").
 # Model weights (HF_HOME), compiled XLA programs (JAX_COMPILATION_CACHE_DIR) and past generations (SDXL_DATA_DIR)
 # live on the /data volume, so a restarted container neither downloads nor compiles again and keeps its history.
 FROM python:3.11-slim

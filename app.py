@@ -1,12 +1,7 @@
-"""Gradio web app: Stable Diffusion XL on JAX, one image per accelerator core.
-
-    python app.py --model tiny                  # quick offline try with the tiny random-weight model
-    python app.py                               # stabilityai/stable-diffusion-xl-base-1.0, 1024x1024, 25 steps
-    python app.py --preset lightning-4step      # SDXL-Lightning's 4-step UNet: 4 trailing steps, no CFG
-
-Every option can also come from an environment variable (the flag wins); see `python app.py --help`. The order is
-the file's: options -> engine (load, compile, warm up: no visitor ever waits for a compile) -> page -> serve. The
-engine is `pipeline/` (no Gradio), the page is `web/` (no JAX); this file only wires them.
+"""Gradio web app: Stable Diffusion XL on JAX, one image per accelerator core (`python app.py --model tiny`; every
+way to run it: docs/run.md, every option: `python app.py --help` or docs/options.md). The order is the file's:
+options -> engine (load, compile, warm up: no visitor ever waits for a compile) -> page -> serve. The engine is
+`pipeline/` (no Gradio), the page is `web/` (no JAX); this file only wires them.
 """
 
 from __future__ import annotations
@@ -47,11 +42,9 @@ def start_engine(args):
     for phase in ("load", "cast", "replicate"):
         logger.info("%-9s %7.2f s", phase, generator.load_timings[f"{phase}_s"])
     config = generator.config
-    logger.info(
-        "ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
-        generator.device_summary, config.width, config.height, config.steps, config.dtype, config.attention,
-        generator.num_images,
-    )  # fmt: skip
+    logger.info("ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
+                generator.device_summary, config.width, config.height, config.steps, config.dtype, config.attention,
+                generator.num_images)  # fmt: skip
     if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
         logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
     if len(generator.sizes) > 1:
@@ -62,15 +55,14 @@ def start_engine(args):
 
         load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
     warm = generator.warmup()
-    logger.info("%-9s %7.2f s", "compile", warm["compile_s"])
-    logger.info("%-9s %7.2f s", "first run", warm["first_run_s"])
+    for phase, key in (("compile", "compile_s"), ("first run", "first_run_s")):
+        logger.info("%-9s %7.2f s", phase, warm[key])
     logger.info("engine ready in %.1f s", time.perf_counter() - started)
     return generator
 
 
 def start_cluster_and_engine(args):
-    """(the cluster, the engine): this process's, loaded and warm; or, with --engine, no cluster and the engine
-    services in front of which the page runs (no JAX imported, no weights loaded: web/remote_engine.py)."""
+    """(the cluster, this process's engine, loaded and warm); with --engine, (None, the engine services: no JAX)."""
     if args.engine:
         from pipeline.service.auth import token_from
         from web.remote_engine import RemoteEngines
@@ -79,8 +71,7 @@ def start_cluster_and_engine(args):
     from pipeline.cluster.options import options_from_args
     from pipeline.cluster.startup import start
 
-    cluster_options = options_from_args(args)
-    return start(cluster_options), start_engine(args)  # the cluster first: nothing may touch JAX before it joined
+    return start(options_from_args(args)), start_engine(args)  # the cluster first: JAX waits until it joined
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,13 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from web.options import parse_args
 
         args = parse_args(argv)
-        if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
-            use_cpu_cores(args.cpu_devices)  # before anything imports JAX
-        from pipeline.errors import InvalidInput, ModelLoadError
+        from pipeline.errors import InvalidInput, ModelLoadError  # neither imports JAX
         from pipeline.preflight import check_loras, check_model
 
-        if not args.engine:  # a wrong --model or --lora-dir: said in a moment, before Gradio and JAX are imported
-            try:
+        if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
+            use_cpu_cores(args.cpu_devices)  # before anything imports JAX
+            try:  # a wrong --model or --lora-dir: said in a moment, before Gradio and JAX are imported
                 check_model(args.config)
                 check_loras(args.config)
             except (OSError, ModelLoadError, InvalidInput) as exc:
@@ -115,10 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        if args.engine:  # diffusers' and JAX's start-up noise only where they load; Gradio's everywhere
-            quiet_gradio()
-        else:
-            quiet_start()
+        (quiet_gradio if args.engine else quiet_start)()  # diffusers' and JAX's noise where they load; Gradio's always
         history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
@@ -140,10 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()
         engine = cluster.lead(generator) if cluster is not None else generator
-        page = build_page(
-            engine, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
-            progress=not args.no_progress, history=history, logins=bool(args.auth),
-        )  # fmt: skip
+        page = build_page(engine, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
+                          progress=not args.no_progress, history=history, logins=bool(args.auth))  # fmt: skip
         apis = attach_apis(page, ApiAccess.from_args(args))  # A1111, OpenAI Images, MCP: through the page's queue
     try:
         return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,

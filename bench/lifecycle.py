@@ -7,7 +7,7 @@ Cold is an empty compilation cache folder (JAX's persistent cache and this host'
 $JAX_COMPILATION_CACHE_DIR, a fresh temporary folder here); warm is the same folder once the cold start filled it.
 Each start is timed from outside, from launch to the app's "Running on" line; the app is then left idle for a moment
 and sent SIGTERM, and the time to its exit is measured. The 1-minute load average is read before and after each
-start: this machine's cores are shared, and every figure depends on what else runs. The README's Run section quotes
+start: this machine's cores are shared, and every figure depends on what else runs. docs/run.md ("Start-up time") quotes
 what this printed.
 """
 

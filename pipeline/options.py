@@ -2,8 +2,8 @@
 take it and whether changing it compiles other programs.
 
 The app (`app.py`, which adds the server's own options from `web/options.py`), `python -m pipeline generate`,
-`python -m pipeline precompile` and `python -m bench` build their parsers from these tables, and the README's
-options table is printed from them (`python -m web.options`), so the next option is one line here. The environment
+`python -m pipeline precompile` and `python -m bench` build their parsers from these tables, and docs/options.md's
+table is printed from them (`python -m web.options`), so the next option is one line here. The environment
 variable is read by whichever program takes the option; the flag wins. Kept free of JAX.
 """
 

@@ -1,5 +1,5 @@
-"""The README, for users: its commands parse as written, its options table is the declaration's, its figures and
-status line are today's, and the licences are said apart."""
+"""The README and docs/, for users: their commands parse as written, the options table is the declaration's, the
+status line is today's, the README stays a front door (short, its links alive), and the licences are said apart."""
 
 from __future__ import annotations
 
@@ -18,21 +18,33 @@ from web.options import ALL_OPTIONS, parse_args
 
 README = REPO / "README.md"
 OPTIONS_PAGE = REPO / "docs" / "options.md"
+RUN_PAGE = REPO / "docs" / "run.md"
+API_PAGE = REPO / "docs" / "api.md"
+#: What a user reads: the front door and the pages it links (commands and flags in any of them must work).
+USER_DOCS = (README, *sorted((REPO / "docs").glob("*.md")))
+#: Every page whose relative links must lead somewhere.
+LINKED_DOCS = (*USER_DOCS, REPO / "bench" / "README.md", REPO / "pipeline" / "README.md")
+README_MAX_LINES = 200  # a front door: pitch, the two commands, features, deploy, architecture, tests, licence, limits
 
 
 def _generate_parser() -> argparse.ArgumentParser:
     return build_parser()._subparsers._group_actions[0].choices["generate"]
 
 
-def test_readme_downloads_pytorch_weights_as_fp16_only():
-    text = README.read_text(encoding="utf-8")
+def test_the_docs_download_pytorch_weights_as_fp16_only():
+    text = RUN_PAGE.read_text(encoding="utf-8")
     assert '--include "*.fp16.safetensors" "*.json" "*.txt"' in text and "--variant fp16" in text
 
 
+def _user_docs_text() -> str:
+    return "\n".join(page.read_text(encoding="utf-8") for page in USER_DOCS)
+
+
 def readme_commands(prefix: str) -> list[list[str]]:
-    """Every `prefix ...` command in the README's code blocks, continuation lines joined, comments dropped."""
+    """Every `prefix ...` command in the code blocks of the README and docs/, continuation lines joined, comments
+    dropped."""
     blocks, current = [], None
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in _user_docs_text().splitlines():
         if line.startswith("```"):
             current = [] if current is None else blocks.append("\n".join(current))
             continue
@@ -72,7 +84,8 @@ def test_the_dev_install_names_what_ci_installs_with_apt():
 
 
 def test_every_readme_command_parses(monkeypatch):
-    """The README's app and CLI examples run as written (as far as their flags go): no option the program lacks."""
+    """The app and CLI examples of the README and docs/ run as written (as far as their flags go): no option the
+    program lacks."""
     for name in [n for n in os.environ if n.startswith("SDXL_")]:
         monkeypatch.delenv(name)
     app_commands, cli_commands = readme_commands("python app.py"), readme_commands("python -m pipeline generate")
@@ -81,7 +94,7 @@ def test_every_readme_command_parses(monkeypatch):
         parse_args(argv)
     for argv in cli_commands:
         engine_config(_generate_parser().parse_args(argv))
-    text = README.read_text(encoding="utf-8")
+    text = _user_docs_text()
     # Offline examples: a UNet file from the fixture, the PyTorch fixture in the app, two processes on one machine.
     assert any("--unet" in a and "tests/fixtures/tiny-pt/unet/diffusion_pytorch_model.fp16.safetensors" in a
                for a in app_commands + cli_commands)  # fmt: skip
@@ -91,14 +104,14 @@ def test_every_readme_command_parses(monkeypatch):
 
 
 def _prose_flags() -> set[str]:
-    """Every `--flag` the README names in inline code outside its code blocks (the sentences users copy from)."""
-    prose = re.sub(r"^```.*?^```", "", README.read_text(encoding="utf-8"), flags=re.M | re.S)
+    """Every `--flag` the README and docs/ name in inline code outside code blocks (the sentences users copy from)."""
+    prose = re.sub(r"^```.*?^```", "", _user_docs_text(), flags=re.M | re.S)
     return {flag for span in re.findall(r"`([^`\n]+)`", prose) for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", span)}
 
 
 def test_every_flag_the_readme_names_is_taken():
-    """A flag named in the README's prose (e.g. the CLI's `--mask-image`) is one the app, the CLI, precompile or the
-    bench takes: the README once sent CLI users to a flag the CLI lacked."""
+    """A flag named in the prose of the README or docs/ (e.g. the CLI's `--mask-image`) is one the app, the CLI,
+    precompile, the engine service or the bench takes: the README once sent CLI users to a flag the CLI lacked."""
     from bench.__main__ import build_parser as bench_parser
 
     taken = {"--help"}
@@ -107,14 +120,18 @@ def test_every_flag_the_readme_names_is_taken():
     parsers = [bench_parser(), *build_parser()._subparsers._group_actions[0].choices.values()]
     for parser in parsers:
         taken.update(parser._option_string_actions)
+    for script in (REPO / "bench").glob("*.py"):  # the bench's own scripts (python -m bench.prompts --repeats N)
+        taken.update(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text(encoding="utf-8")))
+    taken.add("--api-auth")  # AUTOMATIC1111's own flag, named as A1111's (docs/apis.md)
     named = _prose_flags()
     assert {"--mask-image", "--init-image", "--lora-dir", "--data-dir"} <= named
     assert named <= taken, sorted(named - taken)
     assert "--mask-image" in _generate_parser()._option_string_actions
 
 
-def test_the_options_page_lists_every_app_option_and_the_readme_is_for_users():
-    """Every option is on docs/options.md (the README, for users, names the common ones and links the page)."""
+def test_the_options_page_lists_every_app_option_and_the_readme_is_a_front_door():
+    """Every option is on docs/options.md (the README links the page); the README is a front door: short, in its
+    sections, the manual in docs/ and the measurement record in bench/README.md."""
     text = README.read_text(encoding="utf-8")
     options_page = OPTIONS_PAGE.read_text(encoding="utf-8")
     assert "docs/options.md" in text
@@ -123,11 +140,15 @@ def test_the_options_page_lists_every_app_option_and_the_readme_is_for_users():
         assert option.flag in rows, option.flag
         if option.env:
             assert option.env in rows[option.flag], option.flag
-    assert len(text.splitlines()) < 600  # for users: the measurement record lives in bench/README.md
+    assert len(text.splitlines()) <= README_MAX_LINES  # the manual lives in docs/, the record in bench/README.md
     assert (REPO / "bench" / "README.md").is_file() and "bench/README.md" in text
-    for section in ("## Install", "## Run", "## Options", "## API", "## Deploy", "## Figures"):
+    for section in ("## Install", "## What it does", "## Deploy", "## How it works", "## Tests", "## Licence",
+                    "## What this does not do"):  # fmt: skip
         assert re.search(rf"^{section}", text, re.M), section
-    assert "8 images in 2.3 s · 1344×768 · 4 steps, DPM++ 2M Karras · seed 1234" in text  # the status line today
+    for page in ("docs/run.md", "docs/api.md", "docs/deploy.md", "docs/options.md", "docs/architecture.md"):
+        assert f"]({page}" in text, page  # the front door links each room
+    status = "8 images in 2.3 s · 1344×768 · 4 steps, DPM++ 2M Karras · seed 1234"  # the status line today
+    assert status in API_PAGE.read_text(encoding="utf-8")
     assert markdown_table(ALL_OPTIONS) in options_page  # the table is the one `python -m web.options` prints
 
 
@@ -137,3 +158,38 @@ def test_licences_are_said_apart():
     code_licence = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]["text"]
     assert code_licence == "Apache-2.0" and re.search(r"^license: apache-2.0$", front, re.M)
     assert "Apache-2.0" in text and "CreativeML Open RAIL++-M" in text  # the code's and SDXL's, both named
+
+
+def _slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page) -> set[str]:
+    prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", prose, re.M):
+        slug = _slug(heading)
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_relative_link_leads_somewhere():
+    """A relative link in the README, docs/, bench/README.md or pipeline/README.md names a file of the repository,
+    and its #anchor, on a Markdown page, one of that page's headings: moving text between pages breaks neither."""
+    checked = 0
+    for page in LINKED_DOCS:
+        prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+        prose = re.sub(r"`[^`\n]*`", "", prose)  # code spans: `f(x)[0](y)` is no link
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.relative_to(REPO)}: {target}"
+            if anchor and linked.suffix == ".md":
+                assert anchor in _anchors(linked), f"{page.relative_to(REPO)}: {target}"
+            checked += 1
+    assert checked >= 30

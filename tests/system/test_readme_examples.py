@@ -1,9 +1,9 @@
-"""The README's Python examples run as written against the server their first line names (issue 26: an example asked
-the first-screen server for a size it does not offer).
+"""The Python examples of the README and docs/ run as written against the server their first line names (issue 26:
+an example asked the first-screen server for a size it does not offer).
 
-Each ```python block of README.md starts with `# server: python app.py ...`; the test starts that server in this
-process the way app.py does (its options, its engine start, its history, its page), on a free port, and runs the
-block with only the address changed.
+Every ```python block of README.md and docs/*.md that starts with `# server: python app.py ...` is run: the test
+starts that server in this process the way app.py does (its options, its engine start, its history, its page), on a
+free port, and runs the block with only the address changed. The API page's blocks all name their server.
 """
 
 from __future__ import annotations
@@ -16,22 +16,30 @@ import shlex
 import pytest
 from conftest import REPO, free_port
 
-README = REPO / "README.md"
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+API_PAGE = REPO / "docs" / "api.md"
 SERVER = "# server: python app.py "
 ADDRESS = "http://127.0.0.1:7860/"
 
 pytestmark = pytest.mark.slow
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S)
+def blocks_of(page) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """(page, block) for every block of the README and docs/ that names its server."""
+    return [(page.relative_to(REPO).as_posix(), block) for page in DOCS for block in blocks_of(page)
+            if block.startswith(SERVER)]  # fmt: skip
 
 
 def test_every_python_block_names_its_server():
-    blocks = python_blocks()
-    assert len(blocks) >= 2
-    for block in blocks:
+    assert len(python_blocks()) >= 3
+    for block in blocks_of(REPO / "README.md") + blocks_of(API_PAGE):
         assert block.startswith(SERVER) and ADDRESS in block, block[:200]
+    for _, block in python_blocks():
+        assert ADDRESS in block, block[:200]
 
 
 @contextlib.contextmanager
@@ -60,7 +68,7 @@ def app_server(argv: list[str], data_home):
 
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_example_runs_against_its_server(index, tmp_path, monkeypatch):
-    block = python_blocks()[index]
+    source, block = python_blocks()[index]
     argv = shlex.split(block.splitlines()[0].removeprefix(SERVER))
     monkeypatch.chdir(REPO)  # the README's paths are the repository's
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the default --data-dir
@@ -68,7 +76,7 @@ def test_readme_python_example_runs_against_its_server(index, tmp_path, monkeypa
         code = block.replace(ADDRESS, page.local_url)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
+            exec(compile(code, f"{source} python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
     output = printed.getvalue()
     assert "images in" in output, output
     print(output)

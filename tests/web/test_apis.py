@@ -368,7 +368,7 @@ def test_mcp_tools_are_named_as_the_api_and_answer_images_without_server_paths(u
 
 
 def test_apis_left_off_say_so_at_start_up_and_to_each_request(feature_engine, caplog):
-    """The README's CPU `docker run`: a reachable host, no login. The log says the page is open and the APIs off
+    """docs/deploy.md's CPU `docker run`: a reachable host, no login. The log says the page is open and the APIs off
     (and how to turn them on); each API's request gets that sentence in its own shape, not a bare 404."""
     import logging
 

@@ -59,7 +59,7 @@ def size_of(item) -> tuple[int, int]:
 
 
 def test_progress_stays_readable_between_previews(app_page):
-    """What the README tells API clients to read: `job.status().progress_data` of a running request, on a client that
+    """What docs/api.md tells API clients to read: `job.status().progress_data` of a running request, on a client that
     does not download every preview (one that does falls behind the stream). A preview's message carries no progress
     and gradio_client's status is the last message, so each preview is followed by the last step again: polls see
     the progress, not None, on most of the run (it was None on most polls)."""
