@@ -1,14 +1,15 @@
 """Two processes on loopback, as on a multi-host slice: `jax.distributed` with gloo.
 
 Each test launches real processes (the CLI and app.py, as users run them on every host) and checks what the issue
-asks: the images of one request equal those of one process (LoRAs, a picture, the speed levers, Stop, and a
-ControlNet: two processes of 2 and 1 device against one process of 2); no recompiles on any process; STOP on
-shutdown; a follower that dies or never joins makes the leader exit with one line within a bound. The 8 images of two
-processes of 4 devices against one of 8 are the `long` CLI test's.
+asks: the images of one request equal those of one process (LoRAs, a picture, the speed levers, a ControlNet, Stop:
+two processes of 2 devices against one process of 2); no recompiles on any process; STOP on shutdown; a follower that
+dies or never joins makes the leader exit with one line within a bound. The `long` tests: the CLI's 8 images on two
+processes of 4 devices against one of 8, and the CLI's ControlNet flags on two processes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -216,14 +217,20 @@ FEATURE_REQUESTS = {
 }  # fmt: skip
 
 
+#: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
+CONTROL_PROMPT = f"{PROMPT} <lora:kohya_sgm:0.8>"
+CONTROL_UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2, "end": 0.75}
+
+
 def feature_settings(lora_dir: Path) -> list[str]:
     """The options that make a process serve what `feature_engine` serves (tiny-pt, 64x64, 3 steps, float32, the
     fixture LoRAs and embeddings, the levers) for short prompts: one 77-token window (the requests' prompts fit one;
-    the 3-window programs would double the step programs both processes compile)."""
+    the 3-window programs would double the step programs both processes compile); and `control_engine`'s first
+    ControlNet (its step is the same program with or without the levers)."""
     return [
         "--model", str(TINY_PT), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", "3",
         "--dtype", "float32", "--lora-dir", str(lora_dir), "--embeddings-dir", str(FIXTURES / "embeddings"),
-        "--prompt-windows", "1",
+        "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0]),
     ]  # fmt: skip
 
 
@@ -242,11 +249,12 @@ DEVICES_PER_PROCESS = 2
 
 
 def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lora_dir, tmp_path, feature_engine,
-                                                                             procs):  # fmt: skip
+                                                                             control_engine, procs):  # fmt: skip
     """app.py leads and the CLI follows (either entry point may follow: same program, same flags), 2 devices each, as
     `feature_engine` is configured: each request reaches the follower whole (LoRA set, picture and mask as PNG bytes,
-    levers), both merge the same LoRAs, and the 4 images are one process's; a bad request stays on the leader; Stop
-    ends a request at the same step on both; SIGTERM stops the follower too; nothing compiles after warm-up."""
+    levers, a ControlNet's map), both merge the same LoRAs, and the 4 images are one process's; a bad request stays
+    on the leader; Stop ends a request at the same step on both; SIGTERM stops the follower too; nothing compiles
+    after warm-up."""
     port, web_port = free_port(), free_port()
     leader = Proc([sys.executable, "app.py", *feature_settings(lora_dir), "--port", str(web_port),
                    *cluster_args(port, 0)], devices=DEVICES_PER_PROCESS)  # fmt: skip
@@ -270,6 +278,15 @@ def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lor
         assert seed == SEED and status.startswith(f"{images} images"), (name, status)
         got = pixels_of([item["image"] for item in gallery])
         assert_same_pixels(got, one_process_images(feature_engine, prompt, rest, images))
+    # A ControlNet with a LoRA in the prompt (issue 38): the map travels with the request; the step runs on both.
+    unit = {**CONTROL_UNIT, "image": base64.b64encode(CONTROL_UNIT["image"].read_bytes()).decode()}
+    gallery, seed, _ = client.predict(CONTROL_PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, steps=4,
+                                      controlnets=[unit], api_name="/generate_png")  # fmt: skip
+    control = {"steps": 4, "controlnets": [CONTROL_UNIT]}
+    assert_same_pixels(pixels_of([item["image"] for item in gallery]),
+                       one_process_images(control_engine, CONTROL_PROMPT, control, images))  # fmt: skip
+    text = Image.open(gallery[0]["image"]).info["parameters"]
+    assert 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in text, text
     expected = one_process_images(feature_engine, PROMPT, {}, images)
     # A bad request is refused on the leader and never reaches the follower; the next request still works.
     with pytest.raises(Exception, match="Seed"):
@@ -307,18 +324,14 @@ def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lor
     followed = stopped.group(1)  # "k / 100"
     assert f"request stopped at step {followed} (seed" in leader.output, leader.output + follower.output
     # A request whose cancel was lost ran whole, on both processes alike.
-    requests = len(FEATURE_REQUESTS) + 2 + attempts
+    requests = len(FEATURE_REQUESTS) + 3 + attempts
     # LoraSets.prepare at warm-up: a request never compiles the first merge's copies (several processes)
     assert follower_summary(follower) == {"process": 1, "requests": requests, "compiles_after_warmup": 0}
     assert "Traceback" not in leader.output and "Traceback" not in follower.output
     assert_same_pixels(after_stop, expected)
 
 
-# ---- a ControlNet (with a LoRA) on two processes (issue 38) ---------------------------------------------------------
-
-#: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
-CONTROL_PROMPT = f"{PROMPT} <lora:kohya_sgm:0.8>"
-CONTROL_UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2, "end": 0.75}
+# ---- a ControlNet (with a LoRA) from the CLI on two processes (issue 38) ---------------------------------------------
 
 
 def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[str]:
@@ -334,6 +347,7 @@ def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[s
 
 
 @pytest.mark.slow  # two processes that compile the ControlNet step (about 100 s on 2 cores)
+@pytest.mark.long  # the app test above runs a ControlNet request with a LoRA on two processes; here, the CLI's
 def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path,
                                                                            procs):  # fmt: skip
     """Two CLI processes of one device each against `control_engine` (one process, 2 devices): the control map
