@@ -149,12 +149,14 @@ UI_STEPS = 4
 @pytest.fixture(scope="session")
 def ui_engine(tiny_dir):
     """A warmed-up generator with two sizes (compiled once, shared by the page's test files; the page reports
-    live progress)."""
+    live progress). One 77-token window: the page's tests send short prompts, and 3-window programs at both sizes
+    would be 10 more to compile (`engine` serves 3 windows: test_request_programs.py)."""
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, height=UI_SIZES[0][0], width=UI_SIZES[0][1]
-    )
+        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, height=UI_SIZES[0][0], width=UI_SIZES[0][1],
+        prompt_windows=1,
+    )  # fmt: skip
     generator.warmup()
     return generator
 

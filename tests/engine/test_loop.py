@@ -52,20 +52,24 @@ def test_sizes_give_their_own_pixels_and_bad_size_is_refused(ui_engine):
     assert ui_engine.sizes == UI_SIZES
 
 
-def test_no_served_program_has_a_host_callback(ui_engine):
-    """Progress is reported by the host between steps: every program can go to the persistent compilation cache."""
-    keys = ui_engine.program_keys()
+def test_no_served_program_has_a_host_callback(engine, ui_engine):
+    """Progress is reported by the host between steps: every program can go to the persistent compilation cache.
+    `engine` serves every kind of program (levers, texts of 1 and 3 windows, previews), `ui_engine` two sizes."""
     steps = ["step_full {s} cfg", "step_shallow {s} cfg", "step_full {s} no-cfg", "step_shallow {s} no-cfg"]
-    sized = [
-        "encode_image {s}", "start {s}", *steps, *[f"{step} 3 windows" for step in steps], "halve_feature {s}",
-        "preview {s}", "decode {s}",
-    ]  # per size: the picture's encoder, the start, the steps of cfg_end and deepcache (a text of 1 window and of 3),
-    # the previews, the decoder
+
+    def sized(windows: bool) -> list[str]:
+        # per size: the picture's encoder, the start, the steps of cfg_end and deepcache (a text of 1 window and,
+        # with `windows`, of 3), the previews, the decoder
+        texts = [*steps, *[f"{step} 3 windows" for step in steps]] if windows else steps
+        return ["encode_image {s}", "start {s}", *texts, "halve_feature {s}", "preview {s}", "decode {s}"]
+
     texts = ["encode cfg", "encode cfg 3 windows", "halve_text", "halve_text 3 windows"]
-    labels = [label.format(s=size) for size in ("64x64", "224x128") for label in sized]
-    assert [key.label for key in keys] == texts + labels
-    for key in keys:
-        text = ui_engine.programs.lower(key).as_text()
-        assert "callback" not in text and "host_callback" not in text, key.label
+    assert [key.label for key in engine.program_keys()] == texts + [label.format(s="64x64") for label in sized(True)]
+    labels = [label.format(s=size) for size in ("64x64", "224x128") for label in sized(False)]
+    assert [key.label for key in ui_engine.program_keys()] == ["encode cfg", "halve_text"] + labels
+    for generator in (engine, ui_engine):
+        for key in generator.program_keys():
+            text = generator.programs.lower(key).as_text()
+            assert "callback" not in text and "host_callback" not in text, key.label
     # Progress is the page's (build_page(progress=...)), not the engine's: no engine setting can add a callback.
     assert "progress" not in {field.name for field in dataclasses.fields(EngineConfig)}

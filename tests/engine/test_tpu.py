@@ -3,10 +3,10 @@ host, so a change that breaks TPU lowering, the splash (Mosaic) kernel or HBM fi
 start-up as a CPU round trip (executables written by `python -m pipeline precompile --topology cpu`, a server that
 starts with zero compilations and makes the same pixels).
 
-What is compiled for TPU is kept small (about 1.5 min on 2 cores): the step program with `xla` at 64x64 (CFG) and
-with `splash` at 192x160 (no CFG: the tiny UNet's first attention level then has 120 tokens, which splash pads to
-128 and masks, so the Mosaic kernel with segment ids is in the program; at 64x64 every shape falls back to xla),
-encode and decode once.
+What is compiled for TPU is kept small: the step program with `xla` at 64x64 (CFG), the step with a ControlNet with
+`splash` at 192x160 (no CFG: the tiny UNet's first attention level then has 120 tokens, which splash pads to 128 and
+masks, so the Mosaic kernel with segment ids is in the program; at 64x64 every shape falls back to xla), encode and
+decode once.
 """
 
 import json
@@ -63,10 +63,11 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
     rows = []
     for core, key in (
         ("xla", ProgramKey("step", TEST_SIZE, TEST_SIZE, True)),
-        ("splash", ProgramKey("step", *SPLASH_SIZE, False)),
+        # The UNet's step with a ControlNet, splash: the plain splash step is this program less the ControlNet
+        # (test_splash_kernel_is_in_the_tpu_program lowers that one), so one TPU compile covers both.
+        ("splash", ProgramKey("step_control", *SPLASH_SIZE, False, None, (0,))),
         (None, ProgramKey("encode", cfg=True)),
         (None, ProgramKey("decode", TEST_SIZE, TEST_SIZE)),
-        ("splash", ProgramKey("step_control", *SPLASH_SIZE, False, None, (0,))),  # the UNet and a ControlNet, splash
     ):
         programs = tpu_programs[core or "xla"]
         rows.append(compile_one(programs, key, core, TOPOLOGY, progress=lambda _: None))
@@ -74,14 +75,13 @@ def test_served_programs_compile_for_tpu_v5e(tpu_programs):
         assert row["fits"], f"{row['program']} needs {row['hbm_total_bytes']} bytes of HBM per chip"
         assert row["flops"] > 0 and row["bytes_accessed"] > 0 and row["roofline_s"] > 0, row
         assert row["hbm_bytes"]["arguments"] > 0 and row["hbm_bytes"]["code"] > 0, row
-    splash = rows[1]
-    # The 120-token self-attention runs in the kernel; the 30-token level falls back (the cross-attention over the
-    # prompt's 77-token windows is XLA's masked core whatever the kind: device/attention.context_lengths).
-    assert splash["fallbacks"] and not any("q (1, 120, 4, 16), k (1, 120" in line for line in splash["fallbacks"])
-    assert any("q (1, 30, 4, 16), k (1, 30" in line for line in splash["fallbacks"]), splash["fallbacks"]
-    control = rows[4]  # the ControlNet's blocks take the same core: its 120-token self-attention in the kernel too
+    control = rows[1]
+    # The 120-token self-attention runs in the kernel, the UNet's and the ControlNet's blocks' alike; the 30-token
+    # level falls back (the cross-attention over the prompt's 77-token windows is XLA's masked core whatever the
+    # kind: device/attention.context_lengths).
     assert control["kind"] == "step_control" and control["fallbacks"]
     assert not any("q (1, 120, 4, 16), k (1, 120" in line for line in control["fallbacks"])
+    assert any("q (1, 30, 4, 16), k (1, 30" in line for line in control["fallbacks"]), control["fallbacks"]
 
 
 @needs_libtpu
@@ -139,25 +139,27 @@ def test_splash_pads_lengths_off_128_exactly(length):
 
 def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
     """`precompile --topology cpu` (in a subprocess, like a build step), then a server that loads every program:
-    zero compilations, the same pixels as the engine that compiled its own."""
+    zero compilations, the same pixels as the engine that compiled its own. One prompt window and no previews: the
+    subprocess compiles every program past the cache, so only the ones a short prompt runs."""
     from pipeline.generator import Generator
     from pipeline.host.aot import MANIFEST, load_precompiled
 
     out = tmp_path / "precompiled"
-    size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32"]
+    size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--prompt-windows", "1",
+            "--no-previews"]  # fmt: skip
+    settings = dict(height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False,
+                    prompt_windows=1, previews=False)  # fmt: skip
     command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir), *size,
                "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
-    assert {p["label"] for p in manifest["programs"]} == {key.label for key in engine.program_keys()}
 
-    generator = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False
-    )
+    generator = Generator.from_pretrained(str(tiny_dir), **settings)
+    assert {p["label"] for p in manifest["programs"]} == {key.label for key in generator.program_keys()}
     report = load_precompiled(generator.programs, generator.program_keys(), out)
-    assert report.compile == {} and len(report.loaded) == len(engine.program_keys())
+    assert report.compile == {} and len(report.loaded) == len(generator.program_keys())
     generator.warmup()
     assert generator.compile_count == 0
     mine = generate(generator, "a lighthouse at dusk", seed=11)
@@ -168,9 +170,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
     manifest["versions"]["jaxlib"] = "0.0.1"
     (out / MANIFEST).write_text(json.dumps(manifest))
-    other = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False
-    )
+    other = Generator.from_pretrained(str(tiny_dir), **settings)
     report = load_precompiled(other.programs, other.program_keys(), out)
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
     keys = other.program_keys()

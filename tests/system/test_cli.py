@@ -217,6 +217,7 @@ def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp
     eight = Generator.from_pretrained(
         str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
         sampler="euler_ancestral", timestep_spacing="trailing", prediction_type="v_prediction", cfg=False,
+        speed_levers=False, prompt_windows=1, previews=False,  # the programs the CLI runs for this request
     )  # fmt: skip
     expected = generate(eight, PROMPT, seed=42)
     done = run_cli(

@@ -1,13 +1,15 @@
-"""Two processes x 4 virtual CPU devices on loopback, as on a multi-host slice: `jax.distributed` with gloo.
+"""Two processes on loopback, as on a multi-host slice: `jax.distributed` with gloo.
 
 Each test launches real processes (the CLI and app.py, as users run them on every host) and checks what the issue
-asks: the 8 images of one request equal those of one process with 8 devices (LoRAs, a picture, the speed levers
-and a ControlNet: two processes of one device each against one process of two); no recompiles on any process; STOP
-on shutdown; a follower that dies or never joins makes the leader exit with one line within a bound.
+asks: the images of one request equal those of one process (LoRAs, a picture, the speed levers, a ControlNet, Stop:
+two processes of 2 devices against one process of 2); no recompiles on any process; STOP on shutdown; a follower that
+dies or never joins makes the leader exit with one line within a bound. The `long` tests: the CLI's 8 images on two
+processes of 4 devices against one of 8, and the CLI's ControlNet flags on two processes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -161,64 +163,6 @@ def test_cli_on_two_processes_gives_the_eight_images_of_one(tiny_dir, tmp_path, 
     assert "[Gloo]" not in leader.output + follower.output  # gloo's connection lines are dropped (issue 20)
 
 
-def test_app_on_two_processes_serves_generate_and_stops_followers_on_sigterm(tiny_dir, tmp_path, expected, procs):
-    port, web_port = free_port(), free_port()
-    leader = Proc(app_command(tiny_dir, web_port, port, 0))
-    procs.append(leader)
-    # The follower may be either entry point: here the CLI follows the app (same program, same flags).
-    follower = Proc(cli(tiny_dir, tmp_path / "follower", port, 1))
-    procs.append(follower)
-    assert leader.wait_for("Running on", timeout=400), leader.output + follower.output
-    assert "8 images per request" in leader.output
-    client = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=str(tmp_path / "downloads"))
-    # Pixels are compared on /generate_png's lossless answer (the page's /generate answers JPEGs).
-    gallery, seed, status = client.predict(
-        PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png"
-    )
-    assert seed == SEED and status.startswith("8 images")
-    got = pixels_of([item["image"] for item in gallery])
-    # A bad request is refused on the leader and never reaches the follower; the next request still works.
-    with pytest.raises(Exception, match="Seed"):
-        client.predict(PROMPT, "", "No style", GUIDANCE, -3, False, api_name="/generate")
-    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
-    assert len(gallery) == 8
-    # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels. The
-    # stopping client downloads no previews: one that does reads the stream seconds behind the server (it saw step 7
-    # while the server ran step 62; a 100-step request here takes about 5 s), and on a loaded machine its cancel came
-    # after the request's end. Should the request still end first, the leader logs its 100 steps, and a new request
-    # is cancelled.
-    stopper = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=False)
-    attempts = 0
-    for _ in range(3):
-        attempts += 1
-        since = len(leader.lines)
-        job = stopper.submit(PROMPT, steps=100, api_name="/generate")
-        while not (data := job.status().progress_data) or data[0].index is None or data[0].index < 2:
-            assert not job.done(), "the request ended before it could be cancelled"
-            time.sleep(0.01)
-        job.cancel()
-        if leader.wait_for_any(("request stopped at step", " 100 steps "), 180, since) == "request stopped at step":
-            break
-    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png")
-    after_stop = pixels_of([item["image"] for item in gallery])
-    started = time.monotonic()
-    leader.popen.send_signal(signal.SIGTERM)
-    assert leader.finish(timeout=120) == 0, leader.output
-    assert follower.finish(timeout=120) == 0, follower.output
-    assert time.monotonic() - started < 60
-    # Read once both have exited (their output is then whole): a wait for the follower's line with a fixed deadline
-    # timed out under load.
-    stopped = re.search(r"request \d+ stopped at step (\d+ / 100),", follower.output)
-    assert stopped, leader.output + follower.output
-    followed = stopped.group(1)  # "k / 100"
-    assert f"request stopped at step {followed} (seed" in leader.output, leader.output + follower.output
-    requests = 3 + attempts  # a request whose cancel was lost ran whole, on both processes alike
-    assert follower_summary(follower) == {"process": 1, "requests": requests, "compiles_after_warmup": 0}
-    assert "Traceback" not in leader.output and "Traceback" not in follower.output
-    assert_same_pixels(got, expected)
-    assert_same_pixels(after_stop, expected)
-
-
 def test_a_killed_follower_makes_the_leader_exit_with_one_line(tiny_dir, tmp_path, procs):
     port = free_port()
     leader = Proc(cli(tiny_dir, tmp_path / "leader", port, 0, heartbeat=HEARTBEAT_S))
@@ -260,7 +204,7 @@ def test_inconsistent_cluster_flags_are_one_line(tiny_dir, tmp_path, args):
     assert len(lines) == 1 and "--" in lines[0] and "Traceback" not in done.stderr, done.stderr
 
 
-# ---- LoRAs, a picture and the speed levers on two processes (issues 27, 28, 29) ------------------------------------
+# ---- the app on two processes: LoRAs, a picture, the speed levers (issues 27, 28, 29), Stop, SIGTERM -----------------
 
 #: One request per feature, and all of them at once: what the leader sends its follower as data.
 FEATURE_REQUESTS = {
@@ -273,29 +217,57 @@ FEATURE_REQUESTS = {
 }  # fmt: skip
 
 
+#: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
+CONTROL_PROMPT = f"{PROMPT} <lora:kohya_sgm:0.8>"
+CONTROL_UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2, "end": 0.75}
+
+
 def feature_settings(lora_dir: Path) -> list[str]:
     """The options that make a process serve what `feature_engine` serves (tiny-pt, 64x64, 3 steps, float32, the
-    fixture LoRAs and embeddings, the levers)."""
+    fixture LoRAs and embeddings, the levers) for short prompts: one 77-token window (the requests' prompts fit one;
+    the 3-window programs would double the step programs both processes compile); and `control_engine`'s first
+    ControlNet (its step is the same program with or without the levers)."""
     return [
         "--model", str(TINY_PT), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", "3",
         "--dtype", "float32", "--lora-dir", str(lora_dir), "--embeddings-dir", str(FIXTURES / "embeddings"),
+        "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0]),
     ]  # fmt: skip
 
 
-def test_loras_picture_and_levers_on_two_processes_give_the_images_of_one(lora_dir, tmp_path, feature_engine,
-                                                                          procs):  # fmt: skip
-    """The app leads, the CLI follows, one device each, against `feature_engine` (one process, 2 devices): each
-    request reaches the follower whole (LoRA set, picture and mask as PNG bytes, levers), both merge the same LoRAs,
-    and the 2 images are one process's."""
+def one_process_images(engine, prompt: str, fields: dict, count: int) -> np.ndarray:
+    """The `count` images of a request as `engine` (one process) makes them: image k has seed SEED + k whatever the
+    device count, so `count` / devices requests from SEED on, `engine.device_count` seeds apart."""
+    batches = []
+    for first in range(SEED, SEED + count, engine.device_count):
+        request = engine.request(prompt, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=first, **fields)
+        batches += [np.asarray(image) for image in engine.generate(request).images]
+    return np.stack(batches)  # uint8 [count, H, W, 3]
+
+
+#: Devices of each process of the app test: 2 x 2 = 4 images a request, against `feature_engine`'s 2 devices.
+DEVICES_PER_PROCESS = 2
+
+
+def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lora_dir, tmp_path, feature_engine,
+                                                                             control_engine, procs):  # fmt: skip
+    """app.py leads and the CLI follows (either entry point may follow: same program, same flags), 2 devices each, as
+    `feature_engine` is configured: each request reaches the follower whole (LoRA set, picture and mask as PNG bytes,
+    levers, a ControlNet's map), both merge the same LoRAs, and the 4 images are one process's; a bad request stays
+    on the leader; Stop ends a request at the same step on both; SIGTERM stops the follower too; nothing compiles
+    after warm-up."""
     port, web_port = free_port(), free_port()
     leader = Proc([sys.executable, "app.py", *feature_settings(lora_dir), "--port", str(web_port),
-                   *cluster_args(port, 0)], devices=1)  # fmt: skip
+                   *cluster_args(port, 0)], devices=DEVICES_PER_PROCESS)  # fmt: skip
     procs.append(leader)
     follower = Proc([sys.executable, "-m", "pipeline", "generate", *feature_settings(lora_dir), "--prompt", PROMPT,
-                     "--out", str(tmp_path / "follower"), "--json", *cluster_args(port, 1)], devices=1)  # fmt: skip
+                     "--out", str(tmp_path / "follower"), "--json", *cluster_args(port, 1)],
+                    devices=DEVICES_PER_PROCESS)  # fmt: skip
     procs.append(follower)
-    assert leader.wait_for("Running on", timeout=400), leader.output + follower.output
+    assert leader.wait_for("Running on", timeout=600), leader.output + follower.output
+    images = 2 * DEVICES_PER_PROCESS
+    assert f"{images} images per request" in leader.output
     client = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=str(tmp_path / "downloads"))
+    # Pixels are compared on /generate_png's lossless answer (the page's /generate answers JPEGs).
     for name, fields in FEATURE_REQUESTS.items():
         prompt = fields.get("prompt", PROMPT)
         rest = {k: v for k, v in fields.items() if k != "prompt"}
@@ -303,25 +275,63 @@ def test_loras_picture_and_levers_on_two_processes_give_the_images_of_one(lora_d
         gallery, seed, status = client.predict(
             prompt, NEGATIVE, "No style", GUIDANCE, SEED, False, **sent, api_name="/generate_png"
         )
-        assert seed == SEED and status.startswith(f"{FEATURE_DEVICES} images"), (name, status)
-        request = feature_engine.request(prompt, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=SEED, **rest)
-        expected = np.stack([np.asarray(image) for image in feature_engine.generate(request).images])
-        assert_same_pixels(pixels_of([item["image"] for item in gallery]), expected)
+        assert seed == SEED and status.startswith(f"{images} images"), (name, status)
+        got = pixels_of([item["image"] for item in gallery])
+        assert_same_pixels(got, one_process_images(feature_engine, prompt, rest, images))
+    # A ControlNet with a LoRA in the prompt (issue 38): the map travels with the request; the step runs on both.
+    unit = {**CONTROL_UNIT, "image": base64.b64encode(CONTROL_UNIT["image"].read_bytes()).decode()}
+    gallery, seed, _ = client.predict(CONTROL_PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, steps=4,
+                                      controlnets=[unit], api_name="/generate_png")  # fmt: skip
+    control = {"steps": 4, "controlnets": [CONTROL_UNIT]}
+    assert_same_pixels(pixels_of([item["image"] for item in gallery]),
+                       one_process_images(control_engine, CONTROL_PROMPT, control, images))  # fmt: skip
+    text = Image.open(gallery[0]["image"]).info["parameters"]
+    assert 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in text, text
+    expected = one_process_images(feature_engine, PROMPT, {}, images)
+    # A bad request is refused on the leader and never reaches the follower; the next request still works.
+    with pytest.raises(Exception, match="Seed"):
+        client.predict(PROMPT, "", "No style", GUIDANCE, -3, False, api_name="/generate")
+    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate")
+    assert len(gallery) == images
+    # Stop: a cancelled request ends at the same step on both processes; the next one gives the same pixels. The
+    # stopping client downloads no previews: one that does reads the stream seconds behind the server (it saw step 7
+    # while the server ran step 62; a 100-step request here takes about 5 s), and on a loaded machine its cancel came
+    # after the request's end. Should the request still end first, the leader logs its 100 steps, and a new request
+    # is cancelled.
+    stopper = Client(f"http://127.0.0.1:{web_port}/", verbose=False, download_files=False)
+    attempts = 0
+    for _ in range(3):
+        attempts += 1
+        since = len(leader.lines)
+        job = stopper.submit(PROMPT, steps=100, api_name="/generate")
+        while not (data := job.status().progress_data) or data[0].index is None or data[0].index < 2:
+            assert not job.done(), "the request ended before it could be cancelled"
+            time.sleep(0.01)
+        job.cancel()
+        if leader.wait_for_any(("request stopped at step", " 100 steps "), 180, since) == "request stopped at step":
+            break
+    gallery, _, _ = client.predict(PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, api_name="/generate_png")
+    after_stop = pixels_of([item["image"] for item in gallery])
+    started = time.monotonic()
     leader.popen.send_signal(signal.SIGTERM)
-    assert leader.finish(timeout=60) == 0, leader.output
-    assert follower.finish(timeout=60) == 0, follower.output
-    assert "Traceback" not in leader.output and "Traceback" not in follower.output
-    summary = follower_summary(follower)
-    assert (summary["process"], summary["requests"]) == (1, len(FEATURE_REQUESTS))
+    assert leader.finish(timeout=120) == 0, leader.output
+    assert follower.finish(timeout=120) == 0, follower.output
+    assert time.monotonic() - started < 60
+    # Read once both have exited (their output is then whole): a wait for the follower's line with a fixed deadline
+    # timed out under load.
+    stopped = re.search(r"request \d+ stopped at step (\d+ / 100),", follower.output)
+    assert stopped, leader.output + follower.output
+    followed = stopped.group(1)  # "k / 100"
+    assert f"request stopped at step {followed} (seed" in leader.output, leader.output + follower.output
+    # A request whose cancel was lost ran whole, on both processes alike.
+    requests = len(FEATURE_REQUESTS) + 3 + attempts
     # LoraSets.prepare at warm-up: a request never compiles the first merge's copies (several processes)
-    assert summary["compiles_after_warmup"] == 0
+    assert follower_summary(follower) == {"process": 1, "requests": requests, "compiles_after_warmup": 0}
+    assert "Traceback" not in leader.output and "Traceback" not in follower.output
+    assert_same_pixels(after_stop, expected)
 
 
-# ---- a ControlNet (with a LoRA) on two processes (issue 38) ---------------------------------------------------------
-
-#: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
-CONTROL_PROMPT = f"{PROMPT} <lora:kohya_sgm:0.8>"
-CONTROL_UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2, "end": 0.75}
+# ---- a ControlNet (with a LoRA) from the CLI on two processes (issue 38) ---------------------------------------------
 
 
 def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[str]:
@@ -337,6 +347,7 @@ def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[s
 
 
 @pytest.mark.slow  # two processes that compile the ControlNet step (about 100 s on 2 cores)
+@pytest.mark.long  # the app test above runs a ControlNet request with a LoRA on two processes; here, the CLI's
 def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path,
                                                                            procs):  # fmt: skip
     """Two CLI processes of one device each against `control_engine` (one process, 2 devices): the control map

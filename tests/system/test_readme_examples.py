@@ -43,7 +43,7 @@ def test_every_python_block_names_its_server():
 
 
 @contextlib.contextmanager
-def app_server(argv: list[str], data_home):
+def app_server(argv: list[str]):
     """What `python app.py ARGV` serves, started as app.main starts it, in this process."""
     from app import start_engine
     from web.apis import ApiAccess, attach_apis
@@ -66,17 +66,31 @@ def app_server(argv: list[str], data_home):
         page.close()
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """The servers the blocks name, each started once (two blocks naming the same command share it), in the
+    repository (the README's paths are the repository's), each with its own data home (the default --data-dir)."""
+    started: dict[tuple[str, ...], object] = {}
+    with contextlib.ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+
+        def server(argv: list[str]):
+            if tuple(argv) not in started:
+                patch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
+                started[tuple(argv)] = stack.enter_context(app_server(argv))
+            return started[tuple(argv)]
+
+        yield server
+
+
 @pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_example_runs_against_its_server(index, tmp_path, monkeypatch):
+def test_readme_python_example_runs_against_its_server(index, servers):
     source, block = python_blocks()[index]
-    argv = shlex.split(block.splitlines()[0].removeprefix(SERVER))
-    monkeypatch.chdir(REPO)  # the README's paths are the repository's
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the default --data-dir
-    with app_server(argv, tmp_path) as page:
-        code = block.replace(ADDRESS, page.local_url)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            exec(compile(code, f"{source} python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
+    page = servers(shlex.split(block.splitlines()[0].removeprefix(SERVER)))
+    code = block.replace(ADDRESS, page.local_url)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, f"{source} python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
     output = printed.getvalue()
     assert "images in" in output, output
     print(output)

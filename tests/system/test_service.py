@@ -97,10 +97,13 @@ class Engine(Launched):
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     logs = tmp_path_factory.mktemp("service")
-    started = [Engine(TINY_PT, logs / f"engine{i}.log") for i in range(2)]
+    started = []
     try:
-        for engine in started:
-            engine.wait_for("Serving the engine on")
+        # One after the other: the second reads the programs the first compiled from the compilation cache (started
+        # together, both compiled every program, each on a core the rest of the suite needs).
+        for i in range(2):
+            started.append(Engine(TINY_PT, logs / f"engine{i}.log"))
+            started[-1].wait_for("Serving the engine on")
         yield started
     finally:
         for engine in started:
