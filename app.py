@@ -95,8 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
         from pipeline.styles import StyleFileError, load_examples
         from web.apis import ApiAccess, attach_apis
-        from web.history import HistoryLocked, default_data_dir
-        from web.history_tab import History
+        from web.history.store import HistoryLocked, default_data_dir
+        from web.history.tab import History
         from web.page import build_page
         from web.prompt_filter import PromptFilter
         from web.server import port_problem, serve_until_signal

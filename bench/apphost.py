@@ -119,7 +119,7 @@ def app_host_cost(runs: int = 7, calls: dict | None = None, say: Progress = prog
     from pathlib import Path
 
     from pipeline.generator import Generator
-    from web.history_tab import History
+    from web.history.tab import History
     from web.page import build_page
 
     from .common import free_port

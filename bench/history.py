@@ -1,4 +1,4 @@
-"""What the server history costs: the store's calls (web/history.py), then `/history` through the launched page.
+"""What the server history costs: the store's calls (web/history/store.py), then `/history` on the launched page.
 
     python -m bench --only history      # HistoryStore.add per request, list/get/file_of/delete, then /history
 
@@ -117,7 +117,7 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
     PostgreSQL database, as page replicas share); with `generator`, the `/history` endpoint too."""
     from functools import partial
 
-    from web.history import HistoryStore
+    from web.history.store import HistoryStore
 
     HistoryStore = partial(HistoryStore, database_url=database_url)  # noqa: N806  # the same calls, either database
 
@@ -180,7 +180,7 @@ def history_endpoint(generator, data_dir: Path, files: list[Path], entries: int,
     """`/history` of a launched page with logins, its user's history filled to `entries` entries of `files`."""
     from gradio_client import Client
 
-    from web.history_tab import History
+    from web.history.tab import History
     from web.page import build_page
 
     history = History.for_server(data_dir, logins=True, max_entries=None, database_url=database_url)

@@ -401,7 +401,7 @@ class Handlers:
 
 @dataclass(frozen=True)
 class Finished:
-    """A request that ran to its end and was delivered: what the history keeps (web/history_tab.py)."""
+    """A request that ran to its end and was delivered: what the history keeps (web/history/tab.py)."""
 
     request: Request  # what was asked
     result: Any  # the engine's GenerationResult: steps, sampler, seeds

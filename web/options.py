@@ -30,8 +30,9 @@ from .engine_pool import parse_engine_url
 
 #: Requests that may wait in the app's queue by default.
 DEFAULT_QUEUE_SIZE = 20
-#: Entries one user keeps by default (`--history-max`, web/history.py); adding one more removes the oldest with its
-#: files. Declared here, not in web/history.py: reading the command line imports no database library (SQLAlchemy, 1 s).
+#: Entries one user keeps by default (`--history-max`, web/history/store.py); adding one more removes the oldest with
+#: its files. Declared here, not in web/history/store.py: reading the command line imports no database library
+#: (SQLAlchemy, 1 s).
 DEFAULT_MAX_ENTRIES = 500
 _APP = frozenset({APP})
 

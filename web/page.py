@@ -27,7 +27,7 @@ from .delivery import Outbox
 from .files import RunFiles
 from .form import Form, control
 from .handlers import Handlers
-from .history_tab import History
+from .history.tab import History
 from .options import DEFAULT_QUEUE_SIZE
 from .prompt_filter import PromptFilter
 from .sessions import answers_delivered
@@ -132,7 +132,7 @@ def build_page(
     logins: bool = False,
 ) -> Page:
     """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`. `history`: where
-    past generations go (web/history_tab.py; none by default). `logins`: the page is launched with `auth` (a Log out
+    past generations go (web/history/tab.py; none by default). `logins`: the page is launched with `auth` (a Log out
     button, to Gradio's /logout)."""
     examples = load_examples() if examples is None else list(examples)
     rules = engine.rules if styles is None else replace(engine.rules, styles=styles)

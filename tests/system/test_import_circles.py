@@ -55,6 +55,6 @@ def test_the_page_imports_no_jax():
     import subprocess
     import sys
 
-    code = "import sys, web.page, web.options, web.history_tab; print(sorted(m for m in sys.modules if m == 'jax'))"
+    code = "import sys, web.page, web.options, web.history.tab; print(sorted(m for m in sys.modules if m == 'jax'))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -47,8 +47,8 @@ def app_server(argv: list[str]):
     """What `python app.py ARGV` serves, started as app.main starts it, in this process."""
     from app import start_engine
     from web.apis import ApiAccess, attach_apis
-    from web.history import default_data_dir
-    from web.history_tab import History
+    from web.history.store import default_data_dir
+    from web.history.tab import History
     from web.options import parse_args
     from web.page import build_page
 

@@ -29,7 +29,7 @@ LANDS_WITHIN_S = 120
 @pytest.fixture(scope="module")
 def replicas(ui_engine, postgres, tmp_path_factory):
     """Two pages with logins, one database, one image store."""
-    from web.history_tab import History
+    from web.history.tab import History
 
     # The images in an object store both replicas reach: fsspec's memory:// is one per process, as a bucket is one
     # per deployment (a shared directory is tested with two stores in tests/web/test_history_store.py).

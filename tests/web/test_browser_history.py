@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.host import images as image_io
-from web.browser_history import (
+from web.history.browser import (
     BROWSER_THUMBNAIL_SIZE,
     add_entry,
     browser_entry,

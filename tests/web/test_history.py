@@ -19,7 +19,7 @@ USERS = [("ann", "ann-secret"), ("bob", "bob-secret")]
 
 
 def _history_page(engine, data_dir, *, logins=True, max_entries=None):
-    from web.history_tab import History
+    from web.history.tab import History
 
     history = History.for_server(data_dir, logins=logins, max_entries=max_entries)
     return served(engine, auth=USERS if logins else None, history=history)

@@ -18,7 +18,7 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 from pipeline.host import images as image_io
-from web.history import DATABASE_NAME, REQUIRED_SETTINGS, HistoryLocked, HistoryStore
+from web.history.store import DATABASE_NAME, REQUIRED_SETTINGS, HistoryLocked, HistoryStore
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 
@@ -189,8 +189,8 @@ _WRITER = textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from web.history import HistoryStore
-    from web.image_store import LocalImageStore
+    from web.history.store import HistoryStore
+    from web.history.image_store import LocalImageStore
     directory, files = sys.argv[1], sys.argv[2:]
     store = HistoryStore(directory, max_entries=int(os.environ.get("CAP", "1000")),
                          database_url=os.environ.get("DATABASE_URL") or None)
@@ -301,7 +301,7 @@ def test_killed_at_random_moments_while_writing(tmp_path, request_files):
 
 # ---- storage: an earlier version's SQLite history, an object store --------------------------------------------------
 
-#: The schema the SQLite-only store of earlier versions wrote (web/history.py before SQLAlchemy), verbatim.
+#: The schema the SQLite-only store of earlier versions wrote (the history store before SQLAlchemy), verbatim.
 _EARLIER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
@@ -413,16 +413,16 @@ def test_a_replica_killed_mid_write_loses_nothing(postgres, tmp_path, request_fi
 def _row_of(store: HistoryStore, folder: str) -> int | None:
     import sqlalchemy as sa
 
-    from web.history_db import ENTRIES
+    from web.history.database import ENTRIES
 
     with store._require().reading() as db:
         return db.execute(sa.select(ENTRIES.c.id).where(ENTRIES.c.folder == folder)).scalar()
 
 
 def test_a_one_process_history_moves_to_the_replicas_storage(postgres, tmp_path, request_files):
-    """`python -m web.history_copy`: the SQLite history's entries, ids and files, now in PostgreSQL and an object
+    """`python -m web.history.migrate`: the SQLite history's entries, ids and files, now in PostgreSQL and an object
     store; each login finds its own as it was, and new entries follow the copied ids."""
-    from web.history_copy import main
+    from web.history.migrate import main
 
     with HistoryStore(tmp_path) as store:
         ids = [store.add(user, _settings(seed), request_files) for seed, user in enumerate(["alice", "bob", "alice"])]

@@ -11,7 +11,7 @@ from conftest import TEST_SIZE, TEST_STEPS
 
 from pipeline.generator import Generator
 from web.apis import ApiAccess, attach_apis
-from web.history_tab import History
+from web.history.tab import History
 from web.page import build_page
 
 

@@ -33,7 +33,7 @@ new MutationObserver(() => {
 def app_page(ui_engine, tmp_path_factory):
     """The page as `python app.py` serves it on localhost: the APIs on, the visitors' history in their browsers."""
     from web.apis import ApiAccess, attach_apis
-    from web.history_tab import History
+    from web.history.tab import History
     from web.page import build_page
 
     history = History.for_server(tmp_path_factory.mktemp("data"), logins=False, max_entries=10)

@@ -1,11 +1,11 @@
 """Past generations: the History tab and the `/history` endpoint, kept where the server's logins say.
 
 One class per storage mode. With logins (`--auth`, `ServerHistory`), every finished request goes to the server's
-store (web/history.py: SQLite under `--data-dir`, or `--database-url` and `--image-store` shared by page replicas),
-written in the background once its PNGs are, and each user sees, uses and deletes only their own; the images come
-from an owner-only route (web/history_files.py). Without logins (`BrowserHistory`), a visitor's history lives in
-their own browser (Gradio's BrowserState, web/browser_history.py) and the server keeps nothing. `History` itself is
-the tab and its events, with nothing kept (--no-history).
+store (web/history/store.py: SQLite under `--data-dir`, or `--database-url` and `--image-store` shared by page
+replicas), written in the background once its PNGs are, and each user sees, uses and deletes only their own; the
+images come from an owner-only route (web/history/file_route.py). Without logins (`BrowserHistory`), a visitor's
+history lives in their own browser (Gradio's BrowserState, web/history/browser.py) and the server keeps nothing.
+`History` itself is the tab and its events, with nothing kept (--no-history).
 
     history = History.for_server(data_dir, logins=True, max_entries=500)   # or History.off()
     handlers = Handlers(..., on_finished=history.keep)               # every delivered request
@@ -34,7 +34,11 @@ from pipeline.errors import InvalidInput
 from pipeline.fields import PLAIN
 from pipeline.styles import DEFAULT_STYLE
 
-from .browser_history import (
+from ..files import RunFiles
+from ..form import Form, request_settings
+from ..handlers import PNG_WAIT_S, Finished, invalid
+from ..sessions import session_of
+from .browser import (
     BROWSER_MAX_ENTRIES,
     add_entry,
     browser_entry,
@@ -43,12 +47,8 @@ from .browser_history import (
     delete_entry,
     thumbnail_jpegs,
 )
-from .files import RunFiles
-from .form import Form, request_settings
-from .handlers import PNG_WAIT_S, Finished, invalid
-from .history import HistoryStore
-from .history_files import file_url, history_files_middleware
-from .sessions import session_of
+from .file_route import file_url, owner_files_middleware
+from .store import HistoryStore
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -281,7 +281,7 @@ class ServerHistory(History):
         self._pending: dict[str, list[Future]] = collections.defaultdict(list)  # user -> writes not yet done
 
     def middleware(self) -> list:
-        return [history_files_middleware(self._file)]
+        return [owner_files_middleware(self._file)]
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)

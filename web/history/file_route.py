@@ -76,6 +76,6 @@ def _content_type(data: bytes) -> str:
     return "application/octet-stream"
 
 
-def history_files_middleware(find: Callable[[str, int, int, bool], Path | bytes | None]) -> Middleware:
+def owner_files_middleware(find: Callable[[str, int, int, bool], Path | bytes | None]) -> Middleware:
     """The middleware for `launch(app_kwargs={"middleware": [...]})`."""
     return Middleware(HistoryFiles, find=find)

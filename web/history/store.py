@@ -6,8 +6,9 @@
     store.list(username, limit=50)                              # newest first; never another user's
     store.file_of(username, entry_id, 0, thumbnail=True)        # a file of one's own entry (Path or bytes), or None
 
-Storage is split by role: the rows (web/history_db.py: SQLite by default, PostgreSQL with `--database-url`) and the
-files (web/image_store.py: `<data_dir>/files/` by default, a shared directory or an fsspec URL with `--image-store`).
+Storage is split by role: the rows (web/history/database.py: SQLite by default, PostgreSQL with `--database-url`)
+and the files (web/history/image_store.py: `<data_dir>/files/` by default, a shared directory or an fsspec URL with
+`--image-store`).
 Layout of the default data directory:
     history.sqlite3          the entries (WAL journal: readers never wait for the writer)
     lock                     held (flock) by the one process whose SQLite history this is
@@ -43,9 +44,9 @@ from PIL import Image
 
 from pipeline.errors import InvalidInput
 
-from .history_db import DATABASE_NAME, ENTRIES, HistoryDatabase, database_url
+from ..options import DEFAULT_MAX_ENTRIES
+from .database import DATABASE_NAME, ENTRIES, HistoryDatabase, database_url
 from .image_store import SHARED_GRACE_S, image_store
-from .options import DEFAULT_MAX_ENTRIES
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Move a one-process history (SQLite and files under --data-dir) to the shared storage of page replicas.
 
-    python -m web.history_copy --data-dir DIR --database-url postgresql://... [--image-store DIR|URL]
+    python -m web.history.migrate --data-dir DIR --database-url postgresql://... [--image-store DIR|URL]
 
 Stop the server using DIR first (its lock is taken here). The target database must hold no entries. Every entry
 keeps its id, owner and files, and the owner key comes along, so each login finds its history as it was. The files
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from .history import take_lock
-from .history_db import ENTRIES, META, HistoryDatabase, database_url
+from .database import ENTRIES, META, HistoryDatabase, database_url
 from .image_store import LocalImageStore, image_store
+from .store import take_lock
 
 
 def copy_history(data_dir: str | Path, target_url: str, target_images: str | None = None) -> int:
@@ -69,7 +69,7 @@ def _copy_files(source: LocalImageStore, target, rows: list[dict]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m web.history_copy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m web.history.migrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", required=True, help="the data directory of the history to copy")
     parser.add_argument("--database-url", required=True, help="postgresql://USER:PASSWORD@HOST/DB (no entries yet)")
     parser.add_argument("--image-store", help="where the replicas keep the images (default: --data-dir itself)")
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         count = copy_history(args.data_dir, args.database_url, args.image_store)
     except (OSError, ValueError, RuntimeError, ImportError, sa.exc.SQLAlchemyError) as exc:
-        print(f"history_copy: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"migrate: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"copied {count} entries")
     return 0

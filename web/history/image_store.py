@@ -5,7 +5,7 @@
     store.put(owner, folder, {"00.png": path, "00.thumb.jpg": jpeg_bytes})   # all of an entry's files, then the row
     store.find(owner, folder, "00.png")              # a Path (a directory) or the bytes (an object store), or None
 
-An entry's files are written before its row (web/history.py), so a replica killed mid-write leaves files no row
+An entry's files are written before its row (web/history/store.py), so a replica killed mid-write leaves files no row
 points to, never a row without its files. In a directory the files are staged and appear at once with one rename;
 an object store writes each object whole. `sweep` removes what no row lists: everything at start-up when one process
 owns the directory, and only what is older than `SHARED_GRACE_S` when replicas share it (a folder another replica
