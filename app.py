@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        (quiet_gradio if args.engine else quiet_start)()  # diffusers' and JAX's noise where they load; Gradio's always
+        (quiet_gradio if args.engine else quiet_start)()  # the hub's noise where models load; Gradio's always
         history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None

@@ -7,7 +7,7 @@ Bad input exits with status 2 and one line on stderr; a model that cannot be loa
 `--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
 (single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app. The
 arguments and the files they name are checked before JAX is imported (`_check`, pipeline/preflight.py): a mistake
-is said before JAX and diffusers have taken their seconds to import.
+is said before JAX has taken its seconds to import.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             served = engine_config(args)
             check_model(served)
             check_loras(served)
-        quiet_start()  # diffusers' logging: imports diffusers, and JAX with it
+        quiet_start()  # huggingface_hub's and Gradio's noise
         if args.command == "make-tiny":
             from .checkpoint.tiny import make_tiny
 

@@ -31,16 +31,12 @@ def quiet_start() -> None:
     """Silence what the pinned stack prints on every run, so the lines that remain are ours and each comes once.
 
     - Gradio 6.17.3's StarletteDeprecationWarning on every request (`quiet_gradio`).
-    - diffusers 0.39 / transformers 4.57 announce on every Flax class that Flax support ends (the pins are on purpose).
     - huggingface_hub's logger has its own handler and also propagates to the root logger's: each line twice.
     """
     quiet_gradio()
     from huggingface_hub.utils import logging as hub_logging
 
     hub_logging.disable_propagation()
-    from .checkpoint.loading import quiet_diffusers_deprecation
-
-    quiet_diffusers_deprecation()
 
 
 def accelerator_installed() -> bool:

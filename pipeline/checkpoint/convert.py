@@ -2,9 +2,8 @@
 
 Most SDXL checkpoints (fine-tunes, SDXL-Lightning's UNets, SDXL-Turbo) ship only PyTorch `*.safetensors`; the
 libraries' own `from_pt=True` paths need torch and build a random model first. Here each tensor is read from the
-safetensors file into its own NumPy array (`SafetensorsReader`), renamed and reshaped by the libraries' own
-per-tensor rules (diffusers' `rename_key` / `rename_key_and_reshape_tensor` for the UNet and VAE, transformers'
-`rename_key_and_reshape_tensor` for the CLIP text encoders; only these helpers of theirs are imported), checked
+safetensors file into its own NumPy array (`SafetensorsReader`), renamed and reshaped by the libraries' per-tensor
+rules (`pt_names.py`: diffusers' for the UNet and VAE, transformers' for the CLIP text encoders), checked
 against the shapes the network's (`device/nets/`) `init_weights` would create (traced with `jax.eval_shape`, so
 nothing is allocated), and cast to the target dtype before the next tensor is read: host memory peaks at the
 converted model plus one tensor.
@@ -33,6 +32,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .cache import default_cache_root
+from .pt_names import diffusers_key, rename_diffusers, rename_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,6 @@ PT_TEXT_STEM = "model"
 #: Buffers PyTorch checkpoints carry that are no Flax parameter (older CLIP text encoders save position_ids).
 DROPPED_SUFFIXES = ("position_ids", "num_batches_tracked")
 _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
-#: diffusers' attention renames (PyTorch -> Flax), as in its `rename_key_and_reshape_tensor`.
-_ATTENTION_NAMES = {"to_out_0": "proj_attn", "to_k": "key", "to_v": "value", "to_q": "query"}
 #: safetensors dtype names -> NumPy (bfloat16 through ml_dtypes).
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -276,28 +274,16 @@ def _torch_shape(flax_shape, ndim, flax_value_shape, torch_shape) -> tuple:
 
 
 def _rename_diffusers(pt_key: str, tensor: np.ndarray, lookup: dict):
-    from diffusers.models.modeling_flax_pytorch_utils import rename_key, rename_key_and_reshape_tensor
-
-    pt_tuple = tuple(rename_key(pt_key).split("."))
-    try:
-        key, value = rename_key_and_reshape_tensor(pt_tuple, tensor, lookup)
-    except AssertionError:  # diffusers asserts attention shapes; report it like every other shape mismatch
-        name = "kernel" if pt_tuple[-1] == "weight" else pt_tuple[-1]
-        key, value = pt_tuple[:-2] + (_ATTENTION_NAMES[pt_tuple[-2]], name), tensor.T
-    if key not in lookup and pt_tuple[-1] == "weight" and pt_tuple[:-1] + ("embedding",) in lookup:
-        key = pt_tuple[:-1] + ("embedding",)  # diffusers returns the wrong name for embeddings (unused by SDXL)
-    return key, value
+    return rename_diffusers(diffusers_key(pt_key), tensor, lookup)
 
 
 def _rename_transformers(pt_key: str, tensor: np.ndarray, lookup: dict, prefix: str, first_parts: set[str]):
     """transformers' `convert_pytorch_state_dict_to_flax`, one tensor at a time (its prefix rules included)."""
-    from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor
-
     top = {key[0] for key in lookup}
     pt_tuple = tuple(pt_key.split("."))
     if prefix not in top and prefix in first_parts and pt_tuple[0] == prefix:
         pt_tuple = pt_tuple[1:]
-    key, value = rename_key_and_reshape_tensor(pt_tuple, tensor, lookup, prefix)
+    key, value = rename_transformers(pt_tuple, tensor, lookup, prefix)
     if prefix in top and prefix not in first_parts and (prefix, *key) in lookup:
         key = (prefix, *key)
     return key, value

@@ -34,31 +34,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 
-class _FlaxDeprecationFilter(logging.Filter):
-    """Drop diffusers' and transformers' "... classes are deprecated" notices: the pins are deliberate."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "classes are deprecated and will be removed" not in record.getMessage()
-
-
-def quiet_diffusers_deprecation() -> None:
-    """diffusers 0.39 / transformers 4.57 are the last releases with Flax; requirements.txt says why they are pinned."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    # Under the CI environment variable transformers also propagates to the root logger, past our filter: stop
-    # that, so each record goes only through the libraries' own (filtered) handlers.
-    diffusers_logging.disable_propagation()
-    transformers_logging.disable_propagation()
-    handlers = [
-        *diffusers_logging.get_logger("diffusers").handlers,
-        *transformers_logging.get_logger("transformers").handlers,
-    ]
-    for handler in handlers:  # records from the libraries' child loggers reach these handlers
-        if not any(isinstance(f, _FlaxDeprecationFilter) for f in handler.filters):
-            handler.addFilter(_FlaxDeprecationFilter())
-
-
 @dataclass(frozen=True)
 class LoadedModel:
     """A loaded checkpoint: its networks (stateless modules, tokenizers, scheduler config), the host parameters,
@@ -194,7 +169,6 @@ def load_model(
     Each component's weights come from its Flax file when it has one, else from its PyTorch safetensors (or the
     `unet` file swapped in), converted without torch by `convert.py`.
     """
-    quiet_diffusers_deprecation()
     source = resolve_model(model, variant)
     is_local = os.path.isdir(source)
     revision = None if is_local else (revision or default_revision(source))

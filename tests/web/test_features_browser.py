@@ -91,17 +91,7 @@ def test_upload_paint_generate_inpainted_then_vary_strong(tab, feature_engine):
     tab.locator("#init-image input[type=file]").set_input_files(str(PICTURE))
     tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
     assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
-    editor = tab.locator("#mask-editor")
-    editor.locator("button[aria-label=Brush]").click()
-    canvas = editor.locator(".pixi-target canvas")
-    canvas.wait_for(timeout=TIMEOUT_MS)
-    box = canvas.bounding_box()
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    tab.mouse.move(x - 30, y - 10)
-    tab.mouse.down()
-    for i in range(15):
-        tab.mouse.move(x - 30 + 4 * i, y - 10 + 2 * i, steps=2)
-    tab.mouse.up()
+    paint_a_stroke(tab)
     set_steps(tab, 4)
     tab.locator("#prompt textarea").fill("a cabin in the snow")
     tab.locator("#generate").click()
@@ -163,12 +153,25 @@ def test_a_non_image_picture_is_one_sentence_at_upload(tab, tmp_path, capfd, cap
     assert tab.locator("#mask-editor img").count() == 0
 
 
+#: True once the middle of the mask editor's canvas is what a pointer there would touch (not a tool still laying
+#: itself out over it, not off screen): a stroke aimed at a box measured earlier landed on <html> under load.
+CANVAS_UNDER_POINTER = """() => {
+    const canvas = document.querySelector('#mask-editor .pixi-target canvas');
+    if (!canvas) return false;
+    const box = canvas.getBoundingClientRect();
+    const hit = document.elementFromPoint(box.x + box.width / 2, box.y + box.height / 2);
+    return box.width > 0 && hit === canvas;
+}"""
+
+
 def paint_a_stroke(tab) -> None:
     """The mask editor's brush, one stroke across the middle of the picture."""
     editor = tab.locator("#mask-editor")
     editor.locator("button[aria-label=Brush]").click(timeout=TIMEOUT_MS)
     canvas = editor.locator(".pixi-target canvas")
     canvas.wait_for(timeout=TIMEOUT_MS)
+    canvas.scroll_into_view_if_needed(timeout=TIMEOUT_MS)
+    tab.wait_for_function(CANVAS_UNDER_POINTER, timeout=TIMEOUT_MS)
     box = canvas.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     tab.mouse.move(x - 30, y - 10)
