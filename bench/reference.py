@@ -11,6 +11,7 @@ the CPU-seconds ratio is over `CHECK_RATIO` (the guard CI runs: .ci/run).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -55,8 +56,30 @@ class EngineVsReference:
     engine_programs_s: float  # a call with every program blocked on (their sum plus the host's part)
 
 
+class _FlaxDeprecationFilter(logging.Filter):
+    """Drops diffusers' and transformers' "Flax classes are deprecated" notice: the reference is their last Flax
+    release on purpose (requirements.txt says why)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "classes are deprecated and will be removed" not in record.getMessage()
+
+
+def quiet_flax_deprecation() -> None:
+    """The notice once per class would fill the bench's output; the engine itself imports neither library's Flax."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_propagation()  # under CI=true transformers also propagates to the root logger
+    transformers_logging.disable_propagation()
+    for name, library in (("diffusers", diffusers_logging), ("transformers", transformers_logging)):
+        for handler in library.get_logger(name).handlers:
+            if not any(isinstance(f, _FlaxDeprecationFilter) for f in handler.filters):
+                handler.addFilter(_FlaxDeprecationFilter())
+
+
 def load_reference(model: str, dtype: str):
     """diffusers' pipeline and replicated params, cast like the blog: bf16 except the scheduler, or all f32."""
+    quiet_flax_deprecation()
     from diffusers import FlaxStableDiffusionXLPipeline
     from flax.jax_utils import replicate
 
@@ -79,6 +102,7 @@ def sdxl_reference(params: dict, networks, dtype: str):
     (`python -m bench accelerator`'s random SDXL-shaped weights)."""
     import inspect
 
+    quiet_flax_deprecation()
     from diffusers import (
         FlaxAutoencoderKL,
         FlaxEulerDiscreteScheduler,
