@@ -30,7 +30,6 @@ from .checkpoint.controlnet import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
-from .checkpoint.scheduler_config import read_scheduler_config
 from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
 from .device import attention as attention_core
@@ -144,9 +143,8 @@ def prepare(config: EngineConfig, devices: list | None = None) -> EngineConfig:
 
 
 def sampler_of(loaded: LoadedModel, config: EngineConfig) -> SamplerConfig:
-    """The checkpoint's scheduler config, read whole, with `config`'s sampler settings over it (static)."""
-    scheduler = read_scheduler_config(loaded.source, config.revision, fallback=loaded.networks.scheduler_config)
-    return SamplerConfig.from_scheduler_config(scheduler, **config.sampler_overrides())
+    """The checkpoint's scheduler config (the loader read it whole), with `config`'s sampler settings over it."""
+    return SamplerConfig.from_scheduler_config(loaded.networks.scheduler_config, **config.sampler_overrides())
 
 
 def read_loras(loaded: LoadedModel, config: EngineConfig) -> tuple[list[LoraFile], MergeLayout | None]:

@@ -1,8 +1,8 @@
 """PyTorch tensor names -> the Flax networks' tree keys, one tensor at a time, with the transpose each layout needs.
 
-These are the renaming rules of diffusers' and transformers' `modeling_flax_pytorch_utils` (the only parts of their
-Flax code the torch-free conversion used; transformers 5 has removed that module), kept to the rules an SDXL
-checkpoint meets. `lookup` is the target tree, flattened: {key tuple: shape-bearing leaf} (convert.target_shapes).
+These are the renaming rules of diffusers' and transformers' PyTorch-to-Flax helpers (the only parts of their Flax
+code the torch-free conversion used, written here so it needs neither library), kept to the rules an SDXL checkpoint
+meets. `lookup` is the target tree, flattened: {key tuple: shape-bearing leaf} (convert.target_shapes).
 
 - UNet and VAE (diffusers' names): "down_blocks.0.resnets.1.conv1.weight" -> ("down_blocks_0", "resnets_1",
   "conv1", "kernel"); attention projections take diffusers' old Flax names (to_q -> query, ...); norms' weight ->
