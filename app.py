@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     with StartupGuard("app.py", cleanup=ProcessFolder.remove_all) as guard:  # before Gradio or JAX is imported
-        from pipeline.platform import quiet_gradio, quiet_start, use_cpu_cores
+        from pipeline.platform import quiet_start, use_cpu_cores
         from web.options import parse_args
 
         args = parse_args(argv)
@@ -105,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if serves and (problem := port_problem(args.host, args.port)):
             print(f"app.py: error: {problem}", file=sys.stderr)
             return 2
-        (quiet_gradio if args.engine else quiet_start)()  # the hub's noise where models load; Gradio's always
+        if not args.engine:  # this process loads models: the hub's lines once
+            quiet_start()
         history = History.off()
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None

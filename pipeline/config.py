@@ -159,7 +159,7 @@ def preset_settings(preset: Preset, *, model: str | None = None, **explicit) -> 
 #: What to fetch for a preset's LoRA (its NAME:WEIGHT -> one line, formatted with the preset and the LoRA).
 LORA_TO_FETCH = {
     "lcm-lora-sdxl:1": "preset %s runs LCM without its LoRA (%s: not in --lora-dir), which gives blurred pictures: "
-    "fetch pytorch_lora_weights.safetensors of latent-consistency/lcm-lora-sdxl (huggingface-cli download "
+    "fetch pytorch_lora_weights.safetensors of latent-consistency/lcm-lora-sdxl (hf download "
     "latent-consistency/lcm-lora-sdxl pytorch_lora_weights.safetensors), save it as lcm-lora-sdxl.safetensors in "
     "a directory and start with --lora-dir DIR",
 }

@@ -10,7 +10,6 @@ import glob
 import importlib.util
 import logging
 import os
-import warnings
 
 #: JAX plugins whose presence means JAX will pick an accelerator, not the CPU.
 ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
@@ -19,21 +18,8 @@ _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 TPU_DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 
 
-def quiet_gradio() -> None:
-    """Gradio 6.17.3 reads `starlette.status.HTTP_422_UNPROCESSABLE_ENTITY` (gradio/routes.py, each queued request),
-    a name Starlette has renamed: a StarletteDeprecationWarning on every request. The cause is in the pinned Gradio,
-    so that one warning is filtered here, for every process that serves a page (with or without JAX)."""
-    # StarletteDeprecationWarning subclasses UserWarning, not DeprecationWarning: matched by its message only.
-    warnings.filterwarnings("ignore", message=r".*HTTP_422_UNPROCESSABLE_ENTITY")
-
-
 def quiet_start() -> None:
-    """Silence what the pinned stack prints on every run, so the lines that remain are ours and each comes once.
-
-    - Gradio 6.17.3's StarletteDeprecationWarning on every request (`quiet_gradio`).
-    - huggingface_hub's logger has its own handler and also propagates to the root logger's: each line twice.
-    """
-    quiet_gradio()
+    """Each line once: huggingface_hub's logger has its own handler and also propagates to the root logger's."""
     from huggingface_hub.utils import logging as hub_logging
 
     hub_logging.disable_propagation()

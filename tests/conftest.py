@@ -18,6 +18,28 @@ os.environ.setdefault(
 
 import pytest  # noqa: E402
 
+
+def _patient_gradio_clients() -> None:
+    """gradio_client reads a page's API description with httpx's 5 s default timeout; on a loaded 2-core machine
+    (CI, pytest-xdist) the app takes longer to answer it, and the test would fail before asking anything. The tests'
+    clients wait up to 10 minutes for an answer (as long as gradio_client's own streams: without a limit, a hung
+    server would hang the test), a minute to connect; a caller's own `httpx_kwargs` still win."""
+    import httpx
+    from gradio_client import Client
+
+    if getattr(Client.__init__, "patient", False):
+        return
+    original = Client.__init__
+
+    def patient_init(self, *args, httpx_kwargs=None, **kwargs):
+        original(self, *args, httpx_kwargs={"timeout": httpx.Timeout(60, read=600), **(httpx_kwargs or {})}, **kwargs)
+
+    patient_init.patient = True
+    Client.__init__ = patient_init
+
+
+_patient_gradio_clients()
+
 #: The repository's root: where `python app.py` and `python -m pipeline` run from.
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

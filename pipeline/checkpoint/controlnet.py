@@ -138,7 +138,7 @@ def resolve_source(source: str) -> Path:
         if not hub_reachable():
             raise CheckpointError(
                 f"{source} is not in the Hugging Face cache and the Hub cannot be reached "
-                f"(run: huggingface-cli download {source} --include config.json '*.safetensors')"
+                f"(run: hf download {source} --include config.json '*.safetensors')"
             ) from None
         return Path(snapshot_download(source, allow_patterns=patterns))
 

@@ -24,7 +24,7 @@ def download_command(repo_id: str, revision: str | None) -> str:
     """The shell command that puts what the loader needs into the Hugging Face cache (HF_HOME)."""
     from ..config import SDXL_BASE_FLAX_REVISION
 
-    words = ["huggingface-cli", "download", repo_id]
+    words = ["hf", "download", repo_id]
     if revision:
         words += ["--revision", revision]
     words += ["--include", *(FLAX_ONLY_PATTERNS if revision == SDXL_BASE_FLAX_REVISION else CHECKPOINT_PATTERNS)]
@@ -37,7 +37,7 @@ def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S)
 
     endpoint = endpoint or constants.ENDPOINT
     try:
-        get_session().head(endpoint, timeout=timeout, allow_redirects=False)
+        get_session().head(endpoint, timeout=timeout)  # an httpx client: redirects not followed
     except Exception as exc:  # DNS failure, refused, timeout, proxy error: all mean "no Hub from here"
         logger.info("Hugging Face Hub at %s unreachable: %s", urlsplit(endpoint).netloc, exc.__class__.__name__)
         return False
@@ -79,7 +79,7 @@ def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_
     from ..errors import ModelLoadError
 
     offline = constants.HF_HUB_OFFLINE or not hub_reachable(endpoint)
-    command = shlex.join(["huggingface-cli", "download", repo_id, filename])
+    command = shlex.join(["hf", "download", repo_id, filename])
     try:
         return hf_hub_download(repo_id, filename, cache_dir=cache_dir, local_files_only=offline)
     except (RepositoryNotFoundError, GatedRepoError):

@@ -85,7 +85,7 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
     """Fail early, in one line, on a directory that is not an SDXL checkpoint with weights for every component.
 
     A component's weights are its Flax file, else its PyTorch safetensors: `variant`'s when it has them (e.g. only
-    `*.fp16.safetensors`, as `huggingface-cli download --include "*.fp16.safetensors"` fetches), else the plain ones.
+    `*.fp16.safetensors`, as `hf download --include "*.fp16.safetensors"` fetches), else the plain ones.
     A `variant` that no component needing PyTorch weights has is refused, not silently replaced by the plain files.
     """
     index_file = path / "model_index.json"

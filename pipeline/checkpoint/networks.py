@@ -2,8 +2,8 @@
 
 The modules (`device/nets/`) are stateless: the weights travel apart as the loader's `params`. Their parameter trees
 are those of diffusers' and transformers' Flax classes, so the checkpoint's files (Flax msgpack or converted PyTorch
-safetensors) fit them as they are. The tokenizers stay transformers' `CLIPTokenizer` (pure Python, no Flax); the
-scheduler is its config only: the engine's samplers compute their own schedules from it (`host/plan.py`).
+safetensors) fit them as they are. The tokenizers are CLIP's BPE (`clip_tokenizer.py`, the project's own, pure
+Python); the scheduler is its config only: the engine's samplers compute their own schedules from it (`host/plan.py`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class Networks:
     vae: Any  # device/nets/vae.AutoencoderKL
     text_encoder: Any  # device/nets/clip.CLIPTextModel
     text_encoder_2: Any  # device/nets/clip.CLIPTextModelWithProjection
-    tokenizer: Any  # transformers' CLIPTokenizer
-    tokenizer_2: Any  # transformers' CLIPTokenizer
+    tokenizer: Any  # checkpoint/clip_tokenizer.ClipTokenizer
+    tokenizer_2: Any  # checkpoint/clip_tokenizer.ClipTokenizer
     scheduler_config: dict  # scheduler/scheduler_config.json, whole
 
     @property
@@ -60,11 +60,11 @@ def build_networks(directory: Path, dtype: str) -> Networks:
     """The modules computing in `dtype` for the configs in `directory` (diffusers' layout); CheckpointError in one
     line when a config or tokenizer is missing or describes something that is not SDXL's."""
     import jax.numpy as jnp
-    from transformers import CLIPTokenizer
 
     from ..device.nets.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
     from ..device.nets.unet import UNet2DConditionModel, UNetConfig
     from ..device.nets.vae import AutoencoderKL, VAEConfig
+    from .clip_tokenizer import ClipTokenizer
 
     jax_dtype = getattr(jnp, dtype)
     try:
@@ -75,8 +75,8 @@ def build_networks(directory: Path, dtype: str) -> Networks:
             vae=AutoencoderKL(VAEConfig.from_dict(read_config(directory, "vae")), dtype=jax_dtype),
             text_encoder=CLIPTextModel(text_config, dtype=jax_dtype),
             text_encoder_2=CLIPTextModelWithProjection(text_2_config, dtype=jax_dtype),
-            tokenizer=CLIPTokenizer.from_pretrained(directory / "tokenizer"),
-            tokenizer_2=CLIPTokenizer.from_pretrained(directory / "tokenizer_2"),
+            tokenizer=ClipTokenizer.from_directory(directory / "tokenizer"),
+            tokenizer_2=ClipTokenizer.from_directory(directory / "tokenizer_2"),
             scheduler_config=read_config(directory, "scheduler"),
         )
     except (OSError, ValueError, TypeError, KeyError) as exc:

@@ -245,12 +245,6 @@ def train_bpe(words: Iterable[str], num_merges: int) -> tuple[dict[str, int], li
     return vocab, merges
 
 
-def _write_bpe_files(directory: pathlib.Path, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    lines = ["#version: 0.2", *(f"{left} {right}" for left, right in merges)]
-    (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
 def _random_params(init_weights: Callable[[Any], Any], seed: int, component: str) -> Any:
     """Random float32 parameters with exactly the tree ``init_weights(PRNGKey)`` would return.
 
@@ -292,11 +286,11 @@ def _build_into(directory: pathlib.Path, *, seed: int, geometry: TinyGeometry) -
 
     from .networks import FLAX_WEIGHTS
 
-    vocab, tokenizer, tokenizer_2 = _tokenizers(geometry)
+    vocab, merges = train_bpe(CORPUS.split(), geometry.bpe_merges)
     configs = _configs(geometry, vocab)
     _write_json(directory / "model_index.json", MODEL_INDEX)
-    tokenizer.save_pretrained(directory / "tokenizer")
-    tokenizer_2.save_pretrained(directory / "tokenizer_2")
+    for name, pad in (("tokenizer", END_TOKEN), ("tokenizer_2", "!")):  # SDXL's pad tokens
+        _write_tokenizer(directory / name, vocab, merges, pad, geometry.model_max_length)
     for name, module in _networks(configs).items():
         (directory / name).mkdir()
         _write_json(directory / name / "config.json", configs[name])
@@ -313,18 +307,33 @@ def _write_json(path: pathlib.Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _tokenizers(geometry: TinyGeometry) -> tuple[dict, object, object]:
-    """The BPE vocabulary trained on CORPUS and the two CLIP tokenizers on it (SDXL's pad tokens)."""
-    from transformers import CLIPTokenizer
-
-    vocab, merges = train_bpe(CORPUS.split(), geometry.bpe_merges)
-    with tempfile.TemporaryDirectory(prefix="tiny-bpe-") as bpe_dir:
-        bpe_path = pathlib.Path(bpe_dir)
-        _write_bpe_files(bpe_path, vocab, merges)
-        files = {"vocab_file": str(bpe_path / "vocab.json"), "merges_file": str(bpe_path / "merges.txt")}
-        tokenizer = CLIPTokenizer(**files, pad_token=END_TOKEN, model_max_length=geometry.model_max_length)
-        tokenizer_2 = CLIPTokenizer(**files, pad_token="!", model_max_length=geometry.model_max_length)
-    return vocab, tokenizer, tokenizer_2
+def _write_tokenizer(directory: pathlib.Path, vocab: dict[str, int], merges: list[tuple[str, str]], pad: str,
+                     max_length: int) -> None:
+    """A CLIP tokenizer folder in the layout SDXL's repos ship (vocab.json, merges.txt, special_tokens_map.json,
+    tokenizer_config.json), byte for byte what transformers 4.57's `CLIPTokenizer.save_pretrained` wrote for it."""
+    directory.mkdir()
+    (directory / "vocab.json").write_text(json.dumps(vocab, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                          encoding="utf-8")  # fmt: skip
+    lines = ["#version: 0.2", *(f"{left} {right}" for left, right in merges)]
+    (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    marker = {"lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
+    special = {"bos_token": {"content": START_TOKEN, **marker}, "eos_token": {"content": END_TOKEN, **marker},
+               "pad_token": pad, "unk_token": {"content": END_TOKEN, **marker}}  # fmt: skip
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2, sort_keys=True, ensure_ascii=False)
+                                                       + "\n", encoding="utf-8")  # fmt: skip
+    added = {}  # what transformers registered: a pad token of its own (CLIP-G's "!"), then the begin and end tokens
+    if pad not in (START_TOKEN, END_TOKEN):
+        added[str(vocab[pad])] = {"content": pad, **marker, "normalized": False}
+    for token in (START_TOKEN, END_TOKEN):
+        added[str(vocab[token])] = {"content": token, **marker}
+    config = {
+        "added_tokens_decoder": {index: {**entry, "special": True} for index, entry in added.items()},
+        "bos_token": START_TOKEN, "clean_up_tokenization_spaces": False, "eos_token": END_TOKEN, "errors": "replace",
+        "extra_special_tokens": {}, "model_max_length": max_length, "pad_token": pad,
+        "tokenizer_class": "CLIPTokenizer", "unk_token": END_TOKEN,
+    }  # fmt: skip
+    text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
 
 
 def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:

@@ -73,10 +73,10 @@ def libtpu_available() -> bool:
 
 
 def versions() -> dict[str, str | None]:
-    """jax, jaxlib and libtpu versions (an executable only runs under the ones that built it), and those of the
-    libraries whose modules the programs trace (diffusers' UNet and VAE, transformers' CLIP, flax)."""
+    """jax, jaxlib and libtpu versions (an executable only runs under the ones that built it), and flax's, whose
+    layers the project's networks are built from (the networks themselves are this project's code: its version)."""
     found: dict[str, str | None] = {}
-    for name in ("jax", "jaxlib", "libtpu", "diffusers", "transformers", "flax"):
+    for name in ("jax", "jaxlib", "libtpu", "flax"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -6,7 +6,7 @@ JAX's persistent cache skips XLA's compile only: a program is still traced to a 
 before the cache is asked (its key hashes the lowered module), and that Python work is most of a warm start. An
 executable here is found by its program's fingerprint (`aot.fingerprint`: model configs, weight shapes and dtypes,
 size, batch, CFG, attention core, prompt windows, levers, previews, LoRA layout, the programs' source files), in a
-folder per platform, device kind and count, library versions (jax, jaxlib, libtpu, diffusers, transformers, flax)
+folder per platform, device kind and count, library versions (jax, jaxlib, libtpu, flax)
 and XLA flags. The folder is a precompiled directory (`manifest.json` plus one file per program): `aot.py` writes
 and reads both, so `--precompiled` can even point at it.
 

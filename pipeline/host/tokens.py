@@ -31,7 +31,7 @@ def tokenize(tokenizers, prompt: str, chunks: int = 1) -> tuple[np.ndarray, int]
     """
     rows, used = [], 1
     for tokenizer in tokenizers:
-        ids = tokenizer(prompt, add_special_tokens=False, truncation=False, verbose=False).input_ids
+        ids = tokenizer.ids(prompt)
         used = max(used, min(chunks, -(-len(ids) // CHUNK)))
         begin, end, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
         row = []
@@ -51,7 +51,7 @@ def dropped_text(tokenizer, prompt: str, chunks: int = 1) -> str:
     room = chunks * CHUNK
 
     def fits(text: str) -> bool:
-        return len(tokenizer(text, add_special_tokens=False, truncation=False, verbose=False).input_ids) <= room
+        return len(tokenizer.ids(text)) <= room
 
     if fits(prompt):
         return ""
@@ -153,7 +153,7 @@ class PromptReader:
         """First token id -> (the name's ids, embedding), longest names first (A1111's `ids_lookup`)."""
         lookup: dict[int, list] = {}
         for embedding in self.embeddings.values():
-            ids = tuple(tokenizer(embedding.name, add_special_tokens=False, verbose=False).input_ids)
+            ids = tuple(tokenizer.ids(embedding.name))
             if ids:
                 lookup.setdefault(ids[0], []).append((ids, embedding))
         for matches in lookup.values():
@@ -194,7 +194,7 @@ class PromptReader:
             if part.is_break:
                 close()
                 continue
-            tokens = tokenizer(part.text, add_special_tokens=False, truncation=False, verbose=False).input_ids
+            tokens = tokenizer.ids(part.text)
             position = 0
             while position < len(tokens):
                 if len(ids) == CHUNK:

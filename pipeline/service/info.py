@@ -15,7 +15,7 @@ from ..request import MAX_LORAS, request_schema
 from ..sampler_names import SAMPLER_NAMES
 
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
-VERSIONED = ("jax", "jaxlib", "flax", "diffusers", "transformers")
+VERSIONED = ("jax", "jaxlib", "flax")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
 MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
               "controlnets", "num_images")

@@ -249,7 +249,7 @@ def test_hub_id_without_network_says_so_in_one_line(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    command = "huggingface-cli download ByteDance/SDXL-Lightning sdxl_lightning_4step_unet.safetensors"
+    command = "hf download ByteDance/SDXL-Lightning sdxl_lightning_4step_unet.safetensors"
     with pytest.raises(ModelLoadError, match=f"^HF_HUB_OFFLINE is set and .* run `{command}`") as error:
         load_model(
             str(CHECKPOINT), dtype="float32", unet="ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"

@@ -24,7 +24,7 @@ def test_offline_uses_the_cached_snapshot(tiny_dir, tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"
     cache = str(tmp_path / "hub")
     assert source_when_offline("acme/tiny-sdxl", None, endpoint=closed, cache_dir=cache) == str(snapshot)
-    with pytest.raises(ModelLoadError, match=r"run `huggingface-cli download acme/tiny-sdxl --revision v2 --include"):
+    with pytest.raises(ModelLoadError, match=r"run `hf download acme/tiny-sdxl --revision v2 --include"):
         source_when_offline("acme/tiny-sdxl", "v2", endpoint=closed, cache_dir=cache)
 
 
@@ -37,5 +37,5 @@ def test_unet_from_the_hub_offline_uses_the_cached_file(tmp_path):
     cached = repo / "snapshots" / commit / "unet.safetensors"
     cached.write_bytes(b"x")
     assert hub_file("acme/unets", "unet.safetensors", endpoint=CLOSED, cache_dir=str(tmp_path / "hub")) == str(cached)
-    with pytest.raises(ModelLoadError, match=r"run `huggingface-cli download acme/unets other.safetensors`"):
+    with pytest.raises(ModelLoadError, match=r"run `hf download acme/unets other.safetensors`"):
         hub_file("acme/unets", "other.safetensors", endpoint=CLOSED, cache_dir=str(tmp_path / "hub"))

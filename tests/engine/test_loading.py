@@ -88,11 +88,11 @@ def test_hub_id_without_network(monkeypatch, tmp_path):
     assert "Could not download" in message and "refs/pr/95" in message and "\n" not in message
 
 
-# ---- a folder of fp16 files only (what `huggingface-cli download --include "*.fp16.safetensors"` leaves) -------
+# ---- a folder of fp16 files only (what `hf download --include "*.fp16.safetensors"` leaves) -------
 
 
 def fp16_only(tmp_path: Path, keep_plain_index: bool) -> Path:
-    """A copy of the PyTorch fixture as `huggingface-cli download --include "*.fp16.safetensors" "*.json" "*.txt"`
+    """A copy of the PyTorch fixture as `hf download --include "*.fp16.safetensors" "*.json" "*.txt"`
     leaves it: fp16 weights only, and (with `*.json`) the plain UNet's shard index without its shards."""
     target = tmp_path / ("fp16-with-index" if keep_plain_index else "fp16")
     shutil.copytree(PT_FIXTURE, target)

@@ -93,7 +93,7 @@ def test_break_weights_and_embeddings_are_placed(tokenizers, embeddings):
     rows = reader.read(f"a (photo:1.5) BREAK of ({NAME}:1.2) x", 2, extra)
     assert rows.windows == 2 and extra.names == (NAME,)
     second = rows.ids[0, 77:]  # [77]: begin, "of", the 2 vectors, "x", end
-    of = tokenizers[0]("of", add_special_tokens=False).input_ids
+    of = tokenizers[0].ids("of")
     assert second[1 : 1 + len(of)].tolist() == of
     start = 1 + len(of)
     assert second[start : start + 2].tolist() == [EXTRA_BASE, EXTRA_BASE + 1]

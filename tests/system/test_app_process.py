@@ -246,7 +246,7 @@ def test_no_network_fails_fast_with_the_download_command(tmp_path):
     errors = [line for line in output if line.startswith("app.py: error:")]
     assert len(errors) == 1
     assert (
-        "huggingface-cli download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 --include" in errors[0]
+        "hf download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 --include" in errors[0]
     )
     assert not [line for line in output if "Retrying" in line or "Traceback" in line]
     messages = [line.split(": ", 1)[-1] for line in output]  # without the timestamp

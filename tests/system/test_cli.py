@@ -186,7 +186,7 @@ def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
     elapsed = time.perf_counter() - started
     assert done.returncode == 3, done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert "`huggingface-cli download ByteDance/SDXL-Lightning sdxl_lightning_4step_unet.safetensors`" in line
+    assert "`hf download ByteDance/SDXL-Lightning sdxl_lightning_4step_unet.safetensors`" in line
     assert "pass --unet a local .safetensors file" in line
     assert "MaxRetryError" not in line and "--include" not in line and "'tiny'" not in line
     assert elapsed < 60  # one short probe, not ~40 s of retries

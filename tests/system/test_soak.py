@@ -19,7 +19,6 @@ QUEUE_SIZE = 8  # smaller than the number of clients, so the queue fills and the
 
 
 @pytest.mark.soak
-@pytest.mark.filterwarnings("ignore:.*HTTP_422_UNPROCESSABLE_ENTITY")  # Gradio 6.17 vs Starlette, on every request
 def test_app_holds_under_load(engine):
     result = soak(engine, requests=REQUESTS, clients=CLIENTS, queue_size=QUEUE_SIZE, timeout_s=300)
     write_soak_json(result, ARTIFACT)

@@ -166,10 +166,7 @@ def test_embedded_web_component_works(embed_site, browser):
     root.get_by_text("Running on 8 × cpu").wait_for(timeout=TIMEOUT_MS)
     generate_and_wait(page, root)
     page.screenshot(path=str(ARTIFACTS / "embed.png"), full_page=True)
-    # Gradio 6.17.3's web component still calls Svelte 4's `$destroy` in connectedCallback; the error is thrown after
-    # the app has mounted and is harmless (gradio-app/gradio#12507, fixed upstream by PR #13561 after this release).
-    known = "this.app.$destroy is not a function"
-    assert not [e for e in errors if known not in e], errors
+    assert not errors, errors  # (Gradio 6.17.3's web component threw `this.app.$destroy is not a function`: #12507)
     page.close()
 
 
