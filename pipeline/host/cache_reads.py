@@ -39,8 +39,8 @@ def _install() -> None:
             return
         read = compilation_cache.get_executable_and_time
 
-        def recording_read(cache_key, compile_options, backend, executable_devices):
-            executable, compile_time = read(cache_key, compile_options, backend, executable_devices)
+        def recording_read(cache_key, compile_options, backend, *args, **kwargs):  # jax 0.11 added an argument
+            executable, compile_time = read(cache_key, compile_options, backend, *args, **kwargs)
             reads = getattr(_local, "reads", None)
             if executable is not None and reads is not None:
                 reads.append(_entry_bytes(cache_key, backend))

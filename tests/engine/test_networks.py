@@ -213,13 +213,25 @@ def _max_diff(got: dict, expected: dict) -> float:
     return max(float(np.max(np.abs(got[k] - expected[k]))) for k in expected)
 
 
+#: Another XLA (the jax 0.11 line on Python >= 3.12) fuses and orders float sums its own way: there the outputs agree
+#: to this fraction of each output's largest magnitude (measured on jax 0.11.2: UNet cases 1.6e-6 and 8.9e-5 absolute).
+OTHER_XLA_TOLERANCE = 1e-4
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float32_bit_for_bit(case):
+    """Bit for bit under the jax the fixture was written with (its json says which); close under another."""
     got, expected = _run(case, "float32"), _arrays(case, "float32")
     assert sorted(got) == sorted(expected)
+    same_xla = jax.__version__ == MANIFEST["versions"]["jax"]
     for name in expected:
-        assert np.isfinite(expected[name]).all() and np.abs(expected[name]).max() > 0, name
-        np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{case}: {name}")
+        scale = np.abs(expected[name]).max()
+        assert np.isfinite(expected[name]).all() and scale > 0, name
+        if same_xla:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{case}: {name}")
+        else:
+            np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=OTHER_XLA_TOLERANCE * scale,
+                                       err_msg=f"{case}: {name}")  # fmt: skip
 
 
 @pytest.mark.long  # bfloat16 is emulated on this CPU: minutes for the whole set; the float32 cases run the same code
