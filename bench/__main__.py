@@ -158,6 +158,7 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
 
     progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
     ref = results["reference"] = engine_vs_reference(generator, args.runs)
+    results["machine"]["reference_packages"] = ref.reference_packages  # diffusers' venv is not this one
     progress(
         f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f} "
         f"(pairs {ref.pair_ratios.min:.2f}–{ref.pair_ratios.max:.2f}; CPU seconds {ref.cpu_ratio:.2f})"
