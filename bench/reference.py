@@ -178,7 +178,10 @@ class ReferenceWorker:
             raise ReferenceWorkerError(f"the reference worker did not {what} within {self.timeout_s:.0f} s") from None
         if line is None:
             raise ReferenceWorkerError(f"the reference worker exited before it could {what}: {self._last_error()}")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise ReferenceWorkerError(f"the reference worker answered {line.strip()[:80]!r}, not JSON") from None
         if "error" in answer:
             raise ReferenceWorkerError(f"the reference worker could not {what}: {answer['error']}")
         return answer

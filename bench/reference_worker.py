@@ -243,6 +243,8 @@ def serve(requests, answers) -> int:
 
 
 def main() -> int:
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run as a file, its folder (bench/) led the path: no bench module may shadow a library's
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the answers' own channel
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever the libraries print goes to stderr
     return serve(sys.stdin, answers)

@@ -128,3 +128,11 @@ def test_worker_failure_is_one_sentence_and_the_worker_ends(monkeypatch, tmp_pat
     crashing.chmod(0o755)
     with pytest.raises(ReferenceWorkerError, match="^the reference worker exited before it could load .*: no such"):
         ReferenceWorker({"mode": "checkpoint"}, python=crashing).__enter__()
+
+    chatty = tmp_path / "chatty"
+    chatty.write_text("#!/bin/sh\necho 'Loading weights...'\nexec sleep 600\n")
+    chatty.chmod(0o755)
+    worker = ReferenceWorker({"mode": "checkpoint"}, python=chatty)
+    with pytest.raises(ReferenceWorkerError, match="^the reference worker answered 'Loading weights...', not JSON$"):
+        worker.__enter__()
+    assert worker.process is None  # killed, not left sleeping
