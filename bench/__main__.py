@@ -11,6 +11,7 @@
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
     python -m bench --only service                   # two engine services: the page->engine hop, failover (minutes)
     python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
+    python -m bench.reference_venv                   # make .venv-reference, where diffusers' pipeline runs (README)
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -158,6 +159,7 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
 
     progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
     ref = results["reference"] = engine_vs_reference(generator, args.runs)
+    results["machine"]["reference_packages"] = ref.reference_packages  # diffusers' venv is not this one
     progress(
         f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f} "
         f"(pairs {ref.pair_ratios.min:.2f}–{ref.pair_ratios.max:.2f}; CPU seconds {ref.cpu_ratio:.2f})"

@@ -14,7 +14,8 @@ prompt's length in tokens is all a program sees of it). Every local device, one 
 Parts, in this order (each adds its figures to --out/accelerator.json as soon as it ends, so a run cut short keeps
 what it measured):
 - `engine`: the generator built as the app builds it (speed levers on, previews off, --prompt-windows as given),
-  its start-up (every served program compiled), then diffusers' `FlaxStableDiffusionXLPipeline` on the same weights,
+  its start-up (every served program compiled), then diffusers' `FlaxStableDiffusionXLPipeline` (in the reference
+  venv's worker process, with its own random weights of the same shapes; with --model tiny the same checkpoint),
   called as the SDXL-on-JAX blog calls it, interleaved with the engine (bench/reference.py): engine / diffusers,
   and each of the engine's programs' time per request (blocking on each).
 - `requests`: `Generator.generate` wall time per request kind: 25 steps exact, cfg_end 0.5, DeepCache 3, both, 4 steps
@@ -253,11 +254,14 @@ def main(argv: list[str]) -> int:
 
 
 def _compare(generator, loaded, args, dtype: str, say) -> dict:
-    """Engine vs diffusers' pipeline over the same weights, replicated as the blog does it (`--model tiny`: the
-    reference loads the tiny checkpoint itself, the same weights)."""
+    """Engine vs diffusers' pipeline (in the reference venv's worker), replicated as the blog does it: SDXL's shapes
+    with the worker's own random weights, or (`--model tiny`) the tiny checkpoint, the same weights."""
+    from pipeline.checkpoint.loading import resolve_model
+
     from .reference import engine_vs_reference, sdxl_reference
 
-    reference = None if args.model == TINY else sdxl_reference(loaded.params, loaded.networks, dtype)
+    # The worker makes its own random weights of the same shapes; the tokenizers are the tiny checkpoint's (as here).
+    reference = None if args.model == TINY else sdxl_reference(loaded.networks, dtype, Path(resolve_model(TINY)))
     compared = engine_vs_reference(generator, args.runs, say, reference=reference)
     say(f"accelerator: engine {compared.engine.median:.3f} s, diffusers {compared.reference.median:.3f} s per "
         f"request: engine / diffusers = {compared.ratio:.3f}")  # fmt: skip

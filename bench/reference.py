@@ -4,20 +4,26 @@ The reference is called as Hugging Face's SDXL-on-JAX blog calls it: params repl
 with flax's `replicate`; per call `prepare_inputs`, `replicate` of the ids, one PRNG key per device, the pmapped
 `pipeline(..., jit=True)`, and conversion to PIL. Both sides return PIL images, so the whole user-visible call is
 timed on each. Same checkpoint, devices, size, steps and dtype; calls are interleaved after both are warmed.
-Each call's part: the engine's programs (encode, start, each step kind, decode; blocking on each, after the timed
-runs) and host work, the reference's host work and its one pmapped program. `python -m bench --check` fails when
+diffusers' pipeline runs in a worker process with the reference venv's python (bench/reference_worker.py,
+bench/reference_venv.py: its libraries cannot live beside the app's); this process times the engine's call, then
+asks the worker for one call, which reports its wall, host and process CPU seconds. Each call's part: the engine's
+programs (encode, start, each step kind, decode; blocking on each, after the timed runs) and host work, the
+reference's host work and its one pmapped program. `python -m bench --check` fails when
 the CPU-seconds ratio is over `CHECK_RATIO` (the guard CI runs: .ci/run).
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import tempfile
+import threading
 import time
-from dataclasses import dataclass
-
-import jax
-import jax.numpy as jnp
-import numpy as np
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from .common import Progress, Stats, progress, timed
 from .program_times import ProgramTimer
@@ -48,167 +54,183 @@ class EngineVsReference:
     meets_target: bool  # ratio <= target_ratio
     engine_host: Stats  # seconds of each engine call spent on the host (tokenize, transfer in, PIL + PNG text)
     reference_host: Stats  # seconds of each reference call on the host (prepare_inputs, replicate, keys, PIL)
-    reference_load_s: float  # seconds to load + cast + replicate the reference's params
+    reference_load_s: float  # seconds to start the reference's worker, load + cast + replicate its params
     reference_first_call_s: float  # the reference's first call (pmap compile + run)
     pair_ratios: Stats  # engine / reference of each interleaved pair (a load change hits both halves of a pair)
-    cpu_ratio: float  # engine / reference in process CPU seconds (medians): the work, whatever else runs
+    cpu_ratio: float  # engine process / worker process CPU seconds per call (medians): the work, whatever else runs
     engine_programs: dict[str, float]  # seconds per call in each program, blocking on each (label -> s)
     engine_programs_s: float  # a call with every program blocked on (their sum plus the host's part)
+    reference_packages: dict[str, str] = field(default_factory=dict)  # the reference venv's versions (its worker's)
 
 
-class _FlaxDeprecationFilter(logging.Filter):
-    """Drops diffusers' and transformers' "Flax classes are deprecated" notice: the reference is their last Flax
-    release on purpose (requirements.txt says why)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "classes are deprecated and will be removed" not in record.getMessage()
+#: Seconds the worker may take to answer one request: its start and load, or one call (the first compiles; SDXL's
+#: pmapped pipeline compiles for minutes on an accelerator).
+ANSWER_TIMEOUT_S = 3600.0
+WORKER = Path(__file__).resolve().parent / "reference_worker.py"
 
 
-def quiet_flax_deprecation() -> None:
-    """The notice once per class would fill the bench's output; the engine itself imports neither library's Flax."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.disable_propagation()  # under CI=true transformers also propagates to the root logger
-    transformers_logging.disable_propagation()
-    for name, library in (("diffusers", diffusers_logging), ("transformers", transformers_logging)):
-        for handler in library.get_logger(name).handlers:
-            if not any(isinstance(f, _FlaxDeprecationFilter) for f in handler.filters):
-                handler.addFilter(_FlaxDeprecationFilter())
+class ReferenceWorkerError(RuntimeError):
+    """The reference worker failed, died or did not answer: one sentence saying which and why."""
 
 
-def load_reference(model: str, dtype: str):
-    """diffusers' pipeline and replicated params, cast like the blog: bf16 except the scheduler, or all f32."""
-    quiet_flax_deprecation()
-    from diffusers import FlaxStableDiffusionXLPipeline
-    from flax.jax_utils import replicate
-
+def load_reference(model: str, dtype: str) -> dict:
+    """The worker's load request for diffusers' pipeline from `model`'s Flax checkpoint folder (a hub id or "tiny"
+    resolved here), cast like the blog: bf16 except the scheduler, or all f32."""
     from pipeline.checkpoint.loading import resolve_model
 
-    pipe, params = FlaxStableDiffusionXLPipeline.from_pretrained(
-        resolve_model(model), split_head_dim=True, dtype=getattr(jnp, dtype)
-    )
-    if dtype == "bfloat16":
-        scheduler_state = params.pop("scheduler")
-        params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-        params["scheduler"] = scheduler_state
-    return pipe, replicate(params)
+    return {"mode": "checkpoint", "path": str(resolve_model(model)), "dtype": dtype}
 
 
-def sdxl_reference(params: dict, networks, dtype: str):
-    """diffusers' pipeline with SDXL base 1.0's architectures (bench/flops.py's configs) over `params` (the engine's
-    weights: the trees are the same) and the tokenizers of `networks`, its Euler scheduler from the engine's
-    scheduler config; with the params replicated (the blog's way). The reference where no checkpoint folder exists
+def sdxl_reference(networks, dtype: str, tokenizer_dir: Path) -> dict:
+    """The worker's load request for diffusers' pipeline with SDXL base 1.0's architectures (bench/flops.py's
+    configs) and random weights of the engine's shapes, made by the worker (a program's time does not depend on its
+    weights' values), the tokenizers in `tokenizer_dir`/tokenizer{,_2} (the tiny checkpoint's, as the engine's) and
+    its Euler scheduler from `networks`' scheduler config: the reference where no checkpoint folder exists
     (`python -m bench accelerator`'s random SDXL-shaped weights)."""
-    import inspect
-
-    quiet_flax_deprecation()
-    from diffusers import (
-        FlaxAutoencoderKL,
-        FlaxEulerDiscreteScheduler,
-        FlaxStableDiffusionXLPipeline,
-        FlaxUNet2DConditionModel,
-    )
-    from flax.jax_utils import replicate
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
-
     from .flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
 
-    compute = getattr(jnp, dtype)
-    pairs = ((FlaxCLIPTextModel, SDXL_TEXT_CONFIG), (FlaxCLIPTextModelWithProjection, SDXL_TEXT_2_CONFIG))
-    texts = [
-        cls(CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **fields}),
-            dtype=compute, _do_init=False)  # eos 2: as SDXL's config.json files say
-        for cls, fields in pairs
-    ]
-    accepted = inspect.signature(FlaxEulerDiscreteScheduler).parameters
-    scheduler = FlaxEulerDiscreteScheduler(**{k: v for k, v in networks.scheduler_config.items() if k in accepted})
-    pipe = FlaxStableDiffusionXLPipeline(
-        text_encoder=texts[0], text_encoder_2=texts[1], vae=FlaxAutoencoderKL(**SDXL_VAE_CONFIG, dtype=compute),
-        tokenizer=networks.tokenizer, tokenizer_2=networks.tokenizer_2,
-        unet=FlaxUNet2DConditionModel(**SDXL_UNET_CONFIG, split_head_dim=True, dtype=compute), scheduler=scheduler,
-    )  # fmt: skip
-    return pipe, replicate({**params, "scheduler": scheduler.create_state()})  # the scheduler state in float32
+    return {
+        "mode": "sdxl", "dtype": dtype, "unet": SDXL_UNET_CONFIG, "vae": SDXL_VAE_CONFIG,
+        "text_encoder": SDXL_TEXT_CONFIG, "text_encoder_2": SDXL_TEXT_2_CONFIG,
+        "tokenizer": str(tokenizer_dir / "tokenizer"), "tokenizer_2": str(tokenizer_dir / "tokenizer_2"),
+        "scheduler_config": dict(networks.scheduler_config),
+    }  # fmt: skip
 
 
-def reference_call(pipe, p_params, *, prompt, negative_prompt, seed, guidance_scale, steps, height, width, host=None):
-    """One user-visible call of the reference, exactly as the SDXL-on-JAX blog writes it: PIL images out.
+class ReferenceWorker:
+    """diffusers' pipeline in bench/reference_worker.py, run by the reference venv's python (its libraries cannot
+    live beside the app's: requirements-reference.txt). JSON lines over its stdin and stdout; every wait is bounded
+    by `timeout_s`; on any failure the worker is killed and `ReferenceWorkerError` says why in one sentence. Use as a
+    context manager: leaving it closes the worker's stdin (it exits) and waits for it."""
 
-    When `host` is a list, the seconds spent outside the pipeline call (inputs before, PIL after) are appended.
-    """
-    from flax.jax_utils import replicate
+    def __init__(self, spec: dict, python: Path | None = None, timeout_s: float = ANSWER_TIMEOUT_S):
+        self.spec, self.python, self.timeout_s = spec, python, timeout_s
+        self.process: subprocess.Popen | None = None
+        self.devices = 0
+        self.load_s = 0.0
+        self.packages: dict[str, str] = {}
 
-    started = time.perf_counter()
-    prompt_ids = replicate(pipe.prepare_inputs(prompt))
-    neg_prompt_ids = replicate(pipe.prepare_inputs(negative_prompt))
-    rng = jax.random.split(jax.random.PRNGKey(seed), jax.device_count())
-    prepared = time.perf_counter()
-    images = pipe(
-        prompt_ids,
-        p_params,
-        rng,
-        num_inference_steps=steps,
-        height=height,
-        width=width,
-        guidance_scale=guidance_scale,
-        neg_prompt_ids=neg_prompt_ids,
-        jit=True,
-    ).images
-    images = images.reshape((images.shape[0] * images.shape[1],) + images.shape[-3:])
-    pixels = np.array(images)
-    converted = time.perf_counter()
-    pil_images = pipe.numpy_to_pil(pixels)
-    if host is not None:
-        host.append((prepared - started) + (time.perf_counter() - converted))
-    return pil_images
+    def __enter__(self) -> ReferenceWorker:
+        from .reference_venv import ReferenceVenvError, reference_python
+
+        try:
+            python = self.python or reference_python()
+        except ReferenceVenvError as exc:
+            raise ReferenceWorkerError(f"no reference venv: {exc}") from None
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # its last line explains a worker that died
+        self.process = subprocess.Popen(
+            [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            env=env, cwd=WORKER.parent,
+        )  # fmt: skip
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        try:
+            ready = self._ask({"load": self.spec}, "load diffusers' pipeline")
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self.devices, self.load_s, self.packages = ready["devices"], ready["load_s"], ready["packages"]
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close(kill=exc_info[0] is not None)
+
+    def call(self, **request) -> dict:
+        """One reference call: {"images", "wall_s", "host_s", "cpu_s"} (bench/reference_worker.py)."""
+        try:
+            return self._ask({"call": request}, "run diffusers' pipeline")
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def close(self, kill: bool = False) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if not kill:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # the worker exits when its stdin closes
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill = True
+        if kill:
+            process.kill()
+            process.wait(timeout=60)
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        self._stderr.close()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._answers.put(line)
+        self._answers.put(None)  # the worker closed its stdout: it has exited or is exiting
+
+    def _ask(self, message: dict, what: str) -> dict:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+            line = self._answers.get(timeout=self.timeout_s)
+        except OSError:
+            line = None  # the worker is gone: its pipe broke
+        except queue.Empty:
+            raise ReferenceWorkerError(f"the reference worker did not {what} within {self.timeout_s:.0f} s") from None
+        if line is None:
+            raise ReferenceWorkerError(f"the reference worker exited before it could {what}: {self._last_error()}")
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise ReferenceWorkerError(f"the reference worker answered {line.strip()[:80]!r}, not JSON") from None
+        if "error" in answer:
+            raise ReferenceWorkerError(f"the reference worker could not {what}: {answer['error']}")
+        return answer
+
+    def _last_error(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        self._stderr.seek(0)
+        lines = [line.strip() for line in self._stderr.read().splitlines() if line.strip()]
+        status = f"exit status {self.process.returncode}" if self.process.returncode is not None else "no exit status"
+        return lines[-1] if lines else status
 
 
-def engine_vs_reference(generator, runs: int, say: Progress = progress, reference=None) -> EngineVsReference:
+def engine_vs_reference(
+    generator, runs: int, say: Progress = progress, reference: dict | None = None, python: Path | None = None
+) -> EngineVsReference:
     """Time `runs` interleaved calls of each (engine, reference, engine, ...) after one warm call of each.
-    `reference`: diffusers' (pipeline, replicated params) when not the checkpoint the generator loaded."""
+    `reference`: the worker's load request (`sdxl_reference`) when not the checkpoint the generator loaded;
+    `python`: the reference's python (default: the reference venv's)."""
     config = generator.config
-    kwargs = {"steps": config.steps, "height": config.height, "width": config.width}
+    kwargs = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "guidance_scale": GUIDANCE, "steps": config.steps,
+              "height": config.height, "width": config.width}  # fmt: skip
+    say("starting diffusers' pipeline in the reference venv ...")
     started = time.perf_counter()
-    pipe, p_params = reference or load_reference(config.model, config.dtype)
-    load_s = time.perf_counter() - started
-    say(f"reference loaded in {load_s:.1f} s; first reference call (pmap compile) ...")
-    first_s, images = timed(
-        lambda: reference_call(
-            pipe, p_params, prompt=PROMPT, negative_prompt=NEGATIVE, seed=0, guidance_scale=GUIDANCE, **kwargs
-        )
-    )
-    if len(images) != generator.num_images:
-        raise RuntimeError(f"reference returned {len(images)} images, the engine {generator.num_images}")
+    with ReferenceWorker(reference or load_reference(config.model, config.dtype), python) as worker:
+        load_s = time.perf_counter() - started
+        say(f"reference loaded in {load_s:.1f} s; first reference call (pmap compile) ...")
+        first = worker.call(seed=0, **kwargs)
+        if first["images"] != generator.num_images:
+            raise RuntimeError(f"reference returned {first['images']} images, the engine {generator.num_images}")
 
-    def engine_call(seed: int):
-        request = generator.request(PROMPT, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=seed)
-        return generator.generate(request)
+        def engine_call(seed: int):
+            request = generator.request(PROMPT, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=seed)
+            return generator.generate(request)
 
-    engine_call(0)  # engine warm too
-    engine_s, reference_s, engine_host, reference_host, engine_cpu, reference_cpu = [], [], [], [], [], []
-    for run in range(runs):
-        seed = 1000 + run
-        cpu = time.process_time()
-        t_engine, result = timed(lambda seed=seed: engine_call(seed))
-        engine_cpu.append(time.process_time() - cpu)
-        cpu = time.process_time()
-        t_reference, _ = timed(
-            lambda seed=seed: reference_call(
-                pipe,
-                p_params,
-                prompt=PROMPT,
-                negative_prompt=NEGATIVE,
-                seed=seed,
-                guidance_scale=GUIDANCE,
-                host=reference_host,
-                **kwargs,
-            )
-        )
-        reference_cpu.append(time.process_time() - cpu)
-        engine_host.append(result.timings["host_s"])
-        engine_s.append(t_engine)
-        reference_s.append(t_reference)
-        say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {t_reference:.3f} s")
+        engine_call(0)  # engine warm too
+        engine_s, reference_s, engine_host, reference_host, engine_cpu, reference_cpu = [], [], [], [], [], []
+        for run in range(runs):
+            seed = 1000 + run
+            cpu = time.process_time()
+            t_engine, result = timed(lambda seed=seed: engine_call(seed))
+            engine_cpu.append(time.process_time() - cpu)
+            answer = worker.call(seed=seed, **kwargs)  # the worker's own wall, host and process CPU seconds
+            reference_cpu.append(answer["cpu_s"])
+            reference_host.append(answer["host_s"])
+            engine_host.append(result.timings["host_s"])
+            engine_s.append(t_engine)
+            reference_s.append(answer["wall_s"])
+            say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {answer['wall_s']:.3f} s")
     engine, reference = Stats.of(engine_s), Stats.of(reference_s)
     ratio = engine.median / reference.median
     profiled = max(1, min(runs, 3))
@@ -227,11 +249,12 @@ def engine_vs_reference(generator, runs: int, say: Progress = progress, referenc
         engine_host=Stats.of(engine_host),
         reference_host=Stats.of(reference_host),
         reference_load_s=load_s,
-        reference_first_call_s=first_s,
+        reference_first_call_s=first["wall_s"],
         pair_ratios=Stats.of([e / r for e, r in zip(engine_s, reference_s, strict=True)]),
         cpu_ratio=Stats.of(engine_cpu).median / Stats.of(reference_cpu).median,
         engine_programs=timer.per_program(profiled),
         engine_programs_s=Stats.of(blocked_s).median,
+        reference_packages=worker.packages,
     )
 
 

@@ -64,6 +64,8 @@ def markdown(results: dict) -> str:
         "Packages: " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
         "",
     ]
+    if reference_packages := machine.get("reference_packages"):  # the reference venv's (bench/reference_venv.py)
+        lines[-1:-1] = ["Reference venv: " + ", ".join(f"{k} {v}" for k, v in reference_packages.items())]
     if failed := results.get("failed"):  # bench/parts.py: recorded, and the other parts ran
         lines += ["## Parts that failed (the others ran)", ""]
         lines += [f"- **{name}**: {entry['error']} (raised at {entry['at']})" for name, entry in failed.items()]

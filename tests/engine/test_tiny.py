@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import threading
 
+import numpy as np
 import pytest
+from conftest import FIXTURES
 
 from pipeline.checkpoint import tiny
 
@@ -27,11 +30,26 @@ def fresh_tiny_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def loaded(fresh_tiny_dir):
-    """(pipeline, params) exactly as an application would load the real SDXL Flax checkpoint."""
-    from diffusers import FlaxStableDiffusionXLPipeline
+def read_back(fresh_tiny_dir) -> dict:
+    """What diffusers' FlaxStableDiffusionXLPipeline read from this checkpoint when it loaded it as an application
+    loads the real SDXL Flax checkpoint: recorded in the reference venv (scripts/make_reference_fixtures.py), from
+    these very weights."""
+    record = json.loads((FIXTURES / "flax-pipeline-expected.json").read_text())
+    for name, weights_file in COMPONENT_WEIGHTS.items():
+        digest = hashlib.sha256((fresh_tiny_dir / name / weights_file).read_bytes()).hexdigest()
+        assert digest == record["checkpoint_weights_sha256"][name], (
+            f"make_tiny's {name} weights are not those the fixture was made from: rerun "
+            "scripts/make_reference_fixtures.py in the reference venv"
+        )
+    return record["read_back"]
 
-    return FlaxStableDiffusionXLPipeline.from_pretrained(fresh_tiny_dir, split_head_dim=True)
+
+@pytest.fixture(scope="session")
+def networks(fresh_tiny_dir):
+    """The project's loader's view of the same checkpoint: configs, tokenizers, scheduler config."""
+    from pipeline.checkpoint.networks import build_networks
+
+    return build_networks(fresh_tiny_dir, "float32")
 
 
 def _weight_bytes(directory: pathlib.Path) -> dict[str, bytes]:
@@ -57,65 +75,84 @@ def test_layout_matches_diffusers_flax_sdxl(fresh_tiny_dir):
     assert not [p for p in fresh_tiny_dir.parent.iterdir() if p.name.startswith(".")], "staging dir left behind"
 
 
-def test_geometry_copies_sdxl(loaded):
-    import jax
-    import numpy as np
+def test_geometry_copies_sdxl(fresh_tiny_dir, read_back, networks):
+    from flax.serialization import msgpack_restore
 
-    pipe, params = loaded
+    def config(name: str) -> dict:
+        return json.loads((fresh_tiny_dir / name / "config.json").read_text())
+
     geometry = tiny.GEOMETRY
-    assert pipe.vae_scale_factor == 8 == geometry.vae_scale_factor
-    assert pipe.vae.config.latent_channels == 4 and pipe.vae.config.scaling_factor == pytest.approx(0.13025)
-    assert pipe.unet.config.sample_size * pipe.vae_scale_factor == 128
+    vae = config("vae")
+    assert read_back["vae_scale_factor"] == networks.vae_scale_factor == 8 == geometry.vae_scale_factor
+    assert vae["latent_channels"] == 4 and vae["scaling_factor"] == pytest.approx(0.13025)
+    assert config("unet")["sample_size"] * networks.vae_scale_factor == 128
 
-    te1, te2 = pipe.text_encoder.config, pipe.text_encoder_2.config
-    assert (te1.hidden_act, te2.hidden_act) == ("quick_gelu", "gelu")
-    assert "text_projection" in params["text_encoder_2"]
-    assert "text_projection" not in params["text_encoder"]
-    for tokenizer, pad in ((pipe.tokenizer, "<|endoftext|>"), (pipe.tokenizer_2, "!")):
-        assert tokenizer.model_max_length == 77
-        assert tokenizer.pad_token == pad
-        assert len(tokenizer) == te1.vocab_size == te2.vocab_size
-    assert pipe.tokenizer.eos_token_id == len(pipe.tokenizer) - 1  # Flax CLIP pools at argmax(input_ids)
+    te1, te2 = config("text_encoder"), config("text_encoder_2")
+    assert (te1["hidden_act"], te2["hidden_act"]) == ("quick_gelu", "gelu")
+    assert read_back["text_projection"] == {"text_encoder": False, "text_encoder_2": True}
+    for name, projected in (("text_encoder", False), ("text_encoder_2", True)):
+        weights = msgpack_restore((fresh_tiny_dir / name / COMPONENT_WEIGHTS[name]).read_bytes())
+        assert ("text_projection" in weights) is projected, name
+    for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
+        seen = read_back["tokenizers"][name]
+        saved = json.loads((fresh_tiny_dir / name / "tokenizer_config.json").read_text())
+        assert seen["model_max_length"] == saved["model_max_length"] == 77
+        assert seen["pad_token"] == saved["pad_token"] == pad
+        assert seen["length"] == te1["vocab_size"] == te2["vocab_size"]
+    first = read_back["tokenizers"]["tokenizer"]
+    assert first["eos_token_id"] == first["length"] - 1  # Flax CLIP pools at argmax(input_ids)
+    assert networks.tokenizer.eos_token_id == first["eos_token_id"]
 
-    unet = pipe.unet.config
-    assert tuple(unet.down_block_types) == ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D")
-    assert tuple(unet.up_block_types) == ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D")
-    assert unet.addition_embed_type == "text_time" and unet.use_linear_projection
-    assert unet.projection_class_embeddings_input_dim == te2.projection_dim + 6 * unet.addition_time_embed_dim
-    assert unet.cross_attention_dim == te1.hidden_size + te2.hidden_size
-    assert len(pipe.vae.config.block_out_channels) == 4
+    unet = config("unet")
+    assert tuple(unet["down_block_types"]) == ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D")
+    assert tuple(unet["up_block_types"]) == ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D")
+    assert unet["addition_embed_type"] == "text_time" and unet["use_linear_projection"]
+    assert unet["projection_class_embeddings_input_dim"] == te2["projection_dim"] + 6 * unet["addition_time_embed_dim"]
+    assert unet["cross_attention_dim"] == te1["hidden_size"] + te2["hidden_size"]
+    assert len(vae["block_out_channels"]) == 4
 
-    scheduler = pipe.scheduler.config
-    assert type(pipe.scheduler).__name__ == "FlaxEulerDiscreteScheduler"
-    assert (scheduler.num_train_timesteps, scheduler.beta_schedule, scheduler.timestep_spacing) == (
+    scheduler = networks.scheduler_config
+    assert read_back["scheduler_class"] == "FlaxEulerDiscreteScheduler"
+    assert (scheduler["num_train_timesteps"], scheduler["beta_schedule"], scheduler["timestep_spacing"]) == (
         1000,
         "scaled_linear",
         "leading",
     )
-    assert (scheduler.beta_start, scheduler.beta_end, scheduler.prediction_type) == (0.00085, 0.012, "epsilon")
+    assert (scheduler["beta_start"], scheduler["beta_end"], scheduler["prediction_type"]) == (0.00085, 0.012, "epsilon")
 
-    weights = {k: v for k, v in params.items() if k != "scheduler"}
-    assert {np.asarray(leaf).dtype for leaf in jax.tree_util.tree_leaves(weights)} == {np.dtype("float32")}
+    assert read_back["weight_dtypes"] == ["float32"]
 
 
-def test_tokenizer_round_trip_and_window(loaded):
-    pipe, _ = loaded
+def test_tokenizer_round_trip_and_window(read_back, networks):
+    from pipeline.host.tokens import tokenize
+
     prompt = "a portrait of a wizard playing a xylophone in anime style"  # "xylophone" is not in the corpus
-    for tokenizer in (pipe.tokenizer, pipe.tokenizer_2):
-        ids = tokenizer(prompt).input_ids
-        assert ids[0] == tokenizer.bos_token_id and ids[-1] == tokenizer.eos_token_id
-        assert tokenizer.decode(ids, skip_special_tokens=True) == prompt
+    for name in ("tokenizer", "tokenizer_2"):
+        seen = read_back["tokenizers"][name]
+        ids = seen["round_trip_ids"]
+        assert ids[0] == seen["bos_token_id"] and ids[-1] == seen["eos_token_id"]
+        assert seen["round_trip_decoded"] == prompt
+    tokenizers = (networks.tokenizer, networks.tokenizer_2)
+    for row, name in zip(tokenize(tokenizers, prompt)[0], ("tokenizer", "tokenizer_2"), strict=True):
+        ids = read_back["tokenizers"][name]["round_trip_ids"]
+        assert row[: len(ids)].tolist() == ids  # the project's tokenizers read it as the reference's did
     assert len(FIFTEEN_WORD_PROMPT.split()) == 15
-    assert len(pipe.tokenizer(FIFTEEN_WORD_PROMPT).input_ids) < 40
+    assert read_back["tokenizers"]["tokenizer"]["fifteen_words_tokens"] < 40
 
-    ids = pipe.prepare_inputs(FIFTEEN_WORD_PROMPT)
+    assert read_back["prepare_inputs_prompt"] == FIFTEEN_WORD_PROMPT
+    with np.load(FIXTURES / "flax-pipeline-expected.npz") as arrays:
+        ids = arrays["prepare_inputs_ids"]
     assert ids.shape == (1, 2, 77)
+    # The engine's first window is exactly diffusers' prepare_inputs (pipeline/host/tokens.py).
+    np.testing.assert_array_equal(tokenize(tokenizers, FIFTEEN_WORD_PROMPT)[0], ids[0])
 
 
-def test_hundred_word_prompt_overflows_77_tokens(loaded):
-    pipe, _ = loaded
+def test_hundred_word_prompt_overflows_77_tokens(read_back, networks):
+    from pipeline.host.tokens import tokenize
+
     words = (FIFTEEN_WORD_PROMPT.split() * 7)[:100]
-    assert len(pipe.tokenizer(" ".join(words)).input_ids) > 77
+    assert read_back["tokenizers"]["tokenizer"]["hundred_words_tokens"] > 77
+    assert tokenize((networks.tokenizer, networks.tokenizer_2), " ".join(words), chunks=2)[1] == 2  # a second window
 
 
 def test_same_seed_same_bytes_and_other_seed_differs(fresh_tiny_dir, tmp_path):
@@ -191,18 +228,22 @@ def test_default_cache_dir_follows_environment(monkeypatch, tmp_path):
 
 
 @pytest.mark.long  # 80 s of pmap compiles; CI's bench guard runs the same pipeline (`bench --only reference`)
-def test_reference_pipeline_runs_on_all_devices(loaded):
+def test_reference_pipeline_runs_on_all_devices(fresh_tiny_dir, tmp_path):
+    """diffusers' pipeline on this checkpoint in the reference venv's worker (bench/reference_worker.py), as the
+    bench runs it: one image per device, each device its own seed."""
     import jax
-    import numpy as np
-    from flax.jax_utils import replicate
 
-    pipe, params = loaded
+    from bench.reference import ReferenceWorker
+
     devices = jax.local_device_count()
-    assert devices == 8  # tests/conftest.py forces 8 host devices
-    prompt_ids = replicate(pipe.prepare_inputs(FIFTEEN_WORD_PROMPT))  # (8, 1, 2, 77)
-    rng = jax.random.split(jax.random.PRNGKey(0), devices)
-    images = pipe(prompt_ids, replicate(params), rng, num_inference_steps=2, height=64, width=64, jit=True).images
-    images = np.asarray(images)
-    assert images.shape == (devices, 1, 64, 64, 3)
+    assert devices == 8  # tests/conftest.py forces 8 host devices (the worker inherits XLA_FLAGS)
+    spec = {"mode": "checkpoint", "path": str(fresh_tiny_dir), "dtype": "float32"}
+    with ReferenceWorker(spec) as worker:
+        assert worker.devices == devices
+        answer = worker.call(prompt=FIFTEEN_WORD_PROMPT, negative_prompt="", seed=0, guidance_scale=7.5, steps=2,
+                             height=64, width=64, save=str(tmp_path / "images.npy"))  # fmt: skip
+    assert answer["images"] == devices and answer["wall_s"] > 0 and answer["cpu_s"] > 0
+    images = np.load(tmp_path / "images.npy")  # the pipeline's float output, before PIL
+    assert images.shape == (devices, 64, 64, 3)
     assert np.isfinite(images).all() and images.std() > 0
     assert not np.array_equal(images[0], images[1])  # each device used its own seed
