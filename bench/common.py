@@ -18,7 +18,7 @@ from importlib import metadata
 
 #: Packages whose versions go into results.json, so figures can be compared across upgrades.
 #: (diffusers is the reference venv's, not this one's: results.json has its versions under "reference_packages".)
-PACKAGES = ("jax", "jaxlib", "flax", "transformers", "gradio", "gradio_client", "huggingface-hub", "numpy", "pillow")
+PACKAGES = ("jax", "jaxlib", "flax", "gradio", "gradio_client", "huggingface-hub", "numpy", "pillow")
 
 #: Words random prompts are drawn from; lengths vary so some prompts overflow CLIP's 77 tokens.
 _WORD_LINES = (
