@@ -126,10 +126,12 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost:
 
 
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
+#: The networks (`device/nets/`) are the project's code too, so every file there counts (no library version does).
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py", "device/quantize.py", "device/controlnet.py", "device/control_step.py")
+                   "device/preview.py", "device/quantize.py", "device/controlnet.py", "device/control_step.py",
+                   "device/nets/*.py")
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
@@ -183,8 +185,9 @@ def sources_hash() -> str:
     """A hash of the source files that define what the served programs compute (read once per process)."""
     here = Path(__file__).resolve().parent.parent  # pipeline/
     digest = hashlib.sha256()
-    for name in PROGRAM_SOURCES:
-        digest.update((here / name).read_bytes())
+    for pattern in PROGRAM_SOURCES:
+        for path in sorted(here.glob(pattern)):
+            digest.update(path.relative_to(here).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:20]
 
 

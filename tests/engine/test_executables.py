@@ -113,3 +113,17 @@ def test_a_start_with_a_warm_jax_cache_and_no_store_compiles_nothing_twice(tiny_
     whole = restart(tiny_dir, **settings)
     assert whole.startup_programs.counts()["loaded"] == len(keys) and whole.compile_count == 0
     assert_same_pixels(warm, whole)
+
+
+def test_the_networks_code_is_in_every_programs_sources():
+    """The networks are the project's own (device/nets/), not a library whose version keys the store: each of their
+    files is one of the sources a stored executable was compiled from, so changed network code is never loaded stale."""
+    from pathlib import Path
+
+    from pipeline.host.aot import PROGRAM_SOURCES
+
+    pipeline_dir = Path(__file__).resolve().parents[2] / "pipeline"
+    covered = {path for pattern in PROGRAM_SOURCES for path in pipeline_dir.glob(pattern)}
+    nets = set((pipeline_dir / "device" / "nets").glob("*.py"))
+    assert nets and nets <= covered
+    assert all((pipeline_dir / pattern).exists() or any(pipeline_dir.glob(pattern)) for pattern in PROGRAM_SOURCES)
