@@ -251,7 +251,8 @@ def speed_levers(generator, steps: int, runs: int, say: Progress = progress) -> 
     for cfg_end, deepcache in combos:
         plan = speed_plan(steps, cfg_end, deepcache, cfg=generator.sampler.cfg)
         cost = Millis.of_seconds(times[(cfg_end, deepcache)])
-        rows.append(LeverRow(cfg_end, deepcache, plan.guided_steps, plan.full_steps, cost, cost.median / base))
+        full_steps = sum(step.full for step in plan.schedule)  # whole-UNet steps (DeepCache)
+        rows.append(LeverRow(cfg_end, deepcache, plan.guided_steps, full_steps, cost, cost.median / base))
     say("levers: " + ", ".join(f"cfg_end {r.cfg_end:g} deepcache {r.deepcache}: {r.request.median:.0f} ms"
                                for r in rows) + f" ({steps} steps; {compiles} compilations; CPU ratios)")  # fmt: skip
     return SpeedLevers(_size(generator), steps, generator.device_count, rows, compiles, CPU_NOTE)

@@ -219,8 +219,9 @@ class AchievedFlops:
 
 def achieved_flops(generator, seconds_per_call: float) -> AchievedFlops:
     """Achieved FLOP/s of the engine: XLA's cost of its compiled programs for one call / measured seconds."""
-    from pipeline.host.aot import compiled_cost
     from pipeline.host.programs import program_keys
+
+    from .cost import compiled_cost
 
     config = generator.config
     flops = {  # one call of each program the engine serves for its first size: encode, start, step, decode

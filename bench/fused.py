@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from pipeline.device import sampler_update
 from pipeline.device.denoise import initial_latents, time_ids
 from pipeline.device.modules import Modules
-from pipeline.device.text import encode_prompts
+from pipeline.device.text import encode_each
 from pipeline.device.vae import decode, to_uint8
 from pipeline.host.plan import SamplerConfig
 
@@ -42,7 +42,8 @@ def conditioning(
     Without CFG (static `cfg=False`) only the prompt is encoded: ([b, 77, D], ...).
     """
     both_ids = jnp.concatenate([negative_ids, prompt_ids], axis=0) if cfg else prompt_ids  # [2b or b, 2, 77]
-    hidden, pooled = encode_prompts(modules.text_encoder, modules.text_encoder_2, params, both_ids)
+    (hidden_1, hidden_2), pooled = encode_each(modules.text_encoder, modules.text_encoder_2, params, both_ids)
+    hidden = jnp.concatenate([hidden_1, hidden_2], axis=-1)  # [N, 77, D1 + D2]
     # An empty negative prompt means "no negative": zero embeddings, as SDXL's reference does.
     keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)]) if cfg else jnp.ones_like(has_negative)
     hidden = jnp.where(keep[:, None, None], hidden, 0)  # [2b, 77, D]

@@ -68,7 +68,7 @@ TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "step_control", "ha
 LORA_RANK = 32
 #: int8 x int8 peak per chip (ops/s): v5e 393 TOPS, v6e 1836 TOPS (Google Cloud's TPU pages), twice bf16's.
 INT8_PEAK = {"TPU v5 lite": 393e12, "TPU v6 lite": 1836e12}
-#: A v5e chip's HBM, the budget when the compiler names no chip size (aot.HBM_PER_CHIP).
+#: A v5e chip's HBM, the budget when the compiler names no chip size (cost.HBM_PER_CHIP).
 HBM_V5E = 16 * 2**30
 #: Requests the report predicts: (name, steps, CFG, cfg_end, DeepCache interval); SDXL base's 25 steps at guidance.
 REQUESTS = (
@@ -148,9 +148,9 @@ def sdxl_model(dtype, quantize: str = "none"):
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
     )
     if quantize == "int8":
-        from pipeline.device.quantize import abstract_unet_params, quantized_unet
+        from pipeline.device.quantize import quantized_unet
 
-        params["unet"] = abstract_unet_params(unet, dtype)
+        params["unet"] = _abstract_int8_unet_params(unet, dtype)
         unet = quantized_unet(unet)
     modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8,
                       controlnets=(sdxl_controlnet(dtype),))
@@ -236,9 +236,8 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
         config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention,
                               prompt_windows=prompt_windows, quantize=quantize)  # fmt: skip
         if quantize == "int8":
-            from pipeline.device.quantize import abstract_unet_params
 
-            params = {**params, "unet": abstract_unet_params(loaded.networks.unet, dtype)}
+            params = {**params, "unet": _abstract_int8_unet_params(loaded.networks.unet, dtype)}
         net = controlnet_module(loaded.networks.unet_config, dtype)  # ControlNetModel.from_unet's shape
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
     modules, params = sdxl_model(dtype, quantize)
@@ -364,7 +363,8 @@ class _Fallbacks(logging.Handler):
 def compile_one(programs, key, attention, topology, progress) -> dict:
     """Compile one program; its row of tpu.json."""
     from pipeline.device import attention as attention_core
-    from pipeline.host.aot import HBM_PER_CHIP, compiled_cost
+
+    from .cost import HBM_PER_CHIP, compiled_cost
 
     device_kind = next(iter(programs.mesh.devices.flat)).device_kind
     handler = _Fallbacks()
@@ -418,7 +418,7 @@ def compile_one(programs, key, attention, topology, progress) -> dict:
 def int8_roofline(row: dict) -> float | None:
     """An int8 row's roofline with its FLOPs at the int8 peak (the compiler's cost analysis does not split int8 from
     bf16 work: this is the bound if all counted FLOPs ran int8 x int8; `roofline_s` keeps them at the bf16 peak)."""
-    from pipeline.host.aot import HBM_BANDWIDTH
+    from .cost import HBM_BANDWIDTH
 
     kind = row.get("device_kind")
     if row.get("quantize") != "int8" or kind not in INT8_PEAK:
@@ -624,11 +624,12 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import libtpu_available, topology_devices
+    from pipeline.host.aot import topology_devices
     from pipeline.platform import quiet_start
     from pipeline.sizes import default_sizes, parse_sizes
 
     from .common import machine_info, progress
+    from .cost import libtpu_available
     from .report import write_json
 
     quiet_start()
@@ -680,3 +681,17 @@ def main(argv: list[str]) -> int:
     print(table([r for r in mine if r["topology"] == args.topology], requests, lora_budget(mine, args.topology)))
     progress(f"done: {path}")
     return 0
+
+
+def _abstract_int8_unet_params(unet, dtype):
+    """The quantized UNet's parameter tree as shapes (no weights): int8 kernels, their scales and the rest in
+    `dtype`: what a TPU topology's compile reads (`--quantize int8`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pipeline.device.quantize import quantized_unet
+
+    shapes = jax.eval_shape(quantized_unet(unet).init_weights, jax.random.PRNGKey(0))
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
+    )

@@ -75,11 +75,6 @@ def cut(unet) -> Cut:
     )
 
 
-def feature_shape(unet, batch: int, latent_height: int, latent_width: int) -> tuple[int, int, int, int]:
-    """The cached feature's shape for `batch` UNet rows (2b with CFG): [batch, h, w, C], NHWC at latent size."""
-    return (batch, latent_height, latent_width, cut(unet).feature_channels)
-
-
 def _unet_child(module, unet_type) -> str | None:
     """The name of `module` if it is a direct child of the UNet (a block), else None."""
     parent = getattr(module, "parent", None)

@@ -46,15 +46,6 @@ def quantized_unet(unet):
     return qwix.quantize_model(unet, qwix.PtqProvider(_rules()))
 
 
-def abstract_unet_params(unet, dtype):
-    """The quantized UNet's parameter tree as shapes (no weights): int8 kernels, their scales and the rest in
-    `dtype`. What a TPU topology's compile reads (`python -m bench tpu --quantize int8`)."""
-    shapes = jax.eval_shape(quantized_unet(unet).init_weights, jax.random.PRNGKey(0))
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
-    )
-
-
 def quantize_unet_params(unet, params) -> dict:
     """`params` (the UNet's, host arrays in the network dtype) with every quantized kernel as int8 + per-channel
     scales (qwix's `WithAux(QArray)` leaves), as host numpy arrays, ready to be placed like any other weights.

@@ -24,16 +24,6 @@ WINDOW = 77
 EXTRA_BASE = 1 << 24
 
 
-def encode_prompts(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=None):
-    """Embeddings SDXL's UNet is conditioned on, computed as diffusers' reference pipeline computes them.
-
-    prompt_ids: int32 [N, 2, 77]. Returns (hidden states [N, 77, D1 + D2] from the penultimate layers, pooled
-    projection of encoder 2 [N, P]).
-    """
-    hidden, pooled = encode_each(text_encoder, text_encoder_2, params, prompt_ids, extra)
-    return jnp.concatenate(hidden, axis=-1), pooled  # [N, 77, D], [N, P]
-
-
 def encode_each(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=None):
     """Each encoder's penultimate hidden states ([N, 77, D1], [N, 77, D2]) and encoder 2's pooled projection [N, P];
     `extra` ([E, D1], [E, D2]): the input vectors of ids from EXTRA_BASE up (None: the vocabulary's only)."""

@@ -64,20 +64,8 @@ class SpeedPlan:
     schedule: tuple[PlannedStep, ...]  # one entry per step run, in order
 
     @property
-    def full_steps(self) -> int:
-        return sum(step.full for step in self.schedule)
-
-    @property
     def guided_steps(self) -> int:
         return sum(step.cfg for step in self.schedule)
-
-    @property
-    def uses_shallow(self) -> bool:
-        return not all(step.full for step in self.schedule)
-
-    @property
-    def uses_no_cfg(self) -> bool:
-        return not all(step.cfg for step in self.schedule)
 
 
 def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True,

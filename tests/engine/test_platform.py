@@ -11,7 +11,7 @@ def test_libtpu_without_a_tpu_runs_jax_on_cpu(monkeypatch):
     """A dev venv with libtpu on a host without a TPU: the app/CLI run JAX on the CPU (no TPU probe, no error lines)."""
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(platform, "tpu_device_present", lambda: False)
-    from pipeline.host.aot import libtpu_available
+    from bench.cost import libtpu_available
 
     if not libtpu_available():
         assert platform.skip_absent_tpu() is False

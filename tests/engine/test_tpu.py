@@ -26,7 +26,7 @@ SPLASH_SIZE = (160, 192)
 
 
 def _libtpu() -> bool:
-    from pipeline.host.aot import libtpu_available
+    from bench.cost import libtpu_available
 
     return libtpu_available()
 
@@ -182,9 +182,10 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     """`--quantize int8`'s whole-UNet step (tiny checkpoint, 64x64, CFG) compiled for v5e:2x2: the TPU program keeps
     int8 operands (s8) and its weight arguments are well under the bf16 step's (int8 kernels + per-channel scales)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from bench.cost import compiled_cost
     from bench.tpu import served_programs
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import compiled_cost, topology_devices
+    from pipeline.host.aot import topology_devices
     from pipeline.host.compilation import configure_compilation_cache
     from pipeline.host.programs import ProgramKey
 
