@@ -1,13 +1,17 @@
 """The torch-free conversion's renaming rules (pipeline/checkpoint/pt_names.py): every tensor of the PyTorch fixture
 (tests/fixtures/tiny-pt, all four networks) gets the key and the value diffusers' and transformers' own per-tensor
-helpers give it, while those helpers exist (transformers 5 removed its Flax module: the test then checks the rules
-on their own cases); and a name that fits nowhere keeps its name, for the loader to refuse in one line."""
+helpers gave it (tests/fixtures/pt-names-expected.json: scripts/make_pt_names_fixtures.py, run in the reference venv,
+since transformers 5 and diffusers 0.40 removed those helpers); the rules on their own cases; and a name that fits
+nowhere keeps its name, for the loader to refuse in one line."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
-from conftest import TINY_PT
+from conftest import FIXTURES, TINY_PT
 
 from pipeline.checkpoint.convert import SafetensorsReader, _rename_diffusers, _Shape, target_shapes
 from pipeline.checkpoint.pt_names import diffusers_key, rename_diffusers, rename_transformers
@@ -23,26 +27,22 @@ def networks():
 
 
 def tensors(component: str):
-    """(PyTorch name, NumPy array) of each tensor in the fixture's safetensors files for `component`."""
+    """(file name, PyTorch name, NumPy array) of each tensor in the fixture's safetensors files for `component`."""
     for file in sorted((TINY_PT / component).glob("*.safetensors")):
         with SafetensorsReader(file) as reader:
             names = reader.keys()
             for name in names:
                 if not name.endswith("position_ids"):
-                    yield name, reader.get_tensor(name)
+                    yield file.name, name, reader.get_tensor(name)
 
 
-def library_rename(name: str, tensor: np.ndarray, lookup: dict, text: bool):
-    """What convert.py did with the libraries' helpers (diffusers' embedding-name slip corrected, as it did)."""
-    if text:
-        library = pytest.importorskip("transformers.modeling_flax_pytorch_utils")
-        return library.rename_key_and_reshape_tensor(tuple(name.split(".")), tensor, lookup, "")
-    library = pytest.importorskip("diffusers.models.modeling_flax_pytorch_utils")
-    key = tuple(library.rename_key(name).split("."))
-    renamed, value = library.rename_key_and_reshape_tensor(key, tensor, lookup)
-    if renamed not in lookup and key[-1] == "weight" and key[:-1] + ("embedding",) in lookup:
-        renamed = key[:-1] + ("embedding",)
-    return renamed, value
+#: The libraries' key and value hash for each fixture tensor, by component and PyTorch name.
+LIBRARIES = json.loads((FIXTURES / "pt-names-expected.json").read_text(encoding="utf-8"))["tensors"]
+
+
+def value_hash(value) -> str:
+    """As the fixture script hashes a value: its float32 bytes in the layout given."""
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(value, np.float32)).tobytes()).hexdigest()[:16]
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -50,17 +50,18 @@ def test_every_fixture_tensor_is_renamed_as_the_libraries_do(networks, component
     targets = target_shapes(getattr(networks, component).init_weights)
     lookup = {key: _Shape(shape) for key, shape in targets.items()}
     text = component.startswith("text_encoder")
-    seen = set()
-    for name, tensor in tensors(component):
+    seen, remaining = set(), dict(LIBRARIES[component])
+    for file, name, tensor in tensors(component):
         if text:
             mine = rename_transformers(tuple(name.split(".")), tensor, lookup, "")
         else:
             mine = _rename_diffusers(name, tensor, lookup)
-        theirs = library_rename(name, tensor, lookup, text)
-        assert mine[0] == theirs[0] and mine[0] in targets, (name, mine[0], theirs[0])
-        assert mine[1].shape == targets[mine[0]] and np.array_equal(mine[1], theirs[1]), name
+        theirs_key, theirs_value = remaining.pop(f"{file}:{name}")
+        assert mine[0] == tuple(theirs_key) and mine[0] in targets, (name, mine[0], theirs_key)
+        assert mine[1].shape == targets[mine[0]] and value_hash(mine[1]) == theirs_value, name
         seen.add(mine[0])
     assert seen == set(targets)  # every parameter of the network comes from one tensor
+    assert not remaining  # and every tensor the libraries renamed was read
 
 
 def test_the_rules_on_their_own():
