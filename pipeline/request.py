@@ -41,6 +41,27 @@ LORA_WEIGHT_LIMIT = 10.0
 LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
 
 
+#: How the status line names a request that starts from a picture, by the history's name for it (web/form.py).
+PICTURE_STATUS = {"inpainting": "inpainted", "image to image": "from a picture"}
+
+
+def status_parts(values: Mapping[str, object], started: str | None) -> list[str]:
+    """The table's fields as the status line and the history show them: those away from their default ("CFG end
+    0.5", "schedule Karras"), and a picture's own when it `started` from one ("inpainted, strength 0.6"). One
+    renderer, so the page's line and a history entry's never disagree."""
+    parts = []
+    for row in PLAIN:
+        value = values.get(row.name)
+        if not row.status or value is None:
+            continue
+        if row.needs == "picture":
+            if started:
+                parts.append(f"{started}, {row.status} {value:g}")
+        elif value != row.default:
+            parts.append(f"{row.status} {value}" if row.kind == "choice" else f"{row.status} {value:g}")
+    return parts
+
+
 @dataclass(frozen=True)
 class RequestRules:
     """What a server accepts, and what it assumes for the fields a request leaves out (from its static settings)."""
@@ -151,16 +172,10 @@ class Request:
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
         a picture's own with a picture (" · inpainted, strength 0.6")."""
-        started = None if self.init_image is None else "inpainted" if self.mask_image is not None else \
-            "from a picture"  # fmt: skip
-        parts = []
-        for row in PLAIN:
-            value = getattr(self, row.name)
-            if row.status and row.needs == "picture" and started:
-                parts.append(f" · {started}, {row.status} {value:g}")
-            elif row.status and row.needs != "picture" and value != row.default:
-                parts.append(f" · {row.status} {value:g}" if row.kind != "choice" else f" · {row.status} {value}")
-        return "".join(parts)
+        started = None if self.init_image is None else PICTURE_STATUS["inpainting" if self.mask_image is not None
+                                                                      else "image to image"]  # fmt: skip
+        values = {row.name: getattr(self, row.name) for row in PLAIN}
+        return "".join(f" · {part}" for part in status_parts(values, started))
 
     def picture(self, vae_scale_factor: int = 8) -> Picture | None:
         """The picture to start from (None: text to image), decoded from the request's PNGs the first time only."""

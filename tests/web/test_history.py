@@ -195,3 +195,24 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         page.locator("#history-use").click()
         page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
                                timeout=TIMEOUT_MS)  # fmt: skip
+
+
+def test_a_history_entry_shows_what_the_status_line_showed():
+    """One renderer (pipeline/request.status_parts): the schedule type, the levers and the picture's strength read the
+    same on the page's status line and in the history entry the request left (the history once dropped the schedule
+    type and named the picture otherwise)."""
+    from types import SimpleNamespace
+
+    from conftest import FIXTURES
+
+    from pipeline.request import RequestRules, parse_request
+    from web.form import request_settings
+    from web.history.tab import _details
+
+    rules = RequestRules(sizes=((64, 64),), steps=8, levers=True)
+    request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",
+                            strength=0.6, schedule_type="Karras", cfg_end=0.5, rules=rules)  # fmt: skip
+    line = request.status_text()
+    assert line == " · CFG end 0.5 · inpainted, strength 0.6 · schedule Karras"
+    details = _details(request_settings(request, SimpleNamespace(sampler="Euler")), None)
+    assert details.splitlines()[-1] == "- " + line.removeprefix(" · ")

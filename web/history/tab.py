@@ -31,7 +31,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.errors import InvalidInput
-from pipeline.fields import PLAIN
+from pipeline.request import PICTURE_STATUS, status_parts
 from pipeline.styles import DEFAULT_STYLE
 
 from ..files import RunFiles
@@ -503,15 +503,7 @@ def _details(settings: dict, created: float | None) -> str:
         f"- {settings.get('width')}×{settings.get('height')} · {settings.get('steps')} steps, "
         f"{settings.get('sampler')} · guidance {settings.get('guidance_scale')} · seed {settings.get('seed')}"
     )
-    extras = []
-    for row in PLAIN:
-        value = settings.get(row.name)
-        if not row.status or isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if row.needs == "picture" and settings.get("picture"):
-            extras.append(f"{settings['picture']}, {row.status} {value:g}")
-        elif row.needs != "picture" and value != row.default:
-            extras.append(f"{row.status} {value:g}")
+    extras = status_parts(settings, PICTURE_STATUS.get(settings.get("picture") or ""))  # the status line's words
     for item in settings.get("loras") or []:
         if isinstance(item, list | tuple) and item:
             extras.append(f"LoRA {_code(item[0])} {item[1] if len(item) > 1 else ''}")
