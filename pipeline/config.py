@@ -171,6 +171,11 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
     return bool(lora_dir) and any(path.stem.lower() == name for path in Path(lora_dir).glob("*.safetensors"))
 
 
+#: Engine settings a program's options may leave unset (a program without the option, or a caller's own
+#: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
+GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache")
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The config a command line asks for: explicit flags, else the preset's settings, else the model's defaults.
 
@@ -218,17 +223,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         revision=get("revision"),
         lora_dir=get("lora_dir"),
         embeddings_dir=get("embeddings_dir"),
-        emphasis=get("emphasis") or "original",
         controlnets=controlnet_specs(get("controlnet")),
         sizes=sizes,
         dtype=get("dtype"),
-        per_device_batch=get("per_device_batch") or 1,
-        attention=get("attention") or "auto",
-        prompt_windows=get("prompt_windows") or 3,
-        quantize=get("quantize") or "none",
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),
-        lora_cache=get("lora_cache") or 8,
+        **{name: get(name) for name in GIVEN_OR_DEFAULT if get(name) is not None},  # else EngineConfig's default
         compilation_cache=not get("no_compilation_cache"),
         executable_cache=not get("no_executable_cache"),
         **settings,

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE
+from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE, EngineConfig
 from .device.cores import ATTENTIONS
 from .errors import InvalidInput
 from .fields import FIELD, FIELDS, Field
@@ -117,6 +117,12 @@ _STEPS = _bounded_int(int(FIELD["steps"].low), int(FIELD["steps"].high))
 at_least_one = _bounded_int(1)
 non_negative = _bounded_int(0)
 
+def config_default(name: str):
+    """The engine's own default for setting `name` (its `EngineConfig` field): an option that sets an engine setting
+    takes its default from there, so the default is declared once."""
+    return EngineConfig.__dataclass_fields__[name].default
+
+
 def request_option(row: Field) -> Option:
     """The CLI flag of one request field: its help, type and default from the table (`fields.FIELDS`)."""
     cli = frozenset({CLI})
@@ -174,7 +180,7 @@ OPTIONS: tuple[Option, ...] = (
            metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE})),
     Option("--emphasis", "A1111's emphasis: (word) ×1.1, [word] ÷1.1, (word:1.3), BREAK; 'original' rescales each "
            "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
-           "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default="original",
+           "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default=config_default("emphasis"),
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--controlnet", "an SDXL ControlNet in diffusers' layout (config.json + safetensors, fp16 variant too): "
            "PATH, Hub REPO or NAME=PATH (repeat; named by its folder); requests use up to 2 (`controlnets`); one "
@@ -183,7 +189,8 @@ OPTIONS: tuple[Option, ...] = (
            env_text="SDXL_CONTROLNET: comma-separated"),
     Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
            "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
-           "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64), 8,
+           "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64),
+           config_default("lora_cache"),
            metavar="N", programs=frozenset({APP, CLI})),
     Option("--preset", "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
            "size; flags override it; with another model (e.g. tiny) only its sampler settings", "SDXL_PRESET",
@@ -202,19 +209,23 @@ OPTIONS: tuple[Option, ...] = (
            programs=ENGINE),
     Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
            default_text="bfloat16 on TPU/GPU, float32 on CPU", programs=ENGINE, recompiles=True),
-    Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", at_least_one, 1,
+    Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", at_least_one,
+           config_default("per_device_batch"),
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
-           "SDXL_ATTENTION", choices=ATTENTIONS, default="auto", programs=frozenset({APP, CLI, PRECOMPILE}),
+           "SDXL_ATTENTION", choices=ATTENTIONS, default=config_default("attention"),
+           programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
     Option("--quantize", "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
            "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
            "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir; not on NVIDIA "
            "GPUs",
-           "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default="none", programs=ENGINE, recompiles=True),
+           "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default=config_default("quantize"), programs=ENGINE,
+           recompiles=True),
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
            "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
-           _bounded_int(1, MAX_PROMPT_WINDOWS), 3, metavar="N", programs=ENGINE, recompiles=True),
+           _bounded_int(1, MAX_PROMPT_WINDOWS), config_default("prompt_windows"), metavar="N", programs=ENGINE,
+           recompiles=True),
     Option("--no-speed-levers", "do not compile the programs of per-request "
            f"{' and '.join(row.name for row in FIELDS if row.lever)} (a shorter start-up; requests then run every step "
            "whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",

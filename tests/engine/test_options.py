@@ -174,3 +174,17 @@ def test_auth_from_flags_file_and_environment(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="login 1: expected USER:PASSWORD") as info:
         read_auth(["nopassword-here"])
     assert "nopassword-here" not in str(info.value)
+
+
+def test_engine_defaults_are_declared_once():
+    """An engine setting's default lives in EngineConfig alone: a program without the option (an empty namespace)
+    gets it, and the option that sets it offers the same default (issue 49: lora_cache, prompt_windows, attention,
+    emphasis, quantize and per_device_batch were declared three times)."""
+    from pipeline.config import GIVEN_OR_DEFAULT, EngineConfig
+
+    built = engine_config(argparse.Namespace(model="tiny"))
+    for name in GIVEN_OR_DEFAULT:
+        default = EngineConfig.__dataclass_fields__[name].default
+        assert getattr(built, name) == default, name
+        flagged = [o for o in options.OPTIONS if o.flag == "--" + name.replace("_", "-")]
+        assert len(flagged) == 1 and flagged[0].default == default, name
