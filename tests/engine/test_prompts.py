@@ -128,7 +128,7 @@ def old_encode(modules, params, prompt_ids, negative_ids, has_negative, windows)
     rows, count = both_ids.shape[0], both_ids.shape[-1] // WINDOW
     per_window = both_ids.reshape(rows, 2, count, WINDOW).transpose(0, 2, 1, 3).reshape(rows * count, 2, WINDOW)
     (hidden_1, hidden_2), pooled = encode_each(modules.text_encoder, modules.text_encoder_2, params, per_window)
-    hidden = np.concatenate([np.asarray(hidden_1), np.asarray(hidden_2)], axis=-1)  # [N, 77, D1 + D2]
+    hidden = jnp.concatenate([hidden_1, hidden_2], axis=-1)  # [N, 77, D1 + D2]
     hidden = hidden.reshape(rows, count * WINDOW, hidden.shape[-1])
     pooled = pooled.reshape(rows, count, -1)[:, 0]
     keep = jnp.concatenate([has_negative, jnp.ones_like(has_negative)])
