@@ -249,9 +249,13 @@ def open_advanced(page) -> None:
 
 
 def set_steps(page, steps: int) -> None:
+    """Type the steps into the slider's box and wait until the slider holds them: Generate sends the slider's
+    value, and on a loaded machine a click right after Enter could still send the old one."""
     box = page.locator("#steps input[type=number]")
     box.fill(str(steps))
     box.press("Enter")
+    page.wait_for_function("(n) => document.querySelector('#steps input[type=range]')?.value === String(n)", arg=steps,
+                           timeout=TIMEOUT_MS)  # fmt: skip
 
 
 #: Each gallery image of the page: (HTTP status of its file, whether the browser decoded it).
