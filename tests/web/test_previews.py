@@ -27,7 +27,11 @@ def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
     gallery, seed, status = job.result()
     outputs = job.outputs()
     previews, answer = outputs[:-1], outputs[-1]
-    assert [_captions(p)[0].split(" · ")[0] for p in previews] == ["step 2 / 8", "step 4 / 8", "step 6 / 8"]
+    # The engine makes a preview every 2 steps; the handler hands Gradio the newest, so on a loaded machine one that
+    # was not taken yet is replaced by the next (web/handlers.py): those that arrive come in order, none repeated.
+    steps = [_captions(p)[0].split(" · ")[0] for p in previews]
+    expected = ["step 2 / 8", "step 4 / 8", "step 6 / 8"]
+    assert steps and set(steps) <= set(expected) and steps == sorted(set(steps), key=expected.index), steps
     for preview in previews:
         assert len(preview[0]) == ui_engine.num_images
         assert all(caption.startswith("step ") for caption in _captions(preview))
