@@ -40,6 +40,31 @@ def _patient_gradio_clients() -> None:
 
 _patient_gradio_clients()
 
+#: The files that keep one xdist worker busy for a minute or more, heaviest first (worker seconds in a clean-clone run:
+#: test_cluster ~270, test_readme_examples ~230, test_cli ~210, test_tpu ~200, test_service ~140, ...). They are handed
+#: out first, the many short files after them (`--no-loadscope-reorder` keeps this order; xdist's own puts the files
+#: with the most tests first), so the two workers end together instead of one running a long file alone at the end.
+HEAVY_FIRST = (
+    "system/test_cluster.py", "system/test_readme_examples.py", "system/test_cli.py", "engine/test_tpu.py",
+    "system/test_service.py", "web/test_features_browser.py", "engine/test_a1111_samplers.py",
+    "engine/test_img2img.py", "engine/test_networks.py", "system/test_app_process.py", "engine/test_generator.py",
+    "system/test_features_cli.py", "engine/test_attention.py", "system/test_bench.py", "engine/test_lora.py",
+    "web/test_stop.py", "web/test_png_info.py", "engine/test_quantize.py", "web/test_previews.py",
+    "engine/test_controlnet.py", "engine/test_convert.py", "engine/test_executables.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Heavy files first (HEAVY_FIRST), each file's tests still together and in their order."""
+    rank = {name: index for index, name in enumerate(HEAVY_FIRST)}
+
+    def heaviness(item) -> int:
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return rank.get(path, len(rank))
+
+    items[:] = sorted(items, key=heaviness)  # stable: the rest keep pytest's order
+
+
 #: The repository's root: where `python app.py` and `python -m pipeline` run from.
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

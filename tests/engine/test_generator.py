@@ -94,6 +94,13 @@ def test_same_pixels_whatever_the_device_count(tiny_dir, engine):
     on_four = pixels(generate(four, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
     on_eight = pixels(generate(engine, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
     np.testing.assert_array_equal(on_four, on_eight[:4])
+    # An ancestral sampler draws fresh noise every step: image k's noise comes from seed k alone, whatever the device
+    # count (the CLI's `--preset turbo` on 4 processes' devices against 8: tests/system/test_cli.py, `long`).
+    ancestral = {"seed": 42, "guidance_scale": 0.0, "sampler": "Euler a"}
+    on_four = pixels(generate(four, "a windmill in a field of tulips", **ancestral))
+    on_eight = pixels(generate(engine, "a windmill in a field of tulips", **ancestral))
+    np.testing.assert_array_equal(on_four, on_eight[:4])
+    assert len({on_eight[i].tobytes() for i in range(8)}) == 8
 
 
 def test_long_prompt_is_truncated_and_reported(engine):

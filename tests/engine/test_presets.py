@@ -86,3 +86,16 @@ def test_cli_and_app_flags_apply_a_preset():
     config = parse_args(["--preset", "lightning-4step", "--model", "tiny", "--sampler", "euler_ancestral"]).config
     assert (config.unet, config.steps, config.sampler, config.cfg, config.height) == (None, 4, "Euler a", False, 128)
     assert len(config.sizes) == 3  # the tiny model's offered sizes, as without a preset
+
+
+def test_a_guidance_free_preset_on_the_cli_names_the_guidance_it_ignores(tiny_dir):
+    """`--preset turbo --guidance-scale 7`: the request records guidance as ignored, which the CLI warns about."""
+    from pipeline.__main__ import _check, build_parser
+    from pipeline.fields import FIELD
+
+    args = build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", "--preset", "turbo", "--model",
+                                      str(tiny_dir), "--guidance-scale", "7", "--negative-prompt", "blurry"])  # fmt: skip
+    _, request = _check(args)
+    assert {FIELD[name].flag for name in request.ignored} == {"--guidance-scale", "--negative-prompt"}
+    _, plain = _check(build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", "--model", str(tiny_dir)]))
+    assert plain.ignored == ()

@@ -207,6 +207,8 @@ def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp
     assert bad.returncode == 2 and len(lines) == 1 and "single-file checkpoint" in lines[0], bad.stderr
 
 
+@pytest.mark.long  # ancestral noise per image, 4 devices against 8: test_generator.py's device-count test, in process;
+# the turbo preset's flags: test_presets.py; what a guidance-free request ignores: test_request.py
 def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp_path):
     """Euler-ancestral noise comes from each image's own seed: 4 devices give images 0-3 of 8 devices, bit for bit."""
     from pipeline.generator import Generator
