@@ -16,8 +16,8 @@ import sys
 #: `python -m pipeline`, which imports this first) costs nothing; `pipeline/installed.py` runs on a bare Python.
 _HOME = {
     "SDXL_BASE": "config", "TINY_MODEL": "config", "EngineConfig": "config",
-    "CheckpointError": "errors", "InvalidInput": "errors", "ModelLoadError": "errors",
-    "Request": "request", "RequestRules": "request", "parse_request": "request",
+    "CheckpointError": "contract.errors", "InvalidInput": "contract.errors", "ModelLoadError": "contract.errors",
+    "Request": "contract.request", "RequestRules": "contract.request", "parse_request": "contract.request",
     "Generator": "generator", "GenerationResult": "generator",
 }  # fmt: skip
 

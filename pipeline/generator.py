@@ -32,13 +32,18 @@ from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
+from .contract.errors import InvalidInput
+from .contract.image_inputs import latent_mask
+from .contract.request import Picture, Request, RequestRules, parse_request
+from .contract.sampler_names import sampler_label
+from .contract.stopping import Stopped
+from .contract.styles import DEFAULT_STYLE, PLACEHOLDER
 from .device import attention as attention_core
 from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
-from .errors import InvalidInput
 from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
@@ -52,11 +57,6 @@ from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
-from .image_inputs import latent_mask
-from .request import Picture, Request, RequestRules, parse_request
-from .sampler_names import sampler_label
-from .stopping import Stopped
-from .styles import DEFAULT_STYLE, PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 

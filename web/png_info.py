@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 
 from PIL import Image, UnidentifiedImageError
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELDS
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELDS
+from pipeline.contract.image_inputs import FORMAT_NAMES
 from pipeline.host.images import read_parameters
-from pipeline.image_inputs import FORMAT_NAMES
 
 #: Longest `parameters` text read (A1111's are a few hundred characters; Pillow stops text chunks at 1 MB).
 MAX_TEXT_CHARS = 65_536
 #: Pairs the last line needs to count as the settings line (A1111's rule).
 MIN_SETTINGS = 3
 #: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890"): the
-#: request fields' labels (`pipeline.fields.FIELDS`), then A1111's own.
+#: request fields' labels (`pipeline.contract.fields.FIELDS`), then A1111's own.
 NUMBER_KEYS = {
     **{row.label: int if row.kind in ("int", "seed") else float for row in FIELDS
        if row.label and row.kind in ("int", "seed", "float")},

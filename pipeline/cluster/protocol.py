@@ -34,9 +34,9 @@ import time
 
 import jax
 
+from ..contract.request import Request
+from ..contract.stopping import Stopped
 from ..host.loop import ignore_preview
-from ..request import Request
-from ..stopping import Stopped
 from .arrays import coordinator_client
 from .faults import Deadline, fatal
 from .options import ClusterOptions

@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from ..errors import InvalidInput
+from ..contract.errors import InvalidInput
 from . import arrays, output
 from .faults import Deadline
 from .options import ClusterOptions

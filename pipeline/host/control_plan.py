@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..controls import MAX_CONTROLNETS, ControlUnit, step_scales
+from ..contract.controls import MAX_CONTROLNETS, ControlUnit, step_scales
 from ..device.sharding import replicate_tree
 from .loop import ControlInputs
 

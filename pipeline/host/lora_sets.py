@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..checkpoint.lora import LoraFile, lora_hashes_field
+from ..contract.errors import InvalidInput
 from ..device.lora import (
     MergeLayout,
     MergeProgram,
@@ -29,7 +30,6 @@ from ..device.lora import (
     slot_weights,
     with_leaves,
 )
-from ..errors import InvalidInput
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from conftest import FIXTURES, LORA_NAMES, LORA_REFUSED
 
 from pipeline.checkpoint.lora import lora_targets
 from pipeline.config import EngineConfig
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.request import MAX_LORAS, Request, RequestRules, parse_request
 from pipeline.device.lora import get_leaves
-from pipeline.errors import InvalidInput
-from pipeline.request import MAX_LORAS, Request, RequestRules, parse_request
 
 MANIFEST = json.loads((FIXTURES / "lora-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "lora-expected.npz")

@@ -42,8 +42,8 @@ def project_imports() -> dict[str, set[str]]:
 def test_no_import_circles():
     graph = project_imports()
     assert {"app", "pipeline.generator", "pipeline.cluster.protocol", "web.page", "bench.__main__"} <= set(graph)
-    assert "pipeline.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
-    assert "pipeline.sampler_names" in graph["pipeline.request"]
+    assert "pipeline.contract.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
+    assert "pipeline.contract.sampler_names" in graph["pipeline.contract.request"]
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:

@@ -205,7 +205,7 @@ def test_a_history_entry_shows_what_the_status_line_showed():
 
     from conftest import FIXTURES
 
-    from pipeline.request import RequestRules, parse_request
+    from pipeline.contract.request import RequestRules, parse_request
     from web.form import request_settings
     from web.history.tab import _details
 

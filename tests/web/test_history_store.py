@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 from pipeline.host import images as image_io
 from web.history.store import DATABASE_NAME, REQUIRED_SETTINGS, HistoryLocked, HistoryStore
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.host import images as image_io
-from pipeline.sampler_names import SAMPLER_NAMES
 from web.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,

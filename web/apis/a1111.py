@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from PIL import Image, ImageOps
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 from pipeline.host.images import model_name, read_parameters
 
 from ..png_info import parameters_text, parse_infotext

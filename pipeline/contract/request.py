@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
