@@ -3,7 +3,7 @@
     request (request.py: every field, checked once where it enters)
       -> generator.py: tokens (host/tokens.py) -> device arrays (cluster/arrays.py)
       -> host/loop.py: the compiled programs (host/programs.py over device/*) step by step
-      -> pixels -> images with their parameters (host/images.py)
+      -> pixels -> images with their parameters (contract/parameters.py)
 
 Folders by role: `checkpoint/` (files -> weights), `device/` (what runs on the accelerator, traced), `host/` (plans,
 programs, the loop, images), `cluster/` (several processes). No Gradio here: the page is `web/`.

@@ -18,9 +18,9 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
+from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
-from pipeline.host.images import model_name
 
 from .control_panel import control_panel
 from .delivery import Outbox

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.checkpoint.tiny import COMPLETE_MARKER
 from pipeline.config import SDXL_BASE, TINY_MODEL
-from pipeline.host.images import model_name, unet_name
+from pipeline.contract.parameters import model_name, unet_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"

@@ -10,6 +10,7 @@
     sampler_names.py  A1111's sampler and schedule names <-> the engine's ids
     presets.py        the few-step recipes (assets/presets.json)
     stopping.py       StopFlag and Stopped
+    parameters.py     the `parameters` text (A1111's infotext) and the status line: the one writer and reader
 
 The engine's packages import from here; nothing here imports them, so web/ can use it without loading JAX.
 """

@@ -88,8 +88,3 @@ def control_inputs(served: ServedControlNets, units: tuple[ControlUnit, ...], st
         maps=tuple(placed), trees=tuple(served.trees[unit.name] for unit in units),
         nets=tuple(served.arch_of[unit.name] for unit in units), scales=step_scales(units, steps),
     )  # fmt: skip
-
-
-def control_settings(units: tuple[ControlUnit, ...]) -> dict[str, str]:
-    """A1111's ControlNet extension's `parameters` entries: {"ControlNet 0": '"Module: canny, Model: ..."'}."""
-    return dict(unit.written(i) for i, unit in enumerate(units))

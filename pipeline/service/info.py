@@ -10,9 +10,9 @@ import pathlib
 
 from ..checkpoint.tiny import COMPLETE_MARKER
 from ..config import TINY_MODEL
+from ..contract.parameters import model_name, unet_name
 from ..contract.request import MAX_LORAS, request_schema
 from ..contract.sampler_names import SAMPLER_NAMES
-from ..host.images import model_name, unet_name
 
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
 VERSIONED = ("jax", "jaxlib", "flax")

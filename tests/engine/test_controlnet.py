@@ -15,10 +15,11 @@ import pytest
 from conftest import FIXTURES
 from PIL import Image
 
-from pipeline.contract.controls import parse_controls, read_written, step_scales
+from pipeline.contract.controls import parse_controls, step_scales
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.parameters import parse_infotext
+from pipeline.contract.parameters import read_control_entry as read_written
 from pipeline.contract.request import Request
-from web.png_info import parse_infotext
 
 MANIFEST = json.loads((FIXTURES / "controlnet-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")

@@ -24,7 +24,7 @@ from PIL import Image
 
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import PLAIN, echo
-from pipeline.host.images import model_name
+from pipeline.contract.parameters import model_name
 
 from .a1111 import client_host
 from .auth import ApiAccess

@@ -31,7 +31,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.errors import InvalidInput
-from pipeline.contract.request import PICTURE_STATUS, status_parts
+from pipeline.contract.parameters import PICTURE_STATUS, status_parts
 from pipeline.contract.styles import DEFAULT_STYLE
 
 from ..files import RunFiles
