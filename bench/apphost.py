@@ -63,9 +63,9 @@ class DeviceTimeEngine:
         return getattr(self._generator, name)
 
     def generate(self, request, on_step=None, should_stop=None, gate=None, on_preview=None):
+        from pipeline.contract import image_files as image_io
         from pipeline.contract.parameters import describe
         from pipeline.generator import GenerationResult
-        from pipeline.host import images as image_io
 
         started = time.perf_counter()
         for step in range(1, request.steps + 1):

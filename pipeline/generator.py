@@ -32,6 +32,7 @@ from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
+from .contract import image_files as image_io
 from .contract.errors import InvalidInput
 from .contract.image_inputs import latent_mask
 from .contract.parameters import describe, text_settings, written_settings
@@ -45,7 +46,6 @@ from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
-from .host import images as image_io
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
 from .host.control_plan import ServedControlNets, control_inputs

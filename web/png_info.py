@@ -3,7 +3,8 @@
 The text is what this app writes, what A1111 writes, and what ComfyUI savers that follow A1111 write; its one
 reader is `pipeline.contract.parameters.parse_infotext` (and `typed` for its values), as its one writer is
 `parameters.describe`. A PNG carries the text in its `parameters` text chunk, a JPEG or WebP in EXIF UserComment;
-reading it is `pipeline.host.images.read_parameters`. This module adds the file's refusals and the form's fields.
+reading it is `pipeline.contract.image_files.read_parameters`. This module adds the file's refusals and the form's
+fields.
 
     values = read_form_values(path, offered_samplers=SAMPLER_NAMES)     # InvalidInput: one sentence for the page
     values.prompt, values.steps, values.sampler, values.width, values.extra["Lora hashes"], values.notes
@@ -20,9 +21,9 @@ from dataclasses import dataclass, field
 from PIL import Image, UnidentifiedImageError
 
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
 from pipeline.contract.image_inputs import FORMAT_NAMES
 from pipeline.contract.parameters import Infotext, parse_infotext, typed
-from pipeline.host.images import read_parameters
 
 #: Longest `parameters` text read (A1111's are a few hundred characters; Pillow stops text chunks at 1 MB).
 MAX_TEXT_CHARS = 65_536

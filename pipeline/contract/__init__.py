@@ -11,6 +11,7 @@
     presets.py        the few-step recipes (assets/presets.json)
     stopping.py       StopFlag and Stopped
     parameters.py     the `parameters` text (A1111's infotext) and the status line: the one writer and reader
+    image_files.py    images -> PNG and JPEG files carrying that text, and the text read back from a file
 
 The engine's packages import from here; nothing here imports them, so web/ can use it without loading JAX.
 """

@@ -205,8 +205,8 @@ def read_back_by_sd_parsers(result, prompt: str, hashes: str) -> None:
 
     from sd_parsers import ParserManager
 
+    from pipeline.contract.image_files import read_parameters, save_png, to_pil
     from pipeline.contract.parameters import parse_infotext
-    from pipeline.host.images import read_parameters, save_png, to_pil
 
     with tempfile.TemporaryDirectory() as folder:
         image = to_pil(np.asarray(result.images[0])[None], [result.parameters[0]])[0]

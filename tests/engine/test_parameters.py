@@ -9,6 +9,7 @@ import io
 import numpy as np
 from PIL import Image
 
+from pipeline.contract import image_files as image_io
 from pipeline.contract.parameters import (
     control_entry,
     describe,
@@ -21,7 +22,6 @@ from pipeline.contract.parameters import (
     written_settings,
 )
 from pipeline.contract.request import RequestRules, parse_request
-from pipeline.host import images as image_io
 from web.png_info import read_form_values
 
 

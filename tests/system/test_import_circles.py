@@ -58,3 +58,23 @@ def test_the_page_imports_no_jax():
     code = "import sys, web.page, web.options, web.history.tab; print(sorted(m for m in sys.modules if m == 'jax'))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+#: What web/ may import of the engine: the request contract, the engine service's wire format and info, and the
+#: options (the engine's flags and the static settings they make, the service's own flags).
+PAGE_MAY_IMPORT = ("pipeline.contract", "pipeline.service.wire", "pipeline.service.info", "pipeline.options",
+                   "pipeline.config", "pipeline.service.options")  # fmt: skip
+
+
+def test_the_page_imports_only_the_contract():
+    """web/ reaches the engine only through the contract, the service's wire and info, and the options: never its
+    plans, programs, devices or checkpoint files (so the engine's insides can change without the page noticing)."""
+    graph = project_imports()
+    assert "pipeline.contract.request" in graph["web.handlers"]  # the reader sees the page's imports
+    reached = {
+        (module, name)
+        for module, names in graph.items() if module.split(".")[0] == "web"
+        for name in names if name.split(".")[0] == "pipeline"
+        and not any(name == allowed or name.startswith(f"{allowed}.") for allowed in PAGE_MAY_IMPORT)
+    }  # fmt: skip
+    assert not reached, "web/ imports the engine's insides: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))

@@ -21,9 +21,9 @@ from gradio_client.utils import QueueError
 from PIL import Image
 
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
 from pipeline.contract.request import parse_request
 from pipeline.contract.styles import apply_style, load_examples, load_styles
-from pipeline.host.images import read_parameters
 from web.texts import GENERATION_FAILED
 
 PROMPT = "a lighthouse on a cliff at dawn"

@@ -22,8 +22,8 @@ from gradio_client.utils import Status
 from PIL import Image
 
 from pipeline.config import SDXL_BASE
+from pipeline.contract import image_files as image_io
 from pipeline.contract import parameters
-from pipeline.host import images as image_io
 from web.delivery import Outbox
 from web.page import GENERATE_CONCURRENCY
 from web.texts import model_texts

@@ -20,8 +20,8 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
 from pipeline.contract.request import parse_request
-from pipeline.host.images import read_parameters
 
 PICTURE, MASK = FIXTURES / "image-input.png", FIXTURES / "image-mask.png"
 PROMPT = "a cozy cabin in a snowy forest"

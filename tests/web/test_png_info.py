@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
+from pipeline.contract import image_files as image_io
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.parameters import describe, parse_infotext
 from pipeline.contract.sampler_names import SAMPLER_NAMES
-from pipeline.host import images as image_io
 from web.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,

@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse
 from PIL import Image, ImageOps
 
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
 from pipeline.contract.parameters import model_name, parse_infotext
-from pipeline.host.images import read_parameters
 
 from ..png_info import parameters_text
 from .a1111_fields import A1111Request, a1111_request, sampler_choices, scheduler_items

@@ -1,6 +1,6 @@
 """Images: uint8 pixels to PIL images and files that carry how they were made.
 
-The `parameters` text is contract/parameters.py's (`describe` writes it, `parse_infotext` reads it). PNGs carry it
+The `parameters` text is parameters.py's (`describe` writes it, `parse_infotext` reads it). PNGs carry it
 as a text chunk; JPEGs (the gallery's fast format) in EXIF `UserComment`, encoded as A1111 writes it (piexif's
 "unicode": the 8-byte `UNICODE\\0` prefix, then UTF-16 big-endian).
 """
