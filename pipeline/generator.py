@@ -30,7 +30,6 @@ from .checkpoint.controlnet import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
-from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
@@ -45,7 +44,7 @@ from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
-from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
+from .device.sharding import batch_sharded, data_mesh, global_batch, replicate_tree, replicated, to_host
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
 from .host.control_plan import ServedControlNets, control_inputs

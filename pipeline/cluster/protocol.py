@@ -36,8 +36,8 @@ import jax
 
 from ..contract.request import Request
 from ..contract.stopping import Stopped
+from ..device.sharding import coordinator_client
 from ..host.loop import ignore_preview
-from .arrays import coordinator_client
 from .faults import Deadline, fatal
 from .options import ClusterOptions
 

@@ -20,11 +20,11 @@ import pathlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from PIL import Image
 
-from ..config import EngineConfig
 from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
@@ -40,6 +40,23 @@ MAX_LORAS = 4
 LORA_WEIGHT_LIMIT = 10.0
 #: A1111's prompt tag: <lora:NAME>, <lora:NAME:WEIGHT> or <lora:NAME:TE_WEIGHT:UNET_WEIGHT> (te=/unet= allowed).
 LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
+
+
+class ServerSettings(Protocol):
+    """What `RequestRules.of` reads of a server's static settings: `config.EngineConfig` has them. Named here, not
+    imported, so the contract imports nothing of the engine (the options and the config import the contract)."""
+
+    @property
+    def offered_sizes(self) -> tuple[tuple[int, int], ...]: ...
+
+    sampler: str | None
+    lora_dir: str | None
+    default_lora: str | None
+    steps: int
+    guidance_scale: float
+    cfg: bool
+    speed_levers: bool
+    controlnets: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,7 @@ class RequestRules:
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
-    def of(cls, config: EngineConfig) -> RequestRules:
+    def of(cls, config: ServerSettings) -> RequestRules:
         """The rules a server with `config` will have, known before the model loads (the sampler's default is the
         checkpoint's unless the config sets one: None until then)."""
         sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name

@@ -78,3 +78,30 @@ def test_the_page_imports_only_the_contract():
         and not any(name == allowed or name.startswith(f"{allowed}.") for allowed in PAGE_MAY_IMPORT)
     }  # fmt: skip
     assert not reached, "web/ imports the engine's insides: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
+
+
+def test_the_contract_imports_nothing_else_of_the_engine():
+    """pipeline/contract/ is the floor the engine and the page stand on: it imports only itself."""
+    graph = project_imports()
+    assert "pipeline.contract.fields" in graph["pipeline.contract.request"]
+    above = {(m, n) for m, names in graph.items() if m.startswith("pipeline.contract.") for n in names
+             if not n.startswith("pipeline.contract.")}  # fmt: skip
+    assert not above, "the contract imports: " + ", ".join(f"{m} -> {n}" for m, n in sorted(above))
+
+
+def test_no_arrow_runs_back_up():
+    """Between the engine's folders and top-level modules (pipeline.host, pipeline.config, ...) no circle either: a
+    module-level order could hide one package importing another that imports it back (host <-> cluster once)."""
+    graph = project_imports()
+    floors: dict[str, set[str]] = {}
+    for module, names in graph.items():
+        if module.startswith("pipeline."):
+            floor = ".".join(module.split(".")[:2])
+            floors.setdefault(floor, set()).update(
+                ".".join(name.split(".")[:2]) for name in names if name.startswith("pipeline."))
+            floors[floor].discard(floor)
+    assert {"pipeline.contract", "pipeline.host", "pipeline.device", "pipeline.config"} <= set(floors)
+    try:
+        graphlib.TopologicalSorter(floors).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"an arrow runs back up: {' -> '.join(exc.args[1])}")
