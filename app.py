@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from web.options import parse_args
 
         args = parse_args(argv)
-        from pipeline.errors import InvalidInput, ModelLoadError  # neither imports JAX
+        from pipeline.contract.errors import InvalidInput, ModelLoadError  # neither imports JAX
         from pipeline.preflight import check_loras, check_model
 
         if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, ModelLoadError, InvalidInput) as exc:
                 print(f"app.py: error: {exc}", file=sys.stderr)
                 return 2
-        from pipeline.styles import StyleFileError, load_examples
+        from pipeline.contract.styles import StyleFileError, load_examples
         from web.apis import ApiAccess, attach_apis
         from web.history.store import HistoryLocked, default_data_dir
         from web.history.tab import History

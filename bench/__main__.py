@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The bench's options, checked; `args.config` is the engine's EngineConfig they describe."""
     from pipeline.config import engine_config
-    from pipeline.errors import InvalidInput
+    from pipeline.contract.errors import InvalidInput
     from pipeline.options import BENCH, check_env_choices
 
     parser = build_parser()

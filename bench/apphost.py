@@ -63,8 +63,9 @@ class DeviceTimeEngine:
         return getattr(self._generator, name)
 
     def generate(self, request, on_step=None, should_stop=None, gate=None, on_preview=None):
+        from pipeline.contract import image_files as image_io
+        from pipeline.contract.parameters import describe
         from pipeline.generator import GenerationResult
-        from pipeline.host import images as image_io
 
         started = time.perf_counter()
         for step in range(1, request.steps + 1):
@@ -76,9 +77,9 @@ class DeviceTimeEngine:
         seeds = [request.seed + i for i in range(len(self._images))]
         height, width = request.size
         parameters = [
-            image_io.describe(prompt=request.styled_prompt, negative_prompt=request.styled_negative_prompt, seed=s,
-                              steps=request.steps, guidance_scale=request.guidance_scale, height=height, width=width,
-                              model=self.config.model, unet=None, dtype=self.config.dtype, sampler="Euler")
+            describe(prompt=request.styled_prompt, negative_prompt=request.styled_negative_prompt, seed=s,
+                     steps=request.steps, guidance_scale=request.guidance_scale, height=height, width=width,
+                     model=self.config.model, unet=None, dtype=self.config.dtype, sampler="Euler")
             for s in seeds
         ]  # fmt: skip
         images = image_io.to_pil(self._images, parameters)

@@ -47,8 +47,8 @@ class FewStep:
 
 def _generator(model: str, height: int, width: int, dtype: str, preset_name: str):
     """A warmed-up generator with `preset_name`'s sampler settings (steps, sampler, spacing, CFG) on `model`."""
+    from pipeline.contract.presets import get_preset
     from pipeline.generator import Generator
-    from pipeline.presets import get_preset
 
     preset = get_preset(preset_name)
     generator = Generator.from_pretrained(

@@ -65,7 +65,8 @@ class HistoryCost:
 
 def request_pil(count: int, size: int) -> list:
     """`count` photo-like images (smooth colour fields plus grain) with their `parameters`, as `generate` returns."""
-    from pipeline.host import images as image_io
+    from pipeline.contract import image_files as image_io
+    from pipeline.contract.parameters import describe
 
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
@@ -74,7 +75,7 @@ def request_pil(count: int, size: int) -> list:
         phase = rng.uniform(0, 6.28, 3)
         field = np.stack([np.sin(6 * x + phase[c]) * np.cos(4 * y - phase[c]) for c in range(3)], axis=-1)
         pixels = np.clip((field * 0.4 + 0.5) * 255 + rng.normal(0, 6, (size, size, 3)), 0, 255).astype(np.uint8)
-        text = image_io.describe(
+        text = describe(
             prompt=f"measure {index}", negative_prompt="", seed=index, steps=25, guidance_scale=5.0,
             height=size, width=size, model="tiny", dtype="bfloat16",
         )  # fmt: skip
@@ -84,7 +85,7 @@ def request_pil(count: int, size: int) -> list:
 
 def request_images(directory: Path, count: int, size: int, image_format: str) -> list[Path]:
     """The same images written as the app writes them ("jpeg": the gallery's, "png": the lossless ones)."""
-    from pipeline.host import images as image_io
+    from pipeline.contract import image_files as image_io
 
     return image_io.save_images(request_pil(count, size), directory, f"request-{image_format}", image_format)
 

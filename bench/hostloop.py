@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.fields import FIELD
+from pipeline.contract.fields import FIELD
 from pipeline.host.programs import KINDS
 
 from .common import Progress, Stats, progress
@@ -156,7 +156,7 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, coun
                   ) -> SamplerSweep:  # fmt: skip
     """Every step count 1..max_steps (or `counts`) with every sampler and each of its schedule types, one request
     each; counts compilations, and times each sampler's plan on the host."""
-    from pipeline.sampler_names import AUTOMATIC, LCM_MAX_STEPS, SAMPLER_NAMES, SCHEDULES_OF, resolve
+    from pipeline.contract.sampler_names import AUTOMATIC, LCM_MAX_STEPS, SAMPLER_NAMES, SCHEDULES_OF, resolve
 
     pairs = [(name, schedule) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC
              for schedule in SCHEDULES_OF[resolve(name)[0]]]  # fmt: skip

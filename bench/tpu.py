@@ -623,10 +623,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the topology API needs no TPU; skip the probe for one
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from pipeline.contract.sizes import default_sizes, parse_sizes
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.platform import quiet_start
-    from pipeline.sizes import default_sizes, parse_sizes
 
     from .common import machine_info, progress
     from .cost import libtpu_available

@@ -1,12 +1,13 @@
 """SDXL on JAX, the engine: load once, replicate over every device, compile once, one image per device per request.
 
-    request (request.py: every field, checked once where it enters)
-      -> generator.py: tokens (host/tokens.py) -> device arrays (cluster/arrays.py)
+    request (contract/request.py: every field, checked once where it enters)
+      -> generator.py: tokens (host/tokens.py) -> device arrays (device/sharding.py)
       -> host/loop.py: the compiled programs (host/programs.py over device/*) step by step
-      -> pixels -> images with their parameters (host/images.py)
+      -> pixels -> images with their parameters (contract/parameters.py)
 
-Folders by role: `checkpoint/` (files -> weights), `device/` (what runs on the accelerator, traced), `host/` (plans,
-programs, the loop, images), `cluster/` (several processes). No Gradio here: the page is `web/`.
+Folders by role: `contract/` (the request and its rules, no JAX: what the page uses), `checkpoint/` (files ->
+weights), `device/` (what runs on the accelerator, traced), `host/` (plans, programs, the loop), `cluster/` (several
+processes). No Gradio here: the page is `web/`.
 """
 
 import importlib
@@ -16,8 +17,8 @@ import sys
 #: `python -m pipeline`, which imports this first) costs nothing; `pipeline/installed.py` runs on a bare Python.
 _HOME = {
     "SDXL_BASE": "config", "TINY_MODEL": "config", "EngineConfig": "config",
-    "CheckpointError": "errors", "InvalidInput": "errors", "ModelLoadError": "errors",
-    "Request": "request", "RequestRules": "request", "parse_request": "request",
+    "CheckpointError": "contract.errors", "InvalidInput": "contract.errors", "ModelLoadError": "contract.errors",
+    "Request": "contract.request", "RequestRules": "contract.request", "parse_request": "contract.request",
     "Generator": "generator", "GenerationResult": "generator",
 }  # fmt: skip
 

@@ -25,13 +25,13 @@ if __name__ == "__main__":  # before the imports below: run before `pip install`
     require_installed("python -m pipeline")
 
 from .config import EngineConfig, engine_config  # noqa: E402
-from .errors import CheckpointError, InvalidInput, ModelLoadError  # noqa: E402
-from .fields import FIELD, FIELDS, resolve_seed  # noqa: E402
-from .image_inputs import GivenPath  # noqa: E402
+from .contract.errors import CheckpointError, InvalidInput, ModelLoadError  # noqa: E402
+from .contract.fields import FIELD, FIELDS, resolve_seed  # noqa: E402
+from .contract.image_inputs import GivenPath  # noqa: E402
+from .contract.request import LORA_TAG, Request, RequestRules, asks_for_levers, parse_request  # noqa: E402
 from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option  # noqa: E402
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
 from .preflight import check_loras, check_model  # noqa: E402
-from .request import LORA_TAG, Request, RequestRules, asks_for_levers, parse_request  # noqa: E402
 from .service.options import build_serve_parser  # noqa: E402
 
 EXIT_BAD_INPUT = 2

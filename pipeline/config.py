@@ -17,12 +17,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from .contract.errors import InvalidInput
+from .contract.fields import FIELD
+from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
+from .contract.presets import Preset, get_preset, lora_of
+from .contract.sizes import default_sizes, parse_sizes
 from .device.cores import ATTENTIONS
-from .errors import InvalidInput
-from .fields import FIELD
-from .host.emphasis import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
-from .presets import Preset, get_preset, lora_of
-from .sizes import default_sizes, parse_sizes
 
 logger = logging.getLogger(__name__)
 

@@ -30,20 +30,25 @@ from .checkpoint.controlnet import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
-from .cluster.arrays import global_batch, to_host
 from .config import SDXL_BASE, EngineConfig
+from .contract import image_files as image_io
+from .contract.errors import InvalidInput
+from .contract.image_inputs import latent_mask
+from .contract.parameters import describe, text_settings, written_settings
+from .contract.request import Picture, Request, RequestRules, parse_request
+from .contract.sampler_names import sampler_label
+from .contract.stopping import Stopped
+from .contract.styles import PLACEHOLDER
 from .device import attention as attention_core
 from .device.denoise import LATENT_CHANNELS
 from .device.lora import MergeLayout
 from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
-from .device.sharding import batch_sharded, data_mesh, replicate_tree, replicated
-from .errors import InvalidInput
-from .host import images as image_io
+from .device.sharding import batch_sharded, data_mesh, global_batch, replicate_tree, replicated, to_host
 from .host import loop
 from .host.compilation import CompileCounter, configure_compilation_cache
-from .host.control_plan import ServedControlNets, control_inputs, control_settings
-from .host.emphasis import EMPHASIS_LABELS, has_emphasis
+from .host.control_plan import ServedControlNets, control_inputs
+from .host.emphasis import has_emphasis
 from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
@@ -52,11 +57,6 @@ from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.speed_plan import speed_plan
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
-from .image_inputs import latent_mask
-from .request import Picture, Request, RequestRules, parse_request
-from .sampler_names import sampler_label
-from .stopping import Stopped
-from .styles import DEFAULT_STYLE, PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -82,28 +82,6 @@ class GenerationResult:
     def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
         """Write the images as `<stem>-00.png`, ... with their `parameters` text chunks."""
         return image_io.save_pngs(self.images, directory, stem)
-
-
-def written_settings(request: Request, loras: LoraSets | None = None, text: dict | None = None) -> dict[str, object]:
-    """The settings a request set beyond A1111's basics, for its images' parameters (only those not at default);
-    `text`: what reading its prompts adds (`text_settings`)."""
-    style = {"Style": request.style} if request.style != DEFAULT_STYLE else {}  # a reader can undo the styled prompt
-    hashes = {"Lora hashes": loras.hashes(request.loras)} if request.loras and loras is not None else {}
-    return {**style, **request.written_settings(picture=True), **hashes, **(text or {}),
-            **request.written_settings(picture=False)}  # fmt: skip
-
-
-def text_settings(reader: PromptReader, used: tuple[str, ...], texts: tuple[str, ...]) -> dict[str, str]:
-    """A1111's `TI hashes` ("name: hash, ...") for the embeddings a request used, and `Emphasis` when the server's
-    mode is not A1111's default and a text has a bracket (as A1111 writes them)."""
-    settings = {}
-    if used:
-        settings["TI hashes"] = ", ".join(
-            f"{name.replace(':', '').replace(',', '')}: {reader.embeddings[name].short_hash}" for name in used
-        )
-    if reader.emphasis != "original" and any(has_emphasis(text) for text in texts):
-        settings["Emphasis"] = EMPHASIS_LABELS[reader.emphasis]
-    return settings
 
 
 def style_tail(rules: RequestRules, style: str) -> str:
@@ -453,14 +431,18 @@ class Generator:
         """Each image's `parameters` text, as A1111 writes it."""
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
-        extra_settings = {**written_settings(request, self.loras, text_settings(self.prompts, extra.names,
-                                                                                (prompt, negative_prompt))),
-                          **control_settings(request.controlnets)}  # fmt: skip
+        reader = self.prompts
+        text = text_settings([(name, reader.embeddings[name].short_hash) for name in extra.names], reader.emphasis,
+                             reader.emphasis != "original" and any(map(has_emphasis, (prompt, negative_prompt))))
+        lora_hashes = self.loras.hashes(request.loras) if request.loras and self.loras is not None else ""
+        extra_settings = written_settings(request.plain_values(), style=request.style,
+                                          has_picture=request.init_image is not None, lora_hashes=lora_hashes,
+                                          text=text, controlnets=request.controlnets)  # fmt: skip
         return [
-            image_io.describe(
+            describe(
                 prompt=request.written_prompt or prompt, negative_prompt=negative_prompt, seed=s, steps=request.steps,
                 guidance_scale=request.guidance_scale, height=height, width=width,
-                model=self.config.model,  # named without its server path (image_io.model_name)
+                model=self.config.model,  # named without its server path (parameters.model_name)
                 unet=self.config.unet,  # the --unet file, by file name
                 dtype=self.config.dtype, sampler=sampler_label(plan.sampler, self.sampler.prediction_type),
                 spacing=self._spacing_written(plan), extra=extra_settings,

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE, EngineConfig
+from .contract.errors import InvalidInput
+from .contract.fields import FIELD, FIELDS, Field
+from .contract.presets import PRESET_NAMES
+from .contract.request import MAX_LORAS
+from .contract.sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .device.cores import ATTENTIONS
-from .errors import InvalidInput
-from .fields import FIELD, FIELDS, Field
-from .presets import PRESET_NAMES
-from .request import MAX_LORAS
-from .sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
 APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"
@@ -256,7 +256,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-cfg", "guidance-free program: the UNet runs on the prompt only; guidance and negative prompt are "
            "ignored (hidden on the page)", "SDXL_NO_CFG", kind="switch", programs=frozenset({APP, CLI, PRECOMPILE}),
            recompiles=True),
-    # -- one request (CLI only): the request fields' table (pipeline/fields.py)
+    # -- one request (CLI only): the request fields' table (pipeline/contract/fields.py)
     *(request_option(row) for row in FIELDS if row.flag),
     *CONTROL_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),

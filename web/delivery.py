@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from pipeline.host import images as image_io
+from pipeline.contract import image_files as image_io
 
 #: Runs whose PNG futures stay findable by name; older ones are forgotten (their files may be gone as well).
 KEEP_RUNS = 64

@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import EngineUnavailable
+from pipeline.contract.errors import EngineUnavailable
 from pipeline.service.info import disagreement
 
 logger = logging.getLogger("sdxl_jax.engines")

@@ -17,16 +17,16 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD, FIELDS, PLAIN, Field
-from pipeline.request import LORA_TAG, Request
-from pipeline.sampler_names import SAMPLER_NAMES
-from pipeline.styles import load_styles, unapply_style
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD, FIELDS, PLAIN, Field
+from pipeline.contract.request import LORA_TAG, Request
+from pipeline.contract.sampler_names import SAMPLER_NAMES
+from pipeline.contract.styles import load_styles, unapply_style
 
 from .png_info import FormValues, read_form_values
 from .sizes import size_label
 
-#: The settings keys `fill` knows besides the table's plain fields (`pipeline.fields.PLAIN`, by name).
+#: The settings keys `fill` knows besides the table's plain fields (`pipeline.contract.fields.PLAIN`, by name).
 OWN_KEYS = (
     "prompt",  # the prompt as typed, with its <lora:...> tags
     "negative_prompt",  # "" for none
@@ -105,7 +105,7 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
 class Form:
     """The page's form fields that settings fill, and what the page offers."""
 
-    controls: Mapping[str, Any]  # the request fields' components by table name (`pipeline.fields.FIELDS`)
+    controls: Mapping[str, Any]  # the request fields' components by table name (`pipeline.contract.fields.FIELDS`)
     lora_rows: tuple  # name, weight, name, weight, ... (MAX_LORAS pairs)
     styles: tuple[str, ...]  # the page's style names
     sizes: tuple[tuple[int, int], ...]  # the offered (height, width)

@@ -4,7 +4,7 @@
     generate = handlers.endpoint()            # /generate: the page's Generate button, the examples, the API
     generate_png = handlers.endpoint("png")   # /generate_png: the same, answered with lossless PNGs
 
-Every input is checked once, by `pipeline.request.parse_request` (the page and the API get the same sentences);
+Every input is checked once, by `pipeline.contract.request.parse_request` (the page and the API get the same sentences);
 the engine runs the `Request` it returns. Stop (this session's flag), `job.cancel()` and a closed tab end a request
 at its next denoising step.
 """
@@ -26,11 +26,11 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from pipeline.errors import EngineUnavailable, InvalidInput
-from pipeline.fields import FIELDS, PLAIN
-from pipeline.image_inputs import open_image
-from pipeline.request import Request, RequestRules, parse_request
-from pipeline.stopping import Stopped
+from pipeline.contract.errors import EngineUnavailable, InvalidInput
+from pipeline.contract.fields import FIELDS, PLAIN
+from pipeline.contract.image_inputs import open_image
+from pipeline.contract.request import Request, RequestRules, parse_request
+from pipeline.contract.stopping import Stopped
 
 from .delivery import Outbox
 from .examples import ExampleCache
@@ -92,7 +92,7 @@ class Handlers:
     def endpoint(self, image_format: str | None = None, *, streams: bool = True):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
         `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
-        (`pipeline.fields.FIELDS`), with this server's defaults, then the page's own.
+        (`pipeline.contract.fields.FIELDS`), with this server's defaults, then the page's own.
 
         `streams=False`: a plain function that returns the answer alone, no previews. gradio_client downloads every
         file of every message a stream sends, and a generator's last message is sent twice (streamed, then as the

@@ -12,7 +12,7 @@ import pathlib
 from collections.abc import Sequence
 
 from pipeline.config import engine_config
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 from pipeline.options import (
     APP,
     OPTIONS,

@@ -1,6 +1,6 @@
 """The page: its layout in sections, then its events wired to the handlers (web/handlers.py), as Gradio's demos write
-a page. The request fields' controls come from the table (`pipeline.fields.FIELDS`): a plain field without a place
-below gets its control in the advanced settings.
+a page. The request fields' controls come from the table (`pipeline.contract.fields.FIELDS`): a plain field without a
+place below gets its control in the advanced settings.
 
     page = build_page(engine)        # a ready (loaded, warmed-up) engine
     page.launch(port=7860)           # web/server.py's settings: theme, CSS, auth
@@ -17,10 +17,10 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
-from pipeline.host.images import model_name
-from pipeline.request import MAX_LORAS
-from pipeline.styles import DEFAULT_STYLE, load_examples
+from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
+from pipeline.contract.parameters import model_name
+from pipeline.contract.request import MAX_LORAS
+from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
 from .control_panel import control_panel
 from .delivery import Outbox
@@ -412,8 +412,8 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
         "fn": handlers.endpoint(),
         "outputs": answer,
-        # Raw payloads go straight to pipeline.request, so the API and the page get the same messages (Gradio's own
-        # checks would answer out-of-range values and unknown styles in its own words).
+        # Raw payloads go straight to pipeline.contract.request, so the API and the page get the same messages (Gradio's
+        # own checks would answer out-of-range values and unknown styles in its own words).
         "preprocess": False,
         "concurrency_limit": concurrency,
         "concurrency_id": "generate",

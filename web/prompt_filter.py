@@ -6,7 +6,7 @@ import pathlib
 import re
 from collections.abc import Iterable
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 
 
 class PromptFilter:

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import InvalidInput
-from pipeline.request import Request, RequestRules
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.request import Request, RequestRules
+from pipeline.contract.stopping import Stopped
 from pipeline.service.info import disagreement
 from pipeline.service.wire import RemoteResult, preview_pixels
-from pipeline.stopping import Stopped
 
 from .engine_pool import Endpoint, EnginePool, NoEngine
 

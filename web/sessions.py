@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from starlette.middleware import Middleware
 
-from pipeline.stopping import StopFlag
+from pipeline.contract.stopping import StopFlag
 
 from .asgi_bodies import read_json_body
 

@@ -12,9 +12,9 @@ import pathlib
 import string
 from typing import Any
 
-from pipeline.checkpoint.tiny import COMPLETE_MARKER
-from pipeline.config import SDXL_BASE, TINY_MODEL
-from pipeline.host.images import model_name, unet_name
+from pipeline.config import SDXL_BASE
+from pipeline.contract.parameters import model_name, unet_name
+from pipeline.service.info import is_test_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
@@ -85,7 +85,7 @@ def is_tiny(model: str) -> bool:
     sized one (tests/fixtures/tiny-pt: its UNet's blocks at most TINY_CHANNELS wide; random weights, fast on a CPU)."""
     model = model.strip()
     path = pathlib.Path(model).expanduser()
-    if model == TINY_MODEL or (path / COMPLETE_MARKER).is_file():
+    if is_test_model(model):
         return True
     try:
         channels = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))["block_out_channels"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..contract.errors import CheckpointError
 from . import convert
 
 logger = logging.getLogger(__name__)

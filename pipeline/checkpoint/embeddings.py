@@ -17,7 +17,7 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
 
-from ..errors import CheckpointError
+from ..contract.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

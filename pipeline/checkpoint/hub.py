@@ -53,7 +53,7 @@ def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | N
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from ..errors import ModelLoadError
+    from ..contract.errors import ModelLoadError
 
     if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
         return repo_id
@@ -76,7 +76,7 @@ def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 
-    from ..errors import ModelLoadError
+    from ..contract.errors import ModelLoadError
 
     offline = constants.HF_HUB_OFFLINE or not hub_reachable(endpoint)
     command = shlex.join(["hf", "download", repo_id, filename])

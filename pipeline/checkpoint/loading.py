@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from ..config import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
-from ..errors import CheckpointError, ModelLoadError
+from ..contract.errors import CheckpointError, ModelLoadError
 from .networks import FLAX_WEIGHTS, Networks, build_networks
 
 logger = logging.getLogger(__name__)

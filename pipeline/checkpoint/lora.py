@@ -32,7 +32,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from typing import Any
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
 
-from ..errors import CheckpointError
+from ..contract.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -387,15 +387,6 @@ def a1111_hash(path: Path, header: SafetensorsHeader) -> str:
     return addnet_hash(path, header.data_start)
 
 
-def lora_hashes_field(used: Sequence[tuple[str, str]]) -> str:
-    """A1111's `Lora hashes` value from (name, short hash) pairs: "name: hash, name2: hash2".
-
-    A1111 drops ':' and ',' from names here (extra_networks_lora.py); the parameters writer quotes the whole value,
-    since it holds commas (`Lora hashes: "a: 0123456789ab, b: ba9876543210"`).
-    """
-    return ", ".join(f"{name.translate(str.maketrans('', '', ':,'))}: {short}" for name, short in used)
-
-
 #: Layers SDXL's UNet does not have (its first down block and the fourth up block hold no attention): an SD 1.x/2.x
 #: LoRA, known from its tensor names alone.
 _SD1_LAYOUT = re.compile(
@@ -711,7 +702,6 @@ __all__ = [
     "addnet_hash",
     "load_lora",
     "load_lora_dir",
-    "lora_hashes_field",
     "lora_targets",
     "read_header",
     "screen_lora_dir",

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..contract.errors import CheckpointError
 
 #: Flax weight files diffusers (models) and transformers (text encoders) write, per weight component.
 FLAX_WEIGHTS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..errors import InvalidInput
+from ..contract.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ import time
 
 import jax
 
+from ..contract.request import Request
+from ..contract.stopping import Stopped
+from ..device.sharding import coordinator_client
 from ..host.loop import ignore_preview
-from ..request import Request
-from ..stopping import Stopped
-from .arrays import coordinator_client
 from .faults import Deadline, fatal
 from .options import ClusterOptions
 

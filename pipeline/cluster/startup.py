@@ -9,8 +9,9 @@ import time
 
 import jax
 
-from ..errors import InvalidInput
-from . import arrays, output
+from ..contract.errors import InvalidInput
+from ..device import sharding
+from . import output
 from .faults import Deadline
 from .options import ClusterOptions
 from .protocol import Cluster
@@ -42,7 +43,7 @@ def start(options: ClusterOptions) -> Cluster:
     detected = detected_cluster()
     if not (options.explicit or options.auto or detected):
         return Cluster(options)
-    arrays.barrier_timeout_s = options.timeout_s
+    sharding.barrier_timeout_s = options.timeout_s
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs (tests); TPU/GPU use their own
     output.drop_gloo_lines()
     where = options.coordinator_address or detected or "the environment"

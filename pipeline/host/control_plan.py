@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..controls import MAX_CONTROLNETS, ControlUnit, step_scales
-from ..device.sharding import replicate_tree
+from ..contract.controls import MAX_CONTROLNETS, ControlUnit, step_scales
+from ..device.sharding import global_batch, replicate_tree
 from .loop import ControlInputs
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,6 @@ def control_inputs(served: ServedControlNets, units: tuple[ControlUnit, ...], st
                    ) -> ControlInputs | None:  # fmt: skip
     """A request's units on the devices for a batch of `n` images over `steps` plan rows (None without any units),
     sorted by architecture: the program's order (addition of two residuals is the same in either order)."""
-    from ..cluster.arrays import global_batch
-
     if not units:
         return None
     units = tuple(sorted(units, key=lambda unit: served.arch_of[unit.name]))
@@ -88,8 +86,3 @@ def control_inputs(served: ServedControlNets, units: tuple[ControlUnit, ...], st
         maps=tuple(placed), trees=tuple(served.trees[unit.name] for unit in units),
         nets=tuple(served.arch_of[unit.name] for unit in units), scales=step_scales(units, steps),
     )  # fmt: skip
-
-
-def control_settings(units: tuple[ControlUnit, ...]) -> dict[str, str]:
-    """A1111's ControlNet extension's `parameters` entries: {"ControlNet 0": '"Module: canny, Model: ..."'}."""
-    return dict(unit.written(i) for i, unit in enumerate(units))

@@ -18,11 +18,6 @@ SQUARE = 1 / 1.1
 #: The weight A1111 marks a BREAK with (a segment of its own, never a real weight).
 BREAK_WEIGHT = -1.0
 
-#: --emphasis modes, A1111's "Original", "No norm" and "None" (brackets read as plain text).
-EMPHASIS_MODES = ("original", "no-norm", "off")
-#: A1111's names of the modes, as its `Emphasis` parameter writes them.
-EMPHASIS_LABELS = {"original": "Original", "no-norm": "No norm", "off": "None"}
-
 # One lexical piece of a prompt, in A1111's order of preference: escapes, brackets, an explicit weight's close,
 # runs of plain text, a lone colon.
 _PIECE = re.compile(

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..stopping import Stopped
+from ..contract.stopping import Stopped
 from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan

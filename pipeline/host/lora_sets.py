@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..checkpoint.lora import LoraFile, lora_hashes_field
+from ..checkpoint.lora import LoraFile
+from ..contract.errors import InvalidInput
+from ..contract.parameters import hashes_field
 from ..device.lora import (
     MergeLayout,
     MergeProgram,
@@ -29,7 +31,6 @@ from ..device.lora import (
     slot_weights,
     with_leaves,
 )
-from ..errors import InvalidInput
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class LoraSets:
 
     def hashes(self, choice: LoraChoice) -> str:
         """A1111's `Lora hashes` value for `choice` ("" for none)."""
-        return lora_hashes_field([(name, self.files[name].short_hash) for name, _, _ in choice])
+        return hashes_field([(name, self.files[name].short_hash) for name, _, _ in choice])
 
     def prepare(self) -> None:
         """Make the first merge's `previous` buffers now (at warm-up): on several processes a copy of a global array

@@ -10,9 +10,9 @@ import pathlib
 
 from ..checkpoint.tiny import COMPLETE_MARKER
 from ..config import TINY_MODEL
-from ..host.images import model_name, unet_name
-from ..request import MAX_LORAS, request_schema
-from ..sampler_names import SAMPLER_NAMES
+from ..contract.parameters import model_name, unet_name
+from ..contract.request import MAX_LORAS, request_schema
+from ..contract.sampler_names import SAMPLER_NAMES
 
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
 VERSIONED = ("jax", "jaxlib", "flax")
@@ -21,13 +21,20 @@ MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", 
               "controlnets", "num_images")
 
 
+def is_test_model(model: str) -> bool:
+    """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it): random weights,
+    what the page says of a test model (web/texts.py asks here, so the page needs nothing of checkpoint/)."""
+    model = str(model).strip()
+    return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
+
+
 def engine_info(generator, processes: int = 1) -> dict:
     """The info of a loaded, warmed-up `Generator` (on several processes: process 0's, for the whole slice)."""
     config, rules, sampler = generator.config, generator.rules, generator.sampler
     model = str(config.model).strip()
     return {
         "model": model_name(model),
-        "test_model": model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file(),
+        "test_model": is_test_model(model),
         "unet": unet_name(config.unet) or None,
         "unet_parameters": generator.unet_parameters,  # the page's CPU note follows the model's size
         "preset": getattr(config, "preset", None),

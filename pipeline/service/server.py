@@ -22,8 +22,8 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..errors import InvalidInput
-from ..stopping import Stopped
+from ..contract.errors import InvalidInput
+from ..contract.stopping import Stopped
 from . import wire
 from .auth import OPEN_PATHS, authorized
 from .metrics import TEXT_TYPE, Metrics

@@ -1,7 +1,7 @@
 """What travels between the page and an engine over HTTP, both ways, as newline-delimited JSON.
 
-The body of `POST /v1/generate` is `Request.to_dict()` (pipeline/request.py). The answer is one JSON object a line,
-each with an `event`:
+The body of `POST /v1/generate` is `Request.to_dict()` (pipeline/contract/request.py). The answer is one JSON object a
+line, each with an `event`:
 
     {"event": "step", "done": 3, "total": 8}                        after each denoising step
     {"event": "preview", "done": 2, "total": 8, "images": [PNG…]}   the pictures forming (latent size), every 2 steps
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from ..controls import sent_maps, with_modules
-from ..errors import InvalidInput
-from ..fields import PLAIN
-from ..request import LORA_TAG, Request, RequestRules, parse_request
-from ..styles import DEFAULT_STYLE
+from ..contract.controls import sent_maps, with_modules
+from ..contract.errors import InvalidInput
+from ..contract.fields import PLAIN
+from ..contract.request import LORA_TAG, Request, RequestRules, parse_request
+from ..contract.styles import DEFAULT_STYLE
 
 #: The NDJSON media type of a streamed answer.
 STREAM_TYPE = "application/x-ndjson"

@@ -1,5 +1,5 @@
-"""A1111's samplers and schedule types (pipeline/sampler_names.py, pipeline/host/solvers.py): schedules, whole runs
-and images equal diffusers' PyTorch schedulers and pipeline (tests/fixtures/a1111-samplers.*, made by
+"""A1111's samplers and schedule types (pipeline/contract/sampler_names.py, pipeline/host/solvers.py): schedules, whole
+runs and images equal diffusers' PyTorch schedulers and pipeline (tests/fixtures/a1111-samplers.*, made by
 scripts/make_a1111_sampler_fixtures.py), a combination that makes no sense is one sentence, and no sampler, schedule
 type or step count compiles anything."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, generate
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.sampler_names import SAMPLER_NAMES, SCHEDULE_TYPES, SCHEDULES_OF, resolve
 from pipeline.host.image_plan import image_plan
 from pipeline.host.plan import HISTORY, SamplerConfig
-from pipeline.sampler_names import SAMPLER_NAMES, SCHEDULE_TYPES, SCHEDULES_OF, resolve
 
 PYTORCH = json.loads((FIXTURES / "a1111-samplers.json").read_text())
 #: Samplers whose PyTorch sample is x / sqrt(sigma^2 + 1) of the engine's (variance preserving).
@@ -184,8 +184,8 @@ def test_no_sampler_schedule_type_or_step_count_compiles(engine):
 def test_lcm_lora_preset_uses_its_lora_when_there_and_says_what_to_fetch_when_not(tmp_path, caplog):
     from pipeline.__main__ import build_parser
     from pipeline.config import engine_config
-    from pipeline.presets import get_preset
-    from pipeline.request import RequestRules, parse_request
+    from pipeline.contract.presets import get_preset
+    from pipeline.contract.request import RequestRules, parse_request
 
     preset = get_preset("lcm-lora-4step")
     assert (preset.sampler, preset.steps, preset.guidance_scale, preset.cfg) == ("lcm", 4, 1.5, True)

@@ -18,9 +18,9 @@ from jax.sharding import PartitionSpec as P
 from reference import reference_attention
 
 from pipeline.checkpoint.loading import load_model
+from pipeline.contract.errors import InvalidInput
 from pipeline.device import attention
 from pipeline.device.sharding import DATA_AXIS, data_mesh, replicate_tree
-from pipeline.errors import InvalidInput
 from pipeline.generator import Generator
 
 HEAD_DIM = 64  # SDXL's head width

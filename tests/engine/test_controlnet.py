@@ -15,10 +15,11 @@ import pytest
 from conftest import FIXTURES
 from PIL import Image
 
-from pipeline.controls import parse_controls, read_written, step_scales
-from pipeline.errors import InvalidInput
-from pipeline.request import Request
-from web.png_info import parse_infotext
+from pipeline.contract.controls import parse_controls, step_scales
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.parameters import parse_infotext
+from pipeline.contract.parameters import read_control_entry as read_written
+from pipeline.contract.request import Request
 
 MANIFEST = json.loads((FIXTURES / "controlnet-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")
@@ -68,7 +69,7 @@ def test_weight_zero_is_exactly_no_control(control_engine, tmp_path):
 
 
 def test_window_is_diffusers_controlnet_keep():
-    from pipeline.controls import ControlUnit
+    from pipeline.contract.controls import ControlUnit
 
     window = ControlUnit("a", b"", weight=1.2, start=0.25, end=0.75)
     assert step_scales((window,), 4)[:, 0].tolist() == pytest.approx([0, 1.2, 1.2, 0])
@@ -100,7 +101,7 @@ def test_request_travels_and_refusals_are_one_sentence(control_engine):
 def test_cli_flags_make_units(tmp_path):
     from pipeline.__main__ import build_parser, request_arguments
     from pipeline.config import engine_config
-    from pipeline.request import RequestRules, parse_request
+    from pipeline.contract.request import RequestRules, parse_request
 
     argv = ["generate", "--model", "tiny", "--controlnet", f"edges={FIXTURES / 'controlnet-a'}", "--controlnet",
             str(FIXTURES / "controlnet-b"), "--prompt", "a fox", "--out", str(tmp_path),
@@ -122,7 +123,7 @@ def test_cli_flags_make_units(tmp_path):
 
 
 def test_a1111_controlnet_args_map_to_units():
-    from pipeline.controls import from_a1111
+    from pipeline.contract.controls import from_a1111
 
     image = base64.b64encode((FIXTURES / "controlnet-map-a.png").read_bytes()).decode()
     args = [{"enabled": True, "image": {"image": image}, "module": "canny", "model": "controlnet-a [a1b2c3]",
@@ -150,7 +151,7 @@ def test_inpainting_runs_with_a_control(control_engine):
 def test_a_control_with_a_lora_previews_and_stop(control_engine):
     """A ControlNet request with a LoRA: the LoRA still changes the picture (its merge feeds the controlled UNet),
     previews stream every 2 steps, Stop ends the request at the next step, and nothing compiles."""
-    from pipeline.stopping import StopFlag, Stopped
+    from pipeline.contract.stopping import StopFlag, Stopped
 
     before = control_engine.compile_count
     unit = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2}

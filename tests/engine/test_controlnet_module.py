@@ -17,7 +17,7 @@ import pytest
 from conftest import FIXTURES
 
 from pipeline.checkpoint.controlnet import load_controlnet, load_controlnets, split_spec
-from pipeline.errors import CheckpointError
+from pipeline.contract.errors import CheckpointError
 
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")
 NETS = ("controlnet-a", "controlnet-b")

@@ -1,4 +1,4 @@
-"""The checks of one request field each (pipeline/fields.py): properties (hypothesis) plus one example per
+"""The checks of one request field each (pipeline/contract/fields.py): properties (hypothesis) plus one example per
 user-facing message; and the modules the page imports stay free of JAX."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD, MAX_PROMPT_CHARS, check_shape, check_style, clean_text, resolve_seed
-from pipeline.styles import load_styles
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD, MAX_PROMPT_CHARS, check_shape, check_style, clean_text, resolve_seed
+from pipeline.contract.styles import load_styles
 
 check_guidance = FIELD["guidance_scale"].check
 GUIDANCE_MIN, GUIDANCE_MAX = FIELD["guidance_scale"].low, FIELD["guidance_scale"].high
@@ -234,13 +234,14 @@ def test_modules_do_not_import_jax():
     import ast
     import pathlib
 
-    import pipeline.errors
-    import pipeline.fields
-    import pipeline.request
-    import pipeline.styles
+    import pipeline.contract.errors
+    import pipeline.contract.fields
+    import pipeline.contract.request
+    import pipeline.contract.styles
     import web.prompt_filter
 
-    for module in (pipeline.errors, pipeline.fields, pipeline.request, pipeline.styles, web.prompt_filter):
+    contract = pipeline.contract
+    for module in (contract.errors, contract.fields, contract.request, contract.styles, web.prompt_filter):
         tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -258,7 +259,8 @@ def test_request_and_options_import_no_jax():
     from conftest import run_python
 
     code = (
-        "import sys, pipeline.request, pipeline.options, pipeline.config, web.options, web.prompt_filter, web.startup; "
+        "import sys, pipeline.contract.request, pipeline.options, pipeline.config, web.options, web.prompt_filter, "
+        "web.startup; "
         "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'gradio') if m in sys.modules))"
     )
     done = run_python("-c", code, timeout=120)

@@ -13,7 +13,7 @@ from conftest import TEST_SIZE, TEST_STEPS, generate
 from PIL import Image
 
 from pipeline.checkpoint.loading import load_model
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 from pipeline.generator import Generator
 
 

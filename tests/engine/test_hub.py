@@ -7,7 +7,7 @@ import pytest
 from conftest import free_port
 
 from pipeline.checkpoint.hub import hub_file, source_when_offline
-from pipeline.errors import ModelLoadError
+from pipeline.contract.errors import ModelLoadError
 
 CLOSED = "http://127.0.0.1:9"  # nothing listens on port 9 (discard): the Hub is unreachable at once
 

@@ -1,4 +1,4 @@
-"""The request edge's image inputs (pipeline/image_inputs.py): decoding, every refusal in one sentence, mode
+"""The request edge's image inputs (pipeline/contract/image_inputs.py): decoding, every refusal in one sentence, mode
 conversions, the fit and the mask as diffusers' processors make them (tests/fixtures/image-expected.*)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from conftest import FIXTURES
 from PIL import Image
 from reference import prepare_image
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD
-from pipeline.image_inputs import (
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD
+from pipeline.contract.image_inputs import (
     MAX_IMAGE_PIXELS,
     GivenPath,
     binarize,

@@ -18,13 +18,13 @@ import pytest
 from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 from reference import prepare_image
 
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_inputs import prepare_mask, steps_to_run
+from pipeline.contract.request import parse_request
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device.denoise import initial_latents, start_local
-from pipeline.errors import InvalidInput
 from pipeline.host.image_plan import image_plan
 from pipeline.host.plan import COEFFICIENTS, SamplerConfig
-from pipeline.image_inputs import prepare_mask, steps_to_run
-from pipeline.request import parse_request
-from pipeline.sampler_names import SAMPLER_NAMES
 
 MANIFEST = json.loads((FIXTURES / "image-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "image-expected.npz")

@@ -12,7 +12,7 @@ from conftest import FIXTURES
 
 from pipeline.checkpoint.loading import ModelLoadError, check_sdxl_directory, load_model, resolve_model
 from pipeline.config import SDXL_BASE
-from pipeline.errors import CheckpointError
+from pipeline.contract.errors import CheckpointError
 
 PT_FIXTURE = FIXTURES / "tiny-pt"
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import UI_SIZES, UI_STEPS, generate
 
 from pipeline.config import EngineConfig
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 
 
 def test_progress_fires_once_per_step_in_order(ui_engine):

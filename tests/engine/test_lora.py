@@ -18,9 +18,9 @@ from conftest import FIXTURES, LORA_NAMES, LORA_REFUSED
 
 from pipeline.checkpoint.lora import lora_targets
 from pipeline.config import EngineConfig
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.request import MAX_LORAS, Request, RequestRules, parse_request
 from pipeline.device.lora import get_leaves
-from pipeline.errors import InvalidInput
-from pipeline.request import MAX_LORAS, Request, RequestRules, parse_request
 
 MANIFEST = json.loads((FIXTURES / "lora-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "lora-expected.npz")
@@ -205,8 +205,8 @@ def read_back_by_sd_parsers(result, prompt: str, hashes: str) -> None:
 
     from sd_parsers import ParserManager
 
-    from pipeline.host.images import read_parameters, save_png, to_pil
-    from web.png_info import parse_infotext
+    from pipeline.contract.image_files import read_parameters, save_png, to_pil
+    from pipeline.contract.parameters import parse_infotext
 
     with tempfile.TemporaryDirectory() as folder:
         image = to_pil(np.asarray(result.images[0])[None], [result.parameters[0]])[0]

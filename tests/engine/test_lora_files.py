@@ -20,10 +20,10 @@ from pipeline.checkpoint.lora import (
     LoraFileError,
     load_lora,
     load_lora_dir,
-    lora_hashes_field,
     lora_targets,
     read_header,
 )
+from pipeline.contract.parameters import hashes_field as lora_hashes_field
 
 LORA_DIR = FIXTURES / "lora"
 MANIFEST = json.loads((FIXTURES / "lora-expected.json").read_text())

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from pipeline.config import SDXL_BASE, EngineConfig, engine_config, preset_settings
-from pipeline.errors import InvalidInput
-from pipeline.presets import PRESET_NAMES, get_preset, load_presets
-from pipeline.request import RequestRules
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.presets import PRESET_NAMES, get_preset, load_presets
+from pipeline.contract.request import RequestRules
 
 
 def test_presets_file_holds_every_recipe_of_the_issue():

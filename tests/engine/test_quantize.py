@@ -15,7 +15,7 @@ import pytest
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 from pipeline.config import EngineConfig
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 
 #: Mean |int8 - unquantized| over the pictures, in 8-bit levels.
 MEAN_LEVELS = 10.0

@@ -1,5 +1,5 @@
-"""The one request contract (pipeline/request.py): `parse_request` checks every field where a request enters and
-returns the `Request` the engine runs as it is; followers rebuild it from data."""
+"""The one request contract (pipeline/contract/request.py): `parse_request` checks every field where a request enters
+and returns the `Request` the engine runs as it is; followers rebuild it from data."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from conftest import FIXTURES
 
 from pipeline.config import EngineConfig
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD, FIELDS, PLAIN
-from pipeline.request import Request, RequestRules, parse_request, request_schema
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD, FIELDS, PLAIN
+from pipeline.contract.request import Request, RequestRules, parse_request, request_schema
 from web.prompt_filter import PromptFilter
 
 

@@ -12,10 +12,10 @@ import pytest
 from conftest import FIXTURES
 
 from bench.fused import ancestral_step, euler_step
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device.sampler_update import scale_model_input
-from pipeline.errors import InvalidInput
 from pipeline.host.plan import COEFFICIENTS, SamplerConfig, trailing_timesteps
-from pipeline.sampler_names import SAMPLER_NAMES
 
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import free_port
 from PIL import Image
 
-from pipeline.errors import EngineUnavailable, InvalidInput
-from pipeline.request import RequestRules, parse_request
+from pipeline.contract.errors import EngineUnavailable, InvalidInput
+from pipeline.contract.request import RequestRules, parse_request
 from pipeline.service import auth, wire
 from pipeline.service.info import disagreement
 from pipeline.service.metrics import Metrics

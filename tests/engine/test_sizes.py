@@ -1,14 +1,14 @@
-"""Offered sizes: parsed from --sizes (pipeline/sizes.py), labelled for the page (web/sizes.py), and a request's size
-text checked against them (pipeline/fields.py)."""
+"""Offered sizes: parsed from --sizes (pipeline/contract/sizes.py), labelled for the page (web/sizes.py), and a
+request's size text checked against them (pipeline/contract/fields.py)."""
 
 from __future__ import annotations
 
 import jax
 import pytest
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import check_size
-from pipeline.sizes import default_sizes, parse_sizes
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import check_size
+from pipeline.contract.sizes import default_sizes, parse_sizes
 from web.sizes import ratio_name, size_label
 
 

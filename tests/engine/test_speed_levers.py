@@ -18,12 +18,12 @@ import pytest
 from conftest import FIXTURES, REPO, TINY_PT
 
 from pipeline.config import EngineConfig
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD
+from pipeline.contract.request import RequestRules, parse_request
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device import deepcache
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD
 from pipeline.host.speed_plan import guided_steps, speed_plan
-from pipeline.request import RequestRules, parse_request
-from pipeline.sampler_names import SAMPLER_NAMES
 
 MANIFEST = json.loads((FIXTURES / "speed-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "speed-expected.npz")

@@ -1,4 +1,4 @@
-"""Tests for pipeline.styles and the shipped assets (styles.json, examples.json)."""
+"""Tests for pipeline.contract.styles and the shipped assets (styles.json, examples.json)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.styles import (
+from pipeline.contract.styles import (
     DEFAULT_STYLE,
     DEFAULT_STYLES_PATH,
     EXAMPLES_PATH,

@@ -192,7 +192,7 @@ def test_a_part_that_fails_is_recorded_and_the_next_parts_run():
     assert list(failed) == ["No such sampler"]
     error, at = failed["No such sampler"]["error"], failed["No such sampler"]["at"]
     assert error.startswith("InvalidInput: Unknown sampler 'No such sampler'; choose one of: Euler")
-    assert at.startswith("pipeline/sampler_names.py:") and at.endswith(" in sampler_id")
+    assert at.startswith("pipeline/contract/sampler_names.py:") and at.endswith(" in sampler_id")
     assert lines == [f"No such sampler failed: {error} ({at}); the next part runs"]
 
     def interrupted() -> None:

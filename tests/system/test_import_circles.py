@@ -42,8 +42,8 @@ def project_imports() -> dict[str, set[str]]:
 def test_no_import_circles():
     graph = project_imports()
     assert {"app", "pipeline.generator", "pipeline.cluster.protocol", "web.page", "bench.__main__"} <= set(graph)
-    assert "pipeline.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
-    assert "pipeline.sampler_names" in graph["pipeline.request"]
+    assert "pipeline.contract.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
+    assert "pipeline.contract.sampler_names" in graph["pipeline.contract.request"]
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
@@ -58,3 +58,50 @@ def test_the_page_imports_no_jax():
     code = "import sys, web.page, web.options, web.history.tab; print(sorted(m for m in sys.modules if m == 'jax'))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+#: What web/ may import of the engine: the request contract, the engine service's wire format and info, and the
+#: options (the engine's flags and the static settings they make, the service's own flags).
+PAGE_MAY_IMPORT = ("pipeline.contract", "pipeline.service.wire", "pipeline.service.info", "pipeline.options",
+                   "pipeline.config", "pipeline.service.options")  # fmt: skip
+
+
+def test_the_page_imports_only_the_contract():
+    """web/ reaches the engine only through the contract, the service's wire and info, and the options: never its
+    plans, programs, devices or checkpoint files (so the engine's insides can change without the page noticing)."""
+    graph = project_imports()
+    assert "pipeline.contract.request" in graph["web.handlers"]  # the reader sees the page's imports
+    reached = {
+        (module, name)
+        for module, names in graph.items() if module.split(".")[0] == "web"
+        for name in names if name.split(".")[0] == "pipeline"
+        and not any(name == allowed or name.startswith(f"{allowed}.") for allowed in PAGE_MAY_IMPORT)
+    }  # fmt: skip
+    assert not reached, "web/ imports the engine's insides: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
+
+
+def test_the_contract_imports_nothing_else_of_the_engine():
+    """pipeline/contract/ is the floor the engine and the page stand on: it imports only itself."""
+    graph = project_imports()
+    assert "pipeline.contract.fields" in graph["pipeline.contract.request"]
+    above = {(m, n) for m, names in graph.items() if m.startswith("pipeline.contract.") for n in names
+             if not n.startswith("pipeline.contract.")}  # fmt: skip
+    assert not above, "the contract imports: " + ", ".join(f"{m} -> {n}" for m, n in sorted(above))
+
+
+def test_no_arrow_runs_back_up():
+    """Between the engine's folders and top-level modules (pipeline.host, pipeline.config, ...) no circle either: a
+    module-level order could hide one package importing another that imports it back (host <-> cluster once)."""
+    graph = project_imports()
+    floors: dict[str, set[str]] = {}
+    for module, names in graph.items():
+        if module.startswith("pipeline."):
+            floor = ".".join(module.split(".")[:2])
+            floors.setdefault(floor, set()).update(
+                ".".join(name.split(".")[:2]) for name in names if name.startswith("pipeline."))
+            floors[floor].discard(floor)
+    assert {"pipeline.contract", "pipeline.host", "pipeline.device", "pipeline.config"} <= set(floors)
+    try:
+        graphlib.TopologicalSorter(floors).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"an arrow runs back up: {' -> '.join(exc.args[1])}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import InvalidInput
-from pipeline.request import RequestRules
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.request import RequestRules
 from web.apis.a1111_fields import a1111_request
 
 UNIT = {"enabled": True, "image": "aGVsbG8=", "module": "canny", "model": "canny-tiny [abc123]", "weight": 0.8,
@@ -35,7 +35,7 @@ def test_a_broken_controlnet_args_is_one_sentence():
 
 @pytest.mark.parametrize("styles", [["../../etc/passwd"], ["Cinematic", "nope"], "Cinematic"])
 def test_a_style_this_server_does_not_offer_is_refused_in_the_tables_words(styles):
-    from pipeline.fields import check_style
+    from pipeline.contract.fields import check_style
 
     rules = RequestRules(sizes=((64, 64),))
     with pytest.raises(InvalidInput) as refused:
@@ -51,7 +51,7 @@ def test_a_style_this_server_does_not_offer_is_refused_in_the_tables_words(style
 
 
 def test_samplers_and_schedulers_not_offered_are_refused_in_the_tables_words():
-    from pipeline.fields import FIELD
+    from pipeline.contract.fields import FIELD
 
     rules = RequestRules(sizes=((64, 64),))
     for payload, row, value in (({"sampler_name": "Heun++"}, "sampler", "Heun++"),

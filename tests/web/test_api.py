@@ -20,10 +20,10 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 from PIL import Image
 
-from pipeline.errors import InvalidInput
-from pipeline.host.images import read_parameters
-from pipeline.request import parse_request
-from pipeline.styles import apply_style, load_examples, load_styles
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
+from pipeline.contract.request import parse_request
+from pipeline.contract.styles import apply_style, load_examples, load_styles
 from web.texts import GENERATION_FAILED
 
 PROMPT = "a lighthouse on a cliff at dawn"
@@ -63,7 +63,7 @@ def pixels_of(path: pathlib.Path) -> np.ndarray:
 
 
 def expected_error(**kwargs) -> str:
-    """The one sentence pipeline.request gives for these inputs: the API must return exactly that."""
+    """The one sentence pipeline.contract.request gives for these inputs: the API must return exactly that."""
     with pytest.raises(InvalidInput) as info:
         parse_request(**{"prompt": PROMPT, **kwargs})
     return str(info.value)

@@ -18,7 +18,7 @@ import gradio
 import pytest
 from conftest import ARTIFACTS, TIMEOUT_MS, free_port, needs_chromium, served
 
-from pipeline.styles import load_examples
+from pipeline.contract.styles import load_examples
 from web.page import EXAMPLE_SEED_START
 
 playwright_api = pytest.importorskip("playwright.sync_api")

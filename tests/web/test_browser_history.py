@@ -6,7 +6,7 @@ import stat
 import numpy as np
 import pytest
 
-from pipeline.host import images as image_io
+from pipeline.contract import image_files as image_io
 from web.history.browser import (
     BROWSER_THUMBNAIL_SIZE,
     add_entry,

@@ -22,7 +22,7 @@ from conftest import (
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from pipeline.host.images import read_parameters
+from pipeline.contract.image_files import read_parameters
 
 PICTURE = FIXTURES / "image-input.png"
 PROMPT = "a cozy cabin in a snowy forest"

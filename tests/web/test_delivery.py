@@ -22,7 +22,8 @@ from gradio_client.utils import Status
 from PIL import Image
 
 from pipeline.config import SDXL_BASE
-from pipeline.host import images as image_io
+from pipeline.contract import image_files as image_io
+from pipeline.contract import parameters
 from web.delivery import Outbox
 from web.page import GENERATE_CONCURRENCY
 from web.texts import model_texts
@@ -72,14 +73,15 @@ def test_models_are_named_without_server_paths(tmp_path):
     local.mkdir()
     unet = tmp_path / "lightning_4step.safetensors"
     unet.write_bytes(b"")
-    assert image_io.model_name(str(local)) == "my-finetune"
-    assert image_io.model_name(f"{local}/") == "my-finetune"
-    assert image_io.model_name("stabilityai/stable-diffusion-xl-base-1.0") == "stabilityai/stable-diffusion-xl-base-1.0"
-    assert image_io.model_name("tiny") == "tiny"
-    assert image_io.unet_name(str(unet)) == "lightning_4step.safetensors"
+    assert parameters.model_name(str(local)) == "my-finetune"
+    assert parameters.model_name(f"{local}/") == "my-finetune"
+    hub_id = "stabilityai/stable-diffusion-xl-base-1.0"
+    assert parameters.model_name(hub_id) == hub_id
+    assert parameters.model_name("tiny") == "tiny"
+    assert parameters.unet_name(str(unet)) == "lightning_4step.safetensors"
     spec = "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
-    assert image_io.unet_name(spec) == "sdxl_lightning_4step_unet.safetensors"
-    text = image_io.describe(
+    assert parameters.unet_name(spec) == "sdxl_lightning_4step_unet.safetensors"
+    text = parameters.describe(
         prompt="a cat", negative_prompt="", seed=1, steps=4, guidance_scale=0, height=64, width=64,
         model=str(local), unet=str(unet), dtype="float32",
     )  # fmt: skip

@@ -3,7 +3,7 @@ feature engine (tiny-pt on 2 devices, the fixture LoRAs, the levers) served by G
 
 Each feature gives, through /generate_png, the very pixels the engine gives in Python for the same request, says
 itself in the status line and in the images' parameters, compiles nothing, and each bad value is one sentence: the
-one pipeline.request gives.
+one pipeline.contract.request gives.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from pipeline.errors import InvalidInput
-from pipeline.host.images import read_parameters
-from pipeline.request import parse_request
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
+from pipeline.contract.request import parse_request
 
 PICTURE, MASK = FIXTURES / "image-input.png", FIXTURES / "image-mask.png"
 PROMPT = "a cozy cabin in a snowy forest"
@@ -117,7 +117,7 @@ def test_zero_compiles_through_gradio_client_over_a_mix(client, feature_engine):
     assert feature_engine.compile_count == before
 
 
-# ---- bad values: one sentence each, pipeline.request's ------------------------------------------------------------
+# ---- bad values: one sentence each, pipeline.contract.request's ------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

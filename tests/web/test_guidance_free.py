@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
-from pipeline.styles import DEFAULT_STYLE
+from pipeline.contract.styles import DEFAULT_STYLE
 from web.texts import NO_CFG_NOTE
 
 PROMPT = "a red fox in fresh snow"

@@ -198,14 +198,14 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
 
 
 def test_a_history_entry_shows_what_the_status_line_showed():
-    """One renderer (pipeline/request.status_parts): the schedule type, the levers and the picture's strength read the
-    same on the page's status line and in the history entry the request left (the history once dropped the schedule
-    type and named the picture otherwise)."""
+    """One renderer (pipeline/contract/parameters.status_parts): the schedule type, the levers and the picture's
+    strength read the same on the page's status line and in the history entry the request left (the history once
+    dropped the schedule type and named the picture otherwise)."""
     from types import SimpleNamespace
 
     from conftest import FIXTURES
 
-    from pipeline.request import RequestRules, parse_request
+    from pipeline.contract.request import RequestRules, parse_request
     from web.form import request_settings
     from web.history.tab import _details
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import InvalidInput
-from pipeline.host import images as image_io
+from pipeline.contract import image_files as image_io
+from pipeline.contract.errors import InvalidInput
 from web.history.store import DATABASE_NAME, REQUIRED_SETTINGS, HistoryLocked, HistoryStore
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from pipeline.errors import InvalidInput
-from pipeline.host import images as image_io
-from pipeline.sampler_names import SAMPLER_NAMES
+from pipeline.contract import image_files as image_io
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.parameters import describe, parse_infotext
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 from web.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,
     NOT_AN_IMAGE,
     form_values,
-    parse_infotext,
     read_form_values,
     read_infotext,
 )
@@ -70,7 +70,7 @@ def _own_image(tmp_path, saver, **overrides):
         sampler="DPM++ 2M Karras",
     )
     settings.update(overrides)
-    image = image_io.to_pil(_pixels()[None], [image_io.describe(**settings)])[0]
+    image = image_io.to_pil(_pixels()[None], [describe(**settings)])[0]
     return saver(image, tmp_path / f"own{'.png' if saver is image_io.save_png else '.jpg'}")
 
 

@@ -15,8 +15,8 @@ from conftest import ARTIFACTS, TIMEOUT_MS, UI_SIZES, UI_STEPS, needs_chromium, 
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from pipeline.host.images import read_parameters
-from pipeline.styles import load_examples
+from pipeline.contract.image_files import read_parameters
+from pipeline.contract.styles import load_examples
 from web.sizes import size_label
 
 SQUARE, WIDE = (size_label(h, w) for h, w in UI_SIZES)  # "64×64 (1:1)", "224×128 (16:9)"

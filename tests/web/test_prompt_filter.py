@@ -42,7 +42,7 @@ def test_empty_prompt_filter_blocks_nothing():
 
 
 def test_example_block_list_ships_and_loads():
-    from pipeline.styles import ASSETS_DIR
+    from pipeline.contract.styles import ASSETS_DIR
 
     path = ASSETS_DIR / "blocked_words.example.txt"
     assert path.read_text(encoding="utf-8").startswith("#")

@@ -12,8 +12,8 @@ from conftest import ARTIFACTS, LONG, TIMEOUT_MS, needs_chromium, open_advanced,
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from pipeline.host.images import read_parameters
-from pipeline.sampler_names import SAMPLER_NAMES
+from pipeline.contract.image_files import read_parameters
+from pipeline.contract.sampler_names import SAMPLER_NAMES
 
 
 def parameters_of(item) -> str:

@@ -22,10 +22,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from PIL import Image, ImageOps
 
-from pipeline.errors import InvalidInput
-from pipeline.host.images import model_name, read_parameters
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_files import read_parameters
+from pipeline.contract.parameters import model_name, parse_infotext
 
-from ..png_info import parameters_text, parse_infotext
+from ..png_info import parameters_text
 from .a1111_fields import A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
 from .images import RequestFiles, decode_base64, decode_picture, png_base64

@@ -1,4 +1,4 @@
-"""AUTOMATIC1111's request fields onto this server's table (`pipeline.fields.FIELDS`), one place.
+"""AUTOMATIC1111's request fields onto this server's table (`pipeline.contract.fields.FIELDS`), one place.
 
 A1111's clients send about fifty fields (`modules/api/models.py`: StableDiffusionTxt2ImgProcessingAPI and its img2img
 sibling); those this engine has are mapped, every other one is ignored. Samplers and schedule types are read from the
@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.controls import from_a1111
-from pipeline.errors import InvalidInput
-from pipeline.fields import FIELD, PLAIN, check_style, echo
+from pipeline.contract.controls import from_a1111
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD, PLAIN, check_style, echo
 
 #: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
 MAX_IMAGES = 64

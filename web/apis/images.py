@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from pipeline.errors import InvalidInput
-from pipeline.image_inputs import open_image
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.image_inputs import open_image
 
 #: Largest picture an API request may send, encoded (base64 of a 4096² PNG is about 60 MB at worst).
 MAX_IMAGE_BYTES = 40 * 1024 * 1024

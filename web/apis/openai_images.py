@@ -22,9 +22,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from PIL import Image
 
-from pipeline.errors import InvalidInput
-from pipeline.fields import PLAIN, echo
-from pipeline.host.images import model_name
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import PLAIN, echo
+from pipeline.contract.parameters import model_name
 
 from .a1111 import client_host
 from .auth import ApiAccess

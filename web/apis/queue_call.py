@@ -30,7 +30,7 @@ from gradio.server_messages import (
     UnexpectedErrorMessage,
 )
 
-from pipeline.fields import FIELDS
+from pipeline.contract.fields import FIELDS
 
 from ..handlers import api_defaults
 from ..page import GENERATE_CONCURRENCY, Page

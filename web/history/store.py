@@ -42,7 +42,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from PIL import Image
 
-from pipeline.errors import InvalidInput
+from pipeline.contract.errors import InvalidInput
 
 from ..options import DEFAULT_MAX_ENTRIES
 from .database import DATABASE_NAME, ENTRIES, HistoryDatabase, database_url

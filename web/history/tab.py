@@ -30,9 +30,9 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.errors import InvalidInput
-from pipeline.request import PICTURE_STATUS, status_parts
-from pipeline.styles import DEFAULT_STYLE
+from pipeline.contract.errors import InvalidInput
+from pipeline.contract.parameters import PICTURE_STATUS, status_parts
+from pipeline.contract.styles import DEFAULT_STYLE
 
 from ..files import RunFiles
 from ..form import Form, request_settings

@@ -54,14 +54,6 @@ class ControlUnit:
         """The map: uint8 [H, W, 3]."""
         return np.asarray(Image.open(io.BytesIO(self.image)).convert("RGB"))
 
-    def written(self, index: int) -> tuple[str, str]:
-        """A1111's ControlNet extension's `parameters` entry: ('ControlNet 0', 'Module: canny, Model: ...')."""
-        text = (f"Module: {self.module}, Model: {self.name}, Weight: {self.weight:g}, Guidance Start: {self.start:g}, "
-                f"Guidance End: {self.end:g}")  # fmt: skip
-        if self.module == "canny":
-            text += f", Threshold A: {self.low}, Threshold B: {self.high}"
-        return f"ControlNet {index}", text  # describe() quotes it, as A1111 does a value with commas
-
 
 def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
     """OpenCV's Canny edges of an RGB picture as a white-on-black RGB map: uint8 [H, W, 3]."""
@@ -179,28 +171,6 @@ def step_scales(units: tuple[ControlUnit, ...], steps: int) -> np.ndarray:
             if not (i / steps < unit.start or (i + 1) / steps > unit.end):
                 scales[i, column] = unit.weight
     return scales
-
-
-#: A1111's ControlNet entry keys -> this unit's fields (what PNG Info reads back).
-_WRITTEN_KEYS = {"Module": "module", "Model": "name", "Weight": "weight", "Guidance Start": "start",
-                 "Guidance End": "end", "Threshold A": "low", "Threshold B": "high"}  # fmt: skip
-
-
-def read_written(text: str) -> dict[str, object]:
-    """An entry `written` made (or A1111's extension: its extra keys are skipped) -> {name, module, weight, start,
-    end[, low, high]}; numbers as numbers. What PNG Info shows of a ControlNet (the map itself is not in the text)."""
-    values: dict[str, object] = {}
-    for part in str(text).split(","):
-        key, sep, value = part.partition(":")
-        field_name = _WRITTEN_KEYS.get(key.strip())
-        if not sep or field_name is None:
-            continue
-        value = value.strip()
-        try:
-            values[field_name] = float(value) if field_name not in ("module", "name") else value
-        except ValueError:
-            continue
-    return values
 
 
 def from_a1111(args: object) -> list[dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from .errors import InvalidInput
 from .sampler_names import SPACINGS, sampler_id
 
-PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
+PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
 #: Names, for --help and the argparse choices (the file is checked when a preset is used).
 PRESET_NAMES = ("sdxl-base", "lightning-2step", "lightning-4step", "lightning-8step", "turbo", "lcm-lora-4step")
 

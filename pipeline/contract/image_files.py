@@ -1,15 +1,13 @@
 """Images: uint8 pixels to PIL images and files that carry how they were made.
 
-The `parameters` text uses the layout most image tools read (AUTOMATIC1111's): the prompt, a "Negative prompt:" line,
-then "Key: value" settings. PNGs carry it as a text chunk; JPEGs (the gallery's fast format) in EXIF `UserComment`,
-encoded as A1111 writes it (piexif's "unicode": the 8-byte `UNICODE\\0` prefix, then UTF-16 big-endian).
+The `parameters` text is parameters.py's (`describe` writes it, `parse_infotext` reads it). PNGs carry it
+as a text chunk; JPEGs (the gallery's fast format) in EXIF `UserComment`, encoded as A1111 writes it (piexif's
+"unicode": the 8-byte `UNICODE\\0` prefix, then UTF-16 big-endian).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,66 +32,6 @@ UNICODE_PREFIX = b"UNICODE\0"
 MAX_EXIF_COMMENT = 65_000
 #: File name suffix per format.
 SUFFIXES = {"jpeg": ".jpg", "png": ".png"}
-
-
-def model_name(model: str) -> str:
-    """How outputs name a model: a Hub id or "tiny" as given, a local directory by its own name (never its path)."""
-    model = str(model).strip()
-    path = Path(model).expanduser()
-    if model.count("/") == 1 and not model.startswith(("/", ".", "~")) and not path.exists():
-        return model  # a Hub id: public already
-    return path.name or path.resolve().name or "local model"
-
-
-def unet_name(unet: str | None) -> str:
-    """How outputs name a `--unet` file (a local path or REPO:FILE): by its file name alone, never a server path."""
-    if not unet:
-        return ""
-    spec = str(unet).strip()
-    if not Path(spec).expanduser().is_file() and re.fullmatch(r"[\w.-]+/[\w.-]+:.+", spec):
-        spec = spec.partition(":")[2]
-    return Path(spec).name
-
-
-def describe(
-    *,
-    prompt: str,
-    negative_prompt: str,
-    seed: int,
-    steps: int,
-    guidance_scale: float,
-    height: int,
-    width: int,
-    model: str,
-    dtype: str,
-    sampler: str = "Euler",
-    spacing: str | None = None,
-    unet: str | None = None,
-    extra: dict[str, object] | None = None,
-) -> str:
-    """The `parameters` text of one image; `model` and `unet` are named as `model_name`/`unet_name` say (no paths).
-
-    `extra`: more "Key: value" settings, after the others (what a request set beyond A1111's basics, e.g.
-    "CFG end: 0.5"); a value with a comma or a colon is quoted, as A1111 quotes "Lora hashes".
-    """
-    lines = [prompt]
-    if negative_prompt:
-        lines.append(f"Negative prompt: {negative_prompt}")
-    lines.append(
-        f"Steps: {steps}, Sampler: {sampler}, CFG scale: {guidance_scale:g}, Seed: {seed}, Size: {width}x{height}, "
-        f"Model: {model_name(model)}"
-        + (f", UNet: {unet_name(unet)}" if unet else "")
-        + f", Dtype: {dtype}"
-        + (f", Timestep spacing: {spacing}" if spacing else "")
-        + "".join(f", {key}: {_setting(value)}" for key, value in (extra or {}).items())
-    )
-    return "\n".join(lines)
-
-
-def _setting(value: object) -> str:
-    """A settings value as A1111 writes it: as is, or JSON-quoted when a comma or colon would split it."""
-    text = f"{value:g}" if isinstance(value, float) else str(value)
-    return json.dumps(text, ensure_ascii=False) if any(char in text for char in ',:"') else text
 
 
 def to_pil(pixels: np.ndarray, parameters: list[str]) -> list[Image.Image]:

@@ -201,7 +201,7 @@ class Field:
     low_note: str = ""  # said after the low bound in a refusal ("(off)")
     high_note: str = ""  # said after the high bound ("(1 = guidance on every step)")
     label: str = ""  # its key in A1111's `parameters` ("" = not written)
-    basic: bool = False  # `parameters` always carries it among A1111's basics (host/images.describe writes it)
+    basic: bool = False  # `parameters` always carries it among A1111's basics (parameters.describe writes it)
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture)

@@ -20,15 +20,16 @@ import pathlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from PIL import Image
 
-from .config import EngineConfig
 from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
 from .sampler_names import check_steps, resolve, sampler_label
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
@@ -41,25 +42,21 @@ LORA_WEIGHT_LIMIT = 10.0
 LORA_TAG = re.compile(r"<lora:([^:<>]+)(?::([^:<>]*))?(?::([^:<>]*))?>", re.IGNORECASE)
 
 
-#: How the status line names a request that starts from a picture, by the history's name for it (web/form.py).
-PICTURE_STATUS = {"inpainting": "inpainted", "image to image": "from a picture"}
+class ServerSettings(Protocol):
+    """What `RequestRules.of` reads of a server's static settings: `config.EngineConfig` has them. Named here, not
+    imported, so the contract imports nothing of the engine (the options and the config import the contract)."""
 
+    @property
+    def offered_sizes(self) -> tuple[tuple[int, int], ...]: ...
 
-def status_parts(values: Mapping[str, object], started: str | None) -> list[str]:
-    """The table's fields as the status line and the history show them: those away from their default ("CFG end
-    0.5", "schedule Karras"), and a picture's own when it `started` from one ("inpainted, strength 0.6"). One
-    renderer, so the page's line and a history entry's never disagree."""
-    parts = []
-    for row in PLAIN:
-        value = values.get(row.name)
-        if not row.status or value is None:
-            continue
-        if row.needs == "picture":
-            if started:
-                parts.append(f"{started}, {row.status} {value:g}")
-        elif value != row.default:
-            parts.append(f"{row.status} {value}" if row.kind == "choice" else f"{row.status} {value:g}")
-    return parts
+    sampler: str | None
+    lora_dir: str | None
+    default_lora: str | None
+    steps: int
+    guidance_scale: float
+    cfg: bool
+    speed_levers: bool
+    controlnets: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class RequestRules:
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
-    def of(cls, config: EngineConfig) -> RequestRules:
+    def of(cls, config: ServerSettings) -> RequestRules:
         """The rules a server with `config` will have, known before the model loads (the sampler's default is the
         checkpoint's unless the config sets one: None until then)."""
         sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name
@@ -157,25 +154,16 @@ class Request:
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
 
-    def written_settings(self, picture: bool) -> dict[str, object]:
-        """The table's fields this request set beyond A1111's basics, by their `parameters` label: a picture's own
-        (`picture`, with a picture only: A1111 writes them among its keys), or the others away from their default."""
-        written = {}
-        for row in PLAIN:
-            if not row.label or row.basic or (row.needs == "picture") != picture:
-                continue
-            value = getattr(self, row.name)
-            if (self.init_image is not None) if picture else value != row.default:
-                written[row.label] = value
-        return written
+    def plain_values(self) -> dict[str, object]:
+        """The table's plain fields by name: what the `parameters` text and the status line are written from."""
+        return {row.name: getattr(self, row.name) for row in PLAIN}
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
         a picture's own with a picture (" · inpainted, strength 0.6")."""
         started = None if self.init_image is None else PICTURE_STATUS["inpainting" if self.mask_image is not None
                                                                       else "image to image"]  # fmt: skip
-        values = {row.name: getattr(self, row.name) for row in PLAIN}
-        return "".join(f" · {part}" for part in status_parts(values, started))
+        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started))
 
     def picture(self, vae_scale_factor: int = 8) -> Picture | None:
         """The picture to start from (None: text to image), decoded from the request's PNGs the first time only."""

@@ -24,7 +24,7 @@ __all__ = [
     "load_styles",
 ]
 
-ASSETS_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = pathlib.Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_STYLES_PATH = ASSETS_DIR / "styles.json"
 EXAMPLES_PATH = ASSETS_DIR / "examples.json"
 
