@@ -91,7 +91,7 @@ def test_cli_and_app_flags_apply_a_preset():
 def test_a_guidance_free_preset_on_the_cli_names_the_guidance_it_ignores(tiny_dir):
     """`--preset turbo --guidance-scale 7`: the request records guidance as ignored, which the CLI warns about."""
     from pipeline.__main__ import _check, build_parser
-    from pipeline.fields import FIELD
+    from pipeline.contract.fields import FIELD
 
     flags = ["--preset", "turbo", "--model", str(tiny_dir), "--guidance-scale", "7", "--negative-prompt", "blurry"]
     args = build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", *flags])
