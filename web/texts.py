@@ -10,10 +10,10 @@ import math
 import os
 import pathlib
 import string
-from typing import Any
 
 from pipeline.checkpoint.tiny import COMPLETE_MARKER
 from pipeline.config import SDXL_BASE, TINY_MODEL
+from pipeline.engine import Engine
 from pipeline.host.images import model_name, unet_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def header_links(model: str = SDXL_BASE) -> str:
     return " · ".join(links)
 
 
-def sampler_summary(generator: Any) -> str:
+def sampler_summary(generator: Engine) -> str:
     """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the log and the advanced settings."""
     sampler = getattr(generator, "sampler", None)
     if sampler is None:

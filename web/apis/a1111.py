@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from PIL import Image, ImageOps
 
+from pipeline.engine import Engine
 from pipeline.errors import InvalidInput
 from pipeline.host.images import model_name, read_parameters
 
@@ -61,7 +62,7 @@ STUBS: dict[str, tuple[str, Any]] = {
 }  # fmt: skip
 
 
-def offered_embeddings(engine: Any) -> dict[str, dict]:
+def offered_embeddings(engine: Engine) -> dict[str, dict]:
     """The textual inversions the engine offers, by name: the one place /sdapi/v1/embeddings reads."""
     names = engine.rules.embeddings
     return {str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None,
