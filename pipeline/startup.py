@@ -94,19 +94,20 @@ class Started:
 
 def start(
     config: EngineConfig,
-    cluster: ClusterOptions,
+    options: ClusterOptions,
     *,
     precompiled: str | None = None,
     only: Request | None = None,
     on_loaded: Callable[[Generator], None] | None = None,
 ) -> Started:
-    """Join the cluster, then load, place, install `precompiled`'s executables, compile and warm up the engine
-    `config` describes, logging each phase. `only`: the one request this process will run (the CLI's), so a single
-    process leaves out the programs it never needs. `on_loaded(generator)` logs a caller's own lines once the model is
-    placed, before the compile (the app's sizes, sampler and CPU notice)."""
+    """Join the cluster `options` describe (a single process: none to join), then load, place, install
+    `precompiled`'s executables, compile and warm up the engine `config` describes, logging each phase. `only`: the
+    one request this process will run (the CLI's), so a single process leaves out the programs it never needs.
+    `on_loaded(generator)` logs a caller's own lines once the model is placed, before the compile (the app's sizes,
+    sampler and CPU notice)."""
     from .cluster.startup import start as join
 
-    joined = join(cluster)  # before anything else touches JAX
+    joined = join(options)  # before anything else touches JAX
     # After JAX is imported: set before, JAX would take it as its own level and add a second handler (every line twice).
     logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
     if only is not None and joined.process_count == 1 and not asks_for_levers(only):
