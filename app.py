@@ -23,55 +23,33 @@ from web.startup import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
 logger = logging.getLogger("sdxl_jax.app")
 
 
-def start_engine(args):
-    """Load, compile and warm up the engine `args.config` describes, logging each phase with its time."""
-    from pipeline.generator import Generator
-    from pipeline.platform import accelerator_installed
-    from web.sizes import size_label
-    from web.texts import CPU_NOTICE, is_tiny, sampler_summary
-
-    # After JAX is imported: set before, JAX would take it as its own level and add a second handler (every line twice).
-    logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing ("Unable to initialize backend 'tpu'")
-    config = args.config
-    logger.info("loading %s: %d×%d, %d steps", config.model, config.width, config.height, config.steps)
-    real_model = not is_tiny(config.model)
-    if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
-        logger.warning(CPU_NOTICE.replace("`", ""))
-    started = time.perf_counter()
-    generator = Generator.load(config)
-    for phase in ("load", "cast", "replicate"):
-        logger.info("%-9s %7.2f s", phase, generator.load_timings[f"{phase}_s"])
-    config = generator.config
-    logger.info("ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
-                generator.device_summary, config.width, config.height, config.steps, config.dtype, config.attention,
-                generator.num_images)  # fmt: skip
-    if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
-        logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
-    if len(generator.sizes) > 1:
-        logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in generator.sizes))
-    logger.info("sampler: %s", sampler_summary(generator))
-    if args.precompiled:  # one line: which programs were loaded, which are compiled and why
-        from pipeline.host.aot import load_precompiled
-
-        load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
-    warm = generator.warmup()
-    for phase, key in (("compile", "compile_s"), ("first run", "first_run_s")):
-        logger.info("%-9s %7.2f s", phase, warm[key])
-    logger.info("engine ready in %.1f s", time.perf_counter() - started)
-    return generator
-
-
 def start_cluster_and_engine(args):
-    """(the cluster, this process's engine, loaded and warm); with --engine, (None, the engine services: no JAX)."""
+    """(the cluster, this process's engine, loaded and warm: pipeline/startup.py); with --engine, (None, the engine
+    services: no JAX)."""
     if args.engine:
         from pipeline.service.auth import token_from
         from web.remote_engine import RemoteEngines
 
         return None, RemoteEngines.connect(args.engine, token_from(args.engine_token))
     from pipeline.cluster.options import options_from_args
-    from pipeline.cluster.startup import start
+    from pipeline.platform import accelerator_installed
+    from pipeline.startup import start
+    from web.sizes import size_label
+    from web.texts import CPU_NOTICE, is_tiny, sampler_summary
 
-    return start(options_from_args(args)), start_engine(args)  # the cluster first: JAX waits until it joined
+    real_model = not is_tiny(args.config.model)
+    if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
+        logger.warning(CPU_NOTICE.replace("`", ""))
+
+    def describe(generator) -> None:  # the page's own words for what was loaded, before the compile
+        if real_model and accelerator_installed() and str(generator.device_kind).lower() == "cpu":
+            logger.warning(CPU_NOTICE.replace("`", ""))  # a GPU/TPU plugin is installed but found no device
+        if len(generator.sizes) > 1:
+            logger.info("sizes: %s", ", ".join(size_label(h, w) for h, w in generator.sizes))
+        logger.info("sampler: %s", sampler_summary(generator))
+
+    started = start(args.config, options_from_args(args), precompiled=args.precompiled, on_loaded=describe)
+    return started.cluster, started.engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,13 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args = parse_args(argv)
         from pipeline.contract.errors import InvalidInput, ModelLoadError  # neither imports JAX
-        from pipeline.preflight import check_loras, check_model
+        from pipeline.startup import check
 
         if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
             use_cpu_cores(args.cpu_devices)  # before anything imports JAX
-            try:  # a wrong --model or --lora-dir: said in a moment, before Gradio and JAX are imported
-                check_model(args.config)
-                check_loras(args.config)
+            try:  # a wrong --model, --lora-dir or --embeddings-dir: said in a moment, before Gradio and JAX
+                check(args.config)
             except (OSError, ModelLoadError, InvalidInput) as exc:
                 print(f"app.py: error: {exc}", file=sys.stderr)
                 return 2

@@ -6,7 +6,7 @@ pipeline/service/). All read the engine's options as the app does (pipeline/opti
 Bad input exits with status 2 and one line on stderr; a model that cannot be loaded exits with status 3, except a
 `--model` that names no checkpoint (no such directory, a file) or one whose files cannot be mapped onto SDXL
 (single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app. The
-arguments and the files they name are checked before JAX is imported (`_check`, pipeline/preflight.py): a mistake
+arguments and the files they name are checked before JAX is imported (`_check`, pipeline/startup.py): a mistake
 is said before JAX has taken its seconds to import.
 """
 
@@ -28,11 +28,11 @@ from .config import EngineConfig, engine_config  # noqa: E402
 from .contract.errors import CheckpointError, InvalidInput, ModelLoadError  # noqa: E402
 from .contract.fields import FIELD, FIELDS, resolve_seed  # noqa: E402
 from .contract.image_inputs import GivenPath  # noqa: E402
-from .contract.request import LORA_TAG, Request, RequestRules, asks_for_levers, parse_request  # noqa: E402
+from .contract.request import LORA_TAG, Request, RequestRules, parse_request  # noqa: E402
 from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option  # noqa: E402
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
-from .preflight import check_loras, check_model  # noqa: E402
 from .service.options import build_serve_parser  # noqa: E402
+from .startup import check, check_embeddings, check_model, screen_loras  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_LOAD_FAILED = 3
@@ -70,47 +70,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
     """What the user typed and the files it names, checked before JAX is imported (a mistake costs a moment, not a
-    load): the LoRA folder's, the page's and API's (`parse_request`), then the model's (pipeline/preflight.py)."""
+    load): the LoRA folder's, the page's and API's (`parse_request`), then the model's and the embeddings folder's
+    (pipeline/startup.py)."""
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     # The request's own flags are what it asks for; the server's defaults are what it would get without them.
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
-        offered, refused = check_loras(config)
-        rules = dataclasses.replace(rules, loras=tuple(offered))
+        screened = screen_loras(config)
+        rules = dataclasses.replace(rules, loras=screened.loras)
         asked = [_lora(text)[0] for text in args.lora] + [m.group(1) for m in LORA_TAG.finditer(args.prompt)]
         for name in asked:
-            if why := refused.get(name.strip()):
+            if why := screened.refused.get(name.strip()):
                 raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
     request = parse_request(**request_arguments(args), rules=rules)
     check_model(config)  # a wrong --model is bad input too
+    check_embeddings(config)
     return config, request
 
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:
     from .cluster.options import options_from_args
-    from .cluster.startup import start
-    from .generator import Generator
     from .host.compilation import CompileCounter
+    from .startup import start
 
     if request.ignored:
         flags = ", ".join(FIELD[name].flag for name in request.ignored)
         print(f"warning: no classifier-free guidance: {flags} ignored", file=sys.stderr)
-    started = time.perf_counter()
-    cluster = start(options_from_args(args))  # before anything else touches JAX
-    if cluster.process_count == 1 and not asks_for_levers(request):
-        # One process, one request: the levers' programs (half of a start-up's) would never run. A request at
-        # guidance <= 1 then runs the CFG step and keeps its conditional half: twice the step's work, less than
-        # compiling the guidance-free step, and the same picture to XLA's rounding (on the tiny model 5 values of
-        # 98,304 one level apart). Followers keep them all: a leader may send a lever.
-        config = dataclasses.replace(config, speed_levers=False)
-    generator = Generator.load(config)
-    if args.precompiled:
-        from .host.aot import load_precompiled
-
-        report = load_precompiled(generator.programs, generator.program_keys(), args.precompiled)
-        print(report.summary(args.precompiled), file=sys.stderr)  # which were loaded, which are compiled and why
-    warmup = generator.warmup()
+    began = time.perf_counter()
+    started = start(config, options_from_args(args), precompiled=args.precompiled, only=request)
+    cluster, generator = started.cluster, started.engine
+    if started.precompiled is not None:  # which were loaded, which are compiled and why
+        print(started.precompiled.summary(args.precompiled), file=sys.stderr)
     warmup_compiles = generator.compile_count
     if not cluster.is_leader:
         return cluster.follow(generator, json_summary=args.json)
@@ -123,8 +114,8 @@ def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) 
         "images": [str(p) for p in paths],
         "seeds": result.seeds,
         "devices": generator.device_summary,
-        "timings": {**generator.load_timings, **warmup, **{f"call_{k}": v for k, v in result.timings.items()}},
-        "process_s": time.perf_counter() - started,
+        "timings": {**generator.load_timings, **started.warmup, **{f"call_{k}": v for k, v in result.timings.items()}},
+        "process_s": time.perf_counter() - began,
         "compiles": CompileCounter.compiles(),  # programs this process built, compiled or loaded from the cache
         "compilation_cache_hits": CompileCounter.cache_hits(),  # of those, loaded from the persistent cache
         "programs": generator.startup_programs.counts(),  # served programs: traced, compiled, cached, loaded, stored
@@ -215,10 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         skip_absent_tpu()
     try:
         checked = _check(args) if args.command == "generate" else None  # before JAX is imported: bad input in a moment
-        if args.command == "serve":  # its model and LoRA folder, as the app's
-            served = engine_config(args)
-            check_model(served)
-            check_loras(served)
+        if args.command == "serve":  # its model, LoRA and embeddings folders, as the app's
+            check(engine_config(args))
         quiet_start()  # huggingface_hub's and Gradio's noise
         if args.command == "make-tiny":
             from .checkpoint.tiny import make_tiny

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any
 
 import gradio as gr
 import numpy as np
 from PIL import Image
 
 from pipeline.contract.controls import CANNY_HIGH, CANNY_LOW, PREPROCESSORS, preprocess
+from pipeline.contract.request import RequestRules
 
 
 def control_update(picture, name, module, low, high, weight, start, end):
@@ -32,7 +32,7 @@ def control_update(picture, name, module, low, high, weight, start, end):
     return shown, [unit]
 
 
-def control_panel(rules: Any) -> gr.JSON:
+def control_panel(rules: RequestRules) -> gr.JSON:
     """The panel (hidden when the server has no ControlNet); returns the API's `controlnets` component."""
     offered = list(rules.controlnets)
     value = gr.JSON(value=[], visible=False, label="controlnets")

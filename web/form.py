@@ -17,6 +17,7 @@ from typing import Any
 
 import gradio as gr
 
+from pipeline.contract.engine import EngineResult
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, FIELDS, PLAIN, Field
 from pipeline.contract.request import LORA_TAG, Request
@@ -41,7 +42,7 @@ OWN_KEYS = (
 SETTINGS_KEYS = (*OWN_KEYS, *(row.name for row in PLAIN))
 
 
-def request_settings(request: Request, result: Any) -> dict:
+def request_settings(request: Request, result: EngineResult) -> dict:
     """A finished request's settings as JSON values (`SETTINGS_KEYS`): what the history keeps of it. The sampler is
     the one that ran; a field that counts with a picture only is None without one."""
     height, width = request.size

@@ -26,6 +26,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
+from pipeline.contract.engine import Engine, EngineResult
 from pipeline.contract.errors import EngineUnavailable, InvalidInput
 from pipeline.contract.fields import FIELDS, PLAIN
 from pipeline.contract.image_inputs import open_image
@@ -61,7 +62,7 @@ class Handlers:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         rules: RequestRules | None = None,
         *,
         files: RunFiles,
@@ -360,7 +361,7 @@ class Handlers:
         gallery = before if previewed and before else gr.skip()
         return gallery, gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{note}"
 
-    def _answer(self, request: Request, result: Any, session: str, user: str | None, image_format: str | None,
+    def _answer(self, request: Request, result: EngineResult, session: str, user: str | None, image_format: str | None,
                 started: float) -> tuple:  # fmt: skip
         """A finished request's answer: its files written (web/delivery.py), the history told, the status line."""
         try:
@@ -404,7 +405,7 @@ class Finished:
     """A request that ran to its end and was delivered: what the history keeps (web/history/tab.py)."""
 
     request: Request  # what was asked
-    result: Any  # the engine's GenerationResult: steps, sampler, seeds
+    result: EngineResult  # steps, sampler, seeds
     delivery: Any  # web/delivery.Delivery: the gallery's files (and their PNGs, in the background)
     session: str  # the browser session that asked
     user: str | None  # the signed-in user (None without logins)

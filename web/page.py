@@ -17,9 +17,10 @@ from typing import Any
 
 import gradio as gr
 
+from pipeline.contract.engine import Engine, EngineSettings
 from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
 from pipeline.contract.parameters import model_name
-from pipeline.contract.request import MAX_LORAS
+from pipeline.contract.request import MAX_LORAS, RequestRules
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
 from .control_panel import control_panel
@@ -100,7 +101,7 @@ class Page:
         self.files.cleanup()
 
 
-def header_text(engine: Any, texts: dict[str, str]) -> str:
+def header_text(engine: Engine, texts: dict[str, str]) -> str:
     """The header under the title: devices, images per request, size, steps, the model (assets/header.md)."""
     config, count, sizes = engine.config, engine.num_images, engine.rules.sizes
     return read_template(
@@ -121,7 +122,7 @@ def header_text(engine: Any, texts: dict[str, str]) -> str:
 
 
 def build_page(
-    engine: Any,
+    engine: Engine,
     *,
     styles: Mapping[str, Any] | None = None,
     examples: Sequence[str] | None = None,
@@ -181,7 +182,7 @@ def build_page(
     return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history, form=form)
 
 
-def footer_text(config: Any, texts: dict[str, str]) -> str:
+def footer_text(config: EngineSettings, texts: dict[str, str]) -> str:
     """The footer: the model's licence and card (assets/footer*.md)."""
     return read_template(
         pathlib.Path(texts["footer_path"]),
@@ -297,7 +298,7 @@ class Fields:
         return [*self.inputs(prompt)[:-1], self.page_previews, *([self.picture] if painted else [])]
 
 
-def advanced_settings(rules: Any, engine: Any) -> Fields:
+def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     """Every request field's control but the prompt: the table's plain fields, the style, seed, size, the LoRA
     picker and the picture to start from."""
     controls: dict[str, Any] = {}
@@ -359,7 +360,7 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
     return Fields(controls, lora_rows, picture, previews, page_previews)
 
 
-def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:
+def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str, Any]:
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
     program does not read is hidden without CFG (static)."""
     return {
@@ -370,7 +371,7 @@ def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:
     }
 
 
-def lora_picker(rules: Any) -> tuple:
+def lora_picker(rules: RequestRules) -> tuple:
     """Up to MAX_LORAS rows of (LoRA, weight); hidden when the server offers none."""
     rows = []
     with gr.Group(visible=bool(rules.loras), elem_id="lora-picker"):
@@ -399,7 +400,7 @@ def example_buttons(examples: Sequence[str]) -> list[gr.Button]:
 # ---- events ----------------------------------------------------------------------------------------------------------
 
 
-def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results, fields: Fields,
+def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown: Results, fields: Fields,
                   concurrency: int = GENERATE_CONCURRENCY) -> list:  # fmt: skip
     """Generate (button, Enter, Vary), the API's /generate and /generate_png, Stop, the PNG follow-up, the picture
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
@@ -471,7 +472,7 @@ def wire_generate(handlers: Handlers, rules: Any, top: PromptRow, shown: Results
     return [generated, painted, *varied]
 
 
-def wire_examples(handlers: Handlers, rules: Any, examples: Sequence[str], buttons: list, top: PromptRow,
+def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[str], buttons: list, top: PromptRow,
                   shown: Results, fields: Fields, concurrency: int = GENERATE_CONCURRENCY) -> None:  # fmt: skip
     """An example (web/examples.py): its settings into the form, then its images (kept after its first click) with
     the PNG list of the last request hidden (it no longer matches them). Its seed is fixed: its kept images are

@@ -10,9 +10,9 @@ import math
 import os
 import pathlib
 import string
-from typing import Any
 
 from pipeline.config import SDXL_BASE
+from pipeline.contract.engine import Engine
 from pipeline.contract.parameters import model_name, unet_name
 from pipeline.service.info import is_test_model
 
@@ -124,7 +124,7 @@ def header_links(model: str = SDXL_BASE) -> str:
     return " · ".join(links)
 
 
-def sampler_summary(generator: Any) -> str:
+def sampler_summary(generator: Engine) -> str:
     """e.g. "preset lightning-4step: Euler, trailing spacing, no CFG" for the log and the advanced settings."""
     sampler = getattr(generator, "sampler", None)
     if sampler is None:

@@ -23,8 +23,8 @@ STOP_GRACE_S = 5.0
 def serve(args: argparse.Namespace) -> int:
     """Run the engine service as `args` (the serve subcommand's options) ask; the process's exit status."""
     from ..cluster.options import options_from_args
-    from ..cluster.startup import start
     from ..config import engine_config
+    from ..startup import start
 
     config = engine_config(args)
     token = token_from(args.engine_token)
@@ -43,8 +43,8 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         threading.Thread(target=server.serve_forever, name="engine-http", daemon=True).start()
         logger.info("listening on http://%s:%d/ (ready once warm: /readyz)", args.host, args.port)
-    cluster = start(options_from_args(args))  # before anything else touches JAX
-    generator = _warm_engine(config, args.precompiled)
+    started = start(config, options_from_args(args), precompiled=args.precompiled)  # pipeline/startup.py
+    cluster, generator = started.cluster, started.engine
     if not cluster.is_leader:
         service.following(cluster.process_index)  # its probes answer (a LeaderWorkerSet's workers have them too)
         try:
@@ -63,23 +63,6 @@ def serve(args: argparse.Namespace) -> int:
         _stop(service, server)
         cluster.stop()  # STOP to the followers (a no-op on one process)
     return 0
-
-
-def _warm_engine(config, precompiled: str | None):
-    """Load, place, compile and warm up the engine, logging each phase."""
-    from ..generator import Generator
-
-    logging.getLogger("jax").setLevel(logging.WARNING)
-    started = time.perf_counter()
-    generator = Generator.load(config)
-    if precompiled:
-        from ..host.aot import load_precompiled
-
-        load_precompiled(generator.programs, generator.program_keys(), precompiled)
-    warm = generator.warmup()
-    logger.info("engine warm in %.1f s (compile %.1f s, first run %.1f s)", time.perf_counter() - started,
-                warm["compile_s"], warm["first_run_s"])  # fmt: skip
-    return generator
 
 
 def _wait_for_signal() -> None:

@@ -42,8 +42,10 @@ def _errors(stderr: str, prefix: str) -> list[str]:
          "model_index.json)."),
         (["--prompt", "x", "--lora-dir", "/nonexistent/loras"],
          "error: LoRA directory /nonexistent/loras does not exist or is not a directory."),
+        (["--prompt", "x", "--embeddings-dir", "/nonexistent/embeddings"],
+         "error: Embeddings directory /nonexistent/embeddings does not exist or is not a directory."),
     ],
-    ids=["empty-prompt", "seed-minus-one", "init-image", "model", "model-file", "lora-dir"],
+    ids=["empty-prompt", "seed-minus-one", "init-image", "model", "model-file", "lora-dir", "embeddings-dir"],
 )  # fmt: skip
 def test_cli_bad_input_is_one_line_before_jax_is_imported(args, message, tmp_path):
     """`python -m pipeline generate` with a bad argument: exit 2, one line, and JAX was never imported (it and the
@@ -70,14 +72,22 @@ def test_cli_names_the_mask_the_user_typed(tmp_path):
     assert json.loads(done.stdout) == []
 
 
-def test_serve_bad_model_is_one_line_before_jax_is_imported():
-    argv = ["serve", "--model", "/nonexistent/x", "--port", str(free_port())]
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "/nonexistent/x"],
+         "error: Model directory /nonexistent/x does not exist; pass an existing directory, a Hub id like "
+         "stabilityai/stable-diffusion-xl-base-1.0, or 'tiny'."),
+        (["--model", "tiny", "--embeddings-dir", "/nonexistent/embeddings"],
+         "error: Embeddings directory /nonexistent/embeddings does not exist or is not a directory."),
+    ],
+    ids=["model", "embeddings-dir"],
+)  # fmt: skip
+def test_serve_bad_path_is_one_line_before_jax_is_imported(args, message):
+    argv = ["serve", *args, "--port", str(free_port())]
     done = run_python("-c", DRIVER.format(module="pipeline.__main__"), *argv, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert _errors(done.stderr, "error:") == [
-        "error: Model directory /nonexistent/x does not exist; pass an existing directory, a Hub id like "
-        "stabilityai/stable-diffusion-xl-base-1.0, or 'tiny'."
-    ]
+    assert _errors(done.stderr, "error:") == [message]
     assert "Traceback" not in done.stderr and json.loads(done.stdout) == []
 
 
@@ -89,8 +99,10 @@ def test_serve_bad_model_is_one_line_before_jax_is_imported():
          "stabilityai/stable-diffusion-xl-base-1.0, or 'tiny'."),
         (["--model", "tiny", "--lora-dir", "/nonexistent/loras"],
          "app.py: error: LoRA directory /nonexistent/loras does not exist or is not a directory."),
+        (["--model", "tiny", "--embeddings-dir", "/nonexistent/embeddings"],
+         "app.py: error: Embeddings directory /nonexistent/embeddings does not exist or is not a directory."),
     ],
-    ids=["model", "lora-dir"],
+    ids=["model", "lora-dir", "embeddings-dir"],
 )  # fmt: skip
 def test_app_bad_path_is_one_line_before_jax_and_gradio_are_imported(args, message):
     done = run_python("-c", DRIVER.format(module="app"), *args, "--port", str(free_port()), timeout=120)

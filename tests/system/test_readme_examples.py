@@ -45,7 +45,7 @@ def test_every_python_block_names_its_server():
 @contextlib.contextmanager
 def app_server(argv: list[str]):
     """What `python app.py ARGV` serves, started as app.main starts it, in this process."""
-    from app import start_engine
+    from app import start_cluster_and_engine
     from web.apis import ApiAccess, attach_apis
     from web.history.store import default_data_dir
     from web.history.tab import History
@@ -57,7 +57,8 @@ def app_server(argv: list[str]):
     if not args.no_history:
         history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
                                      max_entries=args.history_max)  # fmt: skip
-    page = build_page(start_engine(args), queue_size=args.queue_size, progress=not args.no_progress, history=history)
+    _, engine = start_cluster_and_engine(args)
+    page = build_page(engine, queue_size=args.queue_size, progress=not args.no_progress, history=history)
     try:
         apis = attach_apis(page, ApiAccess.from_args(args))  # as app.py: the A1111, OpenAI and MCP APIs
         page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=args.auth, **apis)

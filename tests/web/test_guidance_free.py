@@ -27,7 +27,7 @@ def lightning(tiny_dir):
         "--model", str(tiny_dir), "--preset", "lightning-4step", "--dtype", "float32",
         "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", str(TEST_STEPS), "--no-progress",
     ])  # fmt: skip
-    return app.start_engine(args)
+    return app.start_cluster_and_engine(args)[1]  # (the cluster of one, the engine)
 
 
 def test_guidance_free_program_compiles_once_and_never_again(lightning):

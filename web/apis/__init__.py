@@ -3,7 +3,8 @@
     apis = attach_apis(page, ApiAccess(...))   # before launch: the page's queue gets the APIs' events
     page.launch(port=7860, **apis)              # routes=[...], middleware=[...], mcp_server=...
 
-Every generation goes through the page's own queue and handler (queue_call.py); auth.py says who may call. APIs left
+Every generation goes through the page's own queue and handler (queue_call.py); auth.py says who may call, and
+guard.py wraps every A1111 and OpenAI route (the caller first; each refusal one sentence in that API's shape). APIs left
 off (a reachable host without logins or --api) answer every request with one sentence naming the flag, in their own
 error shape, and the start-up log says so.
 """
@@ -18,11 +19,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..page import Page
-from .a1111 import A1111Api
+from .a1111 import A1111Api, a1111_error
 from .auth import APIS_OFF, ApiAccess
+from .guard import REFUSED
 from .images import RequestFiles, ServedFiles
 from .mcp import MCP_PATH, McpGate, name_tools
-from .openai_images import OpenAIImages, error
+from .openai_images import OpenAIImages, openai_error
 from .queue_call import QueuedGenerate
 
 __all__ = ["ApiAccess", "attach_apis"]
@@ -59,10 +61,10 @@ def switched_off_routes() -> list[Route]:
     `{"error": {"message"}}`, rather than Gradio's bare 404."""
 
     async def a1111(request: Request) -> JSONResponse:
-        return JSONResponse({"detail": APIS_OFF, "error": "Refused"}, OFF_STATUS)
+        return a1111_error(OFF_STATUS, APIS_OFF, REFUSED)
 
     async def openai(request: Request) -> JSONResponse:
-        return error(OFF_STATUS, APIS_OFF, "permission_error")
+        return openai_error(OFF_STATUS, APIS_OFF, REFUSED)
 
     return [Route("/sdapi/v1/{rest:path}", a1111, methods=METHODS),
             Route("/v1/images/{rest:path}", openai, methods=METHODS),

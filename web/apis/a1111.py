@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from PIL import Image, ImageOps
 
+from pipeline.contract.engine import Engine
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.parameters import model_name, parse_infotext
@@ -29,8 +30,9 @@ from pipeline.contract.parameters import model_name, parse_infotext
 from ..png_info import parameters_text
 from .a1111_fields import A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
+from .guard import guarded
 from .images import RequestFiles, decode_base64, decode_picture, png_base64
-from .queue_call import QueuedGenerate, Refused
+from .queue_call import QueuedGenerate
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -62,7 +64,7 @@ STUBS: dict[str, tuple[str, Any]] = {
 }  # fmt: skip
 
 
-def offered_embeddings(engine: Any) -> dict[str, dict]:
+def offered_embeddings(engine: Engine) -> dict[str, dict]:
     """The textual inversions the engine offers, by name: the one place /sdapi/v1/embeddings reads."""
     names = engine.rules.embeddings
     return {str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None,
@@ -95,23 +97,9 @@ class A1111Api:
         for name, (method, answer) in STUBS.items():
             routes[(method, name)] = self._stub(answer)
         for (method, name), handler in routes.items():
-            router.add_api_route(f"/{name}", self._guarded(handler), methods=[method], include_in_schema=False)
+            route = guarded(handler, self.access.a1111_caller, a1111_error)  # HTTP Basic with --auth
+            router.add_api_route(f"/{name}", route, methods=[method], include_in_schema=False)
         return router
-
-    def _guarded(self, handler):
-        """A route: the caller checked (HTTP Basic with --auth), every refusal one sentence as JSON."""
-
-        async def route(request: Request):
-            try:
-                caller = self.access.a1111_caller(request.headers.get("authorization"), client_host(request))
-                return await handler(request, caller)
-            except Refused as exc:
-                headers = {"WWW-Authenticate": "Basic"} if exc.status == 401 else None
-                return JSONResponse({"detail": exc.message, "error": "Refused"}, exc.status, headers=headers)
-            except InvalidInput as exc:
-                return JSONResponse({"detail": str(exc), "error": "InvalidInput"}, 422)
-
-        return route
 
     @staticmethod
     def _stub(answer: Any):
@@ -269,6 +257,12 @@ class A1111Api:
         return JSONResponse({"info": text, "items": {"parameters": text} if text else {}, "parameters": parameters})
 
 
+def a1111_error(status: int, message: str, kind: str) -> JSONResponse:
+    """A refusal in A1111's shape, {"detail", "error"} (`kind`: "Refused" or "InvalidInput"); a 401 asks for Basic."""
+    headers = {"WWW-Authenticate": "Basic"} if status == 401 else None
+    return JSONResponse({"detail": message, "error": kind}, status, headers=headers)
+
+
 async def json_object(request: Request) -> dict:
     """The request's JSON body, which must be an object."""
     try:
@@ -300,7 +294,3 @@ def preview_base64(path: str) -> str | None:
         return png_base64(path)
     except OSError:
         return None
-
-
-def client_host(request: Request) -> str:
-    return request.client.host if request.client else "unknown"

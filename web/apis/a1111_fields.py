@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.contract.controls import from_a1111
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, PLAIN, check_style, echo
+from pipeline.contract.request import RequestRules
 
 #: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
 MAX_IMAGES = 64
@@ -114,7 +115,7 @@ def a1111_style(styles: object, offered) -> str | None:
     return names[0]
 
 
-def a1111_request(payload: dict, rules: Any, *, picture: bool) -> A1111Request:
+def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
     given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
                              or ""}  # fmt: skip

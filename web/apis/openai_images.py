@@ -26,8 +26,8 @@ from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import PLAIN, echo
 from pipeline.contract.parameters import model_name
 
-from .a1111 import client_host
 from .auth import ApiAccess
+from .guard import guarded
 from .images import RequestFiles, ServedFiles, check_picture, png_base64
 from .queue_call import QueuedGenerate, Refused
 
@@ -50,28 +50,12 @@ class OpenAIImages:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/v1")
-        router.add_api_route("/images/generations", self._guarded(self.generations), methods=["POST"],
-                             include_in_schema=False)  # fmt: skip
-        router.add_api_route("/images/edits", self._guarded(self.edits), methods=["POST"], include_in_schema=False)
-        router.add_api_route("/models", self._guarded(self.models), methods=["GET"], include_in_schema=False)
+        for path, handler, method in (("/images/generations", self.generations, "POST"),
+                                      ("/images/edits", self.edits, "POST"), ("/models", self.models, "GET")):
+            route = guarded(handler, self.access.bearer_caller, openai_error)  # a bearer key with --api-key/--auth
+            router.add_api_route(path, route, methods=[method], include_in_schema=False)
         router.add_api_route("/images/files/{name}", self.file, methods=["GET"], include_in_schema=False)
         return router
-
-    def _guarded(self, handler):
-        async def route(request: Request):
-            try:
-                caller = self.access.bearer_caller(request.headers.get("authorization"), client_host(request))
-                return await handler(request, caller)
-            except Refused as exc:  # the handler's refusals of bad input (422 elsewhere) are OpenAI's 400
-                if exc.status == 401:
-                    return error(401, exc.message, "authentication_error")
-                if exc.status >= 500:
-                    return error(exc.status, exc.message, "server_error")
-                return error(400, exc.message, "invalid_request_error")
-            except InvalidInput as exc:
-                return error(400, str(exc), "invalid_request_error")
-
-        return route
 
     async def generations(self, request: Request, caller: str):
         try:
@@ -169,6 +153,18 @@ class OpenAIImages:
 def error(status: int, message: str, kind: str) -> JSONResponse:
     """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}}, status)
+
+
+def openai_error(status: int, message: str, kind: str) -> JSONResponse:
+    """A refusal as OpenAI answers one: a missing key 401, a refusal by how the server was started 403, the server's
+    own trouble (a full queue, a server stopping) 5xx, and every refusal of the request's input 400 (422 elsewhere)."""
+    if status == 401:
+        return error(401, message, "authentication_error")
+    if status == 403:
+        return error(403, message, "permission_error")
+    if status >= 500:
+        return error(status, message, "server_error")
+    return error(400, message, "invalid_request_error")
 
 
 def number(value: object) -> object:
