@@ -1,0 +1,85 @@
+"""SDXL's refiner as a second stage: the engine's base + refiner equal diffusers' PyTorch
+`StableDiffusionXLPipeline(denoising_end=s)` + `StableDiffusionXLImg2ImgPipeline(denoising_start=s)` within 1 level
+of 255 (with and without guidance, a negative prompt, other aesthetic scores); a switch of 1 is the base alone; nothing
+compiles per request; the images record A1111's `Refiner` entries; the refiner shares the base's text encoder 2 when
+the weights file is the same; what cannot be a refiner, or a switch without one, is refused in one sentence.
+
+Fixtures: scripts/make_refiner_fixtures.py (tests/fixtures/tiny-refiner, refiner-expected.*).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, TINY_PT, TINY_REFINER
+
+from pipeline.errors import CheckpointError, InvalidInput
+from pipeline.request import RequestRules, parse_request
+from web.png_info import parse_infotext
+
+MANIFEST = json.loads((FIXTURES / "refiner-expected.json").read_text())
+ARRAYS = np.load(FIXTURES / "refiner-expected.npz")
+CASES = {case["name"]: case for case in MANIFEST["cases"]}
+
+
+def _request(engine, case, **fields):
+    return engine.request(case["prompt"], negative_prompt=case["negative_prompt"] or "", seed=case["seed"],
+                          steps=case["steps"], guidance_scale=case["guidance_scale"], sampler="Euler",
+                          refiner_switch=case["refiner_switch"], aesthetic_score=case["aesthetic_score"],
+                          negative_aesthetic_score=case["negative_aesthetic_score"], **fields)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pixels_match_diffusers_base_then_refiner(refiner_engine, name):
+    case = CASES[name]
+    before = refiner_engine.compile_count
+    result = refiner_engine.generate(_request(refiner_engine, case))
+    assert refiner_engine.compile_count == before  # nothing compiles per request
+    got = np.asarray(result.images[0], np.int16)  # [64, 64, 3]
+    expected = ARRAYS[name][0].astype(np.int16)
+    assert np.abs(got - expected).max() <= 1, name
+    written = parse_infotext(result.parameters[0]).settings  # what PNG Info reads back
+    assert written["Refiner"] == "tiny-refiner"
+    assert float(written["Refiner switch at"]) == case["refiner_switch"]
+
+
+def test_switch_one_is_the_base_alone(refiner_engine):
+    case = CASES["switch0.5_cfg"]
+    base = refiner_engine.generate(_request(refiner_engine, {**case, "refiner_switch": 1.0}))
+    assert "Refiner" not in parse_infotext(base.parameters[0]).settings
+    refined = np.asarray(refiner_engine.generate(_request(refiner_engine, case)).images[0], np.int16)
+    assert np.abs(np.asarray(base.images[0], np.int16) - refined).max() > 8  # the refiner changes the picture
+
+
+def test_text_encoder_2_shared_when_the_same_file(caplog, tiny_dir):
+    from pipeline.checkpoint.loading import load_model
+    from pipeline.checkpoint.refiner import load_refiner
+
+    with caplog.at_level(logging.INFO, logger="pipeline.checkpoint.refiner"):
+        shared = load_refiner(str(TINY_REFINER), load_model(str(TINY_PT), dtype="float32"), dtype="float32")
+        own = load_refiner(str(TINY_REFINER), load_model(str(tiny_dir), dtype="float32"), dtype="float32")
+    assert shared.shared_text_encoder and "text_encoder_2" not in shared.params
+    assert not own.shared_text_encoder and "text_encoder_2" in own.params
+    assert not shared.zero_empty_negative  # the refiner's model_index.json: an empty negative is encoded as ""
+    said = [record.getMessage() for record in caplog.records]
+    assert any("shared with the base" in line for line in said) and any("its own" in line for line in said)
+
+
+def test_refusals_are_one_sentence(tmp_path):
+    from pipeline.checkpoint.loading import load_model
+    from pipeline.checkpoint.refiner import load_refiner
+
+    with pytest.raises(InvalidInput, match="no refiner") as error:
+        parse_request("a fox", refiner_switch=0.8, rules=RequestRules(sizes=((64, 64),)))
+    assert "\n" not in str(error.value)
+    with pytest.raises(InvalidInput, match="refiner_switch must be"):
+        parse_request("a fox", refiner_switch=0, rules=RequestRules(sizes=((64, 64),), refiner="r"))
+    base = load_model(str(TINY_PT), dtype="float32")
+    for source, words in ((TINY_PT, "6 time ids"), (tmp_path, "model_index.json"),
+                          (tmp_path / "missing", "no folder")):  # fmt: skip
+        with pytest.raises(CheckpointError, match=words) as error:
+            load_refiner(str(source), base, dtype="float32")
+        assert "\n" not in str(error.value) and str(error.value).startswith("Refiner ")
