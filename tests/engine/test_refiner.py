@@ -83,3 +83,29 @@ def test_refusals_are_one_sentence(tmp_path):
         with pytest.raises(CheckpointError, match=words) as error:
             load_refiner(str(source), base, dtype="float32")
         assert "\n" not in str(error.value) and str(error.value).startswith("Refiner ")
+
+
+def test_cli_flags_and_a1111_fields_follow_the_table(tmp_path):
+    from pipeline.__main__ import build_parser, request_arguments
+    from pipeline.config import engine_config
+    from web.apis.a1111_fields import a1111_request
+
+    argv = ["generate", "--model", "tiny", "--refiner", str(TINY_REFINER), "--refiner-switch", "0.8",
+            "--aesthetic-score", "7", "--prompt", "a fox", "--out", str(tmp_path)]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    rules = RequestRules.of(engine_config(args))
+    assert engine_config(args).refiner == str(TINY_REFINER) and rules.refiner == "tiny-refiner"
+    request = parse_request(**request_arguments(args), rules=rules)
+    assert (request.refiner_switch, request.aesthetic_score, request.negative_aesthetic_score) == (0.8, 7.0, 2.5)
+    rules = RequestRules(sizes=((64, 64),), refiner="tiny-refiner")
+    given = a1111_request({"prompt": "x", "refiner_checkpoint": "tiny-refiner [0123abcd]", "refiner_switch_at": 0.6},
+                          rules, picture=False).given  # fmt: skip
+    assert given["refiner_switch"] == 0.6
+    assert a1111_request({"prompt": "x", "refiner_checkpoint": "tiny-refiner.safetensors"}, rules,
+                         picture=False).given["refiner_switch"] == 0.8  # A1111's default switch  # fmt: skip
+    for checkpoint in (None, "", "None"):  # no refiner named: none runs, whatever the switch says (as A1111)
+        payload = {"prompt": "x", "refiner_checkpoint": checkpoint, "refiner_switch_at": 0.5}
+        assert "refiner_switch" not in a1111_request(payload, rules, picture=False).given
+    for rules_now, words in ((rules, "Unknown refiner_checkpoint"), (RequestRules(sizes=((64, 64),)), "no refiner")):
+        with pytest.raises(InvalidInput, match=words):
+            a1111_request({"prompt": "x", "refiner_checkpoint": "sd_xl_refiner_1.0"}, rules_now, picture=False)
