@@ -361,10 +361,11 @@ def advanced_settings(rules: Any, engine: Any) -> Fields:
 
 def table_controls(group: str, rules: Any, only: str = "") -> dict[str, Any]:
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
-    program does not read is hidden without CFG (static)."""
+    program does not read is hidden without CFG, the refiner's without a refiner (static)."""
     return {
         row.name: control(row, getattr(rules, row.rule) if row.rule else row.default,
-                          visible=rules.cfg or row.without_cfg is None)  # fmt: skip
+                          visible=(rules.cfg or row.without_cfg is None)
+                          and (row.needs != "refiner" or bool(getattr(rules, "refiner", ""))))  # fmt: skip
         for row in PLAIN
         if row.control and row.control.group == group and (not only or row.name == only)
     }

@@ -109,3 +109,16 @@ def test_cli_flags_and_a1111_fields_follow_the_table(tmp_path):
     for rules_now, words in ((rules, "Unknown refiner_checkpoint"), (RequestRules(sizes=((64, 64),)), "no refiner")):
         with pytest.raises(InvalidInput, match=words):
             a1111_request({"prompt": "x", "refiner_checkpoint": "sd_xl_refiner_1.0"}, rules_now, picture=False)
+
+
+def test_page_shows_the_refiner_controls_only_with_a_refiner():
+    import gradio as gr
+
+    from web.page import table_controls
+
+    with gr.Blocks():
+        shown = table_controls("refiner", RequestRules(sizes=((64, 64),), refiner="tiny-refiner"))
+        hidden = table_controls("refiner", RequestRules(sizes=((64, 64),)))
+    assert set(shown) == {"refiner_switch", "aesthetic_score", "negative_aesthetic_score"}
+    assert all(control.visible for control in shown.values()) and not any(c.visible for c in hidden.values())
+    assert (shown["refiner_switch"].value, shown["aesthetic_score"].value) == (1.0, 6.0)
