@@ -122,3 +122,13 @@ def test_page_shows_the_refiner_controls_only_with_a_refiner():
     assert set(shown) == {"refiner_switch", "aesthetic_score", "negative_aesthetic_score"}
     assert all(control.visible for control in shown.values()) and not any(c.visible for c in hidden.values())
     assert (shown["refiner_switch"].value, shown["aesthetic_score"].value) == (1.0, 6.0)
+
+
+def test_a_picture_request_runs_the_refiner_too(refiner_engine):
+    fields = {"seed": 3, "steps": 4, "init_image": FIXTURES / "image-input.png", "strength": 0.75}
+    before = refiner_engine.compile_count
+    refined = refiner_engine.generate(refiner_engine.request("a fox", refiner_switch=0.5, **fields))
+    plain = refiner_engine.generate(refiner_engine.request("a fox", **fields))
+    assert refiner_engine.compile_count == before
+    assert parse_infotext(refined.parameters[0]).settings["Refiner"] == "tiny-refiner"
+    assert np.abs(np.asarray(refined.images[0], np.int16) - np.asarray(plain.images[0], np.int16)).max() > 8
