@@ -132,3 +132,23 @@ def test_a_picture_request_runs_the_refiner_too(refiner_engine):
     assert refiner_engine.compile_count == before
     assert parse_infotext(refined.parameters[0]).settings["Refiner"] == "tiny-refiner"
     assert np.abs(np.asarray(refined.images[0], np.int16) - np.asarray(plain.images[0], np.int16)).max() > 8
+
+
+def test_the_switch_is_diffusers_denoising_end_and_the_refiner_restarts_a_multistep_history():
+    from pipeline.host.plan import SamplerConfig
+    from pipeline.host.programs import ProgramKey, program_keys
+    from pipeline.host.refiner_plan import base_steps, refiner_plan
+
+    config = SamplerConfig()  # SDXL base's: Euler, leading, steps_offset 1
+    for case in CASES.values():  # the fixture's own record of diffusers' cut
+        assert base_steps(config.plan(case["steps"], "euler"), case["refiner_switch"], 1000) == case["base_steps"]
+    plan = config.plan(10, "dpmpp_2m")
+    stages = refiner_plan(plan, 0.8, 1000, lambda k: config.plan(10, "dpmpp_2m", first=k))
+    assert (stages.base_steps, stages.switch_row) == (8, 8)  # timesteps 901, 811, ..., 271 >= round(1000 - 800)
+    assert np.array_equal(stages.plan.coefficients[:8], plan.coefficients[:8])  # the base's rows as they were
+    assert stages.plan.coefficients[8][4] == 0 and plan.coefficients[8][4] != 0  # D_prev folded: a fresh history
+    assert np.array_equal(stages.plan.coefficients[9], plan.coefficients[9])  # then the sampler's own rows
+    assert refiner_plan(plan, 1.0, 1000, None).switch_row == plan.rows  # 1 = off
+    keys = program_keys([(64, 64)], cfg=True, levers=True, refiner=True)
+    assert {ProgramKey("refiner_encode", cfg=True), ProgramKey("refiner_step", 64, 64, True),
+            ProgramKey("refiner_step", 64, 64, False)} <= set(keys)  # fmt: skip
