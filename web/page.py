@@ -167,6 +167,7 @@ def build_page(
             controls={"prompt": top.prompt, **{name: component for name, component in fields.controls.items()
                                                if name not in ("loras", "init_image", "mask_image", "controlnets")}},
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
+            refiner=getattr(rules, "refiner", ""),
         )  # fmt: skip
         concurrency = getattr(engine, "concurrency", GENERATE_CONCURRENCY)  # engine services: two per engine
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)

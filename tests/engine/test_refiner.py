@@ -152,3 +152,15 @@ def test_the_switch_is_diffusers_denoising_end_and_the_refiner_restarts_a_multis
     keys = program_keys([(64, 64)], cfg=True, levers=True, refiner=True)
     assert {ProgramKey("refiner_encode", cfg=True), ProgramKey("refiner_step", 64, 64, True),
             ProgramKey("refiner_step", 64, 64, False)} <= set(keys)  # fmt: skip
+
+
+def test_png_info_fills_the_switch_only_where_there_is_a_refiner():
+    from web.form import Form
+
+    def form(refiner):
+        return Form(controls={"refiner_switch": object()}, lora_rows=(), styles=(), sizes=(), loras=(), refiner=refiner)
+
+    updates, notes = form("tiny-refiner").fill({"refiner_switch": 0.8})
+    assert updates == [{"__type__": "update", "value": 0.8}] and not notes
+    updates, notes = form("").fill({"refiner_switch": 0.8})  # Generate would refuse it here
+    assert "value" not in updates[0] and notes == ["This server has no refiner, so Refiner switch at 0.8 was left out."]
