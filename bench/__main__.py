@@ -41,6 +41,7 @@ from .reference import CHECK_RATIO  # noqa: E402
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
     "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet", "service",
+    "refiner",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -296,6 +297,13 @@ def _controlnet(args: argparse.Namespace, results: dict, generator) -> None:
     results["controlnet"] = controlnet_cost(args.config, args.runs)
 
 
+def _refiner(args: argparse.Namespace, results: dict, generator) -> None:
+    from .refiner import refiner_cost
+
+    progress(f"refiner: requests with refiner_switch 1, 0.8 and 0.5 ({args.runs} runs) ...")
+    results["refiner"] = refiner_cost(args.config, args.runs)
+
+
 def _levers(args: argparse.Namespace, results: dict, generator) -> None:
     from .features import speed_levers
 
@@ -357,6 +365,7 @@ MEASURES = {
     "lora": _lora,
     "img2img": _img2img,
     "controlnet": _controlnet,
+    "refiner": _refiner,
     "levers": _levers,
     "previews": _previews,
     "history": _history,

@@ -311,6 +311,10 @@ def markdown(results: dict) -> str:
         from .controlnet import markdown as controlnet_markdown
 
         lines += controlnet_markdown(results["controlnet"])
+    if results.get("refiner") is not None:
+        from .refiner import markdown as refiner_markdown
+
+        lines += refiner_markdown(results["refiner"])
     if results.get("service") is not None:
         from .service import markdown as service_markdown
 

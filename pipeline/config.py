@@ -69,6 +69,7 @@ class EngineConfig:
     embeddings_dir: str | None = None  # every SDXL *.safetensors textual-inversion embedding in it is offered
     emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
+    refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
@@ -224,6 +225,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lora_dir=get("lora_dir"),
         embeddings_dir=get("embeddings_dir"),
         controlnets=controlnet_specs(get("controlnet")),
+        refiner=get("refiner") or None,
         sizes=sizes,
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),

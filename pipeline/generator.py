@@ -30,6 +30,7 @@ from .checkpoint.controlnet import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
+from .checkpoint.refiner import RefinerWeights, load_refiner
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
@@ -51,10 +52,11 @@ from .host.control_plan import ServedControlNets, control_inputs
 from .host.emphasis import has_emphasis
 from .host.executables import StartupPrograms, build_served
 from .host.image_plan import image_plan
-from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RequestInputs, StopCheck
+from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
+from .host.refiner_plan import refiner_plan
 from .host.speed_plan import speed_plan
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
 
@@ -169,13 +171,17 @@ def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
 
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None,
-    controlnets: tuple = (),
+    controlnets: tuple = (), refiner: RefinerWeights | None = None,
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
-    build them here. `controlnets`: the served ControlNets' architectures (`ServedControlNets.archs`)."""
+    build them here. `controlnets`: the served ControlNets' architectures (`ServedControlNets.archs`); `refiner`:
+    the --refiner's modules (its weights are `params`' refiner_* entries)."""
+    modules = dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets))
+    if refiner is not None:
+        modules = dataclasses.replace(modules, refiner_unet=refiner.unet, refiner_text_encoder_2=refiner.text_encoder_2)
     return ServedPrograms(
-        dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets)),
+        modules,
         params,
         mesh,
         per_device_batch=config.per_device_batch,
@@ -186,14 +192,24 @@ def build_programs(
         levers=config.speed_levers,
         lora_layout=layout,
         emphasis=config.emphasis,
+        cfg=sampler.cfg,
+        refiner_zero_negative=refiner.zero_empty_negative if refiner is not None else False,
     )
+
+
+def with_refiner(params: dict, refiner: RefinerWeights | None) -> dict:
+    """The weights the programs take, with the refiner's UNet (and its own text encoder 2, unless it shares the
+    base's) as `refiner_unet` / `refiner_text_encoder_2`."""
+    if refiner is None:
+        return params
+    return {**params, **{f"refiner_{name}": tree for name, tree in refiner.params.items()}}
 
 
 class Generator:
     """SDXL on every device of a 1-D mesh: compiled programs, one image per device (x per-device batch)."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, devices: list | None = None,
-                 controlnets: list | None = None):  # fmt: skip
+                 controlnets: list | None = None, refiner: RefinerWeights | None = None):  # fmt: skip
         self.config = config  # resolved for the devices (`for_platform`)
         self.source = loaded.source
         self.mesh = data_mesh(devices)
@@ -218,9 +234,12 @@ class Generator:
         )  # fmt: skip
         #: The ControlNets served (--controlnet; those that fit this UNet), placed on the devices
         self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh)
-        self.rules = dataclasses.replace(self.rules, controlnets=self.controlnets.names)
+        self.rules = dataclasses.replace(self.rules, controlnets=self.controlnets.names,
+                                         refiner=refiner.name if refiner is not None else "")  # fmt: skip
+        #: The --refiner loaded (None without one): its name, modules and whether it shares text encoder 2
+        self.refiner = refiner
         started = time.perf_counter()
-        served = served_params(loaded, config)  # --quantize int8: the UNet's kernels int8, once, on the host
+        served = with_refiner(served_params(loaded, config), refiner)  # --quantize int8: the UNet's int8 kernels
         self._params = jax.block_until_ready(replicate_tree(served, self.mesh))  # placed once, kept
         self.load_timings = {
             "load_s": loaded.load_s,
@@ -230,7 +249,7 @@ class Generator:
         self._batch_sharding = batch_sharded(self.mesh)
         self._replicated = replicated(self.mesh)
         self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
-                                       self.controlnets.archs)  # fmt: skip
+                                       self.controlnets.archs, refiner)  # fmt: skip
         #: The LoRAs offered and the set merged now (None without any)
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
                               placed=self.config.lora_cache) if files else None  # fmt: skip
@@ -258,7 +277,9 @@ class Generator:
         )  # fmt: skip
         nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant,
                                 use_cache=config.conversion_cache) if config.controlnets else []  # fmt: skip
-        return cls(loaded, config, devices, nets)
+        refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant,
+                               use_cache=config.conversion_cache) if config.refiner else None  # fmt: skip
+        return cls(loaded, config, devices, nets, refiner)
 
     @classmethod
     def from_pretrained(cls, model: str = SDXL_BASE, *, devices: list | None = None, **settings) -> Generator:
@@ -276,7 +297,7 @@ class Generator:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
                             previews=self.config.previews, windows=self.config.prompt_windows,
-                            control_sets=self.controlnets.sets)  # fmt: skip
+                            control_sets=self.controlnets.sets, refiner=self.refiner is not None)  # fmt: skip
 
     @property
     def device_summary(self) -> str:
@@ -341,16 +362,17 @@ class Generator:
         """
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
-        plan, picture, speed = self._plans(request)
+        plan, picture, speed, switch_row = self._plans(request)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
         inputs, text, extra = self._inputs(request, seeds)
         loop_timings: dict[str, float] = {}
         pixels, device_s = self._run(request, inputs, plan, speed, picture,
-                                     loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings)  # fmt: skip
+                                     loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings,
+                                     switch_row)  # fmt: skip
         windows = self.config.prompt_windows
         dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
-        parameters = self._describe(request, plan, seeds, extra)
+        parameters = self._describe(request, plan, seeds, extra, refined=switch_row < plan.rows)
         images = image_io.to_pil(pixels, parameters)
         total_s = time.perf_counter() - started
         timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s,
@@ -360,8 +382,9 @@ class Generator:
                                 sampler=plan.label)  # fmt: skip
 
     def _plans(self, request: Request):
-        """The request's rows (its sampler's plan; with a picture, the rows that run), its picture on the devices,
-        and its speed plan (per step: guided or not, whole UNet or shallow)."""
+        """The request's rows (its sampler's plan; with a picture, the rows that run; with the refiner, the base's
+        rows up to its switch and then the refiner's), its picture on the devices, its speed plan (per step: guided
+        or not, whole UNet or shallow) and the first row the refiner runs (`plan.rows`: none)."""
         given = request.picture(self.programs.modules.vae_scale_factor)
         first = 0 if given is None else request.steps - given.steps_run  # a multistep sampler's history starts there
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler,
@@ -373,8 +396,15 @@ class Generator:
             plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
         # guidance <= 1 asks for none: the guidance-free step programs, where the levers compiled them
         guided = request.guidance_scale > 1 or not self.config.speed_levers
+        switch_row = plan.rows
+        if self.refiner is not None and request.refiner_switch < 1:
+            sampler = request.sampler or self.sampler.sampler
+            stages = refiner_plan(plan, request.refiner_switch, self.sampler.num_train_timesteps,
+                                  lambda k: loop.cached_plan(self.sampler, request.steps, sampler,
+                                                             request.schedule_type, first + k))  # fmt: skip
+            plan, switch_row = stages.plan, stages.switch_row
         speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg, guided=guided)
-        return plan, picture, speed
+        return plan, picture, speed, switch_row
 
     def _inputs(self, request: Request, seeds: list[int]):
         """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
@@ -398,9 +428,10 @@ class Generator:
         return inputs, text, extra
 
     def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
-             loop_timings: dict) -> tuple[np.ndarray, float]:  # fmt: skip
+             loop_timings: dict, switch_row: int) -> tuple[np.ndarray, float]:  # fmt: skip
         """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
-        seconds the devices were held. Every run (stopped ones too) joins `recent_runs`."""
+        seconds the devices were held (rows from `switch_row` on: the refiner's). Every run (stopped ones too) joins
+        `recent_runs`."""
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         height, width = request.size
         with self._device_lock:
@@ -416,6 +447,7 @@ class Generator:
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
                     on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
                     should_stop=watchers.should_stop, gate=watchers.gate, timings=loop_timings,
+                    refiner=self._refiner_inputs(request, switch_row, plan.rows),
                 )  # fmt: skip
             except Stopped as stopped:
                 run.update(done=stopped.done, stopped=True)
@@ -427,8 +459,15 @@ class Generator:
             run["done"] = plan.steps
             return pixels, time.perf_counter() - on_device
 
-    def _describe(self, request: Request, plan, seeds: list[int], extra: ExtraRows) -> list[str]:
-        """Each image's `parameters` text, as A1111 writes it."""
+    def _refiner_inputs(self, request: Request, switch_row: int, rows: int) -> RefinerInputs | None:
+        """The refiner stage's inputs on the devices, when the request's plan has refiner rows."""
+        if switch_row >= rows:
+            return None
+        scores = np.asarray([request.negative_aesthetic_score, request.aesthetic_score], np.float32)
+        return RefinerInputs(switch_row=switch_row, aesthetic=self._put(scores))
+
+    def _describe(self, request: Request, plan, seeds: list[int], extra: ExtraRows, refined: bool = False) -> list[str]:
+        """Each image's `parameters` text, as A1111 writes it (`refined`: the refiner ran: `Refiner: <name>`)."""
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         height, width = request.size
         reader = self.prompts
@@ -438,6 +477,8 @@ class Generator:
         extra_settings = written_settings(request.plain_values(), style=request.style,
                                           has_picture=request.init_image is not None, lora_hashes=lora_hashes,
                                           text=text, controlnets=request.controlnets)  # fmt: skip
+        if refined:  # A1111 writes the refiner's name before its switch
+            extra_settings = {"Refiner": self.refiner.name, **extra_settings}
         return [
             describe(
                 prompt=request.written_prompt or prompt, negative_prompt=negative_prompt, seed=s, steps=request.steps,

@@ -187,6 +187,10 @@ OPTIONS: tuple[Option, ...] = (
            "that cannot be loaded is named in one line and left out", "SDXL_CONTROLNET", kind="append",
            metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True,
            env_text="SDXL_CONTROLNET: comma-separated"),
+    Option("--refiner", "SDXL's refiner in diffusers' layout (Flax or PyTorch files): PATH or Hub REPO, e.g. "
+           "stabilityai/stable-diffusion-xl-refiner-1.0; its UNet continues a request from `refiner_switch` (its text "
+           "encoder 2 is the base's when the weights file is the same); every program compiled at start-up",
+           "SDXL_REFINER", metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
            "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
            "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64),

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from .checkpoint.controlnet import load_controlnets
 from .checkpoint.loading import load_model
+from .checkpoint.refiner import load_refiner
 from .config import EngineConfig
 from .device.sharding import data_mesh
-from .generator import build_programs, for_platform, read_loras, sampler_of, served_params
+from .generator import build_programs, for_platform, read_loras, sampler_of, served_params, with_refiner
 from .host.aot import save_precompiled, topology_devices
 from .host.compilation import configure_compilation_cache
 from .host.control_plan import ServedControlNets
@@ -35,11 +36,13 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     _, layout = read_loras(loaded, config)  # the merge program's shapes come from the LoRA files
     nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant) if config.controlnets else []
     controlnets = ServedControlNets.of(nets, loaded)  # architectures only: nothing placed on the topology
-    programs = build_programs(loaded, config, served_params(loaded, config), data_mesh(devices), sampler, layout,
-                              controlnets.archs)  # fmt: skip
+    refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner \
+        else None  # fmt: skip
+    programs = build_programs(loaded, config, with_refiner(served_params(loaded, config), refiner),
+                              data_mesh(devices), sampler, layout, controlnets.archs, refiner)  # fmt: skip
     sizes = list(config.offered_sizes)
     keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
-                        windows=config.prompt_windows, control_sets=controlnets.sets)
+                        windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None)
     progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,

@@ -187,6 +187,26 @@ def control_engine(lora_dir):
     return generator
 
 
+#: The tiny SDXL refiner of scripts/make_refiner_fixtures.py (its text encoder 2 is tiny-pt's file).
+TINY_REFINER = FIXTURES / "tiny-refiner"
+
+
+@pytest.fixture(scope="session")
+def refiner_engine():
+    """tiny-pt with the tiny refiner on 2 devices at 64x64, 4 steps; no levers, one text window, no previews: the
+    engine of the refiner tests (its parity with diffusers' base + refiner pipelines)."""
+    import jax
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
+        prompt_windows=1, previews=False, devices=jax.devices()[:FEATURE_DEVICES], refiner=str(TINY_REFINER),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
 #: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
 UI_SIZES = [(TEST_SIZE, TEST_SIZE), (128, 224)]
 #: Enough steps to watch a progress bar move.

@@ -111,6 +111,7 @@ class Form:
     styles: tuple[str, ...]  # the page's style names
     sizes: tuple[tuple[int, int], ...]  # the offered (height, width)
     loras: tuple[str, ...]  # the server's LoRA names
+    refiner: str = ""  # the server's refiner ("": none, so the refiner's fields stay at their defaults)
 
     @property
     def filled(self) -> list[str]:
@@ -126,7 +127,13 @@ class Form:
         """One update per field of `fields` (gr.skip() where `settings` says nothing usable), and one sentence per
         setting that could not be used here (a size not offered, a LoRA this server does not have, ...)."""
         notes: list[str] = []
-        updates = {row.name: _fill_plain(row, settings.get(row.name), notes) for row in PLAIN}
+        updates = {row.name: _fill_plain(row, settings.get(row.name), notes) for row in PLAIN
+                   if row.needs != "refiner" or self.refiner}  # fmt: skip
+        for row in PLAIN:  # Generate would refuse a refiner's switch without one: say so now, keep the default
+            if row.needs == "refiner" and not self.refiner:
+                updates[row.name] = gr.skip()
+                if row.name == "refiner_switch" and settings.get(row.name) not in (None, row.default):
+                    notes.append(f"This server has no refiner, so {row.label} {settings[row.name]:g} was left out.")
         updates.update(prompt=_text(settings.get("prompt")), negative_prompt=_text(settings.get("negative_prompt")),
                        style=self._style(settings, notes), aspect_ratio=self._size(settings, notes))  # fmt: skip
         seed = FIELD["seed"]

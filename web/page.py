@@ -168,6 +168,7 @@ def build_page(
             controls={"prompt": top.prompt, **{name: component for name, component in fields.controls.items()
                                                if name not in ("loras", "init_image", "mask_image", "controlnets")}},
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
+            refiner=getattr(rules, "refiner", ""),
         )  # fmt: skip
         concurrency = getattr(engine, "concurrency", GENERATE_CONCURRENCY)  # engine services: two per engine
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
@@ -362,10 +363,11 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
 
 def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str, Any]:
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
-    program does not read is hidden without CFG (static)."""
+    program does not read is hidden without CFG, the refiner's without a refiner (static)."""
     return {
         row.name: control(row, getattr(rules, row.rule) if row.rule else row.default,
-                          visible=rules.cfg or row.without_cfg is None)  # fmt: skip
+                          visible=(rules.cfg or row.without_cfg is None)
+                          and (row.needs != "refiner" or bool(getattr(rules, "refiner", ""))))  # fmt: skip
         for row in PLAIN
         if row.control and row.control.group == group and (not only or row.name == only)
     }

@@ -46,6 +46,7 @@ class LoadedModel:
     cast_s: float  # seconds to cast the weights
     #: per weight component, where its weights came from: "flax", "converted" or "conversion cache"
     origins: dict = field(default_factory=dict)
+    directory: str = ""  # the local folder its files were read from (a Hub id's snapshot): what a refiner shares
 
 
 def default_revision(model: str) -> str | None:
@@ -301,7 +302,8 @@ def load_per_component(
     cast_s = time.perf_counter() - started
     logger.info("loaded %s in %.1f s (%s), cast to %s in %.1f s", source, load_s,
                 ", ".join(f"{k}: {v}" for k, v in origins.items()), dtype, cast_s)  # fmt: skip
-    return LoadedModel(networks=networks, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins)
+    return LoadedModel(networks=networks, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins,
+                       directory=str(directory))  # fmt: skip
 
 
 def _component_weights(

@@ -174,7 +174,7 @@ class Control:
     info: str = ""  # the line under it ({low} and {high}: the field's bounds)
     step: float = 1  # a slider's step (its lowest value is `step` above an excluded low bound)
     elem_id: str = ""  # the element's id (CSS, browser tests)
-    group: str = ""  # the page's row for it: "style", "sampling", "levers", "picture" ("": a row of its own)
+    group: str = ""  # the page's row for it: "style", "sampling", "levers", "picture", "refiner" ("": its own row)
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class Field:
     basic: bool = False  # `parameters` always carries it among A1111's basics (parameters.describe writes it)
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
-    needs: str = ""  # "picture": it counts with a picture only (checked with the picture)
+    needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
@@ -331,6 +331,21 @@ FIELDS: tuple[Field, ...] = (
                           elem_id="schedule-type", group="sampling")),
     Field("controlnets", "controls", "up to 2 {name, image, weight 0..2, start, end, preprocessor none|canny} of the "
           "server's ControlNets", flag="--control-image", api_type=list),
+    Field("refiner_switch", "float", "with the server's --refiner: the part of the steps the base runs before its "
+          "refiner continues (A1111's Switch at; 1 = no refiner)", 1.0, low=0.0, high=1.0, above=True,
+          called="refiner_switch", high_note=" (1 = no refiner)", label="Refiner switch at", status="refiner at",
+          needs="refiner", flag="--refiner-switch", api_type=float,
+          control=Control("Refiner switch at", "The part of the steps the base runs before the refiner continues "
+                          "(1 = no refiner)", step=0.05, elem_id="refiner-switch", group="refiner")),
+    Field("aesthetic_score", "float", "the refiner's aesthetic score (its 5th time id, diffusers' 6)", 6.0, low=0.0,
+          high=10.0, called="aesthetic_score", label="Aesthetic score", needs="refiner", flag="--aesthetic-score",
+          api_type=float, control=Control("Aesthetic score", "The refiner's aesthetic conditioning, {low:g} to "
+                                          "{high:g}", step=0.5, elem_id="aesthetic-score", group="refiner")),
+    Field("negative_aesthetic_score", "float", "the refiner's aesthetic score for the negative prompt (diffusers' "
+          "2.5)", 2.5, low=0.0, high=10.0, called="negative_aesthetic_score", label="Negative aesthetic score",
+          needs="refiner", flag="--negative-aesthetic-score", api_type=float,
+          control=Control("Negative aesthetic score", "The refiner's aesthetic conditioning of the negative prompt",
+                          step=0.5, elem_id="negative-aesthetic-score", group="refiner")),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

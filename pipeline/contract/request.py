@@ -57,6 +57,7 @@ class ServerSettings(Protocol):
     cfg: bool
     speed_levers: bool
     controlnets: tuple[str, ...]
+    refiner: str | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class RequestRules:
     default_loras: tuple[tuple[str, float, float], ...] = ()  # a request naming no LoRA gets these (a preset's)
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
+    refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -91,7 +93,14 @@ class RequestRules:
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
+            refiner=refiner_name(config.refiner) if config.refiner else "",
         )  # fmt: skip
+
+
+def refiner_name(source: str) -> str:
+    """The name a --refiner is written under: its folder's (or Hub repo's) last part, as A1111 writes
+    `Refiner: <name>` (e.g. stable-diffusion-xl-refiner-1.0)."""
+    return source.strip().rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,9 @@ class Request:
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
     controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controls.py)
+    refiner_switch: float = FIELD["refiner_switch"].default  # the refiner continues after this part (1 = none)
+    aesthetic_score: float = FIELD["aesthetic_score"].default  # the refiner's 5th time id for the prompt
+    negative_aesthetic_score: float = FIELD["negative_aesthetic_score"].default  # ... for the negative prompt
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -264,6 +276,7 @@ def parse_request(
     resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
     height, width = _size(size, rules.sizes)
     _check_levers(values, rules)
+    _check_refiner(values, rules)
     _check_sampler(values, init_image is not None)
     ignored = () if rules.cfg else _ignored(given, values, negative, rules)
     if not rules.cfg:  # the guidance-free program reads none of them
@@ -317,6 +330,12 @@ def asks_for_levers(request: Request) -> bool:
     """Whether `request` sets a speed lever (cfg_end, deepcache) away from its default: only then does it run the
     levers' programs (shallow steps; a guidance-free step after `cfg_end`)."""
     return any(getattr(request, row.name) != row.default for row in PLAIN if row.lever)
+
+
+def _check_refiner(values: Mapping[str, object], rules: RequestRules) -> None:
+    """`refiner_switch` below 1 needs a server with a refiner; the aesthetic scores only count with it."""
+    if values["refiner_switch"] < FIELD["refiner_switch"].default and not rules.refiner:
+        raise InvalidInput("This server has no refiner (start it with --refiner): refiner_switch must stay 1.")
 
 
 def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:

@@ -62,7 +62,7 @@ def step_local(
 
 def unet_step(
     unet_call, modules: Modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    image, blend_sigma, *, cfg: bool, prediction_type: str,
+    image, blend_sigma, *, cfg: bool, prediction_type: str, time_ids_rows=None,
 ):  # fmt: skip
     """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
     returns (latents', history', *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go
@@ -72,6 +72,7 @@ def unet_step(
     [b, 4, h, w], "repaint" m [b, 1, h, w] (1 = repaint), "masked" [b, 4, h, w] (the masked picture's latents). A
     4-channel UNet's step is followed by the blend (1 - m)·(x0 + blend_sigma·n) + m·x', which with m = 1 (no mask,
     and txt2img) is x' exactly; a 9-channel inpainting UNet reads [x, m, masked] instead and is not blended.
+    `time_ids_rows` [cb, n]: the UNet's time ids when they are not the base's size conditioning (the refiner's).
     """
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     timestep, sigma = coefficients[0], coefficients[1]
@@ -81,7 +82,8 @@ def unet_step(
         model_input = jnp.concatenate([model_input, image["repaint"], image["masked"]], axis=1)
     if cfg:
         model_input = jnp.concatenate([model_input, model_input])  # [2b, c, h, w]
-    added = {"text_embeds": pooled, "time_ids": time_ids(hidden.shape[0], height, width, hidden.dtype)}
+    ids = time_ids(hidden.shape[0], height, width, hidden.dtype) if time_ids_rows is None else time_ids_rows
+    added = {"text_embeds": pooled, "time_ids": ids}
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
     with attention.context_lengths(None if one_window else key_lengths):
         # float32 timesteps, as PyTorch feeds them

@@ -78,7 +78,7 @@ PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
                    "device/preview.py", "device/quantize.py", "device/controlnet.py", "device/control_step.py",
-                   "device/nets/*.py")
+                   "device/refiner.py", "device/nets/*.py")
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
@@ -86,10 +86,12 @@ PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py
 #: setting, a new one included, is in every program's fingerprint.
 NOT_SHAPING: dict[str, frozenset[str]] = {
     "levers": frozenset(KINDS),  # which programs exist (their kinds), not what one computes
-    "prediction_type": frozenset(KINDS) - {"step", "step_control", "step_full", "step_shallow"},
+    "prediction_type": frozenset(KINDS) - {"step", "step_control", "step_full", "step_shallow", "refiner_step"},
     "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_control", "step_full",
-                                          "step_shallow"},
+                                          "step_shallow", "refiner_encode", "refiner_step"},
     "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
+    "cfg": frozenset(KINDS) - {"refiner_step"},  # the server's guidance: the refiner's text rows only
+    "refiner_zero_negative": frozenset(KINDS) - {"refiner_encode"},
 }
 
 

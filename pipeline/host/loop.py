@@ -88,6 +88,14 @@ class ControlInputs:
     scales: np.ndarray  # float32 [plan rows, units]: weight x window per step (0: that unit is off there)
 
 
+@dataclass(frozen=True)
+class RefinerInputs:
+    """One request's refiner stage (host/refiner_plan.py): where it takes over and its aesthetic scores."""
+
+    switch_row: int  # plan rows from this one run the refiner's step
+    aesthetic: jax.Array  # float32 [2] (replicated): the negative prompt's and the prompt's aesthetic score
+
+
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
@@ -143,6 +151,7 @@ def run(
     should_stop: StopCheck | None = None,
     gate: Gate | None = None,
     timings: dict | None = None,
+    refiner: RefinerInputs | None = None,
 ) -> jax.Array:
     """Encode, sample the plan's rows (`plan.rows` UNet calls: `plan.steps` steps, two per step for Heun), decode:
     uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
@@ -161,25 +170,30 @@ def run(
     predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step
     is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
     `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`, the others
-    (no ControlNet, or outside every unit's window) the plain step.
+    (no ControlNet, or outside every unit's window) the plain step. `refiner`: rows from its `switch_row` on run
+    the refiner's step on its own text (encoded with the prompt's), whole and with the row's guidance mode.
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
                   put, timings)  # fmt: skip
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
+    refiner_text = encode_text(stage, inputs, cfg, "refiner_encode") if refiner is not None else None
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     speed = speed or speed_plan(plan.rows, cfg=cfg)
     latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history,
-                      Watchers(on_preview, on_step, should_stop, gate), control)  # fmt: skip
+                      Watchers(on_preview, on_step, should_stop, gate), control,
+                      (refiner, refiner_text) if refiner is not None else None)  # fmt: skip
     return stage.compile("decode")(stage.weights("decode"), latents)
 
 
-def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool) -> tuple:
-    """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB])."""
-    encode = stage.compile("encode", sized=False, cfg=cfg, windows=stage.text)
-    return encode(stage.weights("encode"), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
-                  inputs.windows, inputs.prompt_weights, inputs.negative_weights, *inputs.embedding_tables)  # fmt: skip
+def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "encode") -> tuple:
+    """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB]): for the base
+    (`encode`), or the refiner (`refiner_encode`: text encoder 2 and its embedding table only)."""
+    encode = stage.compile(kind, sized=False, cfg=cfg, windows=stage.text)
+    tables = inputs.embedding_tables if kind == "encode" else inputs.embedding_tables[1:]
+    return encode(stage.weights(kind), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
+                  inputs.windows, inputs.prompt_weights, inputs.negative_weights, *tables)  # fmt: skip
 
 
 def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):
@@ -211,10 +225,11 @@ class Watchers:
 
 
 def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, text: tuple, latents, image, history,
-            watchers: Watchers, control: ControlInputs | None = None) -> jax.Array:  # fmt: skip
+            watchers: Watchers, control: ControlInputs | None = None,
+            refiner: tuple[RefinerInputs, tuple] | None = None) -> jax.Array:  # fmt: skip
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
-    carried history (zeros at the start: the first row's weights on it are 0)."""
-    programs, put = stage.programs, stage.put
+    carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text."""
+    programs = stage.programs
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
@@ -225,29 +240,12 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
     for position, planned in enumerate(speed.schedule):
         if watchers.stop_now(position):
             _stop(stage, pending, position, total)
-        if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
-            halve = stage.compile("halve_text", sized=False, windows=stage.text)
-            hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
-        if planned.halve_feature:  # a shallow step without guidance after a whole step with it
-            feature = stage.compile("halve_feature")({}, feature)
-        # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
-        index = planned.index
-        row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
-        blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
-        args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
-                blend_sigma)  # fmt: skip
-        scales = control.scales[index] if control is not None else None  # float32 [units]
-        if planned.full and scales is not None and scales.any():
-            program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
-            weights = {**unet, "controlnets": control.trees}
-            latents, history = program(weights, *args[1:], control.maps, put(scales))
-        elif planned.full and kinds[0] == "step_full":
-            program = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)
-            latents, history, feature = program(*args)
-        elif planned.full:
-            latents, history = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)(*args)
+        if refiner is not None and planned.index >= refiner[0].switch_row:  # the refiner's rows: its whole UNet each
+            latents, history = refine_step(stage, inputs, plan, planned, refiner, latents, history, image)
         else:
-            latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
+            latents, history, hidden, pooled, key_lengths, feature = base_step(
+                stage, inputs, plan, planned, control, (hidden, pooled, key_lengths), latents, history, image, feature,
+                unet, kinds)  # fmt: skip
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
             shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D
@@ -260,6 +258,48 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
     while pending:
         done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
     return latents
+
+
+def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refiner: tuple, latents, history, image):
+    """One row on the refiner's UNet and text (`refiner_step`): (latents', history')."""
+    given, (hidden, pooled, key_lengths) = refiner
+    put, index = stage.put, planned.index
+    program = stage.compile("refiner_step", cfg=planned.cfg, windows=stage.text)
+    return program(stage.weights("refiner_step"), latents, history, hidden, pooled, key_lengths, inputs.guidance,
+                   inputs.seeds, put(plan.coefficients[index]), put(np.asarray(index, np.int32)), image,
+                   put(plan.sigmas[index + 1]), given.aesthetic)  # fmt: skip
+
+
+def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control, text: tuple, latents, history,
+              image, feature, unet, kinds):  # fmt: skip
+    """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
+    DeepCache's feature)."""
+    put = stage.put
+    hidden, pooled, key_lengths = text
+    if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
+        halve = stage.compile("halve_text", sized=False, windows=stage.text)
+        hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
+    if planned.halve_feature:  # a shallow step without guidance after a whole step with it
+        feature = stage.compile("halve_feature")({}, feature)
+    # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
+    index = planned.index
+    row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
+    blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
+    args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
+            blend_sigma)  # fmt: skip
+    scales = control.scales[index] if control is not None else None  # float32 [units]
+    if planned.full and scales is not None and scales.any():
+        program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
+        weights = {**unet, "controlnets": control.trees}
+        latents, history = program(weights, *args[1:], control.maps, put(scales))
+    elif planned.full and kinds[0] == "step_full":
+        program = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)
+        latents, history, feature = program(*args)
+    elif planned.full:
+        latents, history = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)(*args)
+    else:
+        latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
+    return latents, history, hidden, pooled, key_lengths, feature
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:

@@ -15,6 +15,8 @@ replicated, batch split:
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
+    refiner_encode[cfg, K]   the encode's arguments (encoder 2's ids read) -> the refiner's hidden, pooled, key_lengths
+    refiner_step[size, cfg, K]   the step on the refiner's UNet and text, + aesthetic scores [2] (--refiner)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows the text is read in: 1, or the server's
@@ -45,6 +47,7 @@ from ..device.lora import COMPONENTS as LORA_COMPONENTS
 from ..device.lora import MergeLayout, get_leaves, merge_donating
 from ..device.modules import Modules
 from ..device.preview import latents_to_rgb
+from ..device.refiner import refiner_encode_local, refiner_step_local
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
 from ..device.vae import decode_local
@@ -53,8 +56,8 @@ from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("merge", "encode", "encode_image", "start", "step", "step_control", "step_full", "step_shallow", "halve_text",
-         "halve_feature", "preview", "decode")
+KINDS = ("merge", "encode", "refiner_encode", "encode_image", "start", "step", "step_control", "step_full",
+         "step_shallow", "refiner_step", "halve_text", "halve_feature", "preview", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
@@ -65,6 +68,8 @@ WEIGHTS = {
     "step_control": ("unet", "controlnets"),  # the request's ControlNets' weights, one tree per unit
     "step_full": ("unet",),
     "step_shallow": ("unet",),
+    "refiner_encode": ("refiner_text_encoder_2",),  # the base's text_encoder_2 when the refiner shares it
+    "refiner_step": ("refiner_unet",),
     "halve_text": (),
     "halve_feature": (),
     "preview": (),
@@ -110,7 +115,7 @@ def windows_key(windows: int) -> int | None:
 
 def program_keys(
     sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
-    windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (),
+    windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (), refiner: bool = False,
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -120,11 +125,13 @@ def program_keys(
     `previews`: a step's predicted picture as small RGB images, while the request runs. `windows` N > 1: the
     programs that read the text are compiled for one window and for N (a request runs the fewest its text needs).
     `control_sets`: the ControlNet architecture combinations a request may use (`step_control`, per mode and text).
+    `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text.
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
     keys = [ProgramKey("merge")] if lora else []
     keys += [ProgramKey("encode", cfg=cfg, windows=k) for k in texts]
+    keys += [ProgramKey("refiner_encode", cfg=cfg, windows=k) for k in texts] if refiner else []
     keys += [ProgramKey("halve_text", windows=k) for k in texts] if cfg and levers else []
     for height, width in sizes:
         keys += [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
@@ -136,6 +143,7 @@ def program_keys(
             keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
         keys += [ProgramKey("step_control", height, width, mode, k, nets) for nets in control_sets for k in texts
                  for mode in modes]  # fmt: skip
+        keys += [ProgramKey("refiner_step", height, width, mode, k) for k in texts for mode in modes] if refiner else []
         keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
     return keys
@@ -162,6 +170,8 @@ class ServedPrograms:
         levers: bool = False,
         lora_layout: MergeLayout | None = None,
         emphasis: str = "original",
+        cfg: bool = True,
+        refiner_zero_negative: bool = False,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -173,6 +183,8 @@ class ServedPrograms:
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
         self.emphasis = emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/emphasis.py)
+        self.cfg = cfg  # static: the server guides (the refiner's text is encoded with its unconditional half)
+        self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -192,6 +204,8 @@ class ServedPrograms:
 
     def weights(self, key: ProgramKey, params) -> dict:
         """The part of `params` that `key`'s program takes as its first argument."""
+        if key.kind == "refiner_encode":  # the refiner's CLIP-G, or the base's where the weights are the same file
+            return {"text_encoder_2": params.get("refiner_text_encoder_2", params["text_encoder_2"])}
         chosen = {name: params[name] for name in WEIGHTS[key.kind] if name != "controlnets"}
         if key.kind == "step_control":  # the request's trees (run time), or each unit's architecture's shapes
             chosen["controlnets"] = params.get("controlnets") or tuple(self._control_params[i] for i in key.nets)
@@ -207,6 +221,10 @@ class ServedPrograms:
         if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2
             body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
             in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch, batch)
+        elif key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
+            body = functools.partial(refiner_encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm",
+                                     zero_empty_negative=self.refiner_zero_negative)  # fmt: skip
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one), (batch, batch, batch)
         elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
             body = functools.partial(vae_encode_local, modules)
             in_specs, out_specs = (one, batch, batch), batch
@@ -227,6 +245,10 @@ class ServedPrograms:
                                      nets=key.nets)  # fmt: skip
             in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one,
                         tuple(batch for _ in key.nets), one)  # fmt: skip
+            out_specs = (batch, batch)
+        elif key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
+            body = functools.partial(refiner_step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one, one)
             out_specs = (batch, batch)
         elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
             body = _without_weights(conditional_half_local)
@@ -268,6 +290,9 @@ class ServedPrograms:
             rows = extra_capacity(key.text_windows)  # E: the request's embedding table
             tables = [spec((rows, width), np.float32, whole) for width in self.text_widths]  # [E, D1], [E, D2]
             return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables
+        if key.kind == "refiner_encode":  # encode's arguments, with encoder 2's embedding table only
+            text_args = self.abstract_args(ProgramKey("encode", cfg=key.cfg, windows=key.windows))
+            return weights, *text_args[1:-2], text_args[-1]
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
         scale = self.modules.vae_scale_factor
@@ -283,7 +308,9 @@ class ServedPrograms:
             return weights, history
         if key.kind == "halve_feature":
             return weights, self._split(self._feature(key.height, key.width, True))
-        hidden, pooled, lengths = self._encoded(key.cfg, key.windows)
+        text_kind = "refiner_encode" if key.kind == "refiner_step" else "encode"
+        hidden, pooled, lengths = self._encoded(self.cfg if key.kind == "refiner_step" else key.cfg, key.windows,
+                                                text_kind)  # fmt: skip
         step_args = (
             weights,
             latents,
@@ -303,11 +330,14 @@ class ServedPrograms:
         if key.kind == "step_control":
             maps = tuple(spec((n, 3, key.height, key.width), np.float32) for _ in key.nets)  # [B, 3, H, W] each
             return (*step_args, maps, spec((len(key.nets),), np.float32, whole))  # scales [n]
+        if key.kind == "refiner_step":
+            return (*step_args, spec((2,), np.float32, whole))  # aesthetic scores: negative, positive
         return step_args
 
-    def _encoded(self, cfg: bool, windows: int | None):
-        """Shapes of what encode[cfg, K] returns: hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]."""
-        key = ProgramKey("encode", cfg=cfg, windows=windows)
+    def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):
+        """Shapes of what encode[cfg, K] (or refiner_encode) returns: hidden [cB, K*77, D], pooled [cB, P],
+        key_lengths [cB]."""
+        key = ProgramKey(kind, cfg=cfg, windows=windows)
         return jax.eval_shape(self.jitted(key), *self.abstract_args(key))
 
     def _feature(self, height: int, width: int, cfg: bool):

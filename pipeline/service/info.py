@@ -18,7 +18,7 @@ from ..contract.sampler_names import SAMPLER_NAMES
 VERSIONED = ("jax", "jaxlib", "flax")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
 MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
-              "controlnets", "num_images")
+              "controlnets", "refiner", "num_images")
 
 
 def is_test_model(model: str) -> bool:
@@ -51,6 +51,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "default_loras": [list(lora) for lora in rules.default_loras],
         "embeddings": list(rules.embeddings),
         "controlnets": list(rules.controlnets),
+        "refiner": rules.refiner or None,  # the --refiner's name (requests' refiner_switch), None without one
         "max_loras": MAX_LORAS,
         "styles": list(rules.styles),
         "request_schema": request_schema(),

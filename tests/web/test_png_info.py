@@ -236,7 +236,7 @@ def _values(page, updates) -> dict:
     """The form's updates as {field label: new value}, only the fields that change."""
     labels = ["prompt", "negative", "style", "guidance", "seed", "randomize", "aspect", "steps", "sampler", "cfg_end",
               "deepcache", *[f"lora{i}" for i in range(len(page.form.lora_rows))], "strength", "schedule_type",
-              "file"]  # fmt: skip
+              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "file"]  # fmt: skip
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
 
 

@@ -21,7 +21,10 @@ from pipeline.contract.request import RequestRules
 MAX_IMAGES = 64
 #: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
 MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "sampler_name", "sampler_index",
-                    "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles"})
+                    "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles",
+                    "refiner_checkpoint", "refiner_switch_at"})
+#: A1111's `refiner_switch_at` when a payload names a refiner and no switch (its API's default).
+A1111_REFINER_SWITCH = 0.8
 #: A1111 spells "automatic" for the sampler's own schedule.
 AUTOMATIC = "automatic"
 
@@ -115,6 +118,25 @@ def a1111_style(styles: object, offered) -> str | None:
     return names[0]
 
 
+def a1111_refiner(payload: dict, rules: RequestRules) -> dict[str, Any]:
+    """A1111's `refiner_checkpoint` and `refiner_switch_at` as the table's `refiner_switch`: a checkpoint naming
+    this server's --refiner (by its name; a " [hash]" or file extension after it is allowed) runs it from the
+    switch (A1111's default 0.8); none (absent, "", "None") runs none, whatever the switch says, as A1111 does."""
+    wanted = payload.get("refiner_checkpoint")
+    if wanted in (None, "") or (isinstance(wanted, str) and wanted.strip().lower() in ("", "none")):
+        return {}
+    name = wanted.split(" [", 1)[0].strip() if isinstance(wanted, str) else ""
+    for extension in (".safetensors", ".ckpt"):
+        name = name[: -len(extension)] if name.lower().endswith(extension) else name
+    if not rules.refiner:
+        raise InvalidInput(f"This server has no refiner (start it with --refiner); got refiner_checkpoint "
+                           f"{echo(wanted)}.")  # fmt: skip
+    if name.lower() != rules.refiner.lower():
+        raise InvalidInput(f"Unknown refiner_checkpoint {echo(wanted)}; this server's refiner is {rules.refiner}.")
+    switch = payload.get("refiner_switch_at")
+    return {"refiner_switch": A1111_REFINER_SWITCH if switch is None else switch}
+
+
 def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
     given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
@@ -136,6 +158,7 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
     style = a1111_style(payload.get("styles"), rules.styles)
     if style is not None:
         given["style"] = style  # A1111's saved styles by name; this server's styles are its presets
+    given.update(a1111_refiner(payload, rules))
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]
