@@ -18,7 +18,7 @@ if __name__ == "__main__":  # before the imports below: run before `pip install`
 
 from web.files import ProcessFolder  # noqa: E402
 from web.process_exit import leave  # noqa: E402
-from web.startup import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
+from web.startup_guard import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -31,7 +31,7 @@ def start_cluster_and_engine(args):
         from web.remote_engine import RemoteEngines
 
         return None, RemoteEngines.connect(args.engine, token_from(args.engine_token))
-    from pipeline.cluster.options import options_from_args
+    from pipeline.cluster.join_options import options_from_args
     from pipeline.platform import accelerator_installed
     from pipeline.startup import start
     from web.sizes import size_label

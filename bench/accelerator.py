@@ -134,8 +134,8 @@ def full_size_model(model: str, dtype: str):
 def full_size_controlnet(model: str, dtype: str, loaded):
     """One ControlNet with random weights: diffusers/controlnet-canny-sdxl-1.0's architecture (the tiny UNet's
     `from_unet` shape with --model tiny)."""
-    from pipeline.checkpoint.controlnet import ControlNetWeights, controlnet_module
-    from pipeline.device.controlnet import shape_params
+    from pipeline.checkpoint.controlnet_loading import ControlNetWeights, controlnet_module
+    from pipeline.device.nets.controlnet import shape_params
 
     from .tpu import CONTROLNET_CONFIG
 

@@ -89,7 +89,7 @@ def lora_switching(config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, sa
     import jax
 
     from pipeline.generator import Generator
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
     from pipeline.host.programs import ProgramKey
 
     say(f"lora: loading an engine offering {lora_dir} ...")

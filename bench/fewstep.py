@@ -81,7 +81,7 @@ def base_vs_lightning(
     Holds both programs' weights on the devices at once (two copies; the bench's own generator is a third when other
     parts run too): on a chip with little memory run this part alone.
     """
-    from pipeline.host.compilation import CompileCounter
+    from pipeline.host.compile_cache import CompileCounter
 
     base, base_compile_s, base_guidance = _generator(model, height, width, dtype, "sdxl-base")
     fast, fast_compile_s, fast_guidance = _generator(model, height, width, dtype, "lightning-4step")

@@ -163,7 +163,7 @@ def sdxl_controlnet(dtype):
 
     import jax.numpy as jnp
 
-    from pipeline.checkpoint.controlnet import controlnet_module
+    from pipeline.checkpoint.controlnet_loading import controlnet_module
 
     return controlnet_module(json.loads(CONTROLNET_CONFIG.read_text()), jnp.dtype(dtype).name)
 
@@ -226,7 +226,7 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
-    from pipeline.checkpoint.controlnet import controlnet_module
+    from pipeline.checkpoint.controlnet_loading import controlnet_module
     from pipeline.config import EngineConfig
     from pipeline.generator import build_programs, sampler_of
     from pipeline.host.programs import ServedPrograms
@@ -633,7 +633,7 @@ def main(argv: list[str]) -> int:
     from .report import write_json
 
     quiet_start()
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
 
     configure_compilation_cache(False)  # a topology's compile-only client cannot use JAX's persistent cache
     if not libtpu_available():

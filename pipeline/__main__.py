@@ -31,7 +31,7 @@ from .contract.image_inputs import GivenPath  # noqa: E402
 from .contract.request import LORA_TAG, Request, RequestRules, parse_request  # noqa: E402
 from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option  # noqa: E402
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
-from .service.options import build_serve_parser  # noqa: E402
+from .service.command_line import build_serve_parser  # noqa: E402
 from .startup import check, check_embeddings, check_model, screen_loras  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -90,8 +90,8 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
 
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:
-    from .cluster.options import options_from_args
-    from .host.compilation import CompileCounter
+    from .cluster.join_options import options_from_args
+    from .host.compile_cache import CompileCounter
     from .startup import start
 
     if request.ignored:

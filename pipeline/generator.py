@@ -26,11 +26,11 @@ import jax
 import numpy as np
 from PIL import Image
 
-from .checkpoint.controlnet import load_controlnets
+from .checkpoint.controlnet_loading import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
-from .checkpoint.refiner import RefinerWeights, load_refiner
+from .checkpoint.refiner_loading import RefinerWeights, load_refiner
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
@@ -47,10 +47,10 @@ from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, global_batch, replicate_tree, replicated, to_host
 from .host import loop
-from .host.compilation import CompileCounter, configure_compilation_cache
-from .host.control_plan import ServedControlNets, control_inputs
+from .host.compile_cache import CompileCounter, configure_compilation_cache
+from .host.controlnet_plan import ServedControlNets, control_inputs
 from .host.emphasis import has_emphasis
-from .host.executables import StartupPrograms, build_served
+from .host.executable_store import StartupPrograms, build_served
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets

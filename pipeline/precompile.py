@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .checkpoint.controlnet import load_controlnets
+from .checkpoint.controlnet_loading import load_controlnets
 from .checkpoint.loading import load_model
-from .checkpoint.refiner import load_refiner
+from .checkpoint.refiner_loading import load_refiner
 from .config import EngineConfig
 from .device.sharding import data_mesh
 from .generator import build_programs, for_platform, read_loras, sampler_of, served_params, with_refiner
 from .host.aot import save_precompiled, topology_devices
-from .host.compilation import configure_compilation_cache
-from .host.control_plan import ServedControlNets
+from .host.compile_cache import configure_compilation_cache
+from .host.controlnet_plan import ServedControlNets
 from .host.programs import program_keys
 
 logger = logging.getLogger(__name__)

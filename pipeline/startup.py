@@ -27,7 +27,7 @@ from .config import TINY_MODEL, EngineConfig
 from .contract.request import Request, asks_for_levers
 
 if TYPE_CHECKING:  # neither is imported at run time before `start` (both import JAX)
-    from .cluster.options import ClusterOptions
+    from .cluster.join_options import ClusterOptions
     from .cluster.protocol import Cluster
     from .generator import Generator
     from .host.aot import LoadReport
@@ -105,7 +105,7 @@ def start(
     one request this process will run (the CLI's), so a single process leaves out the programs it never needs.
     `on_loaded(generator)` logs a caller's own lines once the model is placed, before the compile (the app's sizes,
     sampler and CPU notice)."""
-    from .cluster.startup import start as join
+    from .cluster.join import start as join
 
     joined = join(options)  # before anything else touches JAX
     # After JAX is imported: set before, JAX would take it as its own level and add a second handler (every line twice).

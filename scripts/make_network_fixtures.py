@@ -276,7 +276,7 @@ def _full_size_trees() -> dict:
     """The old classes' parameter trees at SDXL's full size (shapes only), and the project's SDXLControlNet's."""
     import jax.numpy as jnp
 
-    from pipeline.device.controlnet import SDXLControlNet
+    from pipeline.device.nets.controlnet import SDXLControlNet
     from tests.random_params import tree_shapes
 
     f32 = jnp.float32

@@ -24,7 +24,7 @@ from pipeline.options import (
     markdown_table,
     port_number,
 )
-from pipeline.service.options import ENGINE_TOKEN
+from pipeline.service.command_line import ENGINE_TOKEN
 
 from .engine_pool import parse_engine_url
 

@@ -23,7 +23,7 @@ from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
-from .control_panel import control_panel
+from .controlnet_panel import control_panel
 from .delivery import Outbox
 from .files import RunFiles
 from .form import Form, control

@@ -3,7 +3,7 @@
 A multi-host TPU slice (v5e-16: 4 hosts x 4 chips) runs JAX's multi-controller runtime: every host runs this same
 program on one global mesh, and every compiled call must be entered by every process. So:
 
-    cluster = start(options)              # cluster/startup.py: jax.distributed.initialize(), before JAX starts
+    cluster = start(options)              # cluster/join.py: jax.distributed.initialize(), before JAX starts
     generator = Generator.load(config); generator.warmup()    # every process, same programs
     if not cluster.is_leader:
         sys.exit(cluster.follow(generator))   # wait for requests from process 0, run them, exit on STOP
@@ -39,7 +39,7 @@ from ..contract.stopping import Stopped
 from ..device.sharding import coordinator_client
 from ..host.loop import ignore_preview
 from .faults import Deadline, fatal
-from .options import ClusterOptions
+from .join_options import ClusterOptions
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     errors.py         InvalidInput and the other one-sentence failures, in one module no stage depends on
     fields.py         the table of request fields: types, defaults, bounds, checks, A1111 labels
     request.py        Request, RequestRules, parse_request: every field checked once where it enters
-    controls.py       ControlNet units: checked, preprocessed, weighted per step
+    controlnet_units.py ControlNet units: checked, preprocessed, weighted per step
     image_inputs.py   the init image and the mask: checked, decoded (guarded), fitted
     styles.py         the style templates (assets/styles.json) and the examples
     sizes.py          the offered sizes

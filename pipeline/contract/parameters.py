@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .controls import ControlUnit
+from .controlnet_units import ControlUnit
 from .fields import FIELDS, PLAIN
 from .styles import DEFAULT_STYLE
 

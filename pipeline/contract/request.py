@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from .controls import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
+from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
@@ -135,7 +135,7 @@ class Request:
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
-    controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controls.py)
+    controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controlnet_units.py)
     refiner_switch: float = FIELD["refiner_switch"].default  # the refiner continues after this part (1 = none)
     aesthetic_score: float = FIELD["aesthetic_score"].default  # the refiner's 5th time id for the prompt
     negative_aesthetic_score: float = FIELD["negative_aesthetic_score"].default  # ... for the negative prompt
@@ -258,7 +258,7 @@ def parse_request(
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
     the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
-    preprocessor}` of the server's ControlNets (controls.py).
+    preprocessor}` of the server's ControlNets (controlnet_units.py).
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}

@@ -17,7 +17,7 @@ class Modules:
     vae: Any  # nets/vae.AutoencoderKL
     vae_scale_factor: int  # 8 for SDXL: pixels per latent
     controlnets: tuple = ()  # the served ControlNets' architectures (device/controlnet.SDXLControlNet), one per kind
-    refiner_unet: Any = None  # the refiner's UNet (5 time ids; checkpoint/refiner.py), None without --refiner
+    refiner_unet: Any = None  # the refiner's UNet (5 time ids; checkpoint/refiner_loading.py), None without --refiner
     refiner_text_encoder_2: Any = None  # the refiner's CLIP-G (nets/clip.CLIPTextModelWithProjection)
 
     @classmethod

@@ -77,8 +77,8 @@ def versions() -> dict[str, str | None]:
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py", "device/quantize.py", "device/controlnet.py", "device/control_step.py",
-                   "device/refiner.py", "device/nets/*.py")
+                   "device/preview.py", "device/quantize.py", "device/nets/controlnet.py", "device/controlnet_step.py",
+                   "device/refiner_step.py", "device/nets/*.py")
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
@@ -153,7 +153,7 @@ def _config_text(module) -> str:
 
 def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
     """One file per program version: several versions of one label (other models, sizes or settings) can share a
-    directory (the executable store, host/executables.py)."""
+    directory (the executable store, host/executable_store.py)."""
     return f"{key.label.replace(' ', '_')}-{program_fingerprint}.jaxexe"
 
 

@@ -40,14 +40,14 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ..device import attention as attention_core
-from ..device.control_step import step_control_local
+from ..device.controlnet_step import step_control_local
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
 from ..device.lora import COMPONENTS as LORA_COMPONENTS
 from ..device.lora import MergeLayout, get_leaves, merge_donating
 from ..device.modules import Modules
 from ..device.preview import latents_to_rgb
-from ..device.refiner import refiner_encode_local, refiner_step_local
+from ..device.refiner_step import refiner_encode_local, refiner_step_local
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
 from ..device.vae import decode_local
@@ -370,7 +370,7 @@ class ServedPrograms:
 
 def _abstract_controlnet(module, mesh):
     """A ControlNet architecture's weights as replicated shapes in its computation dtype."""
-    from ..device.controlnet import shape_params
+    from ..device.nets.controlnet import shape_params
 
     return jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, module.dtype, sharding=replicated(mesh)), shape_params(module)

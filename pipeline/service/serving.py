@@ -22,7 +22,7 @@ STOP_GRACE_S = 5.0
 
 def serve(args: argparse.Namespace) -> int:
     """Run the engine service as `args` (the serve subcommand's options) ask; the process's exit status."""
-    from ..cluster.options import options_from_args
+    from ..cluster.join_options import options_from_args
     from ..config import engine_config
     from ..startup import start
 

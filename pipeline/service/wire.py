@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from ..contract.controls import sent_maps, with_modules
+from ..contract.controlnet_units import sent_maps, with_modules
 from ..contract.errors import InvalidInput
 from ..contract.fields import PLAIN
 from ..contract.request import LORA_TAG, Request, RequestRules, parse_request

@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES
 from PIL import Image
 
-from pipeline.contract.controls import parse_controls, step_scales
+from pipeline.contract.controlnet_units import parse_controls, step_scales
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.parameters import parse_infotext
 from pipeline.contract.parameters import read_control_entry as read_written
@@ -69,7 +69,7 @@ def test_weight_zero_is_exactly_no_control(control_engine, tmp_path):
 
 
 def test_window_is_diffusers_controlnet_keep():
-    from pipeline.contract.controls import ControlUnit
+    from pipeline.contract.controlnet_units import ControlUnit
 
     window = ControlUnit("a", b"", weight=1.2, start=0.25, end=0.75)
     assert step_scales((window,), 4)[:, 0].tolist() == pytest.approx([0, 1.2, 1.2, 0])
@@ -123,7 +123,7 @@ def test_cli_flags_make_units(tmp_path):
 
 
 def test_a1111_controlnet_args_map_to_units():
-    from pipeline.contract.controls import from_a1111
+    from pipeline.contract.controlnet_units import from_a1111
 
     image = base64.b64encode((FIXTURES / "controlnet-map-a.png").read_bytes()).decode()
     args = [{"enabled": True, "image": {"image": image}, "module": "canny", "model": "controlnet-a [a1b2c3]",

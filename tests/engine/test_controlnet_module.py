@@ -1,4 +1,4 @@
-"""The Flax SDXL ControlNet (pipeline/device/controlnet.py) and its torch-free loader (pipeline/checkpoint/
+"""The Flax SDXL ControlNet (pipeline/device/nets/controlnet.py) and its torch-free loader (pipeline/checkpoint/
 controlnet.py) against diffusers' PyTorch `ControlNetModel`: same residuals on the same inputs, every weight
 accounted for, SD 1.5 and broken files refused in one sentence.
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from pipeline.checkpoint.controlnet import load_controlnet, load_controlnets, split_spec
+from pipeline.checkpoint.controlnet_loading import load_controlnet, load_controlnets, split_spec
 from pipeline.contract.errors import CheckpointError
 
 ARRAYS = np.load(FIXTURES / "controlnet-expected.npz")

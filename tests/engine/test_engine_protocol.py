@@ -16,7 +16,7 @@ from pipeline.service.wire import RemoteResult
 
 
 def test_every_engine_is_an_engine():
-    from pipeline.cluster.options import ClusterOptions
+    from pipeline.cluster.join_options import ClusterOptions
     from pipeline.cluster.protocol import Cluster, LeadingGenerator
     from pipeline.service.info import engine_info
     from web.engine_pool import EnginePool

@@ -1,4 +1,4 @@
-"""This host's executable store (pipeline/host/executables.py): a restart loads every served program whole (nothing
+"""This host's executable store (pipeline/host/executable_store.py): a restart loads every served program whole (nothing
 traced, lowered or compiled) and makes the same pixels; a start with JAX's cache warm and no store yet stores what the
 cache served without compiling it again; a broken file is named in one line and that program compiled and stored
 again; entries of other program sources are dropped.
@@ -49,7 +49,7 @@ def test_a_restart_loads_every_program_and_makes_the_same_pixels(engine, tiny_di
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """A compilation cache folder of this test's own (JAX's cache empty), set back to the session's afterwards."""
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
 
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
     try:
@@ -61,7 +61,7 @@ def own_cache(tmp_path, monkeypatch):
 
 def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir, own_cache, caplog):
     from pipeline.host.aot import fingerprint
-    from pipeline.host.executables import store_directory
+    from pipeline.host.executable_store import store_directory
     from pipeline.host.programs import ProgramKey
 
     store = store_directory(engine.programs)  # the same devices and versions, under this test's cache folder

@@ -260,7 +260,7 @@ def test_request_and_options_import_no_jax():
 
     code = (
         "import sys, pipeline.contract.request, pipeline.options, pipeline.config, web.options, web.prompt_filter, "
-        "web.startup; "
+        "web.startup_guard; "
         "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'gradio') if m in sys.modules))"
     )
     done = run_python("-c", code, timeout=120)

@@ -193,7 +193,7 @@ def test_full_size_tree_equals_the_old_classes(name):
 
 def test_controlnet_tree_is_unchanged():
     """The ControlNet at diffusers/controlnet-canny-sdxl-1.0's size keeps the tree its converter maps onto."""
-    from pipeline.device.controlnet import SDXLControlNet
+    from pipeline.device.nets.controlnet import SDXLControlNet
 
     assert tree_shapes(_shapes(SDXLControlNet().init_weights)) == MANIFEST["full_size_trees"]["controlnet"]
 

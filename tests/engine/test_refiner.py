@@ -56,9 +56,9 @@ def test_switch_one_is_the_base_alone(refiner_engine):
 
 def test_text_encoder_2_shared_when_the_same_file(caplog, tiny_dir):
     from pipeline.checkpoint.loading import load_model
-    from pipeline.checkpoint.refiner import load_refiner
+    from pipeline.checkpoint.refiner_loading import load_refiner
 
-    with caplog.at_level(logging.INFO, logger="pipeline.checkpoint.refiner"):
+    with caplog.at_level(logging.INFO, logger="pipeline.checkpoint.refiner_loading"):
         shared = load_refiner(str(TINY_REFINER), load_model(str(TINY_PT), dtype="float32"), dtype="float32")
         own = load_refiner(str(TINY_REFINER), load_model(str(tiny_dir), dtype="float32"), dtype="float32")
     assert shared.shared_text_encoder and "text_encoder_2" not in shared.params
@@ -70,7 +70,7 @@ def test_text_encoder_2_shared_when_the_same_file(caplog, tiny_dir):
 
 def test_refusals_are_one_sentence(tmp_path):
     from pipeline.checkpoint.loading import load_model
-    from pipeline.checkpoint.refiner import load_refiner
+    from pipeline.checkpoint.refiner_loading import load_refiner
 
     with pytest.raises(InvalidInput, match="no refiner") as error:
         parse_request("a fox", refiner_switch=0.8, rules=RequestRules(sizes=((64, 64),)))

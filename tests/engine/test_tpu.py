@@ -44,7 +44,7 @@ def tpu_programs():
     from bench.tpu import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
 
     devices = topology_devices(TOPOLOGY)
     assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
@@ -92,7 +92,7 @@ def test_lora_merge_program_compiles_for_tpu_v5e():
     from bench.tpu import compile_one, layout_fields, lora_budget, merge_layout, served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
     from pipeline.host.programs import ProgramKey
 
     layout = merge_layout("tiny", "bfloat16", rank=8)
@@ -186,7 +186,7 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     from bench.tpu import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
-    from pipeline.host.compilation import configure_compilation_cache
+    from pipeline.host.compile_cache import configure_compilation_cache
     from pipeline.host.programs import ProgramKey
 
     mesh = data_mesh(topology_devices(TOPOLOGY))

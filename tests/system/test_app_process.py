@@ -285,7 +285,7 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
         ready, lines = app_ready(args, pathlib.Path(tmp) / "cache", timeout_s=900)
     served = len(program_keys(UI_SIZES, cfg=True, levers=True, previews=True, windows=3))  # a default server's
     # A cold start compiles each served program; one whose HLO another already gave JAX's cache is compiled once
-    # more past the cache, to be stored whole (pipeline/host/executables.py): more compile lines, never fewer.
+    # more past the cache, to be stored whole (pipeline/host/executable_store.py): more compile lines, never fewer.
     assert warm.served_programs == served <= cold.served_programs
     assert cold.not_cached == 0 and cold.served_hits <= cold.served_programs - served  # each hit: built again
     assert warm.served_hits == warm.served_programs and warm.not_cached == 0

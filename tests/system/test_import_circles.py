@@ -63,7 +63,7 @@ def test_the_page_imports_no_jax():
 #: What web/ may import of the engine: the request contract, the engine service's wire format and info, and the
 #: options (the engine's flags and the static settings they make, the service's own flags).
 PAGE_MAY_IMPORT = ("pipeline.contract", "pipeline.service.wire", "pipeline.service.info", "pipeline.options",
-                   "pipeline.config", "pipeline.service.options")  # fmt: skip
+                   "pipeline.config", "pipeline.service.command_line")  # fmt: skip
 
 
 def test_the_page_imports_only_the_contract():

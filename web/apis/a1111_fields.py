@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.contract.controls import from_a1111
+from pipeline.contract.controlnet_units import from_a1111
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, PLAIN, check_style, echo
 from pipeline.contract.request import RequestRules

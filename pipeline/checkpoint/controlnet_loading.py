@@ -69,7 +69,7 @@ def controlnet_module(config: dict, dtype: str):
     """`SDXLControlNet` for a diffusers ControlNet config; CheckpointError when it is no SDXL ControlNet."""
     import jax.numpy as jnp
 
-    from ..device.controlnet import SDXLControlNet
+    from ..device.nets.controlnet import SDXLControlNet
 
     if config.get("addition_embed_type") != "text_time":
         raise CheckpointError(

@@ -2,7 +2,8 @@
 
 The panel keeps the API's `controlnets` value (a hidden JSON component, one unit, the picture as base64 PNG) in step
 with its controls, and shows the map the ControlNet will see (canny's edges, or the picture itself with "none") as
-soon as a picture or a threshold changes: what the request checks again (`pipeline.contract.controls`) when it is sent.
+soon as a picture or a threshold changes: what the request checks again (`pipeline.contract.controlnet_units`) when
+it is sent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from pipeline.contract.controls import CANNY_HIGH, CANNY_LOW, PREPROCESSORS, preprocess
+from pipeline.contract.controlnet_units import CANNY_HIGH, CANNY_LOW, PREPROCESSORS, preprocess
 from pipeline.contract.request import RequestRules
 
 

@@ -1,7 +1,7 @@
 """One denoising step with ControlNets: their residuals, each scaled by a per-step number, fed to the UNet.
 
 The same step as `denoise.step_local` (guidance, sampler update, the picture's blend), with the UNet call preceded by
-the request's ControlNets (`device/controlnet.py`) on the same input, text and time embedding, as diffusers'
+the request's ControlNets (`device/nets/controlnet.py`) on the same input, text and time embedding, as diffusers'
 `StableDiffusionXLControlNetPipeline` calls them (no guess mode: both CFG halves see the control map). The scales
 (weight x window) are traced numbers, so one program serves every weight and window; a ControlNet whose scale is 0
 on a step is skipped there (`lax.cond`), which is exact: its residuals would be multiplied by 0.

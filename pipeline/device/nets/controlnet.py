@@ -5,7 +5,7 @@ so a real SDXL ControlNet (transformer depth up to 10) would not load. This modu
 blocks (`device/nets/`) the way the UNet builds SDXL's encoder half (per-block `transformer_layers_per_block`,
 the `text_time` add-embedding), plus the conditioning embedding and the zero convolutions. Parameter names follow
 PyTorch's after diffusers' `rename_key` (`controlnet_down_blocks_3`, `controlnet_cond_embedding/blocks_0`, ...), so
-`checkpoint/controlnet.py` converts a diffusers-layout file tensor by tensor, every name accounted for.
+`checkpoint/controlnet_loading.py` converts a diffusers-layout file tensor by tensor, every name accounted for.
 
 It returns the residuals unscaled, in the UNet's NHWC layout: the caller multiplies them by a per-step coefficient
 (weight x the request's window), a traced number, so no weight or window compiles anything.
@@ -19,9 +19,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .nets.controlnet_embedding import ControlNetConditioningEmbedding
-from .nets.embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
-from .nets.unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, run_down_blocks
+from .controlnet_embedding import ControlNetConditioningEmbedding
+from .embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
+from .unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, run_down_blocks
 
 #: What SDXL's UNet reads as size conditioning: (original h, w, crop top, left, target h, w).
 TIME_IDS = 6

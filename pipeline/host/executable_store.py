@@ -38,7 +38,7 @@ import jax
 
 from . import aot
 from .cache_reads import cache_read_bytes
-from .compilation import CompileCounter, compilation_cache_dir
+from .compile_cache import CompileCounter, compilation_cache_dir
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..contract.controls import MAX_CONTROLNETS, ControlUnit, step_scales
+from ..contract.controlnet_units import MAX_CONTROLNETS, ControlUnit, step_scales
 from ..device.sharding import global_batch, replicate_tree
 from .loop import ControlInputs
 

@@ -13,7 +13,7 @@ from ..contract.errors import InvalidInput
 from ..device import sharding
 from . import output
 from .faults import Deadline
-from .options import ClusterOptions
+from .join_options import ClusterOptions
 from .protocol import Cluster
 
 logger = logging.getLogger(__name__)
