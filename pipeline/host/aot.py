@@ -77,7 +77,7 @@ def versions() -> dict[str, str | None]:
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
                    "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
-                   "device/preview.py", "device/quantize.py", "device/nets/controlnet.py", "device/controlnet_step.py",
+                   "device/preview.py", "device/quantize.py", "device/controlnet_step.py",
                    "device/refiner_step.py", "device/nets/*.py")
 
 
