@@ -19,8 +19,11 @@ import numpy as np
 
 from ..contract.errors import CheckpointError
 from . import convert
+from .hub import folder_or_snapshot
 
 logger = logging.getLogger(__name__)
+#: What a ControlNet from the Hub is downloaded with: its config and its weights of either precision.
+CONTROLNET_PATTERNS = ("config.json", "*.safetensors")
 
 WEIGHT_STEM = "diffusion_pytorch_model"
 #: Config entries whose value must be the one SDXL's ControlNets have (anything else has no Flax counterpart here).
@@ -120,34 +123,11 @@ def weight_files(directory: Path, variant: str | None) -> list[Path]:
     return files
 
 
-def resolve_source(source: str) -> Path:
-    """A folder as is; a Hub id through the local Hugging Face cache (downloaded when the Hub answers)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise CheckpointError("it is no folder in diffusers' layout (config.json + safetensors) nor a Hub id")
-    from huggingface_hub import snapshot_download
-
-    from .hub import hub_reachable
-
-    patterns = ["config.json", "*.safetensors"]
-    try:
-        return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not in the cache: download it when the Hub can be reached
-        if not hub_reachable():
-            raise CheckpointError(
-                f"{source} is not in the Hugging Face cache and the Hub cannot be reached "
-                f"(run: hf download {source} --include config.json '*.safetensors')"
-            ) from None
-        return Path(snapshot_download(source, allow_patterns=patterns))
-
-
 def load_controlnet(spec: str, dtype: str, *, variant: str | None = None, use_cache: bool = True) -> ControlNetWeights:
     """One `--controlnet` value -> ControlNetWeights; CheckpointError (one sentence naming it) when it cannot be."""
     name, source = split_spec(spec)
     try:
-        directory = resolve_source(source)
+        directory = folder_or_snapshot(source, CONTROLNET_PATTERNS, "config.json + safetensors")
         try:
             config = json.loads((directory / "config.json").read_text())
         except (OSError, ValueError) as exc:

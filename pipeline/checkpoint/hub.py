@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+from pathlib import Path
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
@@ -104,3 +105,27 @@ def _offline_file_message(repo_id: str, filename: str, command: str, offline_mod
         f"where there is network run `{command}` (it fills HF_HOME, default ~/.cache/huggingface), "
         "or pass --unet a local .safetensors file."
     )
+
+
+def folder_or_snapshot(source: str, patterns: tuple[str, ...], layout: str) -> Path:
+    """A second network's source (--controlnet, --refiner): a folder as is; a Hub id through the local Hugging Face
+    cache, downloaded (only `patterns`) when the Hub answers; else CheckpointError with the command that fetches it.
+    `layout` names what the folder should hold, for the sentence a path that is neither gets."""
+    from huggingface_hub import snapshot_download
+
+    from ..contract.errors import CheckpointError
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise CheckpointError(f"it is no folder in diffusers' layout ({layout}) nor a Hub id")
+    try:
+        return Path(snapshot_download(source, allow_patterns=list(patterns), local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache: download it when the Hub can be reached
+        if not hub_reachable():
+            command = shlex.join(["hf", "download", source, "--include", *patterns])
+            raise CheckpointError(
+                f"it is not in the Hugging Face cache and the Hub cannot be reached (run: {command})"
+            ) from None
+        return Path(snapshot_download(source, allow_patterns=list(patterns)))

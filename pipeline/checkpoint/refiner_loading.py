@@ -24,6 +24,7 @@ from typing import Any
 from ..contract.errors import CheckpointError
 from ..contract.request import refiner_name
 from . import convert
+from .hub import folder_or_snapshot
 from .networks import FLAX_WEIGHTS, read_config
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 #: What the refiner's folder must hold (model_index.json keys with a component).
 REFINER_COMPONENTS = ("unet", "text_encoder_2", "tokenizer_2")
 #: What a Hub download fetches: configs, tokenizer 2 and the two weight components (either format).
-REFINER_PATTERNS = ["model_index.json", "unet/*", "text_encoder_2/*", "tokenizer_2/*", "scheduler/*"]
+REFINER_PATTERNS = ("model_index.json", "unet/*", "text_encoder_2/*", "tokenizer_2/*", "scheduler/*")
 
 
 @dataclass(frozen=True)
@@ -46,29 +47,6 @@ class RefinerWeights:
     zero_empty_negative: bool  # model_index.json's force_zeros_for_empty_prompt (the refiner's: False)
     source: str  # the path or Hub id given (logged at start-up only, never shown to users)
     seconds: float  # time to read (and convert) its weights
-
-
-def resolve_refiner(source: str) -> Path:
-    """A folder as is; a Hub id through the local Hugging Face cache (downloaded when the Hub answers)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise CheckpointError("it is no folder in diffusers' layout (model_index.json, unet/, text_encoder_2/) "
-                              "nor a Hub id")  # fmt: skip
-    from huggingface_hub import snapshot_download
-
-    from .hub import hub_reachable
-
-    try:
-        return Path(snapshot_download(source, allow_patterns=REFINER_PATTERNS, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not in the cache: download it when the Hub can be reached
-        if not hub_reachable():
-            raise CheckpointError(
-                f"it is not in the Hugging Face cache and the Hub cannot be reached (run: hf download {source} "
-                "--include model_index.json 'unet/*' 'text_encoder_2/*' 'tokenizer_2/*' 'scheduler/*')"
-            ) from None
-        return Path(snapshot_download(source, allow_patterns=REFINER_PATTERNS))
 
 
 def weight_files(directory: Path, name: str, variant: str | None) -> list[Path]:
@@ -155,7 +133,7 @@ def load_refiner(source: str, base, *, dtype: str, variant: str | None = None,
 
     started = time.perf_counter()
     try:
-        directory = resolve_refiner(source)
+        directory = folder_or_snapshot(source, REFINER_PATTERNS, "model_index.json, unet/, text_encoder_2/")
         try:
             index = json.loads((directory / "model_index.json").read_text())
         except (OSError, ValueError) as exc:
