@@ -126,6 +126,7 @@ class Request:
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
+    clip_skip: int = FIELD["clip_skip"].default  # the text encoders' layers before the penultimate (0: SDXL's own)
     controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controls.py)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111

@@ -55,6 +55,7 @@ class RequestInputs:
     prompt_weights: jax.Array  # float32 [B, 2, K*77]: each token's emphasis (A1111's weights; 1 = none)
     negative_weights: jax.Array  # float32 [B, 2, K*77]
     embedding_tables: tuple[jax.Array, jax.Array]  # float32 [E, D1], [E, D2] (replicated): the embeddings' vectors
+    clip_skip: jax.Array  # int32 [] (replicated): the request's layers before the penultimate (device/text.skipped)
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,8 @@ def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool) -> tuple:
     """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB])."""
     encode = stage.compile("encode", sized=False, cfg=cfg, windows=stage.text)
     return encode(stage.weights("encode"), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
-                  inputs.windows, inputs.prompt_weights, inputs.negative_weights, *inputs.embedding_tables)  # fmt: skip
+                  inputs.windows, inputs.prompt_weights, inputs.negative_weights, *inputs.embedding_tables,
+                  inputs.clip_skip)  # fmt: skip
 
 
 def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):

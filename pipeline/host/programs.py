@@ -204,9 +204,9 @@ class ServedPrograms:
             body = functools.partial(merge_donating, components=self.lora_layout.components)
             return jax.jit(_named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True,
                            out_shardings=replicated(self.mesh))  # fmt: skip
-        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2
+        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
             body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch, batch)
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one, one), (batch, batch, batch)
         elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
             body = functools.partial(vae_encode_local, modules)
             in_specs, out_specs = (one, batch, batch), batch
@@ -267,7 +267,8 @@ class ServedPrograms:
             emphasis = spec(ids.shape, np.float32)  # [B, 2, K*77]: each token's weight
             rows = extra_capacity(key.text_windows)  # E: the request's embedding table
             tables = [spec((rows, width), np.float32, whole) for width in self.text_widths]  # [E, D1], [E, D2]
-            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables
+            skip = spec((), np.int32, whole)  # the request's clip_skip: data, not a program
+            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables, skip
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
         scale = self.modules.vae_scale_factor

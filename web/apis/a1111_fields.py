@@ -22,6 +22,9 @@ MAX_IMAGES = 64
 #: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
 MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "sampler_name", "sampler_index",
                     "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles"})
+#: A1111's setting "Clip skip" in `override_settings` (its slider: 1..12; 1 and 2 are SDXL's own layer, the table's
+#: clip_skip 0; N is clip_skip N - 2, `Field.from_label`). The table's own `clip_skip` wins when both are sent.
+CLIP_SKIP, CLIP_SKIP_HIGH = "CLIP_stop_at_last_layers", 12
 #: A1111 spells "automatic" for the sampler's own schedule.
 AUTOMATIC = "automatic"
 
@@ -139,6 +142,9 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]
+    settings = payload.get("override_settings")
+    if isinstance(settings, dict) and settings.get(CLIP_SKIP) is not None and "clip_skip" not in given:
+        given["clip_skip"] = FIELD["clip_skip"].from_label(whole(settings, CLIP_SKIP, 1, 1, CLIP_SKIP_HIGH))
     count = whole(payload, "batch_size", 1, 1, MAX_IMAGES) * whole(payload, "n_iter", 1, 1, MAX_IMAGES)
     if count > MAX_IMAGES:
         raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
