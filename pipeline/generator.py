@@ -424,6 +424,7 @@ class Generator:
         inputs = RequestInputs(
             *global_batch((*rows, has_negative, filled, guidance, seed_array, *weights), self._batch_sharding),
             embedding_tables=self._embedding_tables(extra, k),
+            clip_skip=self._put_all((np.int32(request.clip_skip),))[0],
         )  # in RequestInputs' order
         return inputs, text, extra
 

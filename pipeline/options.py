@@ -106,7 +106,7 @@ class Option:
         if self.env_text:
             return f" [{self.env_text}]"
         value = self.default if default is None else default
-        default = (self.default_text if default is None else "") or ("" if value in (None, False, []) else str(value))
+        default = (self.default_text if default is None else "") or ("" if _unset(value) else str(value))
         parts = [self.env or ""] + ([f"default {default}"] if default else [])
         text = "; ".join(p for p in parts if p)
         return f" [{text}]" if text else ""
@@ -361,6 +361,11 @@ def _values(option: Option) -> str:
     return {int: "whole number", float: "number", positive_float: "number > 0"}.get(option.type, "text")
 
 
+def _unset(value: object) -> bool:
+    """Whether a default says nothing (None, a switch's False, "" or []): a default of 0 (clip_skip's) is shown."""
+    return value is None or value is False or value in ("", [])
+
+
 def markdown_table(table: tuple[Option, ...]) -> str:
     """docs/options.md's table of options (`python -m web.options` prints it for every option; a test keeps the page
     in step)."""
@@ -376,7 +381,7 @@ def markdown_table(table: tuple[Option, ...]) -> str:
         elif option.default_text:
             default = option.default_text
         else:
-            default = "" if option.default in (None, False, "") else f"`{option.default:g}`" if isinstance(
+            default = "" if _unset(option.default) else f"`{option.default:g}`" if isinstance(
                 option.default, float) else f"`{option.default}`"  # fmt: skip
         programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
         recompiles = "yes" if option.recompiles else ""

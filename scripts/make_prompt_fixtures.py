@@ -1,9 +1,10 @@
-"""Regenerate the weighted-prompt and textual-inversion references (tests/fixtures/prompts-expected.*) and the
-embedding files (tests/fixtures/embeddings/).
+"""Regenerate the weighted-prompt and textual-inversion references (tests/fixtures/prompts-expected.*), the
+embedding files (tests/fixtures/embeddings/) and the clip-skip references (tests/fixtures/clip-skip-expected.*).
 
 Needs torch, so it runs only in a separate environment, never in CI or at run time:
 
-    /work/torchenv/bin/python scripts/make_prompt_fixtures.py
+    /work/torchenv/bin/python scripts/make_prompt_fixtures.py             # all of them
+    /work/torchenv/bin/python scripts/make_prompt_fixtures.py clip-skip   # the clip-skip references only
 
 What it writes, all from diffusers' and transformers' PYTORCH classes on tests/fixtures/tiny-pt (float32, 64x64,
 Euler, leading spacing, fixed initial latents):
@@ -15,6 +16,11 @@ Euler, leading spacing, fixed initial latents):
 - An SDXL embedding file (`clip_l` [2, D1], `clip_g` [2, D2]) and the pipeline's image with it loaded by
   diffusers' `load_textual_inversion` into both encoders (text_encoder + tokenizer with clip_l, text_encoder_2 +
   tokenizer_2 with clip_g); plus an SD 1.5-style file and a broken one, which a server refuses at start-up.
+- Clip skip: the pipeline's own `clip_skip=1` (hidden_states[-3] of both encoders for the prompt; diffusers reads
+  the negative prompt's at [-2] whatever clip_skip is, so this case has no negative prompt: zeros, SDXL's
+  `force_zeros_for_empty_prompt`), and a case with a negative prompt read at the same layer as the prompt, as A1111
+  and ComfyUI read both texts: each text through `encode_prompt(clip_skip=1)` and handed over as `prompt_embeds`
+  / `negative_prompt_embeds`.
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ EMPHASIS_CASES = [
      "blurry BREAK (text:0.5)", [("blurry", 1.0), BREAK, ("text", 0.5)]),
 ]  # fmt: skip
 PLAIN_NEGATIVE = "blurry"
+#: (name, prompt, negative prompt or None, clip_skip): the clip-skip references (`write_clip_skip`).
+CLIP_SKIP_CASES = [
+    ("clip_skip_1", "a lighthouse on a cliff at dusk", None, 1),
+    ("clip_skip_1_negative", "a lighthouse on a cliff at dusk", "blurry, low quality", 1),
+]
 EMBEDDING_PROMPT = f"a photo of {EMBEDDING} by the sea"
 
 
@@ -126,6 +137,44 @@ def write_embeddings(pipe) -> dict[str, torch.Tensor]:
     return tensors
 
 
+@torch.no_grad()
+def both_at(pipe, prompt: str, negative: str, clip_skip: int) -> dict[str, torch.Tensor]:
+    """The prompt's and the negative prompt's embeddings, each read at `clip_skip` by diffusers' `encode_prompt`."""
+    embeds, _, pooled, _ = pipe.encode_prompt(prompt, do_classifier_free_guidance=False, clip_skip=clip_skip)
+    negative_embeds, _, negative_pooled, _ = pipe.encode_prompt(negative, do_classifier_free_guidance=False,
+                                                                clip_skip=clip_skip)  # fmt: skip
+    return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled, "negative_prompt_embeds": negative_embeds,
+            "negative_pooled_prompt_embeds": negative_pooled}  # fmt: skip
+
+
+def write_clip_skip(pipe, latents: np.ndarray, versions: dict) -> None:
+    """tests/fixtures/clip-skip-expected.*: each case of CLIP_SKIP_CASES, and how far it is from clip_skip None."""
+    arrays, cases = {"latents": latents}, []
+    for name, prompt, negative, clip_skip in CLIP_SKIP_CASES:
+        if negative is None:
+            arrays[name] = render(pipe, latents, prompt=prompt, clip_skip=clip_skip)
+            plain = render(pipe, latents, prompt=prompt)
+        else:
+            arrays[name] = render(pipe, latents, **both_at(pipe, prompt, negative, clip_skip))
+            plain = render(pipe, latents, prompt=prompt, negative_prompt=negative)
+        levels = np.abs(np.round(arrays[name] * 255) - np.round(plain * 255))
+        print(f"{name}: differs from SDXL's own layer by up to {levels.max():.0f} levels, {levels.mean():.1f} mean")
+        assert levels.mean() > 2, f"{name}'s layer barely changes the image"
+        cases.append({"name": name, "prompt": prompt, "negative_prompt": negative, "clip_skip": clip_skip})
+    manifest = {
+        "what": "diffusers' PyTorch StableDiffusionXLPipeline on tests/fixtures/tiny-pt (float32): clip_skip=1; with a "
+        "negative prompt, both texts read at that layer by encode_prompt(clip_skip=1) (A1111's and ComfyUI's reading)",
+        "height": SIZE, "width": SIZE, "steps": STEPS, "guidance_scale": GUIDANCE, "sampler": "euler",
+        "latents": "npz key 'latents', float32 [1, 4, 8, 8] (before scaling by init_noise_sigma)",
+        "images": "npz key = case name, float32 [1, 64, 64, 3] in [0, 1]",
+        "cases": cases,
+        "versions": versions,
+    }  # fmt: skip
+    np.savez_compressed(FIXTURES / "clip-skip-expected.npz", **arrays)
+    (FIXTURES / "clip-skip-expected.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {FIXTURES / 'clip-skip-expected.npz'}")
+
+
 def main() -> None:
     import diffusers
     import transformers
@@ -134,6 +183,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     pipe = StableDiffusionXLPipeline.from_pretrained(str(CHECKPOINT), torch_dtype=torch.float32)
     latents = np.random.default_rng(LATENT_SEED).standard_normal((1, 4, SIZE // 8, SIZE // 8)).astype(np.float32)
+    versions = {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                "transformers": transformers.__version__}  # fmt: skip
+    write_clip_skip(pipe, latents, versions)
+    if sys.argv[1:] == ["clip-skip"]:
+        return
     arrays = {"latents": latents}
     cases = []
     for name, prompt, segments, negative, negative_segments in EMPHASIS_CASES:

@@ -98,7 +98,7 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
             if not row.basic and row.needs != "picture":
                 settings[row.name] = row.default
             continue
-        settings[row.name] = value
+        settings[row.name] = value if row.kind == "choice" else row.from_label(value)  # A1111's numbering off
     return settings, list(values.notes)
 
 

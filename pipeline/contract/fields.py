@@ -201,6 +201,7 @@ class Field:
     low_note: str = ""  # said after the low bound in a refusal ("(off)")
     high_note: str = ""  # said after the high bound ("(1 = guidance on every step)")
     label: str = ""  # its key in A1111's `parameters` ("" = not written)
+    label_offset: int = 0  # the `parameters` number is the value + this (A1111's "Clip skip: 2" is clip_skip 0)
     basic: bool = False  # `parameters` always carries it among A1111's basics (parameters.describe writes it)
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
@@ -263,6 +264,15 @@ class Field:
         if not math.isfinite(number) or not inside or (self.kind == "int" and not number.is_integer()):
             raise self.refusal(value)
         return int(number) if self.kind == "int" else number
+
+    def to_label(self, value: Any) -> Any:
+        """`value` as the `parameters` text (and A1111's API) numbers it."""
+        return value + self.label_offset if self.label_offset else value
+
+    def from_label(self, number: float) -> float:
+        """A number A1111 wrote (`parameters`, its API) as this field's value: the offset taken off, and a number
+        below the field's lowest (A1111's "Clip skip: 1", which SDXL reads as 2) raised to it."""
+        return max(self.low, number - self.label_offset) if self.label_offset else number
 
     def schema(self) -> dict:
         """This field's value in JSON schema terms."""
@@ -346,6 +356,12 @@ FIELDS: tuple[Field, ...] = (
           needs="refiner", flag="--negative-aesthetic-score", api_type=float,
           control=Control("Negative aesthetic score", "The refiner's aesthetic conditioning of the negative prompt",
                           step=0.5, elem_id="negative-aesthetic-score", group="refiner")),
+    Field("clip_skip", "int", "the text encoders' layer the UNet reads: 0 = SDXL's own (the penultimate), N = N "
+          "layers before it (diffusers' clip_skip; A1111's Clip skip N + 2)", 0, low=0, high=10, called="clip_skip",
+          low_note=" (SDXL's penultimate layer)", label="Clip skip", label_offset=2, status="clip skip",
+          flag="--clip-skip", api_type=int,
+          control=Control("CLIP skip", "0 = SDXL's own layer (the penultimate); N = N layers before it (A1111's Clip "
+                          "skip N + 2)", elem_id="clip-skip", group="style")),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

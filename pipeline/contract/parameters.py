@@ -157,7 +157,7 @@ def table_settings(values: Mapping[str, object], *, picture: bool, has_picture: 
             continue
         value = values[row.name]
         if has_picture if picture else value != row.default:
-            written[row.label] = value
+            written[row.label] = row.to_label(value)
     return written
 
 

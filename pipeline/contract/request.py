@@ -135,6 +135,7 @@ class Request:
     mask_image: bytes | None = None  # PNG of the repaint mask at `size`, 255 = repaint (None: the whole picture)
     strength: float = 1.0  # with a picture: how much of it is redrawn (int(steps × s) steps run); 1 without
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
+    clip_skip: int = FIELD["clip_skip"].default  # the text encoders' layers before the penultimate (0: SDXL's own)
     controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controlnet_units.py)
     refiner_switch: float = FIELD["refiner_switch"].default  # the refiner continues after this part (1 = none)
     aesthetic_score: float = FIELD["aesthetic_score"].default  # the refiner's 5th time id for the prompt

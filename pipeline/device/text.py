@@ -8,11 +8,15 @@ in one batch; an empty negative prompt is a traced flag (zero embeddings, as SDX
 A1111's emphasis and textual-inversion embeddings are data too: each token's weight ([B, 2, K*77] float32) scales
 its hidden states, and ids from `EXTRA_BASE` up take their input vectors from the request's embedding table
 ([E, D1], [E, D2]) instead of the vocabulary. A text without either runs exactly the plain computation.
+
+The request's `clip_skip` (diffusers' `clip_skip`) is data as well: a traced int32 index into each encoder's stacked
+hidden states picks the layer the UNet reads, so every value runs the one compiled program.
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from .modules import Modules
@@ -24,9 +28,10 @@ WINDOW = 77
 EXTRA_BASE = 1 << 24
 
 
-def encode_each(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=None):
+def encode_each(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=None, clip_skip=0):
     """Each encoder's penultimate hidden states ([N, 77, D1], [N, 77, D2]) and encoder 2's pooled projection [N, P];
-    `extra` ([E, D1], [E, D2]): the input vectors of ids from EXTRA_BASE up (None: the vocabulary's only)."""
+    `extra` ([E, D1], [E, D2]): the input vectors of ids from EXTRA_BASE up (None: the vocabulary's only);
+    `clip_skip` (a Python int, or a traced int32 scalar): that many layers before the penultimate (`skipped`)."""
     outputs = []
     for index, (encoder, name) in enumerate(((text_encoder, "text_encoder"), (text_encoder_2, "text_encoder_2"))):
         ids = prompt_ids[:, index, :]  # [N, 77]
@@ -39,7 +44,20 @@ def encode_each(text_encoder, text_encoder_2, params: dict, prompt_ids, extra=No
         rows = jnp.clip(ids - EXTRA_BASE, 0, table.shape[0] - 1)
         with nn.intercept_methods(_inputs_with(is_extra, table[rows])):
             outputs.append(encoder.apply({"params": params[name]}, vocabulary_ids))
-    return (outputs[0]["hidden_states"][-2], outputs[1]["hidden_states"][-2]), outputs[1]["text_embeds"]
+    hidden = tuple(skipped(output["hidden_states"], clip_skip) for output in outputs)
+    return hidden, outputs[1]["text_embeds"]
+
+
+def skipped(hidden_states, clip_skip):
+    """hidden_states[-(clip_skip + 2)], as diffusers' SDXL `encode_prompt(clip_skip=...)`: 0 is SDXL's penultimate
+    layer. A traced `clip_skip` selects from the stacked states ([L+1, N, 77, D]) with a dynamic index, so the value
+    is an argument of the program, not a new one; past the first layer it reads the embeddings' output (index 0: a
+    model with fewer layers than the field's bound). The pooled projection always reads the last layer."""
+    if isinstance(clip_skip, int):
+        return hidden_states[-(clip_skip + 2)]
+    last = len(hidden_states) - 2  # the penultimate's index
+    index = jnp.clip(last - clip_skip, 0, last)
+    return jax.lax.dynamic_index_in_dim(jnp.stack(hidden_states), index, keepdims=False)
 
 
 def _inputs_with(is_extra, vectors):
@@ -73,12 +91,13 @@ def emphasized(hidden, weights, normalize: bool):
 
 
 def encode_local(modules: Modules, params, prompt_ids, negative_ids, has_negative, windows, prompt_weights,
-                 negative_weights, extra_1, extra_2, *, cfg: bool, normalize: bool = True):  # fmt: skip
+                 negative_weights, extra_1, extra_2, clip_skip=0, *, cfg: bool, normalize: bool = True):  # fmt: skip
     """Both text encoders over every 77-token window: ids [b, 2, K*77] -> hidden [cb, K*77, D], pooled [cb, P]
     and the keys the UNet attends to, [cb] int32 (77 × the windows each text fills); the unconditional half first
     (c = 2), or the prompt alone without CFG (static `cfg=False`, c = 1). `windows` int32 [b, 2]: the windows the
     negative prompt and the prompt fill. `*_weights` float32 [b, 2, K*77]: each token's emphasis; `extra_1`,
-    `extra_2` [E, D1], [E, D2]: the request's embedding vectors (static `normalize`: A1111's "Original" emphasis).
+    `extra_2` [E, D1], [E, D2]: the request's embedding vectors (static `normalize`: A1111's "Original" emphasis);
+    `clip_skip` int32 []: the request's layer before the penultimate (`skipped`; 0: SDXL's own).
 
     Each window is encoded on its own and the hidden states are joined along the sequence (A1111's and ComfyUI's
     long prompts); the pooled embedding is the first window's, as theirs, and unweighted.
@@ -93,7 +112,7 @@ def encode_local(modules: Modules, params, prompt_ids, negative_ids, has_negativ
 
     ids, weights = per_window(both_ids), per_window(both_weights)
     (hidden_1, hidden_2), pooled = encode_each(
-        modules.text_encoder, modules.text_encoder_2, params, ids, (extra_1, extra_2)
+        modules.text_encoder, modules.text_encoder_2, params, ids, (extra_1, extra_2), clip_skip
     )
     hidden_1 = emphasized(hidden_1, weights[:, 0], normalize)  # [cb*K, 77, D1]
     hidden_2 = emphasized(hidden_2, weights[:, 1], normalize)  # [cb*K, 77, D2]

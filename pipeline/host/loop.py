@@ -55,6 +55,7 @@ class RequestInputs:
     prompt_weights: jax.Array  # float32 [B, 2, K*77]: each token's emphasis (A1111's weights; 1 = none)
     negative_weights: jax.Array  # float32 [B, 2, K*77]
     embedding_tables: tuple[jax.Array, jax.Array]  # float32 [E, D1], [E, D2] (replicated): the embeddings' vectors
+    clip_skip: jax.Array  # int32 [] (replicated): the request's layers before the penultimate (device/text.skipped)
 
 
 @dataclass(frozen=True)
@@ -190,11 +191,14 @@ def run(
 
 def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "encode") -> tuple:
     """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB]): for the base
-    (`encode`), or the refiner (`refiner_encode`: text encoder 2 and its embedding table only)."""
+    (`encode`, at the request's clip_skip), or the refiner (`refiner_encode`: text encoder 2 and its embedding table
+    only, at its own penultimate layer)."""
     encode = stage.compile(kind, sized=False, cfg=cfg, windows=stage.text)
-    tables = inputs.embedding_tables if kind == "encode" else inputs.embedding_tables[1:]
-    return encode(stage.weights(kind), inputs.prompt_ids, inputs.negative_ids, inputs.has_negative,
-                  inputs.windows, inputs.prompt_weights, inputs.negative_weights, *tables)  # fmt: skip
+    texts = (inputs.prompt_ids, inputs.negative_ids, inputs.has_negative, inputs.windows, inputs.prompt_weights,
+             inputs.negative_weights)  # fmt: skip
+    if kind == "encode":
+        return encode(stage.weights(kind), *texts, *inputs.embedding_tables, inputs.clip_skip)
+    return encode(stage.weights(kind), *texts, *inputs.embedding_tables[1:])
 
 
 def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):

@@ -218,9 +218,9 @@ class ServedPrograms:
             body = functools.partial(merge_donating, components=self.lora_layout.components)
             return jax.jit(_named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True,
                            out_shardings=replicated(self.mesh))  # fmt: skip
-        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2
+        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
             body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one), (batch, batch, batch)
+            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one, one), (batch, batch, batch)
         elif key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
             body = functools.partial(refiner_encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm",
                                      zero_empty_negative=self.refiner_zero_negative)  # fmt: skip
@@ -289,10 +289,11 @@ class ServedPrograms:
             emphasis = spec(ids.shape, np.float32)  # [B, 2, K*77]: each token's weight
             rows = extra_capacity(key.text_windows)  # E: the request's embedding table
             tables = [spec((rows, width), np.float32, whole) for width in self.text_widths]  # [E, D1], [E, D2]
-            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables
-        if key.kind == "refiner_encode":  # encode's arguments, with encoder 2's embedding table only
+            skip = spec((), np.int32, whole)  # the request's clip_skip: data, not a program
+            return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables, skip
+        if key.kind == "refiner_encode":  # encode's arguments, with encoder 2's embedding table only, no clip_skip
             text_args = self.abstract_args(ProgramKey("encode", cfg=key.cfg, windows=key.windows))
-            return weights, *text_args[1:-2], text_args[-1]
+            return weights, *text_args[1:-3], text_args[-2]
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
         scale = self.modules.vae_scale_factor

@@ -153,7 +153,7 @@ def test_a_prompt_without_brackets_encodes_exactly_as_before(tiny_pt, tokenizers
     flags, windows = np.array([True]), np.ones((1, 2), np.int32)
     new = jax.jit(functools.partial(encode_local, modules, cfg=True, normalize=emphasis == "original"))(
         tiny_pt.params, ids, negative_ids, flags, windows, text.weights[None], negative.weights[None],
-        *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)),
+        *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)), np.int32(0),  # clip_skip 0, traced
     )  # fmt: skip
     old = jax.jit(functools.partial(old_encode, modules))(tiny_pt.params, ids, negative_ids, flags, windows)
     for got, want in zip(new, old, strict=True):

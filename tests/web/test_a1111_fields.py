@@ -59,3 +59,24 @@ def test_samplers_and_schedulers_not_offered_are_refused_in_the_tables_words():
         with pytest.raises(InvalidInput) as refused:
             a1111_request({"prompt": "x", **payload}, rules, picture=False)
         assert str(refused.value) == str(FIELD[row].refusal(value))
+
+
+def test_clip_skip_reads_a1111s_numbering_from_pngs_and_the_api():
+    """A1111's "Clip skip: N" (PNG Info) and `override_settings.CLIP_stop_at_last_layers` N are clip_skip N - 2;
+    A1111's 1 and 2 are both SDXL's own layer (0); the table's own `clip_skip` wins over A1111's setting."""
+    from pipeline.contract.parameters import parse_infotext
+    from web.form import image_settings
+    from web.png_info import form_values
+
+    rules = RequestRules(sizes=((64, 64),))
+    text = "a cat\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: 1, Size: 64x64, Clip skip: {}"
+    for written, read in ((4, 2), (1, 0), (2, 0)):
+        assert image_settings(form_values(parse_infotext(text.format(written))))[0]["clip_skip"] == read
+    assert image_settings(form_values(parse_infotext(text.replace(", Clip skip: {}", ""))))[0]["clip_skip"] == 0
+    for settings, want in (({"CLIP_stop_at_last_layers": 3}, 1), ({"CLIP_stop_at_last_layers": 1}, 0)):
+        asked = a1111_request({"prompt": "x", "override_settings": settings}, rules, picture=False)
+        assert asked.given["clip_skip"] == want
+    own = {"prompt": "x", "clip_skip": 2, "override_settings": {"CLIP_stop_at_last_layers": 3}}
+    assert a1111_request(own, rules, picture=False).given["clip_skip"] == 2
+    with pytest.raises(InvalidInput, match=r"^CLIP_stop_at_last_layers must be a whole number from 1 to 12"):
+        a1111_request({"prompt": "x", "override_settings": {"CLIP_stop_at_last_layers": 13}}, rules, picture=False)

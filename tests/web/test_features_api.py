@@ -106,7 +106,7 @@ def test_zero_compiles_through_gradio_client_over_a_mix(client, feature_engine):
         {"loras": [["locon", -0.7], ["kohya_diffusers", 1.1]], "cfg_end": 0.25, "deepcache": 3, "sampler": "Euler a"},
         {"init_image": handle_file(PICTURE), "mask_image": handle_file(MASK), "strength": 1, "loras": [["peft", 1]],
          "deepcache": 2, "sampler": "DPM++ 2M Karras"},
-        {"init_image": handle_file(PICTURE), "strength": 0.5, "cfg_end": 0.5, "sampler": "DPM++ 2M"},
+        {"init_image": handle_file(PICTURE), "strength": 0.5, "cfg_end": 0.5, "sampler": "DPM++ 2M", "clip_skip": 1},
         {"prompt": "a fox <lora:kohya_sgm:0.6:1.3>", "init_image": handle_file(PICTURE), "strength": 0.9},
         {},
     ]  # fmt: skip

@@ -236,7 +236,7 @@ def _values(page, updates) -> dict:
     """The form's updates as {field label: new value}, only the fields that change."""
     labels = ["prompt", "negative", "style", "guidance", "seed", "randomize", "aspect", "steps", "sampler", "cfg_end",
               "deepcache", *[f"lora{i}" for i in range(len(page.form.lora_rows))], "strength", "schedule_type",
-              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "file"]  # fmt: skip
+              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "file"]  # fmt: skip
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
 
 
@@ -253,7 +253,7 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
     assert values == {
         "prompt": "a paper lantern at night", "negative": "smoke", "style": "No style", "guidance": 6.5, "seed": 77,
         "randomize": False, "aspect": "224×128 (16:9)", "steps": 3, "sampler": "DPM++ 2M Karras", "cfg_end": 1.0,
-        "deepcache": 1, **pickers, "schedule_type": "Automatic", "file": None,
+        "deepcache": 1, **pickers, "schedule_type": "Automatic", "clip_skip": 0, "file": None,
     }  # fmt: skip
 
 

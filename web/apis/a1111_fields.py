@@ -25,6 +25,9 @@ MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "
                     "refiner_checkpoint", "refiner_switch_at"})
 #: A1111's `refiner_switch_at` when a payload names a refiner and no switch (its API's default).
 A1111_REFINER_SWITCH = 0.8
+#: A1111's setting "Clip skip" in `override_settings` (its slider: 1..12; 1 and 2 are SDXL's own layer, the table's
+#: clip_skip 0; N is clip_skip N - 2, `Field.from_label`). The table's own `clip_skip` wins when both are sent.
+CLIP_SKIP, CLIP_SKIP_HIGH = "CLIP_stop_at_last_layers", 12
 #: A1111 spells "automatic" for the sampler's own schedule.
 AUTOMATIC = "automatic"
 
@@ -162,6 +165,9 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]
+    settings = payload.get("override_settings")
+    if isinstance(settings, dict) and settings.get(CLIP_SKIP) is not None and "clip_skip" not in given:
+        given["clip_skip"] = FIELD["clip_skip"].from_label(whole(settings, CLIP_SKIP, 1, 1, CLIP_SKIP_HIGH))
     count = whole(payload, "batch_size", 1, 1, MAX_IMAGES) * whole(payload, "n_iter", 1, 1, MAX_IMAGES)
     if count > MAX_IMAGES:
         raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
