@@ -208,6 +208,10 @@ OPTIONS: tuple[Option, ...] = (
            "'sdxl' = SDXL's 9 trained sizes; not with --height/--width", "SDXL_SIZES", metavar="WxH,WxH,...",
            default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
            "one size)", programs=frozenset({APP, PRECOMPILE}), recompiles=True),
+    Option("--hires-scales", "the hires fix's scales (e.g. 1.5,2): each offered size × each scale (each side "
+           "truncated to the UNet's latent multiple) is compiled at start-up and a request's hires_scale picks one",
+           "SDXL_HIRES_SCALES", metavar="X,Y,...", default_text="none (no hires fix)",
+           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--steps", "denoising steps of a request that names none (a request may ask for "
            f"{FIELD['steps'].values_text}; no recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny",
            programs=ENGINE),

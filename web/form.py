@@ -87,10 +87,14 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     template = load_styles().get(style_name) if isinstance(style_name, str) else None
     if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
         settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
+    hires = "Hires upscale" in values.extra  # A1111's txt2img hires fix: its Denoising strength is the second pass's
     for row in PLAIN:
         if not row.label:
             continue
         value = getattr(values, row.name, None) if row.basic else values.extra.get(row.label)
+        if (row.needs == "hires" and not hires) or (row.needs == "picture" and hires and row.label == "Denoising "
+                                                                                             "strength"):
+            value = None  # the hires fix off (its fields at their defaults), or the strength was the hires fix's
         if isinstance(value, str) and row.kind != "choice":
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
                 value = float(value)
