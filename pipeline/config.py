@@ -19,10 +19,10 @@ from pathlib import Path
 
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD
-from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
-from .contract.presets import Preset, get_preset, lora_of
 from .contract.hires import MAX_SCALE, hires_size
 from .contract.hires import parse_scales as parse_hires_scales
+from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
+from .contract.presets import Preset, get_preset, lora_of
 from .contract.sizes import default_sizes, parse_sizes
 from .device.cores import ATTENTIONS
 

@@ -52,10 +52,19 @@ from .host.compile_cache import CompileCounter, configure_compilation_cache
 from .host.controlnet_plan import ServedControlNets, control_inputs
 from .host.emphasis import has_emphasis
 from .host.executable_store import StartupPrograms, build_served
-from .host.image_plan import image_plan
 from .host.hires_plan import HiresPlan, hires_plan, hires_seeds
-from .host.loop import (Blank, Gate, HiresInputs, Listener, PictureInputs, PreviewListener, RefinerInputs,
-                        RequestInputs, StopCheck)  # fmt: skip
+from .host.image_plan import image_plan
+from .host.loop import (
+    Blank,
+    Gate,
+    HiresInputs,
+    Listener,
+    PictureInputs,
+    PreviewListener,
+    RefinerInputs,
+    RequestInputs,  # fmt: skip
+    StopCheck,
+)
 from .host.lora_sets import LoraSets
 from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys

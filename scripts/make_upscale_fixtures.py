@@ -1,7 +1,8 @@
 """Makes tests/fixtures/upscale_modes.npz: torch.nn.functional.interpolate's numbers for A1111's latent upscalers.
 
 Run in a separate torch environment (never by CI): `python scripts/make_upscale_fixtures.py`. A1111 upscales the
-hires fix's latents with `interpolate(samples, size=(H/8, W/8), mode=..., antialias=...)` (`shared.latent_upscale_modes`);
+hires fix's latents with `interpolate(samples, size=(H/8, W/8), mode=..., antialias=...)`
+(`shared.latent_upscale_modes`);
 tests/engine/test_hires.py checks `pipeline/device/upscale.py` against these for each mode and target size.
 """
 

@@ -56,7 +56,8 @@ def parse_scales(text: str) -> tuple[float, ...]:
         try:
             scale = float(part.strip())
         except ValueError:
-            raise InvalidInput(f"Hires scales are numbers, comma-separated (e.g. 1.5,2); got {part.strip()!r}.") from None
+            message = f"Hires scales are numbers, comma-separated (e.g. 1.5,2); got {part.strip()!r}."
+            raise InvalidInput(message) from None
         if not 1 < scale <= MAX_SCALE:
             raise InvalidInput(f"Each hires scale must be above 1 and at most {MAX_SCALE:g}; got {part.strip()}.")
         if scale not in scales:

@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from ..contract.hires import LATENT_UPSCALERS
 from ..device import attention as attention_core
 from ..device.controlnet_step import step_control_local
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
@@ -50,7 +51,6 @@ from ..device.modules import Modules
 from ..device.preview import latents_to_rgb
 from ..device.refiner_step import refiner_encode_local, refiner_step_local
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
-from ..contract.hires import LATENT_UPSCALERS
 from ..device.text import encode_local
 from ..device.upscale import upscale_local
 from ..device.vae import decode_local
