@@ -123,6 +123,11 @@ def config_default(name: str):
     return EngineConfig.__dataclass_fields__[name].default
 
 
+def _number_or_text(value) -> str:
+    """A default as --help writes it: 0.55, 1, Latent."""
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 def request_option(row: Field) -> Option:
     """The CLI flag of one request field: its help, type and default from the table (`fields.FIELDS`)."""
     cli = frozenset({CLI})
@@ -142,7 +147,7 @@ def request_option(row: Field) -> Option:
     later = bool(row.rule or row.needs)  # the server's default, or a picture's
     kind = {"int": int, "float": float}.get(row.kind, str)
     return Option(row.flag, f"{row.help}; {row.values_text}", type=kind,
-                  default=None if later else row.default, default_text=f"{row.default:g}" if later else "",
+                  default=None if later else row.default, default_text=_number_or_text(row.default) if later else "",
                   choices=row.choices, programs=cli)  # fmt: skip
 
 
