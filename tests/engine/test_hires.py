@@ -90,8 +90,8 @@ def test_every_upscaler_runs_both_passes_without_compiling(hires_engine):
             result = hires_engine.generate(
                 hires_engine.request("a red fox", seed=5, hires_scale=scale, hires_upscaler=upscaler,
                                      hires_steps=2, hires_denoise=0.5),
-                on_step=lambda done, total: steps.append((done, total)),
-                on_preview=lambda done, total, pixels: shown.append((done, pixels.shape[1])))  # fmt: skip
+                on_step=lambda done, total, log=steps: log.append((done, total)),
+                on_preview=lambda done, total, pixels, log=shown: log.append((done, pixels.shape[1])))  # fmt: skip
             side = hires_size((TEST_SIZE, TEST_SIZE), scale, hires_engine.latent_multiple)[0]
             assert result.images[0].size == (side, side) and result.steps == 3 + 2
             assert steps == [(done, 5) for done in range(1, 6)]  # progress counts both passes as one request
@@ -101,7 +101,8 @@ def test_every_upscaler_runs_both_passes_without_compiling(hires_engine):
 
 def test_hires_sizes_are_each_size_times_each_scale(hires_engine):
     assert hires_engine.hires_sizes == {((64, 64), 1.5): (96, 96), ((64, 64), 2.0): (128, 128)}
-    assert hires_size((1024, 1344), 1.5, 64) == (1536, 2016) and hires_size((72, 100), 1.3, 32) == (64, 128)
+    assert hires_size((1024, 1344), 1.5, 32) == (1536, 2016) and hires_size((1024, 1344), 1.5, 64) == (1536, 1984)
+    assert hires_size((72, 100), 1.3, 32) == (64, 128)  # A1111 truncates, then down to the multiple
 
 
 def test_lanczos_is_pils_resize_then_image_to_image(hires_engine):
