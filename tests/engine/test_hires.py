@@ -49,11 +49,22 @@ def a1111_rule(steps: int, hires_steps: int, denoise: float) -> tuple[int, int]:
     schedule = int(requested / min(denoise, 0.999)) if denoise > 0 else 0
     t_enc = requested - 1
     sigmas = list(range(schedule + 1))  # a schedule of `schedule` steps has schedule + 1 sigmas
-    return schedule, len(sigmas[schedule - t_enc - 1:]) - 1
+    return schedule, len(sigmas[schedule - t_enc - 1 :]) - 1
 
 
-@pytest.mark.parametrize("steps, hires_steps, denoise", [(20, 0, 0.55), (20, 10, 0.55), (4, 0, 1.0), (30, 15, 0.3),
-                                                         (25, 0, 0.7), (3, 2, 0.5), (8, 0, 0.01), (50, 100, 0.999)])
+@pytest.mark.parametrize(
+    "steps, hires_steps, denoise",
+    [
+        (20, 0, 0.55),
+        (20, 10, 0.55),
+        (4, 0, 1.0),
+        (30, 15, 0.3),
+        (25, 0, 0.7),
+        (3, 2, 0.5),
+        (8, 0, 0.01),
+        (50, 100, 0.999),
+    ],
+)
 def test_step_rule_is_a1111s(steps, hires_steps, denoise):
     assert second_pass_steps(steps, hires_steps, denoise) == a1111_rule(steps, hires_steps, denoise)
     schedule, run = second_pass_steps(steps, hires_steps, denoise)
@@ -62,7 +73,7 @@ def test_step_rule_is_a1111s(steps, hires_steps, denoise):
                         lambda n, first: config.plan(n, "euler", None, first))  # fmt: skip
     full = config.plan(schedule, "euler")
     assert (second.schedule, second.plan.steps) == (schedule, run)
-    np.testing.assert_array_equal(second.plan.sigmas, full.sigmas[schedule - run:])  # the last `run` steps run
+    np.testing.assert_array_equal(second.plan.sigmas, full.sigmas[schedule - run :])  # the last `run` steps run
     assert second.plan.init_sigma == pytest.approx(float(full.sigmas[schedule - run]))  # fresh noise at that sigma
 
 
@@ -73,7 +84,8 @@ def test_latent_upscale_modes_match_torch(name):
     by_mode = {f"{m}{'-aa' if aa else ''}": (m, aa) for m, aa in LATENT_UPSCALERS.values()}
     interpolate, antialias = by_mode[mode]
     got = jax.jit(lambda x: upscale_local(x, height=height, width=width, mode=interpolate, antialias=antialias))(
-        UPSCALE[f"in_{source}"])
+        UPSCALE[f"in_{source}"]
+    )
     np.testing.assert_allclose(np.asarray(got), UPSCALE[name], atol=1e-5, rtol=0)
 
 
