@@ -181,6 +181,17 @@ def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
     return {**loaded.params, "unet": quantize_unet_params(loaded.networks.unet, loaded.params["unet"])}
 
 
+def latent_multiple(modules: Modules) -> int:
+    """What every side of a served size divides by: the VAE's factor, then one halving per UNet down block but the
+    last."""
+    return modules.vae_scale_factor * 2 ** (len(modules.unet.config.down_block_types) - 1)
+
+
+def hires_pairs(config: EngineConfig, multiple: int) -> tuple[tuple[tuple[int, int], tuple[int, int]], ...]:
+    """(offered size, hires size) for each offered size and hires scale: what `program_keys(hires=...)` compiles."""
+    return tuple(dict.fromkeys((size, big) for (size, _), big in config.hires_sizes(multiple).items()))
+
+
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None,
     controlnets: tuple = (), refiner: RefinerWeights | None = None,
@@ -310,7 +321,7 @@ class Generator:
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
                             previews=self.config.previews, windows=self.config.prompt_windows,
                             control_sets=self.controlnets.sets, refiner=self.refiner is not None,
-                            hires=tuple(dict.fromkeys((size, big) for (size, _), big in self.hires_sizes.items())))
+                            hires=hires_pairs(self.config, self.latent_multiple))
 
     @property
     def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:
@@ -330,12 +341,11 @@ class Generator:
 
     def _check_sizes(self, modules: Modules) -> None:
         # The UNet halves the latents once per down block but the last: sides must divide evenly all the way down.
-        halvings = len(modules.unet.config.down_block_types) - 1
-        latent_multiple = self.latent_multiple = modules.vae_scale_factor * 2**halvings
+        multiple = self.latent_multiple = latent_multiple(modules)
         for size in self.sizes:
             for name, value in zip(("height", "width"), size, strict=True):  # name the value the user got wrong
-                if value % latent_multiple:
-                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
+                if value % multiple:
+                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {multiple}; got {value}.")
 
     def warmup(self) -> dict[str, float]:
         """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then

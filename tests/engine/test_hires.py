@@ -113,6 +113,10 @@ def test_every_upscaler_runs_both_passes_without_compiling(hires_engine):
 
 def test_hires_sizes_are_each_size_times_each_scale(hires_engine):
     assert hires_engine.hires_sizes == {((64, 64), 1.5): (96, 96), ((64, 64), 2.0): (128, 128)}
+    upscales = {(key.height, key.source, key.mode) for key in hires_engine.program_keys() if key.kind == "upscale"}
+    assert upscales == {(side, (64, 64), mode) for side in (96, 128) for mode in LATENT_UPSCALERS}
+    assert {(key.height, key.width) for key in hires_engine.program_keys() if key.kind == "step"} == {
+        (64, 64), (96, 96), (128, 128)}  # each hires size's second pass, compiled at start-up  # fmt: skip
     assert hires_size((1024, 1344), 1.5, 32) == (1536, 2016) and hires_size((1024, 1344), 1.5, 64) == (1536, 1984)
     assert hires_size((72, 100), 1.3, 32) == (64, 128)  # A1111 truncates, then down to the multiple
 
