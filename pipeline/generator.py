@@ -54,17 +54,7 @@ from .host.emphasis import has_emphasis
 from .host.executable_store import StartupPrograms, build_served
 from .host.hires_plan import HiresPlan, hires_plan, hires_seeds
 from .host.image_plan import image_plan
-from .host.loop import (
-    Blank,
-    Gate,
-    HiresInputs,
-    Listener,
-    PictureInputs,
-    PreviewListener,
-    RefinerInputs,
-    RequestInputs,  # fmt: skip
-    StopCheck,
-)
+from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
@@ -446,7 +436,7 @@ class Generator:
                           lambda schedule, first: loop.cached_plan(self.sampler, schedule, sampler,
                                                                    request.schedule_type, first))  # fmt: skip
 
-    def _hires_inputs(self, request: Request, second: HiresPlan | None, seeds: list[int]) -> HiresInputs | None:
+    def _hires_inputs(self, request: Request, second: HiresPlan | None, seeds: list[int]) -> loop.HiresInputs | None:
         """The second pass's inputs on the devices (its seeds, its size's stand-ins; a pixel upscaler's resize)."""
         if second is None:
             return None
@@ -459,9 +449,9 @@ class Generator:
         latent = second.upscaler in LATENT_UPSCALERS
         resize = None if latent else functools.partial(self._resize, size=second.size,
                                                        method=PIXEL_UPSCALERS[second.upscaler])  # fmt: skip
-        return HiresInputs(size=second.size, upscaler=second.upscaler, latent=latent, plan=second.plan, speed=speed,
-                           seeds=seed_array, blank=self._blank(height, width, self._params), keep=keep,
-                           resize=resize)  # fmt: skip
+        return loop.HiresInputs(size=second.size, upscaler=second.upscaler, latent=latent, plan=second.plan,
+                                speed=speed, seeds=seed_array, blank=self._blank(height, width, self._params),
+                                keep=keep, resize=resize)  # fmt: skip
 
     def _resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str) -> jax.Array:
         """A pixel upscaler: the first pass's uint8 [B, h, w, 3] gathered, each image resized with PIL's `method`

@@ -81,7 +81,8 @@ class Blank:
 
 @dataclass(frozen=True)
 class ControlInputs:
-    """One request's ControlNet units (`contract/controlnet_units.py`): their maps on the devices, weights and per-step scales."""
+    """One request's ControlNet units (`contract/controlnet_units.py`): their maps on the devices, weights and
+    per-step scales."""
 
     maps: tuple  # one float32 [B, 3, H, W] map in [0, 1] per unit (split over the batch)
     trees: tuple  # each unit's ControlNet weights (replicated)
