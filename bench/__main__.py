@@ -41,7 +41,7 @@ from .reference import CHECK_RATIO  # noqa: E402
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
     "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet", "service",
-    "refiner",
+    "refiner", "hires",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -304,6 +304,13 @@ def _refiner(args: argparse.Namespace, results: dict, generator) -> None:
     results["refiner"] = refiner_cost(args.config, args.runs)
 
 
+def _hires(args: argparse.Namespace, results: dict, generator) -> None:
+    from .hires import hires_cost
+
+    progress(f"hires: requests without and with a ×2 second pass ({args.runs} runs) ...")
+    results["hires"] = hires_cost(args.config, args.runs)
+
+
 def _levers(args: argparse.Namespace, results: dict, generator) -> None:
     from .features import speed_levers
 
@@ -366,6 +373,7 @@ MEASURES = {
     "img2img": _img2img,
     "controlnet": _controlnet,
     "refiner": _refiner,
+    "hires": _hires,
     "levers": _levers,
     "previews": _previews,
     "history": _history,

@@ -315,6 +315,10 @@ def markdown(results: dict) -> str:
         from .refiner import markdown as refiner_markdown
 
         lines += refiner_markdown(results["refiner"])
+    if results.get("hires") is not None:
+        from .hires import markdown as hires_markdown
+
+        lines += hires_markdown(results["hires"])
     if results.get("service") is not None:
         from .service import markdown as service_markdown
 

@@ -75,6 +75,8 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     # The request's own flags are what it asks for; the server's defaults are what it would get without them.
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
+    if scales := _hires_scales(args):  # the hires fix: the CLI compiles the second pass its request asks for
+        config, unasked = (dataclasses.replace(c, hires_scales=scales) for c in (config, unasked))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
         screened = screen_loras(config)
@@ -87,6 +89,16 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
     check_model(config)  # a wrong --model is bad input too
     check_embeddings(config)
     return config, request
+
+
+def _hires_scales(args: argparse.Namespace) -> tuple[float, ...]:
+    """`--hires-scale X` (above 1) as the one hires scale the CLI's engine compiles; () without it (a value that is
+    not a number in range is parse_request's to refuse)."""
+    try:
+        scale = float(getattr(args, "hires_scale", None) or 1)
+    except (TypeError, ValueError):
+        return ()
+    return (scale,) if 1 < scale <= FIELD["hires_scale"].high else ()
 
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:

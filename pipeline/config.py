@@ -19,6 +19,8 @@ from pathlib import Path
 
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD
+from .contract.hires import MAX_SCALE, hires_size
+from .contract.hires import parse_scales as parse_hires_scales
 from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
 from .contract.presets import Preset, get_preset, lora_of
 from .contract.sizes import default_sizes, parse_sizes
@@ -73,6 +75,7 @@ class EngineConfig:
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
+    hires_scales: tuple[float, ...] = ()  # static: the hires fix's scales; each offered size × each is compiled
     steps: int = 25  # denoising steps of a request that names none (each request may ask for 1..100)
     guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
@@ -95,6 +98,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
+        object.__setattr__(self, "hires_scales", tuple(float(scale) for scale in self.hires_scales))
+        if any(not 1 < scale <= MAX_SCALE for scale in self.hires_scales):
+            raise InvalidInput(f"Each hires scale must be above 1 and at most {MAX_SCALE:g}; got {self.hires_scales}.")
         for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -122,6 +128,11 @@ class EngineConfig:
         """The offered (height, width) sizes, the default (height × width) first."""
         first = (self.height, self.width)
         return (first,) + tuple(size for size in dict.fromkeys(self.sizes) if size != first)
+
+    def hires_sizes(self, multiple: int) -> dict[tuple[tuple[int, int], float], tuple[int, int]]:
+        """{(offered size, scale): the hires size}, for the UNet's latent `multiple` (`contract/hires.hires_size`)."""
+        return {(size, scale): hires_size(size, scale, multiple) for size in self.offered_sizes
+                for scale in self.hires_scales}  # fmt: skip
 
     def sampler_overrides(self) -> dict:
         """The sampler settings this config sets explicitly (None = keep the checkpoint's)."""
@@ -227,6 +238,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         controlnets=controlnet_specs(get("controlnet")),
         refiner=get("refiner") or None,
         sizes=sizes,
+        hires_scales=parse_hires_scales(get("hires_scales")),
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),

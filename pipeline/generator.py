@@ -34,6 +34,7 @@ from .checkpoint.refiner_loading import RefinerWeights, load_refiner
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
+from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS
 from .contract.image_inputs import latent_mask
 from .contract.parameters import describe, text_settings, written_settings
 from .contract.request import Picture, Request, RequestRules, parse_request
@@ -51,6 +52,7 @@ from .host.compile_cache import CompileCounter, configure_compilation_cache
 from .host.controlnet_plan import ServedControlNets, control_inputs
 from .host.emphasis import has_emphasis
 from .host.executable_store import StartupPrograms, build_served
+from .host.hires_plan import HiresPlan, hires_plan, hires_seeds
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
@@ -167,6 +169,17 @@ def served_params(loaded: LoadedModel, config: EngineConfig) -> dict:
     if config.quantize == "none":
         return loaded.params
     return {**loaded.params, "unet": quantize_unet_params(loaded.networks.unet, loaded.params["unet"])}
+
+
+def latent_multiple(modules: Modules) -> int:
+    """What every side of a served size divides by: the VAE's factor, then one halving per UNet down block but the
+    last."""
+    return modules.vae_scale_factor * 2 ** (len(modules.unet.config.down_block_types) - 1)
+
+
+def hires_pairs(config: EngineConfig, multiple: int) -> tuple[tuple[tuple[int, int], tuple[int, int]], ...]:
+    """(offered size, hires size) for each offered size and hires scale: what `program_keys(hires=...)` compiles."""
+    return tuple(dict.fromkeys((size, big) for (size, _), big in config.hires_sizes(multiple).items()))
 
 
 def build_programs(
@@ -297,7 +310,13 @@ class Generator:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
                             previews=self.config.previews, windows=self.config.prompt_windows,
-                            control_sets=self.controlnets.sets, refiner=self.refiner is not None)  # fmt: skip
+                            control_sets=self.controlnets.sets, refiner=self.refiner is not None,
+                            hires=hires_pairs(self.config, self.latent_multiple))
+
+    @property
+    def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """Each offered size's hires sizes: {((height, width), scale): (H, W)} (`EngineConfig.hires_sizes`)."""
+        return self.config.hires_sizes(self.latent_multiple)
 
     @property
     def device_summary(self) -> str:
@@ -312,12 +331,11 @@ class Generator:
 
     def _check_sizes(self, modules: Modules) -> None:
         # The UNet halves the latents once per down block but the last: sides must divide evenly all the way down.
-        halvings = len(modules.unet.config.down_block_types) - 1
-        latent_multiple = modules.vae_scale_factor * 2**halvings
+        multiple = self.latent_multiple = latent_multiple(modules)
         for size in self.sizes:
             for name, value in zip(("height", "width"), size, strict=True):  # name the value the user got wrong
-                if value % latent_multiple:
-                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {latent_multiple}; got {value}.")
+                if value % multiple:
+                    raise InvalidInput(f"{name.capitalize()} must be a multiple of {multiple}; got {value}.")
 
     def warmup(self) -> dict[str, float]:
         """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then
@@ -363,12 +381,13 @@ class Generator:
         started = time.perf_counter()
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         plan, picture, speed, switch_row = self._plans(request)
+        second = self._hires_plan(request)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
         inputs, text, extra = self._inputs(request, seeds)
         loop_timings: dict[str, float] = {}
         pixels, device_s = self._run(request, inputs, plan, speed, picture,
                                      loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings,
-                                     switch_row)  # fmt: skip
+                                     switch_row, (second, seeds))  # fmt: skip
         windows = self.config.prompt_windows
         dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
@@ -377,8 +396,9 @@ class Generator:
         total_s = time.perf_counter() - started
         timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s,
                    "first_step_s": loop_timings.get("first_step_s", 0.0)}  # fmt: skip
+        steps = plan.steps + (second.plan.steps if second is not None else 0)
         return GenerationResult(images=images, seeds=seeds, prompt=prompt, negative_prompt=negative_prompt,
-                                truncated=truncated, parameters=parameters, timings=timings, steps=plan.steps,
+                                truncated=truncated, parameters=parameters, timings=timings, steps=steps,
                                 sampler=plan.label)  # fmt: skip
 
     def _plans(self, request: Request):
@@ -406,6 +426,42 @@ class Generator:
         speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg, guided=guided)
         return plan, picture, speed, switch_row
 
+    def _hires_plan(self, request: Request) -> HiresPlan | None:
+        """The request's second pass (`host/hires_plan.py`): None with the hires fix off."""
+        if request.hires_scale == 1.0:
+            return None
+        size = self.hires_sizes[(request.size, request.hires_scale)]
+        sampler = request.sampler or self.sampler.sampler
+        return hires_plan(size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise,
+                          lambda schedule, first: loop.cached_plan(self.sampler, schedule, sampler,
+                                                                   request.schedule_type, first))  # fmt: skip
+
+    def _hires_inputs(self, request: Request, second: HiresPlan | None, seeds: list[int]) -> loop.HiresInputs | None:
+        """The second pass's inputs on the devices (its seeds, its size's stand-ins; a pixel upscaler's resize)."""
+        if second is None:
+            return None
+        height, width = second.size
+        guided = request.guidance_scale > 1 or not self.config.speed_levers
+        speed = cached_speed_plan(second.plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg,
+                                  guided=guided)  # fmt: skip
+        keep, seed_array = global_batch((np.ones((self.num_images, height, width), bool), hires_seeds(seeds)),
+                                        self._batch_sharding)  # fmt: skip
+        latent = second.upscaler in LATENT_UPSCALERS
+        resize = None if latent else functools.partial(self._resize, size=second.size,
+                                                       method=PIXEL_UPSCALERS[second.upscaler])  # fmt: skip
+        return loop.HiresInputs(size=second.size, upscaler=second.upscaler, latent=latent, plan=second.plan,
+                                speed=speed, seeds=seed_array, blank=self._blank(height, width, self._params),
+                                keep=keep, resize=resize)  # fmt: skip
+
+    def _resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str) -> jax.Array:
+        """A pixel upscaler: the first pass's uint8 [B, h, w, 3] gathered, each image resized with PIL's `method`
+        (A1111's Lanczos and Nearest are PIL's), placed back split over the batch: uint8 [B, H, W, 3]."""
+        height, width = size
+        resample = getattr(Image.Resampling, method)
+        resized = np.stack([np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
+                            for image in to_host(pixels)])  # fmt: skip
+        return global_batch((resized,), self._batch_sharding)[0]
+
     def _inputs(self, request: Request, seeds: list[int]):
         """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
         (`RequestInputs`); with what reading the prompt found (`text`: overflow) and the embeddings it names."""
@@ -429,7 +485,7 @@ class Generator:
         return inputs, text, extra
 
     def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
-             loop_timings: dict, switch_row: int) -> tuple[np.ndarray, float]:  # fmt: skip
+             loop_timings: dict, switch_row: int, second: tuple = (None, ())) -> tuple[np.ndarray, float]:  # fmt: skip
         """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
         seconds the devices were held (rows from `switch_row` on: the refiner's). Every run (stopped ones too) joins
         `recent_runs`."""
@@ -437,6 +493,8 @@ class Generator:
         height, width = request.size
         with self._device_lock:
             on_device = time.perf_counter()
+            hires = self._hires_inputs(request, *second)  # the second pass's, when the hires fix is on
+            run["steps"] += hires.plan.steps if hires is not None else 0
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
             control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.num_images,
                                      self._batch_sharding)  # fmt: skip
@@ -448,7 +506,7 @@ class Generator:
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
                     on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
                     should_stop=watchers.should_stop, gate=watchers.gate, timings=loop_timings,
-                    refiner=self._refiner_inputs(request, switch_row, plan.rows),
+                    refiner=self._refiner_inputs(request, switch_row, plan.rows), hires=hires,
                 )  # fmt: skip
             except Stopped as stopped:
                 run.update(done=stopped.done, stopped=True)
@@ -457,7 +515,7 @@ class Generator:
                 run.update({k: v for k, v in loop_timings.items() if k.endswith("_at")})
                 self.recent_runs.append(run)
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
-            run["done"] = plan.steps
+            run["done"] = plan.steps + (hires.plan.steps if hires is not None else 0)
             return pixels, time.perf_counter() - on_device
 
     def _refiner_inputs(self, request: Request, switch_row: int, rows: int) -> RefinerInputs | None:

@@ -123,6 +123,11 @@ def config_default(name: str):
     return EngineConfig.__dataclass_fields__[name].default
 
 
+def _number_or_text(value) -> str:
+    """A default as --help writes it: 0.55, 1, Latent."""
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 def request_option(row: Field) -> Option:
     """The CLI flag of one request field: its help, type and default from the table (`fields.FIELDS`)."""
     cli = frozenset({CLI})
@@ -142,7 +147,7 @@ def request_option(row: Field) -> Option:
     later = bool(row.rule or row.needs)  # the server's default, or a picture's
     kind = {"int": int, "float": float}.get(row.kind, str)
     return Option(row.flag, f"{row.help}; {row.values_text}", type=kind,
-                  default=None if later else row.default, default_text=f"{row.default:g}" if later else "",
+                  default=None if later else row.default, default_text=_number_or_text(row.default) if later else "",
                   choices=row.choices, programs=cli)  # fmt: skip
 
 
@@ -208,6 +213,10 @@ OPTIONS: tuple[Option, ...] = (
            "'sdxl' = SDXL's 9 trained sizes; not with --height/--width", "SDXL_SIZES", metavar="WxH,WxH,...",
            default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
            "one size)", programs=frozenset({APP, PRECOMPILE}), recompiles=True),
+    Option("--hires-scales", "the hires fix's scales (e.g. 1.5,2): each offered size × each scale (each side "
+           "truncated to the UNet's latent multiple) is compiled at start-up and a request's hires_scale picks one",
+           "SDXL_HIRES_SCALES", metavar="X,Y,...", default_text="none (no hires fix)",
+           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--steps", "denoising steps of a request that names none (a request may ask for "
            f"{FIELD['steps'].values_text}; no recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny",
            programs=ENGINE),

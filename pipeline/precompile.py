@@ -15,8 +15,18 @@ from .checkpoint.controlnet_loading import load_controlnets
 from .checkpoint.loading import load_model
 from .checkpoint.refiner_loading import load_refiner
 from .config import EngineConfig
+from .device.modules import Modules
 from .device.sharding import data_mesh
-from .generator import build_programs, for_platform, read_loras, sampler_of, served_params, with_refiner
+from .generator import (
+    build_programs,
+    for_platform,
+    hires_pairs,
+    latent_multiple,
+    read_loras,
+    sampler_of,
+    served_params,
+    with_refiner,
+)
 from .host.aot import save_precompiled, topology_devices
 from .host.compile_cache import configure_compilation_cache
 from .host.controlnet_plan import ServedControlNets
@@ -42,7 +52,8 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
                               data_mesh(devices), sampler, layout, controlnets.archs, refiner)  # fmt: skip
     sizes = list(config.offered_sizes)
     keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
-                        windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None)
+                        windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None,
+                        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))))
     progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,

@@ -87,10 +87,14 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     template = load_styles().get(style_name) if isinstance(style_name, str) else None
     if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
         settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
+    hires = "Hires upscale" in values.extra  # A1111's txt2img hires fix: its Denoising strength is the second pass's
     for row in PLAIN:
         if not row.label:
             continue
         value = getattr(values, row.name, None) if row.basic else values.extra.get(row.label)
+        if (row.needs == "hires" and not hires) or (row.needs == "picture" and hires and row.label == "Denoising "
+                                                                                             "strength"):
+            value = None  # the hires fix off (its fields at their defaults), or the strength was the hires fix's
         if isinstance(value, str) and row.kind != "choice":
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
                 value = float(value)
@@ -112,6 +116,7 @@ class Form:
     sizes: tuple[tuple[int, int], ...]  # the offered (height, width)
     loras: tuple[str, ...]  # the server's LoRA names
     refiner: str = ""  # the server's refiner ("": none, so the refiner's fields stay at their defaults)
+    hires_scales: tuple[float, ...] = ()  # the server's hires scales (none: the hires fix's fields stay as they are)
 
     @property
     def filled(self) -> list[str]:
@@ -128,7 +133,12 @@ class Form:
         setting that could not be used here (a size not offered, a LoRA this server does not have, ...)."""
         notes: list[str] = []
         updates = {row.name: _fill_plain(row, settings.get(row.name), notes) for row in PLAIN
-                   if row.needs != "refiner" or self.refiner}  # fmt: skip
+                   if (row.needs != "refiner" or self.refiner) and (row.needs != "hires" or self.hires_scales)}
+        for row in PLAIN:  # likewise the hires fix without hires scales
+            if row.needs == "hires" and not self.hires_scales:
+                updates[row.name] = gr.skip()
+                if row.name == "hires_scale" and settings.get(row.name) not in (None, row.default):
+                    notes.append(f"This server has no hires fix, so Hires upscale {settings[row.name]:g} was left out.")
         for row in PLAIN:  # Generate would refuse a refiner's switch without one: say so now, keep the default
             if row.needs == "refiner" and not self.refiner:
                 updates[row.name] = gr.skip()

@@ -168,7 +168,7 @@ def build_page(
             controls={"prompt": top.prompt, **{name: component for name, component in fields.controls.items()
                                                if name not in ("loras", "init_image", "mask_image", "controlnets")}},
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
-            refiner=getattr(rules, "refiner", ""),
+            refiner=getattr(rules, "refiner", ""), hires_scales=tuple(getattr(rules, "hires_scales", ())),
         )  # fmt: skip
         concurrency = getattr(engine, "concurrency", GENERATE_CONCURRENCY)  # engine services: two per engine
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
@@ -348,6 +348,7 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
     controls["controlnets"] = control_panel(rules)
+    controls.update(hires_panel(rules))
     # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
     # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
     previews = gr.Checkbox(value=False, visible=False, label="previews")
@@ -359,6 +360,16 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
         gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
     return Fields(controls, lora_rows, picture, previews, page_previews)
+
+
+def hires_panel(rules: RequestRules) -> dict[str, Any]:
+    """The hires fix's controls in a "Second pass" section, shown only where the server has hires scales."""
+    scales = tuple(getattr(rules, "hires_scales", ()))
+    with gr.Accordion("Second pass", open=False, elem_id="hires-settings", visible=bool(scales)):
+        gr.Markdown("Hires fix: the picture drawn, upscaled and redrawn. Upscale by 1 (off) or "
+                    + ", ".join(f"{scale:g}" for scale in scales), elem_id="hires-scales")  # fmt: skip
+        with gr.Row(equal_height=True):
+            return table_controls("hires", rules)
 
 
 def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str, Any]:

@@ -112,7 +112,7 @@ class RemoteEngines:
             guidance_scale=info["guidance_scale"], cfg=info["cfg"], levers=info["levers"], loras=tuple(info["loras"]),
             default_loras=tuple(tuple(lora) for lora in info.get("default_loras", ())),
             embeddings=tuple(info.get("embeddings", ())), controlnets=tuple(info.get("controlnets", ())),
-            refiner=info.get("refiner") or "",
+            refiner=info.get("refiner") or "", hires_scales=tuple(info.get("hires_scales") or ()),
         )  # fmt: skip
         self.sampler = RemoteSampler(**info["sampler_settings"])
         self.num_images = info["num_images"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidInput
+from .hires import MAX_SCALE, UPSCALERS
 from .sampler_names import SAMPLER_NAMES, SCHEDULE_TYPES
 from .styles import DEFAULT_STYLE
 
@@ -174,7 +175,7 @@ class Control:
     info: str = ""  # the line under it ({low} and {high}: the field's bounds)
     step: float = 1  # a slider's step (its lowest value is `step` above an excluded low bound)
     elem_id: str = ""  # the element's id (CSS, browser tests)
-    group: str = ""  # the page's row for it: "style", "sampling", "levers", "picture", "refiner" ("": its own row)
+    group: str = ""  # the page's row for it: "style", "sampling", "levers", "picture", "refiner", "hires" ("": own row)
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,8 @@ class Field:
     basic: bool = False  # `parameters` always carries it among A1111's basics (parameters.describe writes it)
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
-    needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner
+    needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner;
+    # "hires": with --hires-scales, written whenever hires_scale is on
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
@@ -362,6 +364,26 @@ FIELDS: tuple[Field, ...] = (
           flag="--clip-skip", api_type=int,
           control=Control("CLIP skip", "0 = SDXL's own layer (the penultimate); N = N layers before it (A1111's Clip "
                           "skip N + 2)", elem_id="clip-skip", group="style")),
+    Field("hires_scale", "float", "hires fix: draw at the size, upscale by one of the server's --hires-scales and "
+          "redraw (A1111's Upscale by; 1 = off)", 1.0, low=1.0, high=MAX_SCALE, called="hires_scale",
+          high_note=" (one of the server's --hires-scales; 1 = off)", label="Hires upscale", status="hires ×",
+          needs="hires", flag="--hires-scale", api_type=float,
+          control=Control("Upscale by", "1 = no second pass; else one of the server's hires scales", step=0.25,
+                          elem_id="hires-scale", group="hires")),
+    Field("hires_steps", "int", "hires fix: the second pass's steps (0 = as many as the first pass)", 0, low=0,
+          high=100, called="hires_steps", low_note=" (as the first pass)", label="Hires steps", needs="hires",
+          flag="--hires-steps", api_type=int,
+          control=Control("Hires steps", "0 = as many as the first pass; they run on a schedule of steps ÷ denoise",
+                          elem_id="hires-steps", group="hires")),
+    Field("hires_denoise", "float", "hires fix: how much of the upscaled picture is redrawn (A1111's Denoising "
+          "strength)", 0.55, low=0.01, high=1.0, called="hires_denoise", label="Denoising strength", needs="hires",
+          flag="--hires-denoise", api_type=float,
+          control=Control("Denoising strength", "How much of the upscaled picture the second pass redraws",
+                          step=0.01, elem_id="hires-denoise", group="hires")),
+    Field("hires_upscaler", "choice", "hires fix: how the picture is upscaled (Latent*: in latent space; Lanczos, "
+          "Nearest: decoded, resized, encoded)", "Latent", choices=UPSCALERS, called="hires upscaler",
+          label="Hires upscaler", needs="hires", flag="--hires-upscaler", api_type=str,
+          control=Control("Upscaler", elem_id="hires-upscaler", group="hires")),
 )  # fmt: skip
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}

@@ -152,11 +152,15 @@ def table_settings(values: Mapping[str, object], *, picture: bool, has_picture: 
     """The table's fields beyond A1111's basics, by their `parameters` label: a picture's own (`picture`, written
     whenever the request has one: A1111 writes them among its keys), or the others away from their default."""
     written = {}
+    hires = values.get("hires_scale", 1.0) != 1.0
     for row in PLAIN:
         if not row.label or row.basic or (row.needs == "picture") != picture:
             continue
         value = values[row.name]
-        if has_picture if picture else value != row.default:
+        if row.needs == "hires":  # A1111 writes its hires fix whole when on (its steps when set), nothing when off
+            if hires and (row.name != "hires_steps" or value):
+                written[row.label] = row.to_label(value)
+        elif has_picture if picture else value != row.default:
             written[row.label] = row.to_label(value)
     return written
 

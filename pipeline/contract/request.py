@@ -58,6 +58,7 @@ class ServerSettings(Protocol):
     speed_levers: bool
     controlnets: tuple[str, ...]
     refiner: str | None
+    hires_scales: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class RequestRules:
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
+    hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -94,6 +96,7 @@ class RequestRules:
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             refiner=refiner_name(config.refiner) if config.refiner else "",
+            hires_scales=tuple(getattr(config, "hires_scales", ())),
         )  # fmt: skip
 
 
@@ -140,6 +143,10 @@ class Request:
     refiner_switch: float = FIELD["refiner_switch"].default  # the refiner continues after this part (1 = none)
     aesthetic_score: float = FIELD["aesthetic_score"].default  # the refiner's 5th time id for the prompt
     negative_aesthetic_score: float = FIELD["negative_aesthetic_score"].default  # ... for the negative prompt
+    hires_scale: float = FIELD["hires_scale"].default  # the hires fix's upscale (1 = off), one of --hires-scales
+    hires_steps: int = FIELD["hires_steps"].default  # the second pass's steps (0 = `steps`)
+    hires_denoise: float = FIELD["hires_denoise"].default  # A1111's Denoising strength of the second pass
+    hires_upscaler: str = FIELD["hires_upscaler"].default  # A1111's name of the upscaler
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -278,6 +285,7 @@ def parse_request(
     height, width = _size(size, rules.sizes)
     _check_levers(values, rules)
     _check_refiner(values, rules)
+    _check_hires(values, rules, init_image is not None or bool(controlnets))
     _check_sampler(values, init_image is not None)
     ignored = () if rules.cfg else _ignored(given, values, negative, rules)
     if not rules.cfg:  # the guidance-free program reads none of them
@@ -337,6 +345,21 @@ def _check_refiner(values: Mapping[str, object], rules: RequestRules) -> None:
     """`refiner_switch` below 1 needs a server with a refiner; the aesthetic scores only count with it."""
     if values["refiner_switch"] < FIELD["refiner_switch"].default and not rules.refiner:
         raise InvalidInput("This server has no refiner (start it with --refiner): refiner_switch must stay 1.")
+
+
+def _check_hires(values: Mapping[str, object], rules: RequestRules, picture_or_control: bool) -> None:
+    """`hires_scale` is 1 (off) or one of the server's compiled scales, on text to image without ControlNets (A1111's
+    hires fix is txt2img's; its second pass here runs the plain step at the larger size)."""
+    scale = values["hires_scale"]
+    if scale == FIELD["hires_scale"].default:
+        return
+    if not rules.hires_scales:
+        raise InvalidInput("This server has no hires fix (start it with --hires-scales): hires_scale must stay 1.")
+    if scale not in rules.hires_scales:
+        offered = ", ".join(f"{s:g}" for s in rules.hires_scales)
+        raise InvalidInput(f"hires_scale {scale:g} is not offered by this server; choose 1 (off) or one of: {offered}.")
+    if picture_or_control:
+        raise InvalidInput("The hires fix is for text to image: leave hires_scale at 1 with a picture or ControlNets.")
 
 
 def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:

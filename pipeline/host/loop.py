@@ -13,6 +13,7 @@ can live in the persistent compilation cache). On several processes every proces
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -98,6 +99,21 @@ class RefinerInputs:
     aesthetic: jax.Array  # float32 [2] (replicated): the negative prompt's and the prompt's aesthetic score
 
 
+@dataclass(frozen=True)
+class HiresInputs:
+    """One request's hires fix (host/hires_plan.py): its second pass's size, rows, speed plan and inputs."""
+
+    size: tuple[int, int]  # (height, width) of the second pass
+    upscaler: str  # A1111's name: a latent upscaler (the `upscale` program) or a pixel one (`resize`)
+    latent: bool  # the upscaler works on latents (else: decode, `resize`, encode)
+    plan: Plan  # the rows the second pass runs (image to image at `size`)
+    speed: SpeedPlan  # per row: guided or not, whole UNet or shallow
+    seeds: jax.Array  # uint32 [B]: the second pass's noise seeds
+    blank: Blank  # the hires size's stand-ins (mask, history)
+    keep: jax.Array  # bool [B, H, W]: all True (the upscaled picture's latents)
+    resize: Callable[[jax.Array], jax.Array] | None  # a pixel upscaler: uint8 [B, h, w, 3] -> [B, H, W, 3]
+
+
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
@@ -154,6 +170,7 @@ def run(
     gate: Gate | None = None,
     timings: dict | None = None,
     refiner: RefinerInputs | None = None,
+    hires: HiresInputs | None = None,
 ) -> jax.Array:
     """Encode, sample the plan's rows (`plan.rows` UNet calls: `plan.steps` steps, two per step for Heun), decode:
     uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
@@ -174,6 +191,8 @@ def run(
     `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`, the others
     (no ControlNet, or outside every unit's window) the plain step. `refiner`: rows from its `switch_row` on run
     the refiner's step on its own text (encoded with the prompt's), whole and with the row's guidance mode.
+    `hires`: the hires fix: the picture upscaled and redrawn at its size (`second_pass`); progress, previews and
+    Stop count both passes' steps as one request's.
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
@@ -183,10 +202,36 @@ def run(
     refiner_text = encode_text(stage, inputs, cfg, "refiner_encode") if refiner is not None else None
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     speed = speed or speed_plan(plan.rows, cfg=cfg)
-    latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history,
-                      Watchers(on_preview, on_step, should_stop, gate), control,
-                      (refiner, refiner_text) if refiner is not None else None)  # fmt: skip
+    watchers = Watchers(on_preview, on_step, should_stop, gate)
+    total = len(speed.schedule) + (len(hires.speed.schedule) if hires is not None else 0)
+    latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control,
+                      (refiner, refiner_text) if refiner is not None else None, total=total)  # fmt: skip
+    if hires is not None:
+        stage, latents = second_pass(stage, inputs, text, latents, hires, watchers, len(speed.schedule), total)
     return stage.compile("decode")(stage.weights("decode"), latents)
+
+
+def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires: HiresInputs, watchers: Watchers,
+                before: int, total: int) -> tuple[Stage, jax.Array]:  # fmt: skip
+    """The hires fix after the first pass's `before` steps: its latents upscaled to `hires.size` (in latent space, or
+    decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan`: (the hires
+    size's stage, its final latents)."""
+    height, width = hires.size
+    big = Stage(stage.programs, stage.params, height, width, stage.text, stage.put, stage.timings)
+    if hires.latent:
+        key = ProgramKey("upscale", height, width, source=(stage.height, stage.width), mode=hires.upscaler)
+        x0 = stage.programs.compile(key)({}, latents)
+    else:
+        pixels = hires.resize(stage.compile("decode")(stage.weights("decode"), latents))
+        x0 = big.compile("encode_image")(big.weights("encode_image"), pixels, hires.keep)
+    put = stage.put
+    second = dataclasses.replace(inputs, seeds=hires.seeds)  # the second pass's own noise (and Euler a's)
+    latents, noise = big.compile("start")({}, second.seeds, put(np.asarray(hires.plan.init_sigma, np.float32)), x0,
+                                          put(np.asarray(1.0, np.float32)))  # fmt: skip
+    image = {"latents": x0, "noise": noise, "repaint": hires.blank.repaint, "masked": hires.blank.masked}
+    latents = denoise(big, second, hires.plan, hires.speed, text, latents, image, hires.blank.history, watchers,
+                      before=before, total=total)  # fmt: skip
+    return big, latents
 
 
 def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "encode") -> tuple:
@@ -231,9 +276,11 @@ class Watchers:
 
 def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, text: tuple, latents, image, history,
             watchers: Watchers, control: ControlInputs | None = None,
-            refiner: tuple[RefinerInputs, tuple] | None = None) -> jax.Array:  # fmt: skip
+            refiner: tuple[RefinerInputs, tuple] | None = None, *, before: int = 0,
+            total: int | None = None) -> jax.Array:  # fmt: skip
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
-    carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text."""
+    carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text.
+    `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one)."""
     programs = stage.programs
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
@@ -241,8 +288,9 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
     unet = stage.weights("step")
     preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
-    done, total = 0, len(speed.schedule)  # steps whose result is ready, of all
-    for position, planned in enumerate(speed.schedule):
+    done = before  # steps whose result is ready, of all
+    total = before + len(speed.schedule) if total is None else total
+    for position, planned in enumerate(speed.schedule, start=before):
         if watchers.stop_now(position):
             _stop(stage, pending, position, total)
         if refiner is not None and planned.index >= refiner[0].switch_row:  # the refiner's rows: its whole UNet each

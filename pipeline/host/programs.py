@@ -17,6 +17,7 @@ replicated, batch split:
     preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
     refiner_encode[cfg, K]   the encode's arguments (encoder 2's ids read) -> the refiner's hidden, pooled, key_lengths
     refiner_step[size, cfg, K]   the step on the refiner's UNet and text, + aesthetic scores [2] (--refiner)
+    upscale[size, from, mode]   the hires fix's latents [B, 4, h, w] at `from` -> [B, 4, H/8, W/8] (torch's modes)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows the text is read in: 1, or the server's
@@ -39,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from ..contract.hires import LATENT_UPSCALERS
 from ..device import attention as attention_core
 from ..device.controlnet_step import step_control_local
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
@@ -50,6 +52,7 @@ from ..device.preview import latents_to_rgb
 from ..device.refiner_step import refiner_encode_local, refiner_step_local
 from ..device.sharding import DATA_AXIS, batch_sharded, replicated
 from ..device.text import encode_local
+from ..device.upscale import upscale_local
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
 from .plan import COEFFICIENTS, HISTORY
@@ -57,7 +60,7 @@ from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
 KINDS = ("merge", "encode", "refiner_encode", "encode_image", "start", "step", "step_control", "step_full",
-         "step_shallow", "refiner_step", "halve_text", "halve_feature", "preview", "decode")
+         "step_shallow", "refiner_step", "halve_text", "halve_feature", "preview", "upscale", "decode")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
@@ -73,6 +76,7 @@ WEIGHTS = {
     "halve_text": (),
     "halve_feature": (),
     "preview": (),
+    "upscale": (),
     "decode": ("vae",),
 }
 
@@ -87,6 +91,8 @@ class ProgramKey:
     cfg: bool | None = None  # static: classifier-free guidance on/off (encode, step)
     windows: int | None = None  # static: the text's 77-token windows when more than one (encode, halve_text, steps)
     nets: tuple[int, ...] | None = None  # static: each ControlNet unit's architecture (step_control)
+    source: tuple[int, int] | None = None  # static: the (height, width) an upscale starts from
+    mode: str | None = None  # static: the upscale's A1111 latent upscaler (contract/hires.LATENT_UPSCALERS)
 
     @property
     def label(self) -> str:
@@ -100,6 +106,10 @@ class ProgramKey:
             parts.append(f"{self.windows} windows")
         if self.nets is not None:
             parts.append("controlnets " + "+".join(str(i) for i in self.nets))
+        if self.source is not None:
+            parts.append(f"from {self.source[1]}x{self.source[0]}")
+        if self.mode is not None:
+            parts.append(self.mode.replace("Latent", "latent").replace(" (", "-").replace(")", "").replace(" ", "-"))
         return " ".join(parts)
 
     @property
@@ -116,6 +126,7 @@ def windows_key(windows: int) -> int | None:
 def program_keys(
     sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
     windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (), refiner: bool = False,
+    hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (),
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -125,7 +136,9 @@ def program_keys(
     `previews`: a step's predicted picture as small RGB images, while the request runs. `windows` N > 1: the
     programs that read the text are compiled for one window and for N (a request runs the fewest its text needs).
     `control_sets`: the ControlNet architecture combinations a request may use (`step_control`, per mode and text).
-    `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text.
+    `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text. `hires`: the hires fix's
+    (offered size, hires size) pairs: each hires size's image-to-image programs (as an offered size's, without the
+    ControlNets' and the refiner's steps) and each pair's latent upscales, one per A1111 latent upscaler.
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -146,6 +159,12 @@ def program_keys(
         keys += [ProgramKey("refiner_step", height, width, mode, k) for k in texts for mode in modes] if refiner else []
         keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
+    targets = [target for target in dict.fromkeys(target for _, target in hires) if target not in sizes]
+    if targets:  # the second pass at a size no request asks for: its image-to-image programs only
+        keys += [key for key in program_keys(targets, cfg, levers, previews=previews, windows=windows)
+                 if key.height is not None]  # fmt: skip
+    keys += [ProgramKey("upscale", *target, source=source, mode=mode) for source, target in hires
+             for mode in LATENT_UPSCALERS]  # fmt: skip
     return keys
 
 
@@ -259,6 +278,12 @@ class ServedPrograms:
         elif key.kind == "preview":  # a step's history -> its D as uint8 RGB at latent size
             body = _without_weights(_latest_to_rgb)
             in_specs, out_specs = (one, batch), batch
+        elif key.kind == "upscale":  # latents at key.source -> at key's size (the hires fix's latent upscalers)
+            mode, antialias = LATENT_UPSCALERS[key.mode]
+            scale = modules.vae_scale_factor
+            body = _without_weights(functools.partial(upscale_local, height=key.height // scale,
+                                                      width=key.width // scale, mode=mode, antialias=antialias))
+            in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
             body = functools.partial(decode_local, modules)
             in_specs, out_specs = (one, batch), batch
@@ -305,6 +330,8 @@ class ServedPrograms:
         history = spec((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
         if key.kind == "decode":
             return weights, latents
+        if key.kind == "upscale":  # the latents at the size it upscales from
+            return weights, spec((n, LATENT_CHANNELS, key.source[0] // scale, key.source[1] // scale), np.float32)
         if key.kind == "preview":
             return weights, history
         if key.kind == "halve_feature":

@@ -18,7 +18,7 @@ from ..contract.sampler_names import SAMPLER_NAMES
 VERSIONED = ("jax", "jaxlib", "flax")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
 MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
-              "controlnets", "refiner", "num_images")
+              "controlnets", "refiner", "hires_scales", "num_images")
 
 
 def is_test_model(model: str) -> bool:
@@ -52,6 +52,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "embeddings": list(rules.embeddings),
         "controlnets": list(rules.controlnets),
         "refiner": rules.refiner or None,  # the --refiner's name (requests' refiner_switch), None without one
+        "hires_scales": list(rules.hires_scales),  # the hires fix's scales (requests' hires_scale), [] without one
         "max_loras": MAX_LORAS,
         "styles": list(rules.styles),
         "request_schema": request_schema(),

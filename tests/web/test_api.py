@@ -154,9 +154,10 @@ def test_api_parameters_are_named_with_defaults(client):
     assert names == [
         "prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio", "steps",
         "sampler", "cfg_end", "deepcache", "loras", "init_image", "mask_image", "strength", "schedule_type",
-        "controlnets", "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "previews",
+        "controlnets", "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "hires_scale",
+        "hires_steps", "hires_denoise", "hires_upscaler", "previews",
     ]  # fmt: skip
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 21
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 25
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

@@ -236,7 +236,8 @@ def _values(page, updates) -> dict:
     """The form's updates as {field label: new value}, only the fields that change."""
     labels = ["prompt", "negative", "style", "guidance", "seed", "randomize", "aspect", "steps", "sampler", "cfg_end",
               "deepcache", *[f"lora{i}" for i in range(len(page.form.lora_rows))], "strength", "schedule_type",
-              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "file"]  # fmt: skip
+              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "hires_scale",
+              "hires_steps", "hires_denoise", "hires_upscaler", "file"]  # fmt: skip
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
 
 
@@ -277,7 +278,9 @@ def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_p
     assert a1111["negative"].startswith("lowres") and a1111["negative"].endswith("badhandv4")
     assert (a1111["steps"], a1111["sampler"], a1111["guidance"], a1111["seed"]) == (30, "DPM++ 2M Karras", 6.5,
                                                                                     3141592653)  # fmt: skip
-    assert a1111["strength"] == 0.35 and "aspect" not in a1111  # 832x1216 is not offered by this server
+    assert "aspect" not in a1111  # 832x1216 is not offered by this server
+    # its Denoising strength is its hires fix's (Hires upscale: 1.5), not a picture's: this server has no hires fix
+    assert "strength" not in a1111 and not any(label.startswith("hires") for label in a1111)
     comfy = _png(tmp_path / "c.png", {"prompt": json.dumps(COMFY_PROMPT), "parameters": COMFY_TEXT})
     values = _values(png_info_page, png_info_page.form.from_image(comfy))
     assert (values["prompt"], values["seed"], values["sampler"]) == (

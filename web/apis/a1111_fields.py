@@ -22,7 +22,10 @@ MAX_IMAGES = 64
 #: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
 MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "sampler_name", "sampler_index",
                     "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles",
-                    "refiner_checkpoint", "refiner_switch_at"})
+                    "refiner_checkpoint", "refiner_switch_at", "enable_hr", "hr_scale", "hr_second_pass_steps",
+                    "hr_upscaler"})
+#: A1111's `hr_scale` when a payload enables the hires fix and names no scale (its API's default).
+A1111_HR_SCALE = 2.0
 #: A1111's `refiner_switch_at` when a payload names a refiner and no switch (its API's default).
 A1111_REFINER_SWITCH = 0.8
 #: A1111's setting "Clip skip" in `override_settings` (its slider: 1..12; 1 and 2 are SDXL's own layer, the table's
@@ -140,6 +143,21 @@ def a1111_refiner(payload: dict, rules: RequestRules) -> dict[str, Any]:
     return {"refiner_switch": A1111_REFINER_SWITCH if switch is None else switch}
 
 
+def a1111_hires(payload: dict, *, picture: bool) -> dict[str, Any]:
+    """A1111's txt2img hires fix as the table's fields: `enable_hr` turns it on with `hr_scale` (default 2),
+    `hr_second_pass_steps` (0: the first pass's), `denoising_strength` (txt2img's is the second pass's) and
+    `hr_upscaler` (None: "Latent"); off, none of them counts. The scale must be one of the server's (parse_request)."""
+    if picture or not payload.get("enable_hr"):
+        return {}
+    hires = {"hires_scale": A1111_HR_SCALE if payload.get("hr_scale") is None else payload["hr_scale"],
+             "hires_upscaler": payload.get("hr_upscaler") or FIELD["hires_upscaler"].default}  # fmt: skip
+    if payload.get("hr_second_pass_steps") is not None:
+        hires["hires_steps"] = payload["hr_second_pass_steps"]
+    if payload.get("denoising_strength") is not None:
+        hires["hires_denoise"] = payload["denoising_strength"]
+    return hires
+
+
 def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
     given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
@@ -162,6 +180,7 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
     if style is not None:
         given["style"] = style  # A1111's saved styles by name; this server's styles are its presets
     given.update(a1111_refiner(payload, rules))
+    given.update(a1111_hires(payload, picture=picture))
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]
