@@ -71,6 +71,22 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
+
+def interleaved_seconds(generator, requests: dict, runs: int) -> tuple[dict, int]:
+    """Each of `requests` (label -> request) once untimed, then `runs` rounds of all of them in turn: the seconds of
+    each label's calls, and the programs compiled while they ran (0: nothing compiles per request). Interleaving
+    keeps a loaded machine's drift out of the ratios between labels."""
+    for request in requests.values():  # one untimed call each
+        generator.generate(request)
+    before = generator.compile_count
+    seconds: dict = {label: [] for label in requests}
+    for _ in range(runs):
+        for label, request in requests.items():
+            started = time.perf_counter()
+            generator.generate(request)
+            seconds[label].append(time.perf_counter() - started)
+    return seconds, generator.compile_count - before
+
 def free_port() -> int:
     """A TCP port free right now on localhost, for an in-process Gradio server."""
     with socket.socket() as sock:

@@ -13,11 +13,10 @@ tiny model a ControlNet is about the size of the UNet's encoder half, so its cos
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, progress
+from .common import Progress, interleaved_seconds, progress
 from .millis import Millis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,16 +50,7 @@ def controlnet_cost(config, runs: int, say: Progress = progress) -> ControlNetCo
     warm = generator.warmup()
     units = [{"name": net.name, "image": image, "weight": 1.0} for net, image in zip(NETS, MAPS, strict=True)]
     requests = {count: generator.request(PROMPT, seed=5, controlnets=units[:count]) for count in (0, 1, 2)}
-    for request in requests.values():  # one untimed call each
-        generator.generate(request)
-    before = generator.compile_count
-    seconds: dict[int, list[float]] = {count: [] for count in requests}
-    for _ in range(runs):
-        for count, request in requests.items():
-            started = time.perf_counter()
-            generator.generate(request)
-            seconds[count].append(time.perf_counter() - started)
-    compiles = generator.compile_count - before
+    seconds, compiles = interleaved_seconds(generator, requests, runs)
     base = Millis.of_seconds(seconds[0]).median
     rows = [ControlNetRow(count, Millis.of_seconds(s), Millis.of_seconds(s).median / base)
             for count, s in seconds.items()]  # fmt: skip

@@ -13,10 +13,9 @@ the ratio grows with the UNet's share of the time.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
-from .common import Progress, progress
+from .common import Progress, interleaved_seconds, progress
 from .millis import Millis
 
 PROMPT = "a photo of an astronaut riding a horse on the moon"
@@ -51,16 +50,7 @@ def hires_cost(config, runs: int, say: Progress = progress) -> HiresCost:
     generator = Generator.load(dataclasses.replace(config, hires_scales=(SCALE,)))
     warm = generator.warmup()
     requests = {label: generator.request(PROMPT, seed=5, **fields) for label, fields in CASES}
-    for request in requests.values():  # one untimed call each
-        generator.generate(request)
-    before = generator.compile_count
-    seconds: dict[str, list[float]] = {label: [] for label in requests}
-    for _ in range(runs):
-        for label, request in requests.items():
-            started = time.perf_counter()
-            generator.generate(request)
-            seconds[label].append(time.perf_counter() - started)
-    compiles = generator.compile_count - before
+    seconds, compiles = interleaved_seconds(generator, requests, runs)
     plain = Millis.of_seconds(seconds["off"]).median
     rows = [HiresRow(label, Millis.of_seconds(s), Millis.of_seconds(s).median / plain) for label, s in seconds.items()]
     say("hires: " + ", ".join(f"{r.case} {r.request.median:.0f} ms ({r.vs_plain:.2f}×)" for r in rows)

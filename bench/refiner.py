@@ -13,11 +13,10 @@ with the tiny models the refiner's step costs what its small UNet costs, so the 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import Progress, progress
+from .common import Progress, interleaved_seconds, progress
 from .millis import Millis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,16 +49,7 @@ def refiner_cost(config, runs: int, say: Progress = progress) -> RefinerCost:
     generator = Generator.load(dataclasses.replace(config, refiner=str(REFINER)))
     warm = generator.warmup()
     requests = {switch: generator.request(PROMPT, seed=5, refiner_switch=switch) for switch in SWITCHES}
-    for request in requests.values():  # one untimed call each
-        generator.generate(request)
-    before = generator.compile_count
-    seconds: dict[float, list[float]] = {switch: [] for switch in requests}
-    for _ in range(runs):
-        for switch, request in requests.items():
-            started = time.perf_counter()
-            generator.generate(request)
-            seconds[switch].append(time.perf_counter() - started)
-    compiles = generator.compile_count - before
+    seconds, compiles = interleaved_seconds(generator, requests, runs)
     base = Millis.of_seconds(seconds[1.0]).median
     rows = [RefinerRow(switch, Millis.of_seconds(s), Millis.of_seconds(s).median / base)
             for switch, s in seconds.items()]  # fmt: skip
