@@ -2,7 +2,9 @@
 devices at 64x64, 4 steps, the levers compiled, hires scale 2; one text window, no previews):
 
 - with the hires fix the refiner runs in the second pass only (A1111's default, "Hires fix: which pass to enable
-  refiner for": second pass), its rows split at `refiner_switch` as a first pass's are.
+  refiner for": second pass), its rows split at `refiner_switch` as a first pass's are;
+- `cfg_end` reaches the refiner's rows (after guidance ends they run its guidance-free step, which equals its CFG
+  step at scale 1), and DeepCache leaves them whole (it caches the base's UNet only).
 
 Nothing compiles per request. The refiner's parity with diffusers is tests/engine/test_refiner.py's.
 """
@@ -63,3 +65,30 @@ def test_the_refiner_runs_in_the_hires_pass_only(together):
     plain, _ = run(together, **hires)  # no refiner: the second pass on the base alone
     assert "Refiner" not in parse_infotext(plain.parameters[0]).settings
     assert np.abs(pixels(result) - pixels(plain)).max() > 8  # the refiner changed the upscaled picture
+
+
+def test_cfg_end_reaches_the_refiners_rows_and_its_guidance_free_step_is_its_cfg_step_at_scale_1(
+        together, refiner_engine):  # fmt: skip
+    _, ran = run(together, refiner_switch=0.5, cfg_end=0.5, guidance_scale=5.0)
+    steps = [label for label in ran if "step" in label.split()[0]]
+    assert steps == [f"step_full {SMALL} cfg"] * 2 + [f"refiner_step {SMALL} no-cfg"] * 2, steps
+    # Guidance off from the first step: the levers engine's guidance-free refiner step (on the text's conditional
+    # half) against the engine without levers, whose CFG step at scale 1 is the conditional prediction.
+    free, ran = run(together, refiner_switch=0.5, guidance_scale=1.0)
+    assert f"refiner_step {SMALL} no-cfg" in ran and f"refiner_step {SMALL} cfg" not in ran
+    at_one, _ = run(refiner_engine, refiner_switch=0.5, guidance_scale=1.0)
+    assert np.abs(pixels(free) - pixels(at_one)).max() <= 1
+    guided, _ = run(together, refiner_switch=0.5, guidance_scale=5.0)  # levers at their defaults: the same steps
+    assert np.abs(pixels(guided) - pixels(run(refiner_engine, refiner_switch=0.5, guidance_scale=5.0)[0])).max() <= 1
+
+
+def test_deepcache_leaves_the_refiners_rows_whole(together):
+    cached, ran = run(together, refiner_switch=0.3, deepcache=2)
+    kinds = [label.split()[0] for label in ran if "step" in label.split()[0]]
+    assert kinds == ["step_full"] + ["refiner_step"] * 3, kinds  # switch 0.3: the base's first step, then the refiner
+    whole, _ = run(together, refiner_switch=0.3)
+    assert np.array_equal(pixels(cached), pixels(whole))  # no shallow step: the same picture
+    assert parse_infotext(cached.parameters[0]).settings["Refiner"] == "tiny-refiner"
+    shallow, ran = run(together, refiner_switch=0.6, deepcache=2)  # the base's two steps: whole, then shallow
+    kinds = [label.split()[0] for label in ran if "step" in label.split()[0]]
+    assert kinds[:2] == ["step_full", "step_shallow"] and set(kinds[2:]) == {"refiner_step"}, kinds
