@@ -1,5 +1,6 @@
-"""The refiner together with the hires fix and with the speed levers, on one engine (tiny-pt + the tiny refiner on 2
-devices at 64x64, 4 steps, the levers compiled, hires scale 2; one text window, no previews):
+"""The refiner together with the hires fix and with the speed levers, on one engine (conftest's `refiner_hires_engine`:
+tiny-pt + the tiny refiner on 2 devices at 64x64, 4 steps, the levers compiled, hires scale 2; one text window, no
+previews):
 
 - with the hires fix the refiner runs in the second pass only (A1111's default, "Hires fix: which pass to enable
   refiner for": second pass), its rows split at `refiner_switch` as a first pass's are;
@@ -11,27 +12,13 @@ Nothing compiles per request. The refiner's parity with diffusers is tests/engin
 
 from __future__ import annotations
 
-import jax
 import numpy as np
-import pytest
-from conftest import FEATURE_DEVICES, TEST_SIZE, TINY_PT, TINY_REFINER
+from conftest import TEST_SIZE
 
 from bench.program_times import ProgramTimer
 from web.png_info import parse_infotext
 
 SMALL, BIG = f"{TEST_SIZE}x{TEST_SIZE}", f"{2 * TEST_SIZE}x{2 * TEST_SIZE}"
-
-
-@pytest.fixture(scope="module")
-def together():
-    from pipeline.generator import Generator
-
-    generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", prompt_windows=1, previews=False,
-        devices=jax.devices()[:FEATURE_DEVICES], refiner=str(TINY_REFINER), hires_scales=(2.0,),
-    )  # fmt: skip
-    generator.warmup()
-    return generator
 
 
 def run(engine, **fields):
@@ -47,9 +34,9 @@ def pixels(result) -> np.ndarray:
     return np.stack([np.asarray(image, np.int16) for image in result.images])
 
 
-def test_the_refiner_runs_in_the_hires_pass_only(together):
+def test_the_refiner_runs_in_the_hires_pass_only(refiner_hires_engine):
     hires = {"hires_scale": 2.0, "hires_steps": 4, "hires_denoise": 0.55, "hires_upscaler": "Latent"}
-    result, ran = run(together, refiner_switch=0.8, **hires)
+    result, ran = run(refiner_hires_engine, refiner_switch=0.8, **hires)
     assert result.images[0].size == (2 * TEST_SIZE, 2 * TEST_SIZE)
     first = ran[: ran.index(f"start {BIG}")]  # the first pass (and the upscale)
     assert not [label for label in first if label.startswith("refiner_step")]  # the first pass: the base alone
@@ -62,33 +49,33 @@ def test_the_refiner_runs_in_the_hires_pass_only(together):
     written = parse_infotext(result.parameters[0]).settings
     assert (written["Refiner"], written["Refiner switch at"], written["Hires upscale"]) == ("tiny-refiner", "0.8", "2")
     assert "Hires refiner" not in written  # A1111 writes it only for a pass other than its default
-    plain, _ = run(together, **hires)  # no refiner: the second pass on the base alone
+    plain, _ = run(refiner_hires_engine, **hires)  # no refiner: the second pass on the base alone
     assert "Refiner" not in parse_infotext(plain.parameters[0]).settings
     assert np.abs(pixels(result) - pixels(plain)).max() > 8  # the refiner changed the upscaled picture
 
 
 def test_cfg_end_reaches_the_refiners_rows_and_its_guidance_free_step_is_its_cfg_step_at_scale_1(
-        together, refiner_engine):  # fmt: skip
-    _, ran = run(together, refiner_switch=0.5, cfg_end=0.5, guidance_scale=5.0)
+        refiner_hires_engine, refiner_engine):  # fmt: skip
+    _, ran = run(refiner_hires_engine, refiner_switch=0.5, cfg_end=0.5, guidance_scale=5.0)
     steps = [label for label in ran if "step" in label.split()[0]]
     assert steps == [f"step_full {SMALL} cfg"] * 2 + [f"refiner_step {SMALL} no-cfg"] * 2, steps
     # Guidance off from the first step: the levers engine's guidance-free refiner step (on the text's conditional
     # half) against the engine without levers, whose CFG step at scale 1 is the conditional prediction.
-    free, ran = run(together, refiner_switch=0.5, guidance_scale=1.0)
+    free, ran = run(refiner_hires_engine, refiner_switch=0.5, guidance_scale=1.0)
     assert f"refiner_step {SMALL} no-cfg" in ran and f"refiner_step {SMALL} cfg" not in ran
     at_one, _ = run(refiner_engine, refiner_switch=0.5, guidance_scale=1.0)
     assert np.abs(pixels(free) - pixels(at_one)).max() <= 1
-    guided, _ = run(together, refiner_switch=0.5, guidance_scale=5.0)  # levers at their defaults: the same steps
+    guided, _ = run(refiner_hires_engine, refiner_switch=0.5, guidance_scale=5.0)  # levers at their defaults
     assert np.abs(pixels(guided) - pixels(run(refiner_engine, refiner_switch=0.5, guidance_scale=5.0)[0])).max() <= 1
 
 
-def test_deepcache_leaves_the_refiners_rows_whole(together):
-    cached, ran = run(together, refiner_switch=0.3, deepcache=2)
+def test_deepcache_leaves_the_refiners_rows_whole(refiner_hires_engine):
+    cached, ran = run(refiner_hires_engine, refiner_switch=0.3, deepcache=2)
     kinds = [label.split()[0] for label in ran if "step" in label.split()[0]]
     assert kinds == ["step_full"] + ["refiner_step"] * 3, kinds  # switch 0.3: the base's first step, then the refiner
-    whole, _ = run(together, refiner_switch=0.3)
+    whole, _ = run(refiner_hires_engine, refiner_switch=0.3)
     assert np.array_equal(pixels(cached), pixels(whole))  # no shallow step: the same picture
     assert parse_infotext(cached.parameters[0]).settings["Refiner"] == "tiny-refiner"
-    shallow, ran = run(together, refiner_switch=0.6, deepcache=2)  # the base's two steps: whole, then shallow
+    _, ran = run(refiner_hires_engine, refiner_switch=0.6, deepcache=2)  # the base's two steps: whole, then shallow
     kinds = [label.split()[0] for label in ran if "step" in label.split()[0]]
     assert kinds[:2] == ["step_full", "step_shallow"] and set(kinds[2:]) == {"refiner_step"}, kinds
