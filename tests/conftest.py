@@ -207,26 +207,6 @@ def refiner_engine():
     return generator
 
 
-#: The hires fix's scales of `hires_engine` (96 and 128 px second passes).
-HIRES_SCALES = (1.5, 2.0)
-
-
-@pytest.fixture(scope="session")
-def hires_engine():
-    """tiny-pt on 2 devices at 64x64, 3 steps, hires scales 1.5 and 2; no levers, one text window: the engine of the
-    hires fix's tests (tests/engine/test_hires.py) and of its page in a browser (one configuration compiled once)."""
-    import jax
-
-    from pipeline.generator import Generator
-
-    generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", speed_levers=False,
-        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], hires_scales=HIRES_SCALES,
-    )  # fmt: skip
-    generator.warmup()
-    return generator
-
-
 @pytest.fixture(scope="session")
 def refiner_hires_engine():
     """tiny-pt with the tiny refiner on 2 devices at 64x64, 4 steps, the speed levers, hires scale 2; one text window,

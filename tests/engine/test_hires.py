@@ -2,8 +2,7 @@
 as image to image from PIL's resize, fresh per-image noise, progress/previews/Stop over both passes, zero compiles,
 the parameters text and its reading back, the A1111 API's fields, the CLI's flags and the refusals.
 
-One engine for all of it (conftest's `hires_engine`): tiny-pt on 2 devices at 64x64, 3 steps, hires scales 1.5 and 2
-(96 and 128 px).
+One engine for all of it: tiny-pt on 2 devices at 64x64, 3 steps, hires scales 1.5 and 2 (96 and 128 px).
 Fixture: scripts/make_upscale_fixtures.py (tests/fixtures/upscale_modes.npz, torch's interpolate).
 """
 
@@ -15,7 +14,7 @@ import io
 import jax
 import numpy as np
 import pytest
-from conftest import FIXTURES, HIRES_SCALES, TEST_SIZE
+from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 from PIL import Image
 
 from pipeline.contract.errors import InvalidInput
@@ -27,8 +26,20 @@ from pipeline.host.hires_plan import HIRES_SEED_MASK, hires_plan
 from pipeline.host.plan import SamplerConfig
 from web.png_info import form_values, parse_infotext
 
-SCALES = HIRES_SCALES
+SCALES = (1.5, 2.0)
 UPSCALE = np.load(FIXTURES / "upscale_modes.npz")
+
+
+@pytest.fixture(scope="module")
+def hires_engine():
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", speed_levers=False,
+        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], hires_scales=SCALES,
+    )  # fmt: skip
+    generator.warmup()
+    return generator
 
 
 def a1111_rule(steps: int, hires_steps: int, denoise: float) -> tuple[int, int]:
