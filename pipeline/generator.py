@@ -391,7 +391,8 @@ class Generator:
         windows = self.config.prompt_windows
         dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
-        parameters = self._describe(request, plan, seeds, extra, refined=switch_row < plan.rows)
+        refined = switch_row < plan.rows or (second is not None and second.refiner_row is not None)
+        parameters = self._describe(request, plan, seeds, extra, refined=refined)
         images = image_io.to_pil(pixels, parameters)
         total_s = time.perf_counter() - started
         timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s,
@@ -404,7 +405,9 @@ class Generator:
     def _plans(self, request: Request):
         """The request's rows (its sampler's plan; with a picture, the rows that run; with the refiner, the base's
         rows up to its switch and then the refiner's), its picture on the devices, its speed plan (per step: guided
-        or not, whole UNet or shallow) and the first row the refiner runs (`plan.rows`: none)."""
+        or not, whole UNet or shallow) and the first row the refiner runs (`plan.rows`: none). With the hires fix
+        the refiner runs in the second pass only (`_hires_plan`), A1111's default ("Hires fix: which pass to
+        enable refiner for": second pass)."""
         given = request.picture(self.programs.modules.vae_scale_factor)
         first = 0 if given is None else request.steps - given.steps_run  # a multistep sampler's history starts there
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler,
@@ -417,7 +420,7 @@ class Generator:
         # guidance <= 1 asks for none: the guidance-free step programs, where the levers compiled them
         guided = request.guidance_scale > 1 or not self.config.speed_levers
         switch_row = plan.rows
-        if self.refiner is not None and request.refiner_switch < 1:
+        if self.refiner is not None and request.refiner_switch < 1 and request.hires_scale == 1.0:
             sampler = request.sampler or self.sampler.sampler
             stages = refiner_plan(plan, request.refiner_switch, self.sampler.num_train_timesteps,
                                   lambda k: loop.cached_plan(self.sampler, request.steps, sampler,
@@ -427,14 +430,26 @@ class Generator:
         return plan, picture, speed, switch_row
 
     def _hires_plan(self, request: Request) -> HiresPlan | None:
-        """The request's second pass (`host/hires_plan.py`): None with the hires fix off."""
+        """The request's second pass (`host/hires_plan.py`): None with the hires fix off. With the refiner, its
+        rows are split at `refiner_switch` as the first pass's would be (`host/refiner_plan.py`: diffusers'
+        `denoising_end` on the second pass's timesteps), so the refiner finishes the upscaled picture."""
         if request.hires_scale == 1.0:
             return None
         size = self.hires_sizes[(request.size, request.hires_scale)]
         sampler = request.sampler or self.sampler.sampler
-        return hires_plan(size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise,
-                          lambda schedule, first: loop.cached_plan(self.sampler, schedule, sampler,
-                                                                   request.schedule_type, first))  # fmt: skip
+
+        def make_plan(schedule: int, first: int):
+            return loop.cached_plan(self.sampler, schedule, sampler, request.schedule_type, first)
+
+        second = hires_plan(size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise,
+                            make_plan)  # fmt: skip
+        if self.refiner is None or request.refiner_switch >= 1:
+            return second
+        first = second.schedule - second.plan.steps  # the schedule's first step the second pass runs
+        stages = refiner_plan(second.plan, request.refiner_switch, self.sampler.num_train_timesteps,
+                              lambda k: make_plan(second.schedule, first + k))  # fmt: skip
+        refined = stages.switch_row < stages.plan.rows
+        return dataclasses.replace(second, plan=stages.plan, refiner_row=stages.switch_row if refined else None)
 
     def _hires_inputs(self, request: Request, second: HiresPlan | None, seeds: list[int]) -> loop.HiresInputs | None:
         """The second pass's inputs on the devices (its seeds, its size's stand-ins; a pixel upscaler's resize)."""
@@ -449,9 +464,11 @@ class Generator:
         latent = second.upscaler in LATENT_UPSCALERS
         resize = None if latent else functools.partial(self._resize, size=second.size,
                                                        method=PIXEL_UPSCALERS[second.upscaler])  # fmt: skip
+        refiner = None if second.refiner_row is None else \
+            self._refiner_inputs(request, second.refiner_row, second.plan.rows)  # fmt: skip
         return loop.HiresInputs(size=second.size, upscaler=second.upscaler, latent=latent, plan=second.plan,
                                 speed=speed, seeds=seed_array, blank=self._blank(height, width, self._params),
-                                keep=keep, resize=resize)  # fmt: skip
+                                keep=keep, resize=resize, refiner=refiner)  # fmt: skip
 
     def _resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str) -> jax.Array:
         """A pixel upscaler: the first pass's uint8 [B, h, w, 3] gathered, each image resized with PIL's `method`

@@ -207,6 +207,23 @@ def refiner_engine():
     return generator
 
 
+@pytest.fixture(scope="session")
+def refiner_hires_engine():
+    """tiny-pt with the tiny refiner on 2 devices at 64x64, 4 steps, the speed levers, hires scale 2; one text window,
+    no previews: the refiner together with the hires fix and the levers (tests/engine/test_refiner_together.py), and
+    the page of the Second pass section's browser test."""
+    import jax
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", prompt_windows=1, previews=False,
+        devices=jax.devices()[:FEATURE_DEVICES], refiner=str(TINY_REFINER), hires_scales=(2.0,),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
 #: The UI tests' offered sizes (height, width): square and 16:9 (7:4 like SDXL's 1344x768), multiples of 32.
 UI_SIZES = [(TEST_SIZE, TEST_SIZE), (128, 224)]
 #: Enough steps to watch a progress bar move.

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.hires import UPSCALERS
 from pipeline.contract.request import Request, RequestRules
 from pipeline.contract.stopping import Stopped
 from pipeline.service.info import disagreement
@@ -113,6 +114,7 @@ class RemoteEngines:
             default_loras=tuple(tuple(lora) for lora in info.get("default_loras", ())),
             embeddings=tuple(info.get("embeddings", ())), controlnets=tuple(info.get("controlnets", ())),
             refiner=info.get("refiner") or "", hires_scales=tuple(info.get("hires_scales") or ()),
+            hires_upscalers=tuple(info.get("hires_upscalers") or UPSCALERS),  # an older engine: the built-in ones
         )  # fmt: skip
         self.sampler = RemoteSampler(**info["sampler_settings"])
         self.num_images = info["num_images"]

@@ -28,6 +28,7 @@ from PIL import Image
 from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
+from .hires import UPSCALERS
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
@@ -77,6 +78,7 @@ class RequestRules:
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
+    hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod

@@ -30,6 +30,7 @@ class HiresPlan:
     upscaler: str  # A1111's name of the upscaler (contract/hires.UPSCALERS)
     plan: Plan  # the rows that run: the last `steps` of a `schedule`-step plan
     schedule: int  # the steps the sampler's schedule was made for (steps ÷ denoise)
+    refiner_row: int | None = None  # with the refiner: `plan`'s rows from this one are its (None: the base's alone)
 
 
 def hires_plan(size: tuple[int, int], upscaler: str, steps: int, hires_steps: int, denoise: float,

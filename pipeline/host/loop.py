@@ -112,6 +112,7 @@ class HiresInputs:
     blank: Blank  # the hires size's stand-ins (mask, history)
     keep: jax.Array  # bool [B, H, W]: all True (the upscaled picture's latents)
     resize: Callable[[jax.Array], jax.Array] | None  # a pixel upscaler: uint8 [B, h, w, 3] -> [B, H, W, 3]
+    refiner: RefinerInputs | None = None  # the refiner's stage in the second pass (A1111's "second pass" default)
 
 
 def ignore_preview(done: int, total: int, pixels) -> None:
@@ -192,14 +193,16 @@ def run(
     (no ControlNet, or outside every unit's window) the plain step. `refiner`: rows from its `switch_row` on run
     the refiner's step on its own text (encoded with the prompt's), whole and with the row's guidance mode.
     `hires`: the hires fix: the picture upscaled and redrawn at its size (`second_pass`); progress, previews and
-    Stop count both passes' steps as one request's.
+    Stop count both passes' steps as one request's. With the refiner too, its rows are the second pass's
+    (`hires.refiner`; A1111's default), and `refiner` is None.
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
                   put, timings)  # fmt: skip
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
-    refiner_text = encode_text(stage, inputs, cfg, "refiner_encode") if refiner is not None else None
+    refined = refiner is not None or (hires is not None and hires.refiner is not None)
+    refiner_text = encode_text(stage, inputs, cfg, "refiner_encode") if refined else None
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     speed = speed or speed_plan(plan.rows, cfg=cfg)
     watchers = Watchers(on_preview, on_step, should_stop, gate)
@@ -207,15 +210,16 @@ def run(
     latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control,
                       (refiner, refiner_text) if refiner is not None else None, total=total)  # fmt: skip
     if hires is not None:
-        stage, latents = second_pass(stage, inputs, text, latents, hires, watchers, len(speed.schedule), total)
+        stage, latents = second_pass(stage, inputs, text, latents, hires, watchers, len(speed.schedule), total,
+                                     refiner_text)  # fmt: skip
     return stage.compile("decode")(stage.weights("decode"), latents)
 
 
 def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires: HiresInputs, watchers: Watchers,
-                before: int, total: int) -> tuple[Stage, jax.Array]:  # fmt: skip
+                before: int, total: int, refiner_text: tuple | None = None) -> tuple[Stage, jax.Array]:  # fmt: skip
     """The hires fix after the first pass's `before` steps: its latents upscaled to `hires.size` (in latent space, or
-    decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan`: (the hires
-    size's stage, its final latents)."""
+    decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
+    `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
     height, width = hires.size
     big = Stage(stage.programs, stage.params, height, width, stage.text, stage.put, stage.timings)
     if hires.latent:
@@ -229,8 +233,9 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
     latents, noise = big.compile("start")({}, second.seeds, put(np.asarray(hires.plan.init_sigma, np.float32)), x0,
                                           put(np.asarray(1.0, np.float32)))  # fmt: skip
     image = {"latents": x0, "noise": noise, "repaint": hires.blank.repaint, "masked": hires.blank.masked}
+    refiner = (hires.refiner, refiner_text) if hires.refiner is not None else None
     latents = denoise(big, second, hires.plan, hires.speed, text, latents, image, hires.blank.history, watchers,
-                      before=before, total=total)  # fmt: skip
+                      refiner=refiner, before=before, total=total)  # fmt: skip
     return big, latents
 
 

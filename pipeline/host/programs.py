@@ -138,7 +138,8 @@ def program_keys(
     `control_sets`: the ControlNet architecture combinations a request may use (`step_control`, per mode and text).
     `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text. `hires`: the hires fix's
     (offered size, hires size) pairs: each hires size's image-to-image programs (as an offered size's, without the
-    ControlNets' and the refiner's steps) and each pair's latent upscales, one per A1111 latent upscaler.
+    ControlNets' steps; with the refiner's, which runs in the second pass as A1111's) and each pair's latent
+    upscales, one per A1111 latent upscaler.
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -161,7 +162,7 @@ def program_keys(
         keys.append(ProgramKey("decode", height, width))
     targets = [target for target in dict.fromkeys(target for _, target in hires) if target not in sizes]
     if targets:  # the second pass at a size no request asks for: its image-to-image programs only
-        keys += [key for key in program_keys(targets, cfg, levers, previews=previews, windows=windows)
+        keys += [key for key in program_keys(targets, cfg, levers, previews=previews, windows=windows, refiner=refiner)
                  if key.height is not None]  # fmt: skip
     keys += [ProgramKey("upscale", *target, source=source, mode=mode) for source, target in hires
              for mode in LATENT_UPSCALERS]  # fmt: skip

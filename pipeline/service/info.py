@@ -18,7 +18,7 @@ from ..contract.sampler_names import SAMPLER_NAMES
 VERSIONED = ("jax", "jaxlib", "flax")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
 MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
-              "controlnets", "refiner", "hires_scales", "num_images")
+              "controlnets", "refiner", "hires_scales", "hires_upscalers", "num_images")  # fmt: skip
 
 
 def is_test_model(model: str) -> bool:
@@ -53,6 +53,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "controlnets": list(rules.controlnets),
         "refiner": rules.refiner or None,  # the --refiner's name (requests' refiner_switch), None without one
         "hires_scales": list(rules.hires_scales),  # the hires fix's scales (requests' hires_scale), [] without one
+        "hires_upscalers": list(rules.hires_upscalers),  # its upscalers by name (requests' hires_upscaler)
         "max_loras": MAX_LORAS,
         "styles": list(rules.styles),
         "request_schema": request_schema(),

@@ -80,3 +80,44 @@ def test_clip_skip_reads_a1111s_numbering_from_pngs_and_the_api():
     assert a1111_request(own, rules, picture=False).given["clip_skip"] == 2
     with pytest.raises(InvalidInput, match=r"^CLIP_stop_at_last_layers must be a whole number from 1 to 12"):
         a1111_request({"prompt": "x", "override_settings": {"CLIP_stop_at_last_layers": 13}}, rules, picture=False)
+
+
+def test_upscaler_lists_are_what_the_servers_hires_fix_offers_in_a1111s_shapes():
+    from pipeline.contract.hires import LATENT_UPSCALERS
+    from web.apis.a1111 import latent_upscale_items, upscaler_items
+
+    none = {"name": "None", "model_name": None, "model_path": None, "model_url": None, "scale": 4}
+    plain = RequestRules(sizes=((64, 64),))
+    assert upscaler_items(plain) == [none] and latent_upscale_items(plain) == []  # no hires fix: nothing to pick
+    hires = RequestRules(sizes=((64, 64),), hires_scales=(2.0,))
+    assert [item["name"] for item in upscaler_items(hires)] == ["None", "Lanczos", "Nearest"]
+    assert latent_upscale_items(hires) == [{"name": name} for name in LATENT_UPSCALERS]
+    assert latent_upscale_items(hires)[:2] == [{"name": "Latent"}, {"name": "Latent (antialiased)"}]
+    # an upscaler the engine adds (an ESRGAN file, by its name) is listed after A1111's own, with no path
+    extra = RequestRules(sizes=((64, 64),), hires_scales=(2.0,),
+                         hires_upscalers=(*hires.hires_upscalers, "4x-tiny-esrgan"))  # fmt: skip
+    assert upscaler_items(extra)[-1] == {"name": "4x-tiny-esrgan", "model_name": "4x-tiny-esrgan", "model_path": None,
+                                         "model_url": None, "scale": 4}  # fmt: skip
+    assert latent_upscale_items(extra) == latent_upscale_items(hires)
+
+
+def test_a_remote_engines_upscalers_come_from_its_info():
+    from web.apis.a1111 import upscaler_items
+    from web.engine_pool import EnginePool
+    from web.remote_engine import RemoteEngines
+
+    info = {"model": "m", "steps": 3, "sizes": [[64, 64]], "guidance_scale": 5.0, "cfg": True, "levers": True,
+            "loras": [], "hires_scales": [2.0], "num_images": 2, "device_kind": "cpu", "device_summary": "2 × cpu",
+            "sampler_settings": {"label": "Euler", "timestep_spacing": "leading", "cfg": True}}  # fmt: skip
+    older = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), info)  # nothing contacted
+    assert [item["name"] for item in upscaler_items(older.rules)] == ["None", "Lanczos", "Nearest"]
+    newer = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), {**info, "hires_upscalers": ["Latent", "Lanczos", "x"]})
+    assert [item["name"] for item in upscaler_items(newer.rules)] == ["None", "Lanczos", "x"]
+
+
+def test_hr_upscaler_none_is_a1111s_lanczos_resize():
+    rules = RequestRules(sizes=((64, 64),), hires_scales=(2.0,))
+    given = a1111_request({"prompt": "x", "enable_hr": True, "hr_upscaler": "None"}, rules, picture=False).given
+    assert given["hires_upscaler"] == "Lanczos"
+    given = a1111_request({"prompt": "x", "enable_hr": True, "hr_upscaler": None}, rules, picture=False).given
+    assert given["hires_upscaler"] == "Latent"

@@ -24,11 +24,13 @@ from PIL import Image, ImageOps
 
 from pipeline.contract.engine import Engine
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.hires import LATENT_UPSCALERS, UPSCALERS
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.parameters import model_name, parse_infotext
+from pipeline.contract.request import RequestRules
 
 from ..png_info import parameters_text
-from .a1111_fields import A1111Request, a1111_request, sampler_choices, scheduler_items
+from .a1111_fields import NO_UPSCALER, A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
 from .guard import guarded
 from .images import RequestFiles, decode_base64, decode_picture, png_base64
@@ -43,7 +45,7 @@ ENDPOINTS = {
     "txt2img": "served", "img2img": "served", "png-info": "served", "progress": "served", "interrupt": "served",
     "options": "served", "samplers": "served", "schedulers": "served", "sd-models": "served", "loras": "served",
     "embeddings": "served", "prompt-styles": "served", "cmd-flags": "stubbed", "skip": "stubbed",
-    "upscalers": "stubbed", "latent-upscale-modes": "stubbed", "sd-vae": "stubbed", "sd-modules": "stubbed",
+    "upscalers": "served", "latent-upscale-modes": "served", "sd-vae": "stubbed", "sd-modules": "stubbed",
     "hypernetworks": "stubbed", "face-restorers": "stubbed", "realesrgan-models": "stubbed", "scripts": "stubbed",
     "script-info": "stubbed", "extensions": "stubbed", "refresh-checkpoints": "stubbed", "refresh-vae": "stubbed",
     "refresh-loras": "stubbed", "refresh-embeddings": "stubbed", "memory": "missing",
@@ -54,9 +56,8 @@ ENDPOINTS = {
 }  # fmt: skip
 #: The stubs' answers (A1111's shapes for "none of these").
 STUBS: dict[str, tuple[str, Any]] = {
-    "cmd-flags": ("GET", {"api": True, "nowebui": False}), "skip": ("POST", {}), "upscalers": ("GET", [
-        {"name": "None", "model_name": None, "model_path": None, "model_url": None, "scale": 4}]),
-    "latent-upscale-modes": ("GET", []), "sd-vae": ("GET", []), "sd-modules": ("GET", []),
+    "cmd-flags": ("GET", {"api": True, "nowebui": False}), "skip": ("POST", {}), "sd-vae": ("GET", []),
+    "sd-modules": ("GET", []),
     "hypernetworks": ("GET", []), "face-restorers": ("GET", []), "realesrgan-models": ("GET", []),
     "scripts": ("GET", {"txt2img": [], "img2img": []}), "script-info": ("GET", []), "extensions": ("GET", []),
     "refresh-checkpoints": ("POST", None), "refresh-vae": ("POST", None), "refresh-loras": ("POST", None),
@@ -69,6 +70,27 @@ def offered_embeddings(engine: Engine) -> dict[str, dict]:
     names = engine.rules.embeddings
     return {str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None,
                         "vectors": None} for name in names}  # fmt: skip
+
+
+#: The scale A1111 reports for an upscaler (its `UpscalerData` default: None, Lanczos, Nearest and ESRGAN files say 4).
+A1111_UPSCALER_SCALE = 4
+
+
+def upscaler_items(rules: RequestRules) -> list[dict]:
+    """/sdapi/v1/upscalers: A1111's "None", then the pixel upscalers the server's hires fix offers (Lanczos, Nearest,
+    then any model the engine adds, by the name a request gives as `hr_upscaler`), in A1111's `UpscalerItem` shape.
+    A model's `model_path` is null: a server path never reaches a caller. Without hires scales only "None"."""
+    offered = [name for name in rules.hires_upscalers if name not in LATENT_UPSCALERS] if rules.hires_scales else []
+    return [{"name": name, "model_name": None if name in UPSCALERS or name == NO_UPSCALER else name,
+             "model_path": None, "model_url": None, "scale": A1111_UPSCALER_SCALE}
+            for name in (NO_UPSCALER, *offered)]  # fmt: skip
+
+
+def latent_upscale_items(rules: RequestRules) -> list[dict]:
+    """/sdapi/v1/latent-upscale-modes: the latent upscalers a request may name (A1111's `shared.latent_upscale_modes`
+    that the server offers), [] without hires scales (A1111 lists them because it always has a hires fix)."""
+    offered = [name for name in rules.hires_upscalers if name in LATENT_UPSCALERS] if rules.hires_scales else []
+    return [{"name": name} for name in offered]
 
 
 class A1111Api:
@@ -92,7 +114,8 @@ class A1111Api:
             ("POST", "options"): self.set_options, ("GET", "samplers"): self.samplers,
             ("GET", "schedulers"): self.schedulers, ("GET", "sd-models"): self.sd_models,
             ("GET", "loras"): self.loras, ("GET", "embeddings"): self.embeddings,
-            ("GET", "prompt-styles"): self.prompt_styles,
+            ("GET", "prompt-styles"): self.prompt_styles, ("GET", "upscalers"): self.upscalers,
+            ("GET", "latent-upscale-modes"): self.latent_upscale_modes,
         }  # fmt: skip
         for name, (method, answer) in STUBS.items():
             routes[(method, name)] = self._stub(answer)
@@ -246,6 +269,12 @@ class A1111Api:
         return JSONResponse([{"name": name, "prompt": getattr(style, "prompt", ""),
                               "negative_prompt": getattr(style, "negative_prompt", "")}
                              for name, style in self.rules.styles.items()])  # fmt: skip
+
+    async def upscalers(self, request: Request, caller: str):
+        return JSONResponse(upscaler_items(self.rules))
+
+    async def latent_upscale_modes(self, request: Request, caller: str):
+        return JSONResponse(latent_upscale_items(self.rules))
 
     async def png_info(self, request: Request, caller: str):
         """A picture's `parameters` text, as A1111 reads it (and taken apart): read as the page's PNG Info reads a

@@ -26,6 +26,9 @@ MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "
                     "hr_upscaler"})
 #: A1111's `hr_scale` when a payload enables the hires fix and names no scale (its API's default).
 A1111_HR_SCALE = 2.0
+#: A1111's own "no upscaler" (first in /upscalers): as `hr_upscaler` A1111 resizes the picture with PIL's Lanczos
+#: (`images.resize_image`), which is this engine's "Lanczos".
+NO_UPSCALER, NO_UPSCALER_RESIZE = "None", "Lanczos"
 #: A1111's `refiner_switch_at` when a payload names a refiner and no switch (its API's default).
 A1111_REFINER_SWITCH = 0.8
 #: A1111's setting "Clip skip" in `override_settings` (its slider: 1..12; 1 and 2 are SDXL's own layer, the table's
@@ -146,11 +149,13 @@ def a1111_refiner(payload: dict, rules: RequestRules) -> dict[str, Any]:
 def a1111_hires(payload: dict, *, picture: bool) -> dict[str, Any]:
     """A1111's txt2img hires fix as the table's fields: `enable_hr` turns it on with `hr_scale` (default 2),
     `hr_second_pass_steps` (0: the first pass's), `denoising_strength` (txt2img's is the second pass's) and
-    `hr_upscaler` (None: "Latent"); off, none of them counts. The scale must be one of the server's (parse_request)."""
+    `hr_upscaler` (null: "Latent"; "None": Lanczos, as A1111 resizes); off, none of them counts. The scale must be
+    one of the server's (parse_request)."""
     if picture or not payload.get("enable_hr"):
         return {}
+    upscaler = payload.get("hr_upscaler") or FIELD["hires_upscaler"].default
     hires = {"hires_scale": A1111_HR_SCALE if payload.get("hr_scale") is None else payload["hr_scale"],
-             "hires_upscaler": payload.get("hr_upscaler") or FIELD["hires_upscaler"].default}  # fmt: skip
+             "hires_upscaler": NO_UPSCALER_RESIZE if upscaler == NO_UPSCALER else upscaler}  # fmt: skip
     if payload.get("hr_second_pass_steps") is not None:
         hires["hires_steps"] = payload["hr_second_pass_steps"]
     if payload.get("denoising_strength") is not None:

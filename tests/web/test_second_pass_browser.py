@@ -1,0 +1,87 @@
+"""The "Second pass" section (the hires fix) in a real browser (Debian's Chromium via Playwright), around the engine of
+tests/engine/test_refiner_together.py (conftest's `refiner_hires_engine`: tiny-pt + the tiny refiner on 2 devices at
+64x64, hires scale 2; no new engine configuration): open the section, set the scale, steps, denoise and upscaler and
+the refiner's switch, Generate; the images shown are at the hires size, their parameters carry the second pass and
+the refiner (which ran in it), no error toast.
+
+Screenshot: artifacts/browser/second-pass.png (git-ignored).
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from conftest import ARTIFACTS, FEATURE_DEVICES, TEST_SIZE, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from PIL import Image
+
+from pipeline.contract import image_files
+from pipeline.contract.hires import hires_size
+from pipeline.contract.parameters import parse_infotext
+
+pytest.importorskip("playwright.sync_api")
+
+pytestmark = [pytest.mark.browser, needs_chromium]
+
+
+@pytest.fixture(scope="module")
+def app_page(refiner_hires_engine):
+    with served(refiner_hires_engine) as app_page:
+        yield app_page
+
+
+def set_number(page, elem_id: str, value) -> None:
+    """A slider's number box: type the value, Enter, and wait until the slider holds it (Generate sends the
+    slider's value; on a loaded machine a click right after Enter could still send the old one)."""
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    page.wait_for_function("([id, v]) => Number(document.querySelector(`#${id} input[type=range]`)?.value) === v",
+                           arg=[elem_id, value], timeout=TIMEOUT_MS)  # fmt: skip
+
+
+def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires_engine, tmp_path):
+    engine = refiner_hires_engine
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab = browser.new_page(viewport={"width": 1280, "height": 1100})
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
+        tab.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
+        open_advanced(tab)
+        set_steps(tab, 2)
+        tab.locator("#hires-settings").get_by_text("Second pass").click()
+        tab.locator("#hires-scales").get_by_text("(off) or 2").wait_for(timeout=TIMEOUT_MS)  # the server's scales
+        set_number(tab, "hires-scale", 2)
+        set_number(tab, "hires-steps", 2)
+        set_number(tab, "hires-denoise", 0.5)
+        tab.locator("#hires-upscaler input").click()
+        tab.get_by_role("option", name="Lanczos", exact=True).click()
+        set_number(tab, "refiner-switch", 0.8)
+        tab.locator("#prompt textarea").fill("a harbour at noon")
+        before = engine.compile_count
+        tab.locator("#generate").click()
+        # the answer, or an error toast at once (not a wait to the timeout)
+        tab.wait_for_function("(n) => document.querySelector('.toast-body') || "
+                              "document.querySelector('#status')?.innerText.includes(`${n} images in`)",
+                              arg=FEATURE_DEVICES, timeout=TIMEOUT_MS)  # fmt: skip
+        assert tab.locator(".toast-body").count() == 0, tab.locator(".toast-body").all_inner_texts()
+        tab.wait_for_function(f"() => document.querySelectorAll('#gallery img').length === {FEATURE_DEVICES}",
+                              timeout=TIMEOUT_MS)  # fmt: skip
+        assert tab.locator(".toast-body").count() == 0, tab.locator(".toast-body").all_inner_texts()
+        run = engine.recent_runs[-1]
+        assert run["steps"] == 2 + 2 and run["done"] == 4 and not run["stopped"]  # both passes ran
+        assert engine.compile_count == before
+        side = hires_size((TEST_SIZE, TEST_SIZE), 2.0, engine.latent_multiple)[0]
+        shown = tmp_path / "shown.jpg"
+        shown.write_bytes(httpx.get(tab.eval_on_selector("#gallery img", "img => img.src")).content)
+        settings = parse_infotext(image_files.read_parameters(shown)).settings
+        assert Image.open(shown).size == (side, side) == (128, 128)
+        assert settings["Size"] == f"{TEST_SIZE}x{TEST_SIZE}"  # A1111 writes the first pass's size
+        assert (settings["Hires upscale"], settings["Hires upscaler"], settings["Hires steps"],
+                settings["Denoising strength"]) == ("2", "Lanczos", "2", "0.5"), settings  # fmt: skip
+        assert (settings["Refiner"], settings["Refiner switch at"]) == ("tiny-refiner", "0.8"), settings
+        assert not errors, errors
+    finally:
+        tab.screenshot(path=str(ARTIFACTS / "second-pass.png"), full_page=True)  # also what a failure looked like
+        tab.close()
