@@ -126,6 +126,8 @@ def main() -> None:
     for seed, (stem, (scale, blocks, upsamples, layout, side)) in enumerate(MODELS.items()):
         torch.manual_seed(47 + seed)
         model = RRDBNet(scale, num_feat=8, num_block=blocks, num_grow_ch=4, upsamples=upsamples).eval()
+        with torch.no_grad():  # outputs around mid-grey, not clipped to 0 as random weights' mostly would be
+            model.conv_last.bias += 0.5
         state = model.new_layout() if layout == "new" else model.old_layout()
         state = OrderedDict((key, value.detach().clone().contiguous()) for key, value in state.items())
         if stem.endswith("x2") and layout == "new":
