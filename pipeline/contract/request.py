@@ -77,6 +77,7 @@ class RequestRules:
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
+    upscalers: tuple[str, ...] = ()  # the ESRGAN upscalers offered as hires_upscaler, by file stem (--upscaler-dir)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -91,12 +92,16 @@ class RequestRules:
         by_name = {name.lower(): name for name in loras}
         name, weight = lora_of(config.default_lora) if config.default_lora else ("", 0.0)
         default = ((by_name[name.lower()], weight, weight),) if name.lower() in by_name else ()
+        # --upscaler-dir's model files by name; the engine then offers those it could read (`Generator.rules`).
+        upscaler_dir = pathlib.Path(getattr(config, "upscaler_dir", None) or "")
+        upscalers = tuple(sorted({p.stem for p in upscaler_dir.iterdir() if p.suffix in (".safetensors", ".pth")})) \
+            if str(upscaler_dir) != "." and upscaler_dir.is_dir() else ()  # fmt: skip
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             refiner=refiner_name(config.refiner) if config.refiner else "",
-            hires_scales=tuple(getattr(config, "hires_scales", ())),
+            hires_scales=tuple(getattr(config, "hires_scales", ())), upscalers=upscalers,
         )  # fmt: skip
 
 
@@ -331,6 +336,8 @@ def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
         value = given.get(row.name)
         if value is None:
             value = getattr(rules, row.rule) if row.rule else row.default
+        if row.name == "hires_upscaler" and rules.upscalers:  # the server's ESRGAN models, after A1111's own
+            row = dataclasses.replace(row, choices=(*row.choices, *rules.upscalers))
         values[row.name] = None if value is None else row.check(value)
     return values
 

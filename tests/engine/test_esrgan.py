@@ -11,10 +11,11 @@ import pickle
 import re
 import zipfile
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 from safetensors.numpy import save_file
 
 from pipeline.checkpoint.upscaler_loading import load_upscaler, load_upscaler_dir, read_tensors
@@ -40,7 +41,7 @@ def test_conversion_runs_as_torch(file):
     assert (module.blocks, module.features, module.growth, module.unshuffle, module.upsamples) == (
         blocks, 8, 4, unshuffle, upsamples)  # fmt: skip
     image = EXPECTED[f"in_{weights.name}"].transpose(0, 2, 3, 1)  # torch's NCHW -> NHWC
-    out = np.asarray(module.apply({"params": weights.params}, jnp.asarray(image))).transpose(0, 3, 1, 2)
+    out = np.asarray(jax.jit(module.apply)({"params": weights.params}, jnp.asarray(image))).transpose(0, 3, 1, 2)
     expected = EXPECTED[f"out_{weights.name}"]
     assert out.shape == expected.shape
     np.testing.assert_allclose(out, expected, atol=1e-6, rtol=0)  # outputs are ~0.1: float32 sums of ~200 terms
@@ -130,7 +131,8 @@ def test_tiles_blend_to_the_whole_pictures_output():
 
     weights = load_upscaler(ESRGAN / "tiny-old-x4.pth")
     image = _picture(40, 40)
-    whole = np.clip(np.asarray(weights.module.apply({"params": weights.params}, jnp.asarray(image[None])))[0], 0, 1)
+    whole = np.asarray(jax.jit(weights.module.apply)({"params": weights.params}, jnp.asarray(image[None])))[0]
+    whole = np.clip(whole, 0, 1)
     upscaler = TiledUpscaler(weights.module, weights.params, tile=24, overlap=8)
     tiled = upscaler.upscale_float(image)
     assert tiled.shape == whole.shape == (160, 160, 3) and tile_starts(40, 24, 8) == [0, 16]
@@ -156,3 +158,81 @@ def test_one_program_for_every_picture_size():
         out = upscaler.upscale(image)
         assert out.shape == (2 * height, 2 * width, 3) and out.dtype == np.uint8
     assert CompileCounter.compiles() == before
+
+
+@pytest.fixture(scope="module")
+def esrgan_engine(tmp_path_factory):
+    """tiny-pt on 2 devices at 64 px, hires scale 2 (test_hires.py's engine, one scale), with --upscaler-dir holding a
+    ×2 and a ×4 model and one broken file."""
+
+    from pipeline.generator import Generator
+
+    directory = tmp_path_factory.mktemp("upscalers")
+    for name in ("tiny-x2.pth", "tiny-x4.safetensors"):
+        (directory / name).write_bytes((ESRGAN / name).read_bytes())
+    (directory / "broken.pth").write_bytes(b"not a torch file")
+    generator = Generator.from_pretrained(
+        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", speed_levers=False,
+        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], hires_scales=(2.0,), upscaler_dir=str(directory),
+    )  # fmt: skip
+    generator.warmup()
+    return generator
+
+
+def test_esrgan_hires_fix_compiles_nothing_and_reads_back(esrgan_engine):
+    """Both models run as hires upscalers (the ×2 lands on 128 px; the ×4 makes 256 px, then Lanczos to 128) with no
+    compile; each picture differs from Lanczos's (the model ran); `Hires upscaler: <name>` is written and read."""
+    from web.png_info import parse_infotext
+
+    assert esrgan_engine.rules.upscalers == ("tiny-x2", "tiny-x4")  # broken.pth logged and left out
+    before = esrgan_engine.compile_count
+    pictures = {}
+    for upscaler in ("tiny-x2", "tiny-x4", "Lanczos"):
+        result = esrgan_engine.generate(esrgan_engine.request("a red fox", seed=5, hires_scale=2.0, hires_steps=2,
+                                                              hires_denoise=0.5, hires_upscaler=upscaler))  # fmt: skip
+        assert result.images[0].size == (128, 128)
+        assert parse_infotext(result.parameters[0]).settings["Hires upscaler"] == upscaler
+        pictures[upscaler] = np.asarray(result.images[0], np.int16)
+    assert esrgan_engine.compile_count == before  # nothing compiles per request
+    assert all(np.abs(pictures[name] - pictures["Lanczos"]).max() > 0 for name in ("tiny-x2", "tiny-x4"))
+
+
+def test_esrgan_resize_is_the_model_then_lanczos(esrgan_engine):
+    """The pixel step alone: each image through the model (tiled), then PIL's Lanczos to the hires size when the
+    model's scale is not the one asked for (A1111's rule), split back over the batch."""
+    from PIL import Image
+
+    from pipeline.device.sharding import global_batch, to_host
+
+    images = (np.stack([_picture(64, 64, seed=i) for i in range(esrgan_engine.num_images)]) * 255).astype(np.uint8)
+    pixels = global_batch((images,), esrgan_engine._batch_sharding)[0]
+    for name, scale in (("tiny-x2", 2), ("tiny-x4", 4)):
+        model = esrgan_engine.upscalers[name]
+        out = to_host(esrgan_engine._resize(pixels, size=(128, 128), method="LANCZOS", model=model))
+        for image, got in zip(images, out, strict=True):
+            upscaled = model.upscale(image)
+            assert upscaled.shape == (64 * scale, 64 * scale, 3)
+            expected = upscaled if scale == 2 else np.asarray(Image.fromarray(upscaled).resize(
+                (128, 128), resample=Image.Resampling.LANCZOS))  # fmt: skip
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_unknown_upscaler_names_the_offered_ones(esrgan_engine):
+    with pytest.raises(InvalidInput, match=r"^Unknown hires upscaler 'broken'; choose one of: Latent, .*Nearest, "
+                                           r"tiny-x2, tiny-x4\.$"):  # fmt: skip
+        esrgan_engine.request("a fox", hires_scale=2.0, hires_upscaler="broken")
+    assert esrgan_engine.request("a fox", hires_scale=2.0, hires_upscaler="TINY-X4").hires_upscaler == "tiny-x4"
+
+
+def test_cli_takes_an_upscaler_dir_model(tmp_path):
+    """`generate --upscaler-dir DIR --hires-upscaler NAME`: the name is checked against DIR's model files before the
+    model loads; another name is refused in one sentence naming the offered ones."""
+    from pipeline.__main__ import _check, build_parser
+
+    (tmp_path / "4x-Tiny.safetensors").write_bytes((ESRGAN / "tiny-x4.safetensors").read_bytes())
+    argv = ["generate", "--model", "tiny", "--prompt", "a fox", "--hires-scale", "2", "--upscaler-dir", str(tmp_path),
+            "--hires-upscaler", "4x-tiny", "--out", str(tmp_path)]  # fmt: skip
+    config, request = _check(build_parser().parse_args(argv))
+    assert config.upscaler_dir == str(tmp_path) and request.hires_upscaler == "4x-Tiny"
+    with pytest.raises(InvalidInput, match=r"Unknown hires upscaler '4x-other'; .*Nearest, 4x-Tiny\.$"):
+        _check(build_parser().parse_args([*argv[:-3], "4x-other", *argv[-2:]]))
