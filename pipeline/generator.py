@@ -62,7 +62,7 @@ from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
 from .host.speed_plan import speed_plan
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
-from .host.upscale_tiles import TILE, TiledUpscaler
+from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,9 @@ def read_upscalers(config: EngineConfig) -> dict[str, TiledUpscaler]:
     logger.info("upscalers: %d offered from %s", len(loaded), config.upscaler_dir)
     largest = max(max(size) for size in config.offered_sizes)  # no first pass is larger: a smaller tile does
     tile = min(TILE, -(-largest // 4) * 4)  # a multiple of every pixel-unshuffle (1, 2, 4)
-    return {name: TiledUpscaler(weights.module, weights.params, tile=tile) for name, weights in loaded.items()}
+    batch = min(TILE_BATCH, len(tile_starts(largest, tile, OVERLAP)) ** 2)  # no blank tiles run for nothing
+    return {name: TiledUpscaler(weights.module, weights.params, tile=tile, batch=batch)
+            for name, weights in loaded.items()}  # fmt: skip
 
 
 def text_widths(params) -> tuple[int, int]:
