@@ -35,7 +35,7 @@ from .checkpoint.upscaler_loading import load_upscaler_dir
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
-from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS
+from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS, UPSCALERS
 from .contract.image_inputs import latent_mask
 from .contract.parameters import describe, text_settings, written_settings
 from .contract.request import Picture, Request, RequestRules, parse_request
@@ -451,6 +451,9 @@ class Generator:
         """The request's second pass (`host/hires_plan.py`): None with the hires fix off."""
         if request.hires_scale == 1.0:
             return None
+        if request.hires_upscaler not in (*UPSCALERS, *self.upscalers):  # a request checked against a dir's names
+            raise InvalidInput(f"The hires upscaler {request.hires_upscaler} is not offered by this server: its file "
+                               "could not be read (the server's log says why).")  # fmt: skip
         size = self.hires_sizes[(request.size, request.hires_scale)]
         sampler = request.sampler or self.sampler.sampler
         return hires_plan(size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise,

@@ -77,9 +77,11 @@ class TiledUpscaler:
     def compile(self):
         """The program for this model and tile size, compiled once."""
         if self._compiled is None:
-            tiles = jax.ShapeDtypeStruct((self.batch, self.tile, self.tile, 3), jnp.float32)
-            params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
-            self._compiled = jax.jit(self._run, device=self.device).trace(params, tiles).lower().compile()
+            here = jax.sharding.SingleDeviceSharding(self.device)
+            tiles = jax.ShapeDtypeStruct((self.batch, self.tile, self.tile, 3), jnp.float32, sharding=here)
+            params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here),
+                                            self.params)  # fmt: skip
+            self._compiled = jax.jit(self._run).trace(params, tiles).lower().compile()
         return self._compiled
 
     def upscale(self, image: np.ndarray) -> np.ndarray:

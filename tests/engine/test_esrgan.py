@@ -6,6 +6,7 @@ Fixtures: scripts/make_esrgan_fixtures.py (tests/fixtures/esrgan/: tiny seeded m
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -20,6 +21,7 @@ from safetensors.numpy import save_file
 
 from pipeline.checkpoint.upscaler_loading import load_upscaler, load_upscaler_dir, read_tensors
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.request import parse_request
 
 ESRGAN = FIXTURES / "esrgan"
 EXPECTED = np.load(ESRGAN / "expected.npz")
@@ -236,3 +238,13 @@ def test_cli_takes_an_upscaler_dir_model(tmp_path):
     assert config.upscaler_dir == str(tmp_path) and request.hires_upscaler == "4x-Tiny"
     with pytest.raises(InvalidInput, match=r"Unknown hires upscaler '4x-other'; .*Nearest, 4x-Tiny\.$"):
         _check(build_parser().parse_args([*argv[:-3], "4x-other", *argv[-2:]]))
+
+
+def test_a_name_the_engine_could_not_read_is_refused(esrgan_engine):
+    """A request checked against a folder's file names (the CLI checks before loading) that names a file the engine
+    left out gets one sentence, not Lanczos in its place."""
+    rules = dataclasses.replace(esrgan_engine.rules, upscalers=(*esrgan_engine.rules.upscalers, "broken"))
+    request = parse_request("a fox", rules=rules, hires_scale=2.0, hires_upscaler="broken")
+    with pytest.raises(InvalidInput, match=r"^The hires upscaler broken is not offered by this server: its file could "
+                                           r"not be read \(the server's log says why\)\.$"):  # fmt: skip
+        esrgan_engine.generate(request)
