@@ -267,7 +267,7 @@ class Generator:
                                          refiner=refiner.name if refiner is not None else "")  # fmt: skip
         #: The ESRGAN hires upscalers of --upscaler-dir by name, each on its tiles (`host/upscale_tiles.py`)
         self.upscalers = read_upscalers(config)
-        self.rules = dataclasses.replace(self.rules, upscalers=tuple(self.upscalers))
+        self.rules = dataclasses.replace(self.rules, hires_upscalers=(*UPSCALERS, *self.upscalers))
         #: The --refiner loaded (None without one): its name, modules and whether it shares text encoder 2
         self.refiner = refiner
         started = time.perf_counter()
@@ -451,7 +451,7 @@ class Generator:
         """The request's second pass (`host/hires_plan.py`): None with the hires fix off."""
         if request.hires_scale == 1.0:
             return None
-        if request.hires_upscaler not in (*UPSCALERS, *self.upscalers):  # a request checked against a dir's names
+        if request.hires_upscaler not in self.rules.hires_upscalers:  # a request checked against a dir's file names
             raise InvalidInput(f"The hires upscaler {request.hires_upscaler} is not offered by this server: its file "
                                "could not be read (the server's log says why).")  # fmt: skip
         size = self.hires_sizes[(request.size, request.hires_scale)]

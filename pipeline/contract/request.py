@@ -28,6 +28,7 @@ from PIL import Image
 from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
+from .hires import UPSCALERS
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
@@ -77,7 +78,7 @@ class RequestRules:
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
-    upscalers: tuple[str, ...] = ()  # the ESRGAN upscalers offered as hires_upscaler, by file stem (--upscaler-dir)
+    hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -101,7 +102,7 @@ class RequestRules:
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             refiner=refiner_name(config.refiner) if config.refiner else "",
-            hires_scales=tuple(getattr(config, "hires_scales", ())), upscalers=upscalers,
+            hires_scales=tuple(getattr(config, "hires_scales", ())), hires_upscalers=(*UPSCALERS, *upscalers),
         )  # fmt: skip
 
 
@@ -336,8 +337,8 @@ def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
         value = given.get(row.name)
         if value is None:
             value = getattr(rules, row.rule) if row.rule else row.default
-        if row.name == "hires_upscaler" and rules.upscalers:  # the server's ESRGAN models, after A1111's own
-            row = dataclasses.replace(row, choices=(*row.choices, *rules.upscalers))
+        if row.name == "hires_upscaler":  # A1111's own and the server's ESRGAN models (--upscaler-dir)
+            row = dataclasses.replace(row, choices=rules.hires_upscalers)
         values[row.name] = None if value is None else row.check(value)
     return values
 

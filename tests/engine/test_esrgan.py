@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 from pipeline.checkpoint.upscaler_loading import load_upscaler, load_upscaler_dir, read_tensors
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.hires import UPSCALERS
 from pipeline.contract.request import parse_request
 
 ESRGAN = FIXTURES / "esrgan"
@@ -186,7 +187,7 @@ def test_esrgan_hires_fix_compiles_nothing_and_reads_back(esrgan_engine):
     compile; each picture differs from Lanczos's (the model ran); `Hires upscaler: <name>` is written and read."""
     from web.png_info import parse_infotext
 
-    assert esrgan_engine.rules.upscalers == ("tiny-x2", "tiny-x4")  # broken.pth logged and left out
+    assert esrgan_engine.rules.hires_upscalers == (*UPSCALERS, "tiny-x2", "tiny-x4")  # broken.pth logged, left out
     before = esrgan_engine.compile_count
     pictures = {}
     for upscaler in ("tiny-x2", "tiny-x4", "Lanczos"):
@@ -243,7 +244,7 @@ def test_cli_takes_an_upscaler_dir_model(tmp_path):
 def test_a_name_the_engine_could_not_read_is_refused(esrgan_engine):
     """A request checked against a folder's file names (the CLI checks before loading) that names a file the engine
     left out gets one sentence, not Lanczos in its place."""
-    rules = dataclasses.replace(esrgan_engine.rules, upscalers=(*esrgan_engine.rules.upscalers, "broken"))
+    rules = dataclasses.replace(esrgan_engine.rules, hires_upscalers=(*esrgan_engine.rules.hires_upscalers, "broken"))
     request = parse_request("a fox", rules=rules, hires_scale=2.0, hires_upscaler="broken")
     with pytest.raises(InvalidInput, match=r"^The hires upscaler broken is not offered by this server: its file could "
                                            r"not be read \(the server's log says why\)\.$"):  # fmt: skip
