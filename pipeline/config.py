@@ -69,6 +69,7 @@ class EngineConfig:
     conversion_cache: bool = True  # keep PyTorch weights once converted and cast (<cache root>/converted)
     lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
     embeddings_dir: str | None = None  # every SDXL *.safetensors textual-inversion embedding in it is offered
+    upscaler_dir: str | None = None  # every ESRGAN (RRDBNet) .safetensors/.pth in it is a hires upscaler, by stem
     emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
@@ -235,6 +236,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         revision=get("revision"),
         lora_dir=get("lora_dir"),
         embeddings_dir=get("embeddings_dir"),
+        upscaler_dir=get("upscaler_dir"),
         controlnets=controlnet_specs(get("controlnet")),
         refiner=get("refiner") or None,
         sizes=sizes,

@@ -31,10 +31,11 @@ from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.refiner_loading import RefinerWeights, load_refiner
+from .checkpoint.upscaler_loading import load_upscaler_dir
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
 from .contract.errors import InvalidInput
-from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS
+from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS, UPSCALERS
 from .contract.image_inputs import latent_mask
 from .contract.parameters import describe, text_settings, written_settings
 from .contract.request import Picture, Request, RequestRules, parse_request
@@ -61,6 +62,7 @@ from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
 from .host.speed_plan import speed_plan
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
+from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +148,20 @@ def read_embeddings(loaded: LoadedModel, config: EngineConfig) -> EmbeddingDirec
     if not config.embeddings_dir:
         return EmbeddingDirectory()
     return load_embeddings_dir(config.embeddings_dir, text_widths(loaded.params))
+
+
+def read_upscalers(config: EngineConfig) -> dict[str, TiledUpscaler]:
+    """The ESRGAN models of `config.upscaler_dir` by name, each ready to run on tiles (compiled by `warmup`); a file
+    that cannot be read is logged in one line and left out; none without a directory or the hires fix."""
+    if not config.upscaler_dir or not config.hires_scales:
+        return {}
+    loaded = load_upscaler_dir(config.upscaler_dir, logger.warning)
+    logger.info("upscalers: %d offered from %s", len(loaded), config.upscaler_dir)
+    largest = max(max(size) for size in config.offered_sizes)  # no first pass is larger: a smaller tile does
+    tile = min(TILE, -(-largest // 4) * 4)  # a multiple of every pixel-unshuffle (1, 2, 4)
+    batch = min(TILE_BATCH, len(tile_starts(largest, tile, OVERLAP)) ** 2)  # no blank tiles run for nothing
+    return {name: TiledUpscaler(weights.module, weights.params, tile=tile, batch=batch)
+            for name, weights in loaded.items()}  # fmt: skip
 
 
 def text_widths(params) -> tuple[int, int]:
@@ -249,6 +265,9 @@ class Generator:
         self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh)
         self.rules = dataclasses.replace(self.rules, controlnets=self.controlnets.names,
                                          refiner=refiner.name if refiner is not None else "")  # fmt: skip
+        #: The ESRGAN hires upscalers of --upscaler-dir by name, each on its tiles (`host/upscale_tiles.py`)
+        self.upscalers = read_upscalers(config)
+        self.rules = dataclasses.replace(self.rules, hires_upscalers=(*UPSCALERS, *self.upscalers))
         #: The --refiner loaded (None without one): its name, modules and whether it shares text encoder 2
         self.refiner = refiner
         started = time.perf_counter()
@@ -345,6 +364,8 @@ class Generator:
         store = self.config.compilation_cache and self.config.executable_cache
         self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
         logger.info("%s", self.startup_programs.summary())
+        for upscaler in self.upscalers.values():  # each ESRGAN model's one tile program
+            upscaler.compile()
         if self.loras is not None:
             self.loras.prepare()
         timings = {"compile_s": time.perf_counter() - started, **self.startup_programs.timings(), "first_run_s": 0.0}
@@ -435,6 +456,9 @@ class Generator:
         `denoising_end` on the second pass's timesteps), so the refiner finishes the upscaled picture."""
         if request.hires_scale == 1.0:
             return None
+        if request.hires_upscaler not in self.rules.hires_upscalers:  # a request checked against a dir's file names
+            raise InvalidInput(f"The hires upscaler {request.hires_upscaler} is not offered by this server: its file "
+                               "could not be read (the server's log says why).")  # fmt: skip
         size = self.hires_sizes[(request.size, request.hires_scale)]
         sampler = request.sampler or self.sampler.sampler
 
@@ -463,20 +487,26 @@ class Generator:
                                         self._batch_sharding)  # fmt: skip
         latent = second.upscaler in LATENT_UPSCALERS
         resize = None if latent else functools.partial(self._resize, size=second.size,
-                                                       method=PIXEL_UPSCALERS[second.upscaler])  # fmt: skip
+                                                       method=PIXEL_UPSCALERS.get(second.upscaler, "LANCZOS"),
+                                                       model=self.upscalers.get(second.upscaler))  # fmt: skip
         refiner = None if second.refiner_row is None else \
             self._refiner_inputs(request, second.refiner_row, second.plan.rows)  # fmt: skip
         return loop.HiresInputs(size=second.size, upscaler=second.upscaler, latent=latent, plan=second.plan,
                                 speed=speed, seeds=seed_array, blank=self._blank(height, width, self._params),
                                 keep=keep, resize=resize, refiner=refiner)  # fmt: skip
 
-    def _resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str) -> jax.Array:
+    def _resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str,
+                model: TiledUpscaler | None = None) -> jax.Array:  # fmt: skip
         """A pixel upscaler: the first pass's uint8 [B, h, w, 3] gathered, each image resized with PIL's `method`
-        (A1111's Lanczos and Nearest are PIL's), placed back split over the batch: uint8 [B, H, W, 3]."""
+        (A1111's Lanczos and Nearest are PIL's), placed back split over the batch: uint8 [B, H, W, 3]. With an
+        ESRGAN `model`, each image is the model's (tiled) first, then resized to the hires size unless already
+        there (A1111's `upscale` then LANCZOS when the model's scale is not the one asked for)."""
         height, width = size
         resample = getattr(Image.Resampling, method)
-        resized = np.stack([np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
-                            for image in to_host(pixels)])  # fmt: skip
+        images = [model.upscale(image) for image in to_host(pixels)] if model is not None else list(to_host(pixels))
+        resized = np.stack([image if image.shape[:2] == (height, width) else
+                            np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
+                            for image in images])  # fmt: skip
         return global_batch((resized,), self._batch_sharding)[0]
 
     def _inputs(self, request: Request, seeds: list[int]):

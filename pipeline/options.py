@@ -146,9 +146,11 @@ def request_option(row: Field) -> Option:
         return Option(row.flag, row.help, default=row.default, required=row.name == "prompt", programs=cli)
     later = bool(row.rule or row.needs)  # the server's default, or a picture's
     kind = {"int": int, "float": float}.get(row.kind, str)
-    return Option(row.flag, f"{row.help}; {row.values_text}", type=kind,
-                  default=None if later else row.default, default_text=_number_or_text(row.default) if later else "",
-                  choices=row.choices, programs=cli)  # fmt: skip
+    open_choice = row.name == "hires_upscaler"  # also --upscaler-dir's models: the engine checks it, in one sentence
+    return Option(row.flag, f"{row.help}; {row.values_text}" + (" or a --upscaler-dir model" if open_choice else ""),
+                  type=kind, default=None if later else row.default,
+                  default_text=_number_or_text(row.default) if later else "",
+                  choices=() if open_choice else row.choices, programs=cli)  # fmt: skip
 
 
 #: The CLI's ControlNet unit settings, the i-th of each going with the i-th --control-image.
@@ -183,6 +185,10 @@ OPTIONS: tuple[Option, ...] = (
            "in DIR by file name: the name in a prompt or negative prompt puts its vectors there (A1111's rule); a "
            "file it cannot read (SD 1.5, broken) is named in one line and left out", "SDXL_EMBEDDINGS_DIR",
            metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE})),
+    Option("--upscaler-dir", "offer every ESRGAN-family model (RRDBNet .safetensors or .pth: R-ESRGAN 4x+, "
+           "4x-UltraSharp, ...) in DIR as a hires upscaler, by file name; run on 192 px tiles, compiled at start-up; "
+           "a file it cannot read is named in one line and left out", "SDXL_UPSCALER_DIR", metavar="DIR",
+           programs=frozenset({APP, CLI})),
     Option("--emphasis", "A1111's emphasis: (word) ×1.1, [word] ÷1.1, (word:1.3), BREAK; 'original' rescales each "
            "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
            "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default=config_default("emphasis"),

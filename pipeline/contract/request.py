@@ -93,12 +93,16 @@ class RequestRules:
         by_name = {name.lower(): name for name in loras}
         name, weight = lora_of(config.default_lora) if config.default_lora else ("", 0.0)
         default = ((by_name[name.lower()], weight, weight),) if name.lower() in by_name else ()
+        # --upscaler-dir's model files by name; the engine then offers those it could read (`Generator.rules`).
+        upscaler_dir = pathlib.Path(getattr(config, "upscaler_dir", None) or "")
+        upscalers = tuple(sorted({p.stem for p in upscaler_dir.iterdir() if p.suffix in (".safetensors", ".pth")})) \
+            if str(upscaler_dir) != "." and upscaler_dir.is_dir() else ()  # fmt: skip
         return cls(
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             refiner=refiner_name(config.refiner) if config.refiner else "",
-            hires_scales=tuple(getattr(config, "hires_scales", ())),
+            hires_scales=tuple(getattr(config, "hires_scales", ())), hires_upscalers=(*UPSCALERS, *upscalers),
         )  # fmt: skip
 
 
@@ -333,6 +337,8 @@ def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
         value = given.get(row.name)
         if value is None:
             value = getattr(rules, row.rule) if row.rule else row.default
+        if row.name == "hires_upscaler":  # A1111's own and the server's ESRGAN models (--upscaler-dir)
+            row = dataclasses.replace(row, choices=rules.hires_upscalers)
         values[row.name] = None if value is None else row.check(value)
     return values
 
