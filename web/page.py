@@ -20,7 +20,7 @@ import gradio as gr
 from pipeline.contract.engine import Engine, EngineSettings
 from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
 from pipeline.contract.parameters import model_name
-from pipeline.contract.request import MAX_LORAS, RequestRules
+from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
 from .controlnet_panel import control_panel
@@ -376,7 +376,7 @@ def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str,
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
     program does not read is hidden without CFG, the refiner's without a refiner (static)."""
     return {
-        row.name: control(row, getattr(rules, row.rule) if row.rule else row.default,
+        row.name: control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else row.default,
                           visible=(rules.cfg or row.without_cfg is None)
                           and (row.needs != "refiner" or bool(getattr(rules, "refiner", ""))))  # fmt: skip
         for row in PLAIN

@@ -27,7 +27,7 @@ from PIL import Image
 
 from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
-from .fields import FIELD, PLAIN, check_shape, check_size, check_style, clean_text, echo, resolve_seed
+from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
@@ -337,10 +337,17 @@ def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:
         value = given.get(row.name)
         if value is None:
             value = getattr(rules, row.rule) if row.rule else row.default
-        if row.name == "hires_upscaler":  # A1111's own and the server's ESRGAN models (--upscaler-dir)
-            row = dataclasses.replace(row, choices=rules.hires_upscalers)
+        row = offered_row(row, rules)
         values[row.name] = None if value is None else row.check(value)
     return values
+
+
+def offered_row(row: Field, rules: RequestRules) -> Field:
+    """`row` with this server's choices where they are the server's: the hires upscalers are A1111's own and the
+    server's ESRGAN models (--upscaler-dir), for the request's check and the page's dropdown alike."""
+    if row.name == "hires_upscaler":
+        return dataclasses.replace(row, choices=rules.hires_upscalers)
+    return row
 
 
 def asks_for_levers(request: Request) -> bool:

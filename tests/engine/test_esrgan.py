@@ -249,3 +249,16 @@ def test_a_name_the_engine_could_not_read_is_refused(esrgan_engine):
     with pytest.raises(InvalidInput, match=r"^The hires upscaler broken is not offered by this server: its file could "
                                            r"not be read \(the server's log says why\)\.$"):  # fmt: skip
         esrgan_engine.generate(request)
+
+
+def test_the_page_offers_the_servers_upscaler_models(esrgan_engine):
+    """The Second pass section's Upscaler dropdown lists the engine's models after A1111's own, as the request's check
+    accepts them."""
+    import gradio as gr
+
+    from web.page import hires_panel
+
+    with gr.Blocks():
+        controls = hires_panel(esrgan_engine.rules)
+    offered = [value for _, value in controls["hires_upscaler"].choices]
+    assert offered == [*UPSCALERS, "tiny-x2", "tiny-x4"]
