@@ -13,6 +13,7 @@ from conftest import FIXTURES
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, FIELDS, PLAIN
+from pipeline.contract.hires import UPSCALERS
 from pipeline.contract.request import Request, RequestRules, parse_request, request_schema
 from web.prompt_filter import PromptFilter
 
@@ -106,6 +107,26 @@ def test_a_request_travels_as_json_data_and_comes_back_equal():
     request = parse_request("a lighthouse", "fog", style="Anime", guidance_scale=6.5, seed=1234, steps=9,
                             sampler="Euler a", size=(1024, 1024))  # fmt: skip
     assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+
+
+def test_the_second_pass_travels_to_the_followers_whole():
+    """Two processes = one for the refiner and the hires fix: every second-pass field the leader checked reaches a
+    follower (`to_dict()` -> JSON -> `from_dict()`), an ESRGAN model's name included, and the engine service's
+    reader (`request_from_wire`) takes the same data back to an equal request."""
+    from pipeline.service.wire import request_from_wire
+
+    rules = RequestRules(sizes=((64, 64),), refiner="tiny-refiner", hires_scales=(1.5, 2.0),
+                         hires_upscalers=(*UPSCALERS, "4x-Tiny"))  # fmt: skip
+    request = parse_request("a lighthouse", "fog", seed=7, steps=6, refiner_switch=0.7, aesthetic_score=7.0,
+                            negative_aesthetic_score=2.0, hires_scale=1.5, hires_steps=3, hires_denoise=0.4,
+                            hires_upscaler="4x-Tiny", rules=rules)  # fmt: skip
+    sent = json.loads(json.dumps(request.to_dict()))
+    assert Request.from_dict(sent) == request
+    assert request_from_wire(sent, rules) == request
+    second = {name: sent[name] for name in ("refiner_switch", "aesthetic_score", "negative_aesthetic_score",
+                                            "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler")}
+    assert second == {"refiner_switch": 0.7, "aesthetic_score": 7.0, "negative_aesthetic_score": 2.0,
+                      "hires_scale": 1.5, "hires_steps": 3, "hires_denoise": 0.4, "hires_upscaler": "4x-Tiny"}
 
 
 def test_the_schema_describes_the_wire_format_with_the_tables_bounds():
