@@ -9,8 +9,10 @@ are the tile's), so the checks are about the seams, measured two ways against ev
 - a seam shows as a step in the error between neighbouring rows or columns: across the seam lines that step is no
   larger than the 99th percentile of the steps elsewhere + 1 level. Blending the same tiles with flat weights (no
   feathering) fails this check (the last test), so it sees seams.
-On this model (recorded when this was written): decode error mean ~15 levels of 255, seam max below the max
-elsewhere; encode error ~0.015 mean on latents of std ~0.04 (the random VAE's small latents).
+How far tiled is from whole on this model at this geometry (measured when this was written; random weights, so
+not what SDXL's trained VAE gives): decode mean |diff| 10.6 levels of 255 (p99 40, max 79; the picture's std 40),
+encode mean |diff| 0.013 on latents of mean |x| 0.027 (max 0.12). One tile covering the image equals the whole VAE
+(1.5e-5 levels), so the difference is the per-tile GroupNorm and attention, not the blending.
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ def test_tiles_cover_the_side_with_the_overlap():
     ramp = vae_tiles.feather(8, 4)
     assert ramp.tolist() == [0.125, 0.375, 0.625, 0.875, 0.875, 0.625, 0.375, 0.125]
     assert (vae_tiles.feather(12, 4)[4:8] == 1).all()
+
+
+def test_tiles_are_placed_and_weighed_exactly():
+    """Blending the tiles of a per-pixel function gives that function of the whole: every tile is read and written
+    back where it belongs and the weights sum out (decode's 8 samples per latent out, encode's 8 in)."""
+    source = np.random.default_rng(1).standard_normal((1, SIDE, SIDE, 3)).astype(np.float32)
+    out = vae_tiles._blend(lambda x: 2 * x + 1, source, source.shape, 8, (TILE, TILE), OVERLAP, 8)
+    np.testing.assert_allclose(np.asarray(out), 2 * source + 1, atol=1e-5)
+    strided = vae_tiles._blend(lambda x: x[:, ::8, ::8], source, (1, LATENT, LATENT, 3), 1, (TILE, TILE), OVERLAP, 8)
+    np.testing.assert_allclose(np.asarray(strided), source[:, ::8, ::8], atol=1e-5)
 
 
 def test_decode_in_tiles_shows_no_seam(tiny_vae, latents, whole):
