@@ -2,13 +2,13 @@
 against the whole decode and encode, and a server that tiles compiles nothing per request.
 
 The seam checks run tiny-pt's VAE (random weights) on smooth latents of 192² px (24² latents) in 12² latent tiles
-overlapping by 4: 3 × 3 tiles, 4 seam lines per axis (each tile edge inside the image). Tiled and whole differ
+overlapping by 4: 3 × 3 tiles, 3 seam lines per axis (each tile edge inside the image). Tiled and whole differ
 everywhere, as A1111's and ComfyUI's tiled VAEs do (each tile's GroupNorm statistics and middle-block attention
 are the tile's), so the checks are about the seams, measured two ways against everything else:
 - the error (tiled - whole) at the seam lines is no larger than 2x its max elsewhere + 1 level;
 - a seam shows as a step in the error between neighbouring rows or columns: across the seam lines that step is no
   larger than the 99th percentile of the steps elsewhere + 1 level. Blending the same tiles with flat weights (no
-  feathering) fails this check (the last test), so it sees seams.
+  feathering) fails this check (test_flat_blending_fails_the_seam_check), so it sees seams.
 How far tiled is from whole on this model at this geometry (measured when this was written; random weights, so
 not what SDXL's trained VAE gives): decode mean |diff| 10.6 levels of 255 (p99 40, max 79; the picture's std 40),
 encode mean |diff| 0.013 on latents of mean |x| 0.027 (max 0.12). One tile covering the image equals the whole VAE
