@@ -153,18 +153,24 @@ def report(out_dir: Path) -> str:
             row = {**row, "roofline_s": row["roofline_s"] * tiles, "flops": row["flops"] * tiles,
                    "bytes_accessed": row["bytes_accessed"] * tiles}  # fmt: skip
             rows[label] = row
-        lines.append(f"{label:36s} {row['hbm_total_bytes'] / 2**30:8.2f}   {row['flops'] / 1e12:8.3f} "
-                     f"{row['bytes_accessed'] / 1e9:7.2f} {row['roofline_s'] * 1e3:10.2f}   {row['compile_s']:8.0f}"
-                     + (f"   ({tiles} tiles x the loop body's cost)" if tiles > 1 else ""))
+        lines.append(
+            f"{label:36s} {row['hbm_total_bytes'] / 2**30:8.2f}   {row['flops'] / 1e12:8.3f} "
+            f"{row['bytes_accessed'] / 1e9:7.2f} {row['roofline_s'] * 1e3:10.2f}   {row['compile_s']:8.0f}"
+            + (f"   ({tiles} tiles x the loop body's cost)" if tiles > 1 else "")
+        )
     weights = data["weights"]
     resident = sum(weights.values())
     compiled = [r for r in [*rows.values(), *base.values()] if "hbm_bytes" in r]
     peak = max(compiled, key=lambda r: r["hbm_total_bytes"] - r["hbm_bytes"]["arguments"])
     working = peak["hbm_total_bytes"] - peak["hbm_bytes"]["arguments"]
-    lines.append(f"weights per chip: {', '.join(f'{k} {v / 2**30:.2f}' for k, v in weights.items())} GiB; "
-                 f"all {resident / 2**30:.2f} GiB")
-    lines.append(f"base + refiner resident, peak: {(resident + working) / 2**30:.2f} GiB of {HBM_V5E / 2**30:.0f} "
-                 f"(+ {working / 2**30:.2f} GiB working set of {peak['program']})")
+    lines.append(
+        f"weights per chip: {', '.join(f'{k} {v / 2**30:.2f}' for k, v in weights.items())} GiB; "
+        f"all {resident / 2**30:.2f} GiB"
+    )
+    lines.append(
+        f"base + refiner resident, peak: {(resident + working) / 2**30:.2f} GiB of {HBM_V5E / 2**30:.0f} "
+        f"(+ {working / 2**30:.2f} GiB working set of {peak['program']})"
+    )
 
     def roof(label, table=rows):
         row = table.get(label)
@@ -189,8 +195,11 @@ def report(out_dir: Path) -> str:
             lines.append(f"{name}: not predicted ({', '.join(missing)} not compiled)")
             continue
         seconds = sum(parts[part] * n for part, n in counts.items())
-        lines.append(f"{name}: {seconds:.2f} s per request of 4 images on v5e-4 (roofline; "
-                     + ", ".join(f"{n} x {part} {parts[part] * 1e3:.1f} ms" for part, n in counts.items()) + ")")
+        lines.append(
+            f"{name}: {seconds:.2f} s per request of 4 images on v5e-4 (roofline; "
+            + ", ".join(f"{n} x {part} {parts[part] * 1e3:.1f} ms" for part, n in counts.items())
+            + ")"
+        )
     return "\n".join(lines)
 
 

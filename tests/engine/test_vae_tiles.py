@@ -63,7 +63,7 @@ def assert_no_seam(tiled: np.ndarray, whole: np.ndarray, scale: int, level: floa
     lines = seam_lines(scale)
     near = np.zeros(error.shape[0], bool)
     for line in lines:
-        near[line - 1: line + 1] = True  # the rows either side of the edge
+        near[line - 1 : line + 1] = True  # the rows either side of the edge
     at_seam = near[:, None] | near[None, :]
     magnitude = np.abs(error).max(-1)
     assert magnitude[at_seam].max() <= 2 * magnitude[~at_seam].max() + level
