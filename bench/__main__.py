@@ -436,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         from .tpu import main as tpu_main
 
         return tpu_main(argv[1:])
+    if argv[:1] == ["tpu-second-pass"]:  # the refiner and the 2048² hires pass for v5e (bench/tpu_second_pass.py)
+        from .tpu_second_pass import main as second_pass_main
+
+        return second_pass_main(argv[1:])
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
     # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.

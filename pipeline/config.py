@@ -77,6 +77,7 @@ class EngineConfig:
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
     hires_scales: tuple[float, ...] = ()  # static: the hires fix's scales; each offered size × each is compiled
+    vae_tile_above: int = 1024 * 1024  # static: images of more pixels are decoded and encoded in tiles (vae_tiles)
     steps: int = 25  # denoising steps of a request that names none (each request may ask for 1..100)
     guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
@@ -102,7 +103,7 @@ class EngineConfig:
         object.__setattr__(self, "hires_scales", tuple(float(scale) for scale in self.hires_scales))
         if any(not 1 < scale <= MAX_SCALE for scale in self.hires_scales):
             raise InvalidInput(f"Each hires scale must be above 1 and at most {MAX_SCALE:g}; got {self.hires_scales}.")
-        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache"):
+        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache", "vae_tile_above"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
@@ -186,7 +187,8 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
 
 #: Engine settings a program's options may leave unset (a program without the option, or a caller's own
 #: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
-GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache")
+GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache",
+                    "vae_tile_above")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

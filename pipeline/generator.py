@@ -223,6 +223,7 @@ def build_programs(
         emphasis=config.emphasis,
         cfg=sampler.cfg,
         refiner_zero_negative=refiner.zero_empty_negative if refiner is not None else False,
+        vae_tile_above=config.vae_tile_above,
     )
 
 

@@ -223,6 +223,10 @@ OPTIONS: tuple[Option, ...] = (
            "truncated to the UNet's latent multiple) is compiled at start-up and a request's hires_scale picks one",
            "SDXL_HIRES_SCALES", metavar="X,Y,...", default_text="none (no hires fix)",
            programs=frozenset({APP, PRECOMPILE}), recompiles=True),
+    Option("--vae-tile-above", "the VAE decodes and encodes images of more pixels than this in feathered 512 px "
+           "tiles (bounded memory: a whole 2048² decode needs 8.6 GiB per v5e chip, 0.8 in tiles; "
+           "docs/features.md#hires-fix-second-pass)", "SDXL_VAE_TILE_ABOVE", int, 1024 * 1024,
+           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--steps", "denoising steps of a request that names none (a request may ask for "
            f"{FIELD['steps'].values_text}; no recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny",
            programs=ENGINE),

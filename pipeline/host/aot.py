@@ -76,7 +76,8 @@ def versions() -> dict[str, str | None]:
 #: The networks (`device/nets/`) are the project's code too, so every file there counts (no library version does).
 PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
                    "device/sampler_update.py",
-                   "device/text.py", "device/vae.py", "device/modules.py", "device/attention.py", "device/sharding.py",
+                   "device/text.py", "device/vae.py", "device/vae_tiles.py", "device/modules.py", "device/attention.py",
+                   "device/sharding.py",
                    "device/preview.py", "device/quantize.py", "device/controlnet_step.py",
                    "device/refiner_step.py", "device/nets/*.py")
 
@@ -92,6 +93,7 @@ NOT_SHAPING: dict[str, frozenset[str]] = {
     "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
     "cfg": frozenset(KINDS) - {"refiner_step"},  # the server's guidance: the refiner's text rows only
     "refiner_zero_negative": frozenset(KINDS) - {"refiner_encode"},
+    "vae_tile_above": frozenset(KINDS) - {"decode", "encode_image"},  # the VAE's programs only (whole or tiled)
 }
 
 

@@ -20,6 +20,8 @@ replicated, batch split:
     upscale[size, from, mode]   the hires fix's latents [B, 4, h, w] at `from` -> [B, 4, H/8, W/8] (torch's modes)
     decode[size]         latents [B, 4, h, w]                             -> uint8 [B, H, W, 3]
 
+(encode_image and decode run in feathered tiles above `vae_tile_above` pixels: device/vae_tiles.py.)
+
 (c = 2 with classifier-free guidance, 1 without; K = the 77-token windows the text is read in: 1, or the server's
 `--prompt-windows` N. Both are compiled when N > 1 and each request runs the 1-window programs unless its prompt or
 negative prompt needs more: a short prompt never pays for the long prompts' keys.)
@@ -55,6 +57,7 @@ from ..device.text import encode_local
 from ..device.upscale import upscale_local
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
+from ..device.vae_tiles import decode_tiled_local, encode_tiled_local
 from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
@@ -192,6 +195,7 @@ class ServedPrograms:
         emphasis: str = "original",
         cfg: bool = True,
         refiner_zero_negative: bool = False,
+        vae_tile_above: int | None = None,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -205,6 +209,7 @@ class ServedPrograms:
         self.emphasis = emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/emphasis.py)
         self.cfg = cfg  # static: the server guides (the refiner's text is encoded with its unconditional half)
         self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
+        self.vae_tile_above = vae_tile_above  # static: images of more pixels are decoded and encoded in tiles
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -246,7 +251,7 @@ class ServedPrograms:
                                      zero_empty_negative=self.refiner_zero_negative)  # fmt: skip
             in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one), (batch, batch, batch)
         elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
-            body = functools.partial(vae_encode_local, modules)
+            body = functools.partial(encode_tiled_local if self.tiled(key) else vae_encode_local, modules)
             in_specs, out_specs = (one, batch, batch), batch
         elif key.kind == "start":
             body = functools.partial(
@@ -286,13 +291,19 @@ class ServedPrograms:
                                                       width=key.width // scale, mode=mode, antialias=antialias))
             in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
-            body = functools.partial(decode_local, modules)
+            body = functools.partial(decode_tiled_local if self.tiled(key) else decode_local, modules)
             in_specs, out_specs = (one, batch), batch
         else:
             raise ValueError(f"unknown program kind {key.kind!r}")
         body = _named(attention_core.hooked(body, self.attention), f"sdxl_{key.kind}")  # JAX's logs name it
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(sharded)
+
+    def tiled(self, key: ProgramKey) -> bool:
+        """Whether `key`'s VAE runs in tiles (device/vae_tiles.py): its image has more than `vae_tile_above` pixels."""
+        return self.vae_tile_above is not None and key.height is not None and (
+            key.height * key.width > self.vae_tile_above
+        )
 
     def abstract_args(self, key: ProgramKey) -> tuple:
         """Shapes, dtypes and shardings of `key`'s arguments (no data): what `lower` compiles for."""
