@@ -194,6 +194,10 @@ def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():
         ("loop_add_fusion_7", 200, "element-wise"),
         ("some_custom_kernel", 100, "other"),
     ]
+    more = [("loop_convert_fusion_2", "element-wise"), ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matrix products"),
+            ("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", "copies and layout"),
+            ("triton_softmax_fusion_4", "norms (reductions)"), ("MemcpyD2D", "copies and layout")]  # fmt: skip
+    assert [categorise(name) for name, _ in more] == [category for _, category in more]
     events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:GPU:0"),
               meta("thread_name", 2, "Stream #13(Compute)", 1), meta("thread_name", 2, "XLA Ops", 9)]  # fmt: skip
     for _ in range(2):  # two steps
