@@ -155,6 +155,64 @@ def test_bench_accelerator_smoke_on_cpu(tmp_path):
     assert any("step_shallow" in label for label in rows["25 steps, DeepCache 3"]["programs_ms"])
 
 
+@pytest.mark.long  # a subprocess compiling the tiny engine's request programs: 10-30 s here; the parser's test is fast
+def test_bench_step_profile_smoke_on_cpu(tmp_path):
+    """The step-profile part at the tiny checkpoint's size: the CFG step found, timed and traced, and XLA:CPU's
+    thunks summed by category into the JSON and the table."""
+    command = [sys.executable, "-m", "bench", "step-profile", "--model", "tiny", "--size", "64", "--calls", "2",
+               "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "step_profile.json").read_text())
+    assert results["program"] == "step_full 64x64 cfg" and results["request_calls"]["step_full 64x64 cfg"] == 25
+    assert results["timing"]["back_to_back_ms"] > 0 and results["tflop"] > 0
+    profile = results["profile"]
+    assert profile["source"]["rule"].startswith("host events") and profile["kernels_per_step"] > 0
+    assert "convolution" in profile["categories"] and 0 < len(profile["top_kernels"]) <= 25
+    assert abs(sum(row["percent"] for row in profile["categories"].values()) - 100) < 1e-6
+    assert "| convolution |" in (tmp_path / "step_profile.md").read_text()
+    assert not (tmp_path / "trace").exists() and not (tmp_path / "trace.json.gz").exists()  # no --keep-trace
+
+
+def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():
+    """A GPU-shaped trace: only the device's Stream lines count (not the derived XLA Ops line, not the host), and
+    each kernel name lands in its category by the rules' order (cuDNN attention says fprop, its convolutions gemm)."""
+    from bench.step_profile import categorise, device_events, summarise
+
+    def meta(kind, pid, name, tid=None):
+        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+    def kernel(name, dur, tid=1, pid=2, hlo_op=""):
+        return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": 0, "dur": dur, "args": {"hlo_op": hlo_op}}
+
+    kernels = [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", 4000, "attention"),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 3000, "convolution"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 2000, "matrix products"),
+        ("input_reduce_fusion_12", 500, "norms (reductions)"),
+        ("loop_transpose_fusion_3", 300, "copies and layout"),
+        ("loop_add_fusion_7", 200, "element-wise"),
+        ("some_custom_kernel", 100, "other"),
+    ]
+    more = [("loop_convert_fusion_2", "element-wise"), ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matrix products"),
+            ("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", "copies and layout"),
+            ("triton_softmax_fusion_4", "norms (reductions)"), ("MemcpyD2D", "copies and layout")]  # fmt: skip
+    assert [categorise(name) for name, _ in more] == [category for _, category in more]
+    events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:GPU:0"),
+              meta("thread_name", 2, "Stream #13(Compute)", 1), meta("thread_name", 2, "XLA Ops", 9)]  # fmt: skip
+    for _ in range(2):  # two steps
+        events += [kernel(name, dur) for name, dur, _ in kernels]
+        events += [kernel("fusion.3", 99999, tid=9), kernel("cuLaunchKernel", 99999, pid=1, hlo_op="fusion.3")]
+    chosen, source = device_events(events)
+    assert len(chosen) == 14 and source["rule"] == "device Stream lines"
+    assert source["lines"] == {"/device:GPU:0 / Stream #13(Compute)": 14}
+    assert [categorise(name) for name, _, _ in kernels] == [category for _, _, category in kernels]
+    summary = summarise(chosen, steps=2, top=3)
+    assert summary["kernel_ms_per_step"] == 10.1 and summary["kernels_per_step"] == 7
+    assert summary["categories"]["attention"] == {"ms_per_step": 4.0, "percent": 4000 / 101, "kernels_per_step": 1}
+    assert [row["category"] for row in summary["top_kernels"]] == ["attention", "convolution", "matrix products"]
+
+
 def test_bench_unet_cost_counts_the_fused_kernels():
     """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
     from bench.unet import cost_report, parse_args

@@ -1,0 +1,343 @@
+"""`python -m bench step-profile`: where the 1024² CFG UNet step's device time goes, by op category (issue 46).
+
+    python -m bench step-profile                                   # GPU: SDXL-shaped weights, 1024², bf16
+    python -m bench step-profile --model tiny --size 64 --calls 3  # CPU smoke test (XLA:CPU's thunks, not kernels)
+
+The engine is built as `python -m bench accelerator` builds it (bf16 on an accelerator, one image per device,
+`--attention auto`, `--prompt-windows 1`, speed levers on, previews off), but only the programs a 25-step CFG request
+runs are compiled: the request runs once, and the step program it calls most (`step_full ... cfg`) is kept with the
+arguments of its first call. That program is then timed alone (calls blocked on one by one; and back to back, as
+the host loop queues them), and `--calls` back-to-back calls run under `jax.profiler.trace` with a Perfetto trace.
+
+The trace's device events (GPU: the kernels on each `Stream` line of a `/device:` process; a host without such a
+process: its XLA thunk events) are summed per category. **The categories come from kernel names alone, by the
+heuristic rules of CATEGORIES below** (first match wins, on the kernel's name and the HLO op the profiler gives it):
+a cuDNN convolution that XLA names `fusion` lands in the category of whatever its name says. The top kernels are
+listed by name so a reader can check the rules against what ran.
+
+Outputs in --out: step_profile.json (per category: ms per step, % of the kernels' time, kernels per step; the top
+kernels; the step's wall time; the program's FLOPs from XLA's cost analysis and TFLOP/s at that wall time),
+step_profile.md (the table), and the trace (trace.json.gz) when --keep-trace is given and it is under 16 MiB.
+Partial results are written as each phase ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+#: Heuristic rules, first match wins, applied to "<kernel name> <hlo op>" in lower case. Order matters: cuDNN's
+#: flash attention kernels say "fprop" (as its convolutions do), and its convolution kernels say "gemm"
+#: ("implicit_gemm"), so attention is tried before convolution and convolution before matrix products; "convert"
+#: is not a convolution; XLA's Triton "softmax" fusions are the row reductions of norms (attention's softmax runs
+#: inside cuDNN's kernel); cuDNN's nchwToNhwc / nhwcToNchw kernels are layout changes. The GPU names here are what
+#: cuDNN, cuBLAS (its Hopper "nvjet" kernels too) and XLA:GPU's fusions are known to be called, not read off a trace
+#: of this engine: the top kernels in step_profile.json are there to check them against.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("attention", r"sdpa|fmha|flash|attention"),
+    ("copies and layout", r"nchwtonhwc|nhwctonchw|transform_kernel|memcpy|memset"),
+    ("convolution", r"conv(?!ert)|fprop|dgrad|wgrad|implicit_gemm|implicit_precomp|winograd"),
+    ("matrix products", r"gemm|\bdot|dot_|dot\.|matmul|cublas|cutlass|xmma|wgmma|nvjet|triton_dot"),
+    ("norms (reductions)", r"reduc|norm|softmax|mean|variance"),
+    ("copies and layout", r"transpose|copy|concat|\bpad|slice|bitcast|gather|scatter|broadcast|reverse|dynamic_update"),
+    ("element-wise", r"loop_|fusion|elementwise|add|multiply|subtract|divide|convert|exp|tanh|logistic|select|erf"),
+)
+OTHER = "other"
+#: The order the tables list categories in: the issue's.
+ORDER = (
+    *("convolution", "matrix products", "attention", "norms (reductions)", "element-wise", "copies and layout"),
+    OTHER,
+)
+#: Thread lines of a device process that repeat the kernels' time at a coarser grain (the profiler's derived lines).
+DERIVED_LINES = ("xla modules", "xla ops", "steps", "source", "framework", "tensorflow ops", "launch stats")
+
+
+def categorise(name: str, hlo_op: str = "") -> str:
+    """The category of one kernel by CATEGORIES' rules."""
+    text = f"{name} {hlo_op}".lower()
+    for category, pattern in CATEGORIES:
+        if re.search(pattern, text):
+            return category
+    return OTHER
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench step-profile",
+        description="The CFG UNet step's device time by op category, from a Perfetto trace of back-to-back calls.",
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--model", choices=("sdxl", "tiny"), default="sdxl", help="SDXL's architectures (default) or the tiny one's")
+    add("--size", type=int, default=1024, help="image side in pixels (default 1024)")
+    add("--calls", type=int, default=20, help="step calls traced, and timed each way (default 20)")
+    add("--attention", default="auto", help="the engine's attention core (default auto: cudnn on GPU)")
+    add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
+    add("--top", type=int, default=25, help="kernels listed by total time (default 25)")
+    add("--keep-trace", action="store_true", help="copy the trace to --out/trace.json.gz when under 16 MiB")
+    add("--out", default="bench-results", help="directory of step_profile.json/.md (default bench-results/)")
+    add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
+    args = parser.parse_args(argv)
+    if args.size % 64 or args.size < 64 or args.calls < 1 or args.top < 1:
+        parser.error("--size must be a multiple of 64; --calls and --top at least 1")
+    return args
+
+
+class StepCapture:
+    """Wraps `programs.compile` for one request: each program's first call's arguments, and calls per label."""
+
+    def __init__(self, programs):
+        self.programs = programs
+        self.first: dict[str, tuple] = {}  # label -> (compiled program, args, kwargs)
+        self.counts: dict[str, int] = {}
+
+    def __enter__(self) -> StepCapture:
+        compile_program = self.programs.compile
+
+        def recording(key):
+            program = compile_program(key)
+
+            def run(*args, **kwargs):
+                self.counts[key.label] = self.counts.get(key.label, 0) + 1
+                self.first.setdefault(key.label, (program, args, kwargs))
+                return program(*args, **kwargs)
+
+            return run
+
+        self.programs.compile = recording  # the instance's attribute hides the class's method until __exit__
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.programs.compile
+
+    def most_called(self) -> tuple[str, tuple]:
+        """The label the request called most (its step) and that program's first call."""
+        label = max(self.counts, key=self.counts.get)
+        return label, self.first[label]
+
+
+def trace_events(trace_dir: Path) -> tuple[Path, list[dict]]:
+    """The Perfetto trace (`perfetto_trace.json.gz`; else the trace viewer's `<host>.trace.json.gz`, the same
+    Chrome trace events) under `trace_dir`, the newest, and its events."""
+
+    def preferred(path: Path) -> tuple:
+        return path.name == "perfetto_trace.json.gz", path.stat().st_mtime
+
+    found = sorted(trace_dir.rglob("*trace.json.gz"), key=preferred)
+    if not found:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
+    with gzip.open(found[-1], "rt") as handle:
+        data = json.load(handle)
+    return found[-1], data["traceEvents"] if isinstance(data, dict) else data
+
+
+def device_events(events: list[dict]) -> tuple[list[dict], dict]:
+    """The complete events ("ph" X) of the device's kernel lines, and which lines they came from.
+
+    GPU: the `Stream ...` threads of each `/device:` process. Without such threads, a `/device:` process's threads
+    but the derived lines (DERIVED_LINES). Without any `/device:` process (XLA:CPU), every complete event carrying an
+    `hlo_op` argument (the thunks), else every complete event but the Python tracer's."""
+    processes, threads = {}, {}
+    for event in events:
+        if event.get("ph") == "M" and event.get("name") == "process_name":
+            processes[event["pid"]] = str(event.get("args", {}).get("name", ""))
+        elif event.get("ph") == "M" and event.get("name") == "thread_name":
+            threads[(event["pid"], event.get("tid"))] = str(event.get("args", {}).get("name", ""))
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    devices = {pid for pid, name in processes.items() if "/device:" in name}
+    on_device = [e for e in complete if e["pid"] in devices]
+    streams = [e for e in on_device if threads.get((e["pid"], e.get("tid")), "").lower().startswith("stream")]
+    if streams:
+        chosen, rule = streams, "device Stream lines"
+    elif on_device:
+        chosen = [e for e in on_device
+                  if not threads.get((e["pid"], e.get("tid")), "").lower().startswith(DERIVED_LINES)]  # fmt: skip
+        rule = "device lines but derived ones"
+    else:
+        chosen = [e for e in complete if "hlo_op" in e.get("args", {})]
+        rule = "host events with an hlo_op (XLA:CPU thunks)"
+        if not chosen:
+            chosen = [e for e in complete if not str(processes.get(e["pid"], "")).lower().startswith("python")]
+            rule = "every complete event"
+    lines: dict[str, int] = {}
+    for event in chosen:
+        line = f"{processes.get(event['pid'], event['pid'])} / {threads.get((event['pid'], event.get('tid')), '?')}"
+        lines[line] = lines.get(line, 0) + 1
+    return chosen, {"rule": rule, "lines": lines}
+
+
+def summarise(events: list[dict], steps: int, top: int) -> dict:
+    """Per category and per kernel name: ms per step, share of the kernels' time, kernels per step."""
+    by_category: dict[str, list[float]] = {}
+    by_kernel: dict[str, dict] = {}
+    for event in events:
+        name, hlo_op = str(event.get("name", "")), str(event.get("args", {}).get("hlo_op", ""))
+        category = categorise(name, hlo_op)
+        ms = float(event["dur"]) / 1e3  # trace durations are in microseconds
+        by_category.setdefault(category, []).append(ms)
+        kernel = by_kernel.setdefault(name, {"name": name, "category": category, "hlo_ops": set(), "ms": 0.0, "n": 0})
+        kernel["ms"] += ms
+        kernel["n"] += 1
+        if hlo_op and len(kernel["hlo_ops"]) < 4:
+            kernel["hlo_ops"].add(hlo_op)
+    total_ms = sum(sum(v) for v in by_category.values())
+    categories = {
+        category: {"ms_per_step": sum(by_category[category]) / steps,
+                   "percent": 100 * sum(by_category[category]) / total_ms if total_ms else 0.0,
+                   "kernels_per_step": len(by_category[category]) / steps}
+        for category in ORDER if category in by_category
+    }  # fmt: skip
+    kernels = sorted(by_kernel.values(), key=lambda k: -k["ms"])[:top]
+    top_rows = [{"name": k["name"], "category": k["category"], "hlo_ops": sorted(k["hlo_ops"]),
+                 "ms_per_step": k["ms"] / steps, "percent": 100 * k["ms"] / total_ms if total_ms else 0.0,
+                 "calls_per_step": k["n"] / steps} for k in kernels]  # fmt: skip
+    return {"kernel_ms_per_step": total_ms / steps, "kernels_per_step": len(events) / steps,
+            "categories": categories, "top_kernels": top_rows}  # fmt: skip
+
+
+def markdown(results: dict) -> str:
+    """The category table and the top kernels, as bench/README quotes them."""
+    profile = results.get("profile", {})
+    timing = results.get("timing", {})
+    lines = [f"# The CFG step by op category: {results.get('program', '?')} on {results.get('device_kind', '?')}", "",
+             f"{results.get('model')} at {results.get('size')}², {results.get('dtype')}, attention "
+             f"{results.get('attention')}; {results.get('calls')} calls traced; jax {results.get('jax')}, "
+             f"flax {results.get('flax')}; {results.get('measured_at')}.", ""]  # fmt: skip
+    if timing:
+        lines += [f"Step wall time: {timing['blocked_ms_median']:.2f} ms blocked on each call (median), "
+                  f"{timing['back_to_back_ms']:.2f} ms per call back to back; "
+                  f"{results.get('tflop', 0):.2f} TFLOP per step (XLA's cost analysis) = "
+                  f"{results.get('tflops_back_to_back', 0):.0f} TFLOP/s back to back.", ""]  # fmt: skip
+    if profile:
+        lines += [f"Device kernels: {profile['kernel_ms_per_step']:.2f} ms per step in "
+                  f"{profile['kernels_per_step']:.0f} kernels ({profile['source']['rule']}). Categories by kernel "
+                  "name (heuristic; bench/step_profile.py CATEGORIES).", "",
+                  "| category | ms per step | % of kernel time | kernels per step |", "|---|---|---|---|"]  # fmt: skip
+        for category, row in profile["categories"].items():
+            lines.append(f"| {category} | {row['ms_per_step']:.2f} | {row['percent']:.1f} | "
+                         f"{row['kernels_per_step']:.0f} |")  # fmt: skip
+        lines += ["", "| kernel (top by time) | category | ms per step | % | calls per step |", "|---|---|---|---|---|"]
+        for row in profile["top_kernels"]:
+            name = row["name"] if len(row["name"]) <= 90 else row["name"][:87] + "..."
+            lines.append(f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
+                         f"{row['calls_per_step']:.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from .common import configure_platform
+
+    args = parse_args(argv)
+    configure_platform(args.cpu_devices)
+    import jax
+
+    from .accelerator import NEGATIVE, PROMPT, _leaves, full_size_model
+    from .common import machine_info, progress
+    from .report import write_json
+
+    device = jax.devices()[0]
+    dtype = args.dtype or ("float32" if device.platform == "cpu" else "bfloat16")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import flax
+
+        flax_version = flax.__version__
+    except ImportError:
+        flax_version = None
+    results: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+                     "device_kind": device.device_kind, "jax": jax.__version__, "flax": flax_version,
+                     "model": args.model, "size": args.size, "dtype": dtype, "attention": args.attention,
+                     "prompt_windows": 1, "calls": args.calls,
+                     "category_rules": [list(rule) for rule in CATEGORIES]}  # fmt: skip
+
+    def save(**values) -> None:
+        results.update(values)
+        write_json(results, out / "step_profile.json")
+        (out / "step_profile.md").write_text(markdown(results))
+
+    progress(f"step-profile: {args.model} at {args.size}² on {device.device_kind} ({dtype}); making weights ...")
+    loaded = full_size_model(args.model, dtype)
+    progress(f"step-profile: {sum(x.size for x in _leaves(loaded.params)) / 1e9:.2f} B parameters "
+             f"in {loaded.load_s:.1f} s")  # fmt: skip
+    from pipeline.config import EngineConfig
+    from pipeline.generator import Generator, prepare
+
+    config = prepare(EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=25,
+                                  dtype=dtype, attention=args.attention, prompt_windows=1, previews=False,
+                                  executable_cache=False))  # fmt: skip
+    # As accelerator.engine builds it (speed levers on: EngineConfig's default), without its warm-up of every
+    # served program: the request below compiles only the programs it runs.
+    generator = Generator(loaded, config, None, [])
+    request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=25, guidance_scale=5.0)
+    started = time.perf_counter()
+    with StepCapture(generator.programs) as capture:
+        generator.generate(request)
+    label, (program, call_args, call_kwargs) = capture.most_called()
+    first_s = time.perf_counter() - started
+    progress(f"step-profile: first request (compiles included) {first_s:.1f} s; calls {capture.counts}")
+    flops = _flops(program)
+    save(program=label, request_calls=capture.counts, first_request_s=first_s, tflop=flops / 1e12 if flops else None)
+
+    def call():
+        return program(*call_args, **call_kwargs)
+
+    for _ in range(3):  # warm: allocator, autotuning caches
+        jax.block_until_ready(call())
+    blocked = []
+    for _ in range(args.calls):
+        began = time.perf_counter()
+        jax.block_until_ready(call())
+        blocked.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    outs = [call() for _ in range(args.calls)]
+    jax.block_until_ready(outs)
+    back_to_back = (time.perf_counter() - began) / args.calls
+    del outs
+    timing = {"blocked_ms": [s * 1e3 for s in blocked], "blocked_ms_median": statistics.median(blocked) * 1e3,
+              "back_to_back_ms": back_to_back * 1e3}  # fmt: skip
+    save(timing=timing, tflops_back_to_back=flops / back_to_back / 1e12 if flops else None,
+         tflops_blocked=flops / statistics.median(blocked) / 1e12 if flops else None)  # fmt: skip
+    progress(f"step-profile: {label}: {timing['blocked_ms_median']:.2f} ms blocked, {timing['back_to_back_ms']:.2f} "
+             f"ms back to back" + (f", {flops / back_to_back / 1e12:.0f} TFLOP/s" if flops else ""))  # fmt: skip
+
+    trace_dir = out / "trace"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    began = time.perf_counter()
+    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+        outs = [call() for _ in range(args.calls)]
+        jax.block_until_ready(outs)
+    traced_ms = (time.perf_counter() - began) / args.calls * 1e3
+    del outs
+    path, events = trace_events(trace_dir)
+    chosen, source = device_events(events)
+    profile = {**summarise(chosen, args.calls, args.top), "source": source, "traced_ms_per_call": traced_ms,
+               "trace_bytes": path.stat().st_size}  # fmt: skip
+    save(profile=profile)
+    if args.keep_trace and path.stat().st_size < 16 * 2**20:
+        shutil.copy(path, out / "trace.json.gz")
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    for category, row in profile["categories"].items():
+        progress(f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
+                 f"{row['kernels_per_step']:.0f} kernels")  # fmt: skip
+    progress(f"done: {out / 'step_profile.json'}")
+    return 0
+
+
+def _flops(program) -> float | None:
+    """FLOPs of one call by XLA's cost analysis of the compiled program (None where it gives none)."""
+    try:
+        analysis = program.cost_analysis()
+    except Exception:  # some backends have none; the profile stands without it
+        return None
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops else None
