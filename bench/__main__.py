@@ -308,7 +308,7 @@ def _refiner(args: argparse.Namespace, results: dict, generator) -> None:
 def _hires(args: argparse.Namespace, results: dict, generator) -> None:
     from .hires import hires_cost
 
-    progress(f"hires: requests without and with a ×2 second pass ({args.runs} runs) ...")
+    progress(f"hires: requests without and with a ×2 second pass, the refiner, both ({args.runs} runs) ...")
     results["hires"] = hires_cost(args.config, args.runs)
 
 
