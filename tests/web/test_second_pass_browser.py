@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ARTIFACTS, FEATURE_DEVICES, TEST_SIZE, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from conftest import (
+    ARTIFACTS,
+    FEATURE_DEVICES,
+    TEST_SIZE,
+    TIMEOUT_MS,
+    needs_chromium,
+    open_advanced,
+    page_client,
+    served,
+    set_steps,
+)
 from PIL import Image
 
 from pipeline.contract import image_files
@@ -85,3 +95,22 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
     finally:
         tab.screenshot(path=str(ARTIFACTS / "second-pass.png"), full_page=True)  # also what a failure looked like
         tab.close()
+
+
+def test_second_pass_through_gradio_client_compiles_nothing(app_page, refiner_hires_engine, tmp_path_factory):
+    """The API's callers (gradio_client) ask for the second pass by its fields: each upscaler kind and the refiner in
+    the second pass, nothing compiles, each picture at the hires size with its parameters."""
+    engine = refiner_hires_engine
+    client = page_client(app_page, tmp_path_factory)
+    before = engine.compile_count
+    for upscaler, switch in (("Latent (bicubic)", 1.0), ("Nearest", 0.8)):
+        gallery, seed, _ = client.predict(prompt="a harbour at noon", seed=3, randomize_seed=False, steps=2,
+                                          hires_scale=2, hires_steps=2, hires_denoise=0.5, hires_upscaler=upscaler,
+                                          refiner_switch=switch, api_name="/generate_png")  # fmt: skip
+        assert seed == 3 and len(gallery) == FEATURE_DEVICES
+        picture = gallery[0]["image"]
+        assert Image.open(picture).size == (128, 128)
+        settings = parse_infotext(image_files.read_parameters(picture)).settings
+        assert (settings["Hires upscale"], settings["Hires upscaler"]) == ("2", upscaler), settings
+        assert ("Refiner" in settings) == (switch < 1), settings
+    assert engine.compile_count == before
