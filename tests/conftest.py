@@ -9,12 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: XLA flags of every JAX process the tests start. LLVM's level 1 instead of its default 2: XLA:CPU compiles a third
-#: faster (the tiny CLI's programs: 24 s against 36; the CI speed guard cold: 111 s against 179) and the programs run
-#: as fast, with the same pixels (8 images, bf16, compared byte for byte). Most of the suite is compiling; the product
-#: keeps XLA's default.
-XLA_TEST_FLAGS = "--xla_backend_optimization_level=1"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are shared between the tests of a run (and reruns) through JAX's persistent cache.
 os.environ.setdefault(
