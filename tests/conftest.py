@@ -313,12 +313,24 @@ def open_advanced(page) -> None:
 
 def set_steps(page, steps: int) -> None:
     """Type the steps into the slider's box and wait until the slider holds them: Generate sends the slider's
-    value, and on a loaded machine a click right after Enter could still send the old one."""
+    value, and on a loaded machine a click right after Enter could still send the old one.
+
+    The value is typed again when the slider has not taken it within 20 s: an update the page was still applying
+    (a request's answer that had just arrived) can overwrite what was typed, and the slider would then never hold
+    it (a loaded CI run waited its whole 180 s once)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     box = page.locator("#steps input[type=number]")
-    box.fill(str(steps))
-    box.press("Enter")
-    page.wait_for_function("(n) => document.querySelector('#steps input[type=range]')?.value === String(n)", arg=steps,
-                           timeout=TIMEOUT_MS)  # fmt: skip
+    holds = "(n) => document.querySelector('#steps input[type=range]')?.value === String(n)"
+    for attempt in range(3):
+        box.fill(str(steps))
+        box.press("Enter")
+        try:
+            page.wait_for_function(holds, arg=steps, timeout=20_000 if attempt < 2 else TIMEOUT_MS)
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
 
 
 #: Each gallery image of the page: (HTTP status of its file, whether the browser decoded it).
