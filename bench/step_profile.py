@@ -32,6 +32,8 @@ import statistics
 import time
 from pathlib import Path
 
+#: MLPerf Inference's SDXL request (the throughput rows): 20 steps, guidance 8.
+MLPERF_STEPS, MLPERF_GUIDANCE = 20, 8.0
 #: Heuristic rules, first match wins, applied to "<kernel name> <hlo op>" in lower case. Order matters: cuDNN's
 #: flash attention kernels say "fprop" (as its convolutions do), and its convolution kernels say "gemm"
 #: ("implicit_gemm"), so attention is tried before convolution and convolution before matrix products; "convert"
@@ -84,9 +86,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--keep-trace", action="store_true", help="copy the trace to --out/trace.json.gz when under 16 MiB")
     add("--out", default="bench-results", help="directory of step_profile.json/.md (default bench-results/)")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
+    add(
+        "--throughput",
+        default="",
+        help="after the profile: images per device to time MLPerf's request at, "
+        "comma-separated (e.g. 1,2,4,8; default none)",
+    )
+    add("--runs", type=int, default=2, help="timed requests per --throughput value, after one untimed (default 2)")
     args = parser.parse_args(argv)
-    if args.size % 64 or args.size < 64 or args.calls < 1 or args.top < 1:
-        parser.error("--size must be a multiple of 64; --calls and --top at least 1")
+    if args.size % 64 or args.size < 64 or args.calls < 1 or args.top < 1 or args.runs < 1:
+        parser.error("--size must be a multiple of 64; --calls, --top and --runs at least 1")
+    try:
+        args.per_device = [int(n) for n in args.throughput.split(",") if n.strip()]
+    except ValueError:
+        parser.error(f"--throughput takes whole numbers separated by commas; got {args.throughput!r}")
+    if any(n < 1 for n in args.per_device):
+        parser.error("--throughput values must be at least 1")
     return args
 
 
@@ -228,6 +243,16 @@ def markdown(results: dict) -> str:
             name = row["name"] if len(row["name"]) <= 90 else row["name"][:87] + "..."
             lines.append(f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
                          f"{row['calls_per_step']:.0f} |")  # fmt: skip
+    if results.get("throughput"):
+        lines += ["", f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:", "",
+                  "| images per device | images | s per request (median) | images/s | peak memory GiB |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for row in results["throughput"]:
+            peak = row.get("peak_bytes_in_use")
+            lines.append(f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
+                         f"{row['images_per_s']:.2f} | {peak / 2**30:.1f} |" if peak else
+                         f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
+                         f"{row['images_per_s']:.2f} | — |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -253,9 +278,9 @@ def main(argv: list[str]) -> int:
     except ImportError:
         flax_version = None
     results: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
-                     "device_kind": device.device_kind, "jax": jax.__version__, "flax": flax_version,
-                     "model": args.model, "size": args.size, "dtype": dtype, "attention": args.attention,
-                     "prompt_windows": 1, "calls": args.calls,
+                     "device_kind": device.device_kind, "devices": jax.device_count(), "jax": jax.__version__,
+                     "flax": flax_version, "model": args.model, "size": args.size, "dtype": dtype,
+                     "attention": args.attention, "prompt_windows": 1, "calls": args.calls,
                      "category_rules": [list(rule) for rule in CATEGORIES]}  # fmt: skip
 
     def save(**values) -> None:
@@ -327,8 +352,65 @@ def main(argv: list[str]) -> int:
     for category, row in profile["categories"].items():
         progress(f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
                  f"{row['kernels_per_step']:.0f} kernels")  # fmt: skip
+    del capture, generator  # the kept step program and its arguments are small beside a batch-8 engine
+    if args.per_device:
+        save(throughput=throughput(loaded, config, args.per_device, args.runs, save))
     progress(f"done: {out / 'step_profile.json'}")
     return 0
+
+
+def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[dict]:
+    """MLPerf's request (20 steps, CFG 8) at each images-per-device value: an engine per value on the same weights
+    (its programs compiled by its first, untimed request), then the median of `runs` requests; images/s counts every
+    device's images. The device's peak memory (where the backend reports it) is read after each value's requests:
+    the peak since start, so a row's figure is the largest of it and the rows before it."""
+    import dataclasses
+    import gc
+
+    import jax
+
+    from pipeline.generator import Generator
+
+    from .accelerator import NEGATIVE, PROMPT
+    from .common import progress
+
+    rows: list[dict] = []
+    for n in per_device:
+        generator = Generator(loaded, dataclasses.replace(config, per_device_batch=n), None, [])
+        request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=MLPERF_STEPS,
+                                    guidance_scale=MLPERF_GUIDANCE)  # fmt: skip
+        began = time.perf_counter()
+        generator.generate(request)
+        first_s = time.perf_counter() - began
+        times = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            result = generator.generate(request)
+            times.append(time.perf_counter() - began)
+        median = statistics.median(times)
+        stats = jax.devices()[0].memory_stats() or {}
+        images = len(result.images)
+        row = {
+            "images_per_device": n,
+            "images": images,
+            "first_request_s": first_s,
+            "request_s": times,
+            "request_s_median": median,
+            "images_per_s": images / median,
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+            "bytes_limit": stats.get("bytes_limit"),
+        }
+        rows.append(row)
+        save(throughput=rows)
+        peak = row["peak_bytes_in_use"]
+        progress(
+            f"step-profile: {n} per device: {median:.3f} s per request, {row['images_per_s']:.2f} images/s"
+            + (f", peak memory {peak / 2**30:.1f} GiB" if peak else "")
+            + f" (first {first_s:.1f} s)"
+        )
+        del generator, result
+        gc.collect()
+    return rows
 
 
 def _flops(program) -> float | None:

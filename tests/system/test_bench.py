@@ -157,10 +157,10 @@ def test_bench_accelerator_smoke_on_cpu(tmp_path):
 
 @pytest.mark.long  # a subprocess compiling the tiny engine's request programs: 10-30 s here; the parser's test is fast
 def test_bench_step_profile_smoke_on_cpu(tmp_path):
-    """The step-profile part at the tiny checkpoint's size: the CFG step found, timed and traced, and XLA:CPU's
-    thunks summed by category into the JSON and the table."""
+    """The step-profile part at the tiny checkpoint's size: the CFG step found, timed and traced, XLA:CPU's
+    thunks summed by category into the JSON and the table, and the throughput rows at 1 and 2 images per device."""
     command = [sys.executable, "-m", "bench", "step-profile", "--model", "tiny", "--size", "64", "--calls", "2",
-               "--out", str(tmp_path)]  # fmt: skip
+               "--throughput", "1,2", "--runs", "1", "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "step_profile.json").read_text())
@@ -171,6 +171,10 @@ def test_bench_step_profile_smoke_on_cpu(tmp_path):
     assert "convolution" in profile["categories"] and 0 < len(profile["top_kernels"]) <= 25
     assert abs(sum(row["percent"] for row in profile["categories"].values()) - 100) < 1e-6
     assert "| convolution |" in (tmp_path / "step_profile.md").read_text()
+    rows, devices = results["throughput"], results["devices"]  # MLPerf's request at 1 and 2 images per device
+    assert [(row["images_per_device"], row["images"]) for row in rows] == [(1, devices), (2, 2 * devices)]
+    assert all(row["images_per_s"] > 0 and len(row["request_s"]) == 1 for row in rows)
+    assert f"| 2 | {2 * devices} |" in (tmp_path / "step_profile.md").read_text()
     assert not (tmp_path / "trace").exists() and not (tmp_path / "trace.json.gz").exists()  # no --keep-trace
 
 
