@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -311,6 +312,45 @@ def open_advanced(page) -> None:
     page.locator("#advanced").get_by_text("Advanced settings").click()
 
 
+#: The gallery shows a request's pictures forming (a preview's caption: "step 2 / 100 · 64×64").
+FORMING_JS = "() => /step \\d+ \\/ 100 ·/.test(document.querySelector('#gallery').innerText)"
+#: The status line holds a new answer to a LONG-step request (it differs from `before`: each answer rewrites it).
+ANSWERED_JS = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && /Stopped at step|100 steps/.test(text); }"""
+
+
+def choose_size(page, label: str) -> None:
+    """Pick an offered size ("224×128 (16:9)") in the open Advanced settings."""
+    page.locator("#aspect input").click()
+    page.get_by_role("option", name=label).click()
+
+
+class StoppedTry(NamedTuple):
+    status: str  # the status line: "Stopped at step k / 100. ..."
+    gallery_before: str  # the gallery's text before that try's Generate (what a stop goes back to)
+
+
+def generate_and_stop(page, *, tries: int = 3, forming=None) -> StoppedTry | None:
+    """Generate (the steps already set to LONG), press Stop once the first preview shows, and wait for the answer;
+    again when the request ran whole before Stop reached it, up to `tries` times. None when every try ran whole.
+
+    On a loaded machine the browser can show a preview late, when the engine is near its last step (CI once saw
+    two 100-step requests end before Stop). Each answer rewrites the status line, so the answer of this try is the
+    first status that differs from the one before Generate. `forming()` runs while the pictures form, before Stop."""
+    status = page.locator("#status")
+    for _ in range(tries):
+        before, gallery_before = status.inner_text(), page.locator("#gallery").inner_text()
+        page.locator("#generate").click()
+        page.wait_for_function(FORMING_JS, timeout=TIMEOUT_MS)
+        if forming is not None:
+            forming()
+        page.locator("#stop").click()
+        page.wait_for_function(ANSWERED_JS, arg=before, timeout=TIMEOUT_MS)
+        if "Stopped at step" in (text := status.inner_text()):
+            return StoppedTry(text, gallery_before)
+    return None
+
+
 def set_steps(page, steps: int) -> None:
     """Type the steps into the slider's box and wait until the slider holds them: Generate sends the slider's
     value, and on a loaded machine a click right after Enter could still send the old one.
@@ -346,10 +386,7 @@ def stop_then_generate(page, url: str, done_text: str) -> list:
     open_advanced(page)
     set_steps(page, LONG)
     page.locator("#prompt textarea").fill("a kite over the dunes")
-    page.locator("#generate").click()
-    page.wait_for_function("() => /step ([2-9]|\\d\\d) \\/ 100/.test(document.body.innerText)", timeout=TIMEOUT_MS)
-    page.locator("#stop").click()
-    page.locator("#status").get_by_text("Stopped at step").wait_for(timeout=60_000)
+    assert generate_and_stop(page), f"Stop never reached a {LONG}-step request in 3 tries"
     set_steps(page, 4)
     page.locator("#generate").click()
     page.locator("#status").get_by_text(done_text).wait_for(timeout=TIMEOUT_MS)

@@ -8,12 +8,23 @@ gradio_client and Debian's Chromium.
 from __future__ import annotations
 
 import pytest
-from conftest import ARTIFACTS, LONG, TIMEOUT_MS, needs_chromium, open_advanced, set_steps
+from conftest import (
+    ARTIFACTS,
+    LONG,
+    TIMEOUT_MS,
+    UI_SIZES,
+    choose_size,
+    generate_and_stop,
+    needs_chromium,
+    open_advanced,
+    set_steps,
+)
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.sampler_names import SAMPLER_NAMES
+from web.sizes import size_label
 
 
 def parameters_of(item) -> str:
@@ -53,9 +64,12 @@ def test_same_request_same_pixels_and_samplers_differ(ui_client):
         ({"steps": 0}, "Steps must be a whole number from 1 to 100; got 0."),
         ({"steps": 101}, "Steps must be a whole number from 1 to 100; got 101."),
         ({"steps": 2.5}, "Steps must be a whole number from 1 to 100; got 2.5."),
-        ({"sampler": "DPM2"}, "Unknown sampler 'DPM2'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, "
-                              "DPM++ 2M SDE, UniPC, DDIM, Heun, LMS, LCM, DPM++ 2M SDE Karras, "
-                              "DPM++ 2M SDE Exponential, LMS Karras."),
+        (
+            {"sampler": "DPM2"},
+            "Unknown sampler 'DPM2'; choose one of: Euler, Euler a, DPM++ 2M, DPM++ 2M Karras, "
+            "DPM++ 2M SDE, UniPC, DDIM, Heun, LMS, LCM, DPM++ 2M SDE Karras, "
+            "DPM++ 2M SDE Exponential, LMS Karras.",
+        ),
     ],
 )
 def test_bad_steps_or_sampler_is_one_sentence(ui_client, kwargs, message):
@@ -90,14 +104,9 @@ def test_steps_slider_sampler_menu_and_stop_in_the_browser(ui_page, browser, ui_
     page.locator("#generate").click()
     page.locator("#status").get_by_text("3 steps, DPM++ 2M Karras").wait_for(timeout=TIMEOUT_MS)
 
+    choose_size(page, size_label(*UI_SIZES[1]))  # 224×128: 2.4× the steps' work of 64×64, Stop lands sooner
     set_steps(page, LONG)
-    page.locator("#generate").click()
-    page.wait_for_function(
-        "() => /step ([2-9]|\\d\\d) \\/ 100/.test(document.body.innerText)", timeout=TIMEOUT_MS
-    )  # fmt: skip
-    page.locator("#stop").click()
-    stopped = page.locator("#status").get_by_text("Stopped at step")
-    stopped.wait_for(timeout=60_000)
+    assert generate_and_stop(page), f"Stop never reached a {LONG}-step request in 3 tries"
     page.screenshot(path=str(ARTIFACTS / "stopped.png"))
     last = ui_engine.recent_runs[-1]
     assert last["stopped"] and last["done"] < LONG
