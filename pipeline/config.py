@@ -249,8 +249,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),
-        **{name: get(OPTION_OF.get(name, name)) for name in GIVEN_OR_DEFAULT
-           if get(OPTION_OF.get(name, name)) is not None},  # else EngineConfig's default
+        **{name: value for name in GIVEN_OR_DEFAULT
+           if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default
         compilation_cache=not get("no_compilation_cache"),
         executable_cache=not get("no_executable_cache"),
         **settings,
