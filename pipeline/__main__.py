@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser(
         "generate",
-        help="generate one image per device and write them as PNG",
+        help="generate one image per device (N with --images-per-device N) and write them as PNG",
         description="Each option can also be set by the environment variable in brackets; the flag wins.",
     )
     add_options(gen, CLI)  # the options table (pipeline/options.py), as the app's

@@ -81,7 +81,7 @@ class EngineConfig:
     steps: int = 25  # denoising steps of a request that names none (each request may ask for 1..100)
     guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
-    per_device_batch: int = 1  # static: images per device per call
+    per_device_batch: int = 1  # static: images per device per call (--images-per-device)
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
@@ -189,6 +189,9 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
 #: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
 GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache",
                     "vae_tile_above")
+#: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
+#: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.
+OPTION_OF = {"per_device_batch": "images_per_device"}
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -246,7 +249,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),
         previews=not get("no_previews"),
-        **{name: get(name) for name in GIVEN_OR_DEFAULT if get(name) is not None},  # else EngineConfig's default
+        **{name: value for name in GIVEN_OR_DEFAULT
+           if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default
         compilation_cache=not get("no_compilation_cache"),
         executable_cache=not get("no_executable_cache"),
         **settings,

@@ -96,6 +96,7 @@ class Option:
     group: str = ""  # an argparse group title ("" = the main list)
     env_text: str = ""  # overrides the "[ENV; default ...]" note when the env variable is read specially
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken (the flag is the one documented)
+    env_aliases: tuple[str, ...] = ()  # older names of the environment variable, read when `env` is unset
 
     @property
     def dest(self) -> str:
@@ -107,7 +108,8 @@ class Option:
             return f" [{self.env_text}]"
         value = self.default if default is None else default
         default = (self.default_text if default is None else "") or ("" if _unset(value) else str(value))
-        parts = [self.env or ""] + ([f"default {default}"] if default else [])
+        env = " or ".join((self.env, *self.env_aliases)) if self.env else ""
+        parts = [env] + ([f"default {default}"] if default else [])
         text = "; ".join(p for p in parts if p)
         return f" [{text}]" if text else ""
 
@@ -232,9 +234,11 @@ OPTIONS: tuple[Option, ...] = (
            programs=ENGINE),
     Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
            default_text="bfloat16 on TPU/GPU, float32 on CPU", programs=ENGINE, recompiles=True),
-    Option("--per-device-batch", "images per device per request", "SDXL_PER_DEVICE_BATCH", at_least_one,
-           config_default("per_device_batch"),
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option("--images-per-device", "images each device makes per request (throughput mode): N × devices images, "
+           "seeds consecutive, in one call compiled for N at start-up; --per-device-batch (SDXL_PER_DEVICE_BATCH) is "
+           "an alias of --images-per-device", "SDXL_IMAGES_PER_DEVICE",
+           at_least_one, config_default("per_device_batch"), metavar="N", programs=frozenset({APP, CLI, PRECOMPILE}),
+           recompiles=True, aliases=("--per-device-batch",), env_aliases=("SDXL_PER_DEVICE_BATCH",)),
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default=config_default("attention"),
            programs=frozenset({APP, CLI, PRECOMPILE}),
@@ -261,7 +265,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-executable-cache", "do not keep this host's compiled programs whole beside the compilation cache "
            "(a restart then traces and lowers every program again, and takes XLA's part from JAX's cache)",
            "SDXL_NO_EXECUTABLE_CACHE", kind="switch"),
-    Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, one image each per request; 0 = one device",
+    Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, each making --images-per-device images per "
+           "request; 0 = one device",
            "SDXL_CPU_DEVICES", non_negative, default_text="one per core", metavar="N", programs=ENGINE,
            recompiles=True),
     Option("--precompiled", "load the matching executables written by `python -m pipeline precompile` from DIR; "
@@ -305,9 +310,11 @@ def options_for(program: str, table: tuple[Option, ...] = OPTIONS) -> list[Optio
 
 
 def env_value(option: Option) -> str | None:
-    """The option's environment variable, if set and non-empty."""
-    value = os.environ.get(option.env) if option.env else None
-    return value if value not in (None, "") else None
+    """The option's environment variable (else its first older name that is set), if set and non-empty."""
+    for name in (option.env, *option.env_aliases) if option.env else ():
+        if os.environ.get(name) not in (None, ""):
+            return os.environ[name]
+    return None
 
 
 class Parser(argparse.ArgumentParser):
@@ -395,6 +402,7 @@ def markdown_table(table: tuple[Option, ...]) -> str:
     for option in table:
         flag = option.flag + (f" {option.metavar}" if option.metavar else "")
         env = f"`{option.env}`" + (" (one pair)" if option.kind == "append" else "") if option.env else ""
+        env += "".join(f" (or `{name}`)" for name in option.env_aliases)
         if option.required:
             default = "required"
         elif option.default_text:
@@ -404,6 +412,7 @@ def markdown_table(table: tuple[Option, ...]) -> str:
                 option.default, float) else f"`{option.default}`"  # fmt: skip
         programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
         recompiles = "yes" if option.recompiles else ""
-        meaning = option.help + (f" (also {', '.join(f'`{a}`' for a in option.aliases)})" if option.aliases else "")
+        unnamed = [alias for alias in option.aliases if alias not in option.help]  # the help may say it already
+        meaning = option.help + (f" (also {', '.join(f'`{a}`' for a in unnamed)})" if unnamed else "")
         rows.append(f"| `{flag}` | {env} | {_values(option)} | {default} | {meaning} | {recompiles} | {programs} |")
     return "\n".join(rows)

@@ -102,6 +102,28 @@ def engine(tiny_dir):
     return generator
 
 
+#: Throughput mode's test engine (`batched_engine`): its devices and the images each makes per call.
+BATCHED_DEVICES = 2
+IMAGES_PER_DEVICE = 2
+#: Its settings beyond the model, as `Generator.from_pretrained` takes them (a CLI run with the same flags reuses its
+#: compiled programs): one prompt window, no previews, no speed levers, the fewest programs to compile.
+BATCHED_SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
+                        per_device_batch=IMAGES_PER_DEVICE, prompt_windows=1, previews=False, speed_levers=False)
+
+
+@pytest.fixture(scope="session")
+def batched_engine(tiny_dir):
+    """A warmed-up float32 generator making 2 images on each of 2 devices per call (`--images-per-device 2`): the one
+    engine of throughput mode's tests, the engine's (test_generator.py) and the entry points' (test_throughput.py)."""
+    import jax
+
+    from pipeline.generator import Generator
+
+    generator = Generator.from_pretrained(str(tiny_dir), devices=jax.devices()[:BATCHED_DEVICES], **BATCHED_SETTINGS)
+    generator.warmup()
+    return generator
+
+
 def generate(generator, prompt, **fields):
     """One request through the engine's Python entry point: `gen.generate(gen.request(prompt, **fields))`."""
     return generator.generate(generator.request(prompt, **fields))

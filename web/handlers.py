@@ -564,7 +564,7 @@ def api_signature(rules: RequestRules) -> inspect.Signature:
 
 #: The API's docstring (gradio_client's view_api): the endpoint, then one line per request field of the table.
 API_DOC = "\n".join([
-    "Generate one image per accelerator core.",
+    "Generate one image per accelerator core (N with the server's --images-per-device N), seeds consecutive.",
     "",
     "Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from "
     "/generate_png), the seed used and a status line. With previews=True, /generate first streams the images forming "

@@ -198,6 +198,7 @@ def manifest_header(programs: ServedPrograms, *, topology: str, settings: dict) 
         "platform": first.platform,
         "device_kind": first.device_kind,
         "device_count": int(programs.mesh.devices.size),
+        "images_per_device": images_per_device(programs),
         "versions": versions(),
         "attention": programs.attention,
         "settings": settings,  # what the server was asked for (informational)
@@ -268,14 +269,24 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
+def images_per_device(programs: ServedPrograms) -> int:
+    """Images each device makes per call (`--images-per-device`)."""
+    return programs.batch // int(programs.mesh.devices.size)
+
+
 def manifest_mismatch(manifest: dict, programs: ServedPrograms) -> str | None:
-    """Why `manifest`'s executables cannot run on `programs`' devices and libraries (None: they can)."""
+    """Why `manifest`'s executables cannot run on `programs`' devices and libraries, or make another number of images
+    per device (None: they can)."""
     first = next(iter(programs.mesh.devices.flat))
     here = {"format": FORMAT, "device_kind": first.device_kind, "device_count": int(programs.mesh.devices.size),
             "versions": versions()}  # fmt: skip
     for name, value in here.items():
         if manifest.get(name) != value:
             return f"built for {name} {manifest.get(name)}, this server has {value}"
+    # Older manifests say it among their settings only.
+    built = manifest.get("images_per_device", (manifest.get("settings") or {}).get("per_device_batch", 1))
+    if built != images_per_device(programs):
+        return f"built for --images-per-device {built}, this server has {images_per_device(programs)}"
     return None
 
 

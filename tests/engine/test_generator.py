@@ -139,16 +139,13 @@ def test_unsupported_size_lists_the_compiled_ones(engine):
         engine.request("a cat", size=(512, 512))
 
 
-def test_per_device_batch_two_on_four_devices(tiny_dir, engine):
-    """Eight images as 4 devices x 2: the same seeds, and the same images up to float rounding of a larger batch."""
-    batched = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
-        per_device_batch=2, devices=jax.devices()[:4], **SHORT_PROMPTS,
-    )  # fmt: skip
-    assert batched.num_images == 8
-    result = generate(batched, "a red kite over the dunes", seed=21)
-    assert result.seeds == list(range(21, 29))
-    reference = pixels(generate(engine, "a red kite over the dunes", seed=21)).astype(int)
+def test_images_per_device_two_on_two_devices(batched_engine, engine):
+    """Four images as 2 devices x 2 (`--images-per-device 2`, the session's `batched_engine`): the same seeds, and
+    the same images as one per device up to float rounding of a larger batch (within 1 level)."""
+    assert batched_engine.num_images == 4 and batched_engine.device_summary == "2 × cpu"
+    result = generate(batched_engine, "a red kite over the dunes", seed=21)
+    assert result.seeds == list(range(21, 25))
+    reference = pixels(generate(engine, "a red kite over the dunes", seed=21)).astype(int)[:4]  # seeds 21..24
     assert np.abs(pixels(result).astype(int) - reference).max() <= 1
 
 

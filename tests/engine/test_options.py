@@ -152,6 +152,33 @@ def test_unet_and_variant_from_flags_and_environment(monkeypatch):
     assert parse_args(["--unet", "unet.safetensors"]).config.unet == "unet.safetensors"
 
 
+def test_images_per_device_and_its_older_names(monkeypatch, capsys):
+    """`--images-per-device N` (SDXL_IMAGES_PER_DEVICE) in the app, the CLI and precompile; an old script's
+    `--per-device-batch` and SDXL_PER_DEVICE_BATCH still work (the new variable wins); 0 is one line."""
+    for name in ("SDXL_IMAGES_PER_DEVICE", "SDXL_PER_DEVICE_BATCH"):
+        monkeypatch.delenv(name, raising=False)
+    cli = ["--prompt", "x", "--out", "o"]
+    assert parse_args(["--model", "tiny"]).config.per_device_batch == 1
+    assert parse_args(["--model", "tiny", "--images-per-device", "2"]).config.per_device_batch == 2
+    assert parse_args(["--model", "tiny", "--per-device-batch", "3"]).config.per_device_batch == 3
+    assert engine_config(_generate_parser().parse_args([*cli, "--images-per-device", "4"])).per_device_batch == 4
+    assert engine_config(_subparser("precompile").parse_args(["--out", "o", "--per-device-batch", "2"])
+                         ).per_device_batch == 2  # fmt: skip
+    monkeypatch.setenv("SDXL_PER_DEVICE_BATCH", "2")
+    assert parse_args(["--model", "tiny"]).config.per_device_batch == 2
+    assert engine_config(_generate_parser().parse_args(cli)).per_device_batch == 2
+    monkeypatch.setenv("SDXL_IMAGES_PER_DEVICE", "3")
+    assert parse_args(["--model", "tiny"]).config.per_device_batch == 3
+    assert parse_args(["--model", "tiny", "--images-per-device", "1"]).config.per_device_batch == 1  # the flag wins
+    help_text = _flags(app_parser())["--images-per-device"].help
+    assert "--per-device-batch (SDXL_PER_DEVICE_BATCH) is an alias of --images-per-device" in help_text
+    assert "[SDXL_IMAGES_PER_DEVICE or SDXL_PER_DEVICE_BATCH; default 1]" in help_text
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model", "tiny", "--images-per-device", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "must be 1 or more; got 0" in err
+
+
 def test_app_takes_precompiled_option():
     assert parse_args(["--model", "tiny", "--precompiled", "/tmp/x"]).precompiled == "/tmp/x"
 
@@ -180,11 +207,11 @@ def test_engine_defaults_are_declared_once():
     """An engine setting's default lives in EngineConfig alone: a program without the option (an empty namespace)
     gets it, and the option that sets it offers the same default (issue 49: lora_cache, prompt_windows, attention,
     emphasis, quantize and per_device_batch were declared three times)."""
-    from pipeline.config import GIVEN_OR_DEFAULT, EngineConfig
+    from pipeline.config import GIVEN_OR_DEFAULT, OPTION_OF, EngineConfig
 
     built = engine_config(argparse.Namespace(model="tiny"))
     for name in GIVEN_OR_DEFAULT:
         default = EngineConfig.__dataclass_fields__[name].default
         assert getattr(built, name) == default, name
-        flagged = [o for o in options.OPTIONS if o.flag == "--" + name.replace("_", "-")]
+        flagged = [o for o in options.OPTIONS if o.flag == "--" + OPTION_OF.get(name, name).replace("_", "-")]
         assert len(flagged) == 1 and flagged[0].default == default, name

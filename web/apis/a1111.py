@@ -151,7 +151,8 @@ class A1111Api:
 
     async def _generate(self, request: Request, caller: str, payload: dict, asked: A1111Request,
                         pictures: dict | None = None) -> JSONResponse:  # fmt: skip
-        """Run as many queued calls as `asked.count` images need (one image per device each), seeds consecutive."""
+        """Run as many queued calls as `asked.count` images need (`num_images` each: --images-per-device on every
+        device), seeds consecutive; the last call's extra images are dropped."""
         per_call = self.engine.num_images
         user = caller[len("user:"):] if caller.startswith("user:") else None
         pngs: list[str] = []
