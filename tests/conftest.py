@@ -10,11 +10,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-#: XLA flags every test process compiles with: LLVM at -O1 instead of -O3 compiles XLA:CPU's programs about a third
-#: faster (the suite is mostly compiling) and runs them about as fast at the tests' tiny sizes; the float32 fixtures of
-#: the networks (scripts/make_network_fixtures.py) were written under the same flags, bit for bit.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=1"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are shared between the tests of a run (and reruns) through JAX's persistent cache.
 os.environ.setdefault(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -221,12 +220,10 @@ OTHER_XLA_TOLERANCE = 1e-4
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float32_bit_for_bit(case):
-    """Bit for bit under the jax and XLA flags the fixture was written with (its json says which: the suite's, from
-    tests/conftest.py); close under others (LLVM's optimization level moves the last bits)."""
+    """Bit for bit under the jax the fixture was written with (its json says which); close under another."""
     got, expected = _run(case, "float32"), _arrays(case, "float32")
     assert sorted(got) == sorted(expected)
-    flags = set(os.environ.get("XLA_FLAGS", "").split())
-    same_xla = jax.__version__ == MANIFEST["versions"]["jax"] and flags == set(MANIFEST["xla_flags"].split())
+    same_xla = jax.__version__ == MANIFEST["versions"]["jax"]
     for name in expected:
         scale = np.abs(expected[name]).max()
         assert np.isfinite(expected[name]).all() and scale > 0, name

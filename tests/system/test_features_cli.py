@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FEATURE_DEVICES, FIXTURES, LORA_NAMES, LORA_REFUSED, TEST_SIZE, TEST_XLA_FLAGS, TINY_PT, run_cli
+from conftest import FEATURE_DEVICES, FIXTURES, LORA_NAMES, LORA_REFUSED, TEST_SIZE, TINY_PT, run_cli
 from PIL import Image
 
 from pipeline.__main__ import main as cli
@@ -18,7 +18,7 @@ from pipeline.__main__ import main as cli
 PICTURE, MASK = FIXTURES / "image-input.png", FIXTURES / "image-mask.png"
 PROMPT = "a cozy cabin in a snowy forest <lora:locon:-0.5>"
 #: The subprocess gets the feature engine's device count, so its programs (and pixels) are the feature engine's.
-TWO_DEVICES = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={FEATURE_DEVICES} {TEST_XLA_FLAGS}"}
+TWO_DEVICES = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={FEATURE_DEVICES}"}
 
 
 def short_hash(name: str) -> str:

@@ -20,7 +20,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import CONTROLNETS, FIXTURES, REPO, TEST_XLA_FLAGS, TINY_PT, free_port, run_cli
+from conftest import CONTROLNETS, FIXTURES, REPO, TINY_PT, free_port, run_cli
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # three processes: two engines and a page
@@ -39,8 +39,8 @@ class Launched:
     """A process whose output goes to a file the test reads while it runs."""
 
     def __init__(self, command: list[str], log: pathlib.Path, env: dict | None = None) -> None:
-        # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS); the suite's compile flags stay
-        environment = {**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS}
+        # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS)
+        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         self.command, self.log, self.env = command, log, {**environment, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.start()
