@@ -3,6 +3,7 @@
     python -m bench accelerator                                   # GPU / TPU: SDXL-shaped weights, 1024², 25 steps
     python -m bench accelerator --parts engine,requests           # leave out the ControlNet and int8 parts
     python -m bench accelerator --model tiny --size 64 --steps 2 --runs 1 --parts engine,requests   # CPU smoke test
+    python -m bench accelerator --parts engine --peer torch       # and diffusers' PyTorch pipeline, eager + compiled
 
 What the CPU figures cannot say: how the engine does where the device is fast. The weights have SDXL base 1.0's
 architectures (bench/flops.py's configs; with `controlnet`, diffusers/controlnet-canny-sdxl-1.0's) and random values
@@ -17,7 +18,9 @@ what it measured):
   its start-up (every served program compiled), then diffusers' `FlaxStableDiffusionXLPipeline` (in the reference
   venv's worker process, with its own random weights of the same shapes; with --model tiny the same checkpoint),
   called as the SDXL-on-JAX blog calls it, interleaved with the engine (bench/reference.py): engine / diffusers,
-  and each of the engine's programs' time per request (blocking on each).
+  and each of the engine's programs' time per request (blocking on each). With `--peer torch`, then diffusers'
+  PyTorch `StableDiffusionXLPipeline`, eager (SDPA) and `torch.compile`d, interleaved with the engine's same request
+  (bench/torch_peer.py; skipped in one line where `--torch-python` cannot import torch): `peer_torch`.
 - `requests`: `Generator.generate` wall time per request kind: 25 steps exact, cfg_end 0.5, DeepCache 3, both, 4 steps
   without CFG (a Lightning-4 request's shape), MLPerf's 20 steps with CFG (images/s per chip).
 - `controlnet`: the same generator serving one full-size ControlNet: a 25-step request with a control image, and the
@@ -32,6 +35,8 @@ import argparse
 import functools
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +74,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
     add("--out", default="bench-results", help="directory of accelerator.json (default bench-results/)")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
+    add("--peer", choices=("torch",), default=None, help="also time diffusers' PyTorch pipeline (eager, compiled)")
+    add("--torch-python", default=sys.executable, help="the python of the PyTorch pipeline's worker (default: this)")
     args = parser.parse_args(argv)
     args.part_list = [p.strip() for p in args.parts.split(",") if p.strip()]
     if set(args.part_list) - set(PARTS) or not args.part_list:
@@ -203,6 +210,8 @@ def main(argv: list[str]) -> int:
     from .common import configure_platform
 
     args = parse_args(argv)
+    if args.peer == "torch":  # JAX takes only what it uses, so the PyTorch worker finds room on the same GPU
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     configure_platform(args.cpu_devices)
     import jax
 
@@ -241,6 +250,8 @@ def main(argv: list[str]) -> int:
     save("startup", {**warmup, "programs": [key.label for key in generator.program_keys()]})
     if "engine" in args.part_list:
         attempt("engine_vs_diffusers", lambda: _compare(generator, loaded, args, dtype, progress))
+    if args.peer == "torch":
+        _peer_torch(generator, loaded, args, dtype, attempt, save)
     if "requests" in args.part_list:
         attempt("requests", lambda: time_requests(generator, REQUESTS, args.runs, progress))
     if nets:
@@ -266,6 +277,22 @@ def _compare(generator, loaded, args, dtype: str, say) -> dict:
     say(f"accelerator: engine {compared.engine.median:.3f} s, diffusers {compared.reference.median:.3f} s per "
         f"request: engine / diffusers = {compared.ratio:.3f}")  # fmt: skip
     return _plain(compared)
+
+
+def _peer_torch(generator, loaded, args, dtype: str, attempt, save) -> None:
+    """`peer_torch`: the engine against diffusers' PyTorch pipeline, or one line saying why it was skipped."""
+    from pipeline.checkpoint.loading import resolve_model
+
+    from .common import progress
+    from .torch_peer import engine_vs_torch, torch_missing, torch_spec
+
+    missing = torch_missing(args.torch_python)
+    if missing:
+        progress(f"accelerator: --peer torch skipped: {missing}")
+        save("peer_torch", {"skipped": missing})
+        return
+    spec = torch_spec(args.model, dtype, Path(resolve_model(TINY)), loaded.networks.scheduler_config)
+    attempt("peer_torch", lambda: engine_vs_torch(generator, spec, args.torch_python, args.runs, progress))
 
 
 def _int8(loaded, args, dtype: str, say) -> dict:

@@ -101,7 +101,11 @@ class ReferenceWorker:
     """diffusers' pipeline in bench/reference_worker.py, run by the reference venv's python (its libraries cannot
     live beside the app's: requirements-reference.txt). JSON lines over its stdin and stdout; every wait is bounded
     by `timeout_s`; on any failure the worker is killed and `ReferenceWorkerError` says why in one sentence. Use as a
-    context manager: leaving it closes the worker's stdin (it exits) and waits for it."""
+    context manager: leaving it closes the worker's stdin (it exits) and waits for it. A subclass names another
+    worker script speaking the same protocol (bench/torch_peer.py's)."""
+
+    script = WORKER  # the worker's file, run by `python`
+    name = "reference worker"  # what the errors call it
 
     def __init__(self, spec: dict, python: Path | None = None, timeout_s: float = ANSWER_TIMEOUT_S):
         self.spec, self.python, self.timeout_s = spec, python, timeout_s
@@ -120,8 +124,8 @@ class ReferenceWorker:
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
         self._stderr = tempfile.TemporaryFile(mode="w+")  # its last line explains a worker that died
         self.process = subprocess.Popen(
-            [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env=env, cwd=WORKER.parent,
+            [str(python), str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            text=True, env=env, cwd=self.script.parent,
         )  # fmt: skip
         self._answers: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
@@ -131,6 +135,7 @@ class ReferenceWorker:
             self.close(kill=True)
             raise
         self.devices, self.load_s, self.packages = ready["devices"], ready["load_s"], ready["packages"]
+        self.ready = ready  # the whole answer: a worker may say more (the torch worker: its device's name)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -175,15 +180,15 @@ class ReferenceWorker:
         except OSError:
             line = None  # the worker is gone: its pipe broke
         except queue.Empty:
-            raise ReferenceWorkerError(f"the reference worker did not {what} within {self.timeout_s:.0f} s") from None
+            raise ReferenceWorkerError(f"the {self.name} did not {what} within {self.timeout_s:.0f} s") from None
         if line is None:
-            raise ReferenceWorkerError(f"the reference worker exited before it could {what}: {self._last_error()}")
+            raise ReferenceWorkerError(f"the {self.name} exited before it could {what}: {self._last_error()}")
         try:
             answer = json.loads(line)
         except json.JSONDecodeError:
-            raise ReferenceWorkerError(f"the reference worker answered {line.strip()[:80]!r}, not JSON") from None
+            raise ReferenceWorkerError(f"the {self.name} answered {line.strip()[:80]!r}, not JSON") from None
         if "error" in answer:
-            raise ReferenceWorkerError(f"the reference worker could not {what}: {answer['error']}")
+            raise ReferenceWorkerError(f"the {self.name} could not {what}: {answer['error']}")
         return answer
 
     def _last_error(self) -> str:

@@ -155,6 +155,94 @@ def test_bench_accelerator_smoke_on_cpu(tmp_path):
     assert any("step_shallow" in label for label in rows["25 steps, DeepCache 3"]["programs_ms"])
 
 
+def torch_python() -> str | None:
+    """A python with torch, diffusers and transformers for the PyTorch peer: $SDXL_TORCH_PYTHON, else
+    /work/torchenv's (this project's CPU machine), else None (CI: torch is in no requirements file)."""
+    import os
+
+    named = os.environ.get("SDXL_TORCH_PYTHON") or "/work/torchenv/bin/python"
+    return named if Path(named).is_file() else None
+
+
+@pytest.mark.long  # the engine's programs, then torch.compile of the tiny UNet and VAE decode: 4 min here at load 10
+@pytest.mark.skipif(torch_python() is None, reason="no python with torch: set SDXL_TORCH_PYTHON")
+def test_bench_accelerator_peer_torch_smoke_on_cpu(tmp_path):
+    """`--peer torch`: diffusers' PyTorch pipeline on the tiny checkpoint's architectures, eager and compiled, each
+    warmed up and timed beside the engine's same request, with the ratios and the worker's versions recorded."""
+    command = [sys.executable, "-m", "bench", "accelerator", "--model", "tiny", "--size", "64", "--steps", "2",
+               "--runs", "1", "--parts", "engine", "--peer", "torch", "--torch-python", torch_python(),
+               "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    peer = json.loads((tmp_path / "accelerator.json").read_text())["peer_torch"]
+    assert "error" not in peer and "skipped" not in peer, peer
+    assert peer["device"] == "cpu" and peer["dtype"] == "float32" and peer["packages"]["diffusers"] == "0.39.0"
+    assert positive(peer["engine"]["median_s"]) and len(peer["engine"]["seconds"]) == 1
+    for mode, warmups in (("eager", 2), ("compile", 3)):
+        row = peer["modes"][mode]
+        assert len(row["seconds"]) == 1 and positive(row["median_s"]) and row["images_per_call"] == 1
+        assert len(row["warmup_s"]) == warmups and all(positive(s) for s in row["warmup_s"])
+        per_image = peer["engine"]["median_s"] / peer["engine"]["images_per_call"]  # one image per device
+        assert row["engine_over_mode"] == pytest.approx(per_image / row["median_s"])
+        assert f"engine / torch {mode} = " in done.stdout
+
+
+def test_peer_torch_is_skipped_in_one_sentence_where_torch_does_not_import(monkeypatch):
+    """A python that cannot import the worker's libraries (or cannot run) is named with the reason, in one line."""
+    from bench import torch_peer
+
+    monkeypatch.setattr(torch_peer, "NEEDS", ("json", "no_such_module_here"))
+    missing = torch_peer.torch_missing(sys.executable)
+    assert missing.startswith(f"{sys.executable} cannot import json, no_such_module_here (ModuleNotFoundError")
+    assert "\n" not in missing
+    assert torch_peer.torch_missing("/nonexistent/python") == "/nonexistent/python could not run: FileNotFoundError"
+    monkeypatch.setattr(torch_peer, "NEEDS", ("json",))
+    assert torch_peer.torch_missing(sys.executable) is None
+
+
+def test_torch_worker_imports_only_its_libraries_and_the_bench_never_imports_torch():
+    """torch is in no requirements file: only the worker, run by --torch-python, may import it."""
+    import ast
+
+    tree = ast.parse((REPO / "bench" / "torch_worker.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}  # fmt: skip
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported - sys.stdlib_module_names - {"__future__"} == {"torch", "diffusers", "transformers"}
+    code = "import sys, bench.accelerator, bench.torch_peer; print(sorted(m for m in sys.modules if m == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_torch_worker_failure_is_one_sentence_and_the_worker_ends():
+    """A load the worker cannot do (no torch here, or no such mode): its error in one line, the process gone."""
+    from bench.reference import ReferenceWorkerError
+    from bench.torch_peer import TorchWorker
+
+    worker = TorchWorker({"dtype": "float32", "modes": ["no such mode"]}, python=Path(sys.executable))
+    with pytest.raises(ReferenceWorkerError) as raised:
+        worker.__enter__()
+    message = str(raised.value)
+    assert message.startswith("the torch worker could not load diffusers' pipeline: ") and "\n" not in message
+    assert worker.process is None
+
+
+def test_peer_torch_spec_has_the_engines_architectures():
+    """SDXL's configs (bench/flops.py) or the tiny checkpoint's config.json files, and the tiny tokenizers."""
+    from bench.flops import SDXL_UNET_CONFIG
+    from bench.torch_peer import torch_spec
+    from pipeline.checkpoint.loading import resolve_model
+
+    tiny = Path(resolve_model("tiny"))
+    scheduler = {"beta_schedule": "scaled_linear"}
+    sdxl = torch_spec("sdxl", "bfloat16", tiny, scheduler)
+    assert sdxl["unet"] == SDXL_UNET_CONFIG and sdxl["dtype"] == "bfloat16" and sdxl["modes"] == ["eager", "compile"]
+    assert sdxl["scheduler_config"] == scheduler and Path(sdxl["tokenizer_2"], "vocab.json").is_file()
+    small = torch_spec("tiny", "float32", tiny, scheduler)
+    assert small["unet"] == json.loads((tiny / "unet" / "config.json").read_text())
+    assert small["text_encoder_2"]["hidden_size"] < sdxl["text_encoder_2"]["hidden_size"]
+
+
 @pytest.mark.long  # a subprocess compiling the tiny engine's request programs: 10-30 s here; the parser's test is fast
 def test_bench_step_profile_smoke_on_cpu(tmp_path):
     """The step-profile part at the tiny checkpoint's size: the CFG step found, timed and traced, XLA:CPU's
