@@ -30,9 +30,9 @@ import warnings
 from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
-    from pipeline.installed import require_installed
+    from pipeline.installed import ENGINE, require_installed
 
-    require_installed("python -m bench")
+    require_installed("python -m bench", ENGINE)  # the engine's packages: a lent GPU machine has no gradio
 
 from .common import configure_platform, progress  # noqa: E402
 from .features import LORA_FIXTURES  # noqa: E402

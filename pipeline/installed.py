@@ -34,10 +34,19 @@ REQUIRED = {
 }
 
 
-def missing() -> list[str]:
-    """The requirements whose module this Python cannot find (found, not imported: a few milliseconds)."""
+#: What the engine itself imports (networks, loader, host loop). `python -m bench` asks only for these: its parts run
+#: on a lent accelerator machine that has the machine's own jax and a carried flax but not the page's packages
+#: (gradio, the history's database drivers; bench/README.md), where a part that needs them fails on its import.
+ENGINE = ("jax", "jaxlib", "flax", "huggingface_hub", "safetensors", "regex", "numpy", "ml_dtypes", "PIL")
+
+
+def missing(modules: tuple[str, ...] | None = None) -> list[str]:
+    """The requirements whose module this Python cannot find (found, not imported: a few milliseconds); only those
+    of `modules` when given."""
     absent = []
     for module, requirement in REQUIRED.items():
+        if modules is not None and module not in modules:
+            continue
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a broken install, or a module set to None in sys.modules
@@ -47,9 +56,9 @@ def missing() -> list[str]:
     return absent
 
 
-def require_installed(prog: str) -> None:
-    """Exit with status 2 and one line naming the install command when a requirement is missing."""
-    if absent := missing():
+def require_installed(prog: str, modules: tuple[str, ...] | None = None) -> None:
+    """Exit with status 2 and one line naming the install command when a requirement (of `modules`) is missing."""
+    if absent := missing(modules):
         names = ", ".join(absent) if len(absent) <= 3 else f"{', '.join(absent[:3])} and {len(absent) - 3} more"
         verb = "is" if len(absent) == 1 else "are"
         print(f"{prog}: error: {names} {verb} not installed: run `{INSTALL}` first (README, Install).",

@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import REPO, free_port, run_python
 
-from pipeline.installed import INSTALL, REQUIRED
+from pipeline.installed import ENGINE, INSTALL, REQUIRED
 
 #: Runs MODULE.main(ARGV) in a fresh process and prints which heavy libraries it had imported when main returned.
 DRIVER = (
@@ -139,6 +139,17 @@ def test_entry_point_missing_one_package_names_it(prog):
     done = run_python("-c", code, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"{prog}: error: pillow is not installed: run `{INSTALL}` first (README, Install)."
+
+
+def test_the_bench_asks_only_for_the_engines_packages():
+    """A lent accelerator machine has the engine's packages but not the page's: `python -m bench` runs there."""
+    code = ("import runpy, sys\n"
+            "for name in ('gradio', 'sqlalchemy', 'psycopg', 'qwix'):\n    sys.modules[name] = None\n"
+            "sys.argv = ['python -m bench', '--help']\n"
+            "runpy.run_module('bench', run_name='__main__', alter_sys=True)\n")  # fmt: skip
+    done = run_python("-c", code, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+    assert set(ENGINE) <= set(REQUIRED) and {"jax", "flax", "PIL"} <= set(ENGINE)
 
 
 def test_the_required_modules_are_requirements_txt():
