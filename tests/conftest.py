@@ -373,26 +373,31 @@ def generate_and_stop(page, *, tries: int = 3, forming=None) -> StoppedTry | Non
     return None
 
 
-def set_steps(page, steps: int) -> None:
-    """Type the steps into the slider's box and wait until the slider holds them: Generate sends the slider's
+def set_slider(page, elem_id: str, value) -> None:
+    """Type `value` into the slider's number box and wait until the slider holds it: Generate sends the slider's
     value, and on a loaded machine a click right after Enter could still send the old one.
 
     The value is typed again when the slider has not taken it within 20 s: an update the page was still applying
-    (a request's answer that had just arrived) can overwrite what was typed, and the slider would then never hold
-    it (a loaded CI run waited its whole 180 s once)."""
+    (a request's answer that had just arrived, or the section just opened) can overwrite what was typed, and the
+    slider would then never hold it (loaded CI runs waited their whole 180 s, for the steps and the hires scale)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    box = page.locator("#steps input[type=number]")
-    holds = "(n) => document.querySelector('#steps input[type=range]')?.value === String(n)"
+    box = page.locator(f"#{elem_id} input[type=number]")
+    holds = "([id, v]) => Number(document.querySelector(`#${id} input[type=range]`)?.value) === v"
     for attempt in range(3):
-        box.fill(str(steps))
+        box.fill(str(value))
         box.press("Enter")
         try:
-            page.wait_for_function(holds, arg=steps, timeout=20_000 if attempt < 2 else TIMEOUT_MS)
+            page.wait_for_function(holds, arg=[elem_id, value], timeout=20_000 if attempt < 2 else TIMEOUT_MS)
             return
         except PlaywrightTimeout:
             if attempt == 2:
                 raise
+
+
+def set_steps(page, steps: int) -> None:
+    """The steps slider (`set_slider`)."""
+    set_slider(page, "steps", steps)
 
 
 #: Each gallery image of the page: (HTTP status of its file, whether the browser decoded it).

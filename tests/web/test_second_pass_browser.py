@@ -20,6 +20,7 @@ from conftest import (
     open_advanced,
     page_client,
     served,
+    set_slider,
     set_steps,
 )
 from PIL import Image
@@ -39,16 +40,6 @@ def app_page(refiner_hires_engine):
         yield app_page
 
 
-def set_number(page, elem_id: str, value) -> None:
-    """A slider's number box: type the value, Enter, and wait until the slider holds it (Generate sends the
-    slider's value; on a loaded machine a click right after Enter could still send the old one)."""
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-    page.wait_for_function("([id, v]) => Number(document.querySelector(`#${id} input[type=range]`)?.value) === v",
-                           arg=[elem_id, value], timeout=TIMEOUT_MS)  # fmt: skip
-
-
 def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires_engine, tmp_path):
     engine = refiner_hires_engine
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -62,12 +53,12 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         set_steps(tab, 2)
         tab.locator("#hires-settings").get_by_text("Second pass").click()
         tab.locator("#hires-scales").get_by_text("(off) or 2").wait_for(timeout=TIMEOUT_MS)  # the server's scales
-        set_number(tab, "hires-scale", 2)
-        set_number(tab, "hires-steps", 2)
-        set_number(tab, "hires-denoise", 0.5)
+        set_slider(tab, "hires-scale", 2)
+        set_slider(tab, "hires-steps", 2)
+        set_slider(tab, "hires-denoise", 0.5)
         tab.locator("#hires-upscaler input").click()
         tab.get_by_role("option", name="Lanczos", exact=True).click()
-        set_number(tab, "refiner-switch", 0.8)
+        set_slider(tab, "refiner-switch", 0.8)
         tab.locator("#prompt textarea").fill("a harbour at noon")
         before = engine.compile_count
         tab.locator("#generate").click()
