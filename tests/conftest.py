@@ -270,13 +270,16 @@ def ui_engine(tiny_dir):
 
 
 @contextlib.contextmanager
-def served(generator, *, auth=None, **build_kwargs):
-    """The app's page (web.page.Page) around `generator`, launched on a free port in this process; closed after."""
+def served(generator, *, auth=None, apis=None, **build_kwargs):
+    """The app's page (web.page.Page) around `generator`, launched on a free port in this process; closed after.
+    `apis` (a web.apis.ApiAccess) mounts the A1111, OpenAI and MCP APIs as app.py does."""
+    from web.apis import attach_apis
     from web.page import build_page
 
     page = build_page(generator, **build_kwargs)
     try:
-        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=auth)
+        extra = attach_apis(page, apis) if apis is not None else {}
+        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, auth=auth, **extra)
         yield page
     finally:
         page.close()

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import requests
-from conftest import FIXTURES, TEST_SIZE, free_port
+from conftest import FIXTURES, TEST_SIZE, free_port, served
 from PIL import Image
 
 from bench.program_times import ProgramTimer
@@ -28,16 +28,10 @@ SIZE = f"{TEST_SIZE}x{TEST_SIZE}"
 @pytest.fixture(scope="module")
 def app(feature_engine):
     """The page with every API on (MCP too; bearer keys for OpenAI and MCP), launched once for this file."""
-    from web.apis import ApiAccess, attach_apis
-    from web.page import build_page
+    from web.apis import ApiAccess
 
-    page = build_page(feature_engine)
-    try:
-        extra = attach_apis(page, ApiAccess(keys=KEYS, mcp=True))
-        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **extra)
+    with served(feature_engine, apis=ApiAccess(keys=KEYS, mcp=True)) as page:
         yield page
-    finally:
-        page.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import LONG, TIMEOUT_MS, free_port, needs_chromium, open_advanced, set_steps
+from conftest import LONG, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
@@ -32,18 +32,12 @@ new MutationObserver(() => {
 @pytest.fixture(scope="module")
 def app_page(ui_engine, tmp_path_factory):
     """The page as `python app.py` serves it on localhost: the APIs on, the visitors' history in their browsers."""
-    from web.apis import ApiAccess, attach_apis
+    from web.apis import ApiAccess
     from web.history.tab import History
-    from web.page import build_page
 
     history = History.for_server(tmp_path_factory.mktemp("data"), logins=False, max_entries=10)
-    page = build_page(ui_engine, history=history)
-    try:
-        extra = attach_apis(page, ApiAccess(host="127.0.0.1"))
-        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **extra)
+    with served(ui_engine, history=history, apis=ApiAccess(host="127.0.0.1")) as page:
         yield page
-    finally:
-        page.close()
 
 
 class InFlight:

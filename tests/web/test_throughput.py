@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import BATCHED_DEVICES, IMAGES_PER_DEVICE, TEST_SIZE, TEST_STEPS, free_port, generate, run_python
+from conftest import BATCHED_DEVICES, IMAGES_PER_DEVICE, TEST_SIZE, TEST_STEPS, free_port, generate, run_python, served
 from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
@@ -27,16 +27,10 @@ KEY = "throughput-key"
 @pytest.fixture(scope="module")
 def app(batched_engine):
     """The page with the A1111 and OpenAI APIs around `batched_engine`, launched once for this file."""
-    from web.apis import ApiAccess, attach_apis
-    from web.page import build_page
+    from web.apis import ApiAccess
 
-    page = build_page(batched_engine)
-    try:
-        extra = attach_apis(page, ApiAccess(keys=(KEY,)))
-        page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **extra)
+    with served(batched_engine, apis=ApiAccess(keys=(KEY,))) as page:
         yield page
-    finally:
-        page.close()
 
 
 @pytest.fixture(scope="module")
