@@ -12,6 +12,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from . import layers
+
 
 class Attention(nn.Module):
     """Self-attention (`context` None) or cross-attention to the text: [B, Lq, D] -> [B, Lq, D]."""
@@ -23,10 +25,10 @@ class Attention(nn.Module):
 
     def setup(self) -> None:
         inner_dim = self.heads * self.dim_head
-        self.query = nn.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_q")
-        self.key = nn.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_k")
-        self.value = nn.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_v")
-        self.proj_attn = nn.Dense(self.query_dim, dtype=self.dtype, name="to_out_0")
+        self.query = layers.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_q")
+        self.key = layers.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_k")
+        self.value = layers.Dense(inner_dim, use_bias=False, dtype=self.dtype, name="to_v")
+        self.proj_attn = layers.Dense(self.query_dim, dtype=self.dtype, name="to_out_0")
 
     def __call__(self, hidden_states, context=None):
         context = hidden_states if context is None else context

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax.linen.attention import dot_product_attention_weights
 
+from . import layers
+
 #: CLIP's activations: exact GELU (OpenCLIP bigG) and CLIP's own sigmoid approximation (ViT-L).
 ACTIVATIONS = {
     "gelu": functools.partial(nn.gelu, approximate=False),
@@ -72,8 +74,8 @@ class CLIPTextEmbeddings(nn.Module):
 
     def setup(self) -> None:
         normal = jax.nn.initializers.normal()
-        self.token_embedding = nn.Embed(self.config.vocab_size, self.config.hidden_size, embedding_init=normal)
-        self.position_embedding = nn.Embed(
+        self.token_embedding = layers.Embed(self.config.vocab_size, self.config.hidden_size, embedding_init=normal)
+        self.position_embedding = layers.Embed(
             self.config.max_position_embeddings, self.config.hidden_size, embedding_init=normal
         )
 
@@ -88,7 +90,7 @@ class CLIPAttention(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        dense = functools.partial(nn.Dense, self.config.hidden_size, dtype=self.dtype)
+        dense = functools.partial(layers.Dense, self.config.hidden_size, dtype=self.dtype)
         self.k_proj, self.v_proj, self.q_proj, self.out_proj = dense(), dense(), dense(), dense()
 
     def __call__(self, hidden_states):
@@ -116,8 +118,8 @@ class CLIPMLP(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.fc1 = nn.Dense(self.config.intermediate_size, dtype=self.dtype)
-        self.fc2 = nn.Dense(self.config.hidden_size, dtype=self.dtype)
+        self.fc1 = layers.Dense(self.config.intermediate_size, dtype=self.dtype)
+        self.fc2 = layers.Dense(self.config.hidden_size, dtype=self.dtype)
 
     def __call__(self, hidden_states):
         return self.fc2(ACTIVATIONS[self.config.hidden_act](self.fc1(hidden_states)))
@@ -131,9 +133,9 @@ class CLIPEncoderLayer(nn.Module):
 
     def setup(self) -> None:
         self.self_attn = CLIPAttention(self.config, dtype=self.dtype)
-        self.layer_norm1 = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+        self.layer_norm1 = layers.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
         self.mlp = CLIPMLP(self.config, dtype=self.dtype)
-        self.layer_norm2 = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+        self.layer_norm2 = layers.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
 
     def __call__(self, hidden_states):
         hidden_states = hidden_states + self.self_attn(self.layer_norm1(hidden_states))
@@ -181,7 +183,7 @@ class CLIPTextTransformer(nn.Module):
     def setup(self) -> None:
         self.embeddings = CLIPTextEmbeddings(self.config, dtype=self.dtype)
         self.encoder = CLIPEncoder(self.config, dtype=self.dtype)
-        self.final_layer_norm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+        self.final_layer_norm = layers.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
 
     def __call__(self, input_ids, position_ids):
         states = self.encoder(self.embeddings(input_ids=input_ids, position_ids=position_ids))
@@ -219,7 +221,7 @@ class CLIPTextModelWithProjection(CLIPTextModel):
 
     def setup(self) -> None:
         super().setup()
-        self.text_projection = nn.Dense(self.config.projection_dim, use_bias=False, dtype=self.dtype)
+        self.text_projection = layers.Dense(self.config.projection_dim, use_bias=False, dtype=self.dtype)
 
     def __call__(self, input_ids, position_ids=None):
         output = super().__call__(input_ids, position_ids)

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from . import layers
 from .controlnet_embedding import ControlNetConditioningEmbedding
 from .embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
 from .unet_blocks import CrossAttnDownBlock2D, DownBlock2D, UNetMidBlock2DCrossAttn, run_down_blocks
@@ -61,7 +62,7 @@ class SDXLControlNet(nn.Module):
         heads = self._per_block(self.attention_head_dim)  # diffusers' naming: attention_head_dim counts heads
         depths = self._per_block(self.transformer_layers_per_block)
         time_embed_dim = channels[0] * 4
-        self.conv_in = nn.Conv(channels[0], kernel_size=(3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype)
+        self.conv_in = layers.Conv(channels[0], kernel_size=(3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype)
         self.time_proj = Timesteps(channels[0], flip_sin_to_cos=self.flip_sin_to_cos, freq_shift=self.freq_shift)
         self.time_embedding = TimestepEmbedding(time_embed_dim, dtype=self.dtype)
         self.add_time_proj = Timesteps(self.addition_time_embed_dim, self.flip_sin_to_cos, self.freq_shift)
@@ -97,8 +98,8 @@ class SDXLControlNet(nn.Module):
         )  # fmt: skip
         self.controlnet_mid_block = self._zero_conv(channels[-1])
 
-    def _zero_conv(self, channels: int) -> nn.Conv:
-        return nn.Conv(channels, kernel_size=(1, 1), padding="VALID", kernel_init=nn.initializers.zeros_init(),
+    def _zero_conv(self, channels: int) -> layers.Conv:
+        return layers.Conv(channels, kernel_size=(1, 1), padding="VALID", kernel_init=nn.initializers.zeros_init(),
                        bias_init=nn.initializers.zeros_init(), dtype=self.dtype)  # fmt: skip
 
     def __call__(self, sample, timesteps, encoder_hidden_states, text_embeds, time_ids, control):

@@ -11,6 +11,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from . import layers
+
 
 class ControlNetConditioningEmbedding(nn.Module):
     """[B, 8h, 8w, 3] -> [B, h, w, conditioning_embedding_channels]."""
@@ -21,13 +23,13 @@ class ControlNetConditioningEmbedding(nn.Module):
 
     def setup(self) -> None:
         channels = self.block_out_channels
-        self.conv_in = nn.Conv(channels[0], (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype)
+        self.conv_in = layers.Conv(channels[0], (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype)
         blocks = []
         for channel_in, channel_out in zip(channels[:-1], channels[1:], strict=True):
-            blocks.append(nn.Conv(channel_in, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype))
-            blocks.append(nn.Conv(channel_out, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), dtype=self.dtype))
+            blocks.append(layers.Conv(channel_in, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype))
+            blocks.append(layers.Conv(channel_out, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), dtype=self.dtype))
         self.blocks = blocks
-        self.conv_out = nn.Conv(
+        self.conv_out = layers.Conv(
             self.conditioning_embedding_channels, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
             kernel_init=nn.initializers.zeros_init(), bias_init=nn.initializers.zeros_init(),
         )  # fmt: skip

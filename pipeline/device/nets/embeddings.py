@@ -8,6 +8,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from . import layers
+
 
 def sinusoidal(timesteps, dim: int, flip_sin_to_cos: bool, freq_shift: float):
     """timesteps [N] -> [N, dim]: half cosines, half sines (SDXL flips to cosine first), periods up to 10^4."""
@@ -38,8 +40,8 @@ class TimestepEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, temb):
-        temb = nn.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_1")(temb)
-        return nn.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_2")(nn.silu(temb))
+        temb = layers.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_1")(temb)
+        return layers.Dense(self.time_embed_dim, dtype=self.dtype, name="linear_2")(nn.silu(temb))
 
 
 def sdxl_conditioning(module: nn.Module, timesteps, text_embeds, time_ids):

@@ -8,15 +8,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from . import layers
 
-def conv3x3(channels: int, dtype, strides: int = 1, name: str | None = None) -> nn.Conv:
+
+def conv3x3(channels: int, dtype, strides: int = 1, name: str | None = None) -> layers.Conv:
     """A 3x3 convolution padded by one pixel (SDXL's every spatial convolution)."""
-    return nn.Conv(channels, (3, 3), strides=(strides, strides), padding=((1, 1), (1, 1)), dtype=dtype, name=name)
+    return layers.Conv(channels, (3, 3), strides=(strides, strides), padding=((1, 1), (1, 1)), dtype=dtype, name=name)
 
 
-def conv1x1(channels: int, dtype, name: str | None = None) -> nn.Conv:
+def conv1x1(channels: int, dtype, name: str | None = None) -> layers.Conv:
     """A 1x1 convolution: a per-pixel Dense (shortcuts, VAE's quant convs), kept a Conv for the tree's shapes."""
-    return nn.Conv(channels, (1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
+    return layers.Conv(channels, (1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
 
 
 class ResnetBlock2D(nn.Module):
@@ -30,10 +32,10 @@ class ResnetBlock2D(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.norm1 = nn.GroupNorm(num_groups=32, epsilon=1e-5)
+        self.norm1 = layers.GroupNorm(num_groups=32, epsilon=1e-5)
         self.conv1 = conv3x3(self.out_channels, self.dtype)
-        self.time_emb_proj = nn.Dense(self.out_channels, dtype=self.dtype)
-        self.norm2 = nn.GroupNorm(num_groups=32, epsilon=1e-5)
+        self.time_emb_proj = layers.Dense(self.out_channels, dtype=self.dtype)
+        self.norm2 = layers.GroupNorm(num_groups=32, epsilon=1e-5)
         self.conv2 = conv3x3(self.out_channels, self.dtype)
         self.conv_shortcut = conv1x1(self.out_channels, self.dtype) if self.in_channels != self.out_channels else None
 

@@ -11,6 +11,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from . import layers
 from .attention import Attention
 from .resnet import conv1x1
 
@@ -22,7 +23,7 @@ class GEGLU(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.proj = nn.Dense(self.dim * 4 * 2, dtype=self.dtype)
+        self.proj = layers.Dense(self.dim * 4 * 2, dtype=self.dtype)
 
     def __call__(self, hidden_states):
         linear, gate = jnp.split(self.proj(hidden_states), 2, axis=2)
@@ -37,7 +38,7 @@ class FeedForward(nn.Module):
 
     def setup(self) -> None:
         self.net_0 = GEGLU(self.dim, self.dtype)
-        self.net_2 = nn.Dense(self.dim, dtype=self.dtype)
+        self.net_2 = layers.Dense(self.dim, dtype=self.dtype)
 
     def __call__(self, hidden_states):
         return self.net_2(self.net_0(hidden_states))
@@ -55,9 +56,9 @@ class BasicTransformerBlock(nn.Module):
         self.attn1 = Attention(self.dim, self.n_heads, self.d_head, dtype=self.dtype)
         self.attn2 = Attention(self.dim, self.n_heads, self.d_head, dtype=self.dtype)
         self.ff = FeedForward(dim=self.dim, dtype=self.dtype)
-        self.norm1 = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)
-        self.norm2 = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)
-        self.norm3 = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)
+        self.norm1 = layers.LayerNorm(epsilon=1e-5, dtype=self.dtype)
+        self.norm2 = layers.LayerNorm(epsilon=1e-5, dtype=self.dtype)
+        self.norm3 = layers.LayerNorm(epsilon=1e-5, dtype=self.dtype)
 
     def __call__(self, hidden_states, context):
         """hidden_states [B, L, D], context (the text) [B, T, Dt] -> [B, L, D]."""
@@ -78,8 +79,8 @@ class Transformer2DModel(nn.Module):
 
     def setup(self) -> None:
         inner_dim = self.n_heads * self.d_head
-        project = nn.Dense if self.use_linear_projection else conv1x1
-        self.norm = nn.GroupNorm(num_groups=32, epsilon=1e-5)
+        project = layers.Dense if self.use_linear_projection else conv1x1
+        self.norm = layers.GroupNorm(num_groups=32, epsilon=1e-5)
         self.proj_in = project(inner_dim, dtype=self.dtype)
         self.transformer_blocks = [
             BasicTransformerBlock(inner_dim, self.n_heads, self.d_head, dtype=self.dtype) for _ in range(self.depth)

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from . import layers
 from .embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
 from .unet_blocks import (
     CrossAttnDownBlock2D,
@@ -112,7 +113,7 @@ class UNet2DConditionModel(nn.Module):
         heads = _per_block(config.attention_head_dim, blocks)
         depths = _per_block(config.transformer_layers_per_block, blocks)
         time_embed_dim = channels[0] * 4
-        self.conv_in = nn.Conv(channels[0], (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), dtype=self.dtype)
+        self.conv_in = layers.Conv(channels[0], (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), dtype=self.dtype)
         self.time_proj = Timesteps(channels[0], config.flip_sin_to_cos, config.freq_shift)
         self.time_embedding = TimestepEmbedding(time_embed_dim, dtype=self.dtype)
         self.add_time_proj = Timesteps(config.addition_time_embed_dim, config.flip_sin_to_cos, config.freq_shift)
@@ -153,8 +154,10 @@ class UNet2DConditionModel(nn.Module):
             else:
                 up_blocks.append(UpBlock2D(**common))
         self.up_blocks = up_blocks
-        self.conv_norm_out = nn.GroupNorm(num_groups=32, epsilon=1e-5)
-        self.conv_out = nn.Conv(config.out_channels, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), dtype=self.dtype)
+        self.conv_norm_out = layers.GroupNorm(num_groups=32, epsilon=1e-5)
+        self.conv_out = layers.Conv(
+            config.out_channels, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), dtype=self.dtype
+        )
 
     def __call__(
         self, sample, timesteps, encoder_hidden_states, added_cond_kwargs=None, down_block_additional_residuals=None,

@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from . import layers
 from .resnet import conv1x1, conv3x3
 from .vae_blocks import DownEncoderBlock2D, UpDecoderBlock2D, VAEMidBlock2D
 
@@ -78,13 +79,13 @@ class Encoder(nn.Module):
     def setup(self) -> None:
         config, channels = self.config, self.config.block_out_channels
         self.conv_in = conv3x3(channels[0], self.dtype)
-        groups, last, layers = config.norm_num_groups, len(config.down_block_types) - 1, config.layers_per_block
+        groups, last, depth = config.norm_num_groups, len(config.down_block_types) - 1, config.layers_per_block
         self.down_blocks = [
-            DownEncoderBlock2D(channels[max(i - 1, 0)], channels[i], layers, groups, i < last, self.dtype)
+            DownEncoderBlock2D(channels[max(i - 1, 0)], channels[i], depth, groups, i < last, self.dtype)
             for i in range(last + 1)
         ]
         self.mid_block = VAEMidBlock2D(channels[-1], resnet_groups=config.norm_num_groups, dtype=self.dtype)
-        self.conv_norm_out = nn.GroupNorm(num_groups=config.norm_num_groups, epsilon=1e-6)
+        self.conv_norm_out = layers.GroupNorm(num_groups=config.norm_num_groups, epsilon=1e-6)
         self.conv_out = conv3x3(2 * config.latent_channels, self.dtype)
 
     def __call__(self, sample):
@@ -105,12 +106,12 @@ class Decoder(nn.Module):
         config, channels = self.config, tuple(reversed(self.config.block_out_channels))
         self.conv_in = conv3x3(channels[0], self.dtype)
         self.mid_block = VAEMidBlock2D(channels[0], resnet_groups=config.norm_num_groups, dtype=self.dtype)
-        groups, last, layers = config.norm_num_groups, len(config.up_block_types) - 1, config.layers_per_block + 1
+        groups, last, depth = config.norm_num_groups, len(config.up_block_types) - 1, config.layers_per_block + 1
         self.up_blocks = [
-            UpDecoderBlock2D(channels[max(i - 1, 0)], channels[i], layers, groups, i < last, self.dtype)
+            UpDecoderBlock2D(channels[max(i - 1, 0)], channels[i], depth, groups, i < last, self.dtype)
             for i in range(last + 1)
         ]
-        self.conv_norm_out = nn.GroupNorm(num_groups=config.norm_num_groups, epsilon=1e-6)
+        self.conv_norm_out = layers.GroupNorm(num_groups=config.norm_num_groups, epsilon=1e-6)
         self.conv_out = conv3x3(config.out_channels, self.dtype)
 
     def __call__(self, sample):

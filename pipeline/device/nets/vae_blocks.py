@@ -13,6 +13,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from . import layers
 from .resnet import Upsample2D, conv1x1, conv3x3
 
 
@@ -25,9 +26,9 @@ class VAEResnetBlock2D(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.norm1 = nn.GroupNorm(num_groups=self.groups, epsilon=1e-6)
+        self.norm1 = layers.GroupNorm(num_groups=self.groups, epsilon=1e-6)
         self.conv1 = conv3x3(self.out_channels, self.dtype)
-        self.norm2 = nn.GroupNorm(num_groups=self.groups, epsilon=1e-6)
+        self.norm2 = layers.GroupNorm(num_groups=self.groups, epsilon=1e-6)
         self.conv2 = conv3x3(self.out_channels, self.dtype)
         self.conv_shortcut = conv1x1(self.out_channels, self.dtype) if self.in_channels != self.out_channels else None
 
@@ -49,11 +50,11 @@ class VAEAttentionBlock(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.group_norm = nn.GroupNorm(num_groups=self.num_groups, epsilon=1e-6)
-        self.query = nn.Dense(self.channels, dtype=self.dtype)
-        self.key = nn.Dense(self.channels, dtype=self.dtype)
-        self.value = nn.Dense(self.channels, dtype=self.dtype)
-        self.proj_attn = nn.Dense(self.channels, dtype=self.dtype)
+        self.group_norm = layers.GroupNorm(num_groups=self.num_groups, epsilon=1e-6)
+        self.query = layers.Dense(self.channels, dtype=self.dtype)
+        self.key = layers.Dense(self.channels, dtype=self.dtype)
+        self.value = layers.Dense(self.channels, dtype=self.dtype)
+        self.proj_attn = layers.Dense(self.channels, dtype=self.dtype)
 
     def __call__(self, hidden_states):
         residual = hidden_states
@@ -80,7 +81,7 @@ class VAEDownsample2D(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
-        self.conv = nn.Conv(self.in_channels, (3, 3), strides=(2, 2), padding="VALID", dtype=self.dtype)
+        self.conv = layers.Conv(self.in_channels, (3, 3), strides=(2, 2), padding="VALID", dtype=self.dtype)
 
     def __call__(self, hidden_states):
         return self.conv(jnp.pad(hidden_states, pad_width=((0, 0), (0, 1), (0, 1), (0, 0))))
