@@ -224,6 +224,8 @@ class ServedPrograms:
         }
         self._control_params = tuple(_abstract_controlnet(module, mesh) for module in modules.controlnets)
         self._compiled: dict[ProgramKey, jax.stages.Compiled] = {}
+        #: (height, width, cfg) -> the shape of the DeepCache feature of that step (`_feature`)
+        self._features: dict[tuple[int, int, bool], jax.ShapeDtypeStruct] = {}
 
     # ---- what each program is -------------------------------------------------------------------------------------
 
@@ -381,9 +383,12 @@ class ServedPrograms:
         return jax.eval_shape(self.jitted(key), *self.abstract_args(key))
 
     def _feature(self, height: int, width: int, cfg: bool):
-        """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]."""
-        key = ProgramKey("step_full", height, width, cfg)
-        return jax.eval_shape(self.jitted(key), *self.abstract_args(key))[2]
+        """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]. Kept: finding it traces the whole
+        step (seconds), and every shallow step's and halve_feature's arguments ask for it."""
+        if (height, width, cfg) not in self._features:
+            key = ProgramKey("step_full", height, width, cfg)
+            self._features[height, width, cfg] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))[2]
+        return self._features[height, width, cfg]
 
     def _split(self, shapes):
         """Abstract batch-split arguments of these shapes."""
