@@ -226,6 +226,8 @@ class ServedPrograms:
         self._compiled: dict[ProgramKey, jax.stages.Compiled] = {}
         #: (height, width, cfg) -> the shape of the DeepCache feature of that step (`_feature`)
         self._features: dict[tuple[int, int, bool], jax.ShapeDtypeStruct] = {}
+        #: (kind, cfg, windows) -> the shapes encode (or refiner_encode) returns (`_encoded`)
+        self._text_shapes: dict[tuple[str, bool, int | None], tuple] = {}
 
     # ---- what each program is -------------------------------------------------------------------------------------
 
@@ -379,8 +381,10 @@ class ServedPrograms:
     def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):
         """Shapes of what encode[cfg, K] (or refiner_encode) returns: hidden [cB, K*77, D], pooled [cB, P],
         key_lengths [cB]."""
-        key = ProgramKey(kind, cfg=cfg, windows=windows)
-        return jax.eval_shape(self.jitted(key), *self.abstract_args(key))
+        if (kind, cfg, windows) not in self._text_shapes:  # kept: every step program's arguments ask for it
+            key = ProgramKey(kind, cfg=cfg, windows=windows)
+            self._text_shapes[kind, cfg, windows] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
+        return self._text_shapes[kind, cfg, windows]
 
     def _feature(self, height: int, width: int, cfg: bool):
         """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]. Kept: finding it traces the whole
