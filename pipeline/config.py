@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from .contract.controlnet_units import MAX_CONTROLNETS
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD
 from .contract.hires import MAX_SCALE, hires_size
@@ -72,6 +73,7 @@ class EngineConfig:
     upscaler_dir: str | None = None  # every ESRGAN (RRDBNet) .safetensors/.pth in it is a hires upscaler, by stem
     emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
+    controlnet_units: int = MAX_CONTROLNETS  # static: ControlNets a request may use at once (each count compiles)
     refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
     height: int = 1024  # static: the default size's height in pixels, a multiple of 32
     width: int = 1024  # static: the default size's width in pixels, a multiple of 32
@@ -110,6 +112,8 @@ class EngineConfig:
                 raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
         if self.height > 4096 or self.width > 4096 or self.steps > FIELD["steps"].high:
             raise InvalidInput(f"Height and width must be at most 4096 and steps at most {FIELD['steps'].high}.")
+        if not 1 <= self.controlnet_units <= MAX_CONTROLNETS or isinstance(self.controlnet_units, bool):
+            raise InvalidInput(f"ControlNet units must be 1 to {MAX_CONTROLNETS}; got {self.controlnet_units!r}.")
         if self.prompt_windows > MAX_PROMPT_WINDOWS:
             raise InvalidInput(f"Prompt windows must be at most {MAX_PROMPT_WINDOWS}; got {self.prompt_windows}.")
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -188,7 +192,7 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
 #: Engine settings a program's options may leave unset (a program without the option, or a caller's own
 #: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
 GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache",
-                    "vae_tile_above")
+                    "vae_tile_above", "controlnet_units")
 #: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
 #: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.
 OPTION_OF = {"per_device_batch": "images_per_device"}

@@ -263,7 +263,7 @@ class Generator:
             loras=tuple(lora.name for lora in files), embeddings=tuple(self.prompts.embeddings),
         )  # fmt: skip
         #: The ControlNets served (--controlnet; those that fit this UNet), placed on the devices
-        self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh)
+        self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh, config.controlnet_units)
         self.rules = dataclasses.replace(self.rules, controlnets=self.controlnets.names,
                                          refiner=refiner.name if refiner is not None else "")  # fmt: skip
         #: The ESRGAN hires upscalers of --upscaler-dir by name, each on its tiles (`host/upscale_tiles.py`)

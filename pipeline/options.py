@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE, EngineConfig
+from .contract.controlnet_units import MAX_CONTROLNETS
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD, FIELDS, Field
 from .contract.presets import PRESET_NAMES
@@ -200,6 +201,10 @@ OPTIONS: tuple[Option, ...] = (
            "that cannot be loaded is named in one line and left out", "SDXL_CONTROLNET", kind="append",
            metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True,
            env_text="SDXL_CONTROLNET: comma-separated"),
+    Option("--controlnet-units", "ControlNets one request may use at once, 1 or 2 (A1111's Multi-ControlNet "
+           "units): each count has its own compiled step programs, so 1 compiles half of them", "SDXL_CONTROLNET_UNITS",
+           _bounded_int(1, MAX_CONTROLNETS), config_default("controlnet_units"), metavar="N",
+           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
     Option("--refiner", "SDXL's refiner in diffusers' layout (Flax or PyTorch files): PATH or Hub REPO, e.g. "
            "stabilityai/stable-diffusion-xl-refiner-1.0; its UNet continues a request from `refiner_switch` (its text "
            "encoder 2 is the base's when the weights file is the same); every program compiled at start-up",

@@ -45,7 +45,8 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     sampler = sampler_of(loaded, config)
     _, layout = read_loras(loaded, config)  # the merge program's shapes come from the LoRA files
     nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant) if config.controlnets else []
-    controlnets = ServedControlNets.of(nets, loaded)  # architectures only: nothing placed on the topology
+    # architectures only: nothing placed on the topology
+    controlnets = ServedControlNets.of(nets, loaded, units=config.controlnet_units)
     refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner \
         else None  # fmt: skip
     programs = build_programs(loaded, config, with_refiner(served_params(loaded, config), refiner),

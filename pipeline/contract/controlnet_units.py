@@ -121,16 +121,19 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
     return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high)
 
 
-def parse_controls(value: object, offered: tuple[str, ...], height: int, width: int) -> tuple[ControlUnit, ...]:
-    """The request's `controlnets` (None or a list of up to MAX_CONTROLNETS units), each checked."""
+def parse_controls(value: object, offered: tuple[str, ...], height: int, width: int,
+                   most: int = MAX_CONTROLNETS) -> tuple[ControlUnit, ...]:
+    """The request's `controlnets` (None or a list of up to `most` units: the server's --controlnet-units), each
+    checked."""
     if value is None or value == []:
         return ()
     if isinstance(value, Mapping):
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise InvalidInput("controlnets must be a list of {name, image, weight, start, end, preprocessor} objects.")
-    if len(value) > MAX_CONTROLNETS:
-        raise InvalidInput(f"At most {MAX_CONTROLNETS} ControlNets per request; got {len(value)}.")
+    if len(value) > most:
+        raise InvalidInput(f"At most {most} ControlNet{'s' if most > 1 else ''} per request on this server; got "
+                           f"{len(value)}.")
     return tuple(parse_unit(item, offered, height, width) for item in value)
 
 

@@ -76,6 +76,7 @@ class RequestRules:
     default_loras: tuple[tuple[str, float, float], ...] = ()  # a request naming no LoRA gets these (a preset's)
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
+    controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
@@ -101,6 +102,7 @@ class RequestRules:
             sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
             cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
+            controlnet_units=getattr(config, "controlnet_units", MAX_CONTROLNETS),
             refiner=refiner_name(config.refiner) if config.refiner else "",
             hires_scales=tuple(getattr(config, "hires_scales", ())), hires_upscalers=(*UPSCALERS, *upscalers),
         )  # fmt: skip
@@ -301,7 +303,7 @@ def parse_request(
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
                                     steps=values["steps"])  # fmt: skip
-    units = parse_controls(controlnets, rules.controlnets, height, width)
+    units = parse_controls(controlnets, rules.controlnets, height, width, most=rules.controlnet_units)
     if units and values.get("deepcache", 1) != 1:
         raise InvalidInput("DeepCache does not combine with ControlNet: set deepcache to 1 or drop the controlnets.")
     template = rules.styles[style_name]

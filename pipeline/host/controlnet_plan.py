@@ -32,9 +32,10 @@ class ServedControlNets:
     sets: tuple[tuple[int, ...], ...] = ()  # static: the architecture combinations with a step program
 
     @classmethod
-    def of(cls, nets: list, loaded, mesh=None) -> ServedControlNets:
+    def of(cls, nets: list, loaded, mesh=None, units: int = MAX_CONTROLNETS) -> ServedControlNets:
         """Place each loaded ControlNet that fits the UNet on `mesh` (None: place nothing, a TPU topology's
-        precompile reads shapes only); one that does not fit is named in one line and left out."""
+        precompile reads shapes only); one that does not fit is named in one line and left out. `units`: the most
+        ControlNets a request uses at once (--controlnet-units): a step program per combination up to it."""
         unet = loaded.networks.unet_config
         archs, keys, arch_of, trees = [], [], {}, {}
         for net in nets:
@@ -49,7 +50,7 @@ class ServedControlNets:
             arch_of[net.name] = keys.index(key)
             trees[net.name] = replicate_tree(net.params, mesh) if mesh is not None else None
         indices = range(len(archs))
-        sets = tuple(combo for size in range(1, MAX_CONTROLNETS + 1)
+        sets = tuple(combo for size in range(1, units + 1)
                      for combo in itertools.combinations_with_replacement(indices, size))  # fmt: skip
         return cls(tuple(arch_of), tuple(archs), arch_of, trees, sets)
 

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, TINY_PT
 from PIL import Image
 
 from pipeline.contract.controlnet_units import parse_controls, step_scales
@@ -120,6 +120,39 @@ def test_cli_flags_make_units(tmp_path):
         "edges", 0.7, "none", "controlnet-b", 0.5, "canny")  # fmt: skip
     with pytest.raises(InvalidInput, match="--control-weight must be a number"):
         parse_request(**request_arguments(build_parser().parse_args([*argv, "--control-weight", "x"])), rules=rules)
+
+
+def test_controlnet_units_one_takes_one_unit_and_compiles_one_unit_combinations(tmp_path):
+    """--controlnet-units 1 (A1111's Multi-ControlNet unit count): a request with two units is one sentence, and only
+    the one-unit combinations get a step program; 0 or 3 units is refused at start-up."""
+    from pipeline.__main__ import build_parser, request_arguments
+    from pipeline.config import engine_config
+    from pipeline.contract.request import RequestRules, parse_request
+
+    base = ["generate", "--model", "tiny", "--controlnet", str(FIXTURES / "controlnet-a"), "--prompt", "a fox",
+            "--out", str(tmp_path)]  # fmt: skip
+    two = ["--control-image", str(FIXTURES / "controlnet-map-a.png")] * 2
+    for units, accepted in ((None, 2), ("1", 1)):
+        args = build_parser().parse_args(base + two + (["--controlnet-units", units] if units else []))
+        config = engine_config(args)
+        assert config.controlnet_units == accepted
+        rules = RequestRules.of(config)
+        if accepted == 2:
+            assert len(parse_request(**request_arguments(args), rules=rules).controlnets) == 2
+        else:
+            with pytest.raises(InvalidInput, match=r"^At most 1 ControlNet per request on this server; got 2\.$"):
+                parse_request(**request_arguments(args), rules=rules)
+    from pipeline.checkpoint.controlnet_loading import load_controlnets
+    from pipeline.checkpoint.loading import load_model
+    from pipeline.host.controlnet_plan import ServedControlNets
+
+    loaded = load_model(str(TINY_PT), dtype="float32")
+    nets = load_controlnets([str(FIXTURES / "controlnet-a"), str(FIXTURES / "controlnet-b")], "float32")
+    assert ServedControlNets.of(nets, loaded).sets == ((0,), (0, 0))  # one architecture: one or two of it
+    assert ServedControlNets.of(nets, loaded, units=1).sets == ((0,),)
+    for bad in ("0", "3"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*base, "--controlnet-units", bad])
 
 
 def test_a1111_controlnet_args_map_to_units():

@@ -226,11 +226,12 @@ def feature_settings(lora_dir: Path) -> list[str]:
     """The options that make a process serve what `feature_engine` serves (tiny-pt, 64x64, 3 steps, float32, the
     fixture LoRAs and embeddings, the levers) for short prompts: one 77-token window (the requests' prompts fit one;
     the 3-window programs would double the step programs both processes compile); and `control_engine`'s first
-    ControlNet (its step is the same program with or without the levers)."""
+    ControlNet (its step is the same program with or without the levers), one unit per request (the request sends
+    one; two would compile twice the ControlNet step programs, about 80 s of each process's 150)."""
     return [
         "--model", str(TINY_PT), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", "3",
         "--dtype", "float32", "--lora-dir", str(lora_dir), "--embeddings-dir", str(FIXTURES / "embeddings"),
-        "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0]),
+        "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0]), "--controlnet-units", "1",
     ]  # fmt: skip
 
 
