@@ -56,6 +56,36 @@ HEAVY_FIRST = (
 )  # fmt: skip
 
 
+#: Files that share a costly session engine: xdist builds session fixtures once per worker, so files spread over both
+#: workers built the engine twice (the refiner's hires engine: both at once, cold, ~100 s each). Each group is one
+#: work unit: its files run in one worker, one after the other, and the engine is built once.
+SHARED_ENGINE_GROUPS = {
+    "refiner_engine, refiner_hires_engine": (
+        "engine/test_refiner_together.py", "web/test_second_pass_browser.py", "engine/test_refiner.py"),
+    "control_engine": ("engine/test_controlnet.py", "web/test_controlnet_page.py"),
+    "ui_engine, ui_page": (
+        "web/test_stop.py", "web/test_previews.py", "web/test_history.py", "web/test_delivery.py",
+        "web/test_steps_and_sampler.py", "web/test_page_quiet.py", "web/test_png_info.py",
+        "web/test_progress_and_examples.py"),
+}  # fmt: skip
+GROUP_OF = {f"tests/{path}": group for group, paths in SHARED_ENGINE_GROUPS.items() for path in paths}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with SHARED_ENGINE_GROUPS' files as one unit each (None: another --dist, xdist's own)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedEngineFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return GROUP_OF.get(path, path)
+
+    return SharedEngineFiles(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Heavy files first (HEAVY_FIRST), each file's tests still together and in their order."""
     rank = {name: index for index, name in enumerate(HEAVY_FIRST)}
