@@ -102,16 +102,19 @@ def missing_pieces(args: argparse.Namespace) -> dict[str, str]:
     the selected stages need are checked."""
     from pipeline.installed import ENGINE, missing
 
-    from .reference_venv import DEFAULT_VENV, ENV_PYTHON, made_python
+    from .reference_venv import DEFAULT_VENV, ENV_PYTHON, ReferenceVenvError, made_python
 
     found: dict[str, str] = {}
     if absent := missing(ENGINE):
         found["engine"] = f"this python lacks {', '.join(absent)}"
     if "accelerator" not in args.stage_list:
         return found
-    python = made_python()
+    try:
+        python = made_python()
+    except ReferenceVenvError as exc:
+        found["flax peer"], python = str(exc), None
     if python is None:
-        found["flax peer"] = f"{DEFAULT_VENV.name} is not made and {ENV_PYTHON} is unset"
+        found.setdefault("flax peer", f"{DEFAULT_VENV.name} is not made and {ENV_PYTHON} is unset")
     else:
         from .common import import_failure
 
@@ -128,7 +131,7 @@ def missing_pieces(args: argparse.Namespace) -> dict[str, str]:
 INSTALL = {
     "engine": "install requirements.txt's engine packages (on a GPU machine: the carried flax wheel)",
     "flax peer": "run `python -m bench.reference_venv`, or set SDXL_REFERENCE_PYTHON to a python with jax, flax, "
-    "diffusers 0.39.0 and transformers 4.57.6 (e.g. python3 with the carried wheels on PYTHONPATH)",
+    "diffusers 0.39.0 and transformers 4.57.6 (e.g. $(command -v python3) with the carried wheels on PYTHONPATH)",
     "torch peer": "give --torch-python a python with torch, diffusers 0.39.0 and transformers 4.57.6",
 }
 

@@ -74,8 +74,11 @@ def test_made_python_never_makes_the_venv(tmp_path, monkeypatch, fake_builds):
     assert reference_venv.made_python(venv, requirements) == venv / "bin" / "python"
     requirements.write_text("diffusers==0.39.0\ntransformers==4.57.6\n")
     assert reference_venv.made_python(venv, requirements) is None  # stale: the bench would make it again
-    monkeypatch.setenv(reference_venv.ENV_PYTHON, "/opt/python3")
-    assert reference_venv.made_python(venv, requirements) == Path("/opt/python3")
+    monkeypatch.setenv(reference_venv.ENV_PYTHON, sys.executable)
+    assert reference_venv.made_python(venv, requirements) == Path(sys.executable)
+    monkeypatch.setenv(reference_venv.ENV_PYTHON, "python3")  # what the worker could not start: said at once
+    with pytest.raises(reference_venv.ReferenceVenvError, match="is not an executable file"):
+        reference_venv.made_python(venv, requirements)
 
 
 def test_environment_names_the_python(tmp_path, monkeypatch, fake_builds):
