@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -320,6 +321,30 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int]) -> dict:
+    """Run one stage (unless skipped) within `deadline` seconds, then read its headline figures back: its gpu.json
+    entry. The stage's JSON from an earlier run is removed first, so a figure read back is this run's."""
+    from .common import progress
+
+    path = out / stage.json_name
+    path.unlink(missing_ok=True)
+    if stage.skipped:
+        progress(f"gpu: stage {stage.name} skipped: nothing it measures can run here")
+        outcome = {"status": "skipped", "seconds": 0.0, "error": stage.skipped, "deadline_s": None}
+    else:
+        progress(f"gpu: stage {stage.name}, {deadline:.0f} s: {shlex.join(stage.command)}")
+        outcome = {**run_stage(stage.command, deadline, out / f"{stage.name}.log"), "deadline_s": deadline}
+        progress(f"gpu: stage {stage.name} {outcome['status']} in {outcome['seconds']:.0f} s"
+                 + (f": {outcome['error']}" if outcome["error"] else ""))  # fmt: skip
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:  # not the bench's own (it writes whole files): read as nothing measured
+        data = {}
+    figures, absent = headline(stage, outcome, data, per_device)
+    return {"name": stage.name, "command": stage.command, **outcome, "json": stage.json_name,
+            "left_out": stage.left_out, "figures": figures, "missing_figures": absent}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     from .common import progress
 
@@ -336,23 +361,9 @@ def main(argv: list[str]) -> int:
                "stages": [], "total_s": 0.0}  # fmt: skip
     stages = plan(args, missing)
     for index, stage in enumerate(stages):
-        (out / stage.json_name).unlink(missing_ok=True)  # a figure read back is this run's, never an earlier one's
-        shares = sum(SHARES[later.name] for later in stages[index:] if not later.skipped)
-        if stage.skipped:
-            progress(f"gpu: stage {stage.name} skipped: nothing it measures can run here")
-            outcome = {"status": "skipped", "seconds": 0.0, "error": stage.skipped, "deadline_s": None}
-        else:
-            deadline = (args.budget_s - (time.monotonic() - started)) * SHARES[stage.name] / shares
-            progress(f"gpu: stage {stage.name}, {deadline:.0f} s: {' '.join(stage.command[1:])}")
-            outcome = {**run_stage(stage.command, deadline, out / f"{stage.name}.log"), "deadline_s": deadline}
-            progress(f"gpu: stage {stage.name} {outcome['status']} in {outcome['seconds']:.0f} s"
-                     + (f": {outcome['error']}" if outcome["error"] else ""))  # fmt: skip
-        path = out / stage.json_name
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        figures, absent = headline(stage, outcome, data, args.per_device)
-        summary["stages"].append({"name": stage.name, "command": stage.command, **outcome,
-                                  "json": stage.json_name, "left_out": stage.left_out, "figures": figures,
-                                  "missing_figures": absent})  # fmt: skip
+        shares = sum(SHARES[later.name] for later in stages[index:] if not later.skipped) or 1.0  # 0: all skipped
+        deadline = (args.budget_s - (time.monotonic() - started)) * SHARES[stage.name] / shares
+        summary["stages"].append(run_and_read(stage, deadline, out, args.per_device))
         summary["total_s"] = time.monotonic() - started
         (out / "gpu.json").write_text(json.dumps(summary, indent=2) + "\n")  # after each stage: a cut parent keeps it
         (out / "gpu.md").write_text(markdown(summary))

@@ -128,3 +128,13 @@ def test_accelerator_runs_the_torch_peer_alone_only_when_asked():
     assert parse_args(["--parts", "", "--peer", "torch"]).part_list == []
     with pytest.raises(SystemExit):
         parse_args(["--parts", ""])
+
+
+def test_the_benchs_json_is_renamed_into_place_whole(tmp_path):
+    """A stage killed while writing leaves its last complete JSON: write_json writes beside it, then renames."""
+    from bench.report import write_json
+
+    path = tmp_path / "accelerator.json"
+    write_json({"startup": {"compile_s": 1.5}}, path)
+    write_json({"startup": {"compile_s": 2.5}}, path)
+    assert json.loads(path.read_text()) == {"startup": {"compile_s": 2.5}} and list(tmp_path.iterdir()) == [path]
