@@ -103,29 +103,31 @@ def missing_pieces(args: argparse.Namespace) -> dict[str, str]:
     the selected stages need are checked."""
     from pipeline.installed import ENGINE, missing
 
-    from .reference_venv import DEFAULT_VENV, ENV_PYTHON, ReferenceVenvError, made_python
+    from .torch_peer import torch_missing
 
     found: dict[str, str] = {}
     if absent := missing(ENGINE):
         found["engine"] = f"this python lacks {', '.join(absent)}"
-    if "accelerator" not in args.stage_list:
-        return found
+    if "accelerator" in args.stage_list:
+        for piece, failure in (("flax peer", flax_peer_missing()), ("torch peer", torch_missing(args.torch_python))):
+            if failure:
+                found[piece] = failure
+    return found
+
+
+def flax_peer_missing() -> str | None:
+    """None when diffusers' Flax pipeline can run: a reference python that is already there (nothing is made)
+    imports what its worker imports."""
+    from .common import import_failure
+    from .reference_venv import DEFAULT_VENV, ENV_PYTHON, ReferenceVenvError, made_python
+
     try:
         python = made_python()
     except ReferenceVenvError as exc:
-        found["flax peer"], python = str(exc), None
+        return str(exc)
     if python is None:
-        found.setdefault("flax peer", f"{DEFAULT_VENV.name} is not made and {ENV_PYTHON} is unset")
-    else:
-        from .common import import_failure
-
-        if failure := import_failure(str(python), FLAX_PEER_IMPORTS, "jax, flax, diffusers, transformers"):
-            found["flax peer"] = failure
-    from .torch_peer import torch_missing
-
-    if failure := torch_missing(args.torch_python):
-        found["torch peer"] = failure
-    return found
+        return f"{DEFAULT_VENV.name} is not made and {ENV_PYTHON} is unset"
+    return import_failure(str(python), FLAX_PEER_IMPORTS, "jax, flax, diffusers, transformers")
 
 
 #: What to install for each missing piece (bench/README.md, "The GPU benchmark in one command", lists the wheels).
@@ -141,7 +143,7 @@ def plan(args: argparse.Namespace, missing: dict[str, str]) -> list[Stage]:
     """The selected stages' command lines, with the missing pieces left out or the stage skipped."""
     bench = [sys.executable, "-m", "bench"]
     common = ["--model", args.model, "--size", str(args.size), "--cpu-devices", str(args.cpu_devices),
-              "--out", str(args.out), *(["--dtype", args.dtype] if args.dtype else [])]  # fmt: skip
+              "--out", str(Path(args.out).resolve()), *(["--dtype", args.dtype] if args.dtype else [])]  # fmt: skip
     stages = []
     if "accelerator" in args.stage_list:
         flax, torch = "flax peer" not in missing, "torch peer" not in missing
