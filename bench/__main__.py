@@ -7,6 +7,7 @@
     python -m bench unet --attention xla,splash --height 1024 --width 1024   # UNet step per attention core
     python -m bench accelerator                      # the engine at 1024² on this host's GPU/TPU, vs diffusers
     python -m bench step-profile                     # the 1024² CFG step's device time by op category (profiler)
+    python -m bench gpu                              # both, and the PyTorch peer, in one 8.5-minute budget
     python -m bench --only hostpath,fullsize         # the serving path at 1024²: host path, then end to end (minutes)
     python -m bench --only apphost                   # the app's own time per 1024² request, with and without previews
     python -m bench --only lora,img2img,levers,previews,history   # what the request features cost (minutes)
@@ -437,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         from .step_profile import main as step_profile_main
 
         return step_profile_main(argv[1:])
+    if argv[:1] == ["gpu"]:  # `python -m bench gpu ...`: accelerator and step-profile in one budget (bench/gpu.py)
+        from .gpu import main as gpu_main
+
+        return gpu_main(argv[1:])
     if argv[:1] == ["tpu"]:  # `python -m bench tpu ...`: served programs compiled for a TPU topology (bench/tpu.py)
         from .tpu import main as tpu_main
 

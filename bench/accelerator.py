@@ -4,6 +4,7 @@
     python -m bench accelerator --parts engine,requests           # leave out the ControlNet and int8 parts
     python -m bench accelerator --model tiny --size 64 --steps 2 --runs 1 --parts engine,requests   # CPU smoke test
     python -m bench accelerator --parts engine --peer torch       # and diffusers' PyTorch pipeline, eager + compiled
+    python -m bench accelerator --parts "" --peer torch           # the PyTorch pipeline alone (no reference venv)
 
 What the CPU figures cannot say: how the engine does where the device is fast. The weights have SDXL base 1.0's
 architectures (bench/flops.py's configs; with `controlnet`, diffusers/controlnet-canny-sdxl-1.0's) and random values
@@ -68,7 +69,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--size", type=int, default=1024, help="image side in pixels (default 1024)")
     add("--steps", type=int, default=25, help="steps of the engine-vs-diffusers calls (default 25)")
     add("--runs", type=int, default=3, help="timed calls per figure (default 3)")
-    add("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)} (default all, in that order)")
+    add(
+        "--parts",
+        default=",".join(PARTS),
+        help=f'some of {",".join(PARTS)} (default all, in that order); none ("") with --peer torch: the peer alone',
+    )
     add("--attention", default="auto", help="the engine's attention core (default auto: cudnn on GPU, splash on TPU)")
     add("--prompt-windows", type=int, default=1, help="77-token windows compiled (default 1: fewer programs)")
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
@@ -78,8 +83,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--torch-python", default=sys.executable, help="the python of the PyTorch pipeline's worker (default: this)")
     args = parser.parse_args(argv)
     args.part_list = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if set(args.part_list) - set(PARTS) or not args.part_list:
-        parser.error(f"--parts takes some of {', '.join(PARTS)}")
+    if set(args.part_list) - set(PARTS) or not (args.part_list or args.peer):
+        parser.error(f"--parts takes some of {', '.join(PARTS)} (none only with --peer)")
     if args.size % 64 or args.size < 64 or min(args.steps, args.runs) < 1:
         parser.error("--size must be a multiple of 64; --steps and --runs at least 1")
     return args

@@ -169,3 +169,16 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 60) -> None:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def import_failure(python: str, code: str, what: str) -> str | None:
+    """None when `python` runs `code` (its imports); else one sentence naming `python`, `what` it cannot import and
+    its error's last line: a peer's python is checked in a few seconds before anything heavy starts."""
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} could not run: {type(exc).__name__}"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return f"{python} cannot import {what} ({lines[-1] if lines else f'exit {done.returncode}'})"

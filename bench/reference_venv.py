@@ -52,6 +52,18 @@ def reference_python(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENT
     return ensure_venv(venv, requirements)
 
 
+def made_python(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) -> Path | None:
+    """The reference's python where nothing has to be made: $SDXL_REFERENCE_PYTHON if set, else `venv`'s when it was
+    made from `requirements` as they are now; None where `reference_python` would make the venv (pip, network),
+    which a lent GPU machine cannot do (`python -m bench gpu` checks this before it starts). Raises
+    ReferenceVenvError where $SDXL_REFERENCE_PYTHON is not an executable file, as `reference_python` does."""
+    if os.environ.get(ENV_PYTHON):
+        return reference_python(venv, requirements)  # checks the named python, makes nothing
+    python, marker = venv / "bin" / "python", venv / MARKER
+    fresh = python.is_file() and marker.is_file() and marker.read_text().strip() == requirements_hash(requirements)
+    return python if fresh else None
+
+
 def ensure_venv(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) -> Path:
     """`venv`'s python, the venv made (again) unless its marker holds the hash of `requirements`."""
     wanted = requirements_hash(requirements)

@@ -36,8 +36,11 @@ def to_jsonable(value):
 
 
 def write_json(results: dict, path: Path) -> Path:
-    """Every figure, machine and package versions included."""
-    path.write_text(json.dumps(to_jsonable(results), indent=2) + "\n")
+    """Every figure, machine and package versions included. Written whole, then renamed into place: a bench killed
+    while writing (`python -m bench gpu` cuts a stage at its deadline) leaves the last complete file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(to_jsonable(results), indent=2) + "\n")
+    partial.replace(path)
     return path
 
 

@@ -15,11 +15,10 @@ engine / mode in seconds per image (lower: the engine is faster).
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
-from .common import Progress, Stats, progress, timed
+from .common import Progress, Stats, import_failure, progress, timed
 from .reference import GUIDANCE, NEGATIVE, PROMPT, ReferenceWorker
 
 MODES = ("eager", "compile")
@@ -40,15 +39,7 @@ class TorchWorker(ReferenceWorker):
 
 def torch_missing(python: str) -> str | None:
     """None when `python` imports torch, diffusers and transformers; else the sentence saying why it cannot."""
-    code = f"import {', '.join(NEEDS)}"
-    try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{python} could not run: {type(exc).__name__}"
-    if done.returncode == 0:
-        return None
-    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-    return f"{python} cannot import {', '.join(NEEDS)} ({lines[-1] if lines else f'exit {done.returncode}'})"
+    return import_failure(python, f"import {', '.join(NEEDS)}", ", ".join(NEEDS))
 
 
 def torch_spec(model: str, dtype: str, tiny_dir: Path, scheduler_config: dict) -> dict:

@@ -62,6 +62,25 @@ def test_venv_is_made_once_per_requirements_and_again_when_they_change(tmp_path,
     assert len([command for command in fake_builds if "-r" in command]) == 2 and not (venv / "stale").exists()
 
 
+def test_made_python_never_makes_the_venv(tmp_path, monkeypatch, fake_builds):
+    """`python -m bench gpu` asks which python is there without making one: none while the venv is absent or stale,
+    its python once made from the requirements as they are, $SDXL_REFERENCE_PYTHON whenever set."""
+    monkeypatch.delenv(reference_venv.ENV_PYTHON, raising=False)
+    requirements = tmp_path / "requirements-reference.txt"
+    requirements.write_text("diffusers==0.39.0\n")
+    venv = tmp_path / ".venv-reference"
+    assert reference_venv.made_python(venv, requirements) is None and fake_builds == []
+    reference_venv.ensure_venv(venv, requirements)
+    assert reference_venv.made_python(venv, requirements) == venv / "bin" / "python"
+    requirements.write_text("diffusers==0.39.0\ntransformers==4.57.6\n")
+    assert reference_venv.made_python(venv, requirements) is None  # stale: the bench would make it again
+    monkeypatch.setenv(reference_venv.ENV_PYTHON, sys.executable)
+    assert reference_venv.made_python(venv, requirements) == Path(sys.executable)
+    monkeypatch.setenv(reference_venv.ENV_PYTHON, "python3")  # what the worker could not start: said at once
+    with pytest.raises(reference_venv.ReferenceVenvError, match="is not an executable file"):
+        reference_venv.made_python(venv, requirements)
+
+
 def test_environment_names_the_python(tmp_path, monkeypatch, fake_builds):
     monkeypatch.setenv(reference_venv.ENV_PYTHON, sys.executable)
     assert reference_venv.reference_python(tmp_path / "venv") == Path(sys.executable)
