@@ -105,6 +105,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--prompt-windows", type=int, default=3, help="77-token windows per prompt (default 3, the server's)")
     add("--lora-rank", type=int, default=LORA_RANK, help=f"merge kind: the LoRAs' rank R (default {LORA_RANK})")
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
+    add("--vae-tile-above", type=int, default=1024 * 1024,
+        help="the VAE runs in tiles above this many pixels, as the app's option (default 1048576: 1024² whole)")
     add("--quantize", choices=("none", "int8"), default="none",
         help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)")  # fmt: skip
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
@@ -222,7 +224,7 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
 
 
 def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None,
-                    prompt_windows: int = 3, quantize: str = "none"):
+                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = 1024 * 1024):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
@@ -234,7 +236,8 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     if model == TINY:
         loaded, params = tiny_model(dtype)
         config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention,
-                              prompt_windows=prompt_windows, quantize=quantize)  # fmt: skip
+                              prompt_windows=prompt_windows, quantize=quantize,
+                              vae_tile_above=vae_tile_above)  # fmt: skip
         if quantize == "int8":
 
             params = {**params, "unet": _abstract_int8_unet_params(loaded.networks.unet, dtype)}
@@ -243,7 +246,7 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     modules, params = sdxl_model(dtype, quantize)
     return ServedPrograms(
         modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout,
-        prompt_windows=prompt_windows, levers=True,
+        prompt_windows=prompt_windows, levers=True, vae_tile_above=vae_tile_above,
     )
 
 
@@ -663,11 +666,13 @@ def main(argv: list[str]) -> int:
         core = attention or args.attentions[0]
         if core not in programs:
             programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout,
-                                             args.prompt_windows, args.quantize)  # fmt: skip
+                                             args.prompt_windows, args.quantize, args.vae_tile_above)  # fmt: skip
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
         row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
         row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
+        if key.kind in ("decode", "encode_image") and args.vae_tile_above != 1024 * 1024:
+            row["vae_tile_above"] = args.vae_tile_above  # a tiled VAE where the default runs it whole
         if key.kind == "merge":
             row.update(layout_fields(layout, args.dtype))
         same = ("program", "topology", "attention", "model", "images", "prompt_windows", "quantize")
