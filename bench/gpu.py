@@ -349,6 +349,7 @@ def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int]
 
 def main(argv: list[str]) -> int:
     from .common import progress
+    from .report import write_json
 
     started = time.monotonic()
     args = parse_args(argv)
@@ -367,7 +368,7 @@ def main(argv: list[str]) -> int:
         deadline = (args.budget_s - (time.monotonic() - started)) * SHARES[stage.name] / shares
         summary["stages"].append(run_and_read(stage, deadline, out, args.per_device))
         summary["total_s"] = time.monotonic() - started
-        (out / "gpu.json").write_text(json.dumps(summary, indent=2) + "\n")  # after each stage: a cut parent keeps it
+        write_json(summary, out / "gpu.json")  # after each stage, whole: a cut parent keeps the last one
         (out / "gpu.md").write_text(markdown(summary))
     unfinished = [s["name"] for s in summary["stages"] if s["status"] != "finished"]
     progress(f"gpu: done in {summary['total_s']:.0f} s: {out / 'gpu.json'}, {out / 'gpu.md'}"

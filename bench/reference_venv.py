@@ -59,26 +59,30 @@ def made_python(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) ->
     ReferenceVenvError where $SDXL_REFERENCE_PYTHON is not an executable file, as `reference_python` does."""
     if os.environ.get(ENV_PYTHON):
         return reference_python(venv, requirements)  # checks the named python, makes nothing
-    python, marker = venv / "bin" / "python", venv / MARKER
-    fresh = python.is_file() and marker.is_file() and marker.read_text().strip() == requirements_hash(requirements)
-    return python if fresh else None
+    python = venv / "bin" / "python"
+    return python if _made(venv, requirements) else None
+
+
+def _made(venv: Path, requirements: Path) -> bool:
+    """Whether `venv` was made, whole, from `requirements` as they are now (its marker holds their hash)."""
+    marker = venv / MARKER
+    return (venv / "bin" / "python").is_file() and marker.is_file() and \
+        marker.read_text().strip() == requirements_hash(requirements)  # fmt: skip
 
 
 def ensure_venv(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) -> Path:
     """`venv`'s python, the venv made (again) unless its marker holds the hash of `requirements`."""
-    wanted = requirements_hash(requirements)
     python = venv / "bin" / "python"
-    marker = venv / MARKER
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits here, then finds the venv made
-        if python.is_file() and marker.is_file() and marker.read_text().strip() == wanted:
+        if _made(venv, requirements):
             return python
         shutil.rmtree(venv, ignore_errors=True)  # stale or half made: start again
         _run([_base_python(), "-m", "venv", str(venv)], "make the venv")
         _run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], "upgrade its pip")
         _run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], f"install {requirements.name}")
-        marker.write_text(wanted + "\n")  # last: a venv without it is made again
+        (venv / MARKER).write_text(requirements_hash(requirements) + "\n")  # last: a venv without it is made again
     return python
 
 

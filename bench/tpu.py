@@ -62,6 +62,8 @@ KINDS = ("step", "decode", "encode", "start", "merge", "step_full", "step_shallo
 CONTROLNET_CONFIG = Path(__file__).resolve().parent.parent / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
 UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")
+#: Images of up to this many pixels go through the VAE whole (EngineConfig.vae_tile_above's default: 1024²).
+VAE_WHOLE_UP_TO = 1024 * 1024
 #: The kinds that read the prompt's hidden states, so depend on --prompt-windows.
 TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "step_control", "halve_text")
 #: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
@@ -105,7 +107,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--prompt-windows", type=int, default=3, help="77-token windows per prompt (default 3, the server's)")
     add("--lora-rank", type=int, default=LORA_RANK, help=f"merge kind: the LoRAs' rank R (default {LORA_RANK})")
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
-    add("--vae-tile-above", type=int, default=1024 * 1024,
+    add("--vae-tile-above", type=int, default=VAE_WHOLE_UP_TO,
         help="the VAE runs in tiles above this many pixels, as the app's option (default 1048576: 1024² whole)")
     add("--quantize", choices=("none", "int8"), default="none",
         help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)")  # fmt: skip
@@ -224,7 +226,7 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
 
 
 def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None,
-                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = 1024 * 1024):
+                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = VAE_WHOLE_UP_TO):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
@@ -671,7 +673,7 @@ def main(argv: list[str]) -> int:
         row["model"] = args.model
         row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
         row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
-        if key.kind in ("decode", "encode_image") and args.vae_tile_above != 1024 * 1024:
+        if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:
             row["vae_tile_above"] = args.vae_tile_above  # a tiled VAE where the default runs it whole
         if key.kind == "merge":
             row.update(layout_fields(layout, args.dtype))
