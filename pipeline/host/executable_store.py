@@ -39,6 +39,7 @@ import jax
 from . import aot
 from .cache_reads import cache_read_bytes
 from .compile_cache import CompileCounter, compilation_cache_dir
+from .compile_turns import compile_turn
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
@@ -56,11 +57,13 @@ class ProgramBuild:
     source: str  # STORED, PRECOMPILED, COMPILED or CACHED
     trace_s: float = 0.0  # tracing to a jaxpr and lowering to StableHLO (0: loaded whole)
     compile_s: float = 0.0  # XLA's compile, or reading the executable from JAX's persistent cache
+    wait_s: float = 0.0  # waiting for another process on this host compiling the same program (compile_turns.py)
 
     def line(self) -> str:
         """e.g. "step_full 128x128 cfg: traced and lowered in 1.9 s, from JAX's compilation cache in 0.1 s"."""
         how = "compiled" if self.source == COMPILED else "from JAX's compilation cache"
-        return f"{self.label}: traced and lowered in {self.trace_s:.1f} s, {how} in {self.compile_s:.1f} s"
+        waited = f" after {self.wait_s:.1f} s waiting for another process compiling it" if self.wait_s >= 0.1 else ""
+        return f"{self.label}: traced and lowered in {self.trace_s:.1f} s, {how} in {self.compile_s:.1f} s{waited}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class StartupPrograms:
         parts.append(f"{self.traced} traced and lowered in {self.trace_s:.1f} s")
         parts.append(f"{self.count(COMPILED)} compiled and {self.count(CACHED)} from JAX's compilation cache "
                      f"in {self.compile_s:.1f} s")  # fmt: skip
+        if (waited := sum(build.wait_s for build in self.builds)) >= 0.1:
+            parts.append(f"{waited:.1f} s waiting for other processes on this host compiling the same programs")
         if self.count(PRECOMPILED):
             parts.append(f"{self.count(PRECOMPILED)} precompiled")
         if self.stored:
@@ -105,7 +110,8 @@ class StartupPrograms:
 
     def timings(self) -> dict[str, float]:
         return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
-                "executables_store_s": self.store_s}  # fmt: skip
+                "executables_store_s": self.store_s,
+                "compile_wait_s": sum(build.wait_s for build in self.builds)}  # fmt: skip
 
     def counts(self) -> dict[str, int]:
         """Programs per source: traced (compiled + cached), compiled, cached, loaded, precompiled; stored."""
@@ -129,7 +135,8 @@ def store_directory(programs: ServedPrograms) -> Path | None:
 
 def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: bool) -> StartupPrograms:
     """Give every program of `keys` its executable: already installed (`--precompiled`), loaded from this host's
-    store (`store`), else traced, lowered and compiled (XLA's part from JAX's persistent cache when it has it); then
+    store (`store`), else traced, lowered and compiled (XLA's part from JAX's persistent cache when it has it, and
+    one process on this host at a time per program: compile_turns.py); then
     store what was compiled or read from JAX's cache. Each traced program ("program k of N: ...", while they compile)
     and the total are logged in one line each."""
     builds = [ProgramBuild(key.label, PRECOMPILED) for key in keys if programs.is_compiled(key)]
@@ -150,10 +157,12 @@ def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: boo
         lowered = programs.lower(key)
         traced_at = time.perf_counter()
         hits = CompileCounter.cache_hits()
-        with cache_read_bytes() if directory is not None else contextlib.nullcontext([]) as reads:
-            executable = lowered.compile()
+        with compile_turn(programs, key) as waited:  # another process here compiling it: wait, then read its entry
+            compiling_at = time.perf_counter()
+            with cache_read_bytes() if directory is not None else contextlib.nullcontext([]) as reads:
+                executable = lowered.compile()
         build = ProgramBuild(key.label, CACHED if CompileCounter.cache_hits() > hits else COMPILED,
-                             traced_at - started, time.perf_counter() - traced_at)  # fmt: skip
+                             traced_at - started, time.perf_counter() - compiling_at, waited[0])  # fmt: skip
         if directory is not None:
             if build.source == COMPILED:
                 compiled[key] = (executable, None)

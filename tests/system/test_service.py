@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -99,11 +100,11 @@ def engines(tmp_path_factory):
     logs = tmp_path_factory.mktemp("service")
     started = []
     try:
-        # One after the other: the second reads the programs the first compiled from the compilation cache (started
-        # together, both compiled every program, each on a core the rest of the suite needs).
-        for i in range(2):
-            started.append(Engine(TINY_PT, logs / f"engine{i}.log"))
-            started[-1].wait_for("Serving the engine on")
+        # Both at once, as a page's engines on one host start: each program is compiled by one of them, the other
+        # waits for it and reads it from the compilation cache (pipeline/host/compile_turns.py).
+        started += [Engine(TINY_PT, logs / f"engine{i}.log") for i in range(2)]
+        for engine in started:
+            engine.wait_for("Serving the engine on")
         yield started
     finally:
         for engine in started:
@@ -134,6 +135,21 @@ def generate(page, seed: int, steps: int = 2) -> tuple[list[np.ndarray], int, st
     gallery, used, status = client(page).predict("a lighthouse", api_name="/generate", seed=seed,
                                                  randomize_seed=False, steps=steps)  # fmt: skip
     return [np.asarray(Image.open(item["image"]).convert("RGB")) for item in gallery], used, status
+
+
+#: An engine's start-up line: served programs, compiled ones, and ones from JAX's cache (executable_store.summary).
+STARTUP_PROGRAMS = r"programs \((\d+)\): .*?(\d+) compiled and (\d+) from JAX's compilation cache"
+
+
+def test_two_engines_started_at_once_compile_each_program_once(engines):
+    """Without turns, two engines started together on a cold cache compiled every program twice."""
+    counts = []
+    for engine in engines:
+        found = re.search(STARTUP_PROGRAMS, engine.text())
+        assert found, engine.text()[-3000:]
+        counts.append(tuple(map(int, found.groups())))  # (served, compiled, from the cache)
+    (served, *_), _ = counts
+    assert all(count[0] == served for count in counts) and sum(count[1] for count in counts) <= served, counts
 
 
 def test_the_token_and_the_endpoints(engines):
