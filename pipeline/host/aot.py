@@ -69,6 +69,13 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def build_environment() -> dict:
+    """What decides an executable besides its program: the library versions and the compiler flags of this process
+    (the executable store's folder and a compile turn's name both hash it)."""
+    return {"versions": versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")}  # fmt: skip
+
+
 # ---- precompiled start-up -------------------------------------------------------------------------------------------
 
 

@@ -25,7 +25,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,9 +43,7 @@ def turn_path(programs: ServedPrograms, key: ProgramKey) -> Path | None:
         return None
     if jax.process_count() > 1:  # a cluster's processes: no entry to wait for (the module docstring)
         return None
-    identity = {"program": aot.fingerprint(programs, key), "versions": aot.versions(),
-                "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")}  # fmt: skip
+    identity = {"program": aot.fingerprint(programs, key), **aot.build_environment()}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     return Path(jax.config.jax_compilation_cache_dir) / TURNS / f"{key.kind}-{digest}.lock"
 
@@ -56,21 +53,25 @@ def compile_turn(programs: ServedPrograms, key: ProgramKey) -> Iterator[list[flo
     """Compile `key`'s program in the body once this process's turn has come; yields [seconds waited for it]."""
     waited = [0.0]
     path = turn_path(programs, key)
-    if path is None:
+    with contextlib.ExitStack() as stack:
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                started = time.perf_counter()
+                stack.enter_context(host_lock(path))
+                waited[0] = time.perf_counter() - started
+            except OSError:  # a read-only cache folder: compile without a turn, as before
+                pass
         yield waited
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a")  # noqa: SIM115 (held across the yield)
-    except OSError:  # a read-only cache folder: compile without a turn, as before
-        yield waited
-        return
-    with handle:
-        started = time.perf_counter()
+
+
+@contextlib.contextmanager
+def host_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if absent) against every process on this host."""
+    with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        waited[0] = time.perf_counter() - started
         try:
-            yield waited
+            yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 

@@ -25,11 +25,9 @@ kept on a run of several processes (each holds part of the devices).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ import jax
 from . import aot
 from .cache_reads import cache_read_bytes
 from .compile_cache import CompileCounter, compilation_cache_dir
-from .compile_turns import compile_turn
+from .compile_turns import compile_turn, host_lock
 from .programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
@@ -92,14 +90,19 @@ class StartupPrograms:
     def compile_s(self) -> float:
         return sum(build.compile_s for build in self.builds)
 
+    @property
+    def wait_s(self) -> float:
+        """Waiting for other processes on this host compiling the same programs (compile_turns.py)."""
+        return sum(build.wait_s for build in self.builds)
+
     def summary(self) -> str:
         """One line: how many programs came from where, and the seconds of each phase."""
         parts = [f"{self.count(STORED)} loaded from this host's executables in {self.load_s:.1f} s"]
         parts.append(f"{self.traced} traced and lowered in {self.trace_s:.1f} s")
         parts.append(f"{self.count(COMPILED)} compiled and {self.count(CACHED)} from JAX's compilation cache "
                      f"in {self.compile_s:.1f} s")  # fmt: skip
-        if (waited := sum(build.wait_s for build in self.builds)) >= 0.1:
-            parts.append(f"{waited:.1f} s waiting for other processes on this host compiling the same programs")
+        if self.wait_s >= 0.1:
+            parts.append(f"{self.wait_s:.1f} s waiting for other processes on this host compiling the same programs")
         if self.count(PRECOMPILED):
             parts.append(f"{self.count(PRECOMPILED)} precompiled")
         if self.stored:
@@ -111,7 +114,7 @@ class StartupPrograms:
     def timings(self) -> dict[str, float]:
         return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
                 "executables_store_s": self.store_s,
-                "compile_wait_s": sum(build.wait_s for build in self.builds)}  # fmt: skip
+                "compile_wait_s": self.wait_s}  # fmt: skip
 
     def counts(self) -> dict[str, int]:
         """Programs per source: traced (compiled + cached), compiled, cached, loaded, precompiled; stored."""
@@ -127,8 +130,7 @@ def store_directory(programs: ServedPrograms) -> Path | None:
     first = next(iter(programs.mesh.devices.flat))
     count = int(programs.mesh.devices.size)
     identity = {"format": aot.FORMAT, "platform": first.platform, "device_kind": first.device_kind, "devices": count,
-                "versions": aot.versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")}  # fmt: skip
+                **aot.build_environment()}  # fmt: skip
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     return compilation_cache_dir() / STORE / f"{first.platform}-{count}-{digest}"
 
@@ -193,7 +195,7 @@ def store_executables(programs: ServedPrograms, compiled: dict, directory: Path)
     written = 0
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with _locked(directory / ".lock"):
+        with host_lock(directory / ".lock"):
             entries = _current_entries(programs, directory)
             for key, (executable, cached_bytes) in compiled.items():
                 try:
@@ -226,12 +228,3 @@ def _current_entries(programs: ServedPrograms, directory: Path) -> dict[str, dic
     entries = [entry for entry in manifest.get("programs", []) if isinstance(entry, dict)]
     return {entry["fingerprint"]: entry for entry in entries if entry.get("sources") == aot.sources_hash()}
 
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
