@@ -10,15 +10,18 @@ Flax classes are imported here).
   one CLIP-L and one CLIP-G layer) at a tiny spatial size.
 - bfloat16 (module dtype and parameters, as the engine runs them): equal bit for bit too (see `BF16_TOLERANCE`).
 
-Bit for bit on the tests' CPU platform (tests/conftest.py: 8 host devices), which the fixture script also uses: XLA's
-CPU convolutions split their work by thread pools the device count sizes, so the same program run with 1 device
-differs in the last bit for the tiny VAE decoder (diffusers' class and this one alike, 1.2e-6 at most).
+Bit for bit on the tests' CPU platform (tests/conftest.py: 8 host devices), which the fixture script also uses, and on
+the fixture's host's CPU: another CPU (its kernels, its vector widths) gives other last bits, and there the old classes
+run again on this host, in the reference venv (`_old_classes_here`). XLA's CPU convolutions split their work by thread
+pools the device count sizes, so the same program run with 1 device differs in the last bit for the tiny VAE decoder
+(diffusers' class and this one alike, 1.2e-6 at most).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -218,12 +221,35 @@ def _max_diff(got: dict, expected: dict) -> float:
 OTHER_XLA_TOLERANCE = 1e-4
 
 
+@functools.cache
+def _old_classes_here() -> np.lib.npyio.NpzFile:
+    """The old classes' float32 outputs computed on this host (scripts/make_network_fixtures.py --here, in the
+    reference venv: diffusers 0.39 and transformers 4 with this jax). Asked for only where this host's bits differ from
+    the committed fixture's: XLA:CPU's last bits depend on the CPU (an AMD EPYC with AVX-512 differs from the
+    fixture's host in every case but one, under any `--xla_cpu_max_isa`; measured 2026-11-28)."""
+    import subprocess
+    import tempfile
+
+    from bench.reference_venv import reference_python
+    from tests.conftest import REPO
+
+    out = Path(tempfile.mkdtemp(prefix="networks-here-")) / "float32.npz"
+    done = subprocess.run([str(reference_python()), "scripts/make_network_fixtures.py", "--here", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float32_bit_for_bit(case):
-    """Bit for bit under the jax the fixture was written with (its json says which); close under another."""
+    """Bit for bit under the jax the fixture was written with (its json says which): with the committed outputs, or,
+    on a host whose CPU gives other last bits, with the old classes run on this host; close under another jax."""
     got, expected = _run(case, "float32"), _arrays(case, "float32")
     assert sorted(got) == sorted(expected)
     same_xla = jax.__version__ == MANIFEST["versions"]["jax"]
+    if same_xla and not all(np.array_equal(got[name], expected[name]) for name in expected):
+        here = _old_classes_here()
+        expected = {name: here[f"{case}/float32/{name}"] for name in expected}
     for name in expected:
         scale = np.abs(expected[name]).max()
         assert np.isfinite(expected[name]).all() and scale > 0, name
