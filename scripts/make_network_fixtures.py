@@ -2,7 +2,7 @@
 project's own networks (pipeline/device/nets/) to be checked against once those classes are gone.
 
     .venv-reference/bin/python scripts/make_network_fixtures.py  # needs diffusers 0.39 and transformers 4
-    .venv-reference/bin/python scripts/make_network_fixtures.py --here OUT.npz  # float32 outputs on this host
+    .venv-reference/bin/python scripts/make_network_fixtures.py --here OUT.npz [bfloat16]  # outputs on this host
 
 What it writes (never run by CI; tests/engine/test_networks.py reads it and imports neither library's Flax classes):
 - per case (a network or one full-width block): its inputs, and its outputs in float32 and in bfloat16 (the module's
@@ -345,12 +345,13 @@ def main() -> None:
     print(f"wrote {OUT.name}.npz and .json")
 
 
-def float32_here(out: Path) -> None:
-    """`--here OUT`: the old classes' float32 outputs for the committed fixture's inputs and configs, computed on this
-    host, into OUT (.npz, the fixture's `case/float32/name` keys). XLA:CPU's bits depend on the host's CPU (its
-    kernels and vector widths: an AMD EPYC with AVX-512 differs from the fixture's host in the last bits of every
-    case, under any `--xla_cpu_max_isa`), so where this host's bits differ from the committed ones, the test asks
-    the old classes again here (tests/engine/test_networks.py runs this in the reference venv)."""
+def outputs_here(out: Path, dtype_name: str) -> None:
+    """`--here OUT [DTYPE]`: the old classes' outputs in DTYPE (float32 unless named) for the committed fixture's
+    inputs and configs, computed on this host, into OUT (.npz, the fixture's `case/DTYPE/name` keys). XLA:CPU's bits
+    depend on the host's CPU (its kernels and vector widths: an AMD EPYC with AVX-512 differs from the fixture's host
+    in the last bits of all float32 cases but one, under any `--xla_cpu_max_isa`), so where this host's bits differ
+    from the committed ones, the test asks the old classes again here (tests/engine/test_networks.py runs this in
+    the reference venv)."""
     import jax
     import jax.numpy as jnp
 
@@ -360,17 +361,19 @@ def float32_here(out: Path) -> None:
     committed = np.load(OUT.with_suffix(".npz"))
     arrays = {}
     for case, (build, init, call) in _cases(manifest["configs"]).items():
-        params = random_params(_shapes(init(build(jnp.float32))), manifest["seed"])
+        dtype = getattr(jnp, dtype_name)
+        params = _cast(random_params(_shapes(init(build(jnp.float32))), manifest["seed"]), dtype)
         prefix = f"{case}/input/"
-        inputs = {key[len(prefix) :]: committed[key] for key in committed.files if key.startswith(prefix)}
-        outputs = jax.jit(functools.partial(call, build(jnp.float32)))(params, inputs)
+        inputs = {key[len(prefix) :]: jnp.asarray(committed[key], dtype) if committed[key].dtype == np.float32
+                  else committed[key] for key in committed.files if key.startswith(prefix)}  # fmt: skip
+        outputs = jax.jit(functools.partial(call, build(dtype)))(params, inputs)
         for name, value in outputs.items():
-            arrays[f"{case}/float32/{name}"] = np.asarray(value.astype(jnp.float32))
+            arrays[f"{case}/{dtype_name}/{name}"] = np.asarray(value.astype(jnp.float32))
     np.savez(out, **arrays)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--here"]:
-        float32_here(Path(sys.argv[2]))
+        outputs_here(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "float32")
     else:
         main()
