@@ -20,45 +20,6 @@ LIGHTNING = "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
 PROMPT = "a red fox in fresh snow"
 
 
-def test_generate_writes_one_png_per_device(tiny_dir, tmp_path):
-    out = tmp_path / "out"
-    done = run_cli(
-        "generate",
-        "--model",
-        str(tiny_dir),
-        "--prompt",
-        "a tiny robot",
-        "--negative-prompt",
-        "blurry",
-        "--seed",
-        "77",
-        "--guidance-scale",
-        "3.5",
-        "--steps",
-        str(TEST_STEPS),
-        "--height",
-        str(TEST_SIZE),
-        "--width",
-        str(TEST_SIZE),
-        "--dtype",
-        "float32",
-        "--out",
-        str(out),
-        "--json",
-    )
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    paths = [Path(p) for p in summary["images"]]
-    assert len(paths) == 8 and paths == sorted(out.glob("*.png"))
-    assert summary["seeds"] == list(range(77, 85))
-    assert {"load_s", "compile_s", "first_run_s", "call_total_s"} <= set(summary["timings"])
-    text = Image.open(paths[7]).info["parameters"]
-    assert (
-        text.startswith("a tiny robot\nNegative prompt: blurry\n") and "Seed: 84" in text and "CFG scale: 3.5" in text
-    )
-    assert f"Model: {Path(tiny_dir).name}," in text and str(tiny_dir) not in text  # named, never the server's path
-
-
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
@@ -106,21 +67,30 @@ def test_restart_reuses_the_persistent_compilation_cache(tiny_dir, tmp_path):
 
 
 def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_path):
-    """No size flags: 128x128 at 4 steps, as in the app; XLA_FLAGS unset: one JAX device (one image) per core."""
+    """No size flags: 128x128 at 4 steps, as in the app; XLA_FLAGS unset: one JAX device (one PNG, the next seed) per
+    core. The request's own flags (negative prompt, guidance) are in every PNG's parameters, the model named as the
+    user named it, never by the server's path (the checkpoint's cache folder)."""
+    out = tmp_path / "out"
     done = run_python(
-        "-m", "pipeline", "generate", "--model", "tiny", "--prompt", "a lighthouse", "--style", "Cinematic",
-        "--seed", "5", "--dtype", "float32", "--out", str(tmp_path), "--json",
-        drop=("XLA_FLAGS",),
+        "-m", "pipeline", "generate", "--model", "tiny", "--prompt", "a lighthouse", "--negative-prompt", "blurry",
+        "--guidance-scale", "3.5", "--style", "Cinematic", "--seed", "77", "--dtype", "float32", "--out", str(out),
+        "--json", drop=("XLA_FLAGS",),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     cores = os.cpu_count()
-    assert summary["devices"] == f"{cores} × cpu" and len(summary["images"]) == cores
-    with Image.open(summary["images"][0]) as image:
+    paths = [Path(p) for p in summary["images"]]
+    assert summary["devices"] == f"{cores} × cpu" and len(paths) == cores and paths == sorted(out.glob("*.png"))
+    assert summary["seeds"] == list(range(77, 77 + cores))
+    assert {"load_s", "compile_s", "first_run_s", "call_total_s"} <= set(summary["timings"])
+    with Image.open(paths[0]) as image:
         assert image.size == (128, 128)
-        text = image.info["parameters"]
-    assert "Steps: 4," in text and "Size: 128x128" in text
+    text = Image.open(paths[-1]).info["parameters"]
+    assert "Steps: 4," in text and "Size: 128x128" in text and f"Seed: {76 + cores}," in text
     assert text.startswith("cinematic still a lighthouse")  # the style template was applied, as in the API
+    negative = text.split("\nNegative prompt: ")[1].split("\n")[0]
+    assert negative.endswith(", blurry") and "CFG scale: 3.5" in text  # the style's negative prompt, then the user's
+    assert "Model: tiny," in text and str(tiny_dir) not in text  # named, never the server's path
     # Only what its request runs: no previews, no levers' programs (a request that sets a lever compiles them:
     # tests/system/test_features_cli.py).
     from pipeline.host.programs import program_keys
