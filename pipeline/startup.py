@@ -116,6 +116,15 @@ def start(
         # compiling the guidance-free step, and the same picture to XLA's rounding (on the tiny model 5 values of
         # 98,304 one level apart). Followers keep them all: a leader may send a lever.
         config = dataclasses.replace(config, speed_levers=False)
+    with joined.failed_calls_as_one_line():  # a peer killed while the weights are placed: one line, no traceback
+        generator, warm, report = _load_and_warm(config, precompiled, on_loaded)
+    return Started(joined, generator, warm, report)
+
+
+def _load_and_warm(
+    config: EngineConfig, precompiled: str | None, on_loaded: Callable[[Generator], None] | None
+) -> tuple[Generator, dict[str, float], LoadReport | None]:
+    """`start`'s work after the join: load and place the weights, install `precompiled`, compile and warm up."""
     from .generator import Generator
 
     logger.info("loading %s: %d×%d, %d steps", config.model, config.width, config.height, config.steps)
@@ -138,4 +147,4 @@ def start(
     for phase, key in (("compile", "compile_s"), ("first run", "first_run_s")):
         logger.info("%-9s %7.2f s", phase, warm[key])
     logger.info("engine ready in %.1f s", time.perf_counter() - started)
-    return Started(joined, generator, warm, report)
+    return generator, warm, report

@@ -26,11 +26,13 @@ touches a heartbeat key each second; a follower silent for `heartbeat_s`, a slic
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import jax
 
@@ -109,6 +111,27 @@ class Cluster:
                         f"process {process} of {self.process_count} stopped answering "
                         f"(no heartbeat for {now - since:.0f} s); it died or its host is unreachable. Stopping."
                     )
+
+    @contextlib.contextmanager
+    def failed_calls_as_one_line(self) -> Iterator[None]:
+        """Around work every process does together (loading, placing and compiling at start-up): on several
+        processes, a JAX runtime error from a call across them ends the run as `collective_failed` says."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as error:
+            if not self.distributed:
+                raise
+            self.collective_failed(error)
+
+    def collective_failed(self, error: Exception) -> None:
+        """A call that every process enters failed under this one (a gloo read reset by a peer that was killed while
+        the weights were placed, say): leave as the heartbeat watcher would, with one line and status 4, never a
+        traceback. The leader's watcher names the process that went silent within `heartbeat_s`, so that line is
+        waited for; then (a follower, or a peer still beating) a line of its own. Never returns."""
+        logger.debug("a collective call failed", exc_info=error)
+        time.sleep(self.options.heartbeat_s + 2)  # the watcher's fatal() ends the process first when it can
+        fatal(f"a call across the {self.process_count} processes failed ({type(error).__name__}); a process died or "
+              "its host is unreachable. Stopping.")  # fmt: skip
 
     # -- leader
 
