@@ -114,24 +114,18 @@ class Cluster:
 
     @contextlib.contextmanager
     def failed_calls_as_one_line(self) -> Iterator[None]:
-        """Around work every process does together (loading, placing and compiling at start-up): on several
-        processes, a JAX runtime error from a call across them ends the run as `collective_failed` says."""
+        """Around work every process does together at start-up (loading, placing, compiling). A follower killed while
+        the leader places its weights makes that call across the processes (a gloo allgather) fail at once, and the
+        error would come out as a traceback beside the watcher's line. So on the leader of several processes a JAX
+        runtime error first waits for the heartbeat watcher, whose one line (and status 4) ends the process when a
+        follower is gone; any other error (out of memory, say) is raised as it is once the wait shows them alive."""
         try:
             yield
-        except jax.errors.JaxRuntimeError as error:
-            if not self.distributed:
-                raise
-            self.collective_failed(error)
-
-    def collective_failed(self, error: Exception) -> None:
-        """A call that every process enters failed under this one (a gloo read reset by a peer that was killed while
-        the weights were placed, say): leave as the heartbeat watcher would, with one line and status 4, never a
-        traceback. The leader's watcher names the process that went silent within `heartbeat_s`, so that line is
-        waited for; then (a follower, or a peer still beating) a line of its own. Never returns."""
-        logger.debug("a collective call failed", exc_info=error)
-        time.sleep(self.options.heartbeat_s + 2)  # the watcher's fatal() ends the process first when it can
-        fatal(f"a call across the {self.process_count} processes failed ({type(error).__name__}); a process died or "
-              "its host is unreachable. Stopping.")  # fmt: skip
+        except jax.errors.JaxRuntimeError:
+            if self.distributed and self.is_leader:
+                logger.debug("a call at start-up failed; waiting for the followers' heartbeats", exc_info=True)
+                time.sleep(self.options.heartbeat_s + 2)  # the watcher's fatal() ends the process when one is silent
+            raise
 
     # -- leader
 
