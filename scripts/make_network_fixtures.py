@@ -292,6 +292,17 @@ def _full_size_trees() -> dict:
     }
 
 
+def _outputs(build, call, params, inputs: dict, dtype_name: str) -> dict[str, np.ndarray]:
+    """One case's outputs in `dtype_name` (module dtype, parameters and float inputs cast to it), as float32 arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = getattr(jnp, dtype_name)
+    floats = {k: jnp.asarray(v, dtype) if v.dtype == np.float32 else v for k, v in inputs.items()}
+    outputs = jax.jit(functools.partial(call, build(dtype)))(_cast(params, dtype), floats)
+    return {name: np.asarray(value.astype(jnp.float32)) for name, value in outputs.items()}
+
+
 def main() -> None:
     import diffusers
     import jax
@@ -310,12 +321,8 @@ def main() -> None:
         for name, value in inputs[case].items():
             arrays[f"{case}/input/{name}"] = value
         for dtype_name in DTYPES:
-            dtype = getattr(jnp, dtype_name)
-            module = build(dtype)
-            floats = {k: jnp.asarray(v, dtype) if v.dtype == np.float32 else v for k, v in inputs[case].items()}
-            outputs = jax.jit(functools.partial(call, module))(_cast(params, dtype), floats)
-            for name, value in outputs.items():
-                arrays[f"{case}/{dtype_name}/{name}"] = np.asarray(value.astype(jnp.float32))
+            outputs = _outputs(build, call, params, inputs[case], dtype_name)
+            arrays.update({f"{case}/{dtype_name}/{name}": value for name, value in outputs.items()})
         print(case, ", ".join(f"{k}: {v.shape}" for k, v in outputs.items()), flush=True)
     np.savez_compressed(OUT.with_suffix(".npz"), **arrays)
     manifest = {
@@ -352,7 +359,6 @@ def outputs_here(out: Path, dtype_name: str) -> None:
     in the last bits of all float32 cases but one, under any `--xla_cpu_max_isa`), so where this host's bits differ
     from the committed ones, the test asks the old classes again here (tests/engine/test_networks.py runs this in
     the reference venv)."""
-    import jax
     import jax.numpy as jnp
 
     from tests.random_params import random_params
@@ -361,14 +367,11 @@ def outputs_here(out: Path, dtype_name: str) -> None:
     committed = np.load(OUT.with_suffix(".npz"))
     arrays = {}
     for case, (build, init, call) in _cases(manifest["configs"]).items():
-        dtype = getattr(jnp, dtype_name)
-        params = _cast(random_params(_shapes(init(build(jnp.float32))), manifest["seed"]), dtype)
+        params = random_params(_shapes(init(build(jnp.float32))), manifest["seed"])
         prefix = f"{case}/input/"
-        inputs = {key[len(prefix) :]: jnp.asarray(committed[key], dtype) if committed[key].dtype == np.float32
-                  else committed[key] for key in committed.files if key.startswith(prefix)}  # fmt: skip
-        outputs = jax.jit(functools.partial(call, build(dtype)))(params, inputs)
-        for name, value in outputs.items():
-            arrays[f"{case}/{dtype_name}/{name}"] = np.asarray(value.astype(jnp.float32))
+        inputs = {key[len(prefix) :]: committed[key] for key in committed.files if key.startswith(prefix)}
+        outputs = _outputs(build, call, params, inputs, dtype_name)
+        arrays.update({f"{case}/{dtype_name}/{name}": value for name, value in outputs.items()})
     np.savez(out, **arrays)
 
 
