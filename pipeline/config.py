@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,9 @@ QUANTIZE_MODES = ("none", "int8")
 
 #: Most 77-token windows a prompt may be read in (8 × 75 = 600 tokens).
 MAX_PROMPT_WINDOWS = 8
+
+#: An XLA compiler option's name (DebugOptions' fields: xla_gpu_..., xla_cpu_..., xla_tpu_...); XLA checks the rest.
+XLA_OPTION_NAME = re.compile(r"xla_[a-z0-9_]+")
 
 #: The sampler settings a config may set (None = the checkpoint's own).
 SAMPLER_FIELDS = ("sampler", "timestep_spacing", "prediction_type", "steps_offset", "cfg")
@@ -87,6 +91,7 @@ class EngineConfig:
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
+    xla_options: tuple[tuple[str, str], ...] = ()  # static: XLA compiler options of every served program (NAME, VALUE)
     speed_levers: bool = True  # static: compile what the per-request speed levers run (host/programs.py)
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
@@ -103,6 +108,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
         object.__setattr__(self, "hires_scales", tuple(float(scale) for scale in self.hires_scales))
+        object.__setattr__(self, "xla_options", tuple((str(name), str(value)) for name, value in self.xla_options))
+        for name, _ in self.xla_options:
+            if not XLA_OPTION_NAME.fullmatch(name):
+                raise InvalidInput(f"An XLA option's name looks like xla_gpu_enable_triton_gemm; got {name!r}.")
         if any(not 1 < scale <= MAX_SCALE for scale in self.hires_scales):
             raise InvalidInput(f"Each hires scale must be above 1 and at most {MAX_SCALE:g}; got {self.hires_scales}.")
         for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache", "vae_tile_above"):
@@ -255,6 +264,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         previews=not get("no_previews"),
         **{name: value for name in GIVEN_OR_DEFAULT
            if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default
+        xla_options=xla_option_pairs(get("xla_option")),
         compilation_cache=not get("no_compilation_cache"),
         executable_cache=not get("no_executable_cache"),
         **settings,
@@ -271,3 +281,23 @@ def controlnet_specs(flags) -> tuple[str, ...]:
 
     values = list(flags or ()) or os.environ.get(CONTROLNET_ENV, "").split(",")
     return tuple(value.strip() for value in values if value.strip())
+
+
+#: The environment variable of --xla-option: comma-separated NAME=VALUE pairs (the flag, repeated, wins).
+XLA_OPTIONS_ENV = "SDXL_XLA_OPTIONS"
+
+
+def xla_option_pairs(flags) -> tuple[tuple[str, str], ...]:
+    """--xla-option values (NAME=VALUE), else SDXL_XLA_OPTIONS' comma-separated ones, as (name, value) pairs in the
+    order given (a name given twice keeps its last value); one sentence for a value without "="."""
+    import os
+
+    texts = [text.strip() for text in (list(flags or ()) or os.environ.get(XLA_OPTIONS_ENV, "").split(","))]
+    pairs: dict[str, str] = {}
+    for text in filter(None, texts):
+        name, equals, value = text.partition("=")
+        if not equals or not name.strip() or not value.strip():
+            raise InvalidInput(f"--xla-option takes NAME=VALUE, e.g. xla_gpu_dot_merger_threshold_mb=0; got {text!r}.")
+        pairs.pop(name.strip(), None)
+        pairs[name.strip()] = value.strip()
+    return tuple(pairs.items())

@@ -50,6 +50,7 @@ from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import batch_sharded, data_mesh, global_batch, replicate_tree, replicated, to_host
 from .host import loop
 from .host.compile_cache import CompileCounter, configure_compilation_cache
+from .host.compiler_options import check as check_compiler_options
 from .host.controlnet_plan import ServedControlNets, control_inputs
 from .host.emphasis import has_emphasis
 from .host.executable_store import StartupPrograms, build_served
@@ -118,9 +119,11 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
 
 
 def prepare(config: EngineConfig, devices: list | None = None) -> EngineConfig:
-    """What a generator needs before weights load: `config` for the devices' platform (`for_platform`), the compile
-    counter installed and JAX's compilation cache as `config` asks."""
-    config = for_platform(config, (devices[0] if devices else jax.devices()[0]).platform)
+    """What a generator needs before weights load: `config` for the devices' platform (`for_platform`), its XLA
+    options checked, the compile counter installed and JAX's compilation cache as `config` asks."""
+    device = devices[0] if devices else jax.devices()[0]
+    config = for_platform(config, device.platform)
+    check_compiler_options(config.xla_options, device if devices else None)
     CompileCounter.install()
     configure_compilation_cache(config.compilation_cache)
     return config
@@ -224,6 +227,7 @@ def build_programs(
         cfg=sampler.cfg,
         refiner_zero_negative=refiner.zero_empty_negative if refiner is not None else False,
         vae_tile_above=config.vae_tile_above,
+        xla_options=config.xla_options,
     )
 
 

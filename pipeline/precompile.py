@@ -59,5 +59,6 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,
                 "per_device_batch": config.per_device_batch, "attention": config.attention, "cfg": sampler.cfg,
-                "prediction_type": sampler.prediction_type}  # fmt: skip
+                "prediction_type": sampler.prediction_type,
+                "xla_options": [list(pair) for pair in config.xla_options]}  # fmt: skip
     return save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)

@@ -2,7 +2,7 @@
 
     devices = topology_devices("v5e:2x2")            # 4 "TPU v5 lite" devices, no TPU needed (libtpu installed)
     programs = ServedPrograms(modules, abstract_params, data_mesh(devices), ...)
-    compiled = programs.lower(key).compile()        # the real TPU compiler, on this CPU host
+    compiled = programs.compile_lowered(programs.lower(key))   # the real TPU compiler, on this CPU host
 
     save_precompiled(programs, keys, "precompiled/", topology="v5e:2x2")      # pipeline/precompile.py
     load_precompiled(programs, keys, "precompiled/")  # app.py --precompiled: installs those that match
@@ -233,7 +233,7 @@ def save_precompiled(
     entries = []
     for key in keys:
         started = time.perf_counter()
-        entry = serialized_entry(programs, key, programs.lower(key).compile(), directory)
+        entry = serialized_entry(programs, key, programs.compile_lowered(programs.lower(key)), directory)
         seconds = time.perf_counter() - started
         entries.append({**entry, "compile_s": round(seconds, 2)})
         progress(f"precompiled {key.label} in {seconds:.1f} s ({entry['bytes'] / 2**20:.1f} MiB)")

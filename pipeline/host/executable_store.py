@@ -162,7 +162,7 @@ def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: boo
         with compile_turn(programs, key) as waited:  # another process here compiling it: wait, then read its entry
             compiling_at = time.perf_counter()
             with cache_read_bytes() if directory is not None else contextlib.nullcontext([]) as reads:
-                executable = lowered.compile()
+                executable = programs.compile_lowered(lowered)
         build = ProgramBuild(key.label, CACHED if CompileCounter.cache_hits() > hits else COMPILED,
                              traced_at - started, time.perf_counter() - compiling_at, waited[0])  # fmt: skip
         if directory is not None:

@@ -58,6 +58,7 @@ from ..device.upscale import upscale_local
 from ..device.vae import decode_local
 from ..device.vae import encode_local as vae_encode_local
 from ..device.vae_tiles import decode_tiled_local, encode_tiled_local
+from .compiler_options import compiler_options
 from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
@@ -196,6 +197,7 @@ class ServedPrograms:
         cfg: bool = True,
         refiner_zero_negative: bool = False,
         vae_tile_above: int | None = None,
+        xla_options: tuple[tuple[str, str], ...] = (),
     ):
         self.modules = modules
         self.mesh = mesh
@@ -210,6 +212,7 @@ class ServedPrograms:
         self.cfg = cfg  # static: the server guides (the refiner's text is encoded with its unconditional half)
         self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
         self.vae_tile_above = vae_tile_above  # static: images of more pixels are decoded and encoded in tiles
+        self.xla_options = tuple(xla_options)  # static: XLA compiler options of every program (host/compiler_options)
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -406,8 +409,12 @@ class ServedPrograms:
     def compile(self, key: ProgramKey) -> jax.stages.Compiled:
         """`key`'s compiled program, built on first use (from JAX's persistent cache when it has it)."""
         if key not in self._compiled:
-            self._compiled[key] = self.lower(key).compile()
+            self._compiled[key] = self.compile_lowered(self.lower(key))
         return self._compiled[key]
+
+    def compile_lowered(self, lowered) -> jax.stages.Compiled:
+        """XLA's compile of a lowered program of these, with the servers' `--xla-option`s."""
+        return lowered.compile(compiler_options(self.xla_options) or None)
 
     def install(self, key: ProgramKey, compiled: jax.stages.Compiled) -> None:
         """Use an executable built elsewhere (a precompiled start-up) for `key`."""

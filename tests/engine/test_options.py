@@ -215,3 +215,27 @@ def test_engine_defaults_are_declared_once():
         assert getattr(built, name) == default, name
         flagged = [o for o in options.OPTIONS if o.flag == "--" + OPTION_OF.get(name, name).replace("_", "-")]
         assert len(flagged) == 1 and flagged[0].default == default, name
+
+
+def test_xla_options_from_flags_and_environment(monkeypatch, capsys):
+    """`--xla-option NAME=VALUE` (repeated) in the app, the CLI and precompile, else SDXL_XLA_OPTIONS' comma-separated
+    pairs; the flag wins, a name given twice keeps its last value, and a pair without "=" is one line, status 2."""
+    monkeypatch.delenv("SDXL_XLA_OPTIONS", raising=False)
+    assert parse_args(["--model", "tiny"]).config.xla_options == ()
+    flags = ["--xla-option", "xla_gpu_dot_merger_threshold_mb=0", "--xla-option", "xla_gpu_enable_triton_gemm=false"]
+    expected = (("xla_gpu_dot_merger_threshold_mb", "0"), ("xla_gpu_enable_triton_gemm", "false"))
+    assert parse_args(["--model", "tiny", *flags]).config.xla_options == expected
+    cli = ["--prompt", "x", "--out", "o", *flags]
+    assert engine_config(_generate_parser().parse_args(cli)).xla_options == expected
+    assert engine_config(_subparser("precompile").parse_args(["--out", "o", *flags])).xla_options == expected
+    monkeypatch.setenv("SDXL_XLA_OPTIONS", " xla_gpu_enable_triton_gemm=false , xla_gpu_autotune_level=0,"
+                       "xla_gpu_enable_triton_gemm=true")  # fmt: skip
+    assert parse_args(["--model", "tiny"]).config.xla_options == (("xla_gpu_autotune_level", "0"),
+                                                                   ("xla_gpu_enable_triton_gemm", "true"))  # fmt: skip
+    assert parse_args(["--model", "tiny", *flags[:2]]).config.xla_options == expected[:1]  # the flag wins
+    for bad, says in (("xla_gpu_enable_triton_gemm", "takes NAME=VALUE"), ("gpu_thing=1", "looks like xla_")):
+        with pytest.raises(SystemExit) as info:
+            parse_args(["--model", "tiny", "--xla-option", bad])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert "NAME=VALUE" in _flags(app_parser())["--xla-option"].help
