@@ -44,6 +44,8 @@ from pathlib import Path
 SDXL = "sdxl"
 TINY = "tiny"
 PARTS = ("engine", "requests", "controlnet", "int8")
+#: --warm-up: every served program at start-up (the app's), or only the programs the measured requests run.
+WARM_UPS = ("all", "request")
 PROMPT = "a photo of an astronaut riding a horse on the moon, highly detailed"
 NEGATIVE = "blurry, low quality"
 #: Request kinds the `requests` part times: (label, fields beyond prompt/negative/seed).
@@ -80,6 +82,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--out", default="bench-results", help="directory of accelerator.json (default bench-results/)")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     add("--peer", choices=("torch",), default=None, help="also time diffusers' PyTorch pipeline (eager, compiled)")
+    add("--warm-up", choices=WARM_UPS, default="all", help="all: every served program compiled and run at start-up, "
+        "as the app does (default); request: only what the measured requests run, compiled by their untimed first "
+        "calls (a shorter GPU run: python -m bench gpu)")
     add("--torch-python", default=sys.executable, help="the python of the PyTorch pipeline's worker (default: this)")
     args = parser.parse_args(argv)
     args.part_list = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -167,7 +172,8 @@ def _leaves(tree):
 
 def engine(loaded, args, dtype: str, nets=(), **settings):
     """A generator over `loaded` as the app builds one, warmed up: (generator, its warm-up timings). The executable
-    store is off: a program JAX's cache already holds would be compiled a second time to be stored."""
+    store is off: a program JAX's cache already holds would be compiled a second time to be stored. With
+    `--warm-up request` nothing is compiled here (timings {}): each request's untimed first call compiles its own."""
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator, prepare
 
@@ -176,7 +182,7 @@ def engine(loaded, args, dtype: str, nets=(), **settings):
                           executable_cache=False, **settings)  # fmt: skip
     config = prepare(config)  # as Generator.load does before it loads a checkpoint
     generator = Generator(loaded, config, None, list(nets))  # every local device, as diffusers' pmap uses them
-    return generator, generator.warmup()
+    return generator, generator.warmup() if getattr(args, "warm_up", "all") == "all" else {}
 
 
 def time_requests(generator, requests, runs: int, say) -> list[dict]:
@@ -250,9 +256,12 @@ def main(argv: list[str]) -> int:
     progress(f"accelerator: {count / 1e9:.2f} B parameters made in {loaded.load_s:.1f} s")
     nets = [full_size_controlnet(args.model, dtype, loaded)] if "controlnet" in args.part_list else []
     generator, warmup = engine(loaded, args, dtype, nets)
-    progress(f"accelerator: engine warm in {warmup['compile_s'] + warmup['first_run_s']:.1f} s "
-             f"({generator.startup_programs.summary()})")  # fmt: skip
-    save("startup", {**warmup, "programs": [key.label for key in generator.program_keys()]})
+    if warmup:
+        progress(f"accelerator: engine warm in {warmup['compile_s'] + warmup['first_run_s']:.1f} s "
+                 f"({generator.startup_programs.summary()})")  # fmt: skip
+        save("startup", {**warmup, "programs": [key.label for key in generator.program_keys()]})
+    else:
+        progress("accelerator: --warm-up request: each request's first, untimed call compiles its programs")
     if "engine" in args.part_list:
         attempt("engine_vs_diffusers", lambda: _compare(generator, loaded, args, dtype, progress))
     if args.peer == "torch":

@@ -5,11 +5,13 @@
                                                             # CPU smoke test
 
 Stages, in this order, each a child process of an existing command (its own process group) writing into --out:
-1. `accelerator`: `python -m bench accelerator --parts engine --peer torch --prompt-windows 1`: the engine against
-   diffusers' Flax pipeline (the reference venv's worker) and diffusers' PyTorch pipeline, eager and compiled, at
-   one image per request (accelerator.json).
-2. `step-profile`: `python -m bench step-profile --throughput 1,2,4,8`: the CFG step's profile by op category, then
-   MLPerf's request (20 steps, CFG 8) at each images-per-device value (step_profile.json).
+1. `accelerator`: `python -m bench accelerator --parts engine --peer torch --prompt-windows 1 --warm-up request`:
+   the engine against diffusers' Flax pipeline (the reference venv's worker) and diffusers' PyTorch pipeline, eager
+   and compiled, at one image per request (accelerator.json); only the programs the measured requests run are
+   compiled, by their untimed first calls.
+2. `step-profile`: `python -m bench step-profile --levers LEVERS --throughput 1,2,4,8`: the CFG step's profile by op
+   category, the 25-step request with each set of XLA options against the engine without them (seconds and pixels),
+   then MLPerf's request (20 steps, CFG 8) at each images-per-device value (step_profile.json).
 
 Before either starts, the pieces each needs are checked (the engine's packages here; the reference python's and
 --torch-python's imports, a few seconds each) and each missing one is printed in one line: which stage or peer it
@@ -43,7 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 #: Each stage's share of the budget (see the module docstring). A plan, not a measurement: on the H200 the
 #: accelerator's parts took minutes each (bench/README.md) and the step profile with 1,2,4,8 took 281 s.
-SHARES = {"accelerator": 0.6, "step-profile": 0.4}
+SHARES = {"accelerator": 0.55, "step-profile": 0.45}
+#: The XLA option sets the step-profile stage times on the 25-step request by default (`--levers`): the two that
+#: bench/README's step profile measured on the step alone (without XLA's dot merger: 3.5 % faster; cuBLAS for every
+#: product: 1.9 %), the first alone and both together.
+LEVERS = ("nomerge:xla_gpu_dot_merger_threshold_mb=0;"
+          "nomerge_cublas:xla_gpu_dot_merger_threshold_mb=0,xla_gpu_enable_triton_gemm=false")
 #: What diffusers' Flax pipeline's worker (bench/reference_worker.py) imports, checked in the reference python.
 FLAX_PEER_IMPORTS = "import jax, flax; from diffusers import FlaxStableDiffusionXLPipeline; import transformers"
 #: Seconds a killed stage gets between SIGTERM and SIGKILL.
@@ -79,6 +86,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--throughput", default="1,2,4,8", help="images per device for MLPerf's request (default 1,2,4,8)")
     add("--throughput-runs", type=int, default=2, help="timed requests per --throughput value (default 2)")
     add("--calls", type=int, default=20, help="step calls the profile times and traces (default 20)")
+    add("--levers", default=LEVERS, help="XLA option sets the step-profile stage times on the 25-step request, "
+        "NAME:OPTION=VALUE,...;NAME:... ('' for none; default: without the dot merger, and also cuBLAS for every "
+        "product)")
+    add("--request-runs", type=int, default=3, help="timed requests per lever set (default 3)")
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     add("--torch-python", default=sys.executable, help="the python of the PyTorch pipeline (default: this one)")
@@ -87,8 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.stage_list = [s.strip() for s in args.stages.split(",") if s.strip()]
     if set(args.stage_list) - set(SHARES) or not args.stage_list:
         parser.error(f"--stages takes some of {', '.join(SHARES)}")
-    if args.budget_s <= 0 or min(args.runs, args.throughput_runs, args.calls, args.steps) < 1:
-        parser.error("--budget-s must be positive; --runs, --throughput-runs, --calls and --steps at least 1")
+    if args.budget_s <= 0 or min(args.runs, args.throughput_runs, args.calls, args.steps, args.request_runs) < 1:
+        parser.error("--budget-s must be positive; --runs, --throughput-runs, --calls, --steps and --request-runs "
+                     "at least 1")
     try:
         args.per_device = [int(n) for n in args.throughput.split(",") if n.strip()]
     except ValueError:
@@ -148,7 +160,7 @@ def plan(args: argparse.Namespace, missing: dict[str, str]) -> list[Stage]:
     if "accelerator" in args.stage_list:
         flax, torch = "flax peer" not in missing, "torch peer" not in missing
         command = [*bench, "accelerator", "--parts", "engine" if flax else "", "--steps", str(args.steps),
-                   "--runs", str(args.runs), "--prompt-windows", "1", *common,
+                   "--runs", str(args.runs), "--prompt-windows", "1", "--warm-up", "request", *common,
                    *(["--peer", "torch", "--torch-python", args.torch_python] if torch else [])]  # fmt: skip
         left_out = {part: missing[piece] for part, piece in (("engine_vs_diffusers", "flax peer"),
                     ("peer_torch", "torch peer")) if piece in missing}  # fmt: skip
@@ -156,7 +168,8 @@ def plan(args: argparse.Namespace, missing: dict[str, str]) -> list[Stage]:
         stages.append(Stage("accelerator", command, "accelerator.json", skipped, left_out))
     if "step-profile" in args.stage_list:
         command = [*bench, "step-profile", "--throughput", ",".join(map(str, args.per_device)),
-                   "--runs", str(args.throughput_runs), "--calls", str(args.calls), *common]  # fmt: skip
+                   "--runs", str(args.throughput_runs), "--calls", str(args.calls), "--levers", args.levers,
+                   "--request-runs", str(args.request_runs), *common]  # fmt: skip
         stages.append(Stage("step-profile", command, "step_profile.json"))
     if "engine" in missing:
         for stage in stages:
@@ -265,7 +278,7 @@ LABELS = {
 }  # fmt: skip
 
 
-def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int]) -> tuple[dict, dict]:
+def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], levers: str = "") -> tuple[dict, dict]:
     """(figures, missing figures with why) read back from the stage's JSON `data`."""
     status = outcome["status"]
     why = {"finished": "not in {json}", "skipped": "stage skipped: {error}"}.get(status, f"stage {status}: {{error}}")
@@ -288,6 +301,15 @@ def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int]) -> 
         for n in per_device:
             if n not in rows:
                 absent[f"throughput at {n} per device"] = why.format(json=stage.json_name, error=outcome.get("error"))
+        figures["levers"] = [
+            {key: row[key] for key in ("name", "xla_options", "request_s_median", "over_base", "max_pixel_difference",
+                                       "pixels_differing_percent", "error") if key in row}
+            for row in data.get("levers") or []
+        ]  # fmt: skip
+        measured = {row["name"] for row in figures["levers"]}
+        for name in ["base", *(part.split(":", 1)[0].strip() for part in levers.split(";") if part.strip())]:
+            if name not in measured:
+                absent[f"lever {name}"] = why.format(json=stage.json_name, error=outcome.get("error"))
     return figures, absent
 
 
@@ -303,7 +325,7 @@ def markdown(summary: dict) -> str:
     lines += ["", "| figure | value |", "|---|---|"]
     for stage in summary["stages"]:
         for name, value in stage["figures"].items():
-            if name != "throughput":
+            if name not in ("throughput", "levers"):
                 lines.append(f"| {LABELS[name]} | {value:.4g} |")
     rows = [row for stage in summary["stages"] for row in stage["figures"].get("throughput", [])]
     if rows:
@@ -314,6 +336,20 @@ def markdown(summary: dict) -> str:
             peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "—"
             lines.append(f"| {row['images_per_device']} | {row['images']} | {row['request_s']:.3f} | "
                          f"{row['images_per_s']:.2f} | {peak} |")  # fmt: skip
+    levers = [row for stage in summary["stages"] for row in stage["figures"].get("levers", [])]
+    if levers:
+        lines += ["", "XLA options on the 25-step CFG request (one image per device):", "",
+                  "| set | options | s per request | of base | max pixel difference | values differing |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for row in levers:
+            options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
+            if "error" in row:
+                lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
+            elif "over_base" not in row:
+                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
+            else:
+                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
+                             f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
     absent: dict[str, list[str]] = {}  # why -> the figures it took
     for stage in summary["stages"]:
         for name, why in stage["missing_figures"].items():
@@ -323,7 +359,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int]) -> dict:
+def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int], levers: str = "") -> dict:
     """Run one stage (unless skipped) within `deadline` seconds, then read its headline figures back: its gpu.json
     entry. The stage's JSON from an earlier run is removed first, so a figure read back is this run's."""
     from .common import progress
@@ -342,7 +378,7 @@ def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int]
         data = json.loads(path.read_text()) if path.is_file() else {}
     except json.JSONDecodeError:  # not the bench's own (it writes whole files): read as nothing measured
         data = {}
-    figures, absent = headline(stage, outcome, data, per_device)
+    figures, absent = headline(stage, outcome, data, per_device, levers)
     return {"name": stage.name, "command": stage.command, **outcome, "json": stage.json_name,
             "left_out": stage.left_out, "figures": figures, "missing_figures": absent}  # fmt: skip
 
@@ -366,7 +402,7 @@ def main(argv: list[str]) -> int:
     for index, stage in enumerate(stages):
         shares = sum(SHARES[later.name] for later in stages[index:] if not later.skipped) or 1.0  # 0: all skipped
         deadline = (args.budget_s - (time.monotonic() - started)) * SHARES[stage.name] / shares
-        summary["stages"].append(run_and_read(stage, deadline, out, args.per_device))
+        summary["stages"].append(run_and_read(stage, deadline, out, args.per_device, args.levers))
         summary["total_s"] = time.monotonic() - started
         write_json(summary, out / "gpu.json")  # after each stage, whole: a cut parent keeps the last one
         (out / "gpu.md").write_text(markdown(summary))

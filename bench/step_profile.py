@@ -2,6 +2,7 @@
 
     python -m bench step-profile                                   # GPU: SDXL-shaped weights, 1024², bf16
     python -m bench step-profile --model tiny --size 64 --calls 3  # CPU smoke test (XLA:CPU's thunks, not kernels)
+    python -m bench step-profile --levers 'nomerge:xla_gpu_dot_merger_threshold_mb=0' --throughput 8
 
 The engine is built as `python -m bench accelerator` builds it (bf16 on an accelerator, one image per device,
 `--attention auto`, `--prompt-windows 1`, speed levers on, previews off), but only the programs a 25-step CFG request
@@ -14,6 +15,11 @@ process: its XLA thunk events) are summed per category. **The categories come fr
 heuristic rules of CATEGORIES below** (first match wins, on the kernel's name and the HLO op the profiler gives it):
 a cuDNN convolution that XLA names `fusion` lands in the category of whatever its name says. The top kernels are
 listed by name so a reader can check the rules against what ran.
+
+Then, with `--levers`, the same 25-step CFG request on the profiled engine and on an engine per set of XLA options
+(`--xla-option`, host/compiler_options.py) over the same weights, timed in interleaved rounds: seconds per request,
+the ratio, and the pixels' distance from the engine's without them. Then, with `--throughput`, MLPerf's request
+per images-per-device value.
 
 Outputs in --out: step_profile.json (per category: ms per step, % of the kernels' time, kernels per step; the top
 kernels; the step's wall time; the program's FLOPs from XLA's cost analysis and TFLOP/s at that wall time),
@@ -34,6 +40,10 @@ from pathlib import Path
 
 #: MLPerf Inference's SDXL request (the throughput rows): 20 steps, guidance 8.
 MLPERF_STEPS, MLPERF_GUIDANCE = 20, 8.0
+#: The request the levers are timed on, the accelerator bench's headline one: 25 steps, guidance 5.
+REQUEST_STEPS, REQUEST_GUIDANCE = 25, 5.0
+#: The lever rows' name for the engine without --levers' options.
+BASE = "base"
 #: Heuristic rules, first match wins, applied to "<kernel name> <hlo op>" in lower case. Order matters: cuDNN's
 #: flash attention kernels say "fprop" (as its convolutions do), and its convolution kernels say "gemm"
 #: ("implicit_gemm"), so attention is tried before convolution and convolution before matrix products; "convert"
@@ -93,6 +103,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "comma-separated (e.g. 1,2,4,8; default none)",
     )
     add("--runs", type=int, default=2, help="timed requests per --throughput value, after one untimed (default 2)")
+    add(
+        "--levers",
+        default="",
+        help="after the profile: XLA option sets to time the 25-step CFG request with, against the engine without "
+        "them, each NAME:OPTION=VALUE[,OPTION=VALUE...], sets separated by ';' (e.g. "
+        "'nomerge:xla_gpu_dot_merger_threshold_mb=0'; default none)",
+    )
+    add("--request-runs", type=int, default=3, help="timed 25-step requests per lever set and without (default 3)")
     args = parser.parse_args(argv)
     if args.size % 64 or args.size < 64 or args.calls < 1 or args.top < 1 or args.runs < 1:
         parser.error("--size must be a multiple of 64; --calls, --top and --runs at least 1")
@@ -102,7 +120,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--throughput takes whole numbers separated by commas; got {args.throughput!r}")
     if any(n < 1 for n in args.per_device):
         parser.error("--throughput values must be at least 1")
+    try:
+        args.lever_sets = parse_levers(args.levers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.request_runs < 1:
+        parser.error("--request-runs must be at least 1")
     return args
+
+
+def parse_levers(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """'NAME:OPT=V,OPT=V;NAME2:OPT=V' -> {NAME: ((OPT, V), ...)}, in order; ValueError with one sentence."""
+    from pipeline.config import xla_option_pairs
+    from pipeline.contract.errors import InvalidInput
+
+    sets: dict[str, tuple[tuple[str, str], ...]] = {}
+    for part in filter(None, (part.strip() for part in text.split(";"))):
+        name, colon, options = part.partition(":")
+        if not colon or not name.strip() or name.strip() in sets or name.strip() == BASE:
+            raise ValueError(f"--levers takes NAME:OPTION=VALUE,... with names of their own (not {BASE!r}); "
+                             f"got {part!r}")  # fmt: skip
+        try:
+            pairs = xla_option_pairs([option for option in options.split(",") if option.strip()])
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        if not pairs:
+            raise ValueError(f"--levers: set {name.strip()!r} names no option")
+        sets[name.strip()] = pairs
+    return sets
 
 
 class StepCapture:
@@ -243,6 +288,20 @@ def markdown(results: dict) -> str:
             name = row["name"] if len(row["name"]) <= 90 else row["name"][:87] + "..."
             lines.append(f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
                          f"{row['calls_per_step']:.0f} |")  # fmt: skip
+    if results.get("levers"):
+        lines += ["", f"XLA options on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
+                  "device), each an engine on the same weights:", "",
+                  "| set | XLA options | s per request (median) | of base | max pixel difference | values differing |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for row in results["levers"]:
+            options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
+            if "error" in row:
+                lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
+            elif row["name"] == BASE:
+                lines.append(f"| {BASE} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
+            else:
+                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
+                             f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
     if results.get("throughput"):
         lines += ["", f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:", "",
                   "| images per device | images | s per request (median) | images/s | peak memory GiB |",
@@ -301,7 +360,8 @@ def main(argv: list[str]) -> int:
     # As accelerator.engine builds it (speed levers on: EngineConfig's default), without its warm-up of every
     # served program: the request below compiles only the programs it runs.
     generator = Generator(loaded, config, None, [])
-    request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=25, guidance_scale=5.0)
+    request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS,
+                                guidance_scale=REQUEST_GUIDANCE)  # fmt: skip
     started = time.perf_counter()
     with StepCapture(generator.programs) as capture:
         generator.generate(request)
@@ -352,7 +412,10 @@ def main(argv: list[str]) -> int:
     for category, row in profile["categories"].items():
         progress(f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
                  f"{row['kernels_per_step']:.0f} kernels")  # fmt: skip
-    del capture, generator  # the kept step program and its arguments are small beside a batch-8 engine
+    del capture  # the kept step program and its arguments are small beside a batch-8 engine
+    if args.lever_sets:
+        save(levers=levers(generator, loaded, config, args.lever_sets, args.request_runs, save))
+    del generator
     if args.per_device:
         save(throughput=throughput(loaded, config, args.per_device, args.runs, save))
     progress(f"done: {out / 'step_profile.json'}")
@@ -411,6 +474,72 @@ def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[d
         del generator, result
         gc.collect()
     return rows
+
+
+def levers(base, loaded, config, sets: dict, runs: int, save) -> list[dict]:
+    """The 25-step CFG request (seed 0) on `base` (the profiled engine, compiled for it) and on an engine per set of
+    XLA options over the same weights (each compiled by its first, untimed request), then `runs` rounds, each timing
+    one request of every engine in turn (base, set 1, set 2, ...): the median per engine, its ratio to the base's,
+    and how far its pixels are from the base's (max difference in 8-bit levels, share of values that differ).
+
+    Interleaved because on the H200 (2026-11-28) timing each engine's requests in a block after its compile made
+    whichever set came first about 15 % slower than the base, whatever its options (bench/README.md); rounds put
+    every engine on the same footing. A set XLA refuses is a row with its error; the others still run."""
+    import numpy as np
+
+    from pipeline.contract.errors import InvalidInput
+    from pipeline.generator import Generator
+    from pipeline.host.compiler_options import check
+
+    from .accelerator import NEGATIVE, PROMPT
+    from .common import progress
+
+    def request(generator):
+        return generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS,
+                                 guidance_scale=REQUEST_GUIDANCE)  # fmt: skip
+
+    def pixels(result) -> np.ndarray:
+        return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)
+
+    engines = {BASE: (base, config.xla_options)}
+    rows: dict[str, dict] = {BASE: {"name": BASE, "xla_options": [list(pair) for pair in config.xla_options]}}
+    images = {BASE: pixels(base.generate(request(base)))}
+    for name, options in sets.items():
+        rows[name] = {"name": name, "xla_options": [list(pair) for pair in options]}
+        try:
+            check(options)
+        except InvalidInput as exc:
+            rows[name]["error"] = str(exc)
+            progress(f"step-profile: lever {name}: {exc}")
+            continue
+        engines[name] = (Generator(loaded, config.replace(xla_options=config.xla_options + options), None, []),
+                         options)  # fmt: skip
+        began = time.perf_counter()
+        images[name] = pixels(engines[name][0].generate(request(engines[name][0])))
+        rows[name]["first_request_s"] = time.perf_counter() - began
+        progress(f"step-profile: lever {name} compiled by its first request in {rows[name]['first_request_s']:.1f} s")
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(runs):
+        for name, (generator, _) in engines.items():
+            began = time.perf_counter()
+            generator.generate(request(generator))
+            times[name].append(time.perf_counter() - began)
+    base_s = statistics.median(times[BASE])
+    for name in engines:
+        row = rows[name]
+        row.update(request_s=times[name], request_s_median=statistics.median(times[name]))
+        if name != BASE:
+            difference = np.abs(images[name] - images[BASE])
+            row.update(over_base=row["request_s_median"] / base_s, max_pixel_difference=int(difference.max()),
+                       pixels_differing_percent=float(100 * np.count_nonzero(difference) / difference.size))
+            progress(f"step-profile: lever {name}: {row['request_s_median']:.3f} s per request "
+                     f"({row['over_base']:.3f} of {BASE}'s {base_s:.3f}), pixels at most "
+                     f"{row['max_pixel_difference']} levels from {BASE}'s ({row['pixels_differing_percent']:.2f} % "
+                     "differ)")  # fmt: skip
+    del engines
+    result = list(rows.values())
+    save(levers=result)
+    return result
 
 
 def _flops(program) -> float | None:

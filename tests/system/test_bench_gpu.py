@@ -25,7 +25,7 @@ def test_bench_gpu_smoke_on_cpu(tmp_path):
     python) is left out in one line while the Flax pipeline is compared."""
     done = bench_gpu(tmp_path, "--model", "tiny", "--size", "64", "--steps", "2", "--runs", "1", "--throughput",
                      "1,2", "--throughput-runs", "1", "--calls", "2", "--torch-python", sys.executable,
-                     "--budget-s", "1500", timeout=1800)  # fmt: skip
+                     "--request-runs", "1", "--budget-s", "1500", timeout=1800)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len([line for line in done.stdout.splitlines() if "torch peer missing" in line]) == 1
     summary = json.loads((tmp_path / "gpu.json").read_text())
@@ -43,6 +43,10 @@ def test_bench_gpu_smoke_on_cpu(tmp_path):
     rows = profile["figures"]["throughput"]
     assert [row["images_per_device"] for row in rows] == [1, 2] and profile["missing_figures"] == {}
     assert [row["images_per_s"] for row in rows] == [row["images_per_s"] for row in steps["throughput"]]
+    levers = profile["figures"]["levers"]  # the default sets: GPU options, on this CPU the same pixels
+    assert [row["name"] for row in levers] == ["base", "nomerge", "nomerge_cublas"] == [
+        row["name"] for row in steps["levers"]]  # fmt: skip
+    assert all(row["max_pixel_difference"] == 0 and row["over_base"] > 0 for row in levers[1:])
     table = (tmp_path / "gpu.md").read_text()
     assert "| accelerator | finished |" in table and "| step-profile | finished |" in table
     assert f"| engine / Flax pipeline | {compared['ratio']:.4g} |" in table
@@ -81,6 +85,41 @@ def test_a_missing_peer_is_left_out_of_the_accelerator_command():
     assert no_flax.command[-3:] == ["torch", "--torch-python", "/opt/torch/bin/python"]
     [both] = plan(args, {})
     assert both.left_out == {} and "--peer" in both.command and "engine" in both.command
+    assert both.command[both.command.index("--warm-up") + 1] == "request"  # only what the measured requests run
+
+
+def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
+    """The default lever sets go to the step-profile stage; their rows are read back from its JSON, and a set the
+    stage did not reach is named with the reason."""
+    from bench.gpu import LEVERS, Stage, headline, parse_args, plan
+
+    [stage] = plan(parse_args(["--stages", "step-profile"]), {})
+    assert stage.command[stage.command.index("--levers") + 1] == LEVERS
+    assert stage.command[stage.command.index("--request-runs") + 1] == "3"
+    [custom] = plan(parse_args(["--stages", "step-profile", "--levers", "", "--request-runs", "5"]), {})
+    assert custom.command[custom.command.index("--levers") + 1] == ""
+    rows = [{"name": "base", "xla_options": [], "request_s": [0.84], "request_s_median": 0.84},
+            {"name": "nomerge", "xla_options": [["xla_gpu_dot_merger_threshold_mb", "0"]], "request_s": [0.80],
+             "request_s_median": 0.80, "over_base": 0.80 / 0.84, "max_pixel_difference": 10,
+             "pixels_differing_percent": 67.1}]  # fmt: skip
+    outcome = {"status": "cut", "seconds": 200.0, "error": "killed at its deadline, 200 s"}
+    figures, absent = headline(Stage("step-profile", [], "step_profile.json"), outcome, {"levers": rows}, [8], LEVERS)
+    assert [row["name"] for row in figures["levers"]] == ["base", "nomerge"]
+    assert figures["levers"][1]["over_base"] == 0.80 / 0.84 and "request_s" not in figures["levers"][1]
+    assert absent["lever nomerge_cublas"] == "stage cut: killed at its deadline, 200 s"
+    assert "lever nomerge" not in absent and "throughput at 8 per device" in absent
+
+
+def test_lever_sets_are_parsed_or_refused_in_one_sentence():
+    from bench.step_profile import parse_levers
+
+    assert parse_levers("a:xla_x=1,xla_y=false; b:xla_z=2") == {"a": (("xla_x", "1"), ("xla_y", "false")),
+                                                                "b": (("xla_z", "2"),)}  # fmt: skip
+    assert parse_levers("") == {}
+    for bad in ("xla_x=1", "a:xla_x=1;a:xla_y=2", "base:xla_x=1", "a:", "a:xla_x"):
+        with pytest.raises(ValueError) as refused:
+            parse_levers(bad)
+        assert "\n" not in str(refused.value)
 
 
 def test_a_stage_past_its_deadline_is_killed_with_its_workers_and_its_partial_json_kept(tmp_path):
