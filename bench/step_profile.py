@@ -412,10 +412,9 @@ def main(argv: list[str]) -> int:
     for category, row in profile["categories"].items():
         progress(f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
                  f"{row['kernels_per_step']:.0f} kernels")  # fmt: skip
-    del capture  # the kept step program and its arguments are small beside a batch-8 engine
+    del capture, generator  # the kept step program and its arguments are small beside a batch-8 engine
     if args.lever_sets:
-        save(levers=levers(generator, loaded, config, args.lever_sets, args.request_runs, save))
-    del generator
+        save(levers=levers(loaded, config, args.lever_sets, args.request_runs, save))
     if args.per_device:
         save(throughput=throughput(loaded, config, args.per_device, args.runs, save))
     progress(f"done: {out / 'step_profile.json'}")
@@ -476,15 +475,16 @@ def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[d
     return rows
 
 
-def levers(base, loaded, config, sets: dict, runs: int, save) -> list[dict]:
-    """The 25-step CFG request (seed 0) on `base` (the profiled engine, compiled for it) and on an engine per set of
-    XLA options over the same weights (each compiled by its first, untimed request), then `runs` rounds, each timing
-    one request of every engine in turn (base, set 1, set 2, ...): the median per engine, its ratio to the base's,
-    and how far its pixels are from the base's (max difference in 8-bit levels, share of values that differ).
+def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
+    """The 25-step CFG request (seed 0) on a fresh engine with `config` (the base) and on one per set of XLA options,
+    all over the same weights (each compiled by its first, untimed request), then `runs` rounds, each timing one
+    request of every engine in turn (base, set 1, set 2, ...): the median per engine, its ratio to the base's, and
+    how far its pixels are from the base's (max difference in 8-bit levels, share of values that differ).
 
-    Interleaved because on the H200 (2026-11-28) timing each engine's requests in a block after its compile made
-    whichever set came first about 15 % slower than the base, whatever its options (bench/README.md); rounds put
-    every engine on the same footing. A set XLA refuses is a row with its error; the others still run."""
+    Interleaved, and the base built as the sets are, because on the H200 (2026-11-28) timing each engine's requests
+    in a block after its compile made whichever set came first about 15 % slower than the base, whatever its
+    options, and on this CPU the profiled engine ran 3 % ahead of a fresh one with a no-op option (bench/README.md).
+    A set XLA refuses is a row with its error; the others still run."""
     import numpy as np
 
     from pipeline.contract.errors import InvalidInput
@@ -501,23 +501,24 @@ def levers(base, loaded, config, sets: dict, runs: int, save) -> list[dict]:
     def pixels(result) -> np.ndarray:
         return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)
 
-    engines = {BASE: (base, config.xla_options)}
-    rows: dict[str, dict] = {BASE: {"name": BASE, "xla_options": [list(pair) for pair in config.xla_options]}}
-    images = {BASE: pixels(base.generate(request(base)))}
-    for name, options in sets.items():
+    engines: dict[str, tuple] = {}
+    rows: dict[str, dict] = {}
+    images: dict[str, np.ndarray] = {}
+    for name, options in {BASE: (), **sets}.items():
         rows[name] = {"name": name, "xla_options": [list(pair) for pair in options]}
         try:
             check(options)
         except InvalidInput as exc:
             rows[name]["error"] = str(exc)
-            progress(f"step-profile: lever {name}: {exc}")
+            progress(f"step-profile: {name}: {exc}")
             continue
+        # the base too is a fresh engine, built as each set's is
         engines[name] = (Generator(loaded, config.replace(xla_options=config.xla_options + options), None, []),
                          options)  # fmt: skip
         began = time.perf_counter()
         images[name] = pixels(engines[name][0].generate(request(engines[name][0])))
         rows[name]["first_request_s"] = time.perf_counter() - began
-        progress(f"step-profile: lever {name} compiled by its first request in {rows[name]['first_request_s']:.1f} s")
+        progress(f"step-profile: {name} compiled by its first request in {rows[name]['first_request_s']:.1f} s")
     times: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(runs):
         for name, (generator, _) in engines.items():
