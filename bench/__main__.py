@@ -14,6 +14,7 @@
     python -m bench --only service                   # two engine services: the page->engine hop, failover (minutes)
     python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
     python -m bench.reference_venv                   # make .venv-reference, where diffusers' pipeline runs (README)
+    python -m bench.device_site                      # .device/site.tar.xz: what `bench gpu` needs on a lent GPU machine
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When

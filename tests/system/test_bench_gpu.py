@@ -177,3 +177,45 @@ def test_the_benchs_json_is_renamed_into_place_whole(tmp_path):
     write_json({"startup": {"compile_s": 1.5}}, path)
     write_json({"startup": {"compile_s": 2.5}}, path)
     assert json.loads(path.read_text()) == {"startup": {"compile_s": 2.5}} and list(tmp_path.iterdir()) == [path]
+
+
+def test_the_device_tarball_keeps_the_packages_and_leaves_out_scripts_and_bytecode(tmp_path):
+    """bench.device_site.pack: what `pip install --target` laid out, without bin/ and __pycache__, replaced whole."""
+    import tarfile
+
+    from bench.device_site import pack
+
+    site = tmp_path / "site"
+    for path in ("diffusers/__init__.py", "diffusers/__pycache__/x.pyc", "diffusers-0.39.0.dist-info/METADATA",
+                 "bin/diffusers-cli"):  # fmt: skip
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text("x")
+    out = tmp_path / ".device" / "site.tar.xz"
+    size = pack(site, out)
+    assert size == out.stat().st_size > 0 and sorted(p.name for p in out.parent.iterdir()) == ["site.tar.xz"]
+    with tarfile.open(out) as archive:
+        names = sorted(archive.getnames())
+    assert names == ["diffusers", "diffusers-0.39.0.dist-info", "diffusers-0.39.0.dist-info/METADATA",
+                     "diffusers/__init__.py"]  # fmt: skip
+
+
+def test_the_device_tarball_from_an_empty_folder_is_one_line(tmp_path):
+    command = [sys.executable, "-m", "bench.device_site", "--wheels", str(tmp_path), "--out", str(tmp_path / "t.xz")]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip() == f"device_site: no wheels in {tmp_path}"
+
+
+@pytest.mark.downloads  # 22 MB of wheels from the package index
+def test_the_device_tarball_holds_the_pinned_packages(tmp_path):
+    """The six packages the 2026-11-28 run carried, unpacked for python 3.12 and packed: about 7.6 MB."""
+    import tarfile
+
+    done = subprocess.run([sys.executable, "-m", "bench.device_site", "--out", str(tmp_path / "site.tar.xz")],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    with tarfile.open(tmp_path / "site.tar.xz") as archive:
+        top = {name.split("/")[0] for name in archive.getnames()}
+    for package in ("flax-0.12.12", "diffusers-0.39.0", "transformers-4.57.6", "huggingface_hub-0.36.2",
+                    "tokenizers-0.22.2", "importlib_metadata-10.2.0"):  # fmt: skip
+        assert f"{package}.dist-info" in top, sorted(top)
+    assert 3e6 < (tmp_path / "site.tar.xz").stat().st_size < 20e6
