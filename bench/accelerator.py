@@ -182,7 +182,7 @@ def engine(loaded, args, dtype: str, nets=(), **settings):
                           executable_cache=False, **settings)  # fmt: skip
     config = prepare(config)  # as Generator.load does before it loads a checkpoint
     generator = Generator(loaded, config, None, list(nets))  # every local device, as diffusers' pmap uses them
-    return generator, generator.warmup() if getattr(args, "warm_up", "all") == "all" else {}
+    return generator, generator.warmup() if args.warm_up == "all" else {}
 
 
 def time_requests(generator, requests, runs: int, say) -> list[dict]:

@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .step_profile import BASE, lever_table, parse_levers
+
 REPO = Path(__file__).resolve().parent.parent
 #: Each stage's share of the budget (see the module docstring). A plan, not a measurement: on the H200 the
 #: accelerator's parts took minutes each (bench/README.md) and the step profile with 1,2,4,8 took 281 s.
@@ -307,7 +309,7 @@ def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], lev
             for row in data.get("levers") or []
         ]  # fmt: skip
         measured = {row["name"] for row in figures["levers"]}
-        for name in ["base", *(part.split(":", 1)[0].strip() for part in levers.split(";") if part.strip())]:
+        for name in [BASE, *parse_levers(levers)]:
             if name not in measured:
                 absent[f"lever {name}"] = why.format(json=stage.json_name, error=outcome.get("error"))
     return figures, absent
@@ -338,18 +340,7 @@ def markdown(summary: dict) -> str:
                          f"{row['images_per_s']:.2f} | {peak} |")  # fmt: skip
     levers = [row for stage in summary["stages"] for row in stage["figures"].get("levers", [])]
     if levers:
-        lines += ["", "XLA options on the 25-step CFG request (one image per device):", "",
-                  "| set | options | s per request | of base | max pixel difference | values differing |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for row in levers:
-            options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
-            if "error" in row:
-                lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
-            elif "over_base" not in row:
-                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
-            else:
-                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
-                             f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
+        lines += ["", "XLA options on the 25-step CFG request (one image per device):", "", *lever_table(levers)]
     absent: dict[str, list[str]] = {}  # why -> the figures it took
     for stage in summary["stages"]:
         for name, why in stage["missing_figures"].items():

@@ -262,6 +262,23 @@ def summarise(events: list[dict], steps: int, top: int) -> dict:
             "categories": categories, "top_kernels": top_rows}  # fmt: skip
 
 
+def lever_table(rows: list[dict]) -> list[str]:
+    """`--levers`' rows as a markdown table (step_profile.md's and gpu.md's): the base (no ratio), each set, and a
+    set XLA refused with its error."""
+    lines = ["| set | XLA options | s per request (median) | of base | max pixel difference | values differing |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in rows:
+        options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
+        if "error" in row:
+            lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
+        elif "over_base" not in row:
+            lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
+        else:
+            lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
+                         f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
+    return lines
+
+
 def markdown(results: dict) -> str:
     """The category table and the top kernels, as bench/README quotes them."""
     profile = results.get("profile", {})
@@ -290,18 +307,7 @@ def markdown(results: dict) -> str:
                          f"{row['calls_per_step']:.0f} |")  # fmt: skip
     if results.get("levers"):
         lines += ["", f"XLA options on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
-                  "device), each an engine on the same weights:", "",
-                  "| set | XLA options | s per request (median) | of base | max pixel difference | values differing |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for row in results["levers"]:
-            options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
-            if "error" in row:
-                lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
-            elif row["name"] == BASE:
-                lines.append(f"| {BASE} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
-            else:
-                lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
-                             f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
+                  "device), each an engine on the same weights:", "", *lever_table(results["levers"])]  # fmt: skip
     if results.get("throughput"):
         lines += ["", f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:", "",
                   "| images per device | images | s per request (median) | images/s | peak memory GiB |",

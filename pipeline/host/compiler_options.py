@@ -16,9 +16,6 @@ import jax.numpy as jnp
 
 from ..contract.errors import InvalidInput
 
-#: The words XLA's flag parser takes for a switch.
-TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
 
 def typed(value: str) -> bool | int | float | str:
     """A text value as XLA's compile options take it: true/false as a bool, a whole number as an int, a number as
