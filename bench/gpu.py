@@ -48,11 +48,11 @@ REPO = Path(__file__).resolve().parent.parent
 #: Each stage's share of the budget (see the module docstring). A plan, not a measurement: on the H200 the
 #: accelerator's parts took minutes each (bench/README.md) and the step profile with 1,2,4,8 took 281 s.
 SHARES = {"accelerator": 0.55, "step-profile": 0.45}
-#: The XLA option sets the step-profile stage times on the 25-step request by default (`--levers`): the two that
-#: bench/README's step profile measured on the step alone (without XLA's dot merger: 3.5 % faster; cuBLAS for every
-#: product: 1.9 %), the first alone and both together.
-LEVERS = ("nomerge:xla_gpu_dot_merger_threshold_mb=0;"
-          "nomerge_cublas:xla_gpu_dot_merger_threshold_mb=0,xla_gpu_enable_triton_gemm=false")
+#: The lever sets the step-profile stage times on the 25-step request by default (`--levers`): XLA without its dot
+#: merger (3.5 % faster on the step alone, 0.957 of a request timed second: bench/README.md), and the engine with
+#: `--cross-attention-cache` (its text keys and values once per request: 0.956 of a 25-step request on this CPU's
+#: tiny model; never timed on a GPU).
+LEVERS = "nomerge:xla_gpu_dot_merger_threshold_mb=0;kvcache:cross_attention_cache"
 #: What diffusers' Flax pipeline's worker (bench/reference_worker.py) imports, checked in the reference python.
 FLAX_PEER_IMPORTS = "import jax, flax; from diffusers import FlaxStableDiffusionXLPipeline; import transformers"
 #: Seconds a killed stage gets between SIGTERM and SIGKILL.

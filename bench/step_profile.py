@@ -16,8 +16,9 @@ heuristic rules of CATEGORIES below** (first match wins, on the kernel's name an
 a cuDNN convolution that XLA names `fusion` lands in the category of whatever its name says. The top kernels are
 listed by name so a reader can check the rules against what ran.
 
-Then, with `--levers`, the same 25-step CFG request on the profiled engine and on an engine per set of XLA options
-(`--xla-option`, host/compiler_options.py) over the same weights, timed in interleaved rounds: seconds per request,
+Then, with `--levers`, the same 25-step CFG request on a fresh engine and on an engine per set of XLA options
+(`--xla-option`, host/compiler_options.py) and engine switches (`ENGINE_LEVERS`: `--cross-attention-cache`) over the
+same weights, timed in interleaved rounds: seconds per request,
 the ratio, and the pixels' distance from the engine's without them. Then, with `--throughput`, MLPerf's request
 per images-per-device value.
 
@@ -42,6 +43,8 @@ from pathlib import Path
 MLPERF_STEPS, MLPERF_GUIDANCE = 20, 8.0
 #: The request the levers are timed on, the accelerator bench's headline one: 25 steps, guidance 5.
 REQUEST_STEPS, REQUEST_GUIDANCE = 25, 5.0
+#: The engine switches (EngineConfig fields, off by default) a `--levers` set may turn on, by name.
+ENGINE_LEVERS = ("cross_attention_cache",)
 #: The lever rows' name for the engine without --levers' options.
 BASE = "base"
 #: Heuristic rules, first match wins, applied to "<kernel name> <hlo op>" in lower case. Order matters: cuDNN's
@@ -108,7 +111,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="",
         help="after the profile: XLA option sets to time the 25-step CFG request with, against the engine without "
         "them, each NAME:OPTION=VALUE[,OPTION=VALUE...], sets separated by ';' (e.g. "
-        "'nomerge:xla_gpu_dot_merger_threshold_mb=0'; default none)",
+        "'nomerge:xla_gpu_dot_merger_threshold_mb=0'); an engine switch of ENGINE_LEVERS is named bare "
+        "('cache:cross_attention_cache'); default none",
     )
     add("--request-runs", type=int, default=3, help="timed 25-step requests per lever set and without (default 3)")
     args = parser.parse_args(argv)
@@ -130,7 +134,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def parse_levers(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
-    """'NAME:OPT=V,OPT=V;NAME2:OPT=V' -> {NAME: ((OPT, V), ...)}, in order; ValueError with one sentence."""
+    """'NAME:OPT=V,OPT=V;NAME2:OPT=V,SWITCH' -> {NAME: ((OPT, V), ..., (SWITCH, "true"))}, in order (SWITCH: an engine
+    switch of ENGINE_LEVERS); ValueError with one sentence."""
     from pipeline.config import xla_option_pairs
     from pipeline.contract.errors import InvalidInput
 
@@ -140,10 +145,12 @@ def parse_levers(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
         if not colon or not name.strip() or name.strip() in sets or name.strip() == BASE:
             raise ValueError(f"--levers takes NAME:OPTION=VALUE,... with names of their own (not {BASE!r}); "
                              f"got {part!r}")  # fmt: skip
+        named = [option.strip() for option in options.split(",") if option.strip()]
         try:
-            pairs = xla_option_pairs([option for option in options.split(",") if option.strip()])
+            pairs = xla_option_pairs([option for option in named if option not in ENGINE_LEVERS])
         except InvalidInput as exc:
             raise ValueError(str(exc)) from None
+        pairs += tuple((option, "true") for option in named if option in ENGINE_LEVERS)
         if not pairs:
             raise ValueError(f"--levers: set {name.strip()!r} names no option")
         sets[name.strip()] = pairs
@@ -265,10 +272,12 @@ def summarise(events: list[dict], steps: int, top: int) -> dict:
 def lever_table(rows: list[dict]) -> list[str]:
     """`--levers`' rows as a markdown table (step_profile.md's and gpu.md's): the base (no ratio), each set, and a
     set XLA refused with its error."""
-    lines = ["| set | XLA options | s per request (median) | of base | max pixel difference | values differing |",
+    lines = ["| set | XLA options, engine switches | s per request (median) | of base | max pixel difference | "
+             "values differing |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
-        options = ", ".join(f"`{name}={value}`" for name, value in row["xla_options"]) or "—"
+        switches = [f"`--{name.replace('_', '-')}`" for name in row.get("engine_switches", [])]
+        options = ", ".join([f"`{name}={value}`" for name, value in row["xla_options"]] + switches) or "—"
         if "error" in row:
             lines.append(f"| {row['name']} | {options} | {row['error']} | | | |")
         elif "over_base" not in row:
@@ -510,8 +519,10 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
     engines: dict[str, tuple] = {}
     rows: dict[str, dict] = {}
     images: dict[str, np.ndarray] = {}
-    for name, options in {BASE: (), **sets}.items():
-        rows[name] = {"name": name, "xla_options": [list(pair) for pair in options]}
+    for name, given in {BASE: (), **sets}.items():
+        options = tuple(pair for pair in given if pair[0] not in ENGINE_LEVERS)
+        switches = {pair[0]: True for pair in given if pair[0] in ENGINE_LEVERS}
+        rows[name] = {"name": name, "xla_options": [list(pair) for pair in options], "engine_switches": list(switches)}
         try:
             check(options)
         except InvalidInput as exc:
@@ -519,8 +530,8 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
             progress(f"step-profile: {name}: {exc}")
             continue
         # the base too is a fresh engine, built as each set's is
-        engines[name] = (Generator(loaded, config.replace(xla_options=config.xla_options + options), None, []),
-                         options)  # fmt: skip
+        engines[name] = (Generator(loaded, config.replace(xla_options=config.xla_options + options, **switches),
+                                   None, []), options)  # fmt: skip
         began = time.perf_counter()
         images[name] = pixels(engines[name][0].generate(request(engines[name][0])))
         rows[name]["first_request_s"] = time.perf_counter() - began

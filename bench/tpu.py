@@ -57,7 +57,7 @@ from pathlib import Path
 SDXL = "sdxl"
 TINY = "tiny"
 KINDS = ("step", "decode", "encode", "start", "merge", "step_full", "step_shallow", "halve_text", "halve_feature",
-         "preview", "step_control")
+         "preview", "step_control", "cross_kv")
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parent.parent / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
@@ -65,7 +65,7 @@ UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")
 #: Images of up to this many pixels go through the VAE whole (EngineConfig.vae_tile_above's default: 1024²).
 VAE_WHOLE_UP_TO = 1024 * 1024
 #: The kinds that read the prompt's hidden states, so depend on --prompt-windows.
-TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "step_control", "halve_text")
+TEXT_KINDS = ("encode", "step", "step_full", "step_shallow", "step_control", "halve_text", "cross_kv")
 #: A common SDXL LoRA rank (kohya's default network_dim is 4..128; 32 is what most shared SDXL LoRAs use).
 LORA_RANK = 32
 #: int8 x int8 peak per chip (ops/s): v5e 393 TOPS, v6e 1836 TOPS (Google Cloud's TPU pages), twice bf16's.
@@ -111,6 +111,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the VAE runs in tiles above this many pixels, as the app's option (default 1048576: 1024² whole)")
     add("--quantize", choices=("none", "int8"), default="none",
         help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)")  # fmt: skip
+    add("--cross-attention-cache", action="store_true",
+        help="the UNet's steps read the text's keys and values from the cross_kv program's table (the server's "
+        "--cross-attention-cache); cross_kv is compiled only with it")  # fmt: skip
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
@@ -226,7 +229,8 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
 
 
 def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None,
-                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = VAE_WHOLE_UP_TO):
+                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = VAE_WHOLE_UP_TO,
+                    cross_attention_cache: bool = False):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
@@ -239,7 +243,8 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
         loaded, params = tiny_model(dtype)
         config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention,
                               prompt_windows=prompt_windows, quantize=quantize,
-                              vae_tile_above=vae_tile_above)  # fmt: skip
+                              vae_tile_above=vae_tile_above,
+                              cross_attention_cache=cross_attention_cache)  # fmt: skip
         if quantize == "int8":
 
             params = {**params, "unet": _abstract_int8_unet_params(loaded.networks.unet, dtype)}
@@ -249,6 +254,7 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     return ServedPrograms(
         modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout,
         prompt_windows=prompt_windows, levers=True, vae_tile_above=vae_tile_above,
+        cross_attention_cache=cross_attention_cache,
     )
 
 
@@ -340,6 +346,8 @@ def jobs(args, sizes) -> list[tuple]:
             order.append((ProgramKey("start", height, width), None))
         if index == 0 and "encode" in args.kind_list:
             order += [(ProgramKey("encode", cfg=cfg, windows=text), None) for cfg in args.cfgs]
+        if index == 0 and "cross_kv" in args.kind_list and args.cross_attention_cache:
+            order += [(ProgramKey("cross_kv", cfg=cfg, windows=text), None) for cfg in args.cfgs]
         if index == 0 and "halve_text" in args.kind_list:
             order.append((ProgramKey("halve_text", windows=text), None))
     if "merge" in args.kind_list:  # one merge program: it depends on the layout, not on the size
@@ -447,6 +455,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and (cfg is None or row["cfg"] == cfg) and (attention is None or row["attention"] == attention)
             and (kind not in UNET_KINDS or row.get("quantize", "none") == quantize)
             and (kind not in TEXT_KINDS or row.get("prompt_windows", 1) == windows)
+            and not row.get("cross_attention_cache")  # the plain steps' requests (the lever's rows stand apart)
         ]  # fmt: skip
         return found[-1] if found else None  # the newest
 
@@ -512,6 +521,7 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
             roof += f" ({int8_roofline(row) * 1e3:.2f} at the int8 peak)"
         name = row["program"] + (f" w{row['prompt_windows']}" if row.get("prompt_windows") else "")
         name += " int8" if row.get("quantize") == "int8" else ""
+        name += " (--cross-attention-cache)" if row.get("cross_attention_cache") else ""
         lines.append(f"| {name} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
                      f"{row['hbm_total_bytes'] / 2**30:.2f} ({parts}) | {share} | {row['flops'] / 1e12:.3f} | "
                      f"{row['bytes_accessed'] / 1e9:.2f} | {roof} |")  # fmt: skip
@@ -668,16 +678,20 @@ def main(argv: list[str]) -> int:
         core = attention or args.attentions[0]
         if core not in programs:
             programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout,
-                                             args.prompt_windows, args.quantize, args.vae_tile_above)  # fmt: skip
+                                             args.prompt_windows, args.quantize, args.vae_tile_above,
+                                             args.cross_attention_cache)  # fmt: skip
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
         row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
         row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
+        if args.cross_attention_cache and key.kind in UNET_KINDS:
+            row["cross_attention_cache"] = True  # its rows beside the plain step's, not in place of them
         if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:
             row["vae_tile_above"] = args.vae_tile_above  # a tiled VAE where the default runs it whole
         if key.kind == "merge":
             row.update(layout_fields(layout, args.dtype))
-        same = ("program", "topology", "attention", "model", "images", "prompt_windows", "quantize")
+        same = ("program", "topology", "attention", "model", "images", "prompt_windows", "quantize",
+                "cross_attention_cache")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
         results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology),

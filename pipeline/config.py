@@ -93,6 +93,7 @@ class EngineConfig:
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
     xla_options: tuple[tuple[str, str], ...] = ()  # static: XLA compiler options of every served program (NAME, VALUE)
     speed_levers: bool = True  # static: compile what the per-request speed levers run (host/programs.py)
+    cross_attention_cache: bool = False  # static: the text's cross-attention keys and values once per request
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
@@ -136,6 +137,11 @@ class EngineConfig:
         if self.quantize != "none" and self.lora_dir:
             raise InvalidInput(
                 "--quantize int8 does not combine with LoRAs (--lora-dir): the LoRA merge needs float kernels."
+            )
+        if self.cross_attention_cache and (self.quantize != "none" or self.attention == "diffusers"):
+            raise InvalidInput(
+                "--cross-attention-cache needs a float UNet and an attention core other than diffusers "
+                "(not --quantize int8, not --attention diffusers)."
             )
 
     @property
@@ -261,6 +267,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         hires_scales=parse_hires_scales(get("hires_scales")),
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),
+        cross_attention_cache=bool(get("cross_attention_cache")),
         previews=not get("no_previews"),
         **{name: value for name in GIVEN_OR_DEFAULT
            if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default

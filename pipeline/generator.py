@@ -228,6 +228,7 @@ def build_programs(
         refiner_zero_negative=refiner.zero_empty_negative if refiner is not None else False,
         vae_tile_above=config.vae_tile_above,
         xla_options=config.xla_options,
+        cross_attention_cache=config.cross_attention_cache,
     )
 
 
@@ -335,7 +336,8 @@ class Generator:
         return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
                             previews=self.config.previews, windows=self.config.prompt_windows,
                             control_sets=self.controlnets.sets, refiner=self.refiner is not None,
-                            hires=hires_pairs(self.config, self.latent_multiple))
+                            hires=hires_pairs(self.config, self.latent_multiple),
+                            cross_kv=self.config.cross_attention_cache)
 
     @property
     def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:

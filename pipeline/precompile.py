@@ -54,11 +54,13 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     sizes = list(config.offered_sizes)
     keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
                         windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None,
-                        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))))
+                        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))),
+                        cross_kv=config.cross_attention_cache)
     progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
              f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
     settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,
                 "per_device_batch": config.per_device_batch, "attention": config.attention, "cfg": sampler.cfg,
                 "prediction_type": sampler.prediction_type,
-                "xla_options": [list(pair) for pair in config.xla_options]}  # fmt: skip
+                "xla_options": [list(pair) for pair in config.xla_options],
+                "cross_attention_cache": config.cross_attention_cache}  # fmt: skip
     return save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)

@@ -230,9 +230,34 @@ def context_lengths(lengths):
         _context_lengths.reset(token)
 
 
+#: Within `text_keys_values`: {layer path: (keys, values)} of the UNet's cross-attention layers, projected once
+#: per request (`device/cross_kv.py`), or None (each layer projects the text itself).
+_text_keys_values: contextvars.ContextVar = contextvars.ContextVar("text_keys_values", default=None)
+
+
+@contextlib.contextmanager
+def text_keys_values(table: dict | None):
+    """Within this context (entered inside a traced function, around ONE network's `apply`: layer paths are that
+    network's), a cross-attention layer whose path is in `table` reads its keys and values [B, T, N*H] from it
+    instead of projecting the text (the same products, made once per request rather than once per step). None or
+    an empty table: every layer projects its own."""
+    token = _text_keys_values.set(table or None)
+    try:
+        yield
+    finally:
+        _text_keys_values.reset(token)
+
+
+def layer_path(path: tuple[str, ...]) -> str:
+    """A module path as the table's key: ("up_blocks_0", ..., "attn2") -> "up_blocks_0/.../attn2"."""
+    return "/".join(path)
+
+
 def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None):
     """The attention module's `__call__` with another core, using its own projection layers (same parameters)."""
     lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
+    table = _text_keys_values.get() if context is not None else None
+    projected = table.get(layer_path(module.path)) if table is not None else None
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]
     heads, head_dim = module.heads, module.dim_head
@@ -240,7 +265,11 @@ def _attention_call(module, kind: str, interpret: bool, hidden_states, context=N
     def split(x):  # [B, L, N*H] -> [B, L, N, H]
         return x.reshape(batch, -1, heads, head_dim)
 
-    q, k, v = split(module.query(hidden_states)), split(module.key(context)), split(module.value(context))
+    q = split(module.query(hidden_states))
+    if projected is None:
+        k, v = split(module.key(context)), split(module.value(context))
+    else:  # this request's keys and values of the text, projected once (`device/cross_kv.py`)
+        k, v = (split(x) for x in projected)
     if lengths is None:
         out = attend(q, k, v, head_dim**-0.5, kind, interpret=interpret)  # [B, Lq, N, H]
     else:  # a few hundred keys: XLA's core, with the empty windows masked

@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import attention
+from .cross_kv import table_of
 from .denoise import unet_step
 from .modules import Modules
 
@@ -52,9 +54,10 @@ def step_control_local(
     def call(sample, timesteps, added):
         down, mid = control_residuals(controlnets, params["controlnets"], scales, sample, timesteps, hidden, added,
                                       maps)  # fmt: skip
-        return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
-                                   added_cond_kwargs=added, down_block_additional_residuals=down,
-                                   mid_block_additional_residual=mid).sample,)  # fmt: skip
+        with attention.text_keys_values(table_of(params)):  # the UNet's layers only: the ControlNets project their own
+            return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
+                                       added_cond_kwargs=added, down_block_additional_residuals=down,
+                                       mid_block_additional_residual=mid).sample,)  # fmt: skip
 
     return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
                      index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
+from . import attention
+from .cross_kv import table_of
 from .denoise import unet_step
 
 
@@ -188,7 +190,8 @@ def step_full_local(
     """`denoise.step_local` that also keeps DeepCache's feature: (latents', history', feature [cb, h, w, C])."""
 
     def call(sample, timesteps, added):
-        return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
+        with attention.text_keys_values(table_of(params)):
+            return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
 
     return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
                      index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
@@ -201,7 +204,8 @@ def step_shallow_local(
     """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', history')."""
 
     def call(sample, timesteps, added):
-        return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)
+        with attention.text_keys_values(table_of(params)):
+            return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)
 
     return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
                      index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from . import attention, sampler_update
+from .cross_kv import table_of
 from .modules import Modules
 from .text import WINDOW
 
@@ -53,8 +54,9 @@ def step_local(
     """
 
     def plain(sample, timesteps, added):
-        return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
-                                   added_cond_kwargs=added).sample,)  # fmt: skip
+        with attention.text_keys_values(table_of(params)):
+            return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
+                                       added_cond_kwargs=added).sample,)  # fmt: skip
 
     return unet_step(plain, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
                      index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip

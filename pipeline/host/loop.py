@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from ..contract.stopping import Stopped
+from ..device.cross_kv import CROSS_KV
 from .plan import Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan
@@ -290,7 +291,7 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
-    unet = stage.weights("step")
+    unet = with_cross_kv(stage, stage.weights("step"), hidden, hidden.shape[0] > programs.batch)  # [cB, ...]
     preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
     done = before  # steps whose result is ready, of all
@@ -301,7 +302,7 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
         if refiner is not None and planned.index >= refiner[0].switch_row:  # the refiner's rows: its whole UNet each
             latents, history = refine_step(stage, inputs, plan, planned, refiner, latents, history, image)
         else:
-            latents, history, hidden, pooled, key_lengths, feature = base_step(
+            latents, history, hidden, pooled, key_lengths, feature, unet = base_step(
                 stage, inputs, plan, planned, control, (hidden, pooled, key_lengths), latents, history, image, feature,
                 unet, kinds)  # fmt: skip
         shown = None
@@ -318,6 +319,15 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
     return latents
 
 
+def with_cross_kv(stage: Stage, unet: dict, hidden, cfg: bool) -> dict:
+    """The base steps' weights: with --cross-attention-cache, + the text's cross-attention keys and values, projected
+    once here from `hidden` (encoded with guidance or not: `cfg`) by the UNet's own layers (device/cross_kv.py)."""
+    if not stage.programs.cross_attention_cache:
+        return unet
+    program = stage.compile("cross_kv", sized=False, cfg=cfg, windows=stage.text)
+    return {**unet, CROSS_KV: program(stage.weights("cross_kv"), hidden)}
+
+
 def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refiner: tuple, latents, history, image):
     """One row on the refiner's UNet and text (`refiner_step`): (latents', history')."""
     given, (hidden, pooled, key_lengths) = refiner
@@ -331,12 +341,13 @@ def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refine
 def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control, text: tuple, latents, history,
               image, feature, unet, kinds):  # fmt: skip
     """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
-    DeepCache's feature)."""
+    DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
     put = stage.put
     hidden, pooled, key_lengths = text
     if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
         halve = stage.compile("halve_text", sized=False, windows=stage.text)
         hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
+        unet = with_cross_kv(stage, {name: unet[name] for name in unet if name != CROSS_KV}, hidden, False)
     if planned.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
     # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
@@ -357,7 +368,7 @@ def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control,
         latents, history = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)(*args)
     else:
         latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
-    return latents, history, hidden, pooled, key_lengths, feature
+    return latents, history, hidden, pooled, key_lengths, feature, unet
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:

@@ -6,11 +6,14 @@ replicated, batch split:
     merge                the LoRA kernels, 4 slots of factors, weights [4, 3] -> merged kernels (replicated; LoRAs)
     encode[cfg, K]       ids [B, 2, K*77] x2, has_negative [B], windows [B, 2]
                                                   -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
+    cross_kv[cfg, K]     hidden [cB, K*77, D] -> {layer path: (keys, values) [cB, K*77, C]}: the UNet's cross-attention
+                         projections of the text, once per request (--cross-attention-cache; device/cross_kv.py)
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
     start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
                          coefficients [13], index [], image {x0, noise, repaint, masked}, blend_sigma []
                                                                   -> latents', history' (its first array: D)
+                         (with --cross-attention-cache the base's steps take {"unet", "cross_kv": the table} as weights)
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
@@ -45,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from ..contract.hires import LATENT_UPSCALERS
 from ..device import attention as attention_core
 from ..device.controlnet_step import step_control_local
+from ..device.cross_kv import CROSS_KV, cross_kv_local
 from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
 from ..device.lora import COMPONENTS as LORA_COMPONENTS
@@ -63,12 +67,15 @@ from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("merge", "encode", "refiner_encode", "encode_image", "start", "step", "step_control", "step_full",
+KINDS = ("merge", "encode", "cross_kv", "refiner_encode", "encode_image", "start", "step", "step_control", "step_full",
          "step_shallow", "refiner_step", "halve_text", "halve_feature", "preview", "upscale", "decode")
+#: The base's UNet steps: with --cross-attention-cache their weights carry the request's cross-attention table.
+BASE_STEPS = ("step", "step_control", "step_full", "step_shallow")
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
     "encode": ("text_encoder", "text_encoder_2"),
+    "cross_kv": ("unet",),
     "encode_image": ("vae",),
     "start": (),
     "step": ("unet",),
@@ -130,7 +137,7 @@ def windows_key(windows: int) -> int | None:
 def program_keys(
     sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
     windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (), refiner: bool = False,
-    hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (),
+    hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (), cross_kv: bool = False,
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -140,7 +147,8 @@ def program_keys(
     `previews`: a step's predicted picture as small RGB images, while the request runs. `windows` N > 1: the
     programs that read the text are compiled for one window and for N (a request runs the fewest its text needs).
     `control_sets`: the ControlNet architecture combinations a request may use (`step_control`, per mode and text).
-    `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text. `hires`: the hires fix's
+    `refiner`: SDXL's refiner is served: its text encode and its step, per mode and text. `cross_kv`: the text's
+    cross-attention keys and values are projected once per request (per mode and text). `hires`: the hires fix's
     (offered size, hires size) pairs: each hires size's image-to-image programs (as an offered size's, without the
     ControlNets' steps; with the refiner's, which runs in the second pass as A1111's) and each pair's latent
     upscales, one per A1111 latent upscaler.
@@ -149,6 +157,7 @@ def program_keys(
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
     keys = [ProgramKey("merge")] if lora else []
     keys += [ProgramKey("encode", cfg=cfg, windows=k) for k in texts]
+    keys += [ProgramKey("cross_kv", cfg=mode, windows=k) for k in texts for mode in modes] if cross_kv else []
     keys += [ProgramKey("refiner_encode", cfg=cfg, windows=k) for k in texts] if refiner else []
     keys += [ProgramKey("halve_text", windows=k) for k in texts] if cfg and levers else []
     for height, width in sizes:
@@ -198,6 +207,7 @@ class ServedPrograms:
         refiner_zero_negative: bool = False,
         vae_tile_above: int | None = None,
         xla_options: tuple[tuple[str, str], ...] = (),
+        cross_attention_cache: bool = False,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -213,6 +223,7 @@ class ServedPrograms:
         self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
         self.vae_tile_above = vae_tile_above  # static: images of more pixels are decoded and encoded in tiles
         self.xla_options = tuple(xla_options)  # static: XLA compiler options of every program (host/compiler_options)
+        self.cross_attention_cache = cross_attention_cache  # static: the base's steps read the text's keys and values
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -231,6 +242,8 @@ class ServedPrograms:
         self._features: dict[tuple[int, int, bool], jax.ShapeDtypeStruct] = {}
         #: (kind, cfg, windows) -> the shapes encode (or refiner_encode) returns (`_encoded`)
         self._text_shapes: dict[tuple[str, bool, int | None], tuple] = {}
+        #: (cfg, windows) -> the shapes of the cross-attention table cross_kv returns (`_cross_kv`)
+        self._table_shapes: dict[tuple[bool, int | None], dict] = {}
 
     # ---- what each program is -------------------------------------------------------------------------------------
 
@@ -253,6 +266,9 @@ class ServedPrograms:
         if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
             body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
             in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one, one), (batch, batch, batch)
+        elif key.kind == "cross_kv":  # the text -> each cross-attention layer's keys and values
+            body = functools.partial(cross_kv_local, modules)
+            in_specs, out_specs = (one, batch), batch
         elif key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
             body = functools.partial(refiner_encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm",
                                      zero_empty_negative=self.refiner_zero_negative)  # fmt: skip
@@ -302,6 +318,8 @@ class ServedPrograms:
             in_specs, out_specs = (one, batch), batch
         else:
             raise ValueError(f"unknown program kind {key.kind!r}")
+        if self.cross_attention_cache and key.kind in BASE_STEPS:  # the weights whole, the table split
+            in_specs = ({name: one for name in WEIGHTS[key.kind]} | {CROSS_KV: batch}, *in_specs[1:])
         body = _named(attention_core.hooked(body, self.attention), f"sdxl_{key.kind}")  # JAX's logs name it
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(sharded)
@@ -340,6 +358,8 @@ class ServedPrograms:
             return weights, *text_args[1:-3], text_args[-2]
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
+        if key.kind == "cross_kv":
+            return weights, self._split(self._encoded(key.cfg, key.windows)[0])  # hidden [cB, K*77, D]
         scale = self.modules.vae_scale_factor
         latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
         if key.kind == "encode_image":
@@ -358,6 +378,8 @@ class ServedPrograms:
         text_kind = "refiner_encode" if key.kind == "refiner_step" else "encode"
         hidden, pooled, lengths = self._encoded(self.cfg if key.kind == "refiner_step" else key.cfg, key.windows,
                                                 text_kind)  # fmt: skip
+        if self.cross_attention_cache and key.kind in BASE_STEPS:
+            weights = {**weights, CROSS_KV: self._split(self._cross_kv(key.cfg, key.windows))}
         step_args = (
             weights,
             latents,
@@ -388,6 +410,13 @@ class ServedPrograms:
             key = ProgramKey(kind, cfg=cfg, windows=windows)
             self._text_shapes[kind, cfg, windows] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
         return self._text_shapes[kind, cfg, windows]
+
+    def _cross_kv(self, cfg: bool, windows: int | None) -> dict:
+        """Shapes of the table cross_kv[cfg, K] returns: {layer path: (keys, values) [cB, K*77, C]}."""
+        if (cfg, windows) not in self._table_shapes:
+            key = ProgramKey("cross_kv", cfg=cfg, windows=windows)
+            self._table_shapes[cfg, windows] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
+        return self._table_shapes[cfg, windows]
 
     def _feature(self, height: int, width: int, cfg: bool):
         """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]. Kept: finding it traces the whole

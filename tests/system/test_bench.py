@@ -246,11 +246,13 @@ def test_peer_torch_spec_has_the_engines_architectures():
 @pytest.mark.long  # a subprocess compiling the tiny engine's request programs: 10-30 s here; the parser's test is fast
 def test_bench_step_profile_smoke_on_cpu(tmp_path):
     """The step-profile part at the tiny checkpoint's size: the CFG step found, timed and traced, XLA:CPU's
-    thunks summed by category into the JSON and the table, a lever set timed beside the engine and one XLA refuses,
+    thunks summed by category into the JSON and the table, lever sets (an XLA option, an engine switch) timed beside
+    the engine and one XLA refuses,
     and the throughput rows at 1 and 2 images per device."""
     command = [sys.executable, "-m", "bench", "step-profile", "--model", "tiny", "--size", "64", "--calls", "2",
                "--throughput", "1,2", "--runs", "1", "--request-runs", "2", "--out", str(tmp_path),
-               "--levers", "fast:xla_cpu_enable_fast_math=true;refused:xla_no_such_option=1"]  # fmt: skip
+               "--levers", "fast:xla_cpu_enable_fast_math=true;kv:cross_attention_cache;"
+               "refused:xla_no_such_option=1"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "step_profile.json").read_text())
@@ -266,12 +268,14 @@ def test_bench_step_profile_smoke_on_cpu(tmp_path):
     assert all(row["images_per_s"] > 0 and len(row["request_s"]) == 1 for row in rows)
     assert f"| 2 | {2 * devices} |" in (tmp_path / "step_profile.md").read_text()
     assert not (tmp_path / "trace").exists() and not (tmp_path / "trace.json.gz").exists()  # no --keep-trace
-    base, fast, refused = results["levers"]  # timed in rounds, beside the engine without them
-    assert (base["name"], fast["name"], refused["name"]) == ("base", "fast", "refused")
+    base, fast, kv, refused = results["levers"]  # timed in rounds, beside the engine without them
+    assert (base["name"], fast["name"], kv["name"], refused["name"]) == ("base", "fast", "kv", "refused")
+    assert kv["engine_switches"] == ["cross_attention_cache"] and kv["max_pixel_difference"] == 0
     assert len(base["request_s"]) == len(fast["request_s"]) == 2 and fast["over_base"] > 0
     assert fast["xla_options"] == [["xla_cpu_enable_fast_math", "true"]] and fast["pixels_differing_percent"] >= 0
     assert refused["error"].startswith("XLA refused --xla-option xla_no_such_option=1") and "request_s" not in refused
     assert "| fast | `xla_cpu_enable_fast_math=true` |" in (tmp_path / "step_profile.md").read_text()
+    assert "| kv | `--cross-attention-cache` |" in (tmp_path / "step_profile.md").read_text()
 
 
 def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():

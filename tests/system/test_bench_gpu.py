@@ -44,7 +44,7 @@ def test_bench_gpu_smoke_on_cpu(tmp_path):
     assert [row["images_per_device"] for row in rows] == [1, 2] and profile["missing_figures"] == {}
     assert [row["images_per_s"] for row in rows] == [row["images_per_s"] for row in steps["throughput"]]
     levers = profile["figures"]["levers"]  # the default sets: GPU options, on this CPU the same pixels
-    assert [row["name"] for row in levers] == ["base", "nomerge", "nomerge_cublas"] == [
+    assert [row["name"] for row in levers] == ["base", "nomerge", "kvcache"] == [
         row["name"] for row in steps["levers"]]  # fmt: skip
     assert all(row["max_pixel_difference"] == 0 and row["over_base"] > 0 for row in levers[1:])
     table = (tmp_path / "gpu.md").read_text()
@@ -106,7 +106,7 @@ def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
     figures, absent = headline(Stage("step-profile", [], "step_profile.json"), outcome, {"levers": rows}, [8], LEVERS)
     assert [row["name"] for row in figures["levers"]] == ["base", "nomerge"]
     assert figures["levers"][1]["over_base"] == 0.80 / 0.84 and "request_s" not in figures["levers"][1]
-    assert absent["lever nomerge_cublas"] == "stage cut: killed at its deadline, 200 s"
+    assert absent["lever kvcache"] == "stage cut: killed at its deadline, 200 s"
     assert "lever nomerge" not in absent and "throughput at 8 per device" in absent
 
 
@@ -116,6 +116,8 @@ def test_lever_sets_are_parsed_or_refused_in_one_sentence():
     assert parse_levers("a:xla_x=1,xla_y=false; b:xla_z=2") == {"a": (("xla_x", "1"), ("xla_y", "false")),
                                                                 "b": (("xla_z", "2"),)}  # fmt: skip
     assert parse_levers("") == {}
+    assert parse_levers("kv:cross_attention_cache,xla_x=1") == {
+        "kv": (("xla_x", "1"), ("cross_attention_cache", "true"))}
     for bad in ("xla_x=1", "a:xla_x=1;a:xla_y=2", "base:xla_x=1", "a:", "a:xla_x"):
         with pytest.raises(ValueError) as refused:
             parse_levers(bad)

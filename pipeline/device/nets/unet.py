@@ -195,6 +195,18 @@ class UNet2DConditionModel(nn.Module):
         sample = jnp.transpose(sample, (0, 3, 1, 2))  # [B, C', h, w]
         return UNetOutput(sample=sample) if return_dict else (sample,)
 
+    def text_keys_values(self, encoder_hidden_states) -> dict:
+        """Every cross-attention layer's keys and values of the text, by layer path: {"up_blocks_0/.../attn2":
+        (k, v) [B, L, N*H]}, made by the layers' own `to_k` and `to_v` (apply with `method=`; device/cross_kv.py)."""
+        table = {}
+        for block in (*self.down_blocks, self.mid_block, *self.up_blocks):
+            for transformer in getattr(block, "attentions", ()):
+                for layer in transformer.transformer_blocks:
+                    attention = layer.attn2
+                    table["/".join(attention.path)] = (attention.key(encoder_hidden_states),
+                                                       attention.value(encoder_hidden_states))  # fmt: skip
+        return table
+
     def init_weights(self, rng) -> dict:
         """Parameters for the config's shapes (the loaders trace this with `jax.eval_shape`)."""
         config = self.config

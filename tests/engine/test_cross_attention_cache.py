@@ -1,0 +1,120 @@
+"""--cross-attention-cache (issue 46's lever): the text's cross-attention keys and values, projected once per request
+by the UNet's own `to_k` / `to_v` (pipeline/device/cross_kv.py) instead of at every step.
+
+The same pixels as an engine that projects them every step, on each path a base step takes: a plain request, guidance
+ending part way (the table is made again for the conditional half), DeepCache's shallow steps, a prompt read in two
+windows, a ControlNet (its own attention layers, named like the UNet's, keep projecting the text), a LoRA that
+changes `attn2.to_k` (the table comes from the merged kernels); no request compiles; the settings it refuses.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
+
+from pipeline.config import EngineConfig
+from pipeline.contract.errors import InvalidInput
+from pipeline.device import attention
+from pipeline.host.programs import ProgramKey, program_keys
+
+#: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.
+SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", prompt_windows=2, previews=False,
+                controlnets=(str(CONTROLNETS[0]),), controlnet_units=1)  # fmt: skip
+UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2}
+#: (prompt, request fields) per path a base step takes.
+CASES = {
+    "plain": ("a red fox in the snow", {}),
+    "guidance ends": ("a red fox in the snow", {"cfg_end": 0.25, "guidance_scale": 9.0, "steps": 4}),
+    "deepcache": ("a red fox in the snow", {"deepcache": 2}),
+    "two windows": (" ".join(["a red fox in the snow, watercolor"] * 12), {}),  # over 75 tokens
+    "controlnet": ("a red fox in the snow", {"controlnets": [UNIT]}),
+    "lora": ("a red fox in the snow <lora:kohya_sgm:0.8>", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def twins(lora_dir):
+    """(with the cache, warmed up; without it, compiling only what the comparisons run), on the same weights."""
+    from pipeline.generator import Generator
+
+    devices = jax.devices()[:FEATURE_DEVICES]
+    cached = Generator.from_pretrained(str(TINY_PT), devices=devices, lora_dir=str(lora_dir),
+                                       cross_attention_cache=True, **SETTINGS)  # fmt: skip
+    cached.warmup()
+    plain = Generator.from_pretrained(str(TINY_PT), devices=devices, lora_dir=str(lora_dir), **SETTINGS)
+    return cached, plain
+
+
+def _pixels(generator, prompt: str, fields: dict) -> np.ndarray:
+    result = generator.generate(generator.request(prompt, negative_prompt="blurry", seed=11, **fields))
+    return np.stack([np.asarray(image, np.int16) for image in result.images])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_pixels_as_projecting_at_every_step(twins, case):
+    cached, plain = twins
+    prompt, fields = CASES[case]
+    before = cached.compile_count
+    with_cache = _pixels(cached, prompt, fields)
+    assert cached.compile_count == before  # warm-up compiled the table's programs too
+    without = _pixels(plain, prompt, fields)
+    assert np.abs(with_cache - without).max() <= 1, case  # the same products: equal here, at most 1 level anywhere
+    if case != "plain":  # each case takes its own path: its pixels are not those of the plain request's
+        same = {name: value for name, value in fields.items() if name in ("guidance_scale", "steps")}
+        assert np.abs(with_cache - _pixels(cached, CASES["plain"][0], same)).max() > 2, case
+
+
+def test_the_warm_up_compiles_a_table_per_guidance_mode_and_text_length(twins):
+    cached, plain = twins
+    tables = [key for key in cached.program_keys() if key.kind == "cross_kv"]
+    assert sorted(key.label for key in tables) == [
+        "cross_kv cfg", "cross_kv cfg 2 windows", "cross_kv no-cfg", "cross_kv no-cfg 2 windows"]  # fmt: skip
+    assert not [key for key in plain.program_keys() if key.kind == "cross_kv"]
+    assert cached.programs.cross_attention_cache and not plain.programs.cross_attention_cache
+    assert [key.kind for key in program_keys([(64, 64)], cfg=True, cross_kv=True)][:2] == ["encode", "cross_kv"]
+
+
+def test_the_table_is_every_cross_attention_layer_of_the_unet(twins):
+    """One (keys, values) pair per transformer layer (the tiny UNet's 17), [cB, K*77, C] each, and the UNet reading
+    it gives what it gives projecting the text itself."""
+    cached, _ = twins
+    programs = cached.programs
+    key = ProgramKey("cross_kv", cfg=True)
+    hidden = jnp.asarray(np.random.default_rng(0).standard_normal((2 * cached.num_images, 77, 96)), jnp.float32)
+    table = programs.compile(key)(programs.weights(key, cached._params), hidden)
+    assert len(table) == 17 and all(path.endswith("/attn2") for path in table)
+    widths = {k.shape[-1] for k, v in table.values()} | {v.shape[-1] for k, v in table.values()}
+    assert widths == {64} and {k.shape[:2] for k, _ in table.values()} == {(2 * cached.num_images, 77)}
+
+    unet, params = programs.modules.unet, jax.device_get(cached._params["unet"])
+    rows = {path: tuple(np.asarray(x)[:2] for x in pair) for path, pair in table.items()}  # the first device's
+    sample = jnp.asarray(np.random.default_rng(1).standard_normal((2, 4, 8, 8)), jnp.float32)
+    added = {"text_embeds": jnp.zeros((2, 64)), "time_ids": jnp.asarray([[64, 64, 0, 0, 64, 64]] * 2, jnp.float32)}
+
+    def noise(use_table: bool):
+        with attention.attention_hook("xla"), attention.text_keys_values(rows if use_table else None):
+            return unet.apply({"params": params}, sample, jnp.full((2,), 501.0), encoder_hidden_states=hidden[:2],
+                              added_cond_kwargs=added).sample  # fmt: skip
+
+    assert np.abs(np.asarray(noise(True)) - np.asarray(noise(False))).max() < 1e-5
+    wrong = {path: (k * 0, v * 0) for path, (k, v) in rows.items()}  # and it is read: zero keys and values change it
+    with attention.attention_hook("xla"), attention.text_keys_values(wrong):
+        changed = unet.apply({"params": params}, sample, jnp.full((2,), 501.0), encoder_hidden_states=hidden[:2],
+                             added_cond_kwargs=added).sample  # fmt: skip
+    assert np.abs(np.asarray(changed) - np.asarray(noise(False))).max() > 1e-3
+
+
+def test_flag_environment_and_refusals(monkeypatch):
+    from web.options import parse_args
+
+    assert not parse_args(["--model", "tiny"]).config.cross_attention_cache
+    assert parse_args(["--model", "tiny", "--cross-attention-cache"]).config.cross_attention_cache
+    monkeypatch.setenv("SDXL_CROSS_ATTENTION_CACHE", "1")
+    assert parse_args(["--model", "tiny"]).config.cross_attention_cache
+    for other in ({"quantize": "int8"}, {"attention": "diffusers"}):
+        with pytest.raises(InvalidInput, match="^--cross-attention-cache needs a float UNet") as refused:
+            EngineConfig(model="tiny", cross_attention_cache=True, **other)
+        assert "\n" not in str(refused.value)
