@@ -53,6 +53,7 @@ HEAVY_FIRST = (
     "web/test_second_pass_browser.py", "engine/test_refiner_together.py", "system/test_bench.py", "engine/test_lora.py",
     "web/test_stop.py", "web/test_png_info.py", "engine/test_quantize.py", "web/test_previews.py",
     "engine/test_controlnet.py", "engine/test_convert.py", "engine/test_executables.py",
+    "engine/test_cross_attention_cache.py",
 )  # fmt: skip
 
 
