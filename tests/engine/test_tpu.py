@@ -207,3 +207,33 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     assert cost.flops > 0 and cost.hbm_total > 0
     assert "s8[" in compiled.as_text()
     assert weight_bytes(int8) < 0.6 * weight_bytes(served_programs("tiny", "bfloat16", mesh, "xla"))
+
+
+@needs_libtpu
+def test_cross_attention_cache_programs_compile_for_tpu_v5e():
+    """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, splash, CFG): the table's program and the step that
+    reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text itself
+    (SDXL's figures: bench/README.md)."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from bench.cost import compiled_cost
+    from bench.tpu import served_programs
+    from pipeline.device.sharding import data_mesh
+    from pipeline.host.aot import topology_devices
+    from pipeline.host.compile_cache import configure_compilation_cache
+    from pipeline.host.programs import ProgramKey
+
+    mesh = data_mesh(topology_devices(TOPOLOGY))
+    step = ProgramKey("step", *SPLASH_SIZE, True)
+    cached = jax.config.jax_enable_compilation_cache
+    configure_compilation_cache(False)
+    try:
+        plain = served_programs("tiny", "bfloat16", mesh, "splash", prompt_windows=1)
+        table = served_programs("tiny", "bfloat16", mesh, "splash", prompt_windows=1, cross_attention_cache=True)
+        costs = {name: compiled_cost(programs.lower(step).compile()) for name, programs in
+                 (("plain", plain), ("table", table))}  # fmt: skip
+        made = compiled_cost(table.lower(ProgramKey("cross_kv", cfg=True)).compile())
+    finally:
+        configure_compilation_cache(cached)
+    assert len(table.abstract_args(step)[0]["cross_kv"]) == 17  # one (keys, values) pair per transformer layer
+    assert made.flops > 0 and costs["table"].flops < costs["plain"].flops
+    assert costs["table"].bytes_accessed < costs["plain"].bytes_accessed
