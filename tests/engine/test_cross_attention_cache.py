@@ -4,7 +4,8 @@ by the UNet's own `to_k` / `to_v` (pipeline/device/cross_kv.py) instead of at ev
 The same pixels as an engine that projects them every step, on each path a base step takes: a plain request, guidance
 ending part way (the table is made again for the conditional half), DeepCache's shallow steps, a prompt read in two
 windows, a ControlNet (its own attention layers, named like the UNet's, keep projecting the text), a LoRA that
-changes `attn2.to_k` (the table comes from the merged kernels); no request compiles; the settings it refuses.
+changes `attn2.to_k` (the table comes from the merged kernels), the hires fix's second pass; no request compiles;
+the settings it refuses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pipeline.host.programs import ProgramKey, program_keys
 
 #: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.
 SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", prompt_windows=2, previews=False,
-                controlnets=(str(CONTROLNETS[0]),), controlnet_units=1)  # fmt: skip
+                controlnets=(str(CONTROLNETS[0]),), controlnet_units=1, hires_scales=(2.0,))  # fmt: skip
 UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2}
 #: (prompt, request fields) per path a base step takes.
 CASES = {
@@ -32,6 +33,8 @@ CASES = {
     "two windows": (" ".join(["a red fox in the snow, watercolor"] * 12), {}),  # over 75 tokens
     "controlnet": ("a red fox in the snow", {"controlnets": [UNIT]}),
     "lora": ("a red fox in the snow <lora:kohya_sgm:0.8>", {}),
+    "hires fix": ("a red fox in the snow", {"hires_scale": 2.0, "hires_steps": 2, "hires_denoise": 0.5,
+                                            "cfg_end": 0.5}),  # a second pass at 128², its own table
 }
 
 
@@ -62,7 +65,9 @@ def test_same_pixels_as_projecting_at_every_step(twins, case):
     assert cached.compile_count == before  # warm-up compiled the table's programs too
     without = _pixels(plain, prompt, fields)
     assert np.abs(with_cache - without).max() <= 1, case  # the same products: equal here, at most 1 level anywhere
-    if case != "plain":  # each case takes its own path: its pixels are not those of the plain request's
+    if case == "hires fix":  # the second pass ran, at twice the size
+        assert with_cache.shape[1:3] == (2 * TEST_SIZE, 2 * TEST_SIZE)
+    elif case != "plain":  # each case takes its own path: its pixels are not the plain request's
         same = {name: value for name, value in fields.items() if name in ("guidance_scale", "steps")}
         assert np.abs(with_cache - _pixels(cached, CASES["plain"][0], same)).max() > 2, case
 
