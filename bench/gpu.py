@@ -10,7 +10,8 @@ Stages, in this order, each a child process of an existing command (its own proc
    and compiled, at one image per request (accelerator.json); only the programs the measured requests run are
    compiled, by their untimed first calls.
 2. `step-profile`: `python -m bench step-profile --levers LEVERS --throughput 1,2,4,8`: the CFG step's profile by op
-   category, the 25-step request with each set of XLA options against the engine without them (seconds and pixels),
+   category, the 25-step request with each lever set (XLA options, engine switches) against the engine without them
+   (seconds and pixels),
    then MLPerf's request (20 steps, CFG 8) at each images-per-device value (step_profile.json).
 
 Before either starts, the pieces each needs are checked (the engine's packages here; the reference python's and
@@ -88,9 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--throughput", default="1,2,4,8", help="images per device for MLPerf's request (default 1,2,4,8)")
     add("--throughput-runs", type=int, default=2, help="timed requests per --throughput value (default 2)")
     add("--calls", type=int, default=20, help="step calls the profile times and traces (default 20)")
-    add("--levers", default=LEVERS, help="XLA option sets the step-profile stage times on the 25-step request, "
-        "NAME:OPTION=VALUE,...;NAME:... ('' for none; default: without the dot merger, and also cuBLAS for every "
-        "product)")
+    add("--levers", default=LEVERS, help="lever sets the step-profile stage times on the 25-step request, "
+        "NAME:OPTION=VALUE,...;NAME:... or an engine switch ('' for none; default: without XLA's dot merger, and "
+        "--cross-attention-cache)")
     add("--request-runs", type=int, default=3, help="timed requests per lever set (default 3)")
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
@@ -304,8 +305,8 @@ def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], lev
             if n not in rows:
                 absent[f"throughput at {n} per device"] = why.format(json=stage.json_name, error=outcome.get("error"))
         figures["levers"] = [
-            {key: row[key] for key in ("name", "xla_options", "request_s_median", "over_base", "max_pixel_difference",
-                                       "pixels_differing_percent", "error") if key in row}
+            {key: row[key] for key in ("name", "xla_options", "engine_switches", "request_s_median", "over_base",
+                                       "max_pixel_difference", "pixels_differing_percent", "error") if key in row}
             for row in data.get("levers") or []
         ]  # fmt: skip
         measured = {row["name"] for row in figures["levers"]}
@@ -340,7 +341,7 @@ def markdown(summary: dict) -> str:
                          f"{row['images_per_s']:.2f} | {peak} |")  # fmt: skip
     levers = [row for stage in summary["stages"] for row in stage["figures"].get("levers", [])]
     if levers:
-        lines += ["", "XLA options on the 25-step CFG request (one image per device):", "", *lever_table(levers)]
+        lines += ["", "Lever sets on the 25-step CFG request (one image per device):", "", *lever_table(levers)]
     absent: dict[str, list[str]] = {}  # why -> the figures it took
     for stage in summary["stages"]:
         for name, why in stage["missing_figures"].items():

@@ -109,7 +109,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add(
         "--levers",
         default="",
-        help="after the profile: XLA option sets to time the 25-step CFG request with, against the engine without "
+        help="after the profile: lever sets to time the 25-step CFG request with, against the engine without "
         "them, each NAME:OPTION=VALUE[,OPTION=VALUE...], sets separated by ';' (e.g. "
         "'nomerge:xla_gpu_dot_merger_threshold_mb=0'); an engine switch of ENGINE_LEVERS is named bare "
         "('cache:cross_attention_cache'); default none",
@@ -315,7 +315,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
                          f"{row['calls_per_step']:.0f} |")  # fmt: skip
     if results.get("levers"):
-        lines += ["", f"XLA options on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
+        lines += ["", f"Lever sets on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
                   "device), each an engine on the same weights:", "", *lever_table(results["levers"])]  # fmt: skip
     if results.get("throughput"):
         lines += ["", f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:", "",
@@ -491,7 +491,7 @@ def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[d
 
 
 def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
-    """The 25-step CFG request (seed 0) on a fresh engine with `config` (the base) and on one per set of XLA options,
+    """The 25-step CFG request (seed 0) on a fresh engine with `config` (the base) and on one per lever set,
     all over the same weights (each compiled by its first, untimed request), then `runs` rounds, each timing one
     request of every engine in turn (base, set 1, set 2, ...): the median per engine, its ratio to the base's, and
     how far its pixels are from the base's (max difference in 8-bit levels, share of values that differ).

@@ -248,16 +248,11 @@ def text_keys_values(table: dict | None):
         _text_keys_values.reset(token)
 
 
-def layer_path(path: tuple[str, ...]) -> str:
-    """A module path as the table's key: ("up_blocks_0", ..., "attn2") -> "up_blocks_0/.../attn2"."""
-    return "/".join(path)
-
-
 def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None):
     """The attention module's `__call__` with another core, using its own projection layers (same parameters)."""
     lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
     table = _text_keys_values.get() if context is not None else None
-    projected = table.get(layer_path(module.path)) if table is not None else None
+    projected = table.get("/".join(module.path)) if table is not None else None  # the key text_keys_values made
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]
     heads, head_dim = module.heads, module.dim_head

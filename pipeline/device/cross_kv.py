@@ -28,4 +28,4 @@ def cross_kv_local(modules: Modules, params, hidden) -> dict:
 
 def table_of(params) -> dict | None:
     """A step's table, when its weights carry one (`--cross-attention-cache`), else None."""
-    return params.get(CROSS_KV) if isinstance(params, dict) else None
+    return params.get(CROSS_KV)

@@ -347,7 +347,7 @@ def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control,
     if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
         halve = stage.compile("halve_text", sized=False, windows=stage.text)
         hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
-        unet = with_cross_kv(stage, {name: unet[name] for name in unet if name != CROSS_KV}, hidden, False)
+        unet = with_cross_kv(stage, unet, hidden, False)  # the conditional half's table replaces the CFG one
     if planned.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
     # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
