@@ -166,7 +166,8 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
     results["machine"]["reference_packages"] = ref.reference_packages  # diffusers' venv is not this one
     progress(
         f"engine {ref.engine.median:.3f} s vs reference {ref.reference.median:.3f} s: ratio {ref.ratio:.2f} "
-        f"(pairs {ref.pair_ratios.min:.2f}–{ref.pair_ratios.max:.2f}; CPU seconds {ref.cpu_ratio:.2f})"
+        f"(pairs {ref.pair_ratios.min:.2f}–{ref.pair_ratios.max:.2f}; CPU seconds {ref.cpu_ratio:.2f}, "
+        f"{ref.new_text_cpu_ratio:.2f} with a new text each call)"
     )
     parts = ", ".join(f"{label} {seconds * 1000:.1f}" for label, seconds in ref.engine_programs.items())
     progress(f"engine's programs, ms per call (each blocked on): {parts}; reference: host "

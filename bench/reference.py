@@ -58,8 +58,12 @@ class EngineVsReference:
     reference_first_call_s: float  # the reference's first call (pmap compile + run)
     pair_ratios: Stats  # engine / reference of each interleaved pair (a load change hits both halves of a pair)
     cpu_ratio: float  # engine process / worker process CPU seconds per call (medians): the work, whatever else runs
-    engine_programs: dict[str, float]  # seconds per call in each program, blocking on each (label -> s)
-    engine_programs_s: float  # a call with every program blocked on (their sum plus the host's part)
+    engine_programs: dict[str, float]  # seconds per call in each program, blocking on each (label -> s; the text's
+    #                                    encode too: these calls keep no text, host/text_cache.py)
+    engine_programs_s: float  # such a call with every program blocked on (their sum plus the host's part)
+    #: engine / worker CPU seconds per call when each engine call reads a new text (the text cache never hits: the
+    #: engine encodes every call, as diffusers' pipeline does); `cpu_ratio`'s calls repeat one text, as seeds are tried
+    new_text_cpu_ratio: float = 0.0
     reference_packages: dict[str, str] = field(default_factory=dict)  # the reference venv's versions (its worker's)
 
 
@@ -238,9 +242,21 @@ def engine_vs_reference(
             say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {answer['wall_s']:.3f} s")
     engine, reference = Stats.of(engine_s), Stats.of(reference_s)
     ratio = engine.median / reference.median
+    new_text_cpu = []
+    for run in range(runs):  # a text no call read before: the text programs run (host/text_cache.py)
+        cpu = time.process_time()
+        generator.generate(generator.request(f"{PROMPT}, variation {run}", negative_prompt=NEGATIVE,
+                                             guidance_scale=GUIDANCE, seed=3000 + run))  # fmt: skip
+        new_text_cpu.append(time.process_time() - cpu)
     profiled = max(1, min(runs, 3))
-    with ProgramTimer(generator.programs, block=True) as timer:
-        blocked_s = [timed(lambda seed=seed: engine_call(seed))[0] for seed in range(2000, 2000 + profiled)]
+    from pipeline.host.text_cache import TextCache
+
+    kept, generator.text_cache = generator.text_cache, TextCache(0)  # the profile has the text's program too
+    try:
+        with ProgramTimer(generator.programs, block=True) as timer:
+            blocked_s = [timed(lambda seed=seed: engine_call(seed))[0] for seed in range(2000, 2000 + profiled)]
+    finally:
+        generator.text_cache = kept
     n = generator.num_images
     return EngineVsReference(
         images_per_call=n,
@@ -259,6 +275,7 @@ def engine_vs_reference(
         cpu_ratio=Stats.of(engine_cpu).median / Stats.of(reference_cpu).median,
         engine_programs=timer.per_program(profiled),
         engine_programs_s=Stats.of(blocked_s).median,
+        new_text_cpu_ratio=Stats.of(new_text_cpu).median / Stats.of(reference_cpu).median,
         reference_packages=worker.packages,
     )
 

@@ -86,9 +86,11 @@ def markdown(results: dict) -> str:
             "",
             f"Host-side part of each call (everything but the compiled program and its transfers): engine "
             f"{_ms(ref.engine_host)}, reference {_ms(ref.reference_host)}. Engine / reference of each interleaved "
-            f"pair: {ref.pair_ratios.range_text(digits=2)}; in process CPU seconds: {ref.cpu_ratio:.2f}.",
+            f"pair: {ref.pair_ratios.range_text(digits=2)}; in process CPU seconds: {ref.cpu_ratio:.2f} (the calls "
+            f"repeat one text, which the engine encodes once: --text-cache; with a new text each call "
+            f"{ref.new_text_cpu_ratio:.2f}).",
             "",
-            "| engine program (each call blocked on) | ms per call |",
+            "| engine program (each call blocked on, its text encoded) | ms per call |",
             "|---|---|",
             *[f"| {label} | {seconds * 1000:.1f} |" for label, seconds in ref.engine_programs.items()],
             f"| a call with every program blocked on | {ref.engine_programs_s * 1000:.1f} |",

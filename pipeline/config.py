@@ -51,6 +51,9 @@ QUANTIZE_MODES = ("none", "int8")
 #: Most 77-token windows a prompt may be read in (8 × 75 = 600 tokens).
 MAX_PROMPT_WINDOWS = 8
 
+#: Most texts whose encoded outputs --text-cache keeps on the devices.
+MAX_TEXT_CACHE = 64
+
 #: An XLA compiler option's name (DebugOptions' fields: xla_gpu_..., xla_cpu_..., xla_tpu_...); XLA checks the rest.
 XLA_OPTION_NAME = re.compile(r"xla_[a-z0-9_]+")
 
@@ -96,6 +99,7 @@ class EngineConfig:
     cross_attention_cache: bool = False  # static: the text's cross-attention keys and values once per request
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
+    text_cache: int = 4  # texts whose encoded outputs stay on the devices between requests; 0: none (text_cache.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
     executable_cache: bool = True  # keep this host's executables with the cache (a restart loads them whole)
     sampler: str | None = None  # default sampler of a request (A1111 name or id); None = the checkpoint's
@@ -122,6 +126,9 @@ class EngineConfig:
                 raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
         if self.height > 4096 or self.width > 4096 or self.steps > FIELD["steps"].high:
             raise InvalidInput(f"Height and width must be at most 4096 and steps at most {FIELD['steps'].high}.")
+        if isinstance(self.text_cache, bool) or not isinstance(self.text_cache, int) or \
+                not 0 <= self.text_cache <= MAX_TEXT_CACHE:  # fmt: skip
+            raise InvalidInput(f"Text cache must be 0 to {MAX_TEXT_CACHE} texts; got {self.text_cache!r}.")
         if not 1 <= self.controlnet_units <= MAX_CONTROLNETS or isinstance(self.controlnet_units, bool):
             raise InvalidInput(f"ControlNet units must be 1 to {MAX_CONTROLNETS}; got {self.controlnet_units!r}.")
         if self.prompt_windows > MAX_PROMPT_WINDOWS:
@@ -207,7 +214,7 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
 #: Engine settings a program's options may leave unset (a program without the option, or a caller's own
 #: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
 GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache",
-                    "vae_tile_above", "controlnet_units")
+                    "text_cache", "vae_tile_above", "controlnet_units")
 #: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
 #: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.
 OPTION_OF = {"per_device_batch": "images_per_device"}

@@ -62,6 +62,7 @@ from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
 from .host.speed_plan import speed_plan
+from .host.text_cache import TextCache, text_key
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
 from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
 
@@ -292,6 +293,8 @@ class Generator:
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
                               placed=self.config.lora_cache) if files else None  # fmt: skip
         self._device_lock = threading.Lock()  # one request on the devices at a time
+        #: The text programs' outputs of the last --text-cache texts, on the devices (host/text_cache.py)
+        self.text_cache = TextCache(config.text_cache)
         self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
         self._no_embeddings: dict[int, tuple] = {}  # per K windows: the empty embedding tables, on the devices
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
@@ -411,11 +414,11 @@ class Generator:
         plan, picture, speed, switch_row = self._plans(request)
         second = self._hires_plan(request)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
-        inputs, text, extra = self._inputs(request, seeds)
+        inputs, text, extra, key = self._inputs(request, seeds)
         loop_timings: dict[str, float] = {}
         pixels, device_s = self._run(request, inputs, plan, speed, picture,
                                      loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings,
-                                     switch_row, (second, seeds))  # fmt: skip
+                                     switch_row, (second, seeds), text_key=key)  # fmt: skip
         windows = self.config.prompt_windows
         dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
@@ -518,7 +521,8 @@ class Generator:
 
     def _inputs(self, request: Request, seeds: list[int]):
         """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
-        (`RequestInputs`); with what reading the prompt found (`text`: overflow) and the embeddings it names."""
+        (`RequestInputs`); with what reading the prompt found (`text`: overflow), the embeddings it names and the
+        text's key in the text cache (`host/text_cache.py`)."""
         n, windows = self.num_images, self.config.prompt_windows
         extra = ExtraRows()  # the embeddings both texts name, each once
         text = self.prompts.read(request.styled_prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
@@ -536,13 +540,15 @@ class Generator:
             embedding_tables=self._embedding_tables(extra, k),
             clip_skip=self._put_all((np.int32(request.clip_skip),))[0],
         )  # in RequestInputs' order
-        return inputs, text, extra
+        key = text_key(text, negative, read, has_negative[0], request.clip_skip, extra.names, request.loras)
+        return inputs, text, extra, key
 
     def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
-             loop_timings: dict, switch_row: int, second: tuple = (None, ())) -> tuple[np.ndarray, float]:  # fmt: skip
+             loop_timings: dict, switch_row: int, second: tuple = (None, ()),
+             text_key: tuple | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
         """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
         seconds the devices were held (rows from `switch_row` on: the refiner's). Every run (stopped ones too) joins
-        `recent_runs`."""
+        `recent_runs`. The text programs run only where the text cache lacks `text_key`'s outputs."""
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         height, width = request.size
         with self._device_lock:
@@ -552,6 +558,7 @@ class Generator:
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
             control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.num_images,
                                      self._batch_sharding)  # fmt: skip
+            kept = self.text_cache.outputs(text_key) if text_key is not None else None
             try:
                 pixels = loop.run(
                     self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
@@ -560,10 +567,14 @@ class Generator:
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
                     on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
                     should_stop=watchers.should_stop, gate=watchers.gate, timings=loop_timings,
-                    refiner=self._refiner_inputs(request, switch_row, plan.rows), hires=hires,
+                    refiner=self._refiner_inputs(request, switch_row, plan.rows), hires=hires, kept=kept,
                 )  # fmt: skip
             except Stopped as stopped:
                 run.update(done=stopped.done, stopped=True)
+                raise
+            except BaseException:  # what the text programs left may be unusable: the next request makes them again
+                if text_key is not None:
+                    self.text_cache.forget(text_key)
                 raise
             finally:
                 run.update({k: v for k, v in loop_timings.items() if k.endswith("_at")})

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, QUANTIZE_MODES, SDXL_BASE, EngineConfig
+from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, MAX_TEXT_CACHE, QUANTIZE_MODES, SDXL_BASE, EngineConfig
 from .contract.controlnet_units import MAX_CONTROLNETS
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD, FIELDS, Field
@@ -214,6 +214,11 @@ OPTIONS: tuple[Option, ...] = (
            "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64),
            config_default("lora_cache"),
            metavar="N", programs=frozenset({APP, CLI})),
+    Option("--text-cache", "texts whose encoded outputs stay on the devices, so a request repeating a recent "
+           "prompt, negative prompt, clip skip and LoRA set runs no text encoder (nor, with --cross-attention-cache, "
+           "the keys and values): the same pixels; each holds SDXL's 0.6 MiB per image (49 MiB with "
+           "--cross-attention-cache); 0 = none", "SDXL_TEXT_CACHE", _bounded_int(0, MAX_TEXT_CACHE),
+           config_default("text_cache"), metavar="N", programs=frozenset({APP, CLI, BENCH})),
     Option("--preset", "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
            "size; flags override it; with another model (e.g. tiny) only its sampler settings", "SDXL_PRESET",
            choices=PRESET_NAMES, programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),

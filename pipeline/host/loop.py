@@ -139,6 +139,17 @@ class Stage:
     text: int | None  # static: ProgramKey.windows of the request's text
     put: Callable[[np.ndarray], jax.Array]
     timings: dict | None
+    #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
+    kept: dict | None = None
+
+    def once(self, name: str, make: Callable[[], Any]):
+        """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
+        per text, not once per request."""
+        if self.kept is None:
+            return make()
+        if name not in self.kept:
+            self.kept[name] = make()
+        return self.kept[name]
 
     def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None,
                 nets: tuple[int, ...] | None = None):
@@ -173,6 +184,7 @@ def run(
     timings: dict | None = None,
     refiner: RefinerInputs | None = None,
     hires: HiresInputs | None = None,
+    kept: dict | None = None,
 ) -> jax.Array:
     """Encode, sample the plan's rows (`plan.rows` UNet calls: `plan.steps` steps, two per step for Heun), decode:
     uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
@@ -195,11 +207,12 @@ def run(
     the refiner's step on its own text (encoded with the prompt's), whole and with the row's guidance mode.
     `hires`: the hires fix: the picture upscaled and redrawn at its size (`second_pass`); progress, previews and
     Stop count both passes' steps as one request's. With the refiner too, its rows are the second pass's
-    (`hires.refiner`; A1111's default), and `refiner` is None.
+    (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
+    request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
-                  put, timings)  # fmt: skip
+                  put, timings, kept)  # fmt: skip
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -222,7 +235,7 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
     decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
     `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
     height, width = hires.size
-    big = Stage(stage.programs, stage.params, height, width, stage.text, stage.put, stage.timings)
+    big = dataclasses.replace(stage, height=height, width=width)
     if hires.latent:
         key = ProgramKey("upscale", height, width, source=(stage.height, stage.width), mode=hires.upscaler)
         x0 = stage.programs.compile(key)({}, latents)
@@ -243,13 +256,14 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
 def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "encode") -> tuple:
     """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB]): for the base
     (`encode`, at the request's clip_skip), or the refiner (`refiner_encode`: text encoder 2 and its embedding table
-    only, at its own penultimate layer)."""
+    only, at its own penultimate layer); once per text while `stage.kept` keeps it."""
     encode = stage.compile(kind, sized=False, cfg=cfg, windows=stage.text)
     texts = (inputs.prompt_ids, inputs.negative_ids, inputs.has_negative, inputs.windows, inputs.prompt_weights,
              inputs.negative_weights)  # fmt: skip
     if kind == "encode":
-        return encode(stage.weights(kind), *texts, *inputs.embedding_tables, inputs.clip_skip)
-    return encode(stage.weights(kind), *texts, *inputs.embedding_tables[1:])
+        return stage.once(kind, lambda: encode(stage.weights(kind), *texts, *inputs.embedding_tables,
+                                               inputs.clip_skip))  # fmt: skip
+    return stage.once(kind, lambda: encode(stage.weights(kind), *texts, *inputs.embedding_tables[1:]))
 
 
 def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):
@@ -325,7 +339,8 @@ def with_cross_kv(stage: Stage, unet: dict, hidden, cfg: bool) -> dict:
     if not stage.programs.cross_attention_cache:
         return unet
     program = stage.compile("cross_kv", sized=False, cfg=cfg, windows=stage.text)
-    return {**unet, CROSS_KV: program(stage.weights("cross_kv"), hidden)}
+    table = stage.once(f"cross_kv {'cfg' if cfg else 'no-cfg'}", lambda: program(stage.weights("cross_kv"), hidden))
+    return {**unet, CROSS_KV: table}
 
 
 def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refiner: tuple, latents, history, image):

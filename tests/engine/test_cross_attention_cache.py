@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 
+from bench.program_times import ProgramTimer
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
 from pipeline.device import attention
 from pipeline.host.programs import ProgramKey, program_keys
+from pipeline.host.text_cache import TextCache
 
 #: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.
 SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", prompt_windows=2, previews=False,
@@ -70,6 +72,24 @@ def test_same_pixels_as_projecting_at_every_step(twins, case):
     elif case != "plain":  # each case takes its own path: its pixels are not the plain request's
         same = {name: value for name, value in fields.items() if name in ("guidance_scale", "steps")}
         assert np.abs(with_cache - _pixels(cached, CASES["plain"][0], same)).max() > 2, case
+
+
+def test_a_kept_text_keeps_its_tables(twins, monkeypatch):
+    """--text-cache keeps the tables with the text: a repeated text (another seed, guidance ending) runs neither the
+    encoders nor `cross_kv`, and its pixels are those of the engine that projects the text at every step."""
+    cached, plain = twins
+    monkeypatch.setattr(cached, "text_cache", TextCache())
+    fields = {"cfg_end": 0.5, "guidance_scale": 7.0, "seed": 12}  # both tables: with guidance, then without
+    runs = []
+    for _ in range(2):
+        with ProgramTimer(cached.programs) as timer:
+            runs.append(cached.generate(cached.request("a heron at dawn", negative_prompt="blurry", **fields)))
+        runs[-1] = (runs[-1], [label for label in timer.labels if label.split()[0] in ("encode", "cross_kv")])
+    (first, ran), (again, ran_again) = runs
+    assert ran == ["encode cfg", "cross_kv cfg", "cross_kv no-cfg"] and ran_again == []
+    without = plain.generate(plain.request("a heron at dawn", negative_prompt="blurry", **fields))
+    for result in (first, again):
+        assert np.abs(np.stack(result.images).astype(int) - np.stack(without.images).astype(int)).max() <= 1
 
 
 def test_the_warm_up_compiles_a_table_per_guidance_mode_and_text_length(twins):

@@ -1,10 +1,12 @@
 """Which compiled programs a request runs: a plain txt2img runs the plain programs only (one 77-token window, no
-preview, no picture), a long prompt the N-window ones, a watched request its previews; none of them compiles."""
+preview, no picture), a long prompt the N-window ones, a watched request its previews, a text met in a recent request
+no text encoder (--text-cache); none of them compiles."""
 
 import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 from bench.program_times import ProgramTimer
+from pipeline.host.text_cache import TextCache
 
 LONG_PROMPT = " ".join(f"word{i}" for i in range(100))  # 100 tokens: two windows
 
@@ -16,11 +18,14 @@ def programs_run(engine, call) -> list[str]:
     return timer.labels
 
 
-def test_plain_request_runs_the_plain_txt2img_programs(engine):
+def test_plain_request_runs_the_plain_txt2img_programs(engine, monkeypatch):
     size = f"{TEST_SIZE}x{TEST_SIZE}"
+    monkeypatch.setattr(engine, "text_cache", TextCache())  # no text met before: each first request encodes
     before = engine.compile_count
     ran = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=2))
     assert ran == ["encode cfg", f"start {size}", *[f"step_full {size} cfg"] * TEST_STEPS, f"decode {size}"]
+    again = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=3))
+    assert again == ran[1:]  # the same texts: their encoded outputs were kept
     long = programs_run(engine, lambda: generate(engine, LONG_PROMPT, seed=2))
     assert long == ["encode cfg 3 windows", f"start {size}", *[f"step_full {size} cfg 3 windows"] * TEST_STEPS,
                     f"decode {size}"]  # fmt: skip
@@ -33,10 +38,11 @@ def test_plain_request_runs_the_plain_txt2img_programs(engine):
     assert engine.compile_count == before
 
 
-def test_unguided_request_runs_the_guidance_free_steps(engine):
+def test_unguided_request_runs_the_guidance_free_steps(engine, monkeypatch):
     """guidance <= 1 asks for no guidance: on a CFG server the texts' conditional half is kept once, before the
     first step, and every step runs the guidance-free program (half the UNet rows), not the CFG one."""
     size = f"{TEST_SIZE}x{TEST_SIZE}"
+    monkeypatch.setattr(engine, "text_cache", TextCache(0))
     before = engine.compile_count
     images = []
     ran = programs_run(engine, lambda: images.extend(generate(engine, "a red fox", seed=3, guidance_scale=1.0).images))
@@ -49,6 +55,7 @@ def test_short_prompt_reads_the_same_in_one_window_as_in_three(engine, monkeypat
     """The 3-window programs mask the empty windows out: a short prompt run through them gives the 1-window
     programs' images (to float rounding: the masked softmax sums 231 keys, the plain one 77)."""
     prompt, negative = "a windmill in a field of tulips", "blurry"
+    monkeypatch.setattr(engine, "text_cache", TextCache(0))
     one = generate(engine, prompt, negative_prompt=negative, seed=5).images
     monkeypatch.setattr(engine, "text_windows", lambda filled: engine.config.prompt_windows)
     three = []

@@ -60,7 +60,7 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     size = f"{TEST_SIZE}x{TEST_SIZE}"  # a plain request's programs, each timed: the parts of the engine's call
     assert list(ref["engine_programs"]) == ["encode cfg", f"start {size}", f"step_full {size} cfg", f"decode {size}"]
     assert all(positive(seconds) for seconds in ref["engine_programs"].values())
-    assert positive(ref["cpu_ratio"]) and ref["pair_ratios"]["n"] == 1
+    assert positive(ref["cpu_ratio"]) and positive(ref["new_text_cpu_ratio"]) and ref["pair_ratios"]["n"] == 1
 
     startup = results["startup"]
     for run in ("cold", "warm"):
