@@ -173,13 +173,15 @@ def _leaves(tree):
 def engine(loaded, args, dtype: str, nets=(), **settings):
     """A generator over `loaded` as the app builds one, warmed up: (generator, its warm-up timings). The executable
     store is off: a program JAX's cache already holds would be compiled a second time to be stored. With
-    `--warm-up request` nothing is compiled here (timings {}): each request's untimed first call compiles its own."""
+    `--warm-up request` nothing is compiled here (timings {}): each request's untimed first call compiles its own.
+    The text cache is off: every timed call repeats one text, which the peers encode every call, and so does the
+    engine here (the same work per call; a served engine encodes a repeated text once: host/text_cache.py)."""
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator, prepare
 
     config = EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=args.steps, dtype=dtype,
                           attention=args.attention, prompt_windows=args.prompt_windows, previews=False,
-                          executable_cache=False, **settings)  # fmt: skip
+                          executable_cache=False, text_cache=0, **settings)  # fmt: skip
     config = prepare(config)  # as Generator.load does before it loads a checkpoint
     generator = Generator(loaded, config, None, list(nets))  # every local device, as diffusers' pmap uses them
     return generator, generator.warmup() if args.warm_up == "all" else {}

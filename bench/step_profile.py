@@ -371,9 +371,9 @@ def main(argv: list[str]) -> int:
 
     config = prepare(EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=25,
                                   dtype=dtype, attention=args.attention, prompt_windows=1, previews=False,
-                                  executable_cache=False))  # fmt: skip
-    # As accelerator.engine builds it (speed levers on: EngineConfig's default), without its warm-up of every
-    # served program: the request below compiles only the programs it runs.
+                                  executable_cache=False, text_cache=0))  # fmt: skip
+    # As accelerator.engine builds it (speed levers on: EngineConfig's default; every call encodes its text), without
+    # its warm-up of every served program: the request below compiles only the programs it runs.
     generator = Generator(loaded, config, None, [])
     request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS,
                                 guidance_scale=REQUEST_GUIDANCE)  # fmt: skip
