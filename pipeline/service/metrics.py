@@ -3,6 +3,7 @@
     sdxl_engine_requests_total{outcome="ok|stopped|failed|refused"}   requests by how they ended
     sdxl_engine_request_seconds                                       a histogram of the requests that ran
     sdxl_engine_busy                                                  1 while a request runs
+    sdxl_engine_text_cache_total{result="hit|miss"}                   requests whose text was kept / encoded
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Metrics:
         with self._lock:
             self._busy = int(value)
 
-    def text(self) -> str:
+    def text(self, text_cache: tuple[int, int] | None = None) -> str:
+        """The exposition; `text_cache`: the engine's (hits, misses) of --text-cache (None: no engine yet)."""
         with self._lock:
             lines = ["# HELP sdxl_engine_requests_total Generation requests by how they ended.",
                      "# TYPE sdxl_engine_requests_total counter"]  # fmt: skip
@@ -58,4 +60,9 @@ class Metrics:
                       f"sdxl_engine_request_seconds_count {self._count}",
                       "# HELP sdxl_engine_busy 1 while the engine runs a request.",
                       "# TYPE sdxl_engine_busy gauge", f"sdxl_engine_busy {self._busy}"]  # fmt: skip
+        if text_cache is not None:
+            lines += ["# HELP sdxl_engine_text_cache_total Requests whose text the engine had kept (hit) or encoded "
+                      "(miss): --text-cache.", "# TYPE sdxl_engine_text_cache_total counter",
+                      f'sdxl_engine_text_cache_total{{result="hit"}} {text_cache[0]}',
+                      f'sdxl_engine_text_cache_total{{result="miss"}} {text_cache[1]}']  # fmt: skip
         return "\n".join(lines) + "\n"

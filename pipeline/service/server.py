@@ -99,7 +99,9 @@ class Handler(BaseHTTPRequestHandler):
             info = self.service.info
             self._json(200, info) if info else self._json(503, {"error": "The engine is still starting."}, retry=True)
         elif path == "/metrics":
-            self._send(200, self.service.metrics.text().encode(), TEXT_TYPE)
+            cache = getattr(self.service.engine, "text_cache", None)  # None until the engine is warm
+            counts = (cache.hits, cache.misses) if cache is not None else None
+            self._send(200, self.service.metrics.text(counts).encode(), TEXT_TYPE)
         else:
             self._json(404, {"error": f"No such endpoint: {path}."})
 

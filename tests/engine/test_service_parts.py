@@ -85,7 +85,10 @@ def test_the_metrics_text_is_prometheus_exposition():
     assert 'sdxl_engine_request_seconds_bucket{le="0.5"} 1' in text
     assert 'sdxl_engine_request_seconds_bucket{le="10"} 2' in text
     assert 'sdxl_engine_request_seconds_bucket{le="+Inf"} 2' in text and "sdxl_engine_request_seconds_count 2" in text
-    assert "sdxl_engine_busy 1" in text
+    assert "sdxl_engine_busy 1" in text and "text_cache" not in text  # no engine yet: no cache to count
+    text = metrics.text(text_cache=(3, 1))
+    assert 'sdxl_engine_text_cache_total{result="hit"} 3' in text
+    assert 'sdxl_engine_text_cache_total{result="miss"} 1' in text
     for line in text.splitlines():  # every sample line: name{labels} value
         assert line.startswith("# ") or re.fullmatch(r"[a-z_]+(\{[a-z]+=\"[^\"]+\"\})? [0-9.e+-]+", line), line
 

@@ -166,7 +166,7 @@ def test_the_token_and_the_endpoints(engines):
     assert info["request_schema"]["title"] == "Request" and str(REPO) not in json.dumps(info)
     metrics = engine.call("GET", "/metrics")[2].decode()
     for name in ('sdxl_engine_requests_total{outcome="refused"}', "sdxl_engine_request_seconds_bucket",
-                 "sdxl_engine_busy 0"):  # fmt: skip
+                 "sdxl_engine_busy 0", 'sdxl_engine_text_cache_total{result="miss"}'):  # fmt: skip
         assert name in metrics
     status, _, body = engine.call("POST", "/v1/generate", {"prompt": "a cat", "steps": 1000})
     assert status == 400 and json.loads(body) == {"error": "Steps must be a whole number from 1 to 100; got 1000."}
