@@ -544,8 +544,8 @@ class Generator:
         return inputs, text, extra, key
 
     def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
-             loop_timings: dict, switch_row: int, second: tuple = (None, ()),
-             text_key: tuple | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
+             loop_timings: dict, switch_row: int, second: tuple,
+             text_key: tuple) -> tuple[np.ndarray, float]:  # fmt: skip
         """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
         seconds the devices were held (rows from `switch_row` on: the refiner's). Every run (stopped ones too) joins
         `recent_runs`. The text programs run only where the text cache lacks `text_key`'s outputs."""
@@ -558,7 +558,7 @@ class Generator:
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
             control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.num_images,
                                      self._batch_sharding)  # fmt: skip
-            kept = self.text_cache.outputs(text_key) if text_key is not None else None
+            kept = self.text_cache.outputs(text_key)
             try:
                 pixels = loop.run(
                     self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
@@ -573,8 +573,7 @@ class Generator:
                 run.update(done=stopped.done, stopped=True)
                 raise
             except BaseException:  # what the text programs left may be unusable: the next request makes them again
-                if text_key is not None:
-                    self.text_cache.forget(text_key)
+                self.text_cache.forget(text_key)
                 raise
             finally:
                 run.update({k: v for k, v in loop_timings.items() if k.endswith("_at")})

@@ -257,13 +257,14 @@ def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "enc
     """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB]): for the base
     (`encode`, at the request's clip_skip), or the refiner (`refiner_encode`: text encoder 2 and its embedding table
     only, at its own penultimate layer); once per text while `stage.kept` keeps it."""
-    encode = stage.compile(kind, sized=False, cfg=cfg, windows=stage.text)
     texts = (inputs.prompt_ids, inputs.negative_ids, inputs.has_negative, inputs.windows, inputs.prompt_weights,
              inputs.negative_weights)  # fmt: skip
-    if kind == "encode":
-        return stage.once(kind, lambda: encode(stage.weights(kind), *texts, *inputs.embedding_tables,
-                                               inputs.clip_skip))  # fmt: skip
-    return stage.once(kind, lambda: encode(stage.weights(kind), *texts, *inputs.embedding_tables[1:]))
+    tables = (*inputs.embedding_tables, inputs.clip_skip) if kind == "encode" else inputs.embedding_tables[1:]
+
+    def make():
+        return stage.compile(kind, sized=False, cfg=cfg, windows=stage.text)(stage.weights(kind), *texts, *tables)
+
+    return stage.once(kind, make)
 
 
 def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank, picture: PictureInputs | None):
@@ -338,9 +339,11 @@ def with_cross_kv(stage: Stage, unet: dict, hidden, cfg: bool) -> dict:
     once here from `hidden` (encoded with guidance or not: `cfg`) by the UNet's own layers (device/cross_kv.py)."""
     if not stage.programs.cross_attention_cache:
         return unet
-    program = stage.compile("cross_kv", sized=False, cfg=cfg, windows=stage.text)
-    table = stage.once(f"cross_kv {'cfg' if cfg else 'no-cfg'}", lambda: program(stage.weights("cross_kv"), hidden))
-    return {**unet, CROSS_KV: table}
+
+    def make():
+        return stage.compile("cross_kv", sized=False, cfg=cfg, windows=stage.text)(stage.weights("cross_kv"), hidden)
+
+    return {**unet, CROSS_KV: stage.once(f"cross_kv {'cfg' if cfg else 'no-cfg'}", make)}
 
 
 def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refiner: tuple, latents, history, image):
