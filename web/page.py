@@ -17,7 +17,7 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.contract.engine import Engine, EngineSettings
+from pipeline.contract.engine import REQUESTS_AT_ONCE, Engine, EngineSettings
 from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
 from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
@@ -51,9 +51,8 @@ from .whole_answers import Twin
 #: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
 #: while the app runs it is swept every 5 min and files older than 15 min are removed.
 DELETE_CACHE = (300, 900)
-#: Requests in the generate event at once: one on the devices while the other does its host work (tokenizing before,
-#: writing files after); the engine's device lock keeps device calls one at a time.
-GENERATE_CONCURRENCY = 2
+#: Requests in the generate event at once, unless the engine says (its `concurrency`): contract/engine.py.
+GENERATE_CONCURRENCY = REQUESTS_AT_ONCE
 #: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
 #: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1

@@ -7,7 +7,8 @@ and web/apis/ read only what is named here; `isinstance(x, Engine)` checks that 
 (tests/engine/test_engine_protocol.py checks the three).
 
 One more attribute is read where an engine has it: `concurrency`, the requests the page's generate event runs at once
-(RemoteEngines: two per engine; a local engine leaves the page's own).
+(RemoteEngines: two per engine; a Generator: REQUESTS_AT_ONCE, or twice `--images-per-device` with
+`--merge-requests`, so the next call fills while one runs).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class EngineResult(Protocol):
     timings: dict[str, float]
     steps: int
     sampler: str
+
+
+#: Requests an engine runs at once by default: one on the devices while another does its host work (tokenizing
+#: before, writing files after); the engine's device lock keeps device calls one at a time.
+REQUESTS_AT_ONCE = 2
 
 
 @runtime_checkable

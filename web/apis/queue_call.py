@@ -91,6 +91,9 @@ class QueuedGenerate:
         /progress shows the pictures forming), and its PNG variant (OpenAI, no previews)."""
         handlers = page.handlers
         queued = cls(page)
+        # The page's own limit: a concurrency group takes its events' lowest, so a fixed 2 here would cap the page's
+        # engine services (two per engine) and a merging engine (--merge-requests) at two requests at once.
+        concurrency = getattr(handlers.engine, "concurrency", GENERATE_CONCURRENCY)
         with page.demo:
             inputs = [gr.JSON(visible=False, label=f"api {row.name}") for row in FIELDS]
             inputs += [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
@@ -100,7 +103,7 @@ class QueuedGenerate:
                 # page load and on any input's change", and every visit would queue two empty requests.
                 dependency = gr.on(
                     triggers=[], fn=function, inputs=inputs, outputs=outputs, preprocess=False, postprocess=False,
-                    concurrency_limit=GENERATE_CONCURRENCY, concurrency_id="generate", api_visibility="private",
+                    concurrency_limit=concurrency, concurrency_id="generate", api_visibility="private",
                     show_progress="hidden",
                 )  # fmt: skip
                 queued.fn_index[name] = dependency["id"]
