@@ -91,6 +91,7 @@ class EngineConfig:
     guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
     per_device_batch: int = 1  # static: images per device per call (--images-per-device)
+    merge_requests: bool = False  # queued requests share a call, one image per device each (host/merging.py)
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
@@ -145,6 +146,9 @@ class EngineConfig:
             raise InvalidInput(
                 "--quantize int8 does not combine with LoRAs (--lora-dir): the LoRA merge needs float kernels."
             )
+        if self.merge_requests and self.per_device_batch < 2:
+            raise InvalidInput("--merge-requests needs --images-per-device 2 or more: each request takes one image per "
+                               "device, and a call has room for one request per image a device makes.")  # fmt: skip
         if self.cross_attention_cache and (self.quantize != "none" or self.attention == "diffusers"):
             raise InvalidInput(
                 "--cross-attention-cache needs a float UNet and an attention core other than diffusers "
@@ -275,6 +279,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=get("dtype"),
         speed_levers=not get("no_speed_levers"),
         cross_attention_cache=bool(get("cross_attention_cache")),
+        merge_requests=bool(get("merge_requests")),
         previews=not get("no_previews"),
         **{name: value for name in GIVEN_OR_DEFAULT
            if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -34,6 +35,7 @@ from .checkpoint.refiner_loading import RefinerWeights, load_refiner
 from .checkpoint.upscaler_loading import load_upscaler_dir
 from .config import SDXL_BASE, EngineConfig
 from .contract import image_files as image_io
+from .contract.engine import REQUESTS_AT_ONCE
 from .contract.errors import InvalidInput
 from .contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS, UPSCALERS
 from .contract.image_inputs import latent_mask
@@ -58,6 +60,7 @@ from .host.hires_plan import HiresPlan, hires_plan, hires_seeds
 from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
+from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.plan import HISTORY, SamplerConfig
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
@@ -251,7 +254,10 @@ class Generator:
         self.mesh = data_mesh(devices)
         self.device_count = self.mesh.devices.size
         self.device_kind = self.mesh.devices.flat[0].device_kind
-        self.num_images = self.device_count * config.per_device_batch
+        #: B: images per device call (--images-per-device on every device)
+        self.images_per_call = self.device_count * config.per_device_batch
+        #: Images per request: one per device with --merge-requests (a call holds several requests), else the call's
+        self.num_images = self.device_count if config.merge_requests else self.images_per_call
         self._tokenizers = (loaded.networks.tokenizer, loaded.networks.tokenizer_2)
         self._max_tokens = self._tokenizers[0].model_max_length  # 77 for CLIP
         self.sampler = sampler_of(loaded, config)
@@ -293,6 +299,15 @@ class Generator:
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
                               placed=self.config.lora_cache) if files else None  # fmt: skip
         self._device_lock = threading.Lock()  # one request on the devices at a time
+        if config.merge_requests and jax.process_count() > 1:
+            raise InvalidInput("--merge-requests runs on one process: several processes would each have to merge "
+                               "the same requests in the same calls.")  # fmt: skip
+        #: --merge-requests: queued text-to-image requests that share one call (host/merging.py); None: each alone
+        self.merger = CallMerger(config.per_device_batch, self._run_group) if config.merge_requests else None
+        #: Requests the engine works on at once: one, or with merging a call's N and the next call's N
+        self.requests_at_once = 2 * config.per_device_batch if config.merge_requests else 1
+        #: Requests the page's generate event runs at once (contract/engine.py): with merging, enough to fill the calls
+        self.concurrency = max(REQUESTS_AT_ONCE, self.requests_at_once)
         #: The text programs' outputs of the last --text-cache texts, on the devices (host/text_cache.py)
         self.text_cache = TextCache(config.text_cache)
         self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
@@ -413,12 +428,20 @@ class Generator:
         prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
         plan, picture, speed, switch_row = self._plans(request)
         second = self._hires_plan(request)
-        seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
-        inputs, text, extra, key = self._inputs(request, seeds)
+        seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.images_per_call)]
         loop_timings: dict[str, float] = {}
-        pixels, device_s = self._run(request, inputs, plan, speed, picture,
-                                     loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings,
-                                     switch_row, (second, seeds), text_key=key)  # fmt: skip
+        if self.merger is not None and self._mergeable(request, picture, second, switch_row, plan):
+            seeds = seeds[: self.num_images]
+            arrays, k, (text, key), extra = self._host_rows(request, seeds)
+            ticket = Ticket(self._merge_key(request, k, extra), arrays, len(speed.schedule), request, on_step,
+                            should_stop, on_preview, extra=(plan, speed, k, extra, key))  # fmt: skip
+            pixels, device_s = self.merger.submit(ticket)
+        else:
+            inputs, text, extra, key = self._inputs(request, seeds)
+            pixels, device_s = self._run(request, inputs, plan, speed, picture,
+                                         loop.Watchers(on_preview, on_step, should_stop, gate), loop_timings,
+                                         switch_row, (second, seeds), text_key=key)  # fmt: skip
+            pixels, seeds = pixels[: self.num_images], seeds[: self.num_images]  # with merging: one per device
         windows = self.config.prompt_windows
         dropped = dropped_text(self._tokenizers[0], prompt, windows) if text.overflow else ""
         truncated = summarize_dropped(dropped, windows, style_tail(self.rules, request.style))  # fits a toast
@@ -493,7 +516,7 @@ class Generator:
         guided = request.guidance_scale > 1 or not self.config.speed_levers
         speed = cached_speed_plan(second.plan.rows, request.cfg_end, request.deepcache, cfg=self.sampler.cfg,
                                   guided=guided)  # fmt: skip
-        keep, seed_array = global_batch((np.ones((self.num_images, height, width), bool), hires_seeds(seeds)),
+        keep, seed_array = global_batch((np.ones((self.images_per_call, height, width), bool), hires_seeds(seeds)),
                                         self._batch_sharding)  # fmt: skip
         latent = second.upscaler in LATENT_UPSCALERS
         resize = None if latent else functools.partial(self._resize, size=second.size,
@@ -519,11 +542,11 @@ class Generator:
                             for image in images])  # fmt: skip
         return global_batch((resized,), self._batch_sharding)[0]
 
-    def _inputs(self, request: Request, seeds: list[int]):
-        """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
-        (`RequestInputs`); with what reading the prompt found (`text`: overflow), the embeddings it names and the
-        text's key in the text cache (`host/text_cache.py`)."""
-        n, windows = self.num_images, self.config.prompt_windows
+    def _host_rows(self, request: Request, seeds: list[int]) -> tuple[tuple[np.ndarray, ...], int, Any, ExtraRows]:
+        """The request's per-image host arrays, one row per seed, in `RequestInputs`' order (ids and weights of both
+        texts, has_negative, the windows they fill, guidance, seeds), K (the windows read), what reading the prompt
+        found (`text`: overflow) and the embeddings both texts name."""
+        n, windows = len(seeds), self.config.prompt_windows
         extra = ExtraRows()  # the embeddings both texts name, each once
         text = self.prompts.read(request.styled_prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
         negative = self.prompts.read(request.styled_negative_prompt, windows, extra)
@@ -535,13 +558,24 @@ class Generator:
         filled = np.broadcast_to(np.asarray([negative.windows, text.windows], np.int32), (n, 2))  # [B, 2]
         guidance = np.full((n,), request.guidance_scale, np.float32)  # [B]
         seed_array = np.asarray(seeds, np.uint32)  # [B]
-        inputs = RequestInputs(
-            *global_batch((*rows, has_negative, filled, guidance, seed_array, *weights), self._batch_sharding),
-            embedding_tables=self._embedding_tables(extra, k),
-            clip_skip=self._put_all((np.int32(request.clip_skip),))[0],
-        )  # in RequestInputs' order
+        arrays = (*rows, has_negative, filled, guidance, seed_array, *weights)  # RequestInputs' order
         key = text_key(text, negative, read, has_negative[0], request.clip_skip, extra.names, request.loras)
-        return inputs, text, extra, key
+        return arrays, k, (text, key), extra
+
+    def _inputs(self, request: Request, seeds: list[int]):
+        """The request's texts as token ids and emphasis weights, its guidance and seeds, on the devices
+        (`RequestInputs`); with what reading the prompt found (`text`: overflow), the embeddings it names and the
+        text's key in the text cache (`host/text_cache.py`)."""
+        arrays, k, (text, key), extra = self._host_rows(request, seeds)
+        return self._placed(arrays, k, extra, request.clip_skip), text, extra, key
+
+    def _placed(self, arrays: tuple, k: int, extra: ExtraRows, clip_skip: int) -> RequestInputs:
+        """Host rows (`_host_rows`, one per image of the call) on the devices, split over the batch."""
+        return RequestInputs(
+            *global_batch(arrays, self._batch_sharding),
+            embedding_tables=self._embedding_tables(extra, k),
+            clip_skip=self._put_all((np.int32(clip_skip),))[0],
+        )
 
     def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
              loop_timings: dict, switch_row: int, second: tuple,
@@ -556,7 +590,7 @@ class Generator:
             hires = self._hires_inputs(request, *second)  # the second pass's, when the hires fix is on
             run["steps"] += hires.plan.steps if hires is not None else 0
             params = self.loras.params_for(request.loras) if self.loras is not None else self._params
-            control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.num_images,
+            control = control_inputs(self.controlnets, request.controlnets, plan.steps, self.images_per_call,
                                      self._batch_sharding)  # fmt: skip
             kept = self.text_cache.outputs(text_key)
             try:
@@ -581,6 +615,60 @@ class Generator:
             pixels = to_host(pixels)  # uint8 [B, H, W, 3], gathered from every process
             run["done"] = plan.steps + (hires.plan.steps if hires is not None else 0)
             return pixels, time.perf_counter() - on_device
+
+    def _mergeable(self, request: Request, picture, second, switch_row: int, plan) -> bool:
+        """Whether a request may share a call (--merge-requests): text to image on the base alone (no picture, no
+        ControlNet, no hires fix, no refiner rows), whose inputs are all per-image rows or settings a key names."""
+        return picture is None and second is None and switch_row == plan.rows and not request.controlnets
+
+    def _merge_key(self, request: Request, k: int, extra: ExtraRows) -> tuple:
+        """What the requests of one merged call share: what fixes its programs (size, guided or not, K), its plan
+        rows and speed plan (one row per step for the whole batch), its weights (the LoRA set) and the text
+        encoder's replicated inputs (clip skip, the embeddings' tables)."""
+        guided = request.guidance_scale > 1 or not self.config.speed_levers
+        sampler = request.sampler or self.sampler.sampler
+        return (request.size, request.steps, sampler, request.schedule_type, request.cfg_end, request.deepcache,
+                guided, k, request.clip_skip, extra.names, request.loras)  # fmt: skip
+
+    def _run_group(self, tickets: list[Ticket]) -> None:
+        """One merged call (the merger's worker): each ticket's rows in its block of the batch (the last ones padded
+        with the first's), the loop over the shared plan, each ticket answered with its block. The text cache serves
+        a call whose requests all read one text."""
+        first, slots, block = tickets[0], self.config.per_device_batch, self.num_images
+        plan, speed, k, extra, _ = first.extra
+        request = first.request
+        rows = [ticket.rows for ticket in tickets] + [first.rows] * (slots - len(tickets))
+        arrays = tuple(np.concatenate(parts) for parts in zip(*rows, strict=True))  # [B, ...] each
+        inputs = self._placed(arrays, k, extra, request.clip_skip)
+        text_keys = {ticket.extra[-1] for ticket in tickets}
+        watchers = GroupWatchers(tickets, block)
+        run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler, "requests": len(tickets)}
+        height, width = request.size
+        loop_timings: dict[str, float] = {}
+        with self._device_lock:
+            on_device = time.perf_counter()
+            params = self.loras.params_for(request.loras) if self.loras is not None else self._params
+            kept = self.text_cache.outputs(next(iter(text_keys))) if len(text_keys) == 1 else None
+            try:
+                pixels = loop.run(
+                    self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
+                    put=self._put, blank=self._blank(height, width, params), on_step=watchers.on_step,
+                    on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
+                    gate=watchers.gate, timings=loop_timings, kept=kept,
+                )  # fmt: skip
+                pixels = to_host(pixels)  # uint8 [B, H, W, 3]
+            except Stopped as stopped:  # every request in the call stopped (each already answered)
+                run.update(done=stopped.done, stopped=True)
+                return
+            except BaseException:
+                if kept is not None:
+                    self.text_cache.forget(next(iter(text_keys)))
+                raise
+            finally:
+                run.update({name: at for name, at in loop_timings.items() if name.endswith("_at")})
+                self.recent_runs.append(run)
+            run["done"] = plan.steps
+            watchers.answer(pixels, time.perf_counter() - on_device)
 
     def _refiner_inputs(self, request: Request, switch_row: int, rows: int) -> RefinerInputs | None:
         """The refiner stage's inputs on the devices, when the request's plan has refiner rows."""
@@ -632,7 +720,7 @@ class Generator:
 
     def _picture(self, given: Picture, weight: float) -> PictureInputs:
         """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
-        n, scale, pixels = self.num_images, self.programs.modules.vae_scale_factor, given.pixels
+        n, scale, pixels = self.images_per_call, self.programs.modules.vae_scale_factor, given.pixels
         repaint = np.ones(pixels.shape[:2], bool) if given.repaint is None else given.repaint
         small = latent_mask(repaint, scale) if given.repaint_latents is None else given.repaint_latents  # [1, h, w]
         arrays = (
@@ -646,7 +734,7 @@ class Generator:
     def _blank(self, height: int, width: int, params) -> Blank:
         """What a step reads without a picture, made once per size (call with the device lock held)."""
         if (height, width) not in self._blanks:
-            n, scale = self.num_images, self.programs.modules.vae_scale_factor
+            n, scale = self.images_per_call, self.programs.modules.vae_scale_factor
             latents = np.zeros((n, LATENT_CHANNELS, height // scale, width // scale), np.float32)
             history = np.zeros((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
             zeros, ones, history = global_batch((latents, np.ones_like(latents[:, :1]), history),
