@@ -90,7 +90,7 @@ class EnginePool:
         self.token = token
         self.probe_s = probe_s
         self._ready: dict[Endpoint, bool] = {}  # every endpoint known, and whether it answered /readyz 200
-        self._busy: set[Endpoint] = set()  # running one of this page's requests
+        self._busy: dict[Endpoint, int] = {}  # this page's requests running on each engine (absent: none)
         self._refused_until: dict[Endpoint, float] = {}  # answered 503 busy (another page's request): not before
         self.infos: dict[Endpoint, dict] = {}  # each ready engine's /v1/info
         self.reference: dict | None = None  # the info the page built its form from: a joining engine is compared
@@ -175,6 +175,11 @@ class EnginePool:
         with self._changed:
             return [endpoint for endpoint, ready in self._ready.items() if ready]
 
+    def slots(self, endpoint: Endpoint) -> int:
+        """The requests `endpoint` takes at once: its info's `requests_at_once` (one; more for an engine whose
+        calls merge requests, --merge-requests), 1 for an engine that does not say."""
+        return max(1, int(self.infos.get(endpoint, {}).get("requests_at_once", 1)))
+
     # ---- one request -----------------------------------------------------------------------------------------------
 
     def acquire(self, should_stop: Callable[[], bool], exclude: frozenset = frozenset(), give_up_s: float = 60.0,
@@ -188,10 +193,12 @@ class EnginePool:
             with self._changed:
                 now = time.monotonic()
                 usable = [e for e, ready in self._ready.items() if ready and e not in exclude]
-                free = [e for e in usable if e not in self._busy and self._refused_until.get(e, 0) <= now]
+                free = [e for e in usable
+                        if self._busy.get(e, 0) < self.slots(e) and self._refused_until.get(e, 0) <= now]  # fmt: skip
                 if free:
-                    self._busy.add(free[0])
-                    return free[0]
+                    chosen = min(free, key=lambda e: self._busy.get(e, 0))  # the least busy, the first of equals
+                    self._busy[chosen] = self._busy.get(chosen, 0) + 1
+                    return chosen
                 if should_stop():
                     return None
                 if usable:
@@ -211,7 +218,10 @@ class EnginePool:
         """The request left `endpoint`: `failed` marks it not ready until a probe finds it ready again;
         `retry_after` (it answered busy) skips it for that many seconds."""
         with self._changed:
-            self._busy.discard(endpoint)
+            if self._busy.get(endpoint, 0) > 1:
+                self._busy[endpoint] -= 1
+            else:
+                self._busy.pop(endpoint, None)
             if failed:
                 self._ready[endpoint] = False
             if retry_after:

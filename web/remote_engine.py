@@ -121,9 +121,10 @@ class RemoteEngines:
         self.unet_parameters = info.get("unet_parameters")  # the engine's model's size (None from an older engine)
         self.device_kind = info["device_kind"]
         self.device_summary = f"{info['device_summary']} per engine"
-        #: Requests the page's generate event runs at once: two per engine known at start-up, ready or not (one on
-        #: its devices, one writing its files); more wait in the page's queue, then in `EnginePool.acquire`.
-        self.concurrency = max(2, 2 * len(pool.known))
+        #: Requests the page's generate event runs at once: per engine known at start-up, ready or not, two (one on
+        #: its devices, one writing its files), or what a merging engine takes at once (`requests_at_once`); more
+        #: wait in the page's queue, then in `EnginePool.acquire`.
+        self.concurrency = max(2, len(pool.known) * max(2, int(info.get("requests_at_once", 1))))
 
     @classmethod
     def connect(cls, urls: list[str], token: str | None = None, wait_s: float = START_WAIT_S) -> RemoteEngines:

@@ -58,6 +58,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "styles": list(rules.styles),
         "request_schema": request_schema(),
         "num_images": generator.num_images,
+        "requests_at_once": generator.requests_at_once,  # 1; with --merge-requests, 2 × --images-per-device
         "device_count": generator.device_count,
         "device_kind": str(generator.device_kind),
         "device_summary": generator.device_summary,

@@ -2,7 +2,7 @@
 
     sdxl_engine_requests_total{outcome="ok|stopped|failed|refused"}   requests by how they ended
     sdxl_engine_request_seconds                                       a histogram of the requests that ran
-    sdxl_engine_busy                                                  1 while a request runs
+    sdxl_engine_busy                                                  the requests running (1 while one runs)
     sdxl_engine_text_cache_total{result="hit|miss"}                   requests whose text was kept / encoded
 """
 
@@ -39,9 +39,10 @@ class Metrics:
                 self._count += 1
                 self._sum += seconds
 
-    def busy(self, value: bool) -> None:
+    def busy(self, running: int) -> None:
+        """The requests running now (at most one, or with --merge-requests those its calls share)."""
         with self._lock:
-            self._busy = int(value)
+            self._busy = int(running)
 
     def text(self, text_cache: tuple[int, int] | None = None) -> str:
         """The exposition; `text_cache`: the engine's (hits, misses) of --text-cache (None: no engine yet)."""
@@ -58,7 +59,7 @@ class Metrics:
             lines += [f'sdxl_engine_request_seconds_bucket{{le="+Inf"}} {self._count}',
                       f"sdxl_engine_request_seconds_sum {self._sum:.6f}",
                       f"sdxl_engine_request_seconds_count {self._count}",
-                      "# HELP sdxl_engine_busy 1 while the engine runs a request.",
+                      "# HELP sdxl_engine_busy Requests the engine runs now (more than 1 with --merge-requests).",
                       "# TYPE sdxl_engine_busy gauge", f"sdxl_engine_busy {self._busy}"]  # fmt: skip
         if text_cache is not None:
             lines += ["# HELP sdxl_engine_text_cache_total Requests whose text the engine had kept (hit) or encoded "

@@ -1,11 +1,12 @@
-"""The engine's HTTP server (stdlib `http.server`, one thread per connection; one generation at a time).
+"""The engine's HTTP server (stdlib `http.server`, one thread per connection; one generation at a time, or with
+--merge-requests as many as the engine's merged calls take: its info's `requests_at_once`).
 
     GET  /healthz       200 while the process is alive (no token asked)
     GET  /readyz        200 once warmed up, 503 before
     GET  /v1/info       what a page builds its form from (info.py)
     GET  /metrics       Prometheus text (metrics.py)
     POST /v1/generate   body: Request.to_dict(); answer: the NDJSON stream of wire.py. Query: previews=0 runs no
-                        preview program. A second request while one runs: 503 with Retry-After, at once.
+                        preview program. A request over `requests_at_once`: 503 with Retry-After, at once.
 
 Closing the connection stops the request at its next step: between steps the engine asks `should_stop()`, which
 looks whether the client's socket has reached its end (no read blocks; a write to it that fails counts too).
@@ -47,9 +48,12 @@ class EngineService:
         self.engine = None  # set by `ready` once warmed up
         self.info: dict | None = None
         self.stopping = threading.Event()  # the server is shutting down: a running request stops at its next step
-        self._run_lock = threading.Lock()
+        self._slots = threading.Semaphore(1)  # the requests running; the engine's `requests_at_once` once ready
+        self._running = 0
+        self._counting = threading.Lock()
 
     def ready(self, engine, info: dict) -> None:
+        self._slots = threading.Semaphore(max(1, int(info.get("requests_at_once", 1))))
         self.info = info
         self.engine = engine
 
@@ -62,15 +66,20 @@ class EngineService:
         return self.info is not None and not self.stopping.is_set()
 
     def try_begin(self) -> bool:
-        """Take the engine for one request; False at once when another one runs."""
-        if not self._run_lock.acquire(blocking=False):
+        """Take one of the engine's slots for a request (one; with --merge-requests, `requests_at_once`, which its
+        merged calls share); False at once when all are taken."""
+        if not self._slots.acquire(blocking=False):
             return False
-        self.metrics.busy(True)
+        with self._counting:
+            self._running += 1
+            self.metrics.busy(self._running)
         return True
 
     def end(self) -> None:
-        self.metrics.busy(False)
-        self._run_lock.release()
+        with self._counting:
+            self._running -= 1
+            self.metrics.busy(self._running)
+        self._slots.release()
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -77,7 +77,7 @@ def test_the_metrics_text_is_prometheus_exposition():
     metrics.finished("ok", 0.3)
     metrics.finished("stopped", 7.0)
     metrics.finished("refused")
-    metrics.busy(True)
+    metrics.busy(1)
     text = metrics.text()
     assert 'sdxl_engine_requests_total{outcome="ok"} 1' in text
     assert 'sdxl_engine_requests_total{outcome="refused"} 1' in text
