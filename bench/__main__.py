@@ -44,7 +44,7 @@ from .reference import CHECK_RATIO  # noqa: E402
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
     "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet", "service",
-    "refiner", "hires",
+    "refiner", "hires", "merging",
 )  # fmt: skip
 DEFAULT_PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {CHECK_RATIO}): the regression guard CI runs")  # fmt: skip
     add("--startup-runs", type=int, default=2,
         help="warm app restarts of each kind in the startup part, interleaved after one cold start (default 2)")
+    add("--merge-slots", type=int, default=4, metavar="N",
+        help="the merging part's --images-per-device: requests one merged call holds (default 4)")
     add("--out", default="bench-results", help="output directory (default bench-results/)")
     add("--only", default=",".join(DEFAULT_PARTS),
         help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")  # fmt: skip
@@ -266,6 +268,13 @@ def _fewstep(args: argparse.Namespace, results: dict, generator) -> None:
     )
 
 
+def _merging(args: argparse.Namespace, results: dict, generator) -> None:
+    from .merging import merged_serving
+
+    progress(f"merging: requests/s alone vs merged, {args.merge_slots} per call ({args.runs} rounds each) ...")
+    results["merging"] = merged_serving(args, args.merge_slots, args.runs)
+
+
 def _hostpath(args: argparse.Namespace, results: dict, generator) -> None:
     from .fullsize import host_path
 
@@ -371,6 +380,7 @@ MEASURES = {
     "samplers": _samplers,
     "sizes": _sizes,
     "fewstep": _fewstep,
+    "merging": _merging,
     "hostpath": _hostpath,
     "fullsize": _fullsize,
     "lora": _lora,

@@ -280,6 +280,21 @@ def markdown(results: dict) -> str:
             f"{expected}) | compilations while timing: {fs.compiles_during_runs} |",
             "",
         ]
+    if (mg := results.get("merging")) is not None:
+        lines += [
+            f"## Merged requests (`--merge-requests`, `{mg.model}`, {mg.width}×{mg.height}, {mg.steps} steps)",
+            "",
+            f"{mg.clients} clients, {mg.requests_per_round} requests per round, {mg.images_per_request} images each.",
+            "",
+            "| engine | requests/s (median of rounds) | latency per request (median) |",
+            "|---|---|---|",
+            f"| alone (a call per request) | {mg.alone_requests_per_s.median:.2f} | "
+            f"{mg.alone_latency_s.median:.3f} s |",
+            f"| merged ({mg.slots} per call; {mg.merged_requests_per_call:.2f} on average) | "
+            f"{mg.merged_requests_per_s.median:.2f} | {mg.merged_latency_s.median:.3f} s |",
+            f"| **merged / alone** | **{mg.speedup:.2f}×** | compilations while timing: {mg.compiles_during_runs} |",
+            "",
+        ]
     if (sk := results.get("soak")) is not None:
         lines += [
             "## Soak",

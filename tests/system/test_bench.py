@@ -413,6 +413,23 @@ def test_bench_hostloop_part_measures_both_loops(engine):
     assert result.compiles_while_timing == 0 and result.steps == 3
 
 
+def test_bench_merging_part_measures_both_engines(tiny_dir):
+    """`python -m bench --only merging` at the tests' size, 2 per call, one round: both engines timed, the merged
+    rounds. calls held at most 2 requests, no compilation while timing."""
+    import argparse
+
+    from bench.merging import merged_serving
+
+    args = argparse.Namespace(model=str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
+                              dtype="float32")  # fmt: skip
+    result = merged_serving(args, slots=2, runs=1, say=lambda _line: None)
+    assert (result.slots, result.clients, result.requests_per_round, result.images_per_request) == (2, 4, 8, 8)
+    assert result.alone_requests_per_s.median > 0 and result.merged_requests_per_s.median > 0
+    assert result.alone_latency_s.n == result.merged_latency_s.n == 8
+    # How many shared a call depends on timing; that they do is test_request_merging.py's (event-driven).
+    assert 1 <= result.merged_requests_per_call <= 2 and result.compiles_during_runs == 0
+
+
 @pytest.mark.long  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20; the
 # parts' runner is checked by the fast tests above, the Stop path by tests/web/test_stop.py
 def test_bench_stop_part_measures_a_cancelled_request(engine):
