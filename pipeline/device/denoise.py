@@ -36,9 +36,10 @@ def time_ids(batch: int, height: int, width: int, dtype):
 def start_local(seeds, init_sigma, image_latents, image_weight, *, height: int, width: int, vae_scale_factor: int):
     """Initial latents and each image's own standard-normal noise: (image_weight · x0 + init_sigma · n, n), float32
     [b, 4, h, w] each. txt2img: image_weight 0 (x0 is not read: exactly n × init_sigma); image to image: 1, with
-    init_sigma the sigma of the first step run (diffusers' `add_noise`)."""
+    init_sigma the sigma of the first step run (diffusers' `add_noise`), float32 [b] (each image its own sampler's) or
+    []."""
     noise = initial_latents(seeds, height, width, vae_scale_factor)
-    return image_weight * image_latents + init_sigma * noise, noise
+    return image_weight * image_latents + sampler_update.per_image(init_sigma) * noise, noise
 
 
 def step_local(
@@ -48,9 +49,10 @@ def step_local(
     """One denoising step of any sampler: (latents, history) -> (latents', history'). Shapes: latents float32
     [b, 4, h, w], previous (the history, `sampler_update.history_update`) float32 [b, 4, 4, h, w], hidden
     [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to), guidance [b],
-    seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [13] (one row of a
-    `host/plan.Plan`), index int32 [] and blend_sigma float32 [] are the same on every device (c = 2 with
-    classifier-free guidance, else 1).
+    seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [b, 13] (each image's row of its
+    `host/plan.Plan`: a merged call's requests may run different samplers; [13]: one for all), blend_sigma float32
+    [b] (or []) and index int32 [], the row's number, the same on every device (c = 2 with classifier-free guidance,
+    else 1).
     """
 
     def plain(sample, timesteps, added):
@@ -77,7 +79,7 @@ def unet_step(
     `time_ids_rows` [cb, n]: the UNet's time ids when they are not the base's size conditioning (the refiner's).
     """
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
-    timestep, sigma = coefficients[0], coefficients[1]
+    sigma = sampler_update.column(coefficients, 1)  # [] or [b, 1, 1, 1]
     model_input = sampler_update.scale_model_input(latents, sigma)  # [b, 4, h, w]
     inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static
     if inpainting_unet:  # [b, 9, h, w]: diffusers' order
@@ -89,7 +91,7 @@ def unet_step(
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
     with attention.context_lengths(None if one_window else key_lengths):
         # float32 timesteps, as PyTorch feeds them
-        noise, *extra = unet_call(model_input, jnp.broadcast_to(timestep, model_input.shape[:1]), added)
+        noise, *extra = unet_call(model_input, unet_timesteps(coefficients, model_input.shape[0]), added)
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
     noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
     # Only stochastic samplers use it (Euler a, DPM++ 2M SDE, LCM: d != 0); drawing it always keeps one program.
@@ -101,5 +103,15 @@ def unet_step(
     updated, history = sampler_update.history_update(updated, latents, denoised, coefficients, previous)
     if not inpainting_unet:  # keep the picture outside the mask, re-noised to the next step's level
         repaint = image["repaint"]
+        blend_sigma = sampler_update.per_image(blend_sigma)
         updated = (1 - repaint) * (image["latents"] + blend_sigma * image["noise"]) + repaint * updated
     return (updated, history, *extra)
+
+
+def unet_timesteps(coefficients, rows: int):
+    """The timestep of each of the UNet's `rows` (c·b): the plan row's, or each image's from its own row, repeated
+    for the guided batch's halves (unconditional first, as the latents are)."""
+    if coefficients.ndim == 1:  # static: one row for every image
+        return jnp.broadcast_to(coefficients[0], (rows,))
+    timesteps = coefficients[:, 0]  # [b]
+    return jnp.tile(timesteps, rows // timesteps.shape[0])  # [c·b]

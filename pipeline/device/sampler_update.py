@@ -17,6 +17,19 @@ CLIP, UNCLIPPED = 11, 12
 ANCESTRAL_STREAM = 1
 
 
+def column(coefficients, index: int):
+    """Column `index` of the plan rows a step reads: a scalar from one row [13] (every image alike), [b, 1, 1, 1] from
+    a row per image [b, 13] (a merged call's requests each on their own sampler), to scale latents [b, ...]."""
+    if coefficients.ndim == 1:  # static
+        return coefficients[index]
+    return coefficients[:, index, None, None, None]
+
+
+def per_image(value):
+    """A scalar, or one value per image [b] as [b, 1, 1, 1], to scale latents [b, ...]."""
+    return value if value.ndim == 0 else value[:, None, None, None]
+
+
 def scale_model_input(latents, sigma):
     """The UNet sees latents / sqrt(sigma^2 + 1) (the Euler schedulers' `scale_model_input`)."""
     return latents / ((sigma**2 + 1) ** 0.5)
@@ -53,16 +66,16 @@ def ancestral_noise(keys, index, shape):
 def sampler_update(prediction_type: str, model_output, sample, coefficients, previous, noise):
     """One step of any sampler: (x', D) with D the denoised prediction and x' = a·x + b·D + c·D_prev + d·noise.
 
-    coefficients: float32 [13] (COEFFICIENTS, one row of a plan: the first six and the clip columns); previous: the
-    last step's D (zeros at step 0).
+    coefficients: float32 [13] or, one per image, [b, 13] (COEFFICIENTS, a plan's row: the first six and the clip
+    columns); previous: the last step's D (zeros at step 0).
     """
-    sigma, a, b, c, d = (coefficients[i] for i in range(1, 6))  # the first six columns
+    sigma, a, b, c, d = (column(coefficients, i) for i in range(1, 6))  # the first six columns
     denoised = unclipped = predicted_original(prediction_type, model_output, sample, sigma)
     updated = 0.0
-    if coefficients.shape[0] > UNCLIPPED:  # static: a plan row (DDIM's and LCM's clip_sample: D within ±clip)
-        clip = coefficients[CLIP]
+    if coefficients.shape[-1] > UNCLIPPED:  # static: a plan row (DDIM's and LCM's clip_sample: D within ±clip)
+        clip = column(coefficients, CLIP)
         denoised = jnp.where(clip > 0, jnp.clip(unclipped, -clip, clip), unclipped)
-        updated = coefficients[UNCLIPPED] * unclipped  # DDIM's noise direction is the model's, not the clipped D's
+        updated = column(coefficients, UNCLIPPED) * unclipped  # DDIM's noise direction: the model's, not clipped D's
     return updated + a * sample + b * denoised + c * previous + d * noise, denoised
 
 
@@ -70,9 +83,10 @@ def history_update(updated, sample, denoised, coefficients, history):
     """The older history's share of a step and the history the next step reads (UniPC, LMS; zero weights otherwise).
 
     history: float32 [b, 4, 4, h, w]: [the last D, the last three entries e]; coefficients [13] (a plan row): h1..h3
-    weigh the entries, e = p·x + q·D is this step's. Returns (x' [b, 4, h, w], history' = [D, e, older two]).
+    weigh the entries, e = p·x + q·D is this step's (a row per image: [b, 13]). Returns (x' [b, 4, h, w],
+    history' = [D, e, older two]).
     """
-    h1, h2, h3, p, q = (coefficients[i] for i in range(6, 11))
+    h1, h2, h3, p, q = (column(coefficients, i) for i in range(6, 11))
     updated = updated + h1 * history[:, 1] + h2 * history[:, 2] + h3 * history[:, 3]
     entry = p * sample + q * denoised
     return updated, jnp.stack([denoised, entry, history[:, 1], history[:, 2]], axis=1)

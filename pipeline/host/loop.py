@@ -26,7 +26,7 @@ import numpy as np
 
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
-from .plan import Plan, SamplerConfig
+from .plan import COEFFICIENTS, Plan, SamplerConfig
 from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan
 
@@ -42,6 +42,8 @@ Gate = Callable[[int, bool], bool]
 PreviewListener = Callable[[int, int, np.ndarray], None]
 #: A preview every this many steps (the page's "watch it form").
 PREVIEW_EVERY = 2
+#: The shape of one image's plan row on the devices (`Stage.per_image`)
+ROW = (len(COEFFICIENTS),)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Stage:
     width: int
     text: int | None  # static: ProgramKey.windows of the request's text
     put: Callable[[np.ndarray], jax.Array]
+    split: Callable[[np.ndarray], jax.Array]  # per-image host arrays [B, ...] onto the devices, split over the batch
     timings: dict | None
     #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
     kept: dict | None = None
@@ -150,6 +153,12 @@ class Stage:
         if name not in self.kept:
             self.kept[name] = make()
         return self.kept[name]
+
+    def per_image(self, values, shape: tuple[int, ...] = ()) -> jax.Array:
+        """float32 `values` of each image on the devices, [B, *shape] split over the batch: a plan's row [13] or
+        sigma [] is every image's; a stacked plan's (`host/plan.stacked`) [B, 13] or [B] each image its own."""
+        rows = np.broadcast_to(np.asarray(values, np.float32), (self.programs.batch, *shape))
+        return self.split(rows)
 
     def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None,
                 nets: tuple[int, ...] | None = None):
@@ -173,6 +182,7 @@ def run(
     size: tuple[int, int],
     cfg: bool,
     put: Callable[[np.ndarray], jax.Array],
+    split: Callable[[np.ndarray], jax.Array],
     blank: Blank,
     picture: PictureInputs | None = None,
     control: ControlInputs | None = None,
@@ -193,7 +203,8 @@ def run(
     row's program: with guidance or without, the whole UNet or the shallow one. A server compiled with those
     programs (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without
     runs `step`. `put` places a small host array on every device (replicated; on several processes each passes the
-    same).
+    same); `split` places per-image arrays [B, ...] split over the batch: each image's plan row and sigmas (`plan`
+    may be `host/plan.stacked`'s, one plan per block of images: a merged call's requests, each on its sampler).
     The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it (`programs.program_keys`).
     `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
     (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
@@ -212,7 +223,7 @@ def run(
     """
     height, width = size
     stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
-                  put, timings, kept)  # fmt: skip
+                  put, split, timings, kept)  # fmt: skip
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -244,7 +255,7 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
         x0 = big.compile("encode_image")(big.weights("encode_image"), pixels, hires.keep)
     put = stage.put
     second = dataclasses.replace(inputs, seeds=hires.seeds)  # the second pass's own noise (and Euler a's)
-    latents, noise = big.compile("start")({}, second.seeds, put(np.asarray(hires.plan.init_sigma, np.float32)), x0,
+    latents, noise = big.compile("start")({}, second.seeds, stage.per_image(hires.plan.init_sigma), x0,
                                           put(np.asarray(1.0, np.float32)))  # fmt: skip
     image = {"latents": x0, "noise": noise, "repaint": hires.blank.repaint, "masked": hires.blank.masked}
     refiner = (hires.refiner, refiner_text) if hires.refiner is not None else None
@@ -276,7 +287,7 @@ def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank,
         if stage.programs.inpainting_unet:
             masked = encode_image(vae, picture.pixels, picture.keep_unmasked)
     put = stage.put
-    latents, noise = stage.compile("start")({}, inputs.seeds, put(np.asarray(plan.init_sigma, np.float32)), x0,
+    latents, noise = stage.compile("start")({}, inputs.seeds, stage.per_image(plan.init_sigma), x0,
                                             put(np.asarray(weight, np.float32)))  # fmt: skip
     return latents, {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
 
@@ -352,8 +363,8 @@ def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refine
     put, index = stage.put, planned.index
     program = stage.compile("refiner_step", cfg=planned.cfg, windows=stage.text)
     return program(stage.weights("refiner_step"), latents, history, hidden, pooled, key_lengths, inputs.guidance,
-                   inputs.seeds, put(plan.coefficients[index]), put(np.asarray(index, np.int32)), image,
-                   put(plan.sigmas[index + 1]), given.aesthetic)  # fmt: skip
+                   inputs.seeds, stage.per_image(plan.coefficients[index], ROW), put(np.asarray(index, np.int32)),
+                   image, stage.per_image(plan.sigmas[index + 1]), given.aesthetic)  # fmt: skip
 
 
 def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control, text: tuple, latents, history,
@@ -368,10 +379,10 @@ def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control,
         unet = with_cross_kv(stage, unet, hidden, False)  # the conditional half's table replaces the CFG one
     if planned.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
-    # This row's coefficients, float32 [13], and index, int32 []: placed while the step before runs.
+    # This row's coefficients, float32 [B, 13], and index, int32 []: placed while the step before runs.
     index = planned.index
-    row, at = put(plan.coefficients[index]), put(np.asarray(index, np.int32))
-    blend_sigma = put(plan.sigmas[index + 1])  # the picture outside the mask, re-noised to the next level
+    row, at = stage.per_image(plan.coefficients[index], ROW), put(np.asarray(index, np.int32))
+    blend_sigma = stage.per_image(plan.sigmas[index + 1])  # [B]: the picture outside the mask, re-noised to the next
     args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
             blend_sigma)  # fmt: skip
     scales = control.scales[index] if control is not None else None  # float32 [units]

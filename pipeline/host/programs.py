@@ -9,9 +9,10 @@ replicated, batch split:
     cross_kv[cfg, K]     hidden [cB, K*77, D] -> {layer path: (keys, values) [cB, K*77, C]}: the UNet's cross-attention
                          projections of the text, once per request (--cross-attention-cache; device/cross_kv.py)
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
-    start[size]          seeds [B], init_sigma [], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
+    start[size]          seeds [B], init_sigma [B], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
-                         coefficients [13], index [], image {x0, noise, repaint, masked}, blend_sigma []
+                         coefficients [B, 13] (each image's plan row), index [], image {x0, noise, repaint, masked},
+                         blend_sigma [B]
                                                                   -> latents', history' (its first array: D)
                          (with --cross-attention-cache the base's steps take {"unet", "cross_kv": the table} as weights)
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
@@ -281,22 +282,23 @@ class ServedPrograms:
                 _without_weights(start_local), height=key.height, width=key.width,
                 vae_scale_factor=modules.vae_scale_factor,
             )  # fmt: skip
-            in_specs, out_specs = (one, batch, one, batch, one), (batch, batch)
+            in_specs, out_specs = (one, batch, batch, batch, one), (batch, batch)  # init_sigma: each image's
         elif key.kind in ("step", "step_full", "step_shallow"):
             local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
             body = functools.partial(local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one)
+            # the plan row and blend sigma: each image's (a merged call's requests may run different samplers)
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch)
             in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
             out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
         elif key.kind == "step_control":
             body = functools.partial(step_control_local, modules, cfg=key.cfg, prediction_type=self.prediction_type,
                                      nets=key.nets)  # fmt: skip
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one,
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch,
                         tuple(batch for _ in key.nets), one)  # fmt: skip
             out_specs = (batch, batch)
         elif key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
             body = functools.partial(refiner_step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, one, one, batch, one, one)
+            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch, one)
             out_specs = (batch, batch)
         elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
             body = _without_weights(conditional_half_local)
@@ -368,7 +370,7 @@ class ServedPrograms:
         if key.kind == "encode_image":
             return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
-            return weights, spec((n,), np.uint32), spec((), np.float32, whole), latents, spec((), np.float32, whole)
+            return weights, spec((n,), np.uint32), spec((n,), np.float32), latents, spec((), np.float32, whole)
         history = spec((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
         if key.kind == "decode":
             return weights, latents
@@ -392,10 +394,10 @@ class ServedPrograms:
             spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
-            spec((len(COEFFICIENTS),), np.float32, whole),  # one plan row [13]
+            spec((n, len(COEFFICIENTS)), np.float32),  # each image's plan row [B, 13]
             spec((), np.int32, whole),  # step index
             image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
-            spec((), np.float32, whole),  # blend sigma
+            spec((n,), np.float32),  # each image's blend sigma [B]
         )
         if key.kind == "step_shallow":
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
