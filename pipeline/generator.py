@@ -61,7 +61,7 @@ from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
-from .host.plan import HISTORY, SamplerConfig
+from .host.plan import HISTORY, SamplerConfig, stacked
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
 from .host.speed_plan import speed_plan
@@ -433,8 +433,8 @@ class Generator:
         if self.merger is not None and self._mergeable(request, picture, second, switch_row, plan):
             seeds = seeds[: self.num_images]
             arrays, k, (text, key), extra = self._host_rows(request, seeds)
-            ticket = Ticket(self._merge_key(request, k, extra), arrays, len(speed.schedule), request, on_step,
-                            should_stop, on_preview, extra=(plan, speed, k, extra, key))  # fmt: skip
+            ticket = Ticket(self._merge_key(request, plan.rows, k, extra), arrays, len(speed.schedule), request,
+                            on_step, should_stop, on_preview, extra=(plan, speed, k, extra, key))  # fmt: skip
             pixels, device_s = self.merger.submit(ticket)
         else:
             inputs, text, extra, key = self._inputs(request, seeds)
@@ -596,7 +596,8 @@ class Generator:
             try:
                 pixels = loop.run(
                     self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
-                    put=self._put, blank=self._blank(height, width, params), picture=picture, control=control,
+                    put=self._put, split=self._split, blank=self._blank(height, width, params), picture=picture,
+                    control=control,
                     # Only a request someone watches runs the preview program (compiled or not, the others run the
                     # plain txt2img programs); on several processes the leader tells each follower to run it too.
                     on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
@@ -621,24 +622,25 @@ class Generator:
         ControlNet, no hires fix, no refiner rows), whose inputs are all per-image rows or settings a key names."""
         return picture is None and second is None and switch_row == plan.rows and not request.controlnets
 
-    def _merge_key(self, request: Request, k: int, extra: ExtraRows) -> tuple:
-        """What the requests of one merged call share: what fixes its programs (size, guided or not, K), its plan
-        rows and speed plan (one row per step for the whole batch), its weights (the LoRA set) and the text
-        encoder's replicated inputs (clip skip, the embeddings' tables)."""
+    def _merge_key(self, request: Request, rows: int, k: int, extra: ExtraRows) -> tuple:
+        """What the requests of one merged call share: what fixes its programs (size, guided or not, K), its number
+        of UNet calls and speed plan (each row's program is the whole batch's), its weights (the LoRA set) and the
+        text encoder's replicated inputs (clip skip, the embeddings' tables). Not the sampler, schedule type or
+        steps: each image reads its own plan's rows (`host/plan.stacked`)."""
         guided = request.guidance_scale > 1 or not self.config.speed_levers
-        sampler = request.sampler or self.sampler.sampler
-        return (request.size, request.steps, sampler, request.schedule_type, request.cfg_end, request.deepcache,
-                guided, k, request.clip_skip, extra.names, request.loras)  # fmt: skip
+        return (request.size, rows, request.cfg_end, request.deepcache, guided, k, request.clip_skip, extra.names,
+                request.loras)  # fmt: skip
 
     def _run_group(self, tickets: list[Ticket]) -> None:
-        """One merged call (the merger's worker): each ticket's rows in its block of the batch (the last ones padded
-        with the first's), the loop over the shared plan, each ticket answered with its block. The text cache serves
-        a call whose requests all read one text."""
+        """One merged call (the merger's worker): each ticket's rows and plan in its block of the batch (the last
+        blocks padded with the first's), the loop over the stacked plans, each ticket answered with its block. The
+        text cache serves a call whose requests all read one text."""
         first, slots, block = tickets[0], self.config.per_device_batch, self.num_images
-        plan, speed, k, extra, _ = first.extra
+        _, speed, k, extra, _ = first.extra
         request = first.request
-        rows = [ticket.rows for ticket in tickets] + [first.rows] * (slots - len(tickets))
-        arrays = tuple(np.concatenate(parts) for parts in zip(*rows, strict=True))  # [B, ...] each
+        padded = tickets + [first] * (slots - len(tickets))
+        arrays = tuple(np.concatenate(parts) for parts in zip(*(t.rows for t in padded), strict=True))  # [B, ...]
+        plan = stacked([ticket.extra[0] for ticket in padded], block)  # each block its own sampler's rows
         inputs = self._placed(arrays, k, extra, request.clip_skip)
         text_keys = {ticket.extra[-1] for ticket in tickets}
         watchers = GroupWatchers(tickets, block)
@@ -652,7 +654,8 @@ class Generator:
             try:
                 pixels = loop.run(
                     self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
-                    put=self._put, blank=self._blank(height, width, params), on_step=watchers.on_step,
+                    put=self._put, split=self._split, blank=self._blank(height, width, params),
+                    on_step=watchers.on_step,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
                     gate=watchers.gate, timings=loop_timings, kept=kept,
                 )  # fmt: skip
@@ -757,6 +760,10 @@ class Generator:
     def _put(self, array: np.ndarray) -> jax.Array:
         """A small host array on every device (replicated), on one process or several."""
         return global_batch((np.asarray(array),), self._replicated)[0]
+
+    def _split(self, array: np.ndarray) -> jax.Array:
+        """A per-image host array [B, ...] on the devices, split over the batch (on one process or several)."""
+        return global_batch((np.asarray(array),), self._batch_sharding)[0]
 
     def _put_all(self, arrays) -> tuple:
         """Host arrays on every device (replicated), on one process or several."""

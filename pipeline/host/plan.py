@@ -242,6 +242,28 @@ class Plan:
         return len(self.coefficients)
 
 
+def stacked(plans: list[Plan], block: int) -> Plan:
+    """One plan for a call whose images run several plans (a merged call: one per request, each its own sampler and
+    schedule, the same number of rows), plan i for images [i·block, (i+1)·block): coefficients [rows, B, 13],
+    sigmas [rows + 1, B], timesteps [rows, B], init_sigma [B]. The loop places each row's values as every image's own
+    (`loop.Stage.per_image`); the first plan names it."""
+    rows = {plan.rows for plan in plans}
+    if len(rows) != 1:
+        raise ValueError(f"plans run in one call need the same rows; got {sorted(rows)}")
+
+    def per_image(values) -> np.ndarray:  # [k, ...] per plan -> [..., B]: the image axis after the row axis
+        each = np.repeat(np.stack([np.asarray(v, np.float32) for v in values]), block, axis=0)  # [B, ...]
+        return np.moveaxis(each, 0, 1) if each.ndim > 1 else each
+
+    return dataclasses.replace(
+        plans[0],
+        init_sigma=per_image([plan.init_sigma for plan in plans]),  # [B]
+        timesteps=per_image([plan.timesteps for plan in plans]),  # [rows, B]
+        sigmas=per_image([plan.sigmas for plan in plans]),  # [rows + 1, B]
+        coefficients=per_image([plan.coefficients for plan in plans]),  # [rows, B, 13]
+    )
+
+
 def _check_steps(config: SamplerConfig, steps: int) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= config.num_train_timesteps:
         raise InvalidInput(f"Steps must be between 1 and {config.num_train_timesteps}; got {steps!r}.")

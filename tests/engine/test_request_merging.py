@@ -145,10 +145,11 @@ def _while_busy(engine, started: threading.Event, queued: int):
     return on_step
 
 
-REQUESTS = [  # (prompt, fields): the same size, steps and sampler, everything else their own
+REQUESTS = [  # (prompt, fields): the same size and UNet calls, everything else their own (sampler and schedule too)
     ("a lighthouse at dusk", dict(seed=7, guidance_scale=5.0)),
-    ("a bowl of lemons", dict(seed=1234, guidance_scale=8.0, negative_prompt="blurry")),
-    ("a cabin in the snow, (warm light:1.3)", dict(seed=99, guidance_scale=1.0)),
+    ("a bowl of lemons", dict(seed=1234, guidance_scale=8.0, negative_prompt="blurry", sampler="DPM++ 2M",
+                              schedule_type="Karras")),
+    ("a cabin in the snow, (warm light:1.3)", dict(seed=99, guidance_scale=1.0, sampler="Euler a")),
 ]
 
 
@@ -177,6 +178,24 @@ def test_queued_requests_share_a_call_and_get_the_pixels_they_get_alone(merging_
         np.testing.assert_array_equal(_pixels(result), pixels)
         assert result.seeds == [fields["seed"], fields["seed"] + 1]
         assert f"Seed: {fields['seed']}," in result.parameters[0] and prompt in result.prompt
+
+
+def test_requests_share_a_call_when_they_make_as_many_unet_calls(merging_engine):
+    """The sampler, schedule and steps are each image's own rows; what must agree is the number of UNet calls (a
+    row each) and what fixes the programs and weights."""
+    engine = merging_engine
+
+    def key(**fields):
+        request = engine.request("a lighthouse", **fields)
+        plan = engine._plans(request)[0]
+        arrays, k, _, extra = engine._host_rows(request, [0, 1])
+        return engine._merge_key(request, plan.rows, k, extra)
+
+    euler = key(steps=4)
+    assert key(steps=4, sampler="DPM++ 2M SDE", schedule_type="Karras", guidance_scale=9, seed=3) == euler
+    assert key(steps=2, sampler="Heun") == key(steps=3)  # Heun: two calls a step but the last: 3 rows
+    for other in (dict(steps=5), dict(steps=4, clip_skip=2), dict(steps=4, sampler="Heun")):
+        assert key(**other) != euler, other
 
 
 def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_engine):
