@@ -252,7 +252,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--merge-requests", "with --images-per-device N: each request gets one image per device, and up to N "
            "queued requests that share a size, a number of steps (UNet calls), speed levers, LoRAs, clip skip and "
            "embeddings run as one call, each with its own prompt, seed, guidance, sampler, schedule, progress and Stop "
-           "(text to image; the others run alone); one process only", "SDXL_MERGE_REQUESTS", kind="switch", programs=frozenset({APP})),
+           "(text to image; the others run alone); one process only", "SDXL_MERGE_REQUESTS", kind="switch",
+           programs=frozenset({APP})),
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default=config_default("attention"),
            programs=frozenset({APP, CLI, PRECOMPILE}),

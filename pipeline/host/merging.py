@@ -4,12 +4,13 @@ With `--images-per-device N` every call makes N images per device. With merging,
 device (one block of D images, as the Space serves them), and the requests that wait while a call runs are taken
 together: up to N of them whose `key` agrees (size, UNet calls, speed plan, text windows, clip skip, embeddings,
 LoRAs: what the programs and weights of a call fix) run as one call, each in its own block of the batch with its own
-prompt, negative prompt, seed, guidance, sampler and schedule (each image reads its own plan's rows). Image i of a block depends only on its own rows, so a merged request
-gets the pixels it would get alone.
+prompt, negative prompt, seed, guidance, sampler and schedule (each image reads its own plan's rows). Image i of a
+block depends only on its own rows, so a merged request gets the pixels it would get alone.
 
 One worker thread runs the calls, so a request's thread only waits for its ticket: Stop answers a request at the
 next step while the call goes on for the others (its block is computed and dropped), and the call ends early only
-when every request in it has stopped. A request that arrives while the devices are idle runs at once (alone).
+when every request in it has stopped. A request that arrives while the devices are idle runs at once (alone; the
+blocks no request fills are padding, so every call costs N images per device).
 Nothing here imports JAX: the generator gives the merger the function that runs a group.
 """
 
