@@ -61,10 +61,10 @@ from .host.image_plan import image_plan
 from .host.loop import Blank, Gate, Listener, PictureInputs, PreviewListener, RefinerInputs, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
-from .host.plan import HISTORY, SamplerConfig, stacked
+from .host.plan import HISTORY, Plan, SamplerConfig, stacked
 from .host.programs import ProgramKey, ServedPrograms, program_keys
 from .host.refiner_plan import refiner_plan
-from .host.speed_plan import speed_plan
+from .host.speed_plan import SpeedPlan, speed_plan
 from .host.text_cache import TextCache, text_key
 from .host.tokens import ExtraRows, PromptReader, dropped_text, extra_capacity, summarize_dropped
 from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
@@ -74,6 +74,17 @@ logger = logging.getLogger(__name__)
 SEED_MODULUS = 2**32
 #: A request's per-step program choice (`host/speed_plan.py`), computed once per (steps, cfg_end, deepcache, cfg).
 cached_speed_plan = functools.lru_cache(maxsize=256)(speed_plan)
+
+
+@dataclass(frozen=True)
+class MergedPart:
+    """What the generator keeps with a request's ticket for its merged call (`Generator._run_group`)."""
+
+    plan: Plan  # its own sampler's rows
+    speed: SpeedPlan  # the same for every request of the call (the key)
+    windows: int  # K, the 77-token windows its text is read in (the key)
+    embeddings: ExtraRows  # the embeddings its texts name (the key: the same names, so the same tables)
+    text_key: tuple  # its text's key in the text cache
 
 
 @dataclass(frozen=True)
@@ -434,7 +445,7 @@ class Generator:
             seeds = seeds[: self.num_images]
             arrays, k, (text, key), extra = self._host_rows(request, seeds)
             ticket = Ticket(self._merge_key(request, plan.rows, k, extra), arrays, len(speed.schedule), request,
-                            on_step, should_stop, on_preview, extra=(plan, speed, k, extra, key))  # fmt: skip
+                            on_step, should_stop, on_preview, extra=MergedPart(plan, speed, k, extra, key))  # fmt: skip
             pixels, device_s = self.merger.submit(ticket)
         else:
             inputs, text, extra, key = self._inputs(request, seeds)
@@ -636,13 +647,13 @@ class Generator:
         blocks padded with the first's), the loop over the stacked plans, each ticket answered with its block. The
         text cache serves a call whose requests all read one text."""
         first, slots, block = tickets[0], self.config.per_device_batch, self.num_images
-        _, speed, k, extra, _ = first.extra
+        part: MergedPart = first.extra  # what the key makes the same for every ticket: speed, K, embeddings
         request = first.request
         padded = tickets + [first] * (slots - len(tickets))
         arrays = tuple(np.concatenate(parts) for parts in zip(*(t.rows for t in padded), strict=True))  # [B, ...]
-        plan = stacked([ticket.extra[0] for ticket in padded], block)  # each block its own sampler's rows
-        inputs = self._placed(arrays, k, extra, request.clip_skip)
-        text_keys = {ticket.extra[-1] for ticket in tickets}
+        plan = stacked([ticket.extra.plan for ticket in padded], block)  # each block its own sampler's rows
+        inputs = self._placed(arrays, part.windows, part.embeddings, request.clip_skip)
+        text_keys = {ticket.extra.text_key for ticket in tickets}
         watchers = GroupWatchers(tickets, block)
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler, "requests": len(tickets)}
         height, width = request.size
@@ -653,8 +664,8 @@ class Generator:
             kept = self.text_cache.outputs(next(iter(text_keys))) if len(text_keys) == 1 else None
             try:
                 pixels = loop.run(
-                    self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg, speed=speed,
-                    put=self._put, split=self._split, blank=self._blank(height, width, params),
+                    self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg,
+                    speed=part.speed, put=self._put, split=self._split, blank=self._blank(height, width, params),
                     on_step=watchers.on_step,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
                     gate=watchers.gate, timings=loop_timings, kept=kept,

@@ -40,7 +40,7 @@ class Ticket:
     on_step: Callable[[int, int], None] | None = None
     should_stop: Callable[[], bool] | None = None
     on_preview: Callable[[int, int, np.ndarray], None] | None = None
-    extra: Any = None  # the runner's own (the text's embeddings, its text-cache key)
+    extra: Any = None  # the runner's own (the generator's `MergedPart`: its plan, text windows, text-cache key)
     _answered: threading.Event = field(default_factory=threading.Event)
     _outcome: tuple[Any, float] | None = None
     _error: BaseException | None = None
