@@ -124,15 +124,17 @@ class StartupPrograms:
 
 
 def store_directory(programs: ServedPrograms) -> Path | None:
-    """This host's store for `programs`' devices and libraries (None on several processes)."""
+    """This host's store for `programs`' devices, images per device and libraries (None on several processes): two
+    servers on one host that make another number of images per device each keep their own (one store would drop the
+    other's executables at every start: `aot.manifest_mismatch`)."""
     if jax.process_count() > 1:
         return None
     first = next(iter(programs.mesh.devices.flat))
-    count = int(programs.mesh.devices.size)
+    count, per_device = int(programs.mesh.devices.size), aot.images_per_device(programs)
     identity = {"format": aot.FORMAT, "platform": first.platform, "device_kind": first.device_kind, "devices": count,
-                **aot.build_environment()}  # fmt: skip
+                "images_per_device": per_device, **aot.build_environment()}  # fmt: skip
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return compilation_cache_dir() / STORE / f"{first.platform}-{count}-{digest}"
+    return compilation_cache_dir() / STORE / f"{first.platform}-{count}x{per_device}-{digest}"
 
 
 def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: bool) -> StartupPrograms:

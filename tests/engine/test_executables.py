@@ -46,6 +46,17 @@ def test_a_restart_loads_every_program_and_makes_the_same_pixels(engine, tiny_di
     assert_same_pixels(engine, again)
 
 
+def test_each_number_of_images_per_device_has_its_own_store(engine):
+    """Servers on one host with the same devices but another --images-per-device keep their executables apart: one
+    store would drop the other's at every start (the bench's merging part starts both kinds in one process)."""
+    from pipeline.host.executable_store import store_directory
+    from pipeline.host.programs import ServedPrograms
+
+    two = ServedPrograms(engine.programs.modules, engine._params, engine.mesh, per_device_batch=2)  # nothing compiled
+    assert store_directory(engine.programs).name.startswith("cpu-8x1-")
+    assert store_directory(two).name.startswith("cpu-8x2-") and store_directory(two) != store_directory(engine.programs)
+
+
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """A compilation cache folder of this test's own (JAX's cache empty), set back to the session's afterwards."""
