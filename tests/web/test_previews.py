@@ -124,7 +124,11 @@ def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_cli
     assert all(f" / {LONG} " in caption for caption in seen)
     job = ui_client.submit(prompt="a castle", steps=6, previews=True, api_name="/generate")
     job.result()
-    assert [_captions(o)[0].split(" · ")[0] for o in job.outputs()[:-1]] == ["step 2 / 6", "step 4 / 6"]
+    # Its own previews, in order: steps 2 and 4 of 6. Only the newest is handed on, and one not taken before the run
+    # ends gives way to the answer (handlers.LatestPreview): on a loaded machine step 4's may be dropped, or step 2's
+    # replaced by step 4's (CI saw ["step 2 / 6"] once).
+    shown = [_captions(o)[0].split(" · ")[0] for o in job.outputs()[:-1]]
+    assert shown and shown == sorted(shown) and set(shown) <= {"step 2 / 6", "step 4 / 6"}, shown
 
 
 def test_no_previews_server_streams_only_the_answer(tiny_dir):
