@@ -316,6 +316,31 @@ def served(generator, *, auth=None, apis=None, **build_kwargs):
         page.close()
 
 
+@contextlib.contextmanager
+def engine_service(generator):
+    """`python -m pipeline serve`'s HTTP service around `generator` (in this process, on a free port) and a page's
+    client of it (web.remote_engine.RemoteEngines), connected; both closed after."""
+    import threading
+
+    from pipeline.service.info import engine_info
+    from pipeline.service.server import EngineService, make_server
+    from web.remote_engine import RemoteEngines
+
+    service = EngineService(token=None)
+    server = make_server("127.0.0.1", free_port(), service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = None
+    try:
+        service.ready(generator, engine_info(generator))
+        remote = RemoteEngines.connect([f"http://127.0.0.1:{server.server_address[1]}"], wait_s=60)
+        yield remote
+    finally:
+        if remote is not None:
+            remote.close()
+        server.shutdown()
+        server.server_close()
+
+
 def page_client(page, tmp_path_factory):
     """A gradio_client for a served page, downloading into a fresh temporary folder."""
     from gradio_client import Client

@@ -53,6 +53,13 @@ from .whole_answers import Twin
 DELETE_CACHE = (300, 900)
 #: Requests in the generate event at once, unless the engine says (its `concurrency`): contract/engine.py.
 GENERATE_CONCURRENCY = REQUESTS_AT_ONCE
+
+
+def generate_concurrency(engine) -> int:
+    """The requests the "generate" concurrency group runs at once for `engine`: its own `concurrency` (engine
+    services: two per engine; a merging engine: twice --images-per-device), else GENERATE_CONCURRENCY. Every event of
+    the group must take it: Gradio keeps a group's lowest limit."""
+    return getattr(engine, "concurrency", GENERATE_CONCURRENCY)
 #: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
 #: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
@@ -169,7 +176,7 @@ def build_page(
             lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
             refiner=getattr(rules, "refiner", ""), hires_scales=tuple(getattr(rules, "hires_scales", ())),
         )  # fmt: skip
-        concurrency = getattr(engine, "concurrency", GENERATE_CONCURRENCY)  # engine services: two per engine
+        concurrency = generate_concurrency(engine)
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
         wire_examples(handlers, rules, examples, buttons, top, shown, fields, concurrency)
         # PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared).

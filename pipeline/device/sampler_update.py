@@ -17,17 +17,15 @@ CLIP, UNCLIPPED = 11, 12
 ANCESTRAL_STREAM = 1
 
 
-def column(coefficients, index: int):
-    """Column `index` of the plan rows a step reads: a scalar from one row [13] (every image alike), [b, 1, 1, 1] from
-    a row per image [b, 13] (a merged call's requests each on their own sampler), to scale latents [b, ...]."""
-    if coefficients.ndim == 1:  # static
-        return coefficients[index]
-    return coefficients[:, index, None, None, None]
-
-
 def per_image(value):
     """A scalar, or one value per image [b] as [b, 1, 1, 1], to scale latents [b, ...]."""
     return value if value.ndim == 0 else value[:, None, None, None]
+
+
+def column(coefficients, index: int):
+    """Column `index` of the plan rows a step reads, to scale latents [b, ...]: a scalar from one row [13] (every
+    image alike), [b, 1, 1, 1] from a row per image [b, 13] (a merged call's requests each on their own sampler)."""
+    return per_image(coefficients[..., index])
 
 
 def scale_model_input(latents, sigma):

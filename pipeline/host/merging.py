@@ -112,10 +112,6 @@ class GroupWatchers:
         for index, ticket in enumerate(self.tickets):
             ticket.answer(pixels[index * self.block : (index + 1) * self.block], device_s)
 
-    def fail(self, error: BaseException) -> None:
-        for ticket in self.tickets:
-            ticket.fail(error)
-
     def _live(self) -> list[Ticket]:
         return [ticket for ticket in self.tickets if ticket.live]
 

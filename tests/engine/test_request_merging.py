@@ -11,7 +11,7 @@ import threading
 import jax
 import numpy as np
 import pytest
-from conftest import BATCHED_DEVICES, BATCHED_SETTINGS, free_port, generate
+from conftest import BATCHED_DEVICES, BATCHED_SETTINGS, engine_service, generate
 from PIL import Image
 
 from pipeline.config import EngineConfig
@@ -247,19 +247,10 @@ def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_eng
     """`python -m pipeline serve` around a merging engine (in this process) and a page's client of it: the info says
     4 requests at once, the page's pool sends 3 while the devices are held, and the two that waited share a call."""
     from pipeline.contract.request import parse_request
-    from pipeline.service.info import engine_info
-    from pipeline.service.server import EngineService, make_server
-    from web.remote_engine import RemoteEngines
 
     engine = merging_engine
     alone = {prompt: _pixels(generate(engine, prompt, **fields)) for prompt, fields in REQUESTS}
-    service = EngineService(token=None)
-    server = make_server("127.0.0.1", free_port(), service)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    remote = None
-    try:
-        service.ready(engine, engine_info(engine))
-        remote = RemoteEngines.connect([f"http://127.0.0.1:{server.server_address[1]}"], wait_s=60)
+    with engine_service(engine) as remote:
         assert (remote.num_images, remote.concurrency, remote.pool.slots(remote.pool.ready[0])) == (2, 4, 4)
         calls, merged = engine.merger.calls, engine.merger.merged
         requests = [parse_request(prompt, rules=engine.rules, **fields) for prompt, fields in REQUESTS]
@@ -276,8 +267,3 @@ def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_eng
             assert result.seeds == [fields["seed"], fields["seed"] + 1]
             np.testing.assert_array_equal(np.stack([np.asarray(image.convert("RGB")) for image in result.images]),
                                           alone[prompt])  # fmt: skip
-    finally:
-        if remote is not None:
-            remote.close()
-        server.shutdown()
-        server.server_close()

@@ -9,13 +9,21 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import BATCHED_DEVICES, IMAGES_PER_DEVICE, TEST_SIZE, TEST_STEPS, free_port, generate, run_python, served
+from conftest import (
+    BATCHED_DEVICES,
+    IMAGES_PER_DEVICE,
+    TEST_SIZE,
+    TEST_STEPS,
+    engine_service,
+    generate,
+    run_python,
+    served,
+)
 from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
@@ -104,17 +112,8 @@ def test_the_engine_service_sends_every_image(batched_engine, calls):
     """`python -m pipeline serve`'s HTTP service around the engine (in this process) and a page's client of it:
     the info says 4 images per request, and the wire carries all four with their seeds and pixels."""
     from pipeline.contract.request import parse_request
-    from pipeline.service.info import engine_info
-    from pipeline.service.server import EngineService, make_server
-    from web.remote_engine import RemoteEngines
 
-    service = EngineService(token=None)
-    server = make_server("127.0.0.1", free_port(), service)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    remote = None
-    try:
-        service.ready(batched_engine, engine_info(batched_engine))
-        remote = RemoteEngines.connect([f"http://127.0.0.1:{server.server_address[1]}"], wait_s=60)
+    with engine_service(batched_engine) as remote:
         assert remote.num_images == IMAGES
         request = parse_request("a red kite", seed=15, rules=batched_engine.rules)
         sent = remote.generate(request)
@@ -123,11 +122,6 @@ def test_the_engine_service_sends_every_image(batched_engine, calls):
         for theirs, ours in zip(sent.images, here.images, strict=True):
             np.testing.assert_array_equal(np.asarray(theirs.convert("RGB")), np.asarray(ours))
         assert calls == [15, 15]
-    finally:
-        if remote is not None:
-            remote.close()
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_cli_writes_n_times_devices_files(tiny_dir, tmp_path, batched_engine):

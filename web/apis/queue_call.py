@@ -1,7 +1,7 @@
 """The APIs' requests go through the page's own Gradio queue: the same function, limits, filter and checks.
 
 Why through the queue and not by calling the engine: the page's Generate and the API's /generate run in Gradio's
-"generate" concurrency group (`web/page.GENERATE_CONCURRENCY` at once) behind a bounded queue (`--queue-size`);
+"generate" concurrency group (`web/page.generate_concurrency` at once) behind a bounded queue (`--queue-size`);
 the handler (`web/handlers.Handlers.endpoint`) checks every field with `parse_request`, applies the prompt filter,
 reports progress, honours Stop and keeps the history. An HTTP route that called the engine itself would be a back
 door around all of that (and around a remote engine once the page fronts one). So each API request is pushed into
@@ -33,7 +33,7 @@ from gradio.server_messages import (
 from pipeline.contract.fields import FIELDS
 
 from ..handlers import api_defaults
-from ..page import GENERATE_CONCURRENCY, Page
+from ..page import Page, generate_concurrency
 from ..texts import GENERATION_FAILED
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -91,9 +91,7 @@ class QueuedGenerate:
         /progress shows the pictures forming), and its PNG variant (OpenAI, no previews)."""
         handlers = page.handlers
         queued = cls(page)
-        # The page's own limit: a concurrency group takes its events' lowest, so a fixed 2 here would cap the page's
-        # engine services (two per engine) and a merging engine (--merge-requests) at two requests at once.
-        concurrency = getattr(handlers.engine, "concurrency", GENERATE_CONCURRENCY)
+        concurrency = generate_concurrency(handlers.engine)  # the page's own limit (a group keeps its lowest)
         with page.demo:
             inputs = [gr.JSON(visible=False, label=f"api {row.name}") for row in FIELDS]
             inputs += [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
