@@ -92,6 +92,7 @@ class EngineConfig:
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
     per_device_batch: int = 1  # static: images per device per call (--images-per-device)
     merge_requests: bool = False  # queued requests share a call, one image per device each (host/merging.py)
+    merge_full_calls: bool = False  # static: with merging, every call makes N images per device (`merge_call_sizes`)
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
@@ -149,6 +150,9 @@ class EngineConfig:
         if self.merge_requests and self.per_device_batch < 2:
             raise InvalidInput("--merge-requests needs --images-per-device 2 or more: each request takes one image per "
                                "device, and a call has room for one request per image a device makes.")  # fmt: skip
+        if self.merge_full_calls and not self.merge_requests:
+            raise InvalidInput("--merge-full-calls sets the size of --merge-requests' calls: add --merge-requests, or "
+                               "drop --merge-full-calls.")  # fmt: skip
         if self.cross_attention_cache and (self.quantize != "none" or self.attention == "diffusers"):
             raise InvalidInput(
                 "--cross-attention-cache needs a float UNet and an attention core other than diffusers "
@@ -160,6 +164,20 @@ class EngineConfig:
         """The offered (height, width) sizes, the default (height × width) first."""
         first = (self.height, self.width)
         return (first,) + tuple(size for size in dict.fromkeys(self.sizes) if size != first)
+
+    @property
+    def merge_call_sizes(self) -> tuple[int, ...]:
+        """The images per device of the calls --merge-requests runs, each compiled: N, and the powers of two below it
+        (N = 8: 1, 2, 4, 8). A call takes the largest that the waiting requests fill, so a lone request runs a
+        one-image call, not N images of which one is its own. A call of another size gives a request's images within
+        1 level of each other (float rounding of another batch); --merge-full-calls keeps every call at N, so the
+        pixels never depend on how many requests shared the call. Without merging: the one batch, N."""
+        if not self.merge_requests or self.merge_full_calls:
+            return (self.per_device_batch,)
+        sizes = [1]
+        while sizes[-1] * 2 < self.per_device_batch:
+            sizes.append(sizes[-1] * 2)
+        return (*sizes, self.per_device_batch)
 
     def hires_sizes(self, multiple: int) -> dict[tuple[tuple[int, int], float], tuple[int, int]]:
         """{(offered size, scale): the hires size}, for the UNet's latent `multiple` (`contract/hires.hires_size`)."""
@@ -280,6 +298,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         speed_levers=not get("no_speed_levers"),
         cross_attention_cache=bool(get("cross_attention_cache")),
         merge_requests=bool(get("merge_requests")),
+        merge_full_calls=bool(get("merge_full_calls")),
         previews=not get("no_previews"),
         **{name: value for name in GIVEN_OR_DEFAULT
            if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default

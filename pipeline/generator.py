@@ -85,6 +85,7 @@ class MergedPart:
     windows: int  # K, the 77-token windows its text is read in (the key)
     embeddings: ExtraRows  # the embeddings its texts name (the key: the same names, so the same tables)
     text_key: tuple  # its text's key in the text cache
+    text: Any = None  # what reading its prompt found (`PromptReader.read`: the overflow its result reports)
 
 
 @dataclass(frozen=True)
@@ -218,12 +219,13 @@ def hires_pairs(config: EngineConfig, multiple: int) -> tuple[tuple[tuple[int, i
 
 def build_programs(
     loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None,
-    controlnets: tuple = (), refiner: RefinerWeights | None = None,
+    controlnets: tuple = (), refiner: RefinerWeights | None = None, images_per_device: int | None = None,
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
     build them here. `controlnets`: the served ControlNets' architectures (`ServedControlNets.archs`); `refiner`:
-    the --refiner's modules (its weights are `params`' refiner_* entries)."""
+    the --refiner's modules (its weights are `params`' refiner_* entries); `images_per_device`: a merged call's
+    size other than `config.per_device_batch` (`EngineConfig.merge_call_sizes`)."""
     modules = dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets))
     if refiner is not None:
         modules = dataclasses.replace(modules, refiner_unet=refiner.unet, refiner_text_encoder_2=refiner.text_encoder_2)
@@ -231,7 +233,7 @@ def build_programs(
         modules,
         params,
         mesh,
-        per_device_batch=config.per_device_batch,
+        per_device_batch=images_per_device or config.per_device_batch,
         attention=config.attention,
         prediction_type=sampler.prediction_type,
         max_tokens=loaded.networks.tokenizer.model_max_length,
@@ -306,6 +308,11 @@ class Generator:
         self._replicated = replicated(self.mesh)
         self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
                                        self.controlnets.archs, refiner)  # fmt: skip
+        #: --merge-requests: each call size's programs (images per device -> programs; N's are `programs`). The
+        #: smaller ones serve text to image on the base alone, the only requests that merge (`merged_program_keys`).
+        self.call_programs = {n: self.programs if n == config.per_device_batch else
+                              build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
+                                             images_per_device=n) for n in config.merge_call_sizes}  # fmt: skip
         #: The LoRAs offered and the set merged now (None without any)
         self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
                               placed=self.config.lora_cache) if files else None  # fmt: skip
@@ -314,14 +321,14 @@ class Generator:
             raise InvalidInput("--merge-requests runs on one process: several processes would each have to merge "
                                "the same requests in the same calls.")  # fmt: skip
         #: --merge-requests: queued text-to-image requests that share one call (host/merging.py); None: each alone
-        self.merger = CallMerger(config.per_device_batch, self._run_group) if config.merge_requests else None
+        self.merger = CallMerger(config.merge_call_sizes, self._run_group) if config.merge_requests else None
         #: Requests the engine works on at once: one, or with merging a call's N and the next call's N
         self.requests_at_once = 2 * config.per_device_batch if config.merge_requests else 1
         #: Requests the page's generate event runs at once (contract/engine.py): with merging, enough to fill the calls
         self.concurrency = max(REQUESTS_AT_ONCE, self.requests_at_once)
         #: The text programs' outputs of the last --text-cache texts, on the devices (host/text_cache.py)
         self.text_cache = TextCache(config.text_cache)
-        self._blanks: dict[tuple[int, int], Blank] = {}  # per size: the stand-ins for "no picture"
+        self._blanks: dict[tuple[int, int, int], Blank] = {}  # per call batch and size: the stand-ins for "no picture"
         self._no_embeddings: dict[int, tuple] = {}  # per K windows: the empty embedding tables, on the devices
         #: The last calls' outcomes, newest last: steps, done, stopped, sampler and the loop's *_at moments (Stop)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
@@ -368,6 +375,14 @@ class Generator:
                             hires=hires_pairs(self.config, self.latent_multiple),
                             cross_kv=self.config.cross_attention_cache)
 
+    def merged_program_keys(self) -> list[ProgramKey]:
+        """The programs of a merged call smaller than N (--merge-requests): text to image on the base alone (no
+        pictures but an inpainting UNet's blank, no ControlNets, hires fix or refiner; the LoRA merge is N's)."""
+        keys = program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, previews=self.config.previews,
+                            windows=self.config.prompt_windows, cross_kv=self.config.cross_attention_cache)
+        blank = self.programs.inpainting_unet  # its blank is a grey picture, encoded (`_blank`)
+        return [key for key in keys if key.kind != "encode_image" or blank]
+
     @property
     def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:
         """Each offered size's hires sizes: {((height, width), scale): (H, W)} (`EngineConfig.hires_sizes`)."""
@@ -399,6 +414,10 @@ class Generator:
         started = time.perf_counter()
         store = self.config.compilation_cache and self.config.executable_cache
         self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
+        for programs in self.call_programs.values():  # --merge-requests: the smaller calls' programs
+            if programs is not self.programs:
+                self.startup_programs = self.startup_programs.joined(
+                    build_served(programs, self.merged_program_keys(), store=store))
         logger.info("%s", self.startup_programs.summary())
         for upscaler in self.upscalers.values():  # each ESRGAN model's one tile program
             upscaler.compile()
@@ -408,6 +427,10 @@ class Generator:
         for height, width in self.sizes:
             started = time.perf_counter()
             self.generate(self.request("warm-up", size=(height, width)))
+            for n in list(self.call_programs)[1:] if self.merger is not None else ():  # the other call sizes, once
+                request = self.request("warm-up", size=(height, width))
+                plan, _, speed, _ = self._plans(request)
+                self._run_group([self._ticket(request, plan, speed) for _ in range(n)])
             first_run_s = time.perf_counter() - started
             timings["first_run_s"] += first_run_s
             logger.info("first run %d×%d, %d steps: %.2f s", width, height, self.config.steps, first_run_s)
@@ -443,9 +466,8 @@ class Generator:
         loop_timings: dict[str, float] = {}
         if self.merger is not None and self._mergeable(request, picture, second, switch_row, plan):
             seeds = seeds[: self.num_images]
-            arrays, k, (text, key), extra = self._host_rows(request, seeds)
-            ticket = Ticket(self._merge_key(request, plan.rows, k, extra), arrays, len(speed.schedule), request,
-                            on_step, should_stop, on_preview, extra=MergedPart(plan, speed, k, extra, key))  # fmt: skip
+            ticket = self._ticket(request, plan, speed, on_step, should_stop, on_preview)
+            text, extra = ticket.extra.text, ticket.extra.embeddings
             pixels, device_s = self.merger.submit(ticket)
         else:
             inputs, text, extra, key = self._inputs(request, seeds)
@@ -628,6 +650,15 @@ class Generator:
             run["done"] = plan.steps + (hires.plan.steps if hires is not None else 0)
             return pixels, time.perf_counter() - on_device
 
+    def _ticket(self, request: Request, plan, speed, on_step: Listener | None = None,
+                should_stop: StopCheck | None = None, on_preview: PreviewListener | None = None) -> Ticket:
+        """A mergeable request's ticket for the merger: its rows (one per device: seeds seed, seed + 1, ...), key,
+        listeners and what `_run_group` reads of it."""
+        seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
+        arrays, k, (text, key), extra = self._host_rows(request, seeds)
+        return Ticket(self._merge_key(request, plan.rows, k, extra), arrays, len(speed.schedule), request, on_step,
+                      should_stop, on_preview, extra=MergedPart(plan, speed, k, extra, key, text))  # fmt: skip
+
     def _mergeable(self, request: Request, picture, second, switch_row: int, plan) -> bool:
         """Whether a request may share a call (--merge-requests): text to image on the base alone (no picture, no
         ControlNet, no hires fix, no refiner rows), whose inputs are all per-image rows or settings a key names."""
@@ -643,19 +674,23 @@ class Generator:
                 request.loras)  # fmt: skip
 
     def _run_group(self, tickets: list[Ticket]) -> None:
-        """One merged call (the merger's worker): each ticket's rows and plan in its block of the batch (the last
-        blocks padded with the first's), the loop over the stacked plans, each ticket answered with its block. The
+        """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets
+        (the merger takes exactly one size's worth; any blocks left are padded with the first's): each ticket's rows
+        and plan in its block of the batch, the loop over the stacked plans, each ticket answered with its block. The
         text cache serves a call whose requests all read one text."""
-        first, slots, block = tickets[0], self.config.per_device_batch, self.num_images
+        first, block = tickets[0], self.num_images
+        slots = min(n for n in self.call_programs if n >= len(tickets))
+        programs = self.call_programs[slots]
         part: MergedPart = first.extra  # what the key makes the same for every ticket: speed, K, embeddings
         request = first.request
         padded = tickets + [first] * (slots - len(tickets))
         arrays = tuple(np.concatenate(parts) for parts in zip(*(t.rows for t in padded), strict=True))  # [B, ...]
         plan = stacked([ticket.extra.plan for ticket in padded], block)  # each block its own sampler's rows
         inputs = self._placed(arrays, part.windows, part.embeddings, request.clip_skip)
-        text_keys = {ticket.extra.text_key for ticket in tickets}
         watchers = GroupWatchers(tickets, block)
-        run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler, "requests": len(tickets)}
+        text_keys = {(programs.batch, ticket.extra.text_key) for ticket in tickets}  # per call size: whole batches
+        run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler, "requests": len(tickets),
+               "images_per_device": slots}  # fmt: skip
         height, width = request.size
         loop_timings: dict[str, float] = {}
         with self._device_lock:
@@ -664,8 +699,9 @@ class Generator:
             kept = self.text_cache.outputs(next(iter(text_keys))) if len(text_keys) == 1 else None
             try:
                 pixels = loop.run(
-                    self.programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg,
-                    speed=part.speed, put=self._put, split=self._split, blank=self._blank(height, width, params),
+                    programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg,
+                    speed=part.speed, put=self._put, split=self._split,
+                    blank=self._blank(height, width, params, programs),
                     on_step=watchers.on_step,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
                     gate=watchers.gate, timings=loop_timings, kept=kept,
@@ -745,22 +781,25 @@ class Generator:
         )
         return PictureInputs(*global_batch(arrays, self._batch_sharding), weight=weight)
 
-    def _blank(self, height: int, width: int, params) -> Blank:
-        """What a step reads without a picture, made once per size (call with the device lock held)."""
-        if (height, width) not in self._blanks:
-            n, scale = self.images_per_call, self.programs.modules.vae_scale_factor
+    def _blank(self, height: int, width: int, params, programs: ServedPrograms | None = None) -> Blank:
+        """What a step of `programs` (default: N's) reads without a picture, made once per size and call size (call
+        with the device lock held)."""
+        programs = programs or self.programs
+        if (programs.batch, height, width) not in self._blanks:
+            n, scale = programs.batch, programs.modules.vae_scale_factor
             latents = np.zeros((n, LATENT_CHANNELS, height // scale, width // scale), np.float32)
             history = np.zeros((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
             zeros, ones, history = global_batch((latents, np.ones_like(latents[:, :1]), history),
                                                 self._batch_sharding)  # fmt: skip
             masked = zeros
-            if self.programs.inpainting_unet:  # diffusers' inpainting pipeline with an all-white mask: a grey picture
+            if programs.inpainting_unet:  # diffusers' inpainting pipeline with an all-white mask: a grey picture
                 pixels, keep = np.zeros((n, height, width, 3), np.uint8), np.zeros((n, height, width), bool)
                 grey, keep = global_batch((pixels, keep), self._batch_sharding)
-                encode = self.programs.compile(ProgramKey("encode_image", height, width))
-                masked = encode(self.programs.weights(ProgramKey("encode_image"), params), grey, keep)
-            self._blanks[(height, width)] = Blank(latents=zeros, repaint=ones, masked=masked, history=history)
-        return self._blanks[(height, width)]
+                encode = programs.compile(ProgramKey("encode_image", height, width))
+                masked = encode(programs.weights(ProgramKey("encode_image"), params), grey, keep)
+            self._blanks[(programs.batch, height, width)] = Blank(latents=zeros, repaint=ones, masked=masked,
+                                                                  history=history)  # fmt: skip
+        return self._blanks[(programs.batch, height, width)]
 
     def _spacing_written(self, plan) -> str | None:
         """The timestep spacing a plan ran with, for its parameters (None where its schedule type sets the sigmas)."""

@@ -111,6 +111,13 @@ class StartupPrograms:
             parts.append("executable store off")
         return f"programs ({len(self.builds)}): " + "; ".join(parts)
 
+    def joined(self, other: StartupPrograms) -> StartupPrograms:
+        """This build and `other`'s as one (--merge-requests: the smaller calls' programs beside the N-image ones;
+        each kept in its own store, this one's directory named)."""
+        return StartupPrograms(builds=self.builds + other.builds, load_s=self.load_s + other.load_s,
+                               store_s=self.store_s + other.store_s, stored=self.stored + other.stored,
+                               directory=self.directory)  # fmt: skip
+
     def timings(self) -> dict[str, float]:
         return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
                 "executables_store_s": self.store_s,

@@ -9,8 +9,12 @@ block depends only on its own rows, so a merged request gets the pixels it would
 
 One worker thread runs the calls, so a request's thread only waits for its ticket: Stop answers a request at the
 next step while the call goes on for the others (its block is computed and dropped), and the call ends early only
-when every request in it has stopped. A request that arrives while the devices are idle runs at once (alone; the
-blocks no request fills are padding, so every call costs N images per device).
+when every request in it has stopped. Calls come in a few sizes, each compiled (`EngineConfig.merge_call_sizes`:
+N and the powers of two below it), and a call takes the largest size the waiting requests fill: a request that
+arrives while the devices are idle runs at once in a one-image call, three waiting at N = 4 run as two and then one
+(with whoever arrived meanwhile), so no call computes blocks nobody asked for. With --merge-full-calls the one size is
+N: a call of fewer requests pads its free blocks, and a request's pixels never depend on its call's size (a smaller
+call's are within 1 level: float rounding of another batch).
 Nothing here imports JAX: the generator gives the merger the function that runs a group.
 """
 
@@ -117,20 +121,26 @@ class GroupWatchers:
 
 
 class CallMerger:
-    """The queue of tickets and the one worker thread that runs them, up to `slots` tickets with one key per call.
+    """The queue of tickets and the one worker thread that runs them: calls of one key, as many tickets as the
+    largest of `sizes` (ascending) that the waiting tickets of that key fill (fewer than the smallest: all of them,
+    and the runner pads the call).
 
     `run_group(tickets)` runs one call and answers every ticket (the merger answers any it left with the error it
     raised). Tickets are taken oldest first: the oldest waiting request's key picks the next call's requests, so no
     request waits behind later ones of another key for more than one call each."""
 
-    def __init__(self, slots: int, run_group: Callable[[list[Ticket]], None]):
-        self.slots = slots
+    def __init__(self, sizes: tuple[int, ...], run_group: Callable[[list[Ticket]], None]):
+        if not sizes or sizes[0] < 1 or list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"call sizes must be positive and ascend; got {sizes}")
+        self.sizes = tuple(sizes)
+        self.slots = self.sizes[-1]  # the most requests one call holds (N)
         self._run_group = run_group
         self._pending: list[Ticket] = []
         self._changed = threading.Condition()
         self._worker: threading.Thread | None = None
         self.calls = 0  # calls run
         self.merged = 0  # requests that shared a call with another
+        self.calls_by_size: dict[int, int] = {}  # calls run, per requests in them
 
     def submit(self, ticket: Ticket) -> tuple[np.ndarray, float]:
         """Queue `ticket` and wait for its answer: (its pixels [D, H, W, 3], device seconds); raises its error."""
@@ -158,9 +168,10 @@ class CallMerger:
             return self._changed.wait_for(condition, timeout)
 
     def _take(self) -> list[Ticket]:
-        """The next call's tickets: the oldest and the next ones with its key, up to `slots`."""
+        """The next call's tickets: the oldest and the next ones with its key, as many as the largest size they fill."""
         key = self._pending[0].key
         group = [ticket for ticket in self._pending if ticket.key == key][: self.slots]
+        group = group[: max((size for size in self.sizes if size <= len(group)), default=len(group))]
         self._pending = [ticket for ticket in self._pending if ticket not in group]
         return group
 
@@ -170,6 +181,7 @@ class CallMerger:
                 self._changed.wait_for(lambda: bool(self._pending))
                 group = self._take()
                 self.calls += 1
+                self.calls_by_size[len(group)] = self.calls_by_size.get(len(group), 0) + 1
                 self.merged += len(group) if len(group) > 1 else 0
                 self._changed.notify_all()
             try:

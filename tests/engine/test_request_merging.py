@@ -58,8 +58,8 @@ def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
         for ticket in tickets:
             ticket.answer(np.full((2, 1), len(calls)), 0.0)
 
-    merger = CallMerger(2, run_group)
-    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]
+    merger = CallMerger((1, 2), run_group)
+    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]  # the sizes of N = 2
     assert first_running.wait(PATIENCE_S)
     for name, key in (("b1", "b"), ("a1", "a"), ("b2", "b"), ("b3", "b"), ("a2", "a")):
         threads.append(_in_thread(merger.submit, Ticket(key, (), 1, name)))
@@ -71,6 +71,42 @@ def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
     assert calls == [["first"], ["b1", "b2"], ["a1", "a2"], ["b3"]]
     assert [int(outcome["value"][0][0, 0]) for _, outcome in threads] == [1, 2, 3, 2, 4, 3]
     assert (merger.calls, merger.merged) == (4, 4)
+    assert merger.calls_by_size == {1: 2, 2: 2}
+
+
+def test_a_call_is_the_largest_size_the_waiting_requests_fill():
+    """Calls of 1, 2 or 4 requests (N = 4): five waiting take four and then one, three take two and then one; no
+    call is padded with blocks nobody asked for."""
+    calls: list[list[str]] = []
+    first_running, release = threading.Event(), threading.Event()
+
+    def run_group(tickets):
+        calls.append([ticket.request for ticket in tickets])
+        if len(calls) == 1:
+            first_running.set()
+            release.wait(PATIENCE_S)
+        for ticket in tickets:
+            ticket.answer(np.zeros((2, 1)), 0.0)
+
+    merger = CallMerger((1, 2, 4), run_group)
+    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]
+    assert first_running.wait(PATIENCE_S)
+    for name in ("a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3"):
+        threads.append(_in_thread(merger.submit, Ticket(name[0], (), 1, name)))
+        assert merger.wait_for_waiting(len(threads) - 1, PATIENCE_S)
+    release.set()
+    for thread, _ in threads:
+        thread.join(PATIENCE_S)
+    assert calls == [["first"], ["a1", "a2", "a3", "a4"], ["a5"], ["b1", "b2"], ["b3"]]
+    assert merger.calls_by_size == {1: 3, 2: 1, 4: 1}
+    for sizes in ((1, 4, 2), (0, 1), ()):
+        with pytest.raises(ValueError, match="positive and ascend"):
+            CallMerger(sizes, run_group)
+    # --merge-full-calls: the one size is N; a lone request is a call of one (its runner pads it).
+    full = CallMerger((4,), lambda tickets: calls.append([t.request for t in tickets]) or
+                      [t.answer(np.zeros((2, 1)), 0.0) for t in tickets])  # fmt: skip
+    full.submit(Ticket("a", (), 1, "lone"))
+    assert calls[-1] == ["lone"] and full.calls_by_size == {1: 1}
 
 
 def test_a_failed_call_answers_its_requests_with_the_error_and_the_next_call_runs():
@@ -80,7 +116,7 @@ def test_a_failed_call_answers_its_requests_with_the_error_and_the_next_call_run
         for ticket in tickets:
             ticket.answer(np.ones((2, 1)), 0.5)
 
-    merger = CallMerger(2, run_group)
+    merger = CallMerger((1, 2), run_group)
     with pytest.raises(RuntimeError, match="the devices failed"):
         merger.submit(_ticket("bad"))
     pixels, device_s = merger.submit(_ticket("good"))
@@ -133,6 +169,11 @@ def _pixels(result) -> np.ndarray:
     return np.stack([np.asarray(image) for image in result.images])
 
 
+def _within_one_level(got: np.ndarray, expected: np.ndarray) -> None:
+    """A call of another size: the same images up to float rounding of another batch (throughput mode's bound)."""
+    assert got.shape == expected.shape and np.abs(got.astype(int) - expected).max() <= 1
+
+
 def _while_busy(engine, started: threading.Event, queued: int):
     """An on_step listener that, at the first step, says the call is running and holds it until `queued` requests
     wait for the next call (so they share one)."""
@@ -157,10 +198,12 @@ def test_queued_requests_share_a_call_and_get_the_pixels_they_get_alone(merging_
     engine = merging_engine
     assert (engine.num_images, engine.images_per_call, engine.concurrency) == (2, 4, 4)
     alone = [_pixels(generate(engine, prompt, **fields)) for prompt, fields in REQUESTS]
-    # Alone, a request's images are the first of a call without merging (image i: seed + i).
-    for (prompt, fields), pixels in zip(REQUESTS, alone, strict=True):
+    # In a call of two (N), a request's images are bit for bit the first of a call without merging (image i: seed +
+    # i); alone it runs a call of one image per device, within 1 level of those.
+    full = [_pixels(generate(batched_engine, prompt, **fields))[:2] for prompt, fields in REQUESTS]
+    for pixels, expected in zip(alone, full, strict=True):
         assert pixels.shape == (2, 64, 64, 3)
-        np.testing.assert_array_equal(pixels, _pixels(generate(batched_engine, prompt, **fields))[:2])
+        _within_one_level(pixels, expected)
     calls, merged, compiles = engine.merger.calls, engine.merger.merged, engine.compile_count
     started = threading.Event()
     first = _in_thread(lambda: engine.generate(engine.request(REQUESTS[0][0], **REQUESTS[0][1]),
@@ -170,14 +213,41 @@ def test_queued_requests_share_a_call_and_get_the_pixels_they_get_alone(merging_
     for thread, _ in (first, *others):
         thread.join(PATIENCE_S)
     results = [outcome["value"] for _, outcome in (first, *others)]
-    # Two calls: the first alone (the devices were idle), then the two queued requests in one.
+    # Two calls: the first alone (the devices were idle: one image per device), then the two queued requests in one.
     assert (engine.merger.calls - calls, engine.merger.merged - merged) == (2, 2)
-    assert engine.recent_runs[-1]["requests"] == 2
+    assert [(run["requests"], run["images_per_device"]) for run in list(engine.recent_runs)[-2:]] == [(1, 1), (2, 2)]
     assert engine.compile_count == compiles
-    for result, pixels, (prompt, fields) in zip(results, alone, REQUESTS, strict=True):
+    for result, pixels, (prompt, fields) in zip(results, [alone[0], *full[1:]], REQUESTS, strict=True):
         np.testing.assert_array_equal(_pixels(result), pixels)
         assert result.seeds == [fields["seed"], fields["seed"] + 1]
         assert f"Seed: {fields['seed']}," in result.parameters[0] and prompt in result.prompt
+
+
+def test_a_lone_request_runs_a_one_image_call_and_a_kept_text_serves_each_call_size(merging_engine):
+    """The warm-up compiled the 1-image call's text-to-image programs beside N's; a request alone runs them (no
+    blocks padded), and a text kept from it is kept apart from the same text in a call of two requests (whose
+    encoded text has twice the rows): both get the pixels of the request alone."""
+    engine = merging_engine
+    assert sorted(engine.call_programs) == [1, 2] and engine.call_programs[2] is engine.programs
+    small = engine.call_programs[1]
+    assert small.batch == BATCHED_DEVICES and all(small.is_compiled(key) for key in engine.merged_program_keys())
+    kinds = {key.kind for key in engine.merged_program_keys()}
+    assert {"encode", "start", "decode"} <= kinds and not kinds & {"encode_image", "merge", "step_control"}
+    prompt = "a red kite over the dunes"
+    compiles, ones = engine.compile_count, engine.merger.calls_by_size[1]
+    alone = {seed: _pixels(generate(engine, prompt, seed=seed)) for seed in (3, 4)}  # the second reads the kept text
+    assert engine.merger.calls_by_size[1] == ones + 2 and engine.recent_runs[-1]["images_per_device"] == 1
+    started = threading.Event()
+    first = _in_thread(lambda: engine.generate(engine.request("a lighthouse at dusk", seed=1),
+                                               on_step=_while_busy(engine, started, 2)))  # fmt: skip
+    assert started.wait(PATIENCE_S)
+    pair = [_in_thread(lambda seed=seed: generate(engine, prompt, seed=seed)) for seed in (3, 4)]
+    for thread, _ in (first, *pair):
+        thread.join(PATIENCE_S)
+    assert engine.recent_runs[-1]["images_per_device"] == 2
+    for (_, outcome), seed in zip(pair, (3, 4), strict=True):
+        _within_one_level(_pixels(outcome["value"]), alone[seed])
+    assert engine.compile_count == compiles
 
 
 def test_requests_share_a_call_when_they_make_as_many_unet_calls(merging_engine):
@@ -198,11 +268,11 @@ def test_requests_share_a_call_when_they_make_as_many_unet_calls(merging_engine)
         assert key(**other) != euler, other
 
 
-def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_engine):
+def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_engine, batched_engine):
     engine = merging_engine
     (prompt, fields), (other_prompt, other_fields) = REQUESTS[0], REQUESTS[1]
     other_fields = {**other_fields, "steps": 4}  # the merged pair's steps: with 2, the Stop would come after the last
-    alone = _pixels(generate(engine, other_prompt, **other_fields))
+    full = _pixels(generate(batched_engine, other_prompt, **other_fields))[:2]  # a call of N
     started, stop = threading.Event(), threading.Event()
     steps_seen: list[int] = []
 
@@ -219,7 +289,7 @@ def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_e
     for thread, _ in (first, stopped, finished):
         thread.join(PATIENCE_S)
     assert isinstance(stopped[1].get("error"), Stopped) and stopped[1]["error"].done == 2 and steps_seen == [1]
-    np.testing.assert_array_equal(_pixels(finished[1]["value"]), alone)
+    np.testing.assert_array_equal(_pixels(finished[1]["value"]), full)
     assert engine.recent_runs[-1]["requests"] == 2 and not engine.recent_runs[-1]["stopped"]
 
 
@@ -241,15 +311,40 @@ def test_merging_needs_two_images_per_device_and_one_process():
     config = parse_args(["--model", "tiny", "--images-per-device", "3", "--merge-requests"]).config
     assert config.merge_requests and config.per_device_batch == 3
     assert not parse_args(["--model", "tiny"]).config.merge_requests
+    # The call sizes compiled: N and the powers of two below it; --merge-full-calls: N alone.
+    sizes = {n: EngineConfig(model="tiny", merge_requests=True, per_device_batch=n).merge_call_sizes for n in (2, 3, 8)}
+    assert sizes == {2: (1, 2), 3: (1, 2, 3), 8: (1, 2, 4, 8)}
+    full = parse_args(["--model", "tiny", "--images-per-device", "8", "--merge-requests", "--merge-full-calls"]).config
+    assert full.merge_full_calls and full.merge_call_sizes == (8,)
+    assert EngineConfig(model="tiny", per_device_batch=8).merge_call_sizes == (8,)
+    with pytest.raises(InvalidInput, match="--merge-full-calls sets the size of --merge-requests' calls"):
+        EngineConfig(model="tiny", per_device_batch=2, merge_full_calls=True)
 
 
-def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_engine):
+def test_with_full_calls_a_lone_request_fills_a_call_of_n_and_gets_its_pixels_bit_for_bit(tiny_dir, batched_engine):
+    """--merge-full-calls: only N's programs; a request alone runs a call of N images per device (its free blocks
+    padded), so its pixels are those of the call without merging, bit for bit, however many share its call."""
+    from pipeline.generator import Generator
+
+    engine = Generator.from_pretrained(str(tiny_dir), devices=jax.devices()[:BATCHED_DEVICES], merge_requests=True,
+                                       merge_full_calls=True, **BATCHED_SETTINGS)  # fmt: skip
+    engine.warmup()
+    assert list(engine.call_programs) == [2]
+    prompt, fields = REQUESTS[1]
+    result = generate(engine, prompt, **fields)
+    assert (engine.recent_runs[-1]["requests"], engine.recent_runs[-1]["images_per_device"]) == (1, 2)
+    np.testing.assert_array_equal(_pixels(result), _pixels(generate(batched_engine, prompt, **fields))[:2])
+
+
+def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_engine, batched_engine):
     """`python -m pipeline serve` around a merging engine (in this process) and a page's client of it: the info says
     4 requests at once, the page's pool sends 3 while the devices are held, and the two that waited share a call."""
     from pipeline.contract.request import parse_request
 
     engine = merging_engine
-    alone = {prompt: _pixels(generate(engine, prompt, **fields)) for prompt, fields in REQUESTS}
+    # the first runs alone (a call of one image per device), the others in a call of N
+    expected = [_pixels(generate(engine, REQUESTS[0][0], **REQUESTS[0][1]))]
+    expected += [_pixels(generate(batched_engine, prompt, **fields))[:2] for prompt, fields in REQUESTS[1:]]
     with engine_service(engine) as remote:
         assert (remote.num_images, remote.concurrency, remote.pool.slots(remote.pool.ready[0])) == (2, 4, 4)
         calls, merged = engine.merger.calls, engine.merger.merged
@@ -262,8 +357,8 @@ def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_eng
         for thread, _ in sent:
             thread.join(PATIENCE_S)
         assert (engine.merger.calls - calls, engine.merger.merged - merged) == (2, 2)
-        for (_, outcome), (prompt, fields) in zip(sent, REQUESTS, strict=True):
+        for (_, outcome), (_, fields), pixels in zip(sent, REQUESTS, expected, strict=True):
             result = outcome["value"]
             assert result.seeds == [fields["seed"], fields["seed"] + 1]
             np.testing.assert_array_equal(np.stack([np.asarray(image.convert("RGB")) for image in result.images]),
-                                          alone[prompt])  # fmt: skip
+                                          pixels)  # fmt: skip
