@@ -6,12 +6,16 @@
 
 Two engines on the bench's checkpoint, size and steps, each request one image per device:
 - alone: `--images-per-device 1`, every request its own call (the Space's way);
-- merged: `--images-per-device N --merge-requests`: up to N waiting requests share a call.
+- merged: `--images-per-device N --merge-requests`: up to N waiting requests share a call, of 1, 2, 4 ... or N
+  images per device (the largest the waiting requests fill: `EngineConfig.merge_call_sizes`);
+- and, for a lone request's latency only, `--merge-full-calls`: every call N images per device.
 `clients` threads (2 N: as many as the page lets in at once) each send requests back to back, every request with its
 own prompt and seed; a round is `clients × requests_per_client` requests, rounds of the two engines alternate so drift
 on a shared machine hits both alike. Figures: requests per second, per-request latency, the calls made and the
-requests per call. On a CPU, where a call's time grows with its images, merging gains little; an accelerator's
-larger products run nearer its rate (issue 46's matrix-product table), which is what merging is for.
+requests per call (and the calls of each size); then one request at a time, the latency of a lone request on each
+engine: what merging costs a user who arrives while the devices are idle. On a CPU, where a call's time grows with its
+images, merging gains little; an accelerator's larger products run nearer its rate (issue 46's matrix-product table),
+which is what merging is for.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class MergedServing:
     alone_latency_s: Stats  # per request, all rounds
     merged_latency_s: Stats
     merged_requests_per_call: float  # requests of the merged rounds / their calls
+    merged_calls_by_size: dict[int, int]  # the merged rounds' calls, per requests in them
+    lone_latency_s: dict[str, Stats]  # one request at a time: "alone", "merged", "full calls" (--merge-full-calls)
     speedup: float  # merged / alone median requests per second
     compiles_during_runs: int  # must be 0
 
@@ -90,16 +96,18 @@ def _round(generator, clients: int, per_client: int, seed: int) -> tuple[float, 
 
 
 def merged_serving(args, slots: int, runs: int, per_client: int = 2, say: Progress = progress) -> MergedServing:
-    """Both engines, then `runs` rounds of each, alternating (after one untimed round each)."""
+    """The engines, then `runs` rounds of each, alternating (after one untimed round each), then `runs` × 3 lone
+    requests on each, alternating."""
     from pipeline.host.compile_cache import CompileCounter
 
     alone = _engine(args)
     merged = _engine(args, per_device_batch=slots, merge_requests=True)
+    full = _engine(args, per_device_batch=slots, merge_requests=True, merge_full_calls=True)
     clients = merged.concurrency  # 2 N
     for generator in (alone, merged):
         _round(generator, clients, 1, seed=0)  # untimed: threads and caches warm
     compiles_before = CompileCounter.compiles()
-    calls_before = merged.merger.calls
+    calls_before, sizes_before = merged.merger.calls, dict(merged.merger.calls_by_size)
     rates: dict[str, list[float]] = {"alone": [], "merged": []}
     latencies: dict[str, list[float]] = {"alone": [], "merged": []}
     for run in range(runs):
@@ -108,18 +116,27 @@ def merged_serving(args, slots: int, runs: int, per_client: int = 2, say: Progre
             rates[name].append(rate)
             latencies[name] += seconds
     calls = merged.merger.calls - calls_before
+    by_size = {n: count - sizes_before.get(n, 0) for n, count in sorted(merged.merger.calls_by_size.items())}
     requests = runs * clients * per_client
+    lone: dict[str, list[float]] = {"alone": [], "merged": [], "full calls": []}
+    for number in range(3 * runs):
+        for name, generator in (("alone", alone), ("merged", merged), ("full calls", full)):
+            lone[name] += _round(generator, 1, 1, seed=10_000 + number)[1]
     result = MergedServing(
         model=args.model, height=args.height, width=args.width, steps=args.steps,
         images_per_request=merged.num_images, slots=slots, clients=clients, requests_per_round=clients * per_client,
         alone_requests_per_s=Stats.of(rates["alone"]), merged_requests_per_s=Stats.of(rates["merged"]),
         alone_latency_s=Stats.of(latencies["alone"]), merged_latency_s=Stats.of(latencies["merged"]),
         merged_requests_per_call=requests / calls if calls else 0.0,
+        merged_calls_by_size={n: count for n, count in by_size.items() if count},
+        lone_latency_s={name: Stats.of(seconds) for name, seconds in lone.items()},
         speedup=Stats.of(rates["merged"]).median / Stats.of(rates["alone"]).median,
         compiles_during_runs=CompileCounter.compiles() - compiles_before,
     )  # fmt: skip
     say(f"merging: {result.alone_requests_per_s.median:.2f} requests/s alone, "
         f"{result.merged_requests_per_s.median:.2f} merged ({result.merged_requests_per_call:.2f} per call): "
         f"{result.speedup:.2f}x; latency {result.alone_latency_s.median:.3f} s vs "
-        f"{result.merged_latency_s.median:.3f} s")  # fmt: skip
+        f"{result.merged_latency_s.median:.3f} s; alone at idle {result.lone_latency_s['alone'].median:.3f} s, "
+        f"merged {result.lone_latency_s['merged'].median:.3f} s, with full calls "
+        f"{result.lone_latency_s['full calls'].median:.3f} s")  # fmt: skip
     return result

@@ -294,6 +294,13 @@ def markdown(results: dict) -> str:
             f"{mg.merged_requests_per_s.median:.2f} | {mg.merged_latency_s.median:.3f} s |",
             f"| **merged / alone** | **{mg.speedup:.2f}×** | compilations while timing: {mg.compiles_during_runs} |",
             "",
+            "Merged calls by requests in them: "
+            + ", ".join(f"{n}: {count}" for n, count in mg.merged_calls_by_size.items()) + ".",
+            "",
+            "| one request at a time (the devices idle) | latency (median) |",
+            "|---|---|",
+            *(f"| {name} | {stats.median:.3f} s |" for name, stats in mg.lone_latency_s.items()),
+            "",
         ]
     if (sk := results.get("soak")) is not None:
         lines += [

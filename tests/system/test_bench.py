@@ -413,9 +413,9 @@ def test_bench_hostloop_part_measures_both_loops(engine):
     assert result.compiles_while_timing == 0 and result.steps == 3
 
 
-def test_bench_merging_part_measures_both_engines(tiny_dir):
+def test_bench_merging_part_measures_the_engines(tiny_dir):
     """`python -m bench --only merging` at the tests' size, 2 per call, one round: both engines timed, the merged
-    rounds. calls held at most 2 requests, no compilation while timing."""
+    rounds' calls held at most 2 requests, and a lone request was timed on each; no compilation while timing."""
     import argparse
 
     from bench.merging import merged_serving
@@ -428,6 +428,9 @@ def test_bench_merging_part_measures_both_engines(tiny_dir):
     assert result.alone_latency_s.n == result.merged_latency_s.n == 8
     # How many shared a call depends on timing; that they do is test_request_merging.py's (event-driven).
     assert 1 <= result.merged_requests_per_call <= 2 and result.compiles_during_runs == 0
+    assert set(result.merged_calls_by_size) <= {1, 2} and sum(result.merged_calls_by_size.values()) >= 4
+    assert {name: stats.n for name, stats in result.lone_latency_s.items()} == {"alone": 3, "merged": 3,
+                                                                               "full calls": 3}  # fmt: skip
 
 
 @pytest.mark.long  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20; the
