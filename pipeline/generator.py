@@ -249,6 +249,15 @@ def build_programs(
     )
 
 
+def merged_program_keys(config: EngineConfig, cfg: bool, inpainting: bool) -> list[ProgramKey]:
+    """The programs of a --merge-requests call smaller than N: text to image on the base alone (no pictures but an
+    inpainting UNet's blank, no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and
+    `precompile` both list them here."""
+    keys = program_keys(list(config.offered_sizes), cfg, config.speed_levers, previews=config.previews,
+                        windows=config.prompt_windows, cross_kv=config.cross_attention_cache)  # fmt: skip
+    return [key for key in keys if key.kind != "encode_image" or inpainting]  # the blank's grey picture (`_blank`)
+
+
 def with_refiner(params: dict, refiner: RefinerWeights | None) -> dict:
     """The weights the programs take, with the refiner's UNet (and its own text encoder 2, unless it shares the
     base's) as `refiner_unet` / `refiner_text_encoder_2`."""
@@ -376,12 +385,8 @@ class Generator:
                             cross_kv=self.config.cross_attention_cache)
 
     def merged_program_keys(self) -> list[ProgramKey]:
-        """The programs of a merged call smaller than N (--merge-requests): text to image on the base alone (no
-        pictures but an inpainting UNet's blank, no ControlNets, hires fix or refiner; the LoRA merge is N's)."""
-        keys = program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, previews=self.config.previews,
-                            windows=self.config.prompt_windows, cross_kv=self.config.cross_attention_cache)
-        blank = self.programs.inpainting_unet  # its blank is a grey picture, encoded (`_blank`)
-        return [key for key in keys if key.kind != "encode_image" or blank]
+        """The programs of a merged call smaller than N (`merged_program_keys`)."""
+        return merged_program_keys(self.config, self.sampler.cfg, self.programs.inpainting_unet)
 
     @property
     def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:

@@ -254,11 +254,12 @@ OPTIONS: tuple[Option, ...] = (
            "embeddings run as one call, each with its own prompt, seed, guidance, sampler, schedule, progress and Stop "
            "(text to image; the others run alone); one process only. A call makes the largest of N and the powers "
            "of two below it that the waiting requests fill (each compiled at start-up): a lone request runs a "
-           "one-image call", "SDXL_MERGE_REQUESTS", kind="switch", programs=frozenset({APP}), recompiles=True),
+           "one-image call", "SDXL_MERGE_REQUESTS", kind="switch", programs=frozenset({APP, PRECOMPILE}),
+           recompiles=True),
     Option("--merge-full-calls", "with --merge-requests: every call makes N images per device (a lone request's "
            "free blocks are padding), so a request's pixels never depend on how many shared its call; without it, "
            "calls of fewer images give pixels within 1 level of N's", "SDXL_MERGE_FULL_CALLS", kind="switch",
-           programs=frozenset({APP}), recompiles=True),
+           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
     Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
            "SDXL_ATTENTION", choices=ATTENTIONS, default=config_default("attention"),
            programs=frozenset({APP, CLI, PRECOMPILE}),

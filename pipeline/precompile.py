@@ -1,5 +1,6 @@
 """`python -m pipeline precompile`: every program a server with these settings runs, compiled for a topology's
 devices (a TPU topology needs libtpu, not a TPU) and written to a directory a server loads with `--precompiled`.
+With `--merge-requests`, the smaller calls' programs too, each size in its own folder (`aot.call_size_directory`).
 
 The programs are built by the generator's own `build_programs` from the same `EngineConfig` (same modules, weight
 shapes, attention core resolved for the topology's platform, the checkpoint's sampler config with the config's
@@ -22,12 +23,13 @@ from .generator import (
     for_platform,
     hires_pairs,
     latent_multiple,
+    merged_program_keys,
     read_loras,
     sampler_of,
     served_params,
     with_refiner,
 )
-from .host.aot import save_precompiled, topology_devices
+from .host.aot import call_size_directory, save_precompiled, topology_devices
 from .host.compile_cache import configure_compilation_cache
 from .host.controlnet_plan import ServedControlNets
 from .host.programs import program_keys
@@ -49,8 +51,9 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     controlnets = ServedControlNets.of(nets, loaded, units=config.controlnet_units)
     refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner \
         else None  # fmt: skip
-    programs = build_programs(loaded, config, with_refiner(served_params(loaded, config), refiner),
-                              data_mesh(devices), sampler, layout, controlnets.archs, refiner)  # fmt: skip
+    programs_params = with_refiner(served_params(loaded, config), refiner)
+    programs = build_programs(loaded, config, programs_params, data_mesh(devices), sampler, layout, controlnets.archs,
+                              refiner)  # fmt: skip
     sizes = list(config.offered_sizes)
     keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
                         windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None,
@@ -63,4 +66,12 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
                 "prediction_type": sampler.prediction_type,
                 "xla_options": [list(pair) for pair in config.xla_options],
                 "cross_attention_cache": config.cross_attention_cache}  # fmt: skip
-    return save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)
+    manifest = save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)
+    for n in config.merge_call_sizes[:-1]:  # --merge-requests: the smaller calls' text-to-image programs
+        smaller = build_programs(loaded, config, programs_params, data_mesh(devices), sampler, layout,
+                                 images_per_device=n)  # fmt: skip
+        calls = merged_program_keys(config, sampler.cfg, smaller.inpainting_unet)
+        progress(f"precompiling {len(calls)} programs of the merged calls of {n} image(s) per device")
+        save_precompiled(smaller, calls, call_size_directory(out, n), topology=topology,
+                         settings={**settings, "per_device_batch": n}, progress=progress)  # fmt: skip
+    return manifest

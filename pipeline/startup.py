@@ -140,9 +140,12 @@ def _load_and_warm(
         on_loaded(generator)
     report = None
     if precompiled:  # one line (host/aot.py logs it): which programs were loaded, which are compiled and why
-        from .host.aot import load_precompiled
+        from .host.aot import call_size_directory, load_precompiled
 
         report = load_precompiled(generator.programs, generator.program_keys(), precompiled)
+        for n, programs in generator.call_programs.items():  # --merge-requests: the smaller calls', in their folders
+            if programs is not generator.programs:
+                load_precompiled(programs, generator.merged_program_keys(), call_size_directory(precompiled, n))
     warm = generator.warmup()
     for phase, key in (("compile", "compile_s"), ("first run", "first_run_s")):
         logger.info("%-9s %7.2f s", phase, warm[key])

@@ -218,6 +218,12 @@ def write_manifest(directory: Path, header: dict, entries: list[dict]) -> dict:
     return manifest
 
 
+def call_size_directory(directory: str | Path, images_per_device: int) -> Path:
+    """Where a precompiled directory keeps the programs of --merge-requests' smaller calls (each size its own
+    manifest): `images-per-device-N` inside it."""
+    return Path(directory) / f"images-per-device-{images_per_device}"
+
+
 def save_precompiled(
     programs: ServedPrograms, keys: list[ProgramKey], directory: str | Path, *, topology: str, settings: dict,
     progress=logger.info,

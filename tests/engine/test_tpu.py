@@ -177,6 +177,37 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     assert f"loaded 0 of {len(keys)}" in report.summary(out) and not any(map(other.programs.is_compiled, keys))
 
 
+def test_precompiled_merged_calls_start_without_compiling(engine, tiny_dir, tmp_path):
+    """`precompile --images-per-device 2 --merge-requests` writes N's programs and, in their own folder, the
+    one-image calls' text-to-image programs; a merging server started with the directory compiles nothing, and a
+    lone request (a call of one image per device) gets the one-image engine's pixels bit for bit."""
+    from pipeline.cluster.join_options import ClusterOptions
+    from pipeline.config import EngineConfig
+    from pipeline.host.aot import MANIFEST, call_size_directory
+    from pipeline.startup import start
+
+    out = tmp_path / "precompiled"
+    command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir),
+               "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--prompt-windows", "1",
+               "--no-previews", "--images-per-device", "2", "--merge-requests", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = EngineConfig(model=str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
+                          compilation_cache=False, prompt_windows=1, previews=False, per_device_batch=2,
+                          merge_requests=True)  # fmt: skip
+    started = start(config, ClusterOptions(), precompiled=str(out))
+    generator = started.engine
+    small = json.loads((call_size_directory(out, 1) / MANIFEST).read_text())
+    assert small["images_per_device"] == 1 and json.loads((out / MANIFEST).read_text())["images_per_device"] == 2
+    assert {entry["label"] for entry in small["programs"]} == {key.label for key in generator.merged_program_keys()}
+    assert started.precompiled.compile == {} and generator.compile_count == 0
+    mine = generate(generator, "a lighthouse at dusk", seed=11)
+    assert generator.recent_runs[-1]["images_per_device"] == 1
+    theirs = generate(engine, "a lighthouse at dusk", seed=11)
+    for a, b in zip(mine.images, theirs.images, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @needs_libtpu
 def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     """`--quantize int8`'s whole-UNet step (tiny checkpoint, 64x64, CFG) compiled for v5e:2x2: the TPU program keeps
