@@ -46,7 +46,10 @@ def _in_thread(function, *args) -> tuple[threading.Thread, dict]:
 # ---- the queue and the watchers, without JAX ------------------------------------------------------------------------
 
 
-def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
+def _calls_while_held(sizes: tuple[int, ...], queued: list[tuple[str, str]]):
+    """A merger of call `sizes` whose first call ("first", key "a") holds the devices while `queued` (name, key)
+    requests queue in that order, then ends: (the merger, each call's request names, each request's thread and
+    outcome: pixels that say which call answered it)."""
     calls: list[list[str]] = []
     first_running, release = threading.Event(), threading.Event()
 
@@ -58,15 +61,21 @@ def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
         for ticket in tickets:
             ticket.answer(np.full((2, 1), len(calls)), 0.0)
 
-    merger = CallMerger((1, 2), run_group)
-    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]  # the sizes of N = 2
+    merger = CallMerger(sizes, run_group)
+    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]
     assert first_running.wait(PATIENCE_S)
-    for name, key in (("b1", "b"), ("a1", "a"), ("b2", "b"), ("b3", "b"), ("a2", "a")):
+    for name, key in queued:
         threads.append(_in_thread(merger.submit, Ticket(key, (), 1, name)))
         assert merger.wait_for_waiting(len(threads) - 1, PATIENCE_S)  # queued in this order
     release.set()
     for thread, _ in threads:
         thread.join(PATIENCE_S)
+    return merger, calls, threads
+
+
+def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
+    queued = [("b1", "b"), ("a1", "a"), ("b2", "b"), ("b3", "b"), ("a2", "a")]
+    merger, calls, threads = _calls_while_held((1, 2), queued)  # the call sizes of N = 2
     # The oldest waiting request's key picks each call; a call holds at most 2.
     assert calls == [["first"], ["b1", "b2"], ["a1", "a2"], ["b3"]]
     assert [int(outcome["value"][0][0, 0]) for _, outcome in threads] == [1, 2, 3, 2, 4, 3]
@@ -77,36 +86,16 @@ def test_a_call_takes_the_oldest_requests_key_up_to_its_slots():
 def test_a_call_is_the_largest_size_the_waiting_requests_fill():
     """Calls of 1, 2 or 4 requests (N = 4): five waiting take four and then one, three take two and then one; no
     call is padded with blocks nobody asked for."""
-    calls: list[list[str]] = []
-    first_running, release = threading.Event(), threading.Event()
-
-    def run_group(tickets):
-        calls.append([ticket.request for ticket in tickets])
-        if len(calls) == 1:
-            first_running.set()
-            release.wait(PATIENCE_S)
-        for ticket in tickets:
-            ticket.answer(np.zeros((2, 1)), 0.0)
-
-    merger = CallMerger((1, 2, 4), run_group)
-    threads = [_in_thread(merger.submit, Ticket("a", (), 1, "first"))]
-    assert first_running.wait(PATIENCE_S)
-    for name in ("a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3"):
-        threads.append(_in_thread(merger.submit, Ticket(name[0], (), 1, name)))
-        assert merger.wait_for_waiting(len(threads) - 1, PATIENCE_S)
-    release.set()
-    for thread, _ in threads:
-        thread.join(PATIENCE_S)
+    queued = [(name, name[0]) for name in ("a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3")]
+    merger, calls, _ = _calls_while_held((1, 2, 4), queued)
     assert calls == [["first"], ["a1", "a2", "a3", "a4"], ["a5"], ["b1", "b2"], ["b3"]]
     assert merger.calls_by_size == {1: 3, 2: 1, 4: 1}
+    # --merge-full-calls: the one size is N; a lone request is a call of one (its runner pads it).
+    full, calls, _ = _calls_while_held((4,), [("a1", "a")])
+    assert calls == [["first"], ["a1"]] and full.calls_by_size == {1: 2}
     for sizes in ((1, 4, 2), (0, 1), ()):
         with pytest.raises(ValueError, match="positive and ascend"):
-            CallMerger(sizes, run_group)
-    # --merge-full-calls: the one size is N; a lone request is a call of one (its runner pads it).
-    full = CallMerger((4,), lambda tickets: calls.append([t.request for t in tickets]) or
-                      [t.answer(np.zeros((2, 1)), 0.0) for t in tickets])  # fmt: skip
-    full.submit(Ticket("a", (), 1, "lone"))
-    assert calls[-1] == ["lone"] and full.calls_by_size == {1: 1}
+            CallMerger(sizes, lambda tickets: None)
 
 
 def test_a_failed_call_answers_its_requests_with_the_error_and_the_next_call_runs():
