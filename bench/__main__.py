@@ -175,6 +175,10 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
     progress(f"engine's programs, ms per call (each blocked on): {parts}; reference: host "
              f"{ref.reference_host.median * 1000:.1f}, pipeline "
              f"{(ref.reference.median - ref.reference_host.median) * 1000:.1f}")  # fmt: skip
+    if ref.engine_cpu_ms_by_thread and ref.reference_cpu_ms_by_thread:
+        progress("CPU ms per call by thread, engine / reference: " + ", ".join(
+            f"{group} {ms:.1f} / {ref.reference_cpu_ms_by_thread.get(group, 0.0):.1f}"
+            for group, ms in ref.engine_cpu_ms_by_thread.items()))  # fmt: skip
     device_s = [
         generator.generate(generator.request("a photo of a cat", seed=i)).timings["device_s"] for i in range(args.runs)
     ]

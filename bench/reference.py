@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .common import Progress, Stats, progress, timed
 from .program_times import ProgramTimer
+from .reference_worker import thread_cpu_seconds
 
 PROMPT = "a photo of an astronaut riding a horse on the moon, highly detailed"
 NEGATIVE = "blurry, low quality"
@@ -67,6 +68,10 @@ class EngineVsReference:
     #: engine encodes every call, as diffusers' pipeline does), interleaved with the others; `cpu_ratio`'s calls
     #: repeat one text, as a person trying seeds does
     new_text_cpu_ratio: float = 0.0
+    #: CPU ms per call (mean of the timed calls) by thread group (reference_worker.THREAD_GROUPS), each side: where
+    #: the work runs (the caller, XLA:CPU's pool, the runtime's other threads); {} off Linux
+    engine_cpu_ms_by_thread: dict[str, float] = field(default_factory=dict)
+    reference_cpu_ms_by_thread: dict[str, float] = field(default_factory=dict)
     reference_packages: dict[str, str] = field(default_factory=dict)  # the reference venv's versions (its worker's)
 
 
@@ -232,12 +237,17 @@ def engine_vs_reference(
         engine_call(0)  # engine warm too
         engine_s, reference_s, engine_host, reference_host, engine_cpu, reference_cpu = [], [], [], [], [], []
         new_text_cpu = []  # the engine's CPU seconds with a new text each call
+        engine_threads: list[dict[str, float]] = []  # each timed engine call's CPU seconds by thread group
+        reference_threads: list[dict[str, float]] = []
         for run in range(runs):
             seed = 1000 + run
+            threads = thread_cpu_seconds()
             cpu = time.process_time()
             t_engine, result = timed(lambda seed=seed: engine_call(seed))
             engine_cpu.append(time.process_time() - cpu)
+            engine_threads.append({group: s - threads[group] for group, s in thread_cpu_seconds().items()})
             answer = worker.call(seed=seed, **kwargs)  # the worker's own wall, host and process CPU seconds
+            reference_threads.append(answer.get("threads", {}))
             reference_cpu.append(answer["cpu_s"])
             reference_host.append(answer["host_s"])
             engine_host.append(result.timings["host_s"])
@@ -278,8 +288,16 @@ def engine_vs_reference(
         engine_programs=timer.per_program(profiled),
         engine_programs_s=Stats.of(blocked_s).median,
         new_text_cpu_ratio=Stats.of(new_text_cpu).median / Stats.of(reference_cpu).median,
+        engine_cpu_ms_by_thread=_mean_ms(engine_threads),
+        reference_cpu_ms_by_thread=_mean_ms(reference_threads),
         reference_packages=worker.packages,
     )
+
+
+def _mean_ms(calls: list[dict[str, float]]) -> dict[str, float]:
+    """Per thread group, the calls' mean CPU milliseconds ({} when no call reported groups)."""
+    groups = [group for group in calls[0] if all(group in call for call in calls)] if calls else []
+    return {group: 1000 * sum(call[group] for call in calls) / len(calls) for group in groups}
 
 
 def check_ratio(result: EngineVsReference, threshold: float) -> str | None:

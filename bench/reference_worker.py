@@ -3,7 +3,8 @@ calls it; bench/reference.py times the engine against it.
 
 Run by bench/reference.py with the reference venv's python (bench/reference_venv.py), as a file:
 `.venv-reference/bin/python bench/reference_worker.py`. Standalone on purpose: it imports jax, flax, numpy, PIL,
-diffusers and transformers only (never `pipeline` or `bench`), the libraries that venv has.
+diffusers and transformers only (never `pipeline` or `bench`), the libraries that venv has. bench/reference.py
+imports its `thread_cpu_seconds` (stdlib only) to split the engine's CPU seconds the same way.
 
 JSON lines: stdin takes requests, stdout gives one answer to each (anything the libraries print goes to stderr).
 - `{"load": {"mode": "checkpoint", "path": DIR, "dtype": D}}`: the pipeline from a Flax checkpoint folder.
@@ -16,8 +17,9 @@ JSON lines: stdin takes requests, stdout gives one answer to each (anything the 
 - `{"call": {"prompt", "negative_prompt", "seed", "guidance_scale", "steps", "height", "width"}}` (and optionally
   `"save": PATH`: the pipeline's float pixels [N, H, W, 3] saved there with numpy, for a test): one user-visible
   call, PIL images out.
-  Answer: `{"images": N, "wall_s": S, "host_s": S, "cpu_s": S}`: the call's wall seconds, the part of them outside
-  the pipeline (inputs before, PIL after) and this process's CPU seconds during the call.
+  Answer: `{"images": N, "wall_s": S, "host_s": S, "cpu_s": S, "threads": {GROUP: S}}`: the call's wall seconds,
+  the part of them outside the pipeline (inputs before, PIL after), this process's CPU seconds during the call and
+  those CPU seconds by thread group (`thread_cpu_seconds`; {} off Linux).
 - A failed request is answered `{"error": "Type: message"}`; after a failed load the worker exits. It exits when
   stdin closes.
 """
@@ -34,6 +36,34 @@ from importlib import metadata
 
 #: Packages whose versions the load's answer reports (the bench records them beside the main venv's).
 PACKAGES = ("jax", "jaxlib", "flax", "diffusers", "transformers", "huggingface-hub", "numpy", "pillow")
+
+
+#: How `thread_cpu_seconds` names its groups: the thread that called (Python's main thread), XLA:CPU's intra-op
+#: pool (its threads are named tf_XLAEigen), and every other thread (unnamed ones are the runtime's, e.g. PjRt's
+#: per-device execution threads, which inherit the process's name).
+THREAD_GROUPS = ("main", "XLA Eigen pool", "other")
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """This process's CPU seconds so far by thread group (`THREAD_GROUPS`), from /proc/self/task: where a call's CPU
+    seconds go, subtracted before and after it. The engine's bench side reads it too (bench/reference.py). Threads
+    that ended are gone from /proc, so short-lived ones are missed; {} where /proc has no tasks (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    groups = dict.fromkeys(THREAD_GROUPS, 0.0)
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat, open(f"/proc/self/task/{tid}/comm") as comm:
+                fields, name = stat.read().rsplit(")", 1)[1].split(), comm.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        group = "main" if int(tid) == os.getpid() else "XLA Eigen pool" if name.startswith("tf_XLAEigen") else "other"
+        groups[group] += seconds
+    return groups
 
 
 class _FlaxDeprecationFilter(logging.Filter):
@@ -179,14 +209,16 @@ def call(pipe, p_params, request: dict) -> dict:
     import numpy as np
 
     save = request.pop("save", None)
+    threads = thread_cpu_seconds()
     cpu = time.process_time()
     started = time.perf_counter()
     images, host_s, pixels = reference_call(pipe, p_params, **request)
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu
+    threads = {group: seconds - threads[group] for group, seconds in thread_cpu_seconds().items()}
     if save:
         np.save(save, pixels)
-    return {"images": len(images), "wall_s": wall_s, "host_s": host_s, "cpu_s": cpu_s}
+    return {"images": len(images), "wall_s": wall_s, "host_s": host_s, "cpu_s": cpu_s, "threads": threads}
 
 
 def load(spec: dict):

@@ -44,6 +44,21 @@ def write_json(results: dict, path: Path) -> Path:
     return path
 
 
+def _thread_table(ref) -> list[str]:
+    """The timed calls' CPU ms by thread group on each side (none where the platform has no per-thread times)."""
+    if not ref.engine_cpu_ms_by_thread or not ref.reference_cpu_ms_by_thread:
+        return []
+    groups = [group for group in ref.engine_cpu_ms_by_thread if group in ref.reference_cpu_ms_by_thread]
+    engine, reference = ref.engine_cpu_ms_by_thread, ref.reference_cpu_ms_by_thread
+    return [
+        "| CPU ms per call (mean), by thread | engine | reference |",
+        "|---|---|---|",
+        *[f"| {group} | {engine[group]:.1f} | {reference[group]:.1f} |" for group in groups],
+        f"| all | {sum(engine[g] for g in groups):.1f} | {sum(reference[g] for g in groups):.1f} |",
+        "",
+    ]
+
+
 def _ms(stats: Stats) -> str:
     return stats.range_text(1000, 0) + " ms"
 
@@ -97,6 +112,7 @@ def markdown(results: dict) -> str:
             f"| reference: host (inputs, replicate, PIL) / its pmapped program | {ref.reference_host.median * 1000:.1f}"
             f" / {(ref.reference.median - ref.reference_host.median) * 1000:.1f} |",
             "",
+            *_thread_table(ref),
             f"{ref.images_per_call} images per call; the reference loaded in {ref.reference_load_s:.1f} s and its "
             f"first call (pmap compile) took {ref.reference_first_call_s:.1f} s.",
             "",

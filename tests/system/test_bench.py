@@ -61,6 +61,8 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     assert list(ref["engine_programs"]) == ["encode cfg", f"start {size}", f"step_full {size} cfg", f"decode {size}"]
     assert all(positive(seconds) for seconds in ref["engine_programs"].values())
     assert positive(ref["cpu_ratio"]) and positive(ref["new_text_cpu_ratio"]) and ref["pair_ratios"]["n"] == 1
+    for side in ("engine_cpu_ms_by_thread", "reference_cpu_ms_by_thread"):  # where each side's CPU seconds ran
+        assert list(ref[side]) == ["main", "XLA Eigen pool", "other"] and positive(sum(ref[side].values()))
 
     startup = results["startup"]
     for run in ("cold", "warm"):

@@ -155,3 +155,29 @@ def test_worker_failure_is_one_sentence_and_the_worker_ends(monkeypatch, tmp_pat
     with pytest.raises(ReferenceWorkerError, match="^the reference worker answered 'Loading weights...', not JSON$"):
         worker.__enter__()
     assert worker.process is None  # killed, not left sleeping
+
+
+def test_thread_cpu_seconds_tells_the_calling_thread_from_the_others():
+    """The reference part's split of a call's CPU seconds (bench/reference_worker.thread_cpu_seconds): work in the
+    calling thread counts as "main", work in another live thread as "other"."""
+    import threading
+    import time
+
+    from bench.reference_worker import THREAD_GROUPS, thread_cpu_seconds
+
+    def spin(seconds: float) -> None:
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+
+    before = thread_cpu_seconds()
+    assert tuple(before) == THREAD_GROUPS and all(seconds >= 0 for seconds in before.values())
+    spin(0.3)
+    spun, done = threading.Event(), threading.Event()
+    worker = threading.Thread(target=lambda: (spin(0.3), spun.set(), done.wait(60)), daemon=True)
+    worker.start()
+    assert spun.wait(60)
+    after = thread_cpu_seconds()  # the other thread is still alive: /proc still lists it
+    done.set()
+    worker.join(60)
+    assert after["main"] - before["main"] >= 0.25 and after["other"] - before["other"] >= 0.25
