@@ -86,6 +86,17 @@ class MergedPart:
     embeddings: ExtraRows  # the embeddings its texts name (the key: the same names, so the same tables)
     text_key: tuple  # its text's key in the text cache
     text: Any = None  # what reading its prompt found (`PromptReader.read`: the overflow its result reports)
+    picture: PictureRows | None = None  # its picture (image to image, inpainting; the key: all or none have one)
+
+
+@dataclass(frozen=True)
+class PictureRows:
+    """A request's picture on the host (`Generator._picture_rows`): one image's rows, repeated for each image of its
+    block when placed (`Generator._place_pictures`), so a merged call's requests each bring their own."""
+
+    arrays: tuple[np.ndarray, ...]  # pixels uint8 [1, H, W, 3], keep [1, H, W], keep_unmasked [1, H, W], repaint mask
+    #                                 at latent size float32 [1, 1, h, w] (`PictureInputs`' order)
+    weight: float  # start latents = weight·x0 + init_sigma·n (`image_plan.ImagePlan.image_weight`)
 
 
 @dataclass(frozen=True)
@@ -249,13 +260,12 @@ def build_programs(
     )
 
 
-def merged_program_keys(config: EngineConfig, cfg: bool, inpainting: bool) -> list[ProgramKey]:
-    """The programs of a --merge-requests call smaller than N: text to image on the base alone (no pictures but an
-    inpainting UNet's blank, no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and
-    `precompile` both list them here."""
-    keys = program_keys(list(config.offered_sizes), cfg, config.speed_levers, previews=config.previews,
+def merged_program_keys(config: EngineConfig, cfg: bool) -> list[ProgramKey]:
+    """The programs of a --merge-requests call smaller than N: text to image, image to image and inpainting on the
+    base alone (no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and `precompile` both
+    list them here."""
+    return program_keys(list(config.offered_sizes), cfg, config.speed_levers, previews=config.previews,
                         windows=config.prompt_windows, cross_kv=config.cross_attention_cache)  # fmt: skip
-    return [key for key in keys if key.kind != "encode_image" or inpainting]  # the blank's grey picture (`_blank`)
 
 
 def with_refiner(params: dict, refiner: RefinerWeights | None) -> dict:
@@ -386,7 +396,7 @@ class Generator:
 
     def merged_program_keys(self) -> list[ProgramKey]:
         """The programs of a merged call smaller than N (`merged_program_keys`)."""
-        return merged_program_keys(self.config, self.sampler.cfg, self.programs.inpainting_unet)
+        return merged_program_keys(self.config, self.sampler.cfg)
 
     @property
     def hires_sizes(self) -> dict[tuple[int, int], tuple[int, int]]:
@@ -469,9 +479,9 @@ class Generator:
         second = self._hires_plan(request)
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.images_per_call)]
         loop_timings: dict[str, float] = {}
-        if self.merger is not None and self._mergeable(request, picture, second, switch_row, plan):
+        if self.merger is not None and self._mergeable(request, second, switch_row, plan):
             seeds = seeds[: self.num_images]
-            ticket = self._ticket(request, plan, speed, on_step, should_stop, on_preview)
+            ticket = self._ticket(request, plan, speed, picture, on_step, should_stop, on_preview)
             text, extra = ticket.extra.text, ticket.extra.embeddings
             pixels, device_s = self.merger.submit(ticket)
         else:
@@ -508,7 +518,7 @@ class Generator:
         if given is not None:  # image to image / inpainting: the last int(steps × strength) steps' rows run
             pure_noise = given.repaint is not None or self.programs.inpainting_unet
             started_at = image_plan(plan, given.steps_run, pure_noise=pure_noise)
-            plan, picture = started_at.plan, self._picture(given, started_at.image_weight)
+            plan, picture = started_at.plan, self._picture_rows(given, started_at.image_weight)
         # guidance <= 1 asks for none: the guidance-free step programs, where the levers compiled them
         guided = request.guidance_scale > 1 or not self.config.speed_levers
         switch_row = plan.rows
@@ -615,14 +625,15 @@ class Generator:
             clip_skip=self._put_all((np.int32(clip_skip),))[0],
         )
 
-    def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture, watchers: loop.Watchers,
-             loop_timings: dict, switch_row: int, second: tuple,
+    def _run(self, request: Request, inputs: RequestInputs, plan, speed, picture: PictureRows | None,
+             watchers: loop.Watchers, loop_timings: dict, switch_row: int, second: tuple,
              text_key: tuple) -> tuple[np.ndarray, float]:  # fmt: skip
         """The host loop on the devices, one request at a time: uint8 pixels [B, H, W, 3] on this host and the
         seconds the devices were held (rows from `switch_row` on: the refiner's). Every run (stopped ones too) joins
         `recent_runs`. The text programs run only where the text cache lacks `text_key`'s outputs."""
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler}
         height, width = request.size
+        picture = self._place_pictures([picture], self.images_per_call) if picture is not None else None
         with self._device_lock:
             on_device = time.perf_counter()
             hires = self._hires_inputs(request, *second)  # the second pass's, when the hires fix is on
@@ -655,28 +666,33 @@ class Generator:
             run["done"] = plan.steps + (hires.plan.steps if hires is not None else 0)
             return pixels, time.perf_counter() - on_device
 
-    def _ticket(self, request: Request, plan, speed, on_step: Listener | None = None,
-                should_stop: StopCheck | None = None, on_preview: PreviewListener | None = None) -> Ticket:
+    def _ticket(self, request: Request, plan, speed, picture: PictureRows | None = None,
+                on_step: Listener | None = None, should_stop: StopCheck | None = None,
+                on_preview: PreviewListener | None = None) -> Ticket:  # fmt: skip
         """A mergeable request's ticket for the merger: its rows (one per device: seeds seed, seed + 1, ...), key,
         listeners and what `_run_group` reads of it."""
         seeds = [(request.seed + i) % SEED_MODULUS for i in range(self.num_images)]
         arrays, k, (text, key), extra = self._host_rows(request, seeds)
-        return Ticket(self._merge_key(request, plan.rows, k, extra), arrays, len(speed.schedule), request, on_step,
-                      should_stop, on_preview, extra=MergedPart(plan, speed, k, extra, key, text))  # fmt: skip
+        merge_key = self._merge_key(request, plan.rows, k, extra, picture is not None)
+        return Ticket(merge_key, arrays, len(speed.schedule), request, on_step, should_stop, on_preview,
+                      extra=MergedPart(plan, speed, k, extra, key, text, picture))  # fmt: skip
 
-    def _mergeable(self, request: Request, picture, second, switch_row: int, plan) -> bool:
-        """Whether a request may share a call (--merge-requests): text to image on the base alone (no picture, no
-        ControlNet, no hires fix, no refiner rows), whose inputs are all per-image rows or settings a key names."""
-        return picture is None and second is None and switch_row == plan.rows and not request.controlnets
+    def _mergeable(self, request: Request, second, switch_row: int, plan) -> bool:
+        """Whether a request may share a call (--merge-requests): text to image, image to image or inpainting on the
+        base alone (no ControlNet, no hires fix, no refiner rows), whose inputs are all per-image rows (the picture's
+        too) or settings a key names."""
+        return second is None and switch_row == plan.rows and not request.controlnets
 
-    def _merge_key(self, request: Request, rows: int, k: int, extra: ExtraRows) -> tuple:
+    def _merge_key(self, request: Request, rows: int, k: int, extra: ExtraRows, picture: bool) -> tuple:
         """What the requests of one merged call share: what fixes its programs (size, guided or not, K), its number
-        of UNet calls and speed plan (each row's program is the whole batch's), its weights (the LoRA set) and the
-        text encoder's replicated inputs (clip skip, the embeddings' tables). Not the sampler, schedule type or
-        steps: each image reads its own plan's rows (`host/plan.stacked`)."""
+        of UNet calls and speed plan (each row's program is the whole batch's), its weights (the LoRA set), the
+        text encoder's replicated inputs (clip skip, the embeddings' tables) and whether they start from pictures
+        (each its own, with its own mask and strength: a picture's rows are per image too; text to image reads the
+        blank's stand-ins). Not the sampler, schedule type, steps or strength: each image reads its own plan's rows
+        (`host/plan.stacked`), so what must agree is their number."""
         guided = request.guidance_scale > 1 or not self.config.speed_levers
         return (request.size, rows, request.cfg_end, request.deepcache, guided, k, request.clip_skip, extra.names,
-                request.loras)  # fmt: skip
+                request.loras, picture)  # fmt: skip
 
     def _run_group(self, tickets: list[Ticket]) -> None:
         """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets
@@ -692,6 +708,8 @@ class Generator:
         arrays = tuple(np.concatenate(parts) for parts in zip(*(t.rows for t in padded), strict=True))  # [B, ...]
         plan = stacked([ticket.extra.plan for ticket in padded], block)  # each block its own sampler's rows
         inputs = self._placed(arrays, part.windows, part.embeddings, request.clip_skip)
+        pictures = [ticket.extra.picture for ticket in padded]  # the key: every ticket has one, or none has
+        picture = self._place_pictures(pictures, block) if part.picture is not None else None
         watchers = GroupWatchers(tickets, block)
         text_keys = {(programs.batch, ticket.extra.text_key) for ticket in tickets}  # per call size: whole batches
         run = {"steps": plan.steps, "done": 0, "stopped": False, "sampler": plan.sampler, "requests": len(tickets),
@@ -706,7 +724,7 @@ class Generator:
                 pixels = loop.run(
                     programs, params, inputs, plan, size=(height, width), cfg=self.sampler.cfg,
                     speed=part.speed, put=self._put, split=self._split,
-                    blank=self._blank(height, width, params, programs),
+                    blank=self._blank(height, width, params, programs), picture=picture,
                     on_step=watchers.on_step,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
                     gate=watchers.gate, timings=loop_timings, kept=kept,
@@ -773,18 +791,21 @@ class Generator:
             self._no_embeddings[k] = tables
         return tables
 
-    def _picture(self, given: Picture, weight: float) -> PictureInputs:
-        """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) on the devices."""
-        n, scale, pixels = self.images_per_call, self.programs.modules.vae_scale_factor, given.pixels
+    def _picture_rows(self, given: Picture, weight: float) -> PictureRows:
+        """A request's picture (uint8 [H, W, 3]) and repaint mask (bool [H, W], None: all) as one image's rows."""
+        scale, pixels = self.programs.modules.vae_scale_factor, given.pixels
         repaint = np.ones(pixels.shape[:2], bool) if given.repaint is None else given.repaint
         small = latent_mask(repaint, scale) if given.repaint_latents is None else given.repaint_latents  # [1, h, w]
-        arrays = (
-            np.broadcast_to(pixels, (n, *pixels.shape)),  # [B, H, W, 3]
-            np.ones((n, *pixels.shape[:2]), bool),  # [B, H, W]
-            np.broadcast_to(~repaint, (n, *repaint.shape)),  # [B, H, W]
-            np.broadcast_to(small, (n, *small.shape)),  # [B, 1, h, w]
-        )
-        return PictureInputs(*global_batch(arrays, self._batch_sharding), weight=weight)
+        arrays = (pixels[None], np.ones((1, *pixels.shape[:2]), bool), ~repaint[None], np.asarray(small)[None])
+        return PictureRows(arrays, weight)
+
+    def _place_pictures(self, pictures: list[PictureRows], block: int) -> PictureInputs:
+        """Pictures on the devices, split over the batch: each one's rows repeated for the `block` images of its
+        request ([len(pictures) · block, ...] each), the start weights per image."""
+        arrays = tuple(np.concatenate([np.broadcast_to(rows, (block, *rows.shape[1:])) for rows in parts])
+                       for parts in zip(*(picture.arrays for picture in pictures), strict=True))  # fmt: skip
+        weights = np.repeat(np.asarray([picture.weight for picture in pictures], np.float32), block)  # [B]
+        return PictureInputs(*global_batch(arrays, self._batch_sharding), weight=weights)
 
     def _blank(self, height: int, width: int, params, programs: ServedPrograms | None = None) -> Blank:
         """What a step of `programs` (default: N's) reads without a picture, made once per size and call size (call

@@ -252,7 +252,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--merge-requests", "with --images-per-device N: each request gets one image per device, and up to N "
            "queued requests that share a size, a number of steps (UNet calls), speed levers, LoRAs, clip skip and "
            "embeddings run as one call, each with its own prompt, seed, guidance, sampler, schedule, progress and Stop "
-           "(text to image; the others run alone); one process only. A call makes the largest of N and the powers "
+           "(image to image and inpainting too, each its own picture; ControlNet, hires fix and refiner requests run "
+           "alone); one process only. A call makes the largest of N and the powers "
            "of two below it that the waiting requests fill (each compiled at start-up): a lone request runs a "
            "one-image call", "SDXL_MERGE_REQUESTS", kind="switch", programs=frozenset({APP, PRECOMPILE}),
            recompiles=True),

@@ -70,7 +70,7 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     for n in config.merge_call_sizes[:-1]:  # --merge-requests: the smaller calls' text-to-image programs
         smaller = build_programs(loaded, config, programs_params, data_mesh(devices), sampler, layout,
                                  images_per_device=n)  # fmt: skip
-        calls = merged_program_keys(config, sampler.cfg, smaller.inpainting_unet)
+        calls = merged_program_keys(config, sampler.cfg)
         progress(f"precompiling {len(calls)} programs of the merged calls of {n} image(s) per device")
         save_precompiled(smaller, calls, call_size_directory(out, n), topology=topology,
                          settings={**settings, "per_device_batch": n}, progress=progress)  # fmt: skip

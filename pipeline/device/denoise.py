@@ -36,10 +36,11 @@ def time_ids(batch: int, height: int, width: int, dtype):
 def start_local(seeds, init_sigma, image_latents, image_weight, *, height: int, width: int, vae_scale_factor: int):
     """Initial latents and each image's own standard-normal noise: (image_weight · x0 + init_sigma · n, n), float32
     [b, 4, h, w] each. txt2img: image_weight 0 (x0 is not read: exactly n × init_sigma); image to image: 1, with
-    init_sigma the sigma of the first step run (diffusers' `add_noise`), float32 [b] (each image its own sampler's) or
-    []."""
+    init_sigma the sigma of the first step run (diffusers' `add_noise`); each float32 [b] (each image its own: a merged
+    call's requests) or []."""
     noise = initial_latents(seeds, height, width, vae_scale_factor)
-    return image_weight * image_latents + sampler_update.per_image(init_sigma) * noise, noise
+    weighted = sampler_update.per_image(image_weight) * image_latents
+    return weighted + sampler_update.per_image(init_sigma) * noise, noise
 
 
 def step_local(

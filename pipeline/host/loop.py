@@ -70,7 +70,9 @@ class PictureInputs:
     keep: jax.Array  # bool [B, H, W]: all True (its latents x0)
     keep_unmasked: jax.Array  # bool [B, H, W]: True outside the repaint mask (an inpainting UNet's masked picture)
     repaint: jax.Array  # float32 [B, 1, h, w]: 1 = repaint (1 everywhere without a mask)
-    weight: float  # start latents = weight·x0 + init_sigma·n (0: pure noise, an inpainting request at strength 1)
+    #: start latents = weight·x0 + init_sigma·n (0: pure noise, an inpainting request at strength 1): one for every
+    #: image, or float32 [B] each image its own (a merged call's pictures)
+    weight: float | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -253,10 +255,9 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
     else:
         pixels = hires.resize(stage.compile("decode")(stage.weights("decode"), latents))
         x0 = big.compile("encode_image")(big.weights("encode_image"), pixels, hires.keep)
-    put = stage.put
     second = dataclasses.replace(inputs, seeds=hires.seeds)  # the second pass's own noise (and Euler a's)
     latents, noise = big.compile("start")({}, second.seeds, stage.per_image(hires.plan.init_sigma), x0,
-                                          put(np.asarray(1.0, np.float32)))  # fmt: skip
+                                          stage.per_image(1.0))  # fmt: skip
     image = {"latents": x0, "noise": noise, "repaint": hires.blank.repaint, "masked": hires.blank.masked}
     refiner = (hires.refiner, refiner_text) if hires.refiner is not None else None
     latents = denoise(big, second, hires.plan, hires.speed, text, latents, image, hires.blank.history, watchers,
@@ -286,9 +287,8 @@ def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank,
         x0, repaint, weight = encode_image(vae, picture.pixels, picture.keep), picture.repaint, picture.weight
         if stage.programs.inpainting_unet:
             masked = encode_image(vae, picture.pixels, picture.keep_unmasked)
-    put = stage.put
     latents, noise = stage.compile("start")({}, inputs.seeds, stage.per_image(plan.init_sigma), x0,
-                                            put(np.asarray(weight, np.float32)))  # fmt: skip
+                                            stage.per_image(weight))  # fmt: skip
     return latents, {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
 
 

@@ -3,8 +3,9 @@
 With `--images-per-device N` every call makes N images per device. With merging, a request asks for one image per
 device (one block of D images, as the Space serves them), and the requests that wait while a call runs are taken
 together: up to N of them whose `key` agrees (size, UNet calls, speed plan, text windows, clip skip, embeddings,
-LoRAs: what the programs and weights of a call fix) run as one call, each in its own block of the batch with its own
-prompt, negative prompt, seed, guidance, sampler and schedule (each image reads its own plan's rows). Image i of a
+LoRAs, picture or not: what the programs and weights of a call fix) run as one call, each in its own block of the
+batch with its own prompt, negative prompt, seed, guidance, sampler and schedule (each image reads its own plan's
+rows) and, for image to image and inpainting, its own picture, mask and strength. Image i of a
 block depends only on its own rows, so a merged request gets the pixels it would get alone.
 
 One worker thread runs the calls, so a request's thread only waits for its ticket: Stop answers a request at the

@@ -282,7 +282,7 @@ class ServedPrograms:
                 _without_weights(start_local), height=key.height, width=key.width,
                 vae_scale_factor=modules.vae_scale_factor,
             )  # fmt: skip
-            in_specs, out_specs = (one, batch, batch, batch, one), (batch, batch)  # init_sigma: each image's
+            in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch)  # sigma, weight: each image's
         elif key.kind in ("step", "step_full", "step_shallow"):
             local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
             body = functools.partial(local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
@@ -370,7 +370,7 @@ class ServedPrograms:
         if key.kind == "encode_image":
             return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
-            return weights, spec((n,), np.uint32), spec((n,), np.float32), latents, spec((), np.float32, whole)
+            return weights, spec((n,), np.uint32), spec((n,), np.float32), latents, spec((n,), np.float32)
         history = spec((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
         if key.kind == "decode":
             return weights, latents

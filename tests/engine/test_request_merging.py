@@ -149,9 +149,19 @@ def merging_engine(tiny_dir):
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(str(tiny_dir), devices=jax.devices()[:BATCHED_DEVICES],
-                                          merge_requests=True, **BATCHED_SETTINGS)  # fmt: skip
+                                          merge_requests=True, hires_scales=(1.5,), **BATCHED_SETTINGS)  # fmt: skip
     generator.warmup()
     return generator
+
+
+RAMP = Image.fromarray(np.tile(np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], (64, 1, 3)))
+CHECKS = Image.fromarray((np.indices((64, 64)).sum(0) // 8 % 2 * 200 + 30).astype(np.uint8)).convert("RGB")
+LEFT_HALF = Image.fromarray(np.where(np.arange(64)[None, :] < 32, 255, 0).astype(np.uint8).repeat(64, 0))
+PICTURES = [  # (prompt, fields): 4 steps at strengths that run 2 of them each; their own pictures, masks and samplers
+    ("a watercolour of the same ramp", dict(seed=31, init_image=RAMP, strength=0.6)),
+    ("a chessboard in the rain", dict(seed=8, init_image=CHECKS, mask_image=LEFT_HALF, strength=0.5,
+                                      sampler="DPM++ 2M", guidance_scale=7.0)),
+]
 
 
 def _pixels(result) -> np.ndarray:
@@ -213,15 +223,16 @@ def test_queued_requests_share_a_call_and_get_the_pixels_they_get_alone(merging_
 
 
 def test_a_lone_request_runs_a_one_image_call_and_a_kept_text_serves_each_call_size(merging_engine):
-    """The warm-up compiled the 1-image call's text-to-image programs beside N's; a request alone runs them (no
-    blocks padded), and a text kept from it is kept apart from the same text in a call of two requests (whose
-    encoded text has twice the rows): both get the pixels of the request alone."""
+    """The warm-up compiled the 1-image call's programs (text or picture to image) beside N's; a request alone runs
+    them (no blocks padded), and a text kept from it is kept apart from the same text in a call of two requests
+    (whose encoded text has twice the rows): both get the pixels of the request alone."""
     engine = merging_engine
     assert sorted(engine.call_programs) == [1, 2] and engine.call_programs[2] is engine.programs
     small = engine.call_programs[1]
     assert small.batch == BATCHED_DEVICES and all(small.is_compiled(key) for key in engine.merged_program_keys())
     kinds = {key.kind for key in engine.merged_program_keys()}
-    assert {"encode", "start", "decode"} <= kinds and not kinds & {"encode_image", "merge", "step_control"}
+    assert {"encode", "encode_image", "start", "decode"} <= kinds and not kinds & {"merge", "step_control", "upscale"}
+    assert {key.height for key in engine.merged_program_keys() if key.height} == {64}  # not the hires fix's 96
     prompt = "a red kite over the dunes"
     compiles, ones = engine.compile_count, engine.merger.calls_by_size[1]
     alone = {seed: _pixels(generate(engine, prompt, seed=seed)) for seed in (3, 4)}  # the second reads the kept text
@@ -248,7 +259,7 @@ def test_requests_share_a_call_when_they_make_as_many_unet_calls(merging_engine)
         request = engine.request("a lighthouse", **fields)
         plan = engine._plans(request)[0]
         arrays, k, _, extra = engine._host_rows(request, [0, 1])
-        return engine._merge_key(request, plan.rows, k, extra)
+        return engine._merge_key(request, plan.rows, k, extra, picture=False)
 
     euler = key(steps=4)
     assert key(steps=4, sampler="DPM++ 2M SDE", schedule_type="Karras", guidance_scale=9, seed=3) == euler
@@ -282,15 +293,42 @@ def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_e
     assert engine.recent_runs[-1]["requests"] == 2 and not engine.recent_runs[-1]["stopped"]
 
 
-def test_a_request_that_cannot_share_runs_alone_with_one_image_per_device(merging_engine, batched_engine):
-    picture = Image.fromarray(np.tile(np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], (64, 1, 3)))  # a ramp
-    fields = dict(seed=31, init_image=picture, strength=0.6)
+def test_pictures_share_a_call_each_with_its_own_picture_mask_and_strength(merging_engine, batched_engine):
+    """Image to image and inpainting requests that run as many rows merge (each block its own picture, mask, start
+    weight and sigma): in a call of two each gets the first images of the engine without merging bit for bit; alone
+    (a call of one image per device) within 1 level of them. They never share a call with text to image."""
+    engine = merging_engine
+    fields = [{**f, "steps": 4} for _, f in PICTURES]
+    full = [_pixels(generate(batched_engine, prompt, **f))[:2] for (prompt, _), f in zip(PICTURES, fields, strict=True)]
+    for (prompt, _), f, expected in zip(PICTURES, fields, full, strict=True):
+        _within_one_level(_pixels(generate(engine, prompt, **f)), expected)
+        assert engine.recent_runs[-1]["images_per_device"] == 1
+    compiles, started = engine.compile_count, threading.Event()
+    first = _in_thread(lambda: engine.generate(engine.request("a lighthouse at dusk", seed=1, steps=4),
+                                               on_step=_while_busy(engine, started, 3)))  # fmt: skip
+    assert started.wait(PATIENCE_S)
+    text = _in_thread(lambda: generate(engine, "a bowl of lemons", seed=5, steps=2))  # their 2 rows, no picture
+    assert engine.merger.wait_for_waiting(1, PATIENCE_S)
+    pictures = []
+    for (prompt, _), f in zip(PICTURES, fields, strict=True):
+        pictures.append(_in_thread(lambda p=prompt, f=f: generate(engine, p, **f)))
+        assert engine.merger.wait_for_waiting(1 + len(pictures), PATIENCE_S)
+    for thread, _ in (first, text, *pictures):
+        thread.join(PATIENCE_S)
+    runs = [(run["requests"], run["images_per_device"]) for run in list(engine.recent_runs)[-3:]]
+    assert runs == [(1, 1), (1, 1), (2, 2)]  # the first; the text alone, oldest; then the two pictures together
+    for (_, outcome), expected in zip(pictures, full, strict=True):
+        np.testing.assert_array_equal(_pixels(outcome["value"]), expected)
+    assert "value" in text[1] and engine.compile_count == compiles
+
+
+def test_a_request_that_cannot_share_runs_alone_with_one_image_per_device(merging_engine):
+    """The hires fix (its second pass at another size), ControlNets and the refiner's rows run alone: their own
+    call of N, its first images."""
     calls = merging_engine.merger.calls
-    result = generate(merging_engine, "a watercolour of the same ramp", **fields)
-    assert merging_engine.merger.calls == calls  # image to image: not through the merger
-    assert result.seeds == [31, 32]
-    full = _pixels(generate(batched_engine, "a watercolour of the same ramp", **fields))
-    np.testing.assert_array_equal(_pixels(result), full[:2])
+    result = generate(merging_engine, "a red fox", seed=31, hires_scale=1.5, hires_upscaler="Latent")
+    assert merging_engine.merger.calls == calls  # the hires fix: not through the merger
+    assert result.seeds == [31, 32] and [image.size for image in result.images] == [(96, 96)] * 2
 
 
 def test_merging_needs_two_images_per_device_and_one_process():
