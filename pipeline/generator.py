@@ -506,10 +506,10 @@ class Generator:
 
     def _plans(self, request: Request):
         """The request's rows (its sampler's plan; with a picture, the rows that run; with the refiner, the base's
-        rows up to its switch and then the refiner's), its picture on the devices, its speed plan (per step: guided
-        or not, whole UNet or shallow) and the first row the refiner runs (`plan.rows`: none). With the hires fix
-        the refiner runs in the second pass only (`_hires_plan`), A1111's default ("Hires fix: which pass to
-        enable refiner for": second pass)."""
+        rows up to its switch and then the refiner's), its picture's host rows (`PictureRows`), its speed plan (per
+        step: guided or not, whole UNet or shallow) and the first row the refiner runs (`plan.rows`: none). With the
+        hires fix the refiner runs in the second pass only (`_hires_plan`), A1111's default ("Hires fix: which pass
+        to enable refiner for": second pass)."""
         given = request.picture(self.programs.modules.vae_scale_factor)
         first = 0 if given is None else request.steps - given.steps_run  # a multistep sampler's history starts there
         plan = loop.cached_plan(self.sampler, request.steps, request.sampler or self.sampler.sampler,
