@@ -74,3 +74,39 @@ def test_the_secret_survives_a_restart(tmp_path):
     assert browser_secret(tmp_path / "data") == first and len(first) >= 40
     assert stat.S_IMODE((tmp_path / "data" / "browser-state-secret").stat().st_mode) == 0o600
     assert browser_secret(tmp_path / "other") != first
+
+
+def test_requests_finishing_close_together_are_both_kept(request_files):
+    """The follow-up of a request that finished right after another may carry the browser's list from before the
+    first's was stored: each follow-up offers every finished request the list lacks, so neither is lost; a request
+    the list shows, or one deleted, is not offered again."""
+    from types import SimpleNamespace
+
+    from pipeline.contract.request import parse_request
+    from web.handlers import Finished
+    from web.history.tab import BrowserHistory
+
+    history = BrowserHistory(secret="s" * 32)
+    tab = SimpleNamespace(session_hash="tab-1")
+
+    def finished(seed: int) -> Finished:
+        result = SimpleNamespace(sampler="Euler", seeds=[seed], steps=4)
+        return Finished(parse_request("a red fox", seed=seed), result, SimpleNamespace(gallery=request_files[:1]),
+                        "tab-1", None)  # fmt: skip
+
+    history.keep(finished(1))
+    history.keep(finished(2))  # answered before the first's follow-up ran
+    first = history.remember_in_browser([], tab)
+    stale = history.remember_in_browser([], tab)  # the second's follow-up, with the list from before
+    assert [entry["settings"]["seed"] for entry in first] == [2, 1] == [entry["settings"]["seed"] for entry in stale]
+    assert [entry["id"] for entry in first] == [entry["id"] for entry in stale]  # the same entries, not copies
+    assert history.remember_in_browser(first, tab) == first  # shown in the list: nothing more to add
+    history.keep(finished(3))
+    third = history.remember_in_browser(first, tab)
+    assert [entry["settings"]["seed"] for entry in third] == [3, 2, 1]
+    assert history._delete(third[0]["id"], [], tab) == []  # deleted before its list came back: not offered again
+    assert history.remember_in_browser([], tab) == []
+    history.keep(finished(4))
+    history._delete_all([], tab)
+    assert history.remember_in_browser([], SimpleNamespace(session_hash="tab-2")) == []  # another tab's: nothing
+    assert history.remember_in_browser([], tab) == []

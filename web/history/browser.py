@@ -45,11 +45,13 @@ _ID = re.compile(r"[0-9a-f]{16}")
 SECRET_NAME = "browser-state-secret"
 
 
-def browser_entry(settings: Mapping, image_paths: Iterable[str | os.PathLike], created: float | None = None) -> dict:
-    """One request as a browser keeps it: {"id", "created", "settings", "thumbnails": [data URLs]}."""
+def browser_entry(settings: Mapping, image_paths: Iterable[str | os.PathLike], created: float | None = None,
+                  entry_id: str | None = None) -> dict:  # fmt: skip
+    """One request as a browser keeps it: {"id", "created", "settings", "thumbnails": [data URLs]} (`entry_id`: the
+    id it was given when it finished, else a new one)."""
     thumbnails = [_thumbnail_data_url(Path(path)) for path in image_paths]
     return {
-        "id": secrets.token_hex(8),
+        "id": entry_id or secrets.token_hex(8),
         "created": time.time() if created is None else float(created),
         "settings": dict(settings),
         "thumbnails": thumbnails,

@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import logging
 import re
+import secrets
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,8 +57,12 @@ logger = logging.getLogger("sdxl_jax.app")
 TAB_ENTRIES = 200
 #: Characters of a prompt in a thumbnail's caption.
 CAPTION_CHARS = 80
-#: Sessions whose last finished request waits for their browser to keep it (no logins).
+#: Sessions whose finished requests wait for their browser to keep them (no logins), the most each holds, and the
+#: seconds one is offered: until the browser's list shows it (two requests finishing close together may both be
+#: answered before the browser's list has the first: each follow-up then offers both).
 WAITING_SESSIONS = 256
+WAITING_PER_SESSION = 4
+WAITING_S = 300.0
 NO_HISTORY = "This server keeps no history (it runs with --no-history)."
 IN_BROWSER = "This server has no logins, so it keeps no history: the page keeps each visitor's in their own browser."
 NOTHING_SELECTED = "Click an entry first."
@@ -383,15 +388,20 @@ class BrowserHistory(History):
     def __init__(self, secret: str | None) -> None:
         super().__init__()
         self.secret = secret  # the BrowserState's key (kept in the data folder: it survives a restart)
-        self._waiting: collections.OrderedDict[str, dict] = collections.OrderedDict()  # session -> browser entry
+        #: session -> its finished requests not yet seen in its browser's list, oldest first: {"id", "created",
+        #: "settings", "images"} each (the thumbnails are made by `remember_in_browser`, off the answer's path)
+        self._waiting: collections.OrderedDict[str, list[dict]] = collections.OrderedDict()
 
     def keep(self, finished: Finished) -> None:
         """Held for the session's browser, which takes it with `remember_in_browser`."""
         if not finished.session:
             return
         settings = request_settings(finished.request, finished.result)
+        waiting = {"id": secrets.token_hex(8), "created": time.time(), "settings": settings,
+                   "images": list(finished.delivery.gallery)}  # fmt: skip
         with self._lock:
-            self._waiting[finished.session] = {"settings": settings, "images": list(finished.delivery.gallery)}
+            pending = self._waiting.setdefault(finished.session, [])
+            pending[:] = [*pending, waiting][-WAITING_PER_SESSION:]
             self._waiting.move_to_end(finished.session)
             while len(self._waiting) > WAITING_SESSIONS:
                 self._waiting.popitem(last=False)
@@ -400,17 +410,28 @@ class BrowserHistory(History):
         return gr.BrowserState([], storage_key="sdxl-jax-history", secret=self.secret)
 
     def remember_in_browser(self, entries: Any, request: gr.Request = None) -> list[dict]:
-        """The page's follow-up: its last finished request added to the browser's list."""
-        with self._lock:
-            waiting = self._waiting.pop(session_of(request), None)
+        """The page's follow-up: the session's finished requests that its browser's list lacks, added to it. One
+        stays offered until a list comes back with it (or `WAITING_S`): the follow-up of a request that finished
+        right after may carry the list from before the first's was stored, and then offers both."""
         entries = clean_entries(entries)
-        if waiting is None:
-            return entries
-        try:
-            entry = browser_entry(waiting["settings"], waiting["images"])
-        except OSError:  # its files are gone already (a very old run): nothing to keep
-            return entries
-        return add_entry(entries, entry)
+        have, now = {entry["id"] for entry in entries}, time.time()
+        with self._lock:
+            pending = self._waiting.get(session_of(request), [])
+            pending[:] = [item for item in pending if item["id"] not in have and now - item["created"] < WAITING_S]
+            offered = list(pending)
+        for item in offered:  # oldest first: the newest ends first in the list
+            try:
+                entry = browser_entry(item["settings"], item["images"], item["created"], item["id"])
+            except OSError:  # its files are gone already (a very old run): nothing to keep
+                continue
+            entries = add_entry(entries, entry)
+        return entries
+
+    def _forget(self, request, entry_ids: set[str] | None = None) -> None:
+        """Deleted in the browser: never offered again (`entry_ids`; None: all of the session's)."""
+        with self._lock:
+            pending = self._waiting.get(session_of(request), [])
+            pending[:] = [] if entry_ids is None else [item for item in pending if item["id"] not in entry_ids]
 
     def _wire_mode(self, ui: HistoryTab, generated: list, shown: dict) -> None:
         """The browser keeps each generation's result once it is answered; the tab follows the browser's list (a
@@ -440,9 +461,11 @@ class BrowserHistory(History):
         return None, None
 
     def _delete(self, entry_id, entries, request) -> Any:
+        self._forget(request, {entry_id})
         return delete_entry(clean_entries(entries), entry_id)
 
     def _delete_all(self, entries, request) -> int:
+        self._forget(request)
         return len(clean_entries(entries))
 
 
