@@ -328,7 +328,8 @@ class Generator:
         self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
                                        self.controlnets.archs, refiner)  # fmt: skip
         #: --merge-requests: each call size's programs (images per device -> programs; N's are `programs`). The
-        #: smaller ones serve text to image on the base alone, the only requests that merge (`merged_program_keys`).
+        #: smaller ones serve text or picture to image on the base alone, the requests that merge
+        #: (`merged_program_keys`).
         self.call_programs = {n: self.programs if n == config.per_device_batch else
                               build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
                                              images_per_device=n) for n in config.merge_call_sizes}  # fmt: skip
@@ -802,8 +803,11 @@ class Generator:
     def _place_pictures(self, pictures: list[PictureRows], block: int) -> PictureInputs:
         """Pictures on the devices, split over the batch: each one's rows repeated for the `block` images of its
         request ([len(pictures) · block, ...] each), the start weights per image."""
-        arrays = tuple(np.concatenate([np.broadcast_to(rows, (block, *rows.shape[1:])) for rows in parts])
-                       for parts in zip(*(picture.arrays for picture in pictures), strict=True))  # fmt: skip
+        def repeated(parts) -> np.ndarray:  # each picture's row for its block's images; one picture: a view
+            blocks = [np.broadcast_to(rows, (block, *rows.shape[1:])) for rows in parts]
+            return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+        arrays = tuple(map(repeated, zip(*(picture.arrays for picture in pictures), strict=True)))
         weights = np.repeat(np.asarray([picture.weight for picture in pictures], np.float32), block)  # [B]
         return PictureInputs(*global_batch(arrays, self._batch_sharding), weight=weights)
 

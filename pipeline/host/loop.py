@@ -70,9 +70,9 @@ class PictureInputs:
     keep: jax.Array  # bool [B, H, W]: all True (its latents x0)
     keep_unmasked: jax.Array  # bool [B, H, W]: True outside the repaint mask (an inpainting UNet's masked picture)
     repaint: jax.Array  # float32 [B, 1, h, w]: 1 = repaint (1 everywhere without a mask)
-    #: start latents = weight·x0 + init_sigma·n (0: pure noise, an inpainting request at strength 1): one for every
-    #: image, or float32 [B] each image its own (a merged call's pictures)
-    weight: float | np.ndarray
+    #: float32 [B]: start latents = weight·x0 + init_sigma·n (0: pure noise, an inpainting request at strength 1),
+    #: each image its own (a merged call's pictures)
+    weight: np.ndarray
 
 
 @dataclass(frozen=True)

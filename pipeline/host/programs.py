@@ -9,7 +9,7 @@ replicated, batch split:
     cross_kv[cfg, K]     hidden [cB, K*77, D] -> {layer path: (keys, values) [cB, K*77, C]}: the UNet's cross-attention
                          projections of the text, once per request (--cross-attention-cache; device/cross_kv.py)
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
-    start[size]          seeds [B], init_sigma [B], x0 [B, 4, h, w], weight [] -> latents, noise [B, 4, h, w]
+    start[size]          seeds [B], init_sigma [B], x0 [B, 4, h, w], weight [B] -> latents, noise [B, 4, h, w]
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
                          coefficients [B, 13] (each image's plan row), index [], image {x0, noise, repaint, masked},
                          blend_sigma [B]
