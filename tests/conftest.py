@@ -454,6 +454,33 @@ def set_slider(page, elem_id: str, value) -> None:
                 raise
 
 
+#: Every slider `id` on the page holds `v` (all of them: a section that mounts its children as it opens could
+#: briefly show an old and a new copy).
+SLIDERS_HOLD = """(values) => Object.entries(values).every(([id, v]) => {
+    const ranges = [...document.querySelectorAll(`#${id} input[type=range]`)];
+    return ranges.length > 0 && ranges.every((range) => Number(range.value) === v); })"""
+
+
+def set_sliders(page, values: dict[str, float]) -> None:
+    """`set_slider` for each of `values` ({elem_id: value}), then, right before the caller's Generate, wait until
+    every one still holds its value, typing again any an update overwrote: a section opened just before (the
+    Second pass) can apply its first values after a slider already took the typed one (a loaded CI run sent hires
+    scale 1 though the slider had held 2)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for elem_id, value in values.items():
+        set_slider(page, elem_id, value)
+    for attempt in range(3):
+        try:
+            page.wait_for_function(SLIDERS_HOLD, arg=values, timeout=5_000 if attempt < 2 else TIMEOUT_MS)
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+            for elem_id, value in values.items():
+                set_slider(page, elem_id, value)
+
+
 def set_steps(page, steps: int) -> None:
     """The steps slider (`set_slider`)."""
     set_slider(page, "steps", steps)

@@ -20,8 +20,7 @@ from conftest import (
     open_advanced,
     page_client,
     served,
-    set_slider,
-    set_steps,
+    set_sliders,
 )
 from PIL import Image
 
@@ -50,16 +49,12 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
         tab.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
         open_advanced(tab)
-        set_steps(tab, 2)
         tab.locator("#hires-settings").get_by_text("Second pass").click()
         tab.locator("#hires-scales").get_by_text("(off) or 2").wait_for(timeout=TIMEOUT_MS)  # the server's scales
-        set_slider(tab, "hires-scale", 2)
-        set_slider(tab, "hires-steps", 2)
-        set_slider(tab, "hires-denoise", 0.5)
         tab.locator("#hires-upscaler input").click()
         tab.get_by_role("option", name="Lanczos", exact=True).click()
-        set_slider(tab, "refiner-switch", 0.8)
         tab.locator("#prompt textarea").fill("a harbour at noon")
+        set_sliders(tab, {"steps": 2, "hires-scale": 2, "hires-steps": 2, "hires-denoise": 0.5, "refiner-switch": 0.8})
         before = engine.compile_count
         tab.locator("#generate").click()
         # the answer, or an error toast at once (not a wait to the timeout)
@@ -71,12 +66,12 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
                               timeout=TIMEOUT_MS)  # fmt: skip
         assert tab.locator(".toast-body").count() == 0, tab.locator(".toast-body").all_inner_texts()
         run = engine.recent_runs[-1]
-        assert run["steps"] == 2 + 2 and run["done"] == 4 and not run["stopped"]  # both passes ran
-        assert engine.compile_count == before
         side = hires_size((TEST_SIZE, TEST_SIZE), 2.0, engine.latent_multiple)[0]
         shown = tmp_path / "shown.jpg"
         shown.write_bytes(httpx.get(tab.eval_on_selector("#gallery img", "img => img.src")).content)
         settings = parse_infotext(image_files.read_parameters(shown)).settings
+        assert run["steps"] == 2 + 2 and run["done"] == 4 and not run["stopped"], (run, settings)  # both passes ran
+        assert engine.compile_count == before
         assert Image.open(shown).size == (side, side) == (128, 128)
         assert settings["Size"] == f"{TEST_SIZE}x{TEST_SIZE}"  # A1111 writes the first pass's size
         assert (settings["Hires upscale"], settings["Hires upscaler"], settings["Hires steps"],
