@@ -389,8 +389,25 @@ TIMEOUT_MS = 180_000
 LONG = 100  # steps of a request that gets stopped: long enough to press Stop in the middle
 
 
+#: Two animation frames of the page: what Gradio waits (a tick and a frame) before it gives a section's newly shown
+#: controls their values.
+TWO_FRAMES = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+
+def open_section(page, section: str, label: str, control: str) -> None:
+    """Open the closed accordion `#section` by its `label` and wait until its controls hold their first values.
+
+    Gradio mounts a closed accordion's controls only when it opens, and gives them their values a tick and an
+    animation frame after they show (core's `render_previously_invisible_children`): a value typed in between is
+    overwritten (a loaded CI run sent hires scale 1 though its slider had held a typed 2). So: `control` (a
+    selector inside the section) is visible, then two frames have passed."""
+    page.locator(f"#{section}").get_by_text(label).first.click()
+    page.locator(control).first.wait_for(state="visible", timeout=TIMEOUT_MS)
+    page.evaluate(TWO_FRAMES)
+
+
 def open_advanced(page) -> None:
-    page.locator("#advanced").get_by_text("Advanced settings").click()
+    open_section(page, "advanced", "Advanced settings", "#steps input[type=range]")
 
 
 #: The gallery shows a request's pictures forming (a preview's caption: "step 2 / 100 · 64×64").
@@ -463,9 +480,7 @@ SLIDERS_HOLD = """(values) => Object.entries(values).every(([id, v]) => {
 
 def set_sliders(page, values: dict[str, float]) -> None:
     """`set_slider` for each of `values` ({elem_id: value}), then, right before the caller's Generate, wait until
-    every one still holds its value, typing again any an update overwrote: a section opened just before (the
-    Second pass) can apply its first values after a slider already took the typed one (a loaded CI run sent hires
-    scale 1 though the slider had held 2)."""
+    every one still holds its value, typing again any an update overwrote (`open_section` says which update can)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for elem_id, value in values.items():

@@ -16,6 +16,7 @@ from conftest import (
     TIMEOUT_MS,
     needs_chromium,
     open_advanced,
+    open_section,
     page_client,
     served,
 )
@@ -63,7 +64,7 @@ def test_the_panel_shows_the_map_before_generating(page, browser):
     tab = browser.new_page(viewport={"width": 1280, "height": 1600})
     tab.goto(page.local_url)
     open_advanced(tab)
-    tab.locator("#controlnet-settings").get_by_text("ControlNet").first.click()
+    open_section(tab, "controlnet-settings", "ControlNet", "#control-image")
     tab.locator("#control-image input[type=file]").set_input_files(str(PICTURE))
     shown = tab.locator("#control-map img")
     shown.wait_for(state="visible", timeout=TIMEOUT_MS)

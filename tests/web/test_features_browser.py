@@ -13,7 +13,17 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ARTIFACTS, FEATURE_DEVICES, FIXTURES, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from conftest import (
+    ARTIFACTS,
+    FEATURE_DEVICES,
+    FIXTURES,
+    TIMEOUT_MS,
+    needs_chromium,
+    open_advanced,
+    open_section,
+    served,
+    set_steps,
+)
 from PIL import Image
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -87,7 +97,7 @@ def test_lora_picker_and_speed_sliders_reach_the_request(tab, feature_engine):
 
 def test_upload_paint_generate_inpainted_then_vary_strong(tab, feature_engine):
     open_advanced(tab)
-    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
     tab.locator("#init-image input[type=file]").set_input_files(str(PICTURE))
     tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
     assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
@@ -123,7 +133,7 @@ def test_vary_strong_after_text_to_image(tab):
     assert "from a picture, strength 0.85" in tab.locator("#status").inner_text()
     # The picture is now in the editor, to paint a mask on: open it.
     open_advanced(tab)
-    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
     assert not frozen(tab), tab.errors
     tab.screenshot(path=str(ARTIFACTS / "features-vary.png"), full_page=True)
     tab.locator("#mask-editor button[aria-label=Brush]").click(timeout=30_000)
@@ -139,7 +149,7 @@ def test_a_non_image_picture_is_one_sentence_at_upload(tab, tmp_path, capfd, cap
     not_a_picture = tmp_path / "notes.png"
     not_a_picture.write_text("meeting notes, not a picture\n" * 20)
     open_advanced(tab)
-    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
     with caplog.at_level("INFO", logger="sdxl_jax.app"):
         tab.locator("#init-image input[type=file]").set_input_files(str(not_a_picture))
         sentence = "The image is not a picture in a format this server reads"
@@ -191,7 +201,7 @@ def test_generate_sends_the_mask_editor_only_once_something_is_painted(tab, tmp_
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)).save(big)
     open_advanced(tab)
     set_steps(tab, 3)
-    tab.locator("#picture-settings").get_by_text("Start from a picture").click()
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
     tab.locator("#init-image input[type=file]").set_input_files(str(big))
     tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
     tab.locator("#mask-editor button[aria-label=Brush]").wait_for(timeout=TIMEOUT_MS)  # the editor has the picture

@@ -18,6 +18,7 @@ from conftest import (
     TIMEOUT_MS,
     needs_chromium,
     open_advanced,
+    open_section,
     page_client,
     served,
     set_sliders,
@@ -49,7 +50,7 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
         tab.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
         open_advanced(tab)
-        tab.locator("#hires-settings").get_by_text("Second pass").click()
+        open_section(tab, "hires-settings", "Second pass", "#hires-scale input[type=range]")
         tab.locator("#hires-scales").get_by_text("(off) or 2").wait_for(timeout=TIMEOUT_MS)  # the server's scales
         tab.locator("#hires-upscaler input").click()
         tab.get_by_role("option", name="Lanczos", exact=True).click()
