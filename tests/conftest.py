@@ -471,8 +471,7 @@ def set_slider(page, elem_id: str, value) -> None:
                 raise
 
 
-#: Every slider `id` on the page holds `v` (all of them: a section that mounts its children as it opens could
-#: briefly show an old and a new copy).
+#: Every slider `id` of `values` ({id: v}) holds its `v`.
 SLIDERS_HOLD = """(values) => Object.entries(values).every(([id, v]) => {
     const ranges = [...document.querySelectorAll(`#${id} input[type=range]`)];
     return ranges.length > 0 && ranges.every((range) => Number(range.value) === v); })"""
