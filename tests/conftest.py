@@ -19,6 +19,9 @@ os.environ.setdefault(
 
 import pytest  # noqa: E402
 
+#: TEST_PROFILE=FOLDER: each test's seconds and compilations (tests/profiling.py).
+pytest_plugins = ("profiling",)
+
 
 def _patient_gradio_clients() -> None:
     """gradio_client reads a page's API description with httpx's 5 s default timeout; on a loaded 2-core machine

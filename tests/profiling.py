@@ -1,0 +1,98 @@
+"""Where a test run's time goes: each test's seconds (setup, call, teardown) and the XLA compilations its process
+made meanwhile, written as JSON lines when `TEST_PROFILE=FOLDER` is set (one file per xdist worker). A fixture's
+engine build shows in the setup of the first test that asks for it. `python -m tests.profiling FOLDER` prints the
+totals per file, the dearest tests and the compile seconds (issue 68: profile before cutting).
+
+Compilations are counted in the test process only (a test's subprocesses compile on their own), from JAX's own
+monitoring events, as pipeline.host.compile_cache.CompileCounter counts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ENV = "TEST_PROFILE"
+
+
+class CompileSeconds:
+    """XLA compilations of this process and their seconds (JAX records a duration event per backend compile)."""
+
+    def __init__(self) -> None:
+        import jax
+        from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
+        self._event, self._lock = BACKEND_COMPILE_EVENT, threading.Lock()
+        self.count, self.seconds = 0, 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+
+    def _on_duration(self, event: str, duration: float, **_: object) -> None:
+        if event == self._event:
+            with self._lock:
+                self.count += 1
+                self.seconds += duration
+
+
+class TestProfile:
+    """The pytest plugin: one JSON line per test and phase."""
+
+    def __init__(self, folder: Path, worker: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._out = (folder / f"{worker}.jsonl").open("a", encoding="utf-8")
+        self._compiles = CompileSeconds()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        before = (self._compiles.count, self._compiles.seconds)
+        started = time.perf_counter()
+        try:
+            return (yield)
+        finally:
+            line = {
+                "test": item.nodeid,
+                "file": item.nodeid.split("::")[0],
+                "seconds": round(time.perf_counter() - started, 3),
+                "compiles": self._compiles.count - before[0],
+                "compile_seconds": round(self._compiles.seconds - before[1], 3),
+                "pid": os.getpid(),
+            }
+            self._out.write(json.dumps(line) + "\n")
+            self._out.flush()
+
+
+def pytest_configure(config) -> None:
+    folder = os.environ.get(ENV)
+    if folder:
+        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        config.pluginmanager.register(TestProfile(Path(folder), worker), "test-profile")
+
+
+def summary(folder: Path, top: int = 40) -> str:
+    """Per-file totals (seconds, compiles, compile seconds), then the `top` dearest tests."""
+    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0, 0])
+    for row in rows:
+        total = files[row["file"]]
+        total[0] += row["seconds"]
+        total[1] += row["compiles"]
+        total[2] += row["compile_seconds"]
+        total[3] += 1
+    lines = [f"{len(rows)} tests, {sum(r['seconds'] for r in rows):.0f} worker-seconds, "
+             f"{sum(r['compiles'] for r in rows)} compiles, {sum(r['compile_seconds'] for r in rows):.0f} compile-s",
+             "", f"{'seconds':>8} {'compiles':>8} {'compile-s':>9} {'tests':>5}  file"]  # fmt: skip
+    for name, (seconds, compiles, compile_s, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{seconds:8.1f} {compiles:8d} {compile_s:9.1f} {count:5d}  {name}")
+    lines += ["", f"{'seconds':>8} {'compiles':>8}  test"]
+    for row in sorted(rows, key=lambda r: -r["seconds"])[:top]:
+        lines.append(f"{row['seconds']:8.1f} {row['compiles']:8d}  {row['test']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1]), top=int(sys.argv[2]) if len(sys.argv) > 2 else 40))
