@@ -52,21 +52,20 @@
   // Start from a picture: as an event's input, the mask editor exports and uploads its picture, strokes and
   // composite (three PNGs at the picture's size: seconds in a browser without a GPU); only strokes make a mask.
   // Until something is painted on the editor, Generate and Enter run the event without it; once painted, they press
-  // the hidden #generate-painted, whose event takes it (web/page.py: wire_generate). A new picture or a Vary gives
-  // the editor a fresh picture without strokes.
-  let painted = false;
+  // the hidden #generate-painted, whose event takes it (web/page.py: wire_generate). Strokes count for the picture
+  // they were painted on: the chip beside Generate shows the picture in use, and a new one (uploaded, "Use as
+  // picture") or none (its ✕) gives the editor a fresh picture without strokes. Vary leaves the editor alone.
+  const inUse = () => document.querySelector("#picture-chip-image img")?.getAttribute("src") || "";
+  let paintedOn = null;  // the chip's picture when a stroke was painted; null: nothing painted
   document.addEventListener("pointerdown", (event) => {
-    if (event.target.closest?.("#mask-editor canvas")) painted = true;
+    if (event.target.closest?.("#mask-editor canvas")) paintedOn = inUse();
   }, true);
   document.addEventListener("change", (event) => {
-    if (event.target.closest?.("#init-image")) painted = false;
-  }, true);
-  document.addEventListener("click", (event) => {
-    if (event.target.closest?.("#vary-subtle, #vary-strong")) painted = false;
+    if (event.target.closest?.("#init-image")) paintedOn = null;
   }, true);
   const runPainted = (event) => {
     const button = document.querySelector("#generate-painted");
-    if (!painted || !button) return;
+    if (paintedOn === null || paintedOn !== inUse() || !button) return;
     event.preventDefault();
     event.stopPropagation();  // in the capture phase: Gradio's own handler never sees it
     button.click();

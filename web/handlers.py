@@ -167,40 +167,67 @@ class Handlers:
         path = (evt.value or {}).get("image", {}).get("path") if isinstance(evt.value, dict) else None
         self.shown.select(session_of(request), pathlib.Path(path).name if path else None)
 
-    def vary(self, strength: float):
-        """A Vary button: the session's selected result (its lossless PNG) as the picture to start from, at
-        `strength` (Fooocus' subtle 0.5 and strong 0.85); one sentence when no result is selected."""
+    def selected_png(self, request: gr.Request = None, *, then: str = "Vary") -> str:
+        """The lossless PNG of the gallery image this session clicked: what Vary and "Use as picture" start from;
+        one sentence (naming the button, `then`) when none is selected or its PNG failed."""
+        name = self.shown.selected(session_of(request))
+        future = self.outbox.png_for(name) if name else None
+        try:
+            path = str(future.result(timeout=PNG_WAIT_S)) if future is not None else None
+        except Exception:  # a PNG that failed: nothing to start from
+            logger.exception("a background PNG failed")
+            path = None
+        if not path:
+            raise gr.Error(f"Click an image of the gallery first, then {then}.", title="No image selected",
+                           print_exception=False)  # fmt: skip
+        return path
 
-        def start_from(request: gr.Request = None):
-            name = self.shown.selected(session_of(request))
-            future = self.outbox.png_for(name) if name else None
-            try:
-                path = str(future.result(timeout=PNG_WAIT_S)) if future is not None else None
-            except Exception:  # a PNG that failed: nothing to start from
-                logger.exception("a background PNG failed")
-                path = None
-            if not path:
-                raise gr.Error("Click an image of the gallery first, then Vary.", title="Nothing to vary",
-                               print_exception=False)  # fmt: skip
-            return path, Handlers.paint_on(path), strength
+    def keep_selected(self, request: gr.Request = None) -> str:
+        """"Use as picture"'s first step: the selected result's PNG into a State (a refusal marks no input), which
+        `use_picture` then puts in place."""
+        return self.selected_png(request, then='"Use as picture"')
+
+    def vary(self, strength: float):
+        """A Vary button: (the session's selected result's lossless PNG, `strength`: Fooocus' subtle 0.5 and strong
+        0.85) for the one generation Vary runs. Only States take them, never the picture inputs: Vary is one-shot
+        (the next Generate draws from the prompt again, unless a picture is in "Start from a picture"), and a Vary
+        refused for want of a selection marks no input with an error badge or a spinner."""
+
+        def start_from(request: gr.Request = None) -> tuple[str, float]:
+            return self.selected_png(request), strength
 
         return start_from
 
     @staticmethod
+    def use_picture(path: str | None):
+        """"Use as picture" (A1111's "Send to img2img"), once `selected_png` found the picture: it goes into "Start
+        from a picture", the mask editor and the chip beside Generate, and every Generate starts from it until its ✕.
+        Outputs: the picture, the mask editor, the chip, the chip's thumbnail."""
+        return path, Handlers.paint_on(path), gr.update(visible=bool(path)), path
+
+    @staticmethod
+    def drop_picture():
+        """The chip's ✕: no picture to start from (the next Generate draws from the prompt alone); the same outputs
+        as `use_picture`."""
+        return Handlers.use_picture(None)
+
+    @staticmethod
     def picture_uploaded(payload: dict | None):
         """The picture's change, given its upload as sent (the event does not preprocess: Gradio's own decoding of a
-        non-image ends in a long traceback and a bare "Error" badge): (the picture, the mask editor's value), or one
-        sentence, one log line and both cleared when the file is not a picture this server reads."""
+        non-image ends in a long traceback and a bare "Error" badge): (the picture, the mask editor's value, the chip
+        beside Generate, its thumbnail), or one sentence, one log line and all cleared when the file is not a
+        picture this server reads. The chip shows whenever a picture is in use, so no Generate starts from a picture
+        the user cannot see (the section it sits in is two closed accordions deep)."""
         path = file_path(payload)
         if path is None:
-            return None, None
+            return Handlers.drop_picture()
         try:
             open_image(path, what="image").close()  # as the APIs name it: one sentence
         except InvalidInput as exc:
             logger.info("a picture upload was refused: %s", exc)
             gr.Warning(str(exc), title="Not a picture")
-            return None, None
-        return gr.skip(), Handlers.paint_on(path)
+            return Handlers.drop_picture()
+        return gr.skip(), Handlers.paint_on(path), gr.update(visible=True), path
 
     @staticmethod
     def paint_on(path: str | None) -> dict | None:

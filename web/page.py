@@ -208,10 +208,14 @@ class PromptRow:
     run: gr.Button
     stop: gr.Button
     run_painted: gr.Button  # Generate once a mask is painted (hidden: assets/page.js presses it instead of `run`)
+    chip: gr.Column  # the picture Generate starts from, beside it (hidden while there is none)
+    chip_image: gr.Image  # its thumbnail
+    drop: gr.Button  # its ✕: no picture
 
 
 def prompt_row() -> PromptRow:
-    """The prompt, Generate and Stop."""
+    """The prompt, the picture in use (a chip with a ✕, shown only while Generate starts from a picture: its input
+    sits two closed accordions deep), Generate and Stop."""
     with gr.Row(elem_id="prompt-row", equal_height=True):
         prompt = gr.Textbox(
             label="Prompt",
@@ -225,18 +229,25 @@ def prompt_row() -> PromptRow:
             min_width=240,
             elem_id="prompt",
         )
+        with gr.Column(scale=0, min_width=0, visible=False, elem_id="picture-chip") as chip, \
+                gr.Row(equal_height=True, elem_id="picture-chip-row"):  # fmt: skip
+            chip_image = gr.Image(label="Generate starts from this picture", show_label=False, type="filepath",
+                                  interactive=False, container=False, buttons=[], height=48, width=48, min_width=0,
+                                  scale=0, elem_id="picture-chip-image")  # fmt: skip
+            drop = gr.Button("✕", size="sm", variant="secondary", scale=0, min_width=0, elem_id="drop-picture")
         run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
         # Grey while idle, red while this tab's request runs (assets/style.css)
         stop = gr.Button("Stop", variant="secondary", scale=0, min_width=90, elem_id="stop")
     # In the page (for assets/page.js to press), never seen: Generate with the mask editor's strokes.
     run_painted = gr.Button("Generate", visible="hidden", elem_id="generate-painted")
-    return PromptRow(prompt, run, stop, run_painted)
+    return PromptRow(prompt, run, stop, run_painted, chip, chip_image, drop)
 
 
 @dataclass(frozen=True)
 class Results:
     gallery: gr.Gallery
     vary: tuple[tuple[gr.Button, float], ...]  # (button, strength): subtle and strong
+    use: gr.Button  # "Use as picture": the clicked result into "Start from a picture" (kept until its ✕)
     settings_image: gr.UploadButton
     status: gr.Markdown
     api_button: gr.Button
@@ -245,7 +256,8 @@ class Results:
 
 
 def results(num_images: int) -> Results:
-    """The gallery, Vary, PNG Info's upload, the status line, the lossless PNGs and the API's hidden buttons."""
+    """The gallery, Vary, "Use as picture", PNG Info's upload, the status line, the lossless PNGs and the API's
+    hidden buttons."""
     gallery = gr.Gallery(
         label="Generated images",
         show_label=False,
@@ -260,11 +272,13 @@ def results(num_images: int) -> Results:
         elem_id="gallery",
     )
     with gr.Row(elem_id="vary-row"):
-        # Vary: the clicked result as the picture, subtle (0.5) or strong (0.85) as Fooocus offers.
+        # Vary: the clicked result redrawn, subtle (0.5) or strong (0.85) as Fooocus offers; one-shot.
         vary = tuple(
             (gr.Button(f"Vary ({name})", size="sm", variant="secondary", elem_id=f"vary-{name}"), amount)
             for name, amount in (("subtle", 0.5), ("strong", 0.85))
         )  # fmt: skip
+        # A1111's "Send to img2img": the clicked result as the picture every Generate starts from, until its ✕.
+        use = gr.Button("Use as picture", size="sm", variant="secondary", elem_id="use-picture")
         # PNG Info: an image's parameters fill the form (also an image dropped anywhere on the page outside the
         # picture inputs: assets/page.js).
         settings_image = gr.UploadButton(
@@ -281,7 +295,7 @@ def results(num_images: int) -> Results:
         visible=False,  # shown once a gallery's PNGs are written
         elem_id="pngs",
     )
-    return Results(gallery, vary, settings_image, status, api_button, png_api, pngs)
+    return Results(gallery, vary, use, settings_image, status, api_button, png_api, pngs)
 
 
 @dataclass(frozen=True)
@@ -459,15 +473,31 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
                                    **{**generating, "fn": handlers.endpoint(streams=False)})  # fmt: skip
     handlers.whole_answers.add(Twin(streaming["id"], whole["id"], inputs.index(fields.previews)))
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
-    # The picture goes to the mask editor as its background (strokes start afresh).
-    init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=[init_image, fields.picture],
-                      preprocess=False, api_visibility="private")  # fmt: skip
+    # The picture in use, everywhere it shows: the input, the mask editor (its background; strokes start afresh) and
+    # the chip beside Generate.
+    in_use = [init_image, fields.picture, top.chip, top.chip_image]
+    init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=in_use, preprocess=False,
+                      api_name="picture_uploaded", api_visibility="private")  # fmt: skip
+    top.drop.click(handlers.drop_picture, inputs=None, outputs=in_use, queue=False, api_name="drop_picture",
+                   api_visibility="private")  # fmt: skip
     shown.gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
-    varied = [
-        button.click(handlers.vary(amount), inputs=None, outputs=[init_image, fields.picture, strength],
-                     api_visibility="private").success(**page_generating)
-        for button, amount in shown.vary
-    ]  # fmt: skip
+    # Vary and "Use as picture" first find the clicked result's PNG into a State, so a refusal (nothing clicked)
+    # marks no input with an error badge or a spinner and changes none; what they start follows on success.
+    picked, vary_strength = gr.State(None), gr.State(None)
+    shown.use.click(handlers.keep_selected, inputs=None, outputs=picked, api_name="use_picture_pick",
+                    api_visibility="private", show_progress="hidden").success(
+        handlers.use_picture, inputs=picked, outputs=in_use, queue=False, api_name="use_picture",
+        api_visibility="private")  # fmt: skip
+    # Vary is one-shot: its generation takes the PNG and strength from the States in place of the picture's inputs,
+    # which keep what they held (the next Generate starts from the chip's picture, or from the prompt alone).
+    vary_inputs = [picked if item is init_image else vary_strength if item is strength else item
+                   for item in fields.page_inputs(top.prompt)]  # fmt: skip
+    varied = []
+    for button, amount in shown.vary:
+        name = button.elem_id.replace("-", "_")  # vary_subtle, vary_strong
+        varied.append(button.click(handlers.vary(amount), inputs=None, outputs=[picked, vary_strength],
+                                   api_name=f"{name}_pick", api_visibility="private", show_progress="hidden")
+                      .success(**{**page_generating, "inputs": vary_inputs, "api_name": f"page_{name}"}))
     # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the background;
     # matched by file name, so no path a browser sends is ever opened).
     for answered in (generated, painted, *varied):

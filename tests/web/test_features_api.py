@@ -219,8 +219,8 @@ def test_a_stroke_painted_in_the_editor_is_the_mask(page, feature_engine, tmp_pa
 
 
 def test_vary_starts_from_the_selected_images_png(page, feature_engine):
-    """Vary takes the session's clicked gallery image (its lossless PNG) as the picture, at 0.5 or 0.85; without a
-    selection it says so in one sentence."""
+    """Vary takes the session's clicked gallery image (its lossless PNG) as the picture, at 0.5 or 0.85, for its one
+    generation (States: web/page.py); without a selection it says so in one sentence, and so does "Use as picture"."""
     import gradio as gr
 
     handlers = page.handlers
@@ -228,18 +228,21 @@ def test_vary_starts_from_the_selected_images_png(page, feature_engine):
     with pytest.raises(gr.Error) as error:
         handlers.vary(0.85)(None)
     assert error.value.message == "Click an image of the gallery first, then Vary."
+    with pytest.raises(gr.Error) as error:
+        handlers.keep_selected(None)
+    assert error.value.message == 'Click an image of the gallery first, then "Use as picture".'
     gallery, _, _ = answer(handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=3,
                                                progress=lambda *a, **k: None))  # fmt: skip
     chosen = gallery[1][0]
     handlers.shown.select("", Path(chosen).name)
-    path, editor, strength = handlers.vary(0.85)(None)
-    assert strength == 0.85 and path.endswith(".png") and editor == {"background": path, "layers": [],
-                                                                     "composite": path}  # fmt: skip
+    path, strength = handlers.vary(0.85)(None)
+    assert strength == 0.85 and path.endswith(".png") and handlers.keep_selected(None) == path
     with Image.open(path) as png:
         assert png.info["parameters"].startswith(PROMPT) and "Seed: 12," in png.info["parameters"]  # image 1
         shown = np.asarray(png.convert("RGB"))
     np.testing.assert_array_equal(shown, in_python(feature_engine, seed=11, steps=3)[1])  # lossless: the very pixels
-    varied = handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=4, init_image=path, picture=editor,
-                                 strength=strength, progress=lambda *a, **k: None)  # fmt: skip
+    # What Vary's generation sends: the States' picture and strength, no mask editor (its strokes are another's).
+    varied = handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=4, init_image=path, strength=strength,
+                                 progress=lambda *a, **k: None)  # fmt: skip
     _, _, status = answer(varied)
     assert status.endswith("· from a picture, strength 0.85"), status

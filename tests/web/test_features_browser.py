@@ -1,10 +1,12 @@
 """The features' controls in a real browser (Debian's Chromium via Playwright), around the feature engine (tiny-pt on
 2 devices with the fixture LoRAs and the speed levers): the LoRA picker and the speed sliders reach the request; a
 picture uploaded into #init-image, a stroke painted with the mask editor's brush, Generate: inpainted; a gallery image,
-Vary (strong): a picture at strength 0.85.
+Vary (strong): a picture at strength 0.85, once (issue 68: the next Generate draws from the prompt); "Use as picture"
+and an upload show the picture beside Generate, whose ✕ drops it; a refused Vary leaves the picture as it was.
 
 The mask editor is a PixiJS canvas that headless Chromium renders slowly: waits are generous. Screenshots go to
-artifacts/browser/ (git-ignored): features-levers.png, features-inpainted.png, features-vary.png.
+artifacts/browser/ (git-ignored): features-levers.png, features-inpainted.png, features-vary.png,
+features-picture-chip.png, features-refused-vary.png.
 """
 
 from __future__ import annotations
@@ -119,26 +121,88 @@ def test_upload_paint_generate_inpainted_then_vary_strong(tab, feature_engine):
     assert not [error for error in tab.errors if EFFECT_LOOP in error]
 
 
-def test_vary_strong_after_text_to_image(tab):
-    """Vary alone: a text-to-image result clicked, Vary (strong), the picture redrawn at 0.85."""
+#: The status line holds a finished request's answer that differs from `before` (each answer rewrites it: its seed).
+NEW_ANSWER = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && / images in /.test(text); }"""
+#: The chip beside Generate shows a picture.
+CHIP_SHOWS = "() => !!document.querySelector('#picture-chip #picture-chip-image img')?.checkVisibility()"
+
+
+def generate(tab, press: str = "#generate") -> str:
+    """Press Generate (or a Vary button) and wait for its answer: the status line."""
+    before = tab.locator("#status").inner_text()
+    tab.locator(press).click()
+    tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+    return tab.locator("#status").inner_text()
+
+
+def chip_shows(tab) -> bool:
+    return tab.evaluate(CHIP_SHOWS)
+
+
+def test_vary_is_one_shot_and_a_kept_picture_shows_beside_generate(tab):
+    """Issue 68: a text-to-image result clicked, Vary (strong): that one run redraws it at 0.85, and the next Generate
+    draws from the prompt again (Vary once filled the hidden picture input, and every later Generate started from
+    it). "Use as picture" keeps a result: it shows beside Generate, every Generate starts from it, the mask editor has
+    it to paint on; its ✕ drops it."""
     tab.locator("#prompt textarea").fill("a lighthouse at dusk")
-    tab.locator("#generate").click()
-    tab.wait_for_function(f"() => document.querySelectorAll('#gallery img').length === {FEATURE_DEVICES}",
-                          timeout=TIMEOUT_MS)  # fmt: skip
-    tab.locator("#status").get_by_text(f"{FEATURE_DEVICES} images in").wait_for(timeout=TIMEOUT_MS)
+    assert f"{FEATURE_DEVICES} images in" in generate(tab)
     tab.locator("#gallery img").first.click()
-    tab.locator("#vary-strong").click()
+    assert "from a picture, strength 0.85" in generate(tab, "#vary-strong")
     assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
-    tab.locator("#status").get_by_text("strength 0.85").wait_for(timeout=TIMEOUT_MS)
-    assert "from a picture, strength 0.85" in tab.locator("#status").inner_text()
-    # The picture is now in the editor, to paint a mask on: open it.
+    assert not chip_shows(tab)
+    assert "from a picture" not in (text := generate(tab)), text
+
+    tab.locator("#gallery img").first.click()
+    tab.locator("#use-picture").click()
+    tab.wait_for_function(CHIP_SHOWS, timeout=TIMEOUT_MS)
+    tab.screenshot(path=str(ARTIFACTS / "features-picture-chip.png"))
+    assert "from a picture, strength 0.75" in (text := generate(tab)), text
+    assert "from a picture, strength 0.75" in (text := generate(tab)), text  # kept
+    # The picture is in the editor, to paint a mask on: open it.
     open_advanced(tab)
     open_section(tab, "picture-settings", "Start from a picture", "#init-image")
     assert not frozen(tab), tab.errors
-    tab.screenshot(path=str(ARTIFACTS / "features-vary.png"), full_page=True)
+    tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
     tab.locator("#mask-editor button[aria-label=Brush]").click(timeout=30_000)
     tab.locator("#mask-editor .pixi-target canvas").wait_for(timeout=30_000)
+    tab.screenshot(path=str(ARTIFACTS / "features-vary.png"), full_page=True)
+
+    tab.locator("#drop-picture").click()
+    tab.wait_for_function("() => !document.querySelector('#init-image img')", timeout=TIMEOUT_MS)
+    assert not chip_shows(tab)
+    assert "from a picture" not in (text := generate(tab)), text
     # Gradio's editor logs "reading 'background_image'" when given a picture while hidden; it starts all the same.
+    assert not [error for error in tab.errors if "background_image" not in error], tab.errors
+
+
+#: Each of the picture's inputs: [elem_id, whether it shows an "Error" badge, whether a status tracker is busy].
+INPUT_STATUS = """() => ['init-image', 'mask-editor', 'strength'].map((id) => {
+    const block = document.getElementById(id);
+    const trackers = [...block.querySelectorAll('[data-testid=status-tracker]')];
+    return [id, !!block.querySelector('.error')?.checkVisibility(),
+            trackers.some((t) => t.checkVisibility() && /pending|generating/.test(t.className))];
+})"""
+
+
+def test_a_refused_vary_leaves_the_picture_as_it_was(tab):
+    """Issue 68: a picture uploaded, Vary with no gallery image clicked: one sentence, and the picture, the mask
+    editor and Strength as they were (they showed red "Error" badges and a spinner, the picture hidden in its
+    section); the picture shows beside Generate, and the next Generate starts from it."""
+    tab.locator("#prompt textarea").fill("a cabin in the snow")
+    open_advanced(tab)
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
+    tab.locator("#init-image input[type=file]").set_input_files(str(PICTURE))
+    tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
+    tab.locator("#mask-editor button[aria-label=Brush]").wait_for(timeout=TIMEOUT_MS)  # the editor has the picture
+    tab.locator("#vary-subtle").click()
+    tab.get_by_text("Click an image of the gallery first, then Vary.").first.wait_for(timeout=TIMEOUT_MS)
+    tab.wait_for_timeout(1_000)  # what the refusal did to the page: Gradio's badges come with its toast
+    tab.screenshot(path=str(ARTIFACTS / "features-refused-vary.png"), full_page=True)
+    marked = tab.evaluate(INPUT_STATUS)
+    assert marked == [["init-image", False, False], ["mask-editor", False, False], ["strength", False, False]], marked
+    assert tab.locator("#init-image img").is_visible() and chip_shows(tab)
+    assert "from a picture, strength 0.75" in (text := generate(tab)), text
     assert not [error for error in tab.errors if "background_image" not in error], tab.errors
 
 
