@@ -242,7 +242,7 @@ def _fill_plain(row: Field, value: object, notes: list[str]):
     if isinstance(value, bool) or not isinstance(value, int | float):
         return gr.skip()
     if not row.lowest <= value <= row.high:
-        notes.append(f"{row.name.replace('_', ' ').capitalize()} {value:g} is outside {row.lowest:g} to {row.high:g}, "
-                     "so it was left as it is.")  # fmt: skip
+        called = row.control.label if row.control else row.name.replace("_", " ").capitalize()  # as the page says it
+        notes.append(f"{called} {value:g} is outside {row.lowest:g} to {row.high:g}, so it was left as it is.")
         return gr.skip()
     return gr.update(value=int(value) if row.kind == "int" else float(value))

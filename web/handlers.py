@@ -18,7 +18,7 @@ import logging
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +52,10 @@ PREVIEW_QUALITY = 85
 Gallery = list[tuple[str, str]]
 
 
-def invalid(exc: InvalidInput) -> gr.Error:
-    """A refused input as the page and the API show it: one sentence, no traceback."""
-    return gr.Error(str(exc), title="Invalid input", print_exception=False)
+def invalid(exc: InvalidInput, labels: Mapping[str, str] | None = None) -> gr.Error:
+    """A refused input as the page and the API show it: one sentence, no traceback. `labels` (the page's: field ->
+    its control's label): the fields it names are called as the page shows them, not by their API names."""
+    return gr.Error(exc.named(labels) if labels else str(exc), title="Invalid input", print_exception=False)
 
 
 class Handlers:
@@ -90,7 +91,8 @@ class Handlers:
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
-    def endpoint(self, image_format: str | None = None, *, streams: bool = True):
+    def endpoint(self, image_format: str | None = None, *, streams: bool = True,
+                 labels: Mapping[str, str] | None = None):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
         `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
         (`pipeline.contract.fields.FIELDS`), with this server's defaults, then the page's own.
@@ -98,7 +100,11 @@ class Handlers:
         `streams=False`: a plain function that returns the answer alone, no previews. gradio_client downloads every
         file of every message a stream sends, and a generator's last message is sent twice (streamed, then as the
         answer), so a streamed answer's images are fetched twice; a call that wants nothing before its answer is
-        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py)."""
+        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py).
+
+        `labels`: the page's events' (field -> its control's label), so a refusal names a field as the page shows it
+        ("Upscale by 3 ..."); the API's endpoints have none and name it as their callers pass it ("hires_scale 3 ...").
+        """
         rules = self.rules
         signature = api_signature(rules)
 
@@ -118,7 +124,7 @@ class Handlers:
                     **{row.name: given[row.name] for row in PLAIN},
                 )  # fmt: skip
             except InvalidInput as exc:
-                raise invalid(exc) from None
+                raise invalid(exc, labels) from None
             yield from self.run(checked, session_of(request), given["progress"], image_format,
                                 user=getattr(request, "username", None),
                                 previews=streams and given["previews"] is not False)  # fmt: skip
@@ -133,11 +139,11 @@ class Handlers:
         function.__doc__ = API_DOC
         return function
 
-    def example(self, seeds: dict[str, int], first_seed: int):
+    def example(self, seeds: dict[str, int], first_seed: int, labels: Mapping[str, str] | None = None):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;
         "Randomize seed" stays as the visitor left it. An example's finished answer is kept (web/examples.py): the
         next click on it, from anyone, shows those images without generating."""
-        generate = self.endpoint()
+        generate = self.endpoint(labels=labels)
         cache = ExampleCache(self.files.root / "examples")
 
         def generate_example(

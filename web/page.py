@@ -419,12 +419,20 @@ def example_buttons(examples: Sequence[str]) -> list[gr.Button]:
 # ---- events ----------------------------------------------------------------------------------------------------------
 
 
+def page_labels(top: PromptRow, fields: Fields) -> dict[str, str]:
+    """Each request field's label on the page (field -> its control's label): what the page's refusals call it
+    ("Upscale by 3 is not offered ..."), while the API's name it as their callers pass it ("hires_scale 3 ...")."""
+    controls = {"prompt": top.prompt, **fields.controls}
+    return {name: component.label for name, component in controls.items() if getattr(component, "label", None)}
+
+
 def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown: Results, fields: Fields,
                   concurrency: int = GENERATE_CONCURRENCY) -> list:  # fmt: skip
     """Generate (button, Enter, Vary), the API's /generate and /generate_png, Stop, the PNG follow-up, the picture
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
     inputs = fields.inputs(top.prompt)  # the API's parameters
     answer = [shown.gallery, fields.controls["seed"], shown.status]
+    labels = page_labels(top, fields)  # the page's events' refusals name a field by its label, the API's by its name
     # A new request clears the last one's status line at once (in the browser), so a refused request never leaves
     # an older request's "8 images in ..." under its error.
     gr.on(triggers=[top.run.click, top.prompt.submit, top.run_painted.click], fn=None, js="() => ''",
@@ -438,8 +446,9 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
         "concurrency_limit": concurrency,
         "concurrency_id": "generate",
     }
-    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge
-        **generating, "inputs": fields.page_inputs(top.prompt), "api_name": "page_generate",
+    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge; its labels in refusals
+        **generating, "fn": handlers.endpoint(labels=labels), "inputs": fields.page_inputs(top.prompt),
+        "api_name": "page_generate",
         "api_visibility": "private", "show_progress": "full", "show_progress_on": [shown.gallery],
     }  # fmt: skip
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
@@ -499,7 +508,7 @@ def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[st
     example_fields = [top.prompt, *(fields.controls[name] for name in ("negative_prompt", "style", "guidance_scale",
                                                                         "aspect_ratio"))]  # fmt: skip
     example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-    run_example = handlers.example(example_seeds, EXAMPLE_SEED_START)
+    run_example = handlers.example(example_seeds, EXAMPLE_SEED_START, page_labels(top, fields))
     first_size = size_label(*rules.sizes[0])
 
     def example_settings(text: str):
