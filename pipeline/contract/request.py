@@ -28,7 +28,7 @@ from PIL import Image
 from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
-from .hires import UPSCALERS
+from .hires import UPSCALERS, second_pass_steps
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
@@ -188,10 +188,18 @@ class Request:
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
-        a picture's own with a picture (" · inpainted, strength 0.6")."""
+        a picture's own with a picture (" · inpainted, strength 0.6"); not the hires fix's scale, which the line
+        says with the size (`parameters.status_size`)."""
         started = None if self.init_image is None else PICTURE_STATUS["inpainting" if self.mask_image is not None
                                                                       else "image to image"]  # fmt: skip
-        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started))
+        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
+
+    def hires_steps_run(self) -> int:
+        """The steps the hires fix's second pass runs (A1111's rule: `hires_steps`, else `steps`); 0 when it is
+        off."""
+        if self.hires_scale == FIELD["hires_scale"].default:
+            return 0
+        return second_pass_steps(self.steps, self.hires_steps, self.hires_denoise)[1]
 
     def picture(self, vae_scale_factor: int = 8) -> Picture | None:
         """The picture to start from (None: text to image), decoded from the request's PNGs the first time only."""
