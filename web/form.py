@@ -139,6 +139,12 @@ class Form:
                 updates[row.name] = gr.skip()
                 if row.name == "hires_scale" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no hires fix, so Hires upscale {settings[row.name]:g} was left out.")
+        scale = settings.get("hires_scale")  # Upscale by offers the server's scales only (web/page.hires_scale_control)
+        if self.hires_scales and "value" in updates["hires_scale"] and scale not in (1.0, *self.hires_scales):
+            updates["hires_scale"] = gr.skip()
+            offered = ", ".join(f"{s:g}" for s in self.hires_scales)
+            notes.append(f"Hires upscale {scale:g} is not offered here (Upscale by: 1 or {offered}), so Upscale by "
+                         "was left as it is.")  # fmt: skip
         for row in PLAIN:  # Generate would refuse a refiner's switch without one: say so now, keep the default
             if row.needs == "refiner" and not self.refiner:
                 updates[row.name] = gr.skip()

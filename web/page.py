@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.engine import REQUESTS_AT_ONCE, Engine, EngineSettings
-from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
+from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN, Field
 from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
@@ -368,26 +368,53 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     return Fields(controls, lora_rows, picture, previews, page_previews)
 
 
+#: What the "Second pass" section says on a server without hires scales: how to offer them.
+NO_HIRES = ("This server has no hires fix: its sizes are compiled at start-up, so it is started with them, e.g. "
+            "`--hires-scales 1.5,2`.")
+
+
 def hires_panel(rules: RequestRules) -> dict[str, Any]:
-    """The hires fix's controls in a "Second pass" section, shown only where the server has hires scales."""
+    """The hires fix's controls in a "Second pass" section. Upscale by offers the server's compiled scales only (any
+    other would be refused); without any, it says how to offer them (`NO_HIRES`) and the other controls are hidden."""
     scales = tuple(getattr(rules, "hires_scales", ()))
-    with gr.Accordion("Second pass", open=False, elem_id="hires-settings", visible=bool(scales)):
+    with gr.Accordion("Second pass", open=False, elem_id="hires-settings"):
         gr.Markdown("Hires fix: the picture drawn, upscaled and redrawn. Upscale by 1 (off) or "
-                    + ", ".join(f"{scale:g}" for scale in scales), elem_id="hires-scales")  # fmt: skip
+                    + ", ".join(f"{scale:g}" for scale in scales) if scales else NO_HIRES,
+                    elem_id="hires-scales")  # fmt: skip
         with gr.Row(equal_height=True):
             return table_controls("hires", rules)
 
 
+def hires_scale_control(row: Field, scales: Sequence[float], **layout) -> gr.Radio:
+    """Upscale by: Off (1) and each scale the server compiled, as a radio: a slider over the field's 1 to 4 would
+    offer scales no request may use. Without hires scales, Off alone, fixed, and the flag that offers them."""
+    shown = row.control
+    choices = [("Off", row.default), *((f"×{scale:g}", float(scale)) for scale in scales)]
+    info = shown.info if scales else "Off: this server compiled no hires scales (start it with --hires-scales 1.5,2)"
+    radio = gr.Radio(choices=choices, value=row.default, label=shown.label, info=info, interactive=bool(scales),
+                     elem_id=shown.elem_id, **layout)  # fmt: skip
+    # a number, as the API takes it (Gradio describes a radio's values as strings)
+    radio.api_info = lambda: {"type": "number", "enum": [value for _, value in choices], "description": row.help}
+    return radio
+
+
 def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str, Any]:
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
-    program does not read is hidden without CFG, the refiner's without a refiner (static)."""
-    return {
-        row.name: control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else row.default,
-                          visible=(rules.cfg or row.without_cfg is None)
-                          and (row.needs != "refiner" or bool(getattr(rules, "refiner", ""))))  # fmt: skip
-        for row in PLAIN
-        if row.control and row.control.group == group and (not only or row.name == only)
-    }
+    program does not read is hidden without CFG, the refiner's without a refiner, the hires fix's but its scale
+    without hires scales (static). The hires scale is a radio of the server's scales (`hires_scale_control`)."""
+    scales = tuple(getattr(rules, "hires_scales", ()))
+    controls = {}
+    for row in PLAIN:
+        if not (row.control and row.control.group == group and (not only or row.name == only)):
+            continue
+        visible = (rules.cfg or row.without_cfg is None) and (row.needs != "refiner" or bool(getattr(rules, "refiner",
+                  ""))) and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))  # fmt: skip
+        if row.name == "hires_scale":
+            controls[row.name] = hires_scale_control(row, scales, visible=visible)
+        else:
+            controls[row.name] = control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else
+                                         row.default, visible=visible)  # fmt: skip
+    return controls
 
 
 def lora_picker(rules: RequestRules) -> tuple:

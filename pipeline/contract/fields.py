@@ -372,8 +372,8 @@ FIELDS: tuple[Field, ...] = (
           "redraw (A1111's Upscale by; 1 = off)", 1.0, low=1.0, high=MAX_SCALE, called="hires_scale",
           high_note=" (one of the server's --hires-scales; 1 = off)", label="Hires upscale", status="hires ×",
           needs="hires", flag="--hires-scale", api_type=float,
-          control=Control("Upscale by", "1 = no second pass; else one of the server's hires scales", step=0.25,
-                          elem_id="hires-scale", group="hires")),
+          control=Control("Upscale by", "Off = no second pass; ×N: drawn at the size, upscaled N times and redrawn "
+                          "(the scales this server compiled)", step=0.25, elem_id="hires-scale", group="hires")),
     Field("hires_steps", "int", "hires fix: the second pass's steps (0 = as many as the first pass)", 0, low=0,
           high=100, called="hires_steps", low_note=" (as the first pass)", label="Hires steps", needs="hires",
           flag="--hires-steps", api_type=int,

@@ -274,7 +274,36 @@ def test_a1111_fields_cli_flags_and_page_follow_the_table(tmp_path):
         shown = hires_panel(rules)
         hidden = hires_panel(RequestRules(sizes=((64, 64),)))
     assert set(shown) == {"hires_scale", "hires_steps", "hires_denoise", "hires_upscaler"} == set(hidden)
-    assert section(shown["hires_scale"]).visible and not section(hidden["hires_scale"]).visible
+    assert section(shown["hires_scale"]).visible and all(control.visible for control in shown.values())
+
+
+def test_upscale_by_offers_the_servers_scales_only():
+    """Issue 68: "Upscale by" ran 1 to 4 while the server compiled 1.5 and 2. It offers Off and the compiled scales;
+    without any, Off alone (fixed) and how to offer them (--hires-scales), the other controls hidden; PNG Info fills
+    a scale the server has and says why it leaves one it has not."""
+    import gradio as gr
+
+    from web.form import Form, image_settings
+    from web.page import hires_panel
+
+    with gr.Blocks():
+        shown = hires_panel(RequestRules(sizes=((64, 64),), hires_scales=SCALES))
+        without = hires_panel(RequestRules(sizes=((64, 64),)))
+    scale = shown["hires_scale"]
+    assert [value for _, value in scale.choices] == [1.0, 1.5, 2.0] and scale.value == 1.0 and scale.interactive
+    assert scale.api_info()["enum"] == [1.0, 1.5, 2.0]  # the API's description: the same values, as numbers
+    off = without["hires_scale"]
+    assert [value for _, value in off.choices] == [1.0] and not off.interactive and "--hires-scales" in off.info
+    assert section(off).visible and not any(without[name].visible for name in without if name != "hires_scale")
+    form = Form(controls=shown, lora_rows=(), styles=(), sizes=((64, 64),), loras=(), hires_scales=SCALES)
+    for written, filled in (("1.5", 1.5), ("2.5", None)):
+        text = "a cat\nSteps: 3, Sampler: Euler, Seed: 1, Size: 64x64, Denoising strength: 0.5, Hires upscale: " \
+            + written  # fmt: skip
+        updates, notes = form.fill(image_settings(form_values(parse_infotext(text)))[0])
+        update = dict(zip(map(id, form.fields), updates, strict=True))[id(scale)]
+        assert update.get("value") == filled, update
+        assert notes == ([] if filled else ["Hires upscale 2.5 is not offered here (Upscale by: 1 or 1.5, 2), so "
+                                            "Upscale by was left as it is."])  # fmt: skip
 
 
 def section(component):
