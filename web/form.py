@@ -139,6 +139,12 @@ class Form:
                 updates[row.name] = gr.skip()
                 if row.name == "hires_scale" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no hires fix, so Hires upscale {settings[row.name]:g} was left out.")
+        scale = settings.get("hires_scale")  # Upscale by offers the server's scales only (web/page.hires_scale_control)
+        if self.hires_scales and "value" in updates["hires_scale"] and scale not in (1.0, *self.hires_scales):
+            updates["hires_scale"] = gr.skip()
+            offered = ", ".join(f"{s:g}" for s in self.hires_scales)
+            notes.append(f"Hires upscale {scale:g} is not offered here (Upscale by: 1 or {offered}), so Upscale by "
+                         "was left as it is.")  # fmt: skip
         for row in PLAIN:  # Generate would refuse a refiner's switch without one: say so now, keep the default
             if row.needs == "refiner" and not self.refiner:
                 updates[row.name] = gr.skip()
@@ -242,7 +248,7 @@ def _fill_plain(row: Field, value: object, notes: list[str]):
     if isinstance(value, bool) or not isinstance(value, int | float):
         return gr.skip()
     if not row.lowest <= value <= row.high:
-        notes.append(f"{row.name.replace('_', ' ').capitalize()} {value:g} is outside {row.lowest:g} to {row.high:g}, "
-                     "so it was left as it is.")  # fmt: skip
+        called = row.control.label if row.control else row.name.replace("_", " ").capitalize()  # as the page says it
+        notes.append(f"{called} {value:g} is outside {row.lowest:g} to {row.high:g}, so it was left as it is.")
         return gr.skip()
     return gr.update(value=int(value) if row.kind == "int" else float(value))

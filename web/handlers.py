@@ -18,7 +18,7 @@ import logging
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from pipeline.contract.engine import Engine, EngineResult
 from pipeline.contract.errors import EngineUnavailable, InvalidInput
 from pipeline.contract.fields import FIELDS, PLAIN
 from pipeline.contract.image_inputs import open_image
+from pipeline.contract.parameters import status_size, status_steps
 from pipeline.contract.request import Request, RequestRules, parse_request
 from pipeline.contract.stopping import Stopped
 
@@ -52,9 +53,10 @@ PREVIEW_QUALITY = 85
 Gallery = list[tuple[str, str]]
 
 
-def invalid(exc: InvalidInput) -> gr.Error:
-    """A refused input as the page and the API show it: one sentence, no traceback."""
-    return gr.Error(str(exc), title="Invalid input", print_exception=False)
+def invalid(exc: InvalidInput, labels: Mapping[str, str] | None = None) -> gr.Error:
+    """A refused input as the page and the API show it: one sentence, no traceback. `labels` (the page's: field ->
+    its control's label): the fields it names are called as the page shows them, not by their API names."""
+    return gr.Error(exc.named(labels) if labels else str(exc), title="Invalid input", print_exception=False)
 
 
 class Handlers:
@@ -90,7 +92,8 @@ class Handlers:
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
-    def endpoint(self, image_format: str | None = None, *, streams: bool = True):
+    def endpoint(self, image_format: str | None = None, *, streams: bool = True,
+                 labels: Mapping[str, str] | None = None):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
         `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
         (`pipeline.contract.fields.FIELDS`), with this server's defaults, then the page's own.
@@ -98,7 +101,11 @@ class Handlers:
         `streams=False`: a plain function that returns the answer alone, no previews. gradio_client downloads every
         file of every message a stream sends, and a generator's last message is sent twice (streamed, then as the
         answer), so a streamed answer's images are fetched twice; a call that wants nothing before its answer is
-        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py)."""
+        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py).
+
+        `labels`: the page's events' (field -> its control's label), so a refusal names a field as the page shows it
+        ("Upscale by 3 ..."); the API's endpoints have none and name it as their callers pass it ("hires_scale 3 ...").
+        """
         rules = self.rules
         signature = api_signature(rules)
 
@@ -118,7 +125,7 @@ class Handlers:
                     **{row.name: given[row.name] for row in PLAIN},
                 )  # fmt: skip
             except InvalidInput as exc:
-                raise invalid(exc) from None
+                raise invalid(exc, labels) from None
             yield from self.run(checked, session_of(request), given["progress"], image_format,
                                 user=getattr(request, "username", None),
                                 previews=streams and given["previews"] is not False)  # fmt: skip
@@ -133,11 +140,11 @@ class Handlers:
         function.__doc__ = API_DOC
         return function
 
-    def example(self, seeds: dict[str, int], first_seed: int):
+    def example(self, seeds: dict[str, int], first_seed: int, labels: Mapping[str, str] | None = None):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;
         "Randomize seed" stays as the visitor left it. An example's finished answer is kept (web/examples.py): the
         next click on it, from anyone, shows those images without generating."""
-        generate = self.endpoint()
+        generate = self.endpoint(labels=labels)
         cache = ExampleCache(self.files.root / "examples")
 
         def generate_example(
@@ -374,9 +381,11 @@ class Handlers:
         )  # fmt: skip
 
     def _previews(self, request: Request, done: int, total: int, pixels: np.ndarray) -> Gallery:
-        """The gallery of the pictures forming: one small JPEG per image, captioned with the step."""
+        """The gallery of the pictures forming: one small JPEG per image, captioned with the step and the pass's
+        size (the hires fix's second pass: its scale, the hires size being the engine's to round)."""
         height, width = request.size
-        caption = f"step {done} / {total} · {width}×{height}"
+        second = request.hires_scale != 1.0 and done > total - request.hires_steps_run()
+        caption = f"step {done} / {total} · " + (f"hires ×{request.hires_scale:g}" if second else f"{width}×{height}")
         return [(str(self._preview_file(image)), caption) for image in pixels]
 
     def _stopped(self, stopped: Stopped, session: str, previewed: bool) -> tuple:
@@ -396,8 +405,8 @@ class Handlers:
         except Exception:
             logger.exception("writing the images failed (seed %d)", request.seed)
             raise gr.Error(GENERATION_FAILED, print_exception=False) from None
-        height, width = request.size
-        captions = [f"seed {s} · {width}×{height}" for s in result.seeds]
+        final = result_size(result, request)
+        captions = [f"seed {s} · {status_size(final)}" for s in result.seeds]  # the images' size (hires: the larger)
         gallery = [(str(p), c) for p, c in zip(delivery.gallery, captions, strict=True)]
         self.shown.remember(session, delivery.gallery, gallery)
         if self.on_finished is not None:
@@ -411,7 +420,7 @@ class Handlers:
             len(paths), request.seed, request.style, request.guidance_scale, result.steps, result.sampler, engine_s,
             paths[0].suffix if paths else "no", delivery.host_s * 1000, elapsed,
         )  # fmt: skip
-        status = status_line(len(paths), engine_s, request, result.steps, result.sampler)
+        status = status_line(len(paths), engine_s, request, result.steps, result.sampler, final)
         # Only an API caller can send them; gradio_client sends the page's defaults unasked, so only say it for others.
         if request.ignored:
             status += f" · {NO_CFG_NOTE}"
@@ -549,16 +558,24 @@ def painted_mask(payload: dict) -> Image.Image | None:
     return Image.fromarray(painted.astype(np.uint8) * 255)
 
 
-def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str) -> str:
+def result_size(result: EngineResult, request: Request) -> tuple[int, int]:
+    """(height, width) of a result's images: the request's size, or with the hires fix the larger one."""
+    return (result.images[0].height, result.images[0].width) if result.images else request.size
+
+
+def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str,
+                final: tuple[int, int] | None = None) -> str:  # fmt: skip
     """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234", then the request's other settings (the
-    table's fields away from their default, its picture, its LoRAs)."""
-    height, width = request.size
-    steps_text = f"{steps} step{'s' if steps != 1 else ''}, {sampler}"
+    table's fields away from their default, its picture, its LoRAs). `steps`: all that ran; `final`: the images'
+    (height, width). With the hires fix both passes are said: "256×256 (hires ×2 from 128×128) · 4 + 4 steps"."""
+    second = request.hires_steps_run()
+    size = status_size(request.size, final, request.hires_scale)
+    steps_text = f"{status_steps(steps - second, second)}, {sampler}"
     levers = request.status_text()
     if request.loras:
         levers += " · LoRA " + ", ".join(
             f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras)
-    return f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {width}×{height} · {steps_text} · " \
+    return f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {size} · {steps_text} · " \
         f"seed {request.seed}{levers}"  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.engine import REQUESTS_AT_ONCE, Engine, EngineSettings
-from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN
+from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN, Field
 from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
@@ -382,26 +382,53 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     return Fields(controls, lora_rows, picture, previews, page_previews)
 
 
+#: What the "Second pass" section says on a server without hires scales: how to offer them.
+NO_HIRES = ("This server has no hires fix: its sizes are compiled at start-up, so it is started with them, e.g. "
+            "`--hires-scales 1.5,2`.")
+
+
 def hires_panel(rules: RequestRules) -> dict[str, Any]:
-    """The hires fix's controls in a "Second pass" section, shown only where the server has hires scales."""
+    """The hires fix's controls in a "Second pass" section. Upscale by offers the server's compiled scales only (any
+    other would be refused); without any, it says how to offer them (`NO_HIRES`) and the other controls are hidden."""
     scales = tuple(getattr(rules, "hires_scales", ()))
-    with gr.Accordion("Second pass", open=False, elem_id="hires-settings", visible=bool(scales)):
+    with gr.Accordion("Second pass", open=False, elem_id="hires-settings"):
         gr.Markdown("Hires fix: the picture drawn, upscaled and redrawn. Upscale by 1 (off) or "
-                    + ", ".join(f"{scale:g}" for scale in scales), elem_id="hires-scales")  # fmt: skip
+                    + ", ".join(f"{scale:g}" for scale in scales) if scales else NO_HIRES,
+                    elem_id="hires-scales")  # fmt: skip
         with gr.Row(equal_height=True):
             return table_controls("hires", rules)
 
 
+def hires_scale_control(row: Field, scales: Sequence[float], **layout) -> gr.Radio:
+    """Upscale by: Off (1) and each scale the server compiled, as a radio: a slider over the field's 1 to 4 would
+    offer scales no request may use. Without hires scales, Off alone, fixed, and the flag that offers them."""
+    shown = row.control
+    choices = [("Off", row.default), *((f"×{scale:g}", float(scale)) for scale in scales)]
+    info = shown.info if scales else "Off: this server compiled no hires scales (start it with --hires-scales 1.5,2)"
+    radio = gr.Radio(choices=choices, value=row.default, label=shown.label, info=info, interactive=bool(scales),
+                     elem_id=shown.elem_id, **layout)  # fmt: skip
+    # a number, as the API takes it (Gradio describes a radio's values as strings)
+    radio.api_info = lambda: {"type": "number", "enum": [value for _, value in choices], "description": row.help}
+    return radio
+
+
 def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str, Any]:
     """The controls of the table's plain fields in `group`, at this server's defaults; a field the guidance-free
-    program does not read is hidden without CFG, the refiner's without a refiner (static)."""
-    return {
-        row.name: control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else row.default,
-                          visible=(rules.cfg or row.without_cfg is None)
-                          and (row.needs != "refiner" or bool(getattr(rules, "refiner", ""))))  # fmt: skip
-        for row in PLAIN
-        if row.control and row.control.group == group and (not only or row.name == only)
-    }
+    program does not read is hidden without CFG, the refiner's without a refiner, the hires fix's but its scale
+    without hires scales (static). The hires scale is a radio of the server's scales (`hires_scale_control`)."""
+    scales = tuple(getattr(rules, "hires_scales", ()))
+    controls = {}
+    for row in PLAIN:
+        if not (row.control and row.control.group == group and (not only or row.name == only)):
+            continue
+        visible = (rules.cfg or row.without_cfg is None) and (row.needs != "refiner" or bool(getattr(rules, "refiner",
+                  ""))) and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))  # fmt: skip
+        if row.name == "hires_scale":
+            controls[row.name] = hires_scale_control(row, scales, visible=visible)
+        else:
+            controls[row.name] = control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else
+                                         row.default, visible=visible)  # fmt: skip
+    return controls
 
 
 def lora_picker(rules: RequestRules) -> tuple:
@@ -433,12 +460,20 @@ def example_buttons(examples: Sequence[str]) -> list[gr.Button]:
 # ---- events ----------------------------------------------------------------------------------------------------------
 
 
+def page_labels(top: PromptRow, fields: Fields) -> dict[str, str]:
+    """Each request field's label on the page (field -> its control's label): what the page's refusals call it
+    ("Upscale by 3 is not offered ..."), while the API's name it as their callers pass it ("hires_scale 3 ...")."""
+    controls = {"prompt": top.prompt, **fields.controls}
+    return {name: component.label for name, component in controls.items() if getattr(component, "label", None)}
+
+
 def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown: Results, fields: Fields,
                   concurrency: int = GENERATE_CONCURRENCY) -> list:  # fmt: skip
     """Generate (button, Enter, Vary), the API's /generate and /generate_png, Stop, the PNG follow-up, the picture
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
     inputs = fields.inputs(top.prompt)  # the API's parameters
     answer = [shown.gallery, fields.controls["seed"], shown.status]
+    labels = page_labels(top, fields)  # the page's events' refusals name a field by its label, the API's by its name
     # A new request clears the last one's status line at once (in the browser), so a refused request never leaves
     # an older request's "8 images in ..." under its error.
     gr.on(triggers=[top.run.click, top.prompt.submit, top.run_painted.click], fn=None, js="() => ''",
@@ -452,8 +487,9 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
         "concurrency_limit": concurrency,
         "concurrency_id": "generate",
     }
-    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge
-        **generating, "inputs": fields.page_inputs(top.prompt), "api_name": "page_generate",
+    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge; its labels in refusals
+        **generating, "fn": handlers.endpoint(labels=labels), "inputs": fields.page_inputs(top.prompt),
+        "api_name": "page_generate",
         "api_visibility": "private", "show_progress": "full", "show_progress_on": [shown.gallery],
     }  # fmt: skip
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
@@ -529,7 +565,7 @@ def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[st
     example_fields = [top.prompt, *(fields.controls[name] for name in ("negative_prompt", "style", "guidance_scale",
                                                                         "aspect_ratio"))]  # fmt: skip
     example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
-    run_example = handlers.example(example_seeds, EXAMPLE_SEED_START)
+    run_example = handlers.example(example_seeds, EXAMPLE_SEED_START, page_labels(top, fields))
     first_size = size_label(*rules.sizes[0])
 
     def example_settings(text: str):

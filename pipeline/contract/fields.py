@@ -198,7 +198,7 @@ class Field:
     above: bool = False  # `low` itself excluded (0 < x)
     choices: tuple[str, ...] = ()  # a choice's values, as spelled for users
     rule: str = ""  # the `RequestRules` attribute holding this server's default (steps, sampler, guidance)
-    called: str = ""  # how refusals name it ("Steps", "cfg_end")
+    called: str = ""  # how refusals name it to the APIs and the CLI ("Steps", "cfg_end"); the page says its label
     low_note: str = ""  # said after the low bound in a refusal ("(off)")
     high_note: str = ""  # said after the high bound ("(1 = guidance on every step)")
     label: str = ""  # its key in A1111's `parameters` ("" = not written)
@@ -235,9 +235,12 @@ class Field:
         return f"{_number(self.low)}..{_number(self.high)}"
 
     def refusal(self, value: object) -> InvalidInput:
-        """The one sentence that refuses `value` for this field."""
+        """The one sentence that refuses `value` for this field, naming it as `called` (a page names it by its
+        label instead: `InvalidInput.named`)."""
+        named = {self.name: self.called}
         if self.kind == "choice":
-            return InvalidInput(f"Unknown {self.called} {echo(value)}; choose one of: {', '.join(self.choices)}.")
+            return InvalidInput.naming(f"Unknown {{{self.name}}} {{value}}; choose one of: {{choices}}.", named,
+                                       value=echo(value), choices=", ".join(self.choices))  # fmt: skip
         low, high = f"{_number(self.low)}{self.low_note}", f"{_number(self.high)}{self.high_note}"
         if self.kind == "int" or self.kind == "seed":
             allowed = f"a whole number from {low} to {high}"
@@ -245,7 +248,8 @@ class Field:
             allowed = f"a number above {low} and at most {high}"
         else:
             allowed = f"a number between {low} and {high}"
-        return InvalidInput(f"{self.called} must be {allowed}; got {echo(value)}.")
+        return InvalidInput.naming(f"{{{self.name}}} must be {{allowed}}; got {{value}}.", named, allowed=allowed,
+                                   value=echo(value))  # fmt: skip
 
     def check(self, value: object) -> Any:
         """`value` checked: an int or float within the bounds (whole-valued floats pass for int, as Gradio's
@@ -368,8 +372,8 @@ FIELDS: tuple[Field, ...] = (
           "redraw (A1111's Upscale by; 1 = off)", 1.0, low=1.0, high=MAX_SCALE, called="hires_scale",
           high_note=" (one of the server's --hires-scales; 1 = off)", label="Hires upscale", status="hires ×",
           needs="hires", flag="--hires-scale", api_type=float,
-          control=Control("Upscale by", "1 = no second pass; else one of the server's hires scales", step=0.25,
-                          elem_id="hires-scale", group="hires")),
+          control=Control("Upscale by", "Off = no second pass; ×N: drawn at the size, upscaled N times and redrawn "
+                          "(the scales this server compiled)", step=0.25, elem_id="hires-scale", group="hires")),
     Field("hires_steps", "int", "hires fix: the second pass's steps (0 = as many as the first pass)", 0, low=0,
           high=100, called="hires_steps", low_note=" (as the first pass)", label="Hires steps", needs="hires",
           flag="--hires-steps", api_type=int,

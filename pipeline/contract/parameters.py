@@ -208,14 +208,32 @@ def _setting(value: object) -> str:
 # ---- the status line -------------------------------------------------------------------------------------------
 
 
-def status_parts(values: Mapping[str, object], started: str | None) -> list[str]:
+def status_size(size: tuple[int, int], final: tuple[int, int] | None = None, scale: float = 1.0) -> str:
+    """The size the status line says: the images' (`final`, (height, width); `size` when not given), and with the
+    hires fix on (`scale` above 1) the first pass's too, "256×256 (hires ×2 from 128×128)": the images are the
+    larger size, while `parameters` says the first pass's as A1111 writes it (`Size: 128x128`)."""
+    height, width = final or size
+    if scale == 1.0:
+        return f"{width}×{height}"
+    return f"{width}×{height} (hires ×{scale:g} from {size[1]}×{size[0]})"
+
+
+def status_steps(steps: int, hires_steps: int = 0) -> str:
+    """The steps that ran as the status line and the history say them: "4 steps", or with the hires fix the first
+    pass's and the second's, "4 + 4 steps" (`hires_steps`: the second pass's; 0 = no second pass)."""
+    total = f"{steps} + {hires_steps}" if hires_steps else str(steps)
+    return f"{total} step{'s' if steps + hires_steps != 1 else ''}"
+
+
+def status_parts(values: Mapping[str, object], started: str | None, *, hires: bool = True) -> list[str]:
     """The table's fields as the status line and the history show them: those away from their default ("CFG end
     0.5", "schedule Karras"), and a picture's own when it `started` from one ("inpainted, strength 0.6"). One
-    renderer, so the page's line and a history entry's never disagree."""
+    renderer, so the page's line and a history entry's never disagree. `hires=False`: the hires fix's scale is left
+    out (the status line says it with the size: `status_size`)."""
     parts = []
     for row in PLAIN:
         value = values.get(row.name)
-        if not row.status or value is None:
+        if not row.status or value is None or (row.needs == "hires" and not hires):
             continue
         if row.needs == "picture":
             if started:

@@ -28,7 +28,7 @@ from PIL import Image
 from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
-from .hires import UPSCALERS
+from .hires import UPSCALERS, second_pass_steps
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
@@ -188,10 +188,18 @@ class Request:
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
-        a picture's own with a picture (" · inpainted, strength 0.6")."""
+        a picture's own with a picture (" · inpainted, strength 0.6"); not the hires fix's scale, which the line
+        says with the size (`parameters.status_size`)."""
         started = None if self.init_image is None else PICTURE_STATUS["inpainting" if self.mask_image is not None
                                                                       else "image to image"]  # fmt: skip
-        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started))
+        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
+
+    def hires_steps_run(self) -> int:
+        """The steps the hires fix's second pass runs (A1111's rule: `hires_steps`, else `steps`); 0 when it is
+        off."""
+        if self.hires_scale == FIELD["hires_scale"].default:
+            return 0
+        return second_pass_steps(self.steps, self.hires_steps, self.hires_denoise)[1]
 
     def picture(self, vae_scale_factor: int = 8) -> Picture | None:
         """The picture to start from (None: text to image), decoded from the request's PNGs the first time only."""
@@ -305,7 +313,8 @@ def parse_request(
                                     steps=values["steps"])  # fmt: skip
     units = parse_controls(controlnets, rules.controlnets, height, width, most=rules.controlnet_units)
     if units and values.get("deepcache", 1) != 1:
-        raise InvalidInput("DeepCache does not combine with ControlNet: set deepcache to 1 or drop the controlnets.")
+        raise _naming("DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",
+                      "deepcache", "controlnets")
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -361,7 +370,8 @@ def asks_for_levers(request: Request) -> bool:
 def _check_refiner(values: Mapping[str, object], rules: RequestRules) -> None:
     """`refiner_switch` below 1 needs a server with a refiner; the aesthetic scores only count with it."""
     if values["refiner_switch"] < FIELD["refiner_switch"].default and not rules.refiner:
-        raise InvalidInput("This server has no refiner (start it with --refiner): refiner_switch must stay 1.")
+        raise _naming("This server has no refiner (start it with --refiner): {refiner_switch} must stay 1.",
+                      "refiner_switch")
 
 
 def _check_hires(values: Mapping[str, object], rules: RequestRules, picture_or_control: bool) -> None:
@@ -371,12 +381,19 @@ def _check_hires(values: Mapping[str, object], rules: RequestRules, picture_or_c
     if scale == FIELD["hires_scale"].default:
         return
     if not rules.hires_scales:
-        raise InvalidInput("This server has no hires fix (start it with --hires-scales): hires_scale must stay 1.")
+        raise _naming("This server has no hires fix (start it with --hires-scales): {hires_scale} must stay 1.",
+                      "hires_scale")
     if scale not in rules.hires_scales:
-        offered = ", ".join(f"{s:g}" for s in rules.hires_scales)
-        raise InvalidInput(f"hires_scale {scale:g} is not offered by this server; choose 1 (off) or one of: {offered}.")
+        raise _naming("{hires_scale} {scale:g} is not offered by this server; choose 1 (off) or one of: {offered}.",
+                      "hires_scale", scale=scale, offered=", ".join(f"{s:g}" for s in rules.hires_scales))
     if picture_or_control:
-        raise InvalidInput("The hires fix is for text to image: leave hires_scale at 1 with a picture or ControlNets.")
+        raise _naming("The hires fix is for text to image: leave {hires_scale} at 1 with a picture or ControlNets.",
+                      "hires_scale")
+
+
+def _naming(template: str, *fields: str, **values: object) -> InvalidInput:
+    """A refusal naming `fields` ({field} in `template`) by their API names; a page says its labels instead."""
+    return InvalidInput.naming(template, {name: name for name in fields}, **values)
 
 
 def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
@@ -385,8 +402,9 @@ def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
     if not rules.levers and any(values[row.name] != row.default for row in levers):
         defaults = {f"{row.default:g}" for row in levers}
         must = f"must be {defaults.pop()}" if len(defaults) == 1 else "must be at their defaults"
-        raise InvalidInput("This server runs every step whole and guided (started with --no-speed-levers): "
-                           f"{' and '.join(row.name for row in levers)} {must}.")  # fmt: skip
+        named = " and ".join(f"{{{row.name}}}" for row in levers)
+        raise _naming(f"This server runs every step whole and guided (started with --no-speed-levers): {named} "
+                      "{must}.", *(row.name for row in levers), must=must)  # fmt: skip
 
 
 def _check_sampler(values: Mapping[str, object], picture: bool) -> None:

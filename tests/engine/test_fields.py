@@ -266,3 +266,35 @@ def test_request_and_options_import_no_jax():
     done = run_python("-c", code, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------------- page labels
+
+
+def test_a_refusal_names_the_field_by_the_pages_label_or_by_its_api_name():
+    """Issue 68: the page said "hires_scale 3 ..." where its control reads "Upscale by". Every plain field's refusal,
+    and the request's own that name fields, keep their template: str() names a field as the APIs do, `named` as the
+    page's controls do, and nothing else differs; user text is filled in, never read as a template."""
+    from pipeline.contract.fields import PLAIN
+    from pipeline.contract.request import RequestRules, parse_request
+
+    for row in PLAIN:
+        if row.control is None:
+            continue
+        refusal = row.refusal("no such" if row.kind == "choice" else -1e9)
+        api, page = str(refusal), refusal.named({row.name: row.control.label})
+        assert row.called in api and row.control.label in page, (api, page)
+        assert api.replace(row.called, "", 1) == page.replace(row.control.label, "", 1)  # only the name differs
+        assert refusal.named({}) == api
+    tricky = FIELD["sampler"].refusal("{hires_scale} {0}")
+    assert "'{hires_scale} {0}'" in tricky.named({"sampler": "Sampler"})
+    with pytest.raises(InvalidInput) as refused:
+        parse_request("x", hires_scale=3, rules=RequestRules(sizes=((64, 64),), hires_scales=(2.0,)))
+    assert str(refused.value) == "hires_scale 3 is not offered by this server; choose 1 (off) or one of: 2."
+    assert refused.value.named({"hires_scale": "Upscale by"}) == ("Upscale by 3 is not offered by this server; choose "
+                                                                 "1 (off) or one of: 2.")  # fmt: skip
+    with pytest.raises(InvalidInput) as refused:
+        parse_request("x", cfg_end=0.5, deepcache=2, rules=RequestRules(sizes=((64, 64),), levers=False))
+    assert refused.value.named({"cfg_end": "Guidance for the first part of the steps", "deepcache": "DeepCache"}) == (
+        "This server runs every step whole and guided (started with --no-speed-levers): Guidance for the first part "
+        "of the steps and DeepCache must be 1.")  # fmt: skip

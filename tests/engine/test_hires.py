@@ -173,6 +173,63 @@ def test_parameters_are_a1111s_and_png_info_reads_them_back(hires_engine):
     assert settings["hires_scale"] == 1.0 and settings["hires_denoise"] == 0.55
 
 
+def test_status_line_says_the_images_size_and_both_passes_steps():
+    """Issue 68: a ×2 request of 4 steps said "128×128 · 8 steps" for 256² images. The status line says the images'
+    size, the first pass's, and each pass's steps (the scale is not said twice); a plain request is as before. The
+    history's entry says the steps alike."""
+    from types import SimpleNamespace
+
+    from web.form import request_settings
+    from web.handlers import status_line
+    from web.history.tab import _details
+
+    rules = RequestRules(sizes=((128, 128),), hires_scales=(2.0,))
+    request = parse_request("x", seed=5, steps=4, hires_scale=2, rules=rules)
+    line = status_line(8, 1.0, request, 8, "Euler", (256, 256))
+    assert line == "8 images in 1.0 s · 256×256 (hires ×2 from 128×128) · 4 + 4 steps, Euler · seed 5", line
+    fewer = parse_request("x", seed=5, steps=4, hires_scale=2, hires_steps=3, hires_denoise=0.5, rules=rules)
+    assert "· 4 + 3 steps, Euler ·" in status_line(8, 1.0, fewer, 7, "Euler", (256, 256))
+    plain = parse_request("x", seed=5, steps=4, rules=rules)
+    assert status_line(1, 1.0, plain, 4, "Euler", (128, 128)) == "1 image in 1.0 s · 128×128 · 4 steps, Euler · seed 5"
+    details = _details(request_settings(request, SimpleNamespace(sampler="Euler")), None).splitlines()
+    assert details[-2].startswith("- 128×128 · 4 + 4 steps, Euler ·") and details[-1] == "- hires × 2", details
+
+
+def test_the_page_and_the_api_say_the_final_size_and_name_fields_their_way(hires_engine):
+    """The page's Generate and the API's /generate_png around the engine: the captions and the status line say the
+    images' size (128², drawn at 64²) and both passes' steps while `parameters` says A1111's keys (the first pass's
+    Size and Steps, the hires ones); a refusal names the field by the page's label on the page ("Upscale by") and
+    by its name on the API ("hires_scale")."""
+    import gradio as gr
+
+    from pipeline.contract import image_files
+    from web.page import build_page
+
+    page = build_page(hires_engine)
+    try:
+        events = {fn.api_name: fn.fn for fn in page.demo.fns.values()}
+        quiet = {"progress": lambda *a, **k: None}
+        with pytest.raises(gr.Error) as on_page:
+            list(events["page_generate"]("a cat", hires_scale=3, **quiet))
+        assert on_page.value.message == "Upscale by 3 is not offered by this server; choose 1 (off) or one of: 1.5, 2."
+        with pytest.raises(gr.Error) as on_api:
+            events["generate_png"]("a cat", hires_scale=3, **quiet)
+        assert on_api.value.message.startswith("hires_scale 3 is not offered by this server;")
+        with pytest.raises(gr.Error) as on_page:
+            list(events["page_generate"]("a cat", hires_scale=2, hires_steps=200, **quiet))
+        assert on_page.value.message.startswith("Hires steps must be a whole number")  # every field by its label
+        gallery, seed, status = events["generate_png"]("a cat", seed=4, randomize_seed=False, hires_scale=2,
+                                                       hires_steps=2, **quiet)  # fmt: skip
+        assert [caption for _, caption in gallery] == ["seed 4 · 128×128", "seed 5 · 128×128"]
+        assert " · 128×128 (hires ×2 from 64×64) · 3 + 2 steps, " in status, status
+        assert Image.open(gallery[0][0]).size == (128, 128)
+        written = parse_infotext(image_files.read_parameters(gallery[0][0])).settings
+        assert (written["Size"], written["Steps"], written["Hires upscale"], written["Hires steps"],
+                written["Hires upscaler"], written["Denoising strength"]) == ("64x64", "3", "2", "2", "Latent", "0.55")
+    finally:
+        page.close()
+
+
 def test_refusals_are_one_sentence():
     rules = RequestRules(sizes=((64, 64),), hires_scales=SCALES)
     cases = [
@@ -217,7 +274,36 @@ def test_a1111_fields_cli_flags_and_page_follow_the_table(tmp_path):
         shown = hires_panel(rules)
         hidden = hires_panel(RequestRules(sizes=((64, 64),)))
     assert set(shown) == {"hires_scale", "hires_steps", "hires_denoise", "hires_upscaler"} == set(hidden)
-    assert section(shown["hires_scale"]).visible and not section(hidden["hires_scale"]).visible
+    assert section(shown["hires_scale"]).visible and all(control.visible for control in shown.values())
+
+
+def test_upscale_by_offers_the_servers_scales_only():
+    """Issue 68: "Upscale by" ran 1 to 4 while the server compiled 1.5 and 2. It offers Off and the compiled scales;
+    without any, Off alone (fixed) and how to offer them (--hires-scales), the other controls hidden; PNG Info fills
+    a scale the server has and says why it leaves one it has not."""
+    import gradio as gr
+
+    from web.form import Form, image_settings
+    from web.page import hires_panel
+
+    with gr.Blocks():
+        shown = hires_panel(RequestRules(sizes=((64, 64),), hires_scales=SCALES))
+        without = hires_panel(RequestRules(sizes=((64, 64),)))
+    scale = shown["hires_scale"]
+    assert [value for _, value in scale.choices] == [1.0, 1.5, 2.0] and scale.value == 1.0 and scale.interactive
+    assert scale.api_info()["enum"] == [1.0, 1.5, 2.0]  # the API's description: the same values, as numbers
+    off = without["hires_scale"]
+    assert [value for _, value in off.choices] == [1.0] and not off.interactive and "--hires-scales" in off.info
+    assert section(off).visible and not any(without[name].visible for name in without if name != "hires_scale")
+    form = Form(controls=shown, lora_rows=(), styles=(), sizes=((64, 64),), loras=(), hires_scales=SCALES)
+    for written, filled in (("1.5", 1.5), ("2.5", None)):
+        text = "a cat\nSteps: 3, Sampler: Euler, Seed: 1, Size: 64x64, Denoising strength: 0.5, Hires upscale: " \
+            + written  # fmt: skip
+        updates, notes = form.fill(image_settings(form_values(parse_infotext(text)))[0])
+        update = dict(zip(map(id, form.fields), updates, strict=True))[id(scale)]
+        assert update.get("value") == filled, update
+        assert notes == ([] if filled else ["Hires upscale 2.5 is not offered here (Upscale by: 1 or 1.5, 2), so "
+                                            "Upscale by was left as it is."])  # fmt: skip
 
 
 def section(component):

@@ -1,8 +1,9 @@
 """The "Second pass" section (the hires fix) in a real browser (Debian's Chromium via Playwright), around the engine of
 tests/engine/test_refiner_together.py (conftest's `refiner_hires_engine`: tiny-pt + the tiny refiner on 2 devices at
-64x64, hires scale 2; no new engine configuration): open the section, set the scale, steps, denoise and upscaler and
-the refiner's switch, Generate; the images shown are at the hires size, their parameters carry the second pass and
-the refiner (which ran in it), no error toast.
+64x64, hires scale 2; no new engine configuration): open the section, pick the scale (Upscale by offers Off and the
+server's ×2 only), set the steps, denoise and upscaler and the refiner's switch, Generate; the images shown are at the
+hires size, as their captions and the status line say, their parameters carry the second pass and the refiner (which
+ran in it), no error toast.
 
 Screenshot: artifacts/browser/second-pass.png (git-ignored).
 """
@@ -23,6 +24,7 @@ from conftest import (
     served,
     set_sliders,
 )
+from gradio_client.exceptions import AppError
 from PIL import Image
 
 from pipeline.contract import image_files
@@ -50,12 +52,16 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
         tab.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
         open_advanced(tab)
-        open_section(tab, "hires-settings", "Second pass", "#hires-scale input[type=range]")
+        open_section(tab, "hires-settings", "Second pass", "#hires-scale input[type=radio]")
         tab.locator("#hires-scales").get_by_text("(off) or 2").wait_for(timeout=TIMEOUT_MS)  # the server's scales
+        assert tab.locator("#hires-scale label").all_inner_texts() == ["Off", "×2"]  # those only (not 1 to 4)
         tab.locator("#hires-upscaler input").click()
         tab.get_by_role("option", name="Lanczos", exact=True).click()
         tab.locator("#prompt textarea").fill("a harbour at noon")
-        set_sliders(tab, {"steps": 2, "hires-scale": 2, "hires-steps": 2, "hires-denoise": 0.5, "refiner-switch": 0.8})
+        set_sliders(tab, {"steps": 2, "hires-steps": 2, "hires-denoise": 0.5, "refiner-switch": 0.8})
+        scale = tab.locator("#hires-scale").get_by_label("×2", exact=True)
+        scale.check()
+        assert scale.is_checked()
         before = engine.compile_count
         tab.locator("#generate").click()
         # the answer, or an error toast at once (not a wait to the timeout)
@@ -71,6 +77,9 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         shown = tmp_path / "shown.jpg"
         shown.write_bytes(httpx.get(tab.eval_on_selector("#gallery img", "img => img.src")).content)
         settings = parse_infotext(image_files.read_parameters(shown)).settings
+        status = tab.locator("#status").inner_text()
+        assert " · 128×128 (hires ×2 from 64×64) · 2 + 2 steps, " in status, status  # the images' size, both passes
+        assert "seed" in tab.locator("#gallery").inner_text() and "64×64" not in tab.locator("#gallery").inner_text()
         assert run["steps"] == 2 + 2 and run["done"] == 4 and not run["stopped"], (run, settings)  # both passes ran
         assert engine.compile_count == before
         assert Image.open(shown).size == (side, side) == (128, 128)
@@ -91,7 +100,7 @@ def test_second_pass_through_gradio_client_compiles_nothing(app_page, refiner_hi
     client = page_client(app_page, tmp_path_factory)
     before = engine.compile_count
     for upscaler, switch in (("Latent (bicubic)", 1.0), ("Nearest", 0.8)):
-        gallery, seed, _ = client.predict(prompt="a harbour at noon", seed=3, randomize_seed=False, steps=2,
+        gallery, seed, status = client.predict(prompt="a harbour at noon", seed=3, randomize_seed=False, steps=2,
                                           hires_scale=2, hires_steps=2, hires_denoise=0.5, hires_upscaler=upscaler,
                                           refiner_switch=switch, api_name="/generate_png")  # fmt: skip
         assert seed == 3 and len(gallery) == FEATURE_DEVICES
@@ -100,4 +109,8 @@ def test_second_pass_through_gradio_client_compiles_nothing(app_page, refiner_hi
         settings = parse_infotext(image_files.read_parameters(picture)).settings
         assert (settings["Hires upscale"], settings["Hires upscaler"]) == ("2", upscaler), settings
         assert ("Refiner" in settings) == (switch < 1), settings
+        assert [item["caption"] for item in gallery] == ["seed 3 · 128×128", "seed 4 · 128×128"]
+        assert " · 128×128 (hires ×2 from 64×64) · 2 + 2 steps, " in status, status
     assert engine.compile_count == before
+    with pytest.raises(AppError, match=r"^hires_scale 3 is not offered by this server"):  # the API's own name
+        client.predict(prompt="a harbour", hires_scale=3, api_name="/generate_png")

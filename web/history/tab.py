@@ -32,7 +32,8 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.errors import InvalidInput
-from pipeline.contract.parameters import PICTURE_STATUS, status_parts
+from pipeline.contract.hires import second_pass_steps
+from pipeline.contract.parameters import PICTURE_STATUS, status_parts, status_steps
 from pipeline.contract.styles import DEFAULT_STYLE
 
 from ..files import RunFiles
@@ -523,7 +524,7 @@ def _details(settings: dict, created: float | None) -> str:
         if value and value != DEFAULT_STYLE:
             lines.append(f"- {label}: {_code(value)}")
     lines.append(
-        f"- {settings.get('width')}×{settings.get('height')} · {settings.get('steps')} steps, "
+        f"- {settings.get('width')}×{settings.get('height')} · {_steps(settings)}, "
         f"{settings.get('sampler')} · guidance {settings.get('guidance_scale')} · seed {settings.get('seed')}"
     )
     extras = status_parts(settings, PICTURE_STATUS.get(settings.get("picture") or ""))  # the status line's words
@@ -533,6 +534,15 @@ def _details(settings: dict, created: float | None) -> str:
     if extras:
         lines.append("- " + " · ".join(extras))
     return "\n".join(lines)
+
+
+def _steps(settings: dict) -> str:
+    """The steps that ran, as the status line says them: "4 steps", with the hires fix "4 + 4 steps"."""
+    steps, scale = settings.get("steps"), settings.get("hires_scale")
+    if not isinstance(steps, int) or scale in (None, 1.0):
+        return f"{steps} steps"
+    second = second_pass_steps(steps, settings.get("hires_steps") or 0, settings.get("hires_denoise") or 1.0)[1]
+    return status_steps(steps, second)
 
 
 def _code(text: object) -> str:
