@@ -182,6 +182,8 @@ def request_arguments(args: argparse.Namespace) -> dict:
     """The request fields' flags (the table's, `fields.FIELDS`) as `parse_request`'s keywords."""
     given = {row.name: getattr(args, request_option(row).dest) for row in FIELDS if row.flag}
     randomize = str(given["seed"]).strip().lower() in ("random", "randomize")
+    if given["seed"] is not None and not str(given["seed"]).strip():  # `--seed ""`: the page's sentence names a box
+        raise InvalidInput(f"--seed is empty; give a whole number from 0 to {FIELD['seed'].high}, or --seed random.")
     if not randomize:
         try:
             resolve_seed(given["seed"])  # the request's own check, with the CLI's way to a random seed added
