@@ -154,8 +154,12 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         (["--prompt", " \t "], "error: Please enter a prompt."),
         (["--prompt", "x", "--style", "Sepia"], "error: Unknown style 'Sepia'; choose one of: No style, Cinematic"),
         (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 32; got 100."),
+        (["--prompt", "x", "--height", "100000"], "error: Height must be at most 4096; got 100000."),
+        (["--prompt", "x", "--width", "100000"], "error: Width must be at most 4096; got 100000."),
+        (["--prompt", "x", "--seed", ""], "error: --seed is empty; give a whole number from 0 to 4294967295, or "
+                                          "--seed random."),
     ],
-    ids=["empty", "blank", "unknown-style", "height-only"],
+    ids=["empty", "blank", "unknown-style", "height-only", "huge-height", "huge-width", "empty-seed"],
 )
 def test_cli_refuses_what_the_api_refuses(tiny_dir, tmp_path, args, message):
     done = run_cli("generate", "--model", "tiny", *args, "--out", str(tmp_path / "out"))
