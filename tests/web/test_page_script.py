@@ -1,16 +1,19 @@
-"""assets/page.js in Debian's Chromium around the page's own slider controls (web/form.py: `control`), without an
-engine: the script is what it does to those controls, so a Gradio app of two sliders and a button shows it in
-seconds where the page around an engine takes minutes to start."""
+"""assets/page.js and assets/style.css in Debian's Chromium around the page's own controls (web/form.py's sliders,
+the History tab's gallery), without an engine: the script and the stylesheet are what they do to those controls, so a
+Gradio app of a few of them shows it in seconds where the page around an engine takes minutes to start."""
 
 from __future__ import annotations
 
 import gradio as gr
+import numpy as np
 import pytest
 from conftest import TIMEOUT_MS, free_port, needs_chromium, set_slider
+from PIL import Image
 
 from pipeline.contract.fields import FIELD
 from web.form import control
-from web.texts import PAGE_JS
+from web.history.tab import caption, history_gallery
+from web.texts import CSS_PATH, PAGE_JS
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
@@ -56,5 +59,51 @@ def test_an_emptied_slider_box_goes_back_to_its_default_and_says_so(sliders, bro
         page.locator("#sent textarea").click()
         assert page.locator("#steps .range-note").inner_text() == "1000 is more than 100: set to 100."
         assert page.locator("#steps input[type=range]").input_value() == "100"
+    finally:
+        page.close()
+
+
+#: Past generations as the History tab captions them: the longest seed, a long prompt, a short one.
+HISTORY = [{"prompt": "A serious capybara at work, wearing a suit, in an office full of paper, cinematic light",
+            "seed": 4294967295}, {"prompt": "a cat", "seed": 7},
+           {"prompt": "a lighthouse at dawn over a calm sea", "seed": 123456}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """The History tab's gallery with the page's stylesheet, three thumbnails captioned as the tab captions them."""
+    thumbnail = tmp_path_factory.mktemp("thumbnails") / "thumbnail.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (128, 128, 3), np.uint8)).save(thumbnail)
+    with gr.Blocks() as blocks:
+        history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
+    blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
+                  css_paths=[CSS_PATH])  # fmt: skip
+    try:
+        yield blocks
+    finally:
+        blocks.close()
+
+
+#: Each caption of the history gallery: its text, whether its text overflows its box, and how far the box reaches
+#: past its cell (which clips it) and its cell past the grid.
+CAPTIONS = """() => [...document.querySelectorAll('#history-gallery .caption-label')].map((label) => {
+  const cell = label.closest('.thumbnail-item').getBoundingClientRect(), box = label.getBoundingClientRect();
+  return [label.innerText, label.scrollWidth > label.clientWidth || label.scrollHeight > label.clientHeight,
+          Math.round(box.bottom - cell.bottom), Math.round(box.right - cell.right)];
+})"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_history_captions_show_whole_with_the_seed_first(history, browser, width):
+    """Issue 68: history captions were cut off (Gradio lays one line over the thumbnail, with an ellipsis: at 150 px
+    the prompt's first words, never the seed). Each now shows whole under its thumbnail, on a desktop and a phone."""
+    page = browser.new_page(viewport={"width": width, "height": 800})
+    try:
+        page.goto(history.local_url, timeout=TIMEOUT_MS)
+        page.locator("#history-gallery img").nth(len(HISTORY) - 1).wait_for(timeout=TIMEOUT_MS)
+        captions = page.evaluate(CAPTIONS)
+        assert [text for text, *_ in captions] == [caption(settings) for settings in HISTORY]
+        assert captions[0][0].startswith("seed 4294967295 · A serious capybara")
+        assert all(not cut and below <= 0 and right <= 0 for _, cut, below, right in captions), captions
     finally:
         page.close()
