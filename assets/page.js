@@ -1,7 +1,9 @@
 // Run once when the page loads (Gradio adds it to the page as a <script>).
 (() => {
   // A number typed into a slider's box outside its range is set to the nearest limit by Gradio when the box loses
-  // focus, silently. Say it under the slider instead: "1000 is more than 100: set to 100."
+  // focus, silently. Say it under the slider instead: "1000 is more than 100: set to 100." An emptied box Gradio
+  // sets to the lowest value (Math.max(null, 1): 1 step, guidance 0), also silently: it goes back to the slider's
+  // default instead (Gradio's own reset button, what the API does with a field left out) and says so.
   const note = (input, text) => {
     const block = input.closest(".block");
     if (!block) return;
@@ -20,13 +22,20 @@
     if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest(sliders)) return;
     const value = Number(input.value);
     const min = Number(input.min), max = Number(input.max);
+    const reset = input.closest(".block")?.querySelector("[data-testid=reset-button]");
+    if (input.value === "" && reset) {
+      reset.click();
+      const shown = input.closest(".block").querySelector("input[type=range]");
+      return requestAnimationFrame(() => note(input, `Left empty: set back to the default, ${shown.value}.`));
+    }
     if (input.value === "" || Number.isNaN(value)) return note(input, "");
     if (value > max) return note(input, `${input.value} is more than ${max}: set to ${max}.`);
     if (value < min) return note(input, `${input.value} is less than ${min}: set to ${min}.`);
     note(input, "");
   };
-  // Capture phase: runs before Gradio's own handler, which replaces the typed value.
-  document.addEventListener("focusout", check, true);
+  // Capture phase of blur: runs before Gradio's own blur handler on the box, which replaces the typed value (and
+  // flushes it to the box, so focusout, which fires after blur, already saw the replaced value).
+  document.addEventListener("blur", check, true);
   document.addEventListener("keydown", (event) => event.key === "Enter" && check(event), true);
 
   // PNG Info: an image dropped anywhere on the page, outside the inputs that take a picture, goes to the "Use an

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
     from .installed import require_installed
@@ -88,7 +91,31 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
     request = parse_request(**request_arguments(args), rules=rules)
     check_model(config)  # a wrong --model is bad input too
     check_embeddings(config)
+    check_out_folder(args.out, "--out")
     return config, request
+
+
+def check_out_folder(out: str, name: str) -> None:
+    """`out` can become a folder that takes files: said before anything loads, since a run that finds out only when
+    it writes has spent its load, compile and generation for nothing. Nothing is created: the folder itself is made
+    when the run writes, so a run refused later leaves no empty folder behind. Its nearest existing folder takes a
+    probe file (deleted at once): the permission bits alone call /proc, a read-only mount or any folder writable
+    for root."""
+    path = Path(out).expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor) or str(p) == ".")
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise InvalidInput(f"{name} {out} {what}; name a folder instead.")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        said = f" ({exc.strerror})" if exc.errno in _SAID_ERRNOS and exc.strerror else ""  # /proc's ENOENT misleads
+        raise InvalidInput(f"{name} {out} cannot be written: {existing} takes no new files{said}.") from None
+
+
+#: Why a folder takes no files, where the system's words help (permissions, a read-only or full disk).
+_SAID_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
 def _hires_scales(args: argparse.Namespace) -> tuple[float, ...]:
@@ -155,6 +182,8 @@ def request_arguments(args: argparse.Namespace) -> dict:
     """The request fields' flags (the table's, `fields.FIELDS`) as `parse_request`'s keywords."""
     given = {row.name: getattr(args, request_option(row).dest) for row in FIELDS if row.flag}
     randomize = str(given["seed"]).strip().lower() in ("random", "randomize")
+    if given["seed"] is not None and not str(given["seed"]).strip():  # `--seed ""`: the page's sentence names a box
+        raise InvalidInput(f"--seed is empty; give a whole number from 0 to {FIELD['seed'].high}, or --seed random.")
     if not randomize:
         try:
             resolve_seed(given["seed"])  # the request's own check, with the CLI's way to a random seed added
@@ -218,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         skip_absent_tpu()
     try:
         checked = _check(args) if args.command == "generate" else None  # before JAX is imported: bad input in a moment
+        if args.command == "precompile":
+            check_out_folder(args.out, "--out")
+        elif args.command == "make-tiny":  # it replaces the folder it is given: never a file in its place
+            check_out_folder(args.directory, "make-tiny's folder")
         if args.command == "serve":  # its model, LoRA and embeddings folders, as the app's
             check(engine_config(args))
         quiet_start()  # huggingface_hub's and Gradio's noise

@@ -25,7 +25,7 @@ from .contract.hires import MAX_SCALE, hires_size
 from .contract.hires import parse_scales as parse_hires_scales
 from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
 from .contract.presets import Preset, get_preset, lora_of
-from .contract.sizes import default_sizes, parse_sizes
+from .contract.sizes import MAX_SIDE, default_sizes, parse_sizes
 from .device.cores import ATTENTIONS
 
 logger = logging.getLogger(__name__)
@@ -126,8 +126,9 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
                 raise InvalidInput(f"{label} must be a positive whole number; got {value!r}.")
-        if self.height > 4096 or self.width > 4096 or self.steps > FIELD["steps"].high:
-            raise InvalidInput(f"Height and width must be at most 4096 and steps at most {FIELD['steps'].high}.")
+        for name, most in (("height", MAX_SIDE), ("width", MAX_SIDE), ("steps", FIELD["steps"].high)):
+            if getattr(self, name) > most:  # each said as itself: a height refused in words about steps misleads
+                raise InvalidInput(f"{name.capitalize()} must be at most {most}; got {getattr(self, name)}.")
         if isinstance(self.text_cache, bool) or not isinstance(self.text_cache, int) or \
                 not 0 <= self.text_cache <= MAX_TEXT_CACHE:  # fmt: skip
             raise InvalidInput(f"Text cache must be 0 to {MAX_TEXT_CACHE} texts; got {self.text_cache!r}.")

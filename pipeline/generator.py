@@ -114,7 +114,8 @@ class GenerationResult:
     sampler: str = ""  # the sampler it ran, by A1111's name (e.g. "DPM++ 2M Karras")
 
     def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
-        """Write the images as `<stem>-00.png`, ... with their `parameters` text chunks."""
+        """Write the images as `<stem>-00000.png`, ... with their `parameters` text chunks, numbered on from the
+        folder's highest: an earlier run's images are never replaced."""
         return image_io.save_pngs(self.images, directory, stem)
 
 

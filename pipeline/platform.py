@@ -41,12 +41,41 @@ def tpu_device_present() -> bool:
     return any(glob.glob(pattern) for pattern in TPU_DEVICE_NODES)
 
 
+class CalmBackendProbe(logging.Filter):
+    """JAX's INFO line for a platform it tried and did not find ("Unable to initialize backend 'tpu': INTERNAL:
+    Failed to ... No jellyfish device found"), said as what it is: JAX looks for every platform a plugin is installed
+    for (the Docker image has both libtpu and CUDA's) and uses the next; nothing failed, and a line that reads like
+    an error sends a new user looking for one. JAX keeps the full text (`xla_bridge._backend_errors`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if record.levelno == logging.INFO and text.startswith("Unable to initialize backend '"):
+            platform = text.removeprefix("Unable to initialize backend '").partition("'")[0]
+            record.msg, record.args = "no %s device on this host: JAX uses the next platform it has", (
+                PLATFORM_NAMES.get(platform, platform),)
+        return True
+
+
+#: How the calm line names a JAX platform's devices.
+PLATFORM_NAMES = {"tpu": "TPU", "cuda": "NVIDIA GPU", "rocm": "AMD GPU"}
+
+
+def calm_backend_probe() -> None:
+    """Install `CalmBackendProbe` on JAX's backend logger (once; before JAX picks its devices)."""
+    probe = logging.getLogger("jax._src.xla_bridge")
+    if not any(isinstance(f, CalmBackendProbe) for f in probe.filters):
+        probe.addFilter(CalmBackendProbe())
+
+
 def skip_absent_tpu() -> bool:
     """With libtpu installed on a host without a TPU (a dev venv that compiles for TPU topologies), run JAX on the CPU.
 
     Otherwise every process first probes for the TPU (1-3 s and ~6 lines of libtpu errors). Sets JAX_PLATFORMS=cpu
     only when unset; the topology API (`pipeline.aot`) works with it set. Returns True when it set it. Before JAX.
+    Where JAX still probes (a GPU plugin beside libtpu), its line about the TPU it did not find reads calmly
+    (`calm_backend_probe`).
     """
+    calm_backend_probe()
     if os.environ.get("JAX_PLATFORMS") or tpu_device_present() or importlib.util.find_spec("libtpu") is None:
         return False
     if any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS if name != "libtpu"):

@@ -87,6 +87,9 @@ def resolve_seed(seed: object, randomize: bool = False) -> int:
     if randomize:
         return secrets.randbelow(FIELD["seed"].high + 1)
     row = FIELD["seed"]
+    if seed is None or (isinstance(seed, str) and not seed.strip()):  # the page's emptied box: not "got None"
+        raise InvalidInput(f"Seed is empty; enter a whole number from {_number(row.low)} to {_number(row.high)}, "
+                           "or turn on Randomize seed.")  # fmt: skip
     message = row.refusal(seed)
     if isinstance(seed, bool):
         raise message

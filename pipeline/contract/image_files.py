@@ -7,7 +7,9 @@ as a text chunk; JPEGs (the gallery's fast format) in EXIF `UserComment`, encode
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,13 +106,15 @@ def image_paths(count: int, directory: str | Path, stem: str, image_format: str)
 def save_images(
     images: list[Image.Image], directory: str | Path, stem: str = "image", image_format: str = "png"
 ) -> list[Path]:
-    """Write images in `image_format` ("png" or "jpeg") with their `parameters`, one thread per core.
-
-    Both encoders release the GIL, so one image per core comes back at once.
-    """
+    """Write images in `image_format` ("png" or "jpeg") with their `parameters` as `<stem>-00`, `<stem>-01`, ...
+    (a folder of its own: the names are the same each time)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    paths = image_paths(len(images), directory, stem, image_format)
+    return _write(images, image_paths(len(images), directory, stem, image_format), image_format)
+
+
+def _write(images: list[Image.Image], paths: list[Path], image_format: str) -> list[Path]:
+    """One thread per core: both encoders release the GIL, so one image per core comes back at once."""
     workers = max(1, min(len(images), os.cpu_count() or 1))
     if workers == 1:
         return [SAVERS[image_format](image, path) for image, path in zip(images, paths, strict=True)]
@@ -118,6 +122,57 @@ def save_images(
         return list(pool.map(SAVERS[image_format], images, paths))
 
 
+#: Digits of a numbered file's number, as A1111's `00000-...` outputs: names sort in the order they were written.
+NUMBER_DIGITS = 5
+
+
+def next_number(directory: Path, stem: str, suffix: str) -> int:
+    """One past the highest `<stem>-<digits><suffix>` in `directory` (any width: the older `image-07.png` too); 0 in
+    an empty or absent folder."""
+    name = re.compile(rf"{re.escape(stem)}-(\d+){re.escape(suffix)}")
+    if not directory.is_dir():
+        return 0
+    found = [int(m.group(1)) for p in directory.iterdir() if (m := name.fullmatch(p.name))]
+    return max(found, default=-1) + 1
+
+
+def reserve_numbered(count: int, directory: str | Path, stem: str, image_format: str) -> list[Path]:
+    """`count` new paths `<stem>-00000<suffix>`, ... numbered on from the highest already in `directory`, each created
+    empty and exclusively: a run beside this one that counted the same numbers moves on to the next instead of
+    writing over its images."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    suffix = SUFFIXES[image_format]
+    number, paths = next_number(directory, stem, suffix), []
+    while len(paths) < count:
+        path = directory / f"{stem}-{number:0{NUMBER_DIGITS}d}{suffix}"
+        try:
+            path.open("xb").close()
+            paths.append(path)
+        except FileExistsError:
+            pass
+        number += 1
+    return paths
+
+
+def save_numbered(
+    images: list[Image.Image], directory: str | Path, stem: str = "image", image_format: str = "png"
+) -> list[Path]:
+    """Write images into a folder a user keeps (the command line's `--out`) without replacing any earlier image: as
+    A1111 numbers its outputs, each run's files continue the folder's numbers (`reserve_numbered`). A write that
+    fails leaves none of this run's empty files behind."""
+    paths = reserve_numbered(len(images), directory, stem, image_format)
+    try:
+        return _write(images, paths, image_format)
+    except BaseException:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                if path.stat().st_size == 0:
+                    path.unlink()
+        raise
+
+
 def save_pngs(images: list[Image.Image], directory: str | Path, stem: str = "image") -> list[Path]:
-    """Write images as `<stem>-00.png`, `<stem>-01.png`, ... with their `parameters` text chunks."""
-    return save_images(images, directory, stem, "png")
+    """Write images as `<stem>-00000.png`, ... numbered on from the folder's highest (`save_numbered`), with their
+    `parameters` text chunks."""
+    return save_numbered(images, directory, stem, "png")

@@ -27,6 +27,8 @@ TINY_SHORT_SIDE = 128
 TINY_MULTIPLE = 32
 #: Every side must be a multiple of this: the VAE divides by 8 and the UNet halves the latents twice (8 × 4).
 SIZE_MULTIPLE = 32
+#: The longest side a size may have: this server's bound (SDXL was trained at about 1024 px), said in every refusal.
+MAX_SIDE = 4096
 
 Size = tuple[int, int]  # (height, width)
 
@@ -57,11 +59,12 @@ def parse_sizes(text: str, tiny: bool = False) -> list[Size]:
                 f"Sizes are written WIDTHxHEIGHT, comma-separated (e.g. 1024x1024,1344x768); got {part!r}."
             )
         width, height = int(match[1]), int(match[2])
-        if not (SIZE_MULTIPLE <= width <= 4096 and SIZE_MULTIPLE <= height <= 4096) or (
+        if not (SIZE_MULTIPLE <= width <= MAX_SIDE and SIZE_MULTIPLE <= height <= MAX_SIDE) or (
             width % SIZE_MULTIPLE or height % SIZE_MULTIPLE
         ):
             raise InvalidInput(
-                f"Each side of a size must be a multiple of {SIZE_MULTIPLE} from {SIZE_MULTIPLE} to 4096; got {part}."
+                f"Each side of a size must be a multiple of {SIZE_MULTIPLE} from {SIZE_MULTIPLE} to {MAX_SIDE}; "
+                f"got {part}."
             )
         if (height, width) not in sizes:
             sizes.append((height, width))

@@ -143,15 +143,22 @@ def test_any_seed_in_range_is_accepted(seed):
 @given(
     st.integers().filter(lambda x: not 0 <= x <= SEED_MAX)
     | st.floats().filter(lambda x: not (math.isfinite(x) and x.is_integer() and 0 <= x <= SEED_MAX))
-    | st.text(max_size=60).filter(lambda s: not (s.strip().isascii() and s.strip().isdigit()))
+    | st.text(max_size=60).filter(lambda s: s.strip() and not (s.strip().isascii() and s.strip().isdigit()))
     | st.booleans()
-    | st.none()
 )
 def test_bad_seeds_are_rejected(seed):
     with pytest.raises(InvalidInput) as info:
         resolve_seed(seed)
     message = assert_one_line(info.value)
     assert message.startswith(f"Seed must be a whole number from 0 to {SEED_MAX}; got ")
+
+
+@pytest.mark.parametrize("seed", [None, "", "  "])
+def test_an_empty_seed_is_said_to_be_empty(seed):
+    """Issue 68: the page's emptied Seed box was refused with "...; got None."."""
+    with pytest.raises(InvalidInput) as info:
+        resolve_seed(seed)
+    assert str(info.value) == f"Seed is empty; enter a whole number from 0 to {SEED_MAX}, or turn on Randomize seed."
 
 
 @FAST

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
 
 from pipeline import platform
 
@@ -18,3 +23,22 @@ def test_libtpu_without_a_tpu_runs_jax_on_cpu(monkeypatch):
         return
     assert platform.skip_absent_tpu() is True and os.environ["JAX_PLATFORMS"] == "cpu"
     assert not platform.accelerator_installed()
+
+
+def test_jaxs_probe_for_an_absent_tpu_is_one_calm_line():
+    """Issue 68: where JAX still probes for the TPU (a GPU plugin beside libtpu; here: JAX_PLATFORMS unset and no
+    `skip_absent_tpu`), its INFO line "Unable to initialize backend 'tpu': ..." read like an error at start-up. Real
+    JAX in a fresh process, its log at INFO as the app's."""
+    from bench.cost import libtpu_available
+
+    if not libtpu_available() or platform.tpu_device_present():
+        pytest.skip("needs libtpu on a host without a TPU (the dev venv's jax[tpu])")
+    code = ("import logging; from pipeline.platform import calm_backend_probe; calm_backend_probe(); "
+            "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
+            "import jax; print(jax.default_backend())")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "cpu", done.stderr
+    lines = [line for line in done.stderr.splitlines() if "jax._src.xla_bridge" in line]
+    assert "INFO jax._src.xla_bridge: no TPU device on this host: JAX uses the next platform it has" in lines, lines
+    assert not any("Unable to initialize" in line for line in lines), lines

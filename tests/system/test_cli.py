@@ -39,6 +39,52 @@ def test_bad_input_exits_non_zero_with_one_line(tiny_dir, tmp_path, args, code, 
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["generate", "precompile", "make-tiny"])
+@pytest.mark.parametrize("where", ["a file", "under a file", "/proc"])
+def test_an_out_that_takes_no_files_is_refused_before_anything_loads(tmp_path, command, where):
+    """Issue 68: `--out /etc/passwd` loaded the model, generated for 6 s, then ended in a traceback. Now one sentence
+    and exit 2, with JAX not even imported; make-tiny's folder is checked the same way (it replaces what it is
+    given)."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    out = {"a file": a_file, "under a file": a_file / "images", "/proc": Path("/proc/nope/out")}[where]
+    argv = {"generate": ["generate", "--model", "tiny", "--prompt", "a cat", "--out", str(out)],
+            "precompile": ["precompile", "--topology", "cpu", "--model", "tiny", "--out", str(out)],
+            "make-tiny": ["make-tiny", str(out)]}[command]  # fmt: skip
+    code = (f"import sys; from pipeline.__main__ import main; rc = main({argv!r}); print('jax' in sys.modules); "
+            "sys.exit(rc)")
+    done = run_python("-c", code)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.strip() == "False"  # nothing loaded, nothing compiled: JAX was never imported
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and str(out) in line and "Traceback" not in done.stderr
+    expected = {"a file": "is a file; name a folder instead.", "under a file": f"{a_file} is a file; name a folder",
+                "/proc": "cannot be written: /proc takes no new files."}[where]  # fmt: skip
+    assert expected in line
+    assert a_file.read_text() == "keep me"
+
+
+def test_saved_images_continue_the_folders_numbers_and_replace_nothing(tmp_path):
+    """Issue 68: each run replaced the last one's `image-00.png` .... As A1111 numbers its outputs, a run's files now
+    continue the folder's highest number (an older two-digit name counts too); every earlier file is left as it was."""
+    from pipeline.contract.image_files import save_pngs, to_pil
+
+    def images(value: int, count: int) -> list:
+        return to_pil(np.full((count, 8, 8, 3), value, np.uint8), [f"run {value}"] * count)
+
+    first = save_pngs(images(10, 3), tmp_path / "out")
+    assert [p.name for p in first] == ["image-00000.png", "image-00001.png", "image-00002.png"]
+    (tmp_path / "out" / "image-07.png").write_bytes(b"an older run's image")
+    (tmp_path / "out" / "image-x.png").write_bytes(b"not numbered")
+    second = save_pngs(images(20, 2), tmp_path / "out")
+    assert [p.name for p in second] == ["image-00008.png", "image-00009.png"]
+    assert (tmp_path / "out" / "image-07.png").read_bytes() == b"an older run's image"
+    for path, value in [*((p, 10) for p in first), *((p, 20) for p in second)]:
+        with Image.open(path) as image:
+            assert image.info["parameters"] == f"run {value}" and image.getpixel((0, 0)) == (value,) * 3
+    assert len(list((tmp_path / "out").iterdir())) == 7
+
+
 def test_make_tiny_writes_a_loadable_checkpoint(tmp_path):
     done = run_cli("make-tiny", str(tmp_path / "tiny"))
     assert done.returncode == 0, done.stderr
@@ -108,8 +154,12 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         (["--prompt", " \t "], "error: Please enter a prompt."),
         (["--prompt", "x", "--style", "Sepia"], "error: Unknown style 'Sepia'; choose one of: No style, Cinematic"),
         (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 32; got 100."),
+        (["--prompt", "x", "--height", "100000"], "error: Height must be at most 4096; got 100000."),
+        (["--prompt", "x", "--width", "100000"], "error: Width must be at most 4096; got 100000."),
+        (["--prompt", "x", "--seed", ""], "error: --seed is empty; give a whole number from 0 to 4294967295, or "
+                                          "--seed random."),
     ],
-    ids=["empty", "blank", "unknown-style", "height-only"],
+    ids=["empty", "blank", "unknown-style", "height-only", "huge-height", "huge-width", "empty-seed"],
 )
 def test_cli_refuses_what_the_api_refuses(tiny_dir, tmp_path, args, message):
     done = run_cli("generate", "--model", "tiny", *args, "--out", str(tmp_path / "out"))
@@ -163,13 +213,18 @@ def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
 
 
 def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path):
+    """Into a folder holding an earlier run's image: it is kept, and this run's images are numbered after it."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "image-00003.png").write_bytes(b"an earlier run's image")
     done = run_cli(
         "generate", "--model", str(PT_FIXTURE), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
         "--height", "64", "--width", "64", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
         env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["images"]) == 8 and "Traceback" not in done.stderr
+    images = [Path(p).name for p in json.loads(done.stdout)["images"]]
+    assert images == [f"image-{n:05d}.png" for n in range(4, 12)] and "Traceback" not in done.stderr
+    assert (tmp_path / "out" / "image-00003.png").read_bytes() == b"an earlier run's image"
     single = tmp_path / "model.safetensors"
     shutil.copy(PT_FIXTURE / "vae" / "diffusion_pytorch_model.fp16.safetensors", single)
     bad = run_cli("generate", "--model", str(single), "--prompt", "x", "--out", str(tmp_path / "bad"))

@@ -8,6 +8,7 @@ import pytest
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.request import RequestRules
 from web.apis.a1111_fields import a1111_request
+from web.apis.guard import json_object
 
 UNIT = {"enabled": True, "image": "aGVsbG8=", "module": "canny", "model": "canny-tiny [abc123]", "weight": 0.8,
         "guidance_start": 0.25, "guidance_end": 0.75, "threshold_a": 50, "threshold_b": 150}  # fmt: skip
@@ -121,3 +122,22 @@ def test_hr_upscaler_none_is_a1111s_lanczos_resize():
     assert given["hires_upscaler"] == "Lanczos"
     given = a1111_request({"prompt": "x", "enable_hr": True, "hr_upscaler": None}, rules, picture=False).given
     assert given["hires_upscaler"] == "Latent"
+
+
+@pytest.mark.parametrize(
+    ("body", "sentence"),
+    [
+        (b'{"prompt": "a cat",}', "The request body is not valid JSON (line 1, column 20)."),
+        (b"[1, 2", "The request body is not valid JSON (line 1, column 6)."),
+        (b"\xff\xfe{", "The request body is not valid JSON."),
+        (b"  ", "The request body is empty; send a JSON object."),
+        (b'["a cat"]', "The request body must be a JSON object ({...}); got a JSON array."),
+        (b'"a cat"', "The request body must be a JSON object ({...}); got a JSON string."),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_said_as_what_it_is(body, sentence):
+    """Issue 68: broken JSON was called "not a JSON object"; both APIs' bodies (A1111's and OpenAI's) read it here."""
+    with pytest.raises(InvalidInput) as info:
+        json_object(body)
+    assert str(info.value) == sentence
+    assert json_object(b'{"prompt": "a cat"}') == {"prompt": "a cat"}

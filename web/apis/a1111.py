@@ -33,6 +33,7 @@ from ..png_info import parameters_text
 from .a1111_fields import NO_UPSCALER, A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
 from .guard import guarded
+from .guard import json_object as parse_json_object
 from .images import RequestFiles, decode_base64, decode_picture, png_base64
 from .queue_call import QueuedGenerate
 
@@ -294,14 +295,8 @@ def a1111_error(status: int, message: str, kind: str) -> JSONResponse:
 
 
 async def json_object(request: Request) -> dict:
-    """The request's JSON body, which must be an object."""
-    try:
-        payload = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        payload = None
-    if not isinstance(payload, dict):
-        raise InvalidInput("The request body must be a JSON object.")
-    return payload
+    """The request's JSON body, which must be an object (`guard.json_object`)."""
+    return parse_json_object(await request.body())
 
 
 def echo_parameters(payload: dict) -> dict:

@@ -7,6 +7,7 @@ input ends as one sentence in that API's own error shape (`Answer`), never a tra
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
@@ -46,3 +47,22 @@ def guarded(handler: Handler, identify: Identify, answer: Answer) -> Callable[[R
 
 def client_host(request: Request) -> str:
     return request.client.host if request.client else "unknown"
+
+
+def json_object(body: bytes) -> dict:
+    """A JSON body that must be an object (both APIs' generation bodies): broken JSON and JSON of another shape are
+    two mistakes, each said as itself, since a caller fixing a quoting error should not hunt for a wrong shape."""
+    if not body.strip():
+        raise InvalidInput("The request body is empty; send a JSON object.")
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise InvalidInput(f"The request body is not valid JSON{where}.") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"The request body must be a JSON object ({{...}}); got a JSON {_json_kind(payload)}.")
+    return payload
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")

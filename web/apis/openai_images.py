@@ -27,7 +27,7 @@ from pipeline.contract.fields import PLAIN, echo
 from pipeline.contract.parameters import model_name
 
 from .auth import ApiAccess
-from .guard import guarded
+from .guard import guarded, json_object
 from .images import RequestFiles, ServedFiles, check_picture, png_base64
 from .queue_call import QueuedGenerate, Refused
 
@@ -58,13 +58,7 @@ class OpenAIImages:
         return router
 
     async def generations(self, request: Request, caller: str):
-        try:
-            payload = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            payload = None
-        if not isinstance(payload, dict):
-            raise InvalidInput("The request body must be a JSON object.")
-        return await self._generate(request, caller, payload, {})
+        return await self._generate(request, caller, json_object(await request.body()), {})
 
     async def edits(self, request: Request, caller: str):
         """Multipart: `image` (or `image[]`, the first is used), optional `mask` (transparent = edit), the rest as in

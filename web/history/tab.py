@@ -56,8 +56,9 @@ logger = logging.getLogger("sdxl_jax.app")
 
 #: Entries the History tab shows at once (newest first); /history pages through up to MAX_LIST per call.
 TAB_ENTRIES = 200
-#: Characters of a prompt in a thumbnail's caption.
-CAPTION_CHARS = 80
+#: Characters of a prompt in a thumbnail's caption: with the seed, three short lines under a 150 px thumbnail (the
+#: whole prompt is in the entry's details).
+CAPTION_CHARS = 32
 #: Sessions whose finished requests wait for their browser to keep them (no logins), the most each holds, and the
 #: seconds one is offered: until the browser's list shows it (two requests finishing close together may both be
 #: answered before the browser's list has the first: each follow-up then offers both).
@@ -209,10 +210,7 @@ class History:
         with gr.Tab("History", id="history", elem_id="history-tab") as tab:
             gr.Markdown(f"Your past generations, newest first: kept {self.where}.", elem_id="history-where")
             summary = gr.Markdown("", elem_id="history-summary")
-            gallery = gr.Gallery(
-                label="Past generations", show_label=False, columns=6, height="auto", object_fit="cover",
-                allow_preview=False, interactive=False, elem_id="history-gallery",
-            )  # fmt: skip
+            gallery = history_gallery()
             details = gr.Markdown("", elem_id="history-details")
             with gr.Row():
                 use = gr.Button("Use these settings", variant="primary", elem_id="history-use")
@@ -351,7 +349,7 @@ class ServerHistory(History):
     def _listing(self, entries: Any, request: gr.Request | None) -> tuple[list, list]:
         listed = self.store.list(self._user(request), limit=TAB_ENTRIES)
         root = public_root(request)
-        return [(file_url(root, e.id, 0, thumbnail=True), _caption(e.settings)) for e in listed], [e.id for e in listed]
+        return [(file_url(root, e.id, 0, thumbnail=True), caption(e.settings)) for e in listed], [e.id for e in listed]
 
     def _settings(self, entry_id, entries, request) -> tuple[dict | None, float | None]:
         entry = self.store.get(self._user(request), entry_id)
@@ -451,7 +449,7 @@ class BrowserHistory(History):
         for entry in clean_entries(entries):
             pictures = thumbnail_jpegs(entry)
             if pictures and self.files is not None:
-                items.append((str(self.files.content_file(pictures[0], ".jpg")), _caption(entry["settings"])))
+                items.append((str(self.files.content_file(pictures[0], ".jpg")), caption(entry["settings"])))
                 ids.append(entry["id"])
         return items, ids
 
@@ -502,10 +500,19 @@ def _whole(value: Any, name: str) -> int:
     raise InvalidInput(f"The history {name} must be a whole number; got {str(value)[:40]!r}.")
 
 
-def _caption(settings: dict) -> str:
+def history_gallery(value=None) -> gr.Gallery:
+    """The tab's thumbnails (laid out by assets/style.css: `#history-gallery`)."""
+    return gr.Gallery(
+        value=value, label="Past generations", show_label=False, columns=6, height="auto", object_fit="cover",
+        allow_preview=False, interactive=False, elem_id="history-gallery",
+    )  # fmt: skip
+
+
+def caption(settings: dict) -> str:
+    """A thumbnail's caption: the seed, then the prompt's first words (`CAPTION_CHARS`)."""
     prompt = " ".join(str(settings.get("prompt", "")).split())
     prompt = prompt if len(prompt) <= CAPTION_CHARS else prompt[: CAPTION_CHARS - 1] + "…"
-    return f"{prompt} · seed {settings.get('seed')}"
+    return f"seed {settings.get('seed')} · {prompt}"  # the seed first: it tells two tries of one prompt apart
 
 
 def _summary(count: int) -> str:
