@@ -20,11 +20,80 @@ os.environ.setdefault(
 import pytest  # noqa: E402
 
 
+def pytest_configure(config) -> None:
+    """In every process (xdist's controller and workers): the gradio_client fixes below."""
+    _patient_gradio_clients()
+    _tidy_gradio_downloads()
+
+
+def _tidy_gradio_downloads() -> None:
+    """gradio_client (2.7.2) downloads each file of an answer into a new folder `$TMPDIR/<40 hex digits>`, moves the
+    file into the client's download folder and leaves the folder behind, empty: one per file a test downloads (most
+    of the empty hash-named folders a CI run left in TMPDIR). Each download here removes its own staging folder once
+    it is done; the token gradio_client names it by is recorded per thread (clients download in several threads)."""
+    import secrets
+    import shutil
+    import tempfile
+    import threading
+
+    import gradio_client.client as client_module
+
+    endpoint = client_module.Endpoint
+    if getattr(endpoint._download_file, "tidy", False):
+        return
+    last = threading.local()
+
+    class RecordedTokens:
+        """`secrets` as gradio_client.client uses it, its `token_hex` remembered for this thread."""
+
+        def __getattr__(self, name):
+            return getattr(secrets, name)
+
+        @staticmethod
+        def token_hex(nbytes=None):
+            last.token = secrets.token_hex(nbytes)
+            return last.token
+
+    client_module.secrets = RecordedTokens()
+    original = endpoint._download_file
+
+    def tidy_download(self, x):
+        last.token = None
+        try:
+            return original(self, x)
+        finally:
+            if last.token is not None:
+                # empty after a download; with the partial file when it failed midway
+                shutil.rmtree(Path(tempfile.gettempdir()) / last.token, ignore_errors=True)
+
+    tidy_download.tidy = True
+    endpoint._download_file = tidy_download
+
+
+#: Where a gradio_client Client made without `download_files` downloads (the innermost `clients_download_into`).
+CLIENT_DOWNLOADS: list[str] = []
+
+
+@contextlib.contextmanager
+def clients_download_into(folder: Path):
+    """Clients made inside (by code that does not name a download folder: the README's examples, run as written)
+    download into `folder` instead of gradio_client's default, $TMPDIR/gradio."""
+    CLIENT_DOWNLOADS.append(str(folder))
+    try:
+        yield
+    finally:
+        CLIENT_DOWNLOADS.remove(str(folder))
+
+
 def _patient_gradio_clients() -> None:
     """gradio_client reads a page's API description with httpx's 5 s default timeout; on a loaded 2-core machine
     (CI, pytest-xdist) the app takes longer to answer it, and the test would fail before asking anything. The tests'
     clients wait up to 10 minutes for an answer (as long as gradio_client's own streams: without a limit, a hung
-    server would hang the test), a minute to connect; a caller's own `httpx_kwargs` still win."""
+    server would hang the test), a minute to connect; a caller's own `httpx_kwargs` still win.
+
+    Each test's client also names where it downloads answers' files (`download_files=`, a folder under tmp_path, or
+    False, or `clients_download_into`): gradio_client's default is `$TMPDIR/gradio`, which nothing removes; a test
+    without it fails at once."""
     import httpx
     from gradio_client import Client
 
@@ -33,13 +102,16 @@ def _patient_gradio_clients() -> None:
     original = Client.__init__
 
     def patient_init(self, *args, httpx_kwargs=None, **kwargs):
+        if "download_files" not in kwargs and CLIENT_DOWNLOADS:
+            kwargs["download_files"] = CLIENT_DOWNLOADS[-1]
+        if "download_files" not in kwargs:
+            raise TypeError("a test's gradio_client Client names its download folder: download_files=tmp_path / ... "
+                            "(or False); the default, $TMPDIR/gradio, would be left behind")  # fmt: skip
         original(self, *args, httpx_kwargs={"timeout": httpx.Timeout(60, read=600), **(httpx_kwargs or {})}, **kwargs)
 
     patient_init.patient = True
     Client.__init__ = patient_init
 
-
-_patient_gradio_clients()
 
 #: The files that keep one xdist worker busy for a minute or more, heaviest first (worker seconds in a clean-clone run:
 #: test_cluster ~270, test_readme_examples ~230, test_cli ~210, test_tpu ~200, test_service ~140, ...). They are handed

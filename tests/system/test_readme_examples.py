@@ -14,7 +14,7 @@ import re
 import shlex
 
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, clients_download_into, free_port
 
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 API_PAGE = REPO / "docs" / "api.md"
@@ -85,12 +85,13 @@ def servers(tmp_path_factory):
 
 
 @pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_example_runs_against_its_server(index, servers):
+def test_readme_python_example_runs_against_its_server(index, servers, tmp_path):
     source, block = python_blocks()[index]
     page = servers(shlex.split(block.splitlines()[0].removeprefix(SERVER)))
     code = block.replace(ADDRESS, page.local_url)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    # The examples' clients download where gradio_client puts files by default ($TMPDIR/gradio): here, tmp_path.
+    with contextlib.redirect_stdout(printed), clients_download_into(tmp_path / "downloads"):
         exec(compile(code, f"{source} python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
     output = printed.getvalue()
     assert "images in" in output, output

@@ -120,6 +120,7 @@ def page(engines, tmp_path_factory):
     try:
         front.wait_for("Running on")
         front.url = f"http://127.0.0.1:{port}/"
+        front.downloads = tmp_path_factory.mktemp("downloads")  # where the tests' clients put the page's files
         yield front
     finally:
         front.stop()
@@ -128,7 +129,7 @@ def page(engines, tmp_path_factory):
 def client(page):
     from gradio_client import Client
 
-    return Client(page.url, verbose=False)
+    return Client(page.url, verbose=False, download_files=str(page.downloads))
 
 
 def generate(page, seed: int, steps: int = 2) -> tuple[list[np.ndarray], int, str]:
