@@ -19,11 +19,97 @@ os.environ.setdefault(
 
 import pytest  # noqa: E402
 
+# ---- nothing left in TMPDIR ------------------------------------------------------------------------------------------
+
+#: The run's own temporary folder (the controller's, inherited by xdist workers and every subprocess through TMPDIR):
+#: whatever a test, a server, a client or a subprocess writes to "the temporary directory" lands here, so the check
+#: at the end of the session sees exactly this run's leftovers, not those of other processes on a shared machine.
+RUN_TMP_PREFIX = "sdxl-tests-"
+#: Leftovers named in the failure message (the rest are counted).
+LEFTOVERS_SHOWN = 20
+
 
 def pytest_configure(config) -> None:
-    """In every process (xdist's controller and workers): the gradio_client fixes below."""
+    """In the controller (xdist's, or the only process under `-n 0`), before any worker starts: point TMPDIR at a
+    fresh folder of this run; then, in every process, the gradio_client fixes below.
+
+    pytest's own base temporary folder (tmp_path, tmp_path_factory) stays where pytest keeps it, beside the run's
+    folder (PYTEST_DEBUG_TEMPROOT is pytest's way to name it): pytest keeps the last few runs' folders on purpose
+    (a failed test's files). The run's folder goes at the end of the session (pytest_sessionfinish)."""
+    if not hasattr(config, "workerinput"):
+        import tempfile
+
+        outer = tempfile.gettempdir()
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", outer)
+        run_tmp = tempfile.mkdtemp(prefix=RUN_TMP_PREFIX, dir=outer)
+        os.chmod(run_tmp, 0o1777)  # as /tmp: the throwaway PostgreSQL and nginx's workers run as other users
+        config.stash[_RUN_TMP] = (Path(run_tmp), os.environ.get("TMPDIR"))
+        os.environ["TMPDIR"] = run_tmp
+        tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
     _patient_gradio_clients()
     _tidy_gradio_downloads()
+
+
+_RUN_TMP = pytest.StashKey[tuple[Path, str | None]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session) -> None:
+    """In the controller, after every worker has ended (xdist's own sessionfinish, before this one, waits for them;
+    their atexit handlers have run): fail the run when the run's TMPDIR holds anything (pytest_terminal_summary
+    names what); then remove the folder (the listing says enough, and a failed run should not add to the litter it
+    reports)."""
+    stashed = session.config.stash.get(_RUN_TMP, None)
+    if stashed is None:
+        return
+    import shutil
+    import tempfile
+
+    run_tmp, outer_tmpdir = stashed
+    leftovers = sorted(_leftovers(run_tmp, session.config))
+    if leftovers:
+        shown = "\n".join(f"  {entry}" for entry in leftovers[:LEFTOVERS_SHOWN])
+        more = f"\n  ... and {len(leftovers) - LEFTOVERS_SHOWN} more" if len(leftovers) > LEFTOVERS_SHOWN else ""
+        count = f"{len(leftovers)} {'entry' if len(leftovers) == 1 else 'entries'}"
+        session.config.stash[_LEFT] = (f"Tests left {count} in the run's TMPDIR ({run_tmp}); every test writes under "
+                                       f"tmp_path / tmp_path_factory and removes what its servers, clients and "
+                                       f"subprocesses write:\n{shown}{more}")  # fmt: skip
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(run_tmp, ignore_errors=True)
+    if outer_tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = outer_tmpdir
+    tempfile.tempdir = None
+
+
+_LEFT = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """What the run left in TMPDIR (pytest_sessionfinish), after the failures and before the short summary."""
+    if message := config.stash.get(_LEFT, None):
+        terminalreporter.write_sep("=", "left in TMPDIR", red=True, bold=True)
+        terminalreporter.write_line(message)
+
+
+def _leftovers(run_tmp: Path, config) -> list[str]:
+    """The entries of `run_tmp` (a folder: its entries, one level down), but pytest's base temporary folder where
+    it lies inside (`--basetemp` given there)."""
+    basetemp = config.option.basetemp
+    exempt = Path(basetemp).resolve() if basetemp else None
+    found = []
+    for entry in run_tmp.iterdir():
+        if exempt is not None and (exempt == entry.resolve() or entry.resolve() in exempt.parents):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            inside = sorted(child.name for child in entry.iterdir())
+            listed = ", ".join(inside[:5]) + (f", ... ({len(inside)} in all)" if len(inside) > 5 else "")
+            found.append(f"{entry.name}/ ({listed or 'empty'})")
+        else:
+            found.append(entry.name)
+    return found
 
 
 def _tidy_gradio_downloads() -> None:
