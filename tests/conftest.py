@@ -95,8 +95,8 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 
 
 def _leftovers(run_tmp: Path, config) -> list[str]:
-    """The entries of `run_tmp` (a folder: its entries, one level down), but pytest's base temporary folder where
-    it lies inside (`--basetemp` given there)."""
+    """What is left in `run_tmp`, a folder with the first few names inside it (hash-named empty folders and a
+    `gradio/` cache say little by their own name), but pytest's base temporary folder where `--basetemp` put it."""
     basetemp = config.option.basetemp
     exempt = Path(basetemp).resolve() if basetemp else None
     found = []
