@@ -55,10 +55,11 @@ _RUN_TMP = pytest.StashKey[tuple[Path, str | None]]()
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session) -> None:
-    """In the controller, after every worker has ended (xdist's own sessionfinish, before this one, waits for them;
-    their atexit handlers have run): fail the run when the run's TMPDIR holds anything (pytest_terminal_summary
-    names what); then remove the folder (the listing says enough, and a failed run should not add to the litter it
-    reports)."""
+    """In every process, Gradio's empty folders (`_remove_gradio_leftover`). Then in the controller, after every
+    worker has ended (xdist's own sessionfinish, before this one, waits for them; their atexit handlers have run):
+    fail the run when the run's TMPDIR holds anything (pytest_terminal_summary names what); then remove the folder
+    (the listing says enough, and a failed run should not add to the litter it reports)."""
+    _remove_gradio_leftover()
     stashed = session.config.stash.get(_RUN_TMP, None)
     if stashed is None:
         return
@@ -85,6 +86,17 @@ def pytest_sessionfinish(session) -> None:
 
 
 _LEFT = pytest.StashKey[str]()
+
+
+def _remove_gradio_leftover() -> None:
+    """Gradio makes an empty `vibe_edit_history/` in `$TMPDIR/gradio` (where it looked when imported) for every app it
+    builds, each gr.Blocks. The app removes both with its last page (web/files.py); a test that builds a gr.Blocks
+    outside a page (a page's part, MCP's tool names) leaves them: removed here, each only if empty, so anything
+    Gradio did put there is still reported."""
+    if "gradio" in sys.modules:
+        from web.files import _remove_gradio_leftover as remove
+
+        remove()
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
