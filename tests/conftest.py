@@ -47,7 +47,9 @@ def pytest_configure(config) -> None:
         os.environ["TMPDIR"] = run_tmp
         tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
     _patient_gradio_clients()
-    _tidy_gradio_downloads()
+    from bench.gradio_downloads import tidy_downloads
+
+    tidy_downloads()  # gradio_client left an empty $TMPDIR/<40 hex> folder for every file a test downloaded
 
 
 _RUN_TMP = pytest.StashKey[tuple[Path, str | None]]()
@@ -122,50 +124,6 @@ def _leftovers(run_tmp: Path, config) -> list[str]:
         else:
             found.append(entry.name)
     return found
-
-
-def _tidy_gradio_downloads() -> None:
-    """gradio_client (2.7.2) downloads each file of an answer into a new folder `$TMPDIR/<40 hex digits>`, moves the
-    file into the client's download folder and leaves the folder behind, empty: one per file a test downloads (most
-    of the empty hash-named folders a CI run left in TMPDIR). Each download here removes its own staging folder once
-    it is done; the token gradio_client names it by is recorded per thread (clients download in several threads)."""
-    import secrets
-    import shutil
-    import tempfile
-    import threading
-
-    import gradio_client.client as client_module
-
-    endpoint = client_module.Endpoint
-    if getattr(endpoint._download_file, "tidy", False):
-        return
-    last = threading.local()
-
-    class RecordedTokens:
-        """`secrets` as gradio_client.client uses it, its `token_hex` remembered for this thread."""
-
-        def __getattr__(self, name):
-            return getattr(secrets, name)
-
-        @staticmethod
-        def token_hex(nbytes=None):
-            last.token = secrets.token_hex(nbytes)
-            return last.token
-
-    client_module.secrets = RecordedTokens()
-    original = endpoint._download_file
-
-    def tidy_download(self, x):
-        last.token = None
-        try:
-            return original(self, x)
-        finally:
-            if last.token is not None:
-                # empty after a download; with the partial file when it failed midway
-                shutil.rmtree(Path(tempfile.gettempdir()) / last.token, ignore_errors=True)
-
-    tidy_download.tidy = True
-    endpoint._download_file = tidy_download
 
 
 #: Where a gradio_client Client made without `download_files` downloads (the innermost `clients_download_into`).
