@@ -30,6 +30,7 @@ def test_cleans_up(tmp_path):
 
 def _run(folder, workers: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # the conftest's imports
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "--basetemp",
          str(folder / "basetemp"), str(folder / "tests")],
