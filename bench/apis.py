@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import statistics
+import tempfile
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -68,15 +70,20 @@ def main() -> None:
     from web.apis import ApiAccess, attach_apis
     from web.page import build_page
 
+    from .gradio_downloads import tidy_downloads
+
     engine = Generator.from_pretrained(str(tiny_checkpoint()), height=SIZE, width=SIZE, steps=2, dtype="float32")
     engine.warmup()
     page = build_page(engine)
     page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **attach_apis(page, ApiAccess()))
     url = page.local_url.rstrip("/")
+    downloads = None
     try:
         fields = {"prompt": "a lighthouse", "seed": 1}
         engine_s, _ = median_time(lambda: engine.generate(engine.request("a lighthouse", seed=1)))
-        client = Client(page.local_url, verbose=False)
+        tidy_downloads()
+        downloads = tempfile.mkdtemp(prefix="sdxl-bench-apis-dl-")  # gradio_client's default, $TMPDIR/gradio, stays
+        client = Client(page.local_url, verbose=False, download_files=downloads)
         page_s, _ = median_time(lambda: client.predict(**fields, randomize_seed=False, api_name="/generate_png"))
         a1111_s, a1111 = median_time(lambda: requests.post(f"{url}/sdapi/v1/txt2img", timeout=600, json={
             **fields, "batch_size": 8, "width": SIZE, "height": SIZE}))  # fmt: skip
@@ -90,6 +97,8 @@ def main() -> None:
         print("one 1024² image:", {k: round(v, 1) for k, v in encode_1024().items()})
     finally:
         page.close()
+        if downloads is not None:
+            shutil.rmtree(downloads, ignore_errors=True)
 
 
 if __name__ == "__main__":

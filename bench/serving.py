@@ -73,9 +73,13 @@ def close_app(page) -> None:
 
 
 def make_client(url: str, download_dir: str | bool):
-    """One API client, as a user's script would make it (`download_dir` False: it fetches no file)."""
+    """One API client, as a user's script would make it (`download_dir` False: it fetches no file); its downloads
+    leave no empty folder in TMPDIR (gradio_downloads)."""
     from gradio_client import Client
 
+    from .gradio_downloads import tidy_downloads
+
+    tidy_downloads()
     return Client(url, verbose=False, download_files=download_dir)
 
 

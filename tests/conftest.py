@@ -22,12 +22,137 @@ import pytest  # noqa: E402
 #: TEST_PROFILE=FOLDER: each test's seconds and compilations (tests/profiling.py).
 pytest_plugins = ("profiling",)
 
+# ---- nothing left in TMPDIR ------------------------------------------------------------------------------------------
+
+#: The run's own temporary folder (the controller's, inherited by xdist workers and every subprocess through TMPDIR):
+#: whatever a test, a server, a client or a subprocess writes to "the temporary directory" lands here, so the check
+#: at the end of the session sees exactly this run's leftovers, not those of other processes on a shared machine.
+RUN_TMP_PREFIX = "sdxl-tests-"
+#: Leftovers named in the failure message (the rest are counted).
+LEFTOVERS_SHOWN = 20
+
+
+def pytest_configure(config) -> None:
+    """In the controller (xdist's, or the only process under `-n 0`), before any worker starts: point TMPDIR at a
+    fresh folder of this run; then, in every process, the gradio_client fixes below.
+
+    pytest's own base temporary folder (tmp_path, tmp_path_factory) stays where pytest keeps it, beside the run's
+    folder (PYTEST_DEBUG_TEMPROOT is pytest's way to name it): pytest keeps the last few runs' folders on purpose
+    (a failed test's files). The run's folder goes at the end of the session (pytest_sessionfinish)."""
+    if not hasattr(config, "workerinput"):
+        import tempfile
+
+        outer = tempfile.gettempdir()
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", outer)
+        run_tmp = tempfile.mkdtemp(prefix=RUN_TMP_PREFIX, dir=outer)
+        os.chmod(run_tmp, 0o1777)  # as /tmp: the throwaway PostgreSQL and nginx's workers run as other users
+        config.stash[_RUN_TMP] = (Path(run_tmp), os.environ.get("TMPDIR"))
+        os.environ["TMPDIR"] = run_tmp
+        tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
+    _patient_gradio_clients()
+    from bench.gradio_downloads import tidy_downloads
+
+    tidy_downloads()  # gradio_client left an empty $TMPDIR/<40 hex> folder for every file a test downloaded
+
+
+_RUN_TMP = pytest.StashKey[tuple[Path, str | None]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session) -> None:
+    """In every process, Gradio's empty folders (`_remove_gradio_leftover`). Then in the controller, after every
+    worker has ended (xdist's own sessionfinish, before this one, waits for them; their atexit handlers have run):
+    fail the run when the run's TMPDIR holds anything (pytest_terminal_summary names what); then remove the folder
+    (the listing says enough, and a failed run should not add to the litter it reports)."""
+    _remove_gradio_leftover()
+    stashed = session.config.stash.get(_RUN_TMP, None)
+    if stashed is None:
+        return
+    import shutil
+    import tempfile
+
+    run_tmp, outer_tmpdir = stashed
+    leftovers = sorted(_leftovers(run_tmp, session.config))
+    if leftovers:
+        shown = "\n".join(f"  {entry}" for entry in leftovers[:LEFTOVERS_SHOWN])
+        more = f"\n  ... and {len(leftovers) - LEFTOVERS_SHOWN} more" if len(leftovers) > LEFTOVERS_SHOWN else ""
+        count = f"{len(leftovers)} {'entry' if len(leftovers) == 1 else 'entries'}"
+        session.config.stash[_LEFT] = (f"Tests left {count} in the run's TMPDIR ({run_tmp}); every test writes under "
+                                       f"tmp_path / tmp_path_factory and removes what its servers, clients and "
+                                       f"subprocesses write:\n{shown}{more}")  # fmt: skip
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(run_tmp, ignore_errors=True)
+    if outer_tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = outer_tmpdir
+    tempfile.tempdir = None
+
+
+_LEFT = pytest.StashKey[str]()
+
+
+def _remove_gradio_leftover() -> None:
+    """Gradio makes an empty `vibe_edit_history/` in `$TMPDIR/gradio` (where it looked when imported) for every app it
+    builds, each gr.Blocks. The app removes both with its last page (web/files.py); a test that builds a gr.Blocks
+    outside a page (a page's part, MCP's tool names) leaves them: removed here, each only if empty, so anything
+    Gradio did put there is still reported."""
+    if "gradio" in sys.modules:
+        from web.files import _remove_gradio_leftover as remove
+
+        remove()
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """What the run left in TMPDIR (pytest_sessionfinish), after the failures and before the short summary."""
+    if message := config.stash.get(_LEFT, None):
+        terminalreporter.write_sep("=", "left in TMPDIR", red=True, bold=True)
+        terminalreporter.write_line(message)
+
+
+def _leftovers(run_tmp: Path, config) -> list[str]:
+    """What is left in `run_tmp`, a folder with the first few names inside it (hash-named empty folders and a
+    `gradio/` cache say little by their own name), but pytest's base temporary folder where `--basetemp` put it."""
+    basetemp = config.option.basetemp
+    exempt = Path(basetemp).resolve() if basetemp else None
+    found = []
+    for entry in run_tmp.iterdir():
+        if exempt is not None and (exempt == entry.resolve() or entry.resolve() in exempt.parents):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            inside = sorted(child.name for child in entry.iterdir())
+            listed = ", ".join(inside[:5]) + (f", ... ({len(inside)} in all)" if len(inside) > 5 else "")
+            found.append(f"{entry.name}/ ({listed or 'empty'})")
+        else:
+            found.append(entry.name)
+    return found
+
+
+#: Where a gradio_client Client made without `download_files` downloads (the innermost `clients_download_into`).
+CLIENT_DOWNLOADS: list[str] = []
+
+
+@contextlib.contextmanager
+def clients_download_into(folder: Path):
+    """Clients made inside (by code that does not name a download folder: the README's examples, run as written)
+    download into `folder` instead of gradio_client's default, $TMPDIR/gradio."""
+    CLIENT_DOWNLOADS.append(str(folder))
+    try:
+        yield
+    finally:
+        CLIENT_DOWNLOADS.remove(str(folder))
+
 
 def _patient_gradio_clients() -> None:
     """gradio_client reads a page's API description with httpx's 5 s default timeout; on a loaded 2-core machine
     (CI, pytest-xdist) the app takes longer to answer it, and the test would fail before asking anything. The tests'
     clients wait up to 10 minutes for an answer (as long as gradio_client's own streams: without a limit, a hung
-    server would hang the test), a minute to connect; a caller's own `httpx_kwargs` still win."""
+    server would hang the test), a minute to connect; a caller's own `httpx_kwargs` still win.
+
+    Each test's client also names where it downloads answers' files (`download_files=`, a folder under tmp_path, or
+    False, or `clients_download_into`): gradio_client's default is `$TMPDIR/gradio`, which nothing removes; a test
+    without it fails at once."""
     import httpx
     from gradio_client import Client
 
@@ -36,13 +161,16 @@ def _patient_gradio_clients() -> None:
     original = Client.__init__
 
     def patient_init(self, *args, httpx_kwargs=None, **kwargs):
+        if "download_files" not in kwargs and CLIENT_DOWNLOADS:
+            kwargs["download_files"] = CLIENT_DOWNLOADS[-1]
+        if "download_files" not in kwargs:
+            raise TypeError("a test's gradio_client Client names its download folder: download_files=tmp_path / ... "
+                            "(or False); the default, $TMPDIR/gradio, would be left behind")  # fmt: skip
         original(self, *args, httpx_kwargs={"timeout": httpx.Timeout(60, read=600), **(httpx_kwargs or {})}, **kwargs)
 
     patient_init.patient = True
     Client.__init__ = patient_init
 
-
-_patient_gradio_clients()
 
 #: The files that keep one xdist worker busy for a minute or more, heaviest first (worker seconds in a clean-clone run:
 #: test_cluster ~270, test_readme_examples ~230, test_cli ~210, test_tpu ~200, test_service ~140, ...). They are handed

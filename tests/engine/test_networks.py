@@ -222,22 +222,25 @@ OTHER_XLA_TOLERANCE = 1e-4
 
 
 @functools.cache
-def _old_classes_here(dtype_name: str) -> np.lib.npyio.NpzFile:
+def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
     """The old classes' outputs in `dtype_name` computed on this host (scripts/make_network_fixtures.py --here, in the
     reference venv: diffusers 0.39 and transformers 4 with this jax). Asked for only where this host's bits differ from
     the committed fixture's: XLA:CPU's last bits depend on the CPU (an AMD EPYC with AVX-512 differs from the
-    fixture's host in every case but one, under any `--xla_cpu_max_isa`; measured 2026-11-28)."""
+    fixture's host in every case but one, under any `--xla_cpu_max_isa`; measured 2026-11-28). Read whole into memory,
+    so the script's folder goes at once (it was left in TMPDIR)."""
     import subprocess
     import tempfile
 
     from bench.reference_venv import reference_python
     from tests.conftest import REPO
 
-    out = Path(tempfile.mkdtemp(prefix="networks-here-")) / f"{dtype_name}.npz"
-    command = [str(reference_python()), "scripts/make_network_fixtures.py", "--here", str(out), dtype_name]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return np.load(out)
+    with tempfile.TemporaryDirectory(prefix="networks-here-") as folder:
+        out = Path(folder) / f"{dtype_name}.npz"
+        command = [str(reference_python()), "scripts/make_network_fixtures.py", "--here", str(out), dtype_name]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with np.load(out) as here:
+            return dict(here)
 
 
 def _here(case: str, dtype_name: str, expected: dict) -> dict[str, np.ndarray]:

@@ -6,12 +6,10 @@ nothing mocked."""
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -269,7 +267,7 @@ def test_load_failure_exits_2_with_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long  # three app start-ups; test_executables.py restarts the engine whole, test_loop.py finds no callback
-def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_executables():
+def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_executables(tmp_path):
     """Progress on (the default): no program has a host callback, so a second start compiles nothing: without this
     host's executables every program is traced and XLA's part comes from JAX's cache; with them (the default)
     every program is loaded whole, nothing traced, and the log says so."""
@@ -279,10 +277,9 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
 
     args = ["--model", "tiny", "--sizes", ",".join(f"{w}x{h}" for h, w in UI_SIZES), "--steps", "2",
             "--dtype", "float32", "--cpu-devices", "2"]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="sdxl-warm-") as tmp:
-        cold = app_start(args, pathlib.Path(tmp) / "cache", "cold", timeout_s=900)
-        warm = app_start([*args, "--no-executable-cache"], pathlib.Path(tmp) / "cache", "warm", timeout_s=900)
-        ready, lines = app_ready(args, pathlib.Path(tmp) / "cache", timeout_s=900)
+    cold = app_start(args, tmp_path / "cache", "cold", timeout_s=900)
+    warm = app_start([*args, "--no-executable-cache"], tmp_path / "cache", "warm", timeout_s=900)
+    ready, lines = app_ready(args, tmp_path / "cache", timeout_s=900)
     served = len(program_keys(UI_SIZES, cfg=True, levers=True, previews=True, windows=3))  # a default server's
     # A cold start compiles each served program; one whose HLO another already gave JAX's cache is compiled once
     # more past the cache, to be stored whole (pipeline/host/executable_store.py): more compile lines, never fewer.

@@ -111,7 +111,12 @@ class Proc:
 
 
 @pytest.fixture
-def procs():
+def procs(tmp_path, monkeypatch):
+    """The test's processes (Proc), killed after it. Their TMPDIR is a folder in the test's tmp_path (process_env
+    passes it on): a process killed with SIGKILL cannot remove its temporary files (the app's, Gradio's)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     launched: list[Proc] = []
     yield launched
     for proc in launched:  # never leave a process behind, whatever failed

@@ -18,7 +18,7 @@ import re
 import shlex
 
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, clients_download_into, free_port
 
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 API_PAGE = REPO / "docs" / "api.md"
@@ -107,29 +107,15 @@ def servers(tmp_path_factory):
         yield server
 
 
-@pytest.fixture
-def downloads(tmp_path, monkeypatch):
-    """gradio_client's downloads go to tmp_path/downloads unless a block names its own folder: by default they would
-    stay in the system's temporary folder (gradio_client never deletes them)."""
-    from gradio_client import Client
-
-    folder = tmp_path / "downloads"
-    original = Client.__init__
-
-    def into_tmp_path(self, *args, download_files=str(folder), **kwargs):
-        original(self, *args, download_files=download_files, **kwargs)
-
-    monkeypatch.setattr(Client, "__init__", into_tmp_path)
-    return folder
-
-
 @pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_example_runs_against_its_server(index, servers, downloads):
+def test_readme_python_example_runs_against_its_server(index, servers, tmp_path):
     source, block = python_blocks()[index]
     page = servers(shlex.split(block.splitlines()[0].removeprefix(SERVER)))
     code = block.replace(ADDRESS, page.local_url)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    # The examples' clients download where gradio_client puts files by default ($TMPDIR/gradio): here, tmp_path.
+    downloads = tmp_path / "downloads"
+    with contextlib.redirect_stdout(printed), clients_download_into(downloads):
         exec(compile(code, f"{source} python block {index}", "exec"), {"__name__": "readme_example"})  # noqa: S102
     output = printed.getvalue()
     assert "images in" in output, output

@@ -61,8 +61,9 @@ def _wait_until_both_up(url: str) -> None:
         time.sleep(0.5)
 
 
-def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy):
-    first, second = (Client(proxy, auth=USER, verbose=False) for _ in range(2))
+def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy, tmp_path):
+    first, second = (Client(proxy, auth=USER, verbose=False, download_files=str(tmp_path / name))
+                     for name in ("first", "second"))  # fmt: skip
     # Each login landed on a replica and holds HAProxy's cookie naming it: two visitors, two replicas.
     assert {first.cookies["SDXL_PAGE"], second.cookies["SDXL_PAGE"]} == {"page1", "page2"}
     token = {name: value for name, value in first.cookies.items() if name != "SDXL_PAGE"}
@@ -73,7 +74,7 @@ def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy):
     _made_on_one_replica_seen_on_the_other(proxy, first, second, "a lighthouse made on one replica")
 
 
-def test_nginx_keeps_a_login_on_its_replica_too(replicas):
+def test_nginx_keeps_a_login_on_its_replica_too(replicas, tmp_path):
     """deploy/nginx/nginx.conf (its addresses put in): a route cookie hashed to one replica."""
     addresses = [page.local_url.removeprefix("http://").rstrip("/") for page in replicas]
     with nginx(NGINX_CONFIG, addresses) as proxy:
@@ -91,8 +92,9 @@ def test_nginx_keeps_a_login_on_its_replica_too(replicas):
         assert [httpx.get(f"{proxy}config", cookies=mine).status_code for _ in range(4)] == [200] * 4
         elsewhere = {**mine, "sdxl_route": theirs["sdxl_route"]}  # this login, the other replica's route
         assert httpx.get(f"{proxy}config", cookies=elsewhere).status_code == 401
-        first, second = (Client(proxy, verbose=False, httpx_kwargs={"cookies": cookies, "timeout": 600})
-                         for cookies in (mine, theirs))  # fmt: skip
+        first, second = (Client(proxy, verbose=False, httpx_kwargs={"cookies": cookies, "timeout": 600},
+                                download_files=str(tmp_path / name))
+                         for name, cookies in (("first", mine), ("second", theirs)))  # fmt: skip
         _made_on_one_replica_seen_on_the_other(proxy, first, second, "a windmill made behind nginx")
 
 

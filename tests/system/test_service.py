@@ -37,12 +37,16 @@ START_S = 600
 
 
 class Launched:
-    """A process whose output goes to a file the test reads while it runs."""
+    """A process whose output goes to a file the test reads while it runs, its TMPDIR a folder beside that file (in
+    the test's tmp_path): a process the test kills (SIGKILL) cannot remove its own temporary files."""
 
     def __init__(self, command: list[str], log: pathlib.Path, env: dict | None = None) -> None:
         # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS)
         environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        self.command, self.log, self.env = command, log, {**environment, **(env or {})}
+        temp = log.with_name(f"{log.stem}-tmp")
+        temp.mkdir(exist_ok=True)
+        self.command, self.log = command, log
+        self.env = {**environment, "TMPDIR": str(temp), **(env or {})}
         self.process: subprocess.Popen | None = None
         self.start()
 
@@ -120,6 +124,7 @@ def page(engines, tmp_path_factory):
     try:
         front.wait_for("Running on")
         front.url = f"http://127.0.0.1:{port}/"
+        front.downloads = tmp_path_factory.mktemp("downloads")  # where the tests' clients put the page's files
         yield front
     finally:
         front.stop()
@@ -128,7 +133,7 @@ def page(engines, tmp_path_factory):
 def client(page):
     from gradio_client import Client
 
-    return Client(page.url, verbose=False)
+    return Client(page.url, verbose=False, download_files=str(page.downloads))
 
 
 def generate(page, seed: int, steps: int = 2) -> tuple[list[np.ndarray], int, str]:

@@ -182,9 +182,9 @@ def test_page_shows_device_line_and_allows_embedding(page, generator):
     assert preflight.headers.get("access-control-allow-origin") == origin
 
 
-def test_full_queue_turns_requests_away(generator):
+def test_full_queue_turns_requests_away(generator, tmp_path):
     with served(generator, queue_size=1) as small:
-        client = Client(small.local_url, verbose=False)
+        client = Client(small.local_url, verbose=False, download_files=str(tmp_path))
         jobs = [client.submit(prompt=f"{PROMPT} {i}", api_name="/generate") for i in range(5)]
         done, rejected = [], []
         for job in jobs:

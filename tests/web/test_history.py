@@ -35,7 +35,8 @@ def _signed_in(url: str, user: str, password: str) -> httpx.Client:
 def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, tmp_path):
     data = tmp_path / "data"
     with _history_page(ui_engine, data) as page:
-        ann, bob = (Client(page.local_url, auth=user, verbose=False) for user in USERS)
+        ann, bob = (Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0]))
+                    for user in USERS)  # fmt: skip
         ann.predict("a lighthouse", seed=3, randomize_seed=False, steps=3, api_name="/generate")
         ann.predict("a windmill", "fog", seed=4, randomize_seed=False, steps=2, guidance_scale=6,
                     api_name="/generate_png")  # fmt: skip
@@ -65,7 +66,8 @@ def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, 
             assert ann_http.get(f"/gradio_api/file={data}/history.sqlite3").status_code in (403, 404)
     # A restart on the same folder: everything is still there, still per login.
     with _history_page(ui_engine, data) as page:
-        ann, bob = (Client(page.local_url, auth=user, verbose=False) for user in USERS)
+        ann, bob = (Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0]))
+                    for user in USERS)  # fmt: skip
         assert [e["id"] for e in ann.predict(api_name="/history")] == [e["id"] for e in mine]
         assert [e["prompt"] for e in bob.predict(api_name="/history")] == ["a teapot"]
         with closing(_signed_in(page.local_url, *USERS[0])) as ann_http:
@@ -74,7 +76,8 @@ def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, 
 
 def test_the_cap_and_two_requests_finishing_together(ui_engine, tmp_path):
     with _history_page(ui_engine, tmp_path / "data", max_entries=3) as page:
-        clients = [Client(page.local_url, auth=USERS[0], verbose=False) for _ in range(2)]
+        clients = [Client(page.local_url, auth=USERS[0], verbose=False, download_files=str(tmp_path / str(i)))
+                   for i in range(2)]  # fmt: skip
         threads = [
             threading.Thread(target=client.predict, args=(f"a kite {i}",), kwargs={"steps": 2, "api_name": "/generate"})
             for i, client in enumerate(clients)
@@ -98,7 +101,7 @@ def test_the_cap_and_two_requests_finishing_together(ui_engine, tmp_path):
 def test_without_logins_the_server_keeps_nothing(ui_engine, tmp_path):
     data = tmp_path / "data"
     with _history_page(ui_engine, data, logins=False) as page:
-        client = Client(page.local_url, verbose=False)
+        client = Client(page.local_url, verbose=False, download_files=str(tmp_path / "client"))
         client.predict("a lighthouse", steps=2, api_name="/generate")
         with pytest.raises(Exception, match="keeps no history"):
             client.predict(api_name="/history")
@@ -108,8 +111,9 @@ def test_without_logins_the_server_keeps_nothing(ui_engine, tmp_path):
 def test_no_history_means_no_tab_and_no_endpoint(ui_page):
     config = httpx.get(f"{ui_page.local_url}config").json()
     assert all(c["props"].get("elem_id") != "history-tab" for c in config["components"])
-    assert "/history" not in Client(ui_page.local_url, verbose=False).view_api(print_info=False, return_format="dict")[
-        "named_endpoints"]  # fmt: skip
+    client = Client(ui_page.local_url, verbose=False, download_files=False)
+    api = client.view_api(print_info=False, return_format="dict")
+    assert "/history" not in api["named_endpoints"]
 
 
 # ---- in the browser -----------------------------------------------------------------------------------------------

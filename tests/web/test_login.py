@@ -31,7 +31,7 @@ def test_login_is_required(locked_page, client):
     assert httpx.get(base + "/config").status_code == 401
     assert httpx.post(base + "/login", data={"username": LOGIN[0], "password": "wrong"}).status_code == 400
     with pytest.raises(Exception):  # noqa: B017  gradio_client cannot even read the API without the login
-        Client(locked_page.local_url, verbose=False)
+        Client(locked_page.local_url, verbose=False, download_files=False)
     gallery, seed, status = client.predict(prompt="a red kite", seed=3, randomize_seed=False, api_name="/generate")
     assert len(gallery) == 8 and seed == 3 and status.startswith("8 images in ")
 

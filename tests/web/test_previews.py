@@ -131,7 +131,7 @@ def test_a_cancel_mid_stream_ends_it_and_the_next_request_streams_its_own(ui_cli
     assert shown and shown == sorted(shown) and set(shown) <= {"step 2 / 6", "step 4 / 6"}, shown
 
 
-def test_no_previews_server_streams_only_the_answer(tiny_dir):
+def test_no_previews_server_streams_only_the_answer(tiny_dir, tmp_path):
     from gradio_client import Client
 
     from pipeline.generator import Generator
@@ -141,7 +141,7 @@ def test_no_previews_server_streams_only_the_answer(tiny_dir):
     generator.warmup()
     assert all(key.kind != "preview" for key in generator.program_keys())
     with served(generator) as page:
-        client = Client(page.local_url, verbose=False)
+        client = Client(page.local_url, verbose=False, download_files=str(tmp_path))
         job = client.submit(prompt="a red kite", steps=8, previews=True, api_name="/generate")  # asked: still none
         job.result()
         assert len(job.outputs()) == 1
