@@ -116,7 +116,7 @@ def gradio_floor(runs: int) -> Stats:
         text_in.submit(lambda text: text, text_in, text_out, api_name="echo", concurrency_limit=1)
     echo_demo.queue(max_size=20).launch(server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
-        client = Client(echo_demo.local_url, verbose=False)
+        client = Client(echo_demo.local_url, verbose=False, download_files=False)  # text only: nothing to fetch
         client.predict("warm-up", api_name="/echo")
         return Stats.of([timed(lambda: client.predict("hello", api_name="/echo"))[0] for _ in range(max(runs, 5))])
     finally:
