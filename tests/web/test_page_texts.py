@@ -26,6 +26,12 @@ def page_config(engine, **build_kwargs):
         page.close()
 
 
+def config_text(config: dict) -> str:
+    """The configuration as text; gr.State's props hold a function (its `delete_callback`), which Gradio's own
+    encoder skips when it serves /config."""
+    return json.dumps(config, ensure_ascii=False, default=repr)
+
+
 def by_id(config: dict) -> dict:
     return {c["props"].get("elem_id"): c["props"].get("value") for c in config["components"]}
 
@@ -56,7 +62,7 @@ def test_page_texts_follow_the_model_and_the_count():
         "tiny", height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:1]
     )  # nothing compiled: the page only reads the configuration
     with page_config(one) as config:
-        texts = json.dumps(config, ensure_ascii=False)
+        texts = config_text(config)
     assert "Running on 1 × cpu · 1 image of 64×64 px" in texts and "1 images" not in texts
     assert "tiny random-weight test model" in texts
     assert "RAIL" not in texts and "Stable Diffusion XL 1.0](" not in texts and page_texts.MODEL_CARD_URL not in texts
@@ -93,7 +99,7 @@ def test_the_cpu_note_follows_the_model_size():
     remote = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), info)  # nothing contacted: the page reads `info`
     assert remote.unet_parameters == info["unet_parameters"]
     with page_config(remote, examples=[]) as config:
-        assert page_texts.CPU_VISITOR_NOTICE not in json.dumps(config, ensure_ascii=False)
+        assert page_texts.CPU_VISITOR_NOTICE not in config_text(config)
     sdxl = 2_567_463_684  # SDXL base's UNet
     model_texts = page_texts.model_texts
     assert model_texts("tiny-pt", on_cpu=True, unet_parameters=sdxl)["notice"] == page_texts.CPU_VISITOR_NOTICE
