@@ -138,52 +138,16 @@ def test_splash_pads_lengths_off_128_exactly(length):
 
 
 def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
-    """`precompile --topology cpu` (in a subprocess, like a build step), then a server that loads every program:
-    zero compilations, the same pixels as the engine that compiled its own. One prompt window and no previews: the
-    subprocess compiles every program past the cache, so only the ones a short prompt runs."""
-    from pipeline.generator import Generator
-    from pipeline.host.aot import MANIFEST, load_precompiled
-
-    out = tmp_path / "precompiled"
-    size = ["--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--prompt-windows", "1",
-            "--no-previews"]  # fmt: skip
-    settings = dict(height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", compilation_cache=False,
-                    prompt_windows=1, previews=False)  # fmt: skip
-    command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir), *size,
-               "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
-
-    generator = Generator.from_pretrained(str(tiny_dir), **settings)
-    assert {p["label"] for p in manifest["programs"]} == {key.label for key in generator.program_keys()}
-    report = load_precompiled(generator.programs, generator.program_keys(), out)
-    assert report.compile == {} and len(report.loaded) == len(generator.program_keys())
-    generator.warmup()
-    assert generator.compile_count == 0
-    mine = generate(generator, "a lighthouse at dusk", seed=11)
-    theirs = generate(engine, "a lighthouse at dusk", seed=11)
-    for a, b in zip(mine.images, theirs.images, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-    # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
-    manifest["versions"]["jaxlib"] = "0.0.1"
-    (out / MANIFEST).write_text(json.dumps(manifest))
-    other = Generator.from_pretrained(str(tiny_dir), **settings)
-    report = load_precompiled(other.programs, other.program_keys(), out)
-    assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
-    keys = other.program_keys()
-    assert f"loaded 0 of {len(keys)}" in report.summary(out) and not any(map(other.programs.is_compiled, keys))
-
-
-def test_precompiled_merged_calls_start_without_compiling(engine, tiny_dir, tmp_path):
-    """`precompile --images-per-device 2 --merge-requests` writes N's programs and, in their own folder, the
-    one-image calls' text-to-image programs; a merging server started with the directory compiles nothing, and a
-    lone request (a call of one image per device) gets the one-image engine's pixels bit for bit."""
+    """`precompile --topology cpu` (in a subprocess, like a build step) with `--images-per-device 2
+    --merge-requests`: N's programs and, in their own folder, the one-image calls' text-to-image programs. A merging
+    server started with the directory loads every program and compiles nothing, and a lone request (a call of one
+    image per device) gets the one-image engine's pixels bit for bit. A manifest from other versions is refused as a
+    whole. One prompt window and no previews: the subprocess compiles every program past the cache, so only the ones
+    a short prompt runs. (One round trip covers the plain and the merging start: a second precompile cost a minute.)"""
     from pipeline.cluster.join_options import ClusterOptions
     from pipeline.config import EngineConfig
-    from pipeline.host.aot import MANIFEST, call_size_directory
+    from pipeline.generator import Generator
+    from pipeline.host.aot import MANIFEST, call_size_directory, load_precompiled
     from pipeline.startup import start
 
     out = tmp_path / "precompiled"
@@ -206,6 +170,20 @@ def test_precompiled_merged_calls_start_without_compiling(engine, tiny_dir, tmp_
     theirs = generate(engine, "a lighthouse at dusk", seed=11)
     for a, b in zip(mine.images, theirs.images, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
+    assert {p["label"] for p in manifest["programs"]} == {key.label for key in generator.program_keys()}
+
+    # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
+    manifest["versions"]["jaxlib"] = "0.0.1"
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    other = Generator.from_pretrained(str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
+                                      dtype="float32", compilation_cache=False, prompt_windows=1, previews=False,
+                                      per_device_batch=2)  # fmt: skip
+    report = load_precompiled(other.programs, other.program_keys(), out)
+    assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
+    keys = other.program_keys()
+    assert f"loaded 0 of {len(keys)}" in report.summary(out) and not any(map(other.programs.is_compiled, keys))
 
 
 @needs_libtpu
