@@ -33,6 +33,8 @@ from tests.random_params import random_params, tree_shapes
 
 MANIFEST = json.loads((FIXTURES / "networks-expected.json").read_text())
 EXPECTED = np.load(FIXTURES / "networks-expected.npz")
+#: The old classes' outputs computed on the hosts CI runs on, by host CPU (`_old_classes_here`).
+HERE = FIXTURES / "networks-here"
 #: bfloat16 against the old classes in bfloat16: the same operations in the same order, so the same bits (0).
 BF16_TOLERANCE = 0.0
 
@@ -227,13 +229,23 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
     reference venv: diffusers 0.39 and transformers 4 with this jax). Asked for only where this host's bits differ from
     the committed fixture's: XLA:CPU's last bits depend on the CPU (an AMD EPYC with AVX-512 differs from the
     fixture's host in every case but one, under any `--xla_cpu_max_isa`; measured 2026-11-28). Read whole into memory,
-    so the script's folder goes at once (it was left in TMPDIR)."""
+    so the script's folder goes at once (it was left in TMPDIR).
+
+    A host whose outputs are committed (`HERE`, written by the same command: `--here
+    tests/fixtures/networks-here/host-<signature>-float32.npz float32`, the signature of
+    pipeline.host.compile_cache.host_cpu_signature) reads them instead: the script took a minute and a half of a
+    2-core CI run."""
     import subprocess
     import tempfile
 
     from bench.reference_venv import reference_python
+    from pipeline.host.compile_cache import host_cpu_signature
     from tests.conftest import REPO
 
+    committed = HERE / f"host-{host_cpu_signature()}-{dtype_name}.npz"
+    if committed.exists():
+        with np.load(committed) as here:
+            return dict(here)
     with tempfile.TemporaryDirectory(prefix="networks-here-") as folder:
         out = Path(folder) / f"{dtype_name}.npz"
         command = [str(reference_python()), "scripts/make_network_fixtures.py", "--here", str(out), dtype_name]
