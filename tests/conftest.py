@@ -65,6 +65,7 @@ def pytest_sessionfinish(session) -> None:
     fail the run when the run's TMPDIR holds anything (pytest_terminal_summary names what); then remove the folder
     (the listing says enough, and a failed run should not add to the litter it reports)."""
     _remove_gradio_leftover()
+    _send_first_seen(session.config)
     stashed = session.config.stash.get(_RUN_TMP, None)
     if stashed is None:
         return
@@ -92,6 +93,45 @@ def pytest_sessionfinish(session) -> None:
 
 _LEFT = pytest.StashKey[str]()
 
+# Which test left what: each process lists the run's TMPDIR (and its gradio/ cache) after every test; a new entry is
+# put down to the test it first appeared after (a server's thread may write it a little later: the test is then the
+# one running meanwhile, still the place to look). Workers send theirs to the controller (xdist's workeroutput).
+_SEEN: dict[str, str] = {}
+_FIRST_SEEN = pytest.StashKey[dict[str, set[str]]]()  # a worker's entry was seen by the other one too: both named
+
+
+def _tmpdir_names() -> set[str]:
+    """The run's TMPDIR entries, and those of its `gradio/` (Gradio's cache: one hash-named folder per file)."""
+    import tempfile
+
+    root = Path(tempfile.gettempdir())
+    names = set()
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            names.add(entry.name)
+            if entry.name == "gradio" and entry.is_dir():
+                names.update(f"gradio/{child.name}" for child in entry.iterdir())
+    return names
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    for name in _tmpdir_names() - _SEEN.keys():
+        _SEEN[name] = nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """A worker's entries, as it saw them (xdist's controller hook)."""
+    first_seen = node.config.stash.setdefault(_FIRST_SEEN, {})
+    for name, nodeid in node.workeroutput.get("tmpdir_first_seen", {}).items():
+        first_seen.setdefault(name, set()).add(nodeid)
+
+
+def _send_first_seen(config) -> None:
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["tmpdir_first_seen"] = dict(_SEEN)
+
 
 def _remove_gradio_leftover() -> None:
     """Gradio makes an empty `vibe_edit_history/` in `$TMPDIR/gradio` (where it looked when imported) for every app it
@@ -116,8 +156,12 @@ def _leftovers(run_tmp: Path, config) -> list[str]:
     `gradio/` cache say little by their own name), but pytest's base temporary folder where `--basetemp` put it."""
     basetemp = config.option.basetemp
     exempt = Path(basetemp).resolve() if basetemp else None
+    first_seen = {name: {nodeid} for name, nodeid in _SEEN.items()}
+    for name, nodeids in config.stash.get(_FIRST_SEEN, {}).items():
+        first_seen.setdefault(name, set()).update(nodeids)
     found = []
     for entry in run_tmp.iterdir():
+        inside: list[str] = []
         if exempt is not None and (exempt == entry.resolve() or entry.resolve() in exempt.parents):
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -126,6 +170,11 @@ def _leftovers(run_tmp: Path, config) -> list[str]:
             found.append(f"{entry.name}/ ({listed or 'empty'})")
         else:
             found.append(entry.name)
+        # The tests after which its contents first appeared, else the entry itself.
+        culprits = set().union(*(first_seen.get(f"{entry.name}/{child}", ()) for child in inside))
+        culprits = sorted(culprits or first_seen.get(entry.name, ()))
+        if culprits:
+            found[-1] += f" — first seen after {', '.join(culprits[:3])}"
     return found
 
 
@@ -192,13 +241,19 @@ HEAVY_FIRST = (
 #: workers built the engine twice (the refiner's hires engine: both at once, cold, ~100 s each). Each group is one
 #: work unit: its files run in one worker, one after the other, and the engine is built once.
 SHARED_ENGINE_GROUPS = {
+    # test_cluster needs both; spread over both workers, each engine was built twice.
+    "feature_engine, control_engine": (
+        "system/test_cluster.py", "system/test_service.py", "web/test_features_browser.py",
+        "system/test_features_cli.py", "engine/test_img2img.py", "engine/test_speed_levers.py",
+        "engine/test_prompts.py", "engine/test_clip_skip.py", "engine/test_lora.py", "engine/test_text_cache.py",
+        "web/test_apis.py", "web/test_features_api.py", "engine/test_controlnet.py", "web/test_controlnet_page.py"),
     "refiner_engine, refiner_hires_engine": (
         "engine/test_refiner_together.py", "web/test_second_pass_browser.py", "engine/test_refiner.py"),
-    "control_engine": ("engine/test_controlnet.py", "web/test_controlnet_page.py"),
     "ui_engine, ui_page": (
         "web/test_stop.py", "web/test_previews.py", "web/test_history.py", "web/test_delivery.py",
         "web/test_steps_and_sampler.py", "web/test_page_quiet.py", "web/test_png_info.py",
-        "web/test_progress_and_examples.py"),
+        "web/test_progress_and_examples.py", "engine/test_loop.py", "system/test_replicas.py"),
+    "batched_engine": ("engine/test_generator.py", "web/test_throughput.py", "engine/test_request_merging.py"),
 }  # fmt: skip
 GROUP_OF = {f"tests/{path}": group for group, paths in SHARED_ENGINE_GROUPS.items() for path in paths}
 

@@ -44,7 +44,8 @@ def test_a_test_that_leaves_a_folder_in_tmpdir_fails_the_run(tmp_path, workers):
     whole suite's own run."""
     tests = tmp_path / "tests"
     tests.mkdir()
-    shutil.copy(REPO / "tests" / "conftest.py", tests)
+    for module in ("conftest.py", "profiling.py"):  # the conftest names profiling as its plugin
+        shutil.copy(REPO / "tests" / module, tests)
     (tests / "test_clean.py").write_text(CLEAN)
     (tests / "test_leaky.py").write_text(LEAKY)
     done = _run(tmp_path, workers)
