@@ -74,14 +74,18 @@ def history(tmp_path_factory):
     """The History tab's gallery with the page's stylesheet, three thumbnails captioned as the tab captions them."""
     thumbnail = tmp_path_factory.mktemp("thumbnails") / "thumbnail.jpg"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (128, 128, 3), np.uint8)).save(thumbnail)
-    with gr.Blocks() as blocks:
-        history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
-    blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                  css_paths=[CSS_PATH])  # fmt: skip
-    try:
-        yield blocks
-    finally:
-        blocks.close()
+    with pytest.MonkeyPatch.context() as patch:
+        # Gradio copies the thumbnail into its cache when the gallery is made and serves it from there: under
+        # tmp_path (the app's own page points the variable at its run folder: web/files.py).
+        patch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
+        with gr.Blocks() as blocks:
+            history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
+        blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
+                      css_paths=[CSS_PATH])  # fmt: skip
+        try:
+            yield blocks
+        finally:
+            blocks.close()
 
 
 #: Each caption of the history gallery: its text, whether its text overflows its box, and how far the box reaches
