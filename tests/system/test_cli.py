@@ -85,13 +85,6 @@ def test_saved_images_continue_the_folders_numbers_and_replace_nothing(tmp_path)
     assert len(list((tmp_path / "out").iterdir())) == 7
 
 
-def test_make_tiny_writes_a_loadable_checkpoint(tmp_path):
-    done = run_cli("make-tiny", str(tmp_path / "tiny"))
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "tiny" / "model_index.json").is_file()
-    assert (tmp_path / "tiny" / "unet" / "diffusion_flax_model.msgpack").is_file()
-
-
 @pytest.mark.slow
 @pytest.mark.long  # the app's restart test (test_app_process.py) checks the cache and more
 def test_restart_reuses_the_persistent_compilation_cache(tiny_dir, tmp_path):
@@ -169,12 +162,15 @@ def test_cli_refuses_what_the_api_refuses(tiny_dir, tmp_path, args, message):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_make_tiny_prints_only_its_path(tmp_path):
-    """As a user runs it: without the tests' JAX_PLATFORMS=cpu (libtpu in the dev venv printed its errors)."""
+def test_make_tiny_writes_a_checkpoint_and_prints_only_its_path(tmp_path):
+    """As a user runs it: without the tests' JAX_PLATFORMS=cpu (libtpu in the dev venv printed its errors). One run
+    for both checks (a start-up each: importing JAX and diffusers is most of it)."""
     done = run_python("-m", "pipeline", "make-tiny", str(tmp_path / "tiny"), drop=("JAX_PLATFORMS",))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "tiny")
     assert done.stderr.strip() == ""
+    assert (tmp_path / "tiny" / "model_index.json").is_file()
+    assert (tmp_path / "tiny" / "unet" / "diffusion_flax_model.msgpack").is_file()
 
 
 def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
@@ -212,14 +208,18 @@ def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
     assert elapsed < 60  # one short probe, not ~40 s of retries
 
 
-def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path):
-    """Into a folder holding an earlier run's image: it is kept, and this run's images are numbered after it."""
+def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp_path, engine):
+    """Into a folder holding an earlier run's image: it is kept, and this run's images are numbered after it.
+
+    The run's programs are `engine`'s (tiny-pt is the tiny model's architecture; 8 devices, 64x64; a lever in the
+    request keeps the levers' programs, as `engine` serves them): it loads them whole from this host's executables
+    instead of compiling its own cold."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "image-00003.png").write_bytes(b"an earlier run's image")
     done = run_cli(
         "generate", "--model", str(PT_FIXTURE), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
-        "--height", "64", "--width", "64", "--dtype", "float32", "--out", str(tmp_path / "out"), "--json",
-        env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
+        "--height", "64", "--width", "64", "--dtype", "float32", "--deepcache", "2", "--out", str(tmp_path / "out"),
+        "--json", env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     images = [Path(p).name for p in json.loads(done.stdout)["images"]]

@@ -298,21 +298,22 @@ def test_a_controlnet_request_through_the_page_gives_the_embedded_engines_pixels
         assert np.abs(mine - reference).max() <= 1, np.abs(mine - reference).max()
 
 
-def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(tmp_path):
-    """The page in front of one engine, `kill -9` while the pictures form: the client gets the sentence that says what
-    happened (no host), sooner than the 10 s the re-run used to wait for another engine; the gallery's last message
-    is the last finished images, not the dead preview. With the engine down, the next request's progress text says
-    it waits ("0 of 1 ready"); the engine restarts and the request runs (or, past the wait, says none is ready).
-    The page's log: no JAX devices, no Starlette warning, no traceback at its INFO level."""
+def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(engines, tmp_path):
+    """A page of its own in front of one of the module's engines, `kill -9` while the pictures form: the client gets
+    the sentence that says what happened (no host), sooner than the 10 s the re-run used to wait for another engine;
+    the gallery's last message is the last finished images, not the dead preview. With the engine down, the next
+    request's progress text says it waits ("0 of 1 ready"); the engine restarts and the request runs (or, past the
+    wait, says none is ready). The page's log: no JAX devices, no Starlette warning, no traceback at its INFO level.
+    The module's last test: the engine it kills and restarts is left to `engines` (an engine start of its own cost
+    a JAX start-up and a load)."""
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
     from web.remote_engine import NO_ENGINE_WAIT_S
 
-    engine = Engine(TINY_PT, tmp_path / "engine.log")
+    engine = engines[0]
     front = None
     try:
-        engine.wait_for("Serving the engine on")
         port = free_port()
         front = Launched([sys.executable, "app.py", "--port", str(port), "--no-history", "--engine", engine.url],
                          tmp_path / "page.log", {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
@@ -365,4 +366,3 @@ def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(
     finally:
         if front is not None:
             front.stop()
-        engine.stop()
