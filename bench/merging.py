@@ -95,14 +95,18 @@ def _round(generator, clients: int, per_client: int, seed: int) -> tuple[float, 
     return len(latencies) / seconds, latencies
 
 
-def merged_serving(args, slots: int, runs: int, per_client: int = 2, say: Progress = progress) -> MergedServing:
+def merged_serving(
+    args, slots: int, runs: int, per_client: int = 2, say: Progress = progress, settings: dict | None = None
+) -> MergedServing:
     """The engines, then `runs` rounds of each, alternating (after one untimed round each), then `runs` × 3 lone
-    requests on each, alternating."""
+    requests on each, alternating. `settings`: the three engines' other settings (`Generator.from_pretrained`'s;
+    the tests' fewest programs, on fewer devices), else the defaults, on every device."""
     from pipeline.host.compile_cache import CompileCounter
 
-    alone = _engine(args)
-    merged = _engine(args, per_device_batch=slots, merge_requests=True)
-    full = _engine(args, per_device_batch=slots, merge_requests=True, merge_full_calls=True)
+    settings = settings or {}
+    alone = _engine(args, **settings)
+    merged = _engine(args, per_device_batch=slots, merge_requests=True, **settings)
+    full = _engine(args, per_device_batch=slots, merge_requests=True, merge_full_calls=True, **settings)
     clients = merged.concurrency  # 2 N
     for generator in (alone, merged):
         _round(generator, clients, 1, seed=0)  # untimed: threads and caches warm

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TEST_SIZE, TEST_STEPS
+from conftest import BATCHED_DEVICES, BATCHED_SETTINGS, IMAGES_PER_DEVICE, REPO, TEST_SIZE, TEST_STEPS
 from PIL import Image
 
 PARTS = ("reference", "startup", "serving", "recompiles", "flops", "achieved", "fewstep")
@@ -417,15 +417,23 @@ def test_bench_hostloop_part_measures_both_loops(engine):
 
 def test_bench_merging_part_measures_the_engines(tiny_dir):
     """`python -m bench --only merging` at the tests' size, 2 per call, one round: both engines timed, the merged
-    rounds' calls held at most 2 requests, and a lone request was timed on each; no compilation while timing."""
+    rounds' calls held at most 2 requests, and a lone request was timed on each; no compilation while timing.
+
+    On `batched_engine`'s settings and devices (2 × 2 images per call, 1 text window, no previews or levers): its
+    programs and those of test_request_merging.py's merging engine (1 image per device) are these engines' (JAX's
+    cache serves whichever ran first); the bench's defaults on 8 devices compiled 17 programs of their own."""
     import argparse
+
+    import jax
 
     from bench.merging import merged_serving
 
-    args = argparse.Namespace(model=str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
-                              dtype="float32")  # fmt: skip
-    result = merged_serving(args, slots=2, runs=1, say=lambda _line: None)
-    assert (result.slots, result.clients, result.requests_per_round, result.images_per_request) == (2, 4, 8, 8)
+    shape = ("height", "width", "steps", "dtype")
+    args = argparse.Namespace(model=str(tiny_dir), **{name: BATCHED_SETTINGS[name] for name in shape})
+    settings = {name: value for name, value in BATCHED_SETTINGS.items() if name not in (*shape, "per_device_batch")}
+    result = merged_serving(args, slots=IMAGES_PER_DEVICE, runs=1, say=lambda _line: None,
+                            settings={"devices": jax.devices()[:BATCHED_DEVICES], **settings})  # fmt: skip
+    assert (result.slots, result.clients, result.requests_per_round, result.images_per_request) == (2, 4, 8, 2)
     assert result.alone_requests_per_s.median > 0 and result.merged_requests_per_s.median > 0
     assert result.alone_latency_s.n == result.merged_latency_s.n == 8
     # How many shared a call depends on timing; that they do is test_request_merging.py's (event-driven).

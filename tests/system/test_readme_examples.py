@@ -8,6 +8,11 @@ A run block gets that server, started in this process the way app.py does (its o
 history, its page) on a free port, once per module for each command; the block runs with only the address changed,
 and gradio_client downloads into the test's tmp_path instead of the system's temporary folder (what the docs tell a
 user to do to clean up).
+
+The docs' servers are small on purpose: `--model tiny --sizes 64x64,224x128` and tiny-pt (the same architecture) at
+64x64 on the test process's 8 devices run the session `engine`'s programs and, at 224x128, `ui_engine`'s one-window
+ones, so JAX's cache serves all but a few of them (the 3-window steps at 224x128, the LoRA merge) to whichever comes
+second; `--model tiny` (three sizes) and 128x128 were 63 programs of their own, 3 CPU minutes.
 """
 
 from __future__ import annotations
