@@ -562,9 +562,10 @@ def headless_chromium():
             browser.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
-    """Headless Chromium for one test file's browser tests."""
+    """Headless Chromium for every browser test of the process (each test opens its own pages or contexts and closes
+    them): a launch per test file cost about a CPU second each, a dozen files a worker."""
     with headless_chromium() as browser:
         yield browser
 

@@ -15,7 +15,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import ARTIFACTS, UI_STEPS, generate, headless_chromium, needs_chromium
+from conftest import ARTIFACTS, UI_STEPS, generate, needs_chromium
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
@@ -226,47 +226,46 @@ def test_no_output_names_the_server_checkpoint_path(ui_page, ui_client, ui_engin
 
 @pytest.mark.browser
 @needs_chromium
-def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_page, tiny_dir):
+def test_page_shows_jpegs_and_offers_each_png_with_parameters(ui_page, browser, tiny_dir):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with headless_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
-        assert page.locator("#pngs").count() == 0 or not page.locator("#pngs").is_visible()
-        page.locator("#prompt textarea").fill(PROMPT)
-        page.locator("#generate").click()
-        page.locator("#status").get_by_text("8 images in").wait_for(timeout=TIMEOUT_MS)  # the answer, not a preview
-        page.wait_for_function(
-            "() => { const imgs = [...document.querySelectorAll('#gallery img')];"
-            " return imgs.length === 8 && imgs.every(i => i.complete && i.naturalWidth > 0); }",
-            timeout=TIMEOUT_MS,
-        )
-        sources = page.eval_on_selector_all("#gallery img", "imgs => imgs.map(i => i.src)")
-        assert all(src.split("?")[0].endswith(".jpg") for src in sources), sources
-        shown = httpx.get(sources[0])
-        assert shown.content[:3] == b"\xff\xd8\xff" and len(shown.content) < 400_000  # a JPEG, as served
-        jpeg = ARTIFACTS.parent / "shown.jpg"
-        jpeg.write_bytes(shown.content)
-        parameters = image_io.read_parameters(jpeg)
-        assert parameters.startswith(PROMPT) and "Seed: " in parameters
-        # The lossless PNGs appear below the gallery, one download link per image.
-        links = page.locator("#pngs a[download]")
-        page.wait_for_function("document.querySelectorAll('#pngs a[download]').length === 8", timeout=TIMEOUT_MS)
-        names = [links.nth(i).get_attribute("download") for i in range(8)]
-        assert all(n.endswith(".png") for n in names) and len(set(names)) == 8, names
-        page.screenshot(path=str(ARTIFACTS / "png-downloads.png"), full_page=True)
-        with page.expect_download(timeout=60_000) as download_info:
-            links.first.click()
-        saved = ARTIFACTS.parent / "downloaded.png"
-        download_info.value.save_as(saved)
-        with Image.open(saved) as image:
-            assert image.format == "PNG" and image.size == Image.open(jpeg).size
-        assert image_io.read_parameters(saved) == parameters  # the same image, lossless, the same parameters
-        html = page.content()
-        assert str(tiny_dir) not in html
-        assert not errors, errors
-        page.close()
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(ui_page.local_url, timeout=TIMEOUT_MS)
+    assert page.locator("#pngs").count() == 0 or not page.locator("#pngs").is_visible()
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("8 images in").wait_for(timeout=TIMEOUT_MS)  # the answer, not a preview
+    page.wait_for_function(
+        "() => { const imgs = [...document.querySelectorAll('#gallery img')];"
+        " return imgs.length === 8 && imgs.every(i => i.complete && i.naturalWidth > 0); }",
+        timeout=TIMEOUT_MS,
+    )
+    sources = page.eval_on_selector_all("#gallery img", "imgs => imgs.map(i => i.src)")
+    assert all(src.split("?")[0].endswith(".jpg") for src in sources), sources
+    shown = httpx.get(sources[0])
+    assert shown.content[:3] == b"\xff\xd8\xff" and len(shown.content) < 400_000  # a JPEG, as served
+    jpeg = ARTIFACTS.parent / "shown.jpg"
+    jpeg.write_bytes(shown.content)
+    parameters = image_io.read_parameters(jpeg)
+    assert parameters.startswith(PROMPT) and "Seed: " in parameters
+    # The lossless PNGs appear below the gallery, one download link per image.
+    links = page.locator("#pngs a[download]")
+    page.wait_for_function("document.querySelectorAll('#pngs a[download]').length === 8", timeout=TIMEOUT_MS)
+    names = [links.nth(i).get_attribute("download") for i in range(8)]
+    assert all(n.endswith(".png") for n in names) and len(set(names)) == 8, names
+    page.screenshot(path=str(ARTIFACTS / "png-downloads.png"), full_page=True)
+    with page.expect_download(timeout=60_000) as download_info:
+        links.first.click()
+    saved = ARTIFACTS.parent / "downloaded.png"
+    download_info.value.save_as(saved)
+    with Image.open(saved) as image:
+        assert image.format == "PNG" and image.size == Image.open(jpeg).size
+    assert image_io.read_parameters(saved) == parameters  # the same image, lossless, the same parameters
+    html = page.content()
+    assert str(tiny_dir) not in html
+    assert not errors, errors
+    page.close()
 
 
 def test_background_pngs_never_hold_the_next_answer(tmp_path):

@@ -137,7 +137,8 @@ def _open_history(page, count: int) -> None:
 @needs_chromium
 def test_history_tab_with_logins_use_and_delete(ui_engine, browser, tmp_path):
     with _history_page(ui_engine, tmp_path / "data") as served_page:
-        page = browser.new_context(viewport={"width": 1200, "height": 1000}).new_page()
+        context = browser.new_context(viewport={"width": 1200, "height": 1000})  # the session's browser: closed
+        page = context.new_page()
         page.goto(served_page.local_url, timeout=TIMEOUT_MS)
         page.locator("input").first.fill(USERS[0][0])
         page.locator("input[type=password]").fill(USERS[0][1])
@@ -170,6 +171,7 @@ def test_history_tab_with_logins_use_and_delete(ui_engine, browser, tmp_path):
         page.locator("#history-delete-all-yes").click()
         page.locator("#history-summary").get_by_text("Nothing yet").wait_for(timeout=TIMEOUT_MS)
         assert served_page.history.store.count(USERS[0][0]) == 0
+        context.close()
 
 
 @pytest.mark.browser
@@ -190,7 +192,8 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         page.screenshot(path=str(ARTIFACTS / "history-in-browser.png"), full_page=True)
         page.reload()
         _open_history(page, 2)  # still there after a reload
-        other = browser.new_context().new_page()  # another visitor: nothing
+        other_context = browser.new_context()  # another visitor: nothing
+        other = other_context.new_page()
         other.goto(served_page.local_url, timeout=TIMEOUT_MS)
         other.get_by_role("tab", name="History").click()
         other.locator("#history-summary").get_by_text("Nothing yet").wait_for(timeout=TIMEOUT_MS)
@@ -199,6 +202,8 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         page.locator("#history-use").click()
         page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
                                timeout=TIMEOUT_MS)  # fmt: skip
+        other_context.close()
+        context.close()
 
 
 def test_a_history_entry_shows_what_the_status_line_showed():
