@@ -562,10 +562,11 @@ def headless_chromium():
             browser.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium for every browser test of the process (each test opens its own pages or contexts and closes
-    them): a launch per test file cost about a CPU second each, a dozen files a worker."""
+    """Headless Chromium for one test file's browser tests. Not one per session (a launch costs about a CPU second):
+    Playwright's sync API keeps an asyncio loop running in the thread while it is open, and the later files' tests
+    that call `asyncio.run` (MCP's client, the whole answers) failed under it."""
     with headless_chromium() as browser:
         yield browser
 
