@@ -11,7 +11,6 @@ processes). No Gradio here: the page is `web/`.
 """
 
 import importlib
-import sys
 
 #: The package's names, by the module that holds them: imported when first asked for, so `import pipeline` (and
 #: `python -m pipeline`, which imports this first) costs nothing; `pipeline/installed.py` runs on a bare Python.
@@ -27,11 +26,8 @@ def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # Generator imports JAX. Before it does, as the app and CLI: one device per CPU core, no probe for an absent TPU.
-    if home == "generator" and "jax" not in sys.modules:
-        from .platform import use_cpu_cores
-
-        use_cpu_cores()
+    # No side effect: a caller on a CPU-only machine that wants one device per core calls
+    # `pipeline.platform.use_cpu_cores()` itself before the first JAX import, as app.py and the CLI do.
     return getattr(importlib.import_module(f".{home}", __name__), name)
 
 

@@ -14,7 +14,6 @@ can live in the persistent compilation cache). On several processes every proces
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ import numpy as np
 
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
-from .plan import COEFFICIENTS, Plan, SamplerConfig
+from .plan import COEFFICIENTS, Plan
 from .programs import ProgramKey, ServedPrograms, windows_key
 from .speed_plan import SpeedPlan, speed_plan
 
@@ -123,13 +122,6 @@ class HiresInputs:
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
-
-
-@functools.lru_cache(maxsize=64)
-def cached_plan(config: SamplerConfig, steps: int, sampler: str, schedule_type: str | None = None,
-                first: int = 0) -> Plan:  # fmt: skip
-    """`config.plan(steps, sampler, schedule_type, first)`, computed once per argument set."""
-    return config.plan(steps, sampler, schedule_type, first)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def base_steps(plan: Plan, switch: float, num_train_timesteps: int) -> int:
 
 def refiner_plan(plan: Plan, switch: float, num_train_timesteps: int, restarted: Callable[[int], Plan]) -> RefinerPlan:
     """`plan` (the rows a request runs) split at `switch`; `restarted(k)` is the request's whole plan with its
-    multistep history starting at its k-th step run (`loop.cached_plan(..., first=...)`, from which the refiner's
+    multistep history starting at its k-th step run (`run_plan.cached_plan(..., first=...)`, from which the refiner's
     rows are taken)."""
     steps = base_steps(plan, switch, num_train_timesteps)
     if steps >= plan.steps:

@@ -208,10 +208,10 @@ def test_esrgan_resize_is_the_model_then_lanczos(esrgan_engine):
     from pipeline.device.sharding import global_batch, to_host
 
     images = (np.stack([_picture(64, 64, seed=i) for i in range(esrgan_engine.num_images)]) * 255).astype(np.uint8)
-    pixels = global_batch((images,), esrgan_engine._batch_sharding)[0]
+    pixels = global_batch((images,), esrgan_engine.placement.batch_sharding)[0]
     for name, scale in (("tiny-x2", 2), ("tiny-x4", 4)):
         model = esrgan_engine.upscalers[name]
-        out = to_host(esrgan_engine._resize(pixels, size=(128, 128), method="LANCZOS", model=model))
+        out = to_host(esrgan_engine.placement.resize(pixels, size=(128, 128), method="LANCZOS", model=model))
         for image, got in zip(images, out, strict=True):
             upscaled = model.upscale(image)
             assert upscaled.shape == (64 * scale, 64 * scale, 3)

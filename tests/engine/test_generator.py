@@ -3,6 +3,7 @@ device, seeds, traced inputs that never recompile, parameters, device counts, ba
 
 from __future__ import annotations
 
+import io
 import random
 import re
 
@@ -170,3 +171,27 @@ def test_engine_guidance_0_and_1_give_one_image_5_guides(engine):
     one = pixels(generate(engine, PROMPT, seed=11, guidance_scale=1.0))
     five = pixels(generate(engine, PROMPT, negative_prompt="blurry, dark", seed=11, guidance_scale=5.0))
     assert np.array_equal(zero, one) and np.mean(five != zero) > 0.5
+
+
+def test_the_run_plan_decides_the_whole_run_before_anything_runs(engine):
+    """`engine.plan` (host/run_plan.py) is host data: making it compiles and runs nothing, and it says what the run
+    will do: rows, guidance, seeds, the images returned and their `parameters`, and that it runs alone."""
+    compiles, runs = engine.compile_count, len(engine.recent_runs)
+    run = engine.plan(engine.request(PROMPT, negative_prompt="blurry", seed=7, steps=3, sampler="DPM++ 2M"))
+    assert engine.compile_count == compiles and len(engine.recent_runs) == runs
+    assert (run.steps, run.first.plan.steps, run.first.plan.sampler) == (3, 3, "dpmpp_2m")
+    assert run.first.guided and run.first.picture is None and run.second is None and run.merge_key is None
+    assert run.first.refiner_row == run.first.plan.rows and not run.output.refined
+    assert run.output.seeds == tuple(range(7, 7 + engine.images_per_call))
+    prompt_ids, negative_ids, has_negative, *_ = run.conditioning.rows
+    assert prompt_ids.shape[0] == negative_ids.shape[0] == engine.images_per_call and has_negative.all()
+    assert len(run.output.parameters) == engine.num_images
+    assert "Steps: 3" in run.output.parameters[0] and "Seed: 8" in run.output.parameters[1]
+    unguided = engine.plan(engine.request(PROMPT, guidance_scale=1.0))
+    assert not unguided.first.guided
+    picture = io.BytesIO()
+    Image.new("RGB", (TEST_SIZE, TEST_SIZE), "teal").save(picture, format="PNG")
+    img2img = engine.plan(engine.request(PROMPT, steps=4, init_image=picture.getvalue(), strength=0.5))
+    assert img2img.first.plan.steps == 2 and img2img.first.picture is not None  # the last 2 of 4 steps run
+    assert engine.plan(engine.request(PROMPT, negative_prompt="blurry", seed=7, steps=3, sampler="DPM++ 2M")) \
+        .output == run.output  # fmt: skip

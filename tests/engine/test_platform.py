@@ -42,3 +42,16 @@ def test_jaxs_probe_for_an_absent_tpu_is_one_calm_line():
     lines = [line for line in done.stderr.splitlines() if "jax._src.xla_bridge" in line]
     assert "INFO jax._src.xla_bridge: no TPU device on this host: JAX uses the next platform it has" in lines, lines
     assert not any("Unable to initialize" in line for line in lines), lines
+
+
+def test_importing_the_engine_changes_nothing_in_the_environment():
+    """Issue 65: no side effects at import. `pipeline.Generator` imports JAX and leaves XLA_FLAGS and JAX_PLATFORMS as
+    they were; the entry points (app.py, `python -m pipeline`) call `platform.use_cpu_cores()` themselves."""
+    code = ("import os, pipeline\n"
+            "pipeline.Generator\n"
+            "print(os.environ.get('XLA_FLAGS'), os.environ.get('JAX_PLATFORMS'))")  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "None"]

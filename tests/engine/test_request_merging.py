@@ -256,10 +256,7 @@ def test_requests_share_a_call_when_they_make_as_many_unet_calls(merging_engine)
     engine = merging_engine
 
     def key(**fields):
-        request = engine.request("a lighthouse", **fields)
-        plan = engine._plans(request)[0]
-        arrays, k, _, extra = engine._host_rows(request, [0, 1])
-        return engine._merge_key(request, plan.rows, k, extra, picture=False)
+        return engine.plan(engine.request("a lighthouse", **fields)).merge_key
 
     euler = key(steps=4)
     assert key(steps=4, sampler="DPM++ 2M SDE", schedule_type="Karras", guidance_scale=9, seed=3) == euler

@@ -6,6 +6,7 @@ import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 from bench.program_times import ProgramTimer
+from pipeline.host import run_plan
 from pipeline.host.text_cache import TextCache
 
 LONG_PROMPT = " ".join(f"word{i}" for i in range(100))  # 100 tokens: two windows
@@ -57,7 +58,7 @@ def test_short_prompt_reads_the_same_in_one_window_as_in_three(engine, monkeypat
     prompt, negative = "a windmill in a field of tulips", "blurry"
     monkeypatch.setattr(engine, "text_cache", TextCache(0))
     one = generate(engine, prompt, negative_prompt=negative, seed=5).images
-    monkeypatch.setattr(engine, "text_windows", lambda filled: engine.config.prompt_windows)
+    monkeypatch.setattr(run_plan, "text_windows", lambda filled, windows: windows)
     three = []
     ran = programs_run(engine, lambda: three.extend(generate(engine, prompt, negative_prompt=negative, seed=5).images))
     assert ran[0] == "encode cfg 3 windows"

@@ -175,8 +175,11 @@ def test_make_tiny_writes_a_checkpoint_and_prints_only_its_path(tmp_path):
 
 def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
     """pipeline/README.md's `Generator.from_pretrained` example, as a user runs it (no JAX_PLATFORMS, no XLA_FLAGS):
-    no libtpu lines, and one image per CPU core, as the app and the CLI."""
-    code = ("from pipeline import Generator\n"
+    no libtpu lines, and one image per CPU core, as the app and the CLI (it calls `use_cpu_cores` itself: importing
+    `pipeline` changes nothing in the environment)."""
+    code = ("from pipeline.platform import use_cpu_cores\n"
+            "use_cpu_cores()\n"
+            "from pipeline import Generator\n"
             f"gen = Generator.from_pretrained({str(tiny_dir)!r}, height=64, width=64, steps=2)\n"
             "print(gen.num_images)")  # fmt: skip
     done = run_python("-c", code, drop=("JAX_PLATFORMS", "XLA_FLAGS"))
