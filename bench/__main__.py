@@ -32,9 +32,9 @@ import warnings
 from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
-    from pipeline.installed import ENGINE, require_installed
+    from .engine import require_engine_installed
 
-    require_installed("python -m bench", ENGINE)  # the engine's packages: a lent GPU machine has no gradio
+    require_engine_installed("python -m bench")  # the engine's packages: a lent GPU machine has no gradio
 
 from .common import configure_platform, progress  # noqa: E402
 from .cpu.reference import CHECK_RATIO  # noqa: E402
@@ -61,16 +61,16 @@ ENGINE_DEFAULTS = {"model": "tiny", "height": 128, "width": 128, "steps": 4, "dt
 
 def build_parser() -> argparse.ArgumentParser:
     """The bench's command line: the engine's options from their one declaration, then the bench's own."""
-    from pipeline.options import BENCH, Parser, add_options
+    from .engine import bench_parser
 
-    parser = Parser(
+    parser = bench_parser(  # --model, --height, --width, --steps, --dtype, --cpu-devices
+        ENGINE_DEFAULTS,
         prog="python -m bench",
         description="Measure the engine, its start-up, the app around it, and the hardware limit. "
         "The engine's options can also be set by the environment variable in brackets; the flag wins.",
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(parser, BENCH, defaults=ENGINE_DEFAULTS)  # --model, --height, --width, --steps, --dtype, --cpu-devices
     add = parser.add_argument
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
     add("--check", nargs="?", type=float, const=CHECK_RATIO, default=None, metavar="RATIO",
@@ -111,17 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The bench's options, checked; `args.config` is the engine's EngineConfig they describe."""
-    from pipeline.config import engine_config
-    from pipeline.contract.errors import InvalidInput
-    from pipeline.options import BENCH, check_env_choices
+    from .engine import bench_config
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_env_choices(parser, args, BENCH)
-    try:
-        args.config = engine_config(args)
-    except InvalidInput as exc:
-        parser.error(str(exc))
+    args.config = bench_config(parser, args)
     args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
@@ -148,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_engine(args: argparse.Namespace, results: dict):
     """The engine the in-process parts share: loaded and warmed up once, its start-up timings in `results`."""
-    from pipeline.generator import Generator
+    from .engine import Generator
 
     progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
     generator = Generator.load(args.config)

@@ -132,7 +132,7 @@ def full_size_model(model: str, dtype: str):
 
     import jax
 
-    from pipeline.checkpoint.loading import LoadedModel, load_model
+    from ..engine import LoadedModel, load_model
 
     started = time.perf_counter()
     loaded = load_model("tiny", dtype=dtype)
@@ -152,9 +152,7 @@ def full_size_model(model: str, dtype: str):
 def full_size_controlnet(model: str, dtype: str, loaded):
     """One ControlNet with random weights: diffusers/controlnet-canny-sdxl-1.0's architecture (the tiny UNet's
     `from_unet` shape with --model tiny)."""
-    from pipeline.checkpoint.controlnet_loading import ControlNetWeights, controlnet_module
-    from pipeline.device.nets.controlnet import shape_params
-
+    from ..engine import ControlNetWeights, controlnet_module, shape_params
     from ..tpu.programs import CONTROLNET_CONFIG
 
     started = time.perf_counter()
@@ -177,8 +175,7 @@ def engine(loaded, args, dtype: str, nets=(), **settings):
     `--warm-up request` nothing is compiled here (timings {}): each request's untimed first call compiles its own.
     The text cache is off: every timed call repeats one text, which the peers encode every call, and so does the
     engine here (the same work per call; a served engine encodes a repeated text once: host/text_cache.py)."""
-    from pipeline.config import EngineConfig
-    from pipeline.generator import Generator, prepare
+    from ..engine import EngineConfig, Generator, prepare
 
     config = EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=args.steps, dtype=dtype,
                           attention=args.attention, prompt_windows=args.prompt_windows, previews=False,
@@ -284,9 +281,8 @@ def main(argv: list[str]) -> int:
 def _compare(generator, loaded, args, dtype: str, say) -> dict:
     """Engine vs diffusers' pipeline (in the reference venv's worker), replicated as the blog does it: SDXL's shapes
     with the worker's own random weights, or (`--model tiny`) the tiny checkpoint, the same weights."""
-    from pipeline.checkpoint.loading import resolve_model
-
     from ..cpu.reference import engine_vs_reference, sdxl_reference
+    from ..engine import resolve_model
 
     # The worker makes its own random weights of the same shapes; the tokenizers are the tiny checkpoint's (as here).
     reference = None if args.model == TINY else sdxl_reference(loaded.networks, dtype, Path(resolve_model(TINY)))
@@ -298,9 +294,8 @@ def _compare(generator, loaded, args, dtype: str, say) -> dict:
 
 def _peer_torch(generator, loaded, args, dtype: str, attempt, save) -> None:
     """`peer_torch`: the engine against diffusers' PyTorch pipeline, or one line saying why it was skipped."""
-    from pipeline.checkpoint.loading import resolve_model
-
     from ..common import progress
+    from ..engine import resolve_model
     from .torch_peer import engine_vs_torch, torch_missing, torch_spec
 
     missing = torch_missing(args.torch_python)

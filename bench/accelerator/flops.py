@@ -113,18 +113,14 @@ def _as_bf16(tree):
 def sdxl_networks(dtype) -> dict:
     """SDXL base 1.0's UNet, VAE and both text encoders from the configs above, as the engine builds its networks
     (pipeline/device/nets/); no weights."""
-    from pipeline.device.nets.clip import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
-    from pipeline.device.nets.vae import AutoencoderKL, VAEConfig
+    from ..engine import network
 
-    def text(fields: dict):
-        return CLIPTextConfig.from_dict({"vocab_size": 49408, "max_position_embeddings": 77, **fields})
-
+    clip = {"vocab_size": 49408, "max_position_embeddings": 77}
     return {
-        "unet": UNet2DConditionModel(UNetConfig.from_dict(SDXL_UNET_CONFIG), dtype=dtype),
-        "vae": AutoencoderKL(VAEConfig.from_dict(SDXL_VAE_CONFIG), dtype=dtype),
-        "text_encoder": CLIPTextModel(text(SDXL_TEXT_CONFIG), dtype=dtype),
-        "text_encoder_2": CLIPTextModelWithProjection(text(SDXL_TEXT_2_CONFIG), dtype=dtype),
+        "unet": network("unet", SDXL_UNET_CONFIG, dtype),
+        "vae": network("vae", SDXL_VAE_CONFIG, dtype),
+        "text_encoder": network("text_encoder", {**clip, **SDXL_TEXT_CONFIG}, dtype),
+        "text_encoder_2": network("text_encoder_2", {**clip, **SDXL_TEXT_2_CONFIG}, dtype),
     }
 
 
@@ -219,8 +215,7 @@ class AchievedFlops:
 
 def achieved_flops(generator, seconds_per_call: float) -> AchievedFlops:
     """Achieved FLOP/s of the engine: XLA's cost of its compiled programs for one call / measured seconds."""
-    from pipeline.host.programs import program_keys
-
+    from ..engine import program_keys
     from ..tpu.cost import compiled_cost
 
     config = generator.config

@@ -116,12 +116,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def missing_pieces(args: argparse.Namespace) -> dict[str, str]:
     """What each piece lacks, by piece ("engine", "flax peer", "torch peer"), each one sentence; only the pieces
     the selected stages need are checked."""
-    from pipeline.installed import ENGINE, missing
-
+    from ..engine import engine_packages_missing
     from .torch_peer import torch_missing
 
     found: dict[str, str] = {}
-    if absent := missing(ENGINE):
+    if absent := engine_packages_missing():
         found["engine"] = f"this python lacks {', '.join(absent)}"
     if "accelerator" in args.stage_list:
         for piece, failure in (("flax peer", flax_peer_missing()), ("torch peer", torch_missing(args.torch_python))):

@@ -136,8 +136,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def parse_levers(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
     """'NAME:OPT=V,OPT=V;NAME2:OPT=V,SWITCH' -> {NAME: ((OPT, V), ..., (SWITCH, "true"))}, in order (SWITCH: an engine
     switch of ENGINE_LEVERS); ValueError with one sentence."""
-    from pipeline.config import xla_option_pairs
-    from pipeline.contract.errors import InvalidInput
+    from ..engine import InvalidInput, xla_option_pairs
 
     sets: dict[str, tuple[tuple[str, str], ...]] = {}
     for part in filter(None, (part.strip() for part in text.split(";"))):
@@ -366,8 +365,7 @@ def main(argv: list[str]) -> int:
     loaded = full_size_model(args.model, dtype)
     progress(f"step-profile: {sum(x.size for x in _leaves(loaded.params)) / 1e9:.2f} B parameters "
              f"in {loaded.load_s:.1f} s")  # fmt: skip
-    from pipeline.config import EngineConfig
-    from pipeline.generator import Generator, prepare
+    from ..engine import EngineConfig, Generator, prepare
 
     config = prepare(EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=25,
                                   dtype=dtype, attention=args.attention, prompt_windows=1, previews=False,
@@ -446,9 +444,8 @@ def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[d
 
     import jax
 
-    from pipeline.generator import Generator
-
     from ..common import progress
+    from ..engine import Generator
     from .end_to_end import NEGATIVE, PROMPT
 
     rows: list[dict] = []
@@ -502,11 +499,8 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
     A set XLA refuses is a row with its error; the others still run."""
     import numpy as np
 
-    from pipeline.contract.errors import InvalidInput
-    from pipeline.generator import Generator
-    from pipeline.host.compiler_options import check
-
     from ..common import progress
+    from ..engine import Generator, InvalidInput, check_xla_options
     from .end_to_end import NEGATIVE, PROMPT
 
     def request(generator):
@@ -524,7 +518,7 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
         switches = {pair[0]: True for pair in given if pair[0] in ENGINE_LEVERS}
         rows[name] = {"name": name, "xla_options": [list(pair) for pair in options], "engine_switches": list(switches)}
         try:
-            check(options)
+            check_xla_options(options)
         except InvalidInput as exc:
             rows[name]["error"] = str(exc)
             progress(f"step-profile: {name}: {exc}")

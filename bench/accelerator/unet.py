@@ -17,6 +17,7 @@ weights). One device is used (per-chip figures).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     args = parser.parse_args(argv)
     args.kinds = [kind.strip() for kind in args.attention.split(",") if kind.strip()]
-    from pipeline.device.cores import ATTENTIONS
+    from ..engine import ATTENTIONS
 
     unknown = sorted(set(args.kinds) - set(ATTENTIONS))
     if unknown or not args.kinds:
@@ -63,11 +64,17 @@ def build_unet(model: str, dtype):
 
     if model == SDXL:
         return sdxl_networks(dtype)["unet"]
-    from pipeline.checkpoint.networks import read_config
-    from pipeline.checkpoint.tiny import tiny_checkpoint
-    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
+    return tiny_model(dtype).networks.unet
 
-    return UNet2DConditionModel(UNetConfig.from_dict(read_config(tiny_checkpoint(), "unet")), dtype=dtype)
+
+@functools.cache
+def tiny_model(dtype):
+    """The tiny checkpoint as the engine loads it, its weights cast to `dtype` on the host."""
+    import jax.numpy as jnp
+
+    from ..engine import load_model
+
+    return load_model(TINY, dtype=jnp.dtype(dtype).name)
 
 
 def unet_inputs(unet, batch: int, height: int, width: int, dtype):
@@ -90,7 +97,7 @@ def unet_inputs(unet, batch: int, height: int, width: int, dtype):
 
 def step_function(unet, kind: str):
     """One UNet call with attention core `kind` (resolved) hooked in while it is traced."""
-    from pipeline.device.attention import hooked
+    from ..engine import hooked
 
     def apply(params, sample, timesteps, hidden, added):
         return unet.apply({"params": params}, sample, timesteps, hidden, added_cond_kwargs=added).sample
@@ -168,13 +175,8 @@ def random_params(unet, dtype):
 def tiny_params(dtype):
     """The tiny checkpoint's own (random) UNet weights, on the default device: seconds instead of compiling an init."""
     import jax
-    from flax.serialization import msgpack_restore
 
-    from pipeline.checkpoint.networks import FLAX_WEIGHTS
-    from pipeline.checkpoint.tiny import tiny_checkpoint
-
-    params = msgpack_restore((tiny_checkpoint() / "unet" / FLAX_WEIGHTS["unet"]).read_bytes())
-    return jax.device_put(jax.tree_util.tree_map(lambda leaf: jax.numpy.asarray(leaf, dtype), params))
+    return jax.device_put(tiny_model(dtype).params["unet"])
 
 
 def time_kinds(args, progress) -> dict:
@@ -183,9 +185,8 @@ def time_kinds(args, progress) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipeline.device.attention import resolve
-
     from ..common import Stats
+    from ..engine import resolve_attention
     from .flops import PEAK_BY_DEVICE_KIND, lowered_flops
 
     device = jax.devices()[0]
@@ -210,7 +211,7 @@ def time_kinds(args, progress) -> dict:
     added = {name: jnp.ones(spec.shape, dtype) for name, spec in abstract[3].items()}
     results, first_out = [], None
     for requested in args.kinds:
-        kind = resolve(requested, device.platform, dtype.name)
+        kind = resolve_attention(requested, device.platform, dtype.name)
         step = step_function(unet, kind)
 
         def loop(params, sample, hidden, added, step=step):
@@ -271,7 +272,7 @@ def quality(progress, seeds: int = 8) -> dict:
     """bf16 images vs float32 images on the tiny checkpoint (8-bit levels), diffusers' attention vs the xla core."""
     import numpy as np
 
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     def images(attention, dtype):
         generator = Generator.from_pretrained("tiny", height=128, width=128, steps=4, dtype=dtype, attention=attention)

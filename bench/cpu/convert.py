@@ -29,16 +29,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 mode, source, dtype, cache = sys.argv[1:5]
 started = time.perf_counter()
 if mode == "model":
-    from pipeline.checkpoint.loading import load_model
+    from bench.engine import load_model
     loaded = load_model(source, dtype=dtype, conversion_cache=cache == "1")
     result = {"load_s": loaded.load_s, "origins": loaded.origins}
 else:
-    from pipeline.checkpoint.convert import load_converted
-    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
-    import jax.numpy as jnp
+    from bench.engine import load_converted, network
     config = json.load(open(sys.argv[5]))
     config = {k: v for k, v in config.items() if not k.startswith("_")}
-    unet = UNet2DConditionModel(UNetConfig.from_dict(config), dtype=getattr(jnp, dtype))
+    unet = network("unet", config, dtype)
     converted = load_converted([__import__("pathlib").Path(source)], unet.init_weights, component="unet",
                                dtype=dtype, config=config, use_cache=cache == "1")
     result = {"load_s": converted.seconds, "origins": {"unet": "conversion cache" if converted.cached else "converted"}}

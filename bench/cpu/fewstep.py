@@ -47,8 +47,7 @@ class FewStep:
 
 def _generator(model: str, height: int, width: int, dtype: str, preset_name: str):
     """A warmed-up generator with `preset_name`'s sampler settings (steps, sampler, spacing, CFG) on `model`."""
-    from pipeline.contract.presets import get_preset
-    from pipeline.generator import Generator
+    from ..engine import Generator, get_preset
 
     preset = get_preset(preset_name)
     generator = Generator.from_pretrained(
@@ -81,7 +80,7 @@ def base_vs_lightning(
     Holds both programs' weights on the devices at once (two copies; the bench's own generator is a third when other
     parts run too): on a chip with little memory run this part alone.
     """
-    from pipeline.host.compile_cache import CompileCounter
+    from ..engine import CompileCounter
 
     base, base_compile_s, base_guidance = _generator(model, height, width, dtype, "sdxl-base")
     fast, fast_compile_s, fast_guidance = _generator(model, height, width, dtype, "lightning-4step")

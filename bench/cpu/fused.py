@@ -9,12 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipeline.device import sampler_update
-from pipeline.device.denoise import initial_latents, time_ids
-from pipeline.device.modules import Modules
-from pipeline.device.text import encode_each
-from pipeline.device.vae import decode, to_uint8
-from pipeline.host.plan import SamplerConfig
+from ..engine import Modules, SamplerConfig, decode, encode_each, initial_latents, sampler_update, time_ids, to_uint8
 
 #: SDXL base's sampler (Euler, leading, steps_offset 1, CFG): what generate_from_latents uses unless told.
 DEFAULT = SamplerConfig()

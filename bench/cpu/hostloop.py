@@ -20,10 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.contract.fields import FIELD
-from pipeline.host.programs import KINDS
-
 from ..common import Progress, Stats, progress
+from ..engine import FIELD, KINDS
 from .startup import app_phases, app_ready
 
 PROMPT = "a photo of an astronaut riding a horse on the moon"
@@ -59,8 +57,8 @@ def fused_program(generator, steps: int):
     from jax.sharding import PartitionSpec as P
 
     from bench.cpu.fused import generate_local
-    from pipeline.device.attention import hooked
-    from pipeline.device.sharding import DATA_AXIS, batch_sharded
+
+    from ..engine import DATA_AXIS, batch_sharded, hooked
 
     height, width = generator.sizes[0]
     local = functools.partial(
@@ -142,7 +140,7 @@ class SamplerSweep:
 
 def plan_cost(sampler: str, steps: int = 25, repeats: int = 20) -> float:
     """Host milliseconds per step of computing `sampler`'s plan (its rows), uncached: median of `repeats`."""
-    from pipeline.host.plan import SamplerConfig
+    from ..engine import SamplerConfig
 
     config, times = SamplerConfig(timestep_spacing="leading"), []
     for _ in range(repeats):
@@ -156,10 +154,9 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, coun
                   ) -> SamplerSweep:  # fmt: skip
     """Every step count 1..max_steps (or `counts`) with every sampler and each of its schedule types, one request
     each; counts compilations, and times each sampler's plan on the host."""
-    from pipeline.contract.sampler_names import AUTOMATIC, LCM_MAX_STEPS, SAMPLER_NAMES, SCHEDULES_OF, resolve
+    from ..engine import LCM_MAX_STEPS, sampler_schedules
 
-    pairs = [(name, schedule) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC
-             for schedule in SCHEDULES_OF[resolve(name)[0]]]  # fmt: skip
+    pairs = sampler_schedules()
     before, started, requests = generator.compile_count, time.perf_counter(), 0
     wall: dict[str, list[float]] = {}
     for sampler, schedule in pairs:
@@ -175,7 +172,7 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, coun
     compiles = generator.compile_count - before
     say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(pairs)} sampler/schedule pairs), {compiles} "
         "compiles")  # fmt: skip
-    costs = {name: plan_cost(name) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC}
+    costs = {name: plan_cost(name) for name in dict(pairs)}
     return SamplerSweep(requests, max_steps, tuple(f"{s} / {t}" for s, t in pairs), compiles,
                         time.perf_counter() - started, costs,
                         {name: sorted(v)[len(v) // 2] for name, v in wall.items()})  # fmt: skip

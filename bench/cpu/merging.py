@@ -56,7 +56,7 @@ class MergedServing:
 
 
 def _engine(args, **settings):
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     generator = Generator.from_pretrained(args.model, height=args.height, width=args.width, steps=args.steps,
                                           dtype=args.dtype, **settings)  # fmt: skip
@@ -101,7 +101,7 @@ def merged_serving(
     """The engines, then `runs` rounds of each, alternating (after one untimed round each), then `runs` × 3 lone
     requests on each, alternating. `settings`: the three engines' other settings (`Generator.from_pretrained`'s;
     the tests' fewest programs, on fewer devices), else the defaults, on every device."""
-    from pipeline.host.compile_cache import CompileCounter
+    from ..engine import CompileCounter
 
     settings = settings or {}
     alone = _engine(args, **settings)

@@ -28,7 +28,7 @@ class RecompileResult:
 
 def recompiles(generator, requests: int, seed: int = 0, say: Progress = progress) -> RecompileResult:
     """Send `requests` random requests to the engine and count the compilations they trigger."""
-    from pipeline.contract.styles import load_styles
+    from ..engine import load_styles
 
     styles = load_styles()
     rng = random.Random(seed)

@@ -88,7 +88,7 @@ class ReferenceWorkerError(RuntimeError):
 def load_reference(model: str, dtype: str) -> dict:
     """The worker's load request for diffusers' pipeline from `model`'s Flax checkpoint folder (a hub id or "tiny"
     resolved here), cast like the blog: bf16 except the scheduler, or all f32."""
-    from pipeline.checkpoint.loading import resolve_model
+    from ..engine import resolve_model
 
     return {"mode": "checkpoint", "path": str(resolve_model(model)), "dtype": dtype}
 
@@ -261,7 +261,7 @@ def engine_vs_reference(
     engine, reference = Stats.of(engine_s), Stats.of(reference_s)
     ratio = engine.median / reference.median
     profiled = max(1, min(runs, 3))
-    from pipeline.host.text_cache import TextCache
+    from ..engine import TextCache
 
     kept, generator.text_cache = generator.text_cache, TextCache(0)  # the profile has the text's program too
     try:

@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import shape_defaults
-
 from ..common import Progress, free_port, progress, stop_process
+from ..engine import shape_defaults
 
 TARGET_RATIO = 0.4
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,14 +28,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
-    from pipeline.checkpoint.tiny import tiny_checkpoint
-    from pipeline.config import shape_defaults
-    from pipeline.contract.sizes import default_sizes
-    from pipeline.generator import Generator
+    from ..engine import Generator, offered_sizes, resolve_model, shape_defaults
 
     height, width, steps = shape_defaults("tiny")  # as app.py --model tiny: its sizes, steps and dtype
-    generator = Generator.from_pretrained(str(tiny_checkpoint()), height=height, width=width, steps=steps,
-                                          dtype="float32", sizes=tuple(default_sizes(tiny=True)))  # fmt: skip
+    generator = Generator.from_pretrained(resolve_model("tiny"), height=height, width=width, steps=steps,
+                                          dtype="float32", sizes=tuple(offered_sizes(None, tiny=True)))  # fmt: skip
     keys = generator.program_keys()
     for run in range(1, args.runs + 1):
         started = time.perf_counter()

@@ -44,7 +44,7 @@ class ControlNetCost:
 
 def controlnet_cost(config, runs: int, say: Progress = progress) -> ControlNetCost:
     """An engine of `config` with both fixture ControlNets; interleaved requests with 0, 1 and 2 of them."""
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     generator = Generator.load(dataclasses.replace(config, controlnets=tuple(str(net) for net in NETS)))
     warm = generator.warmup()

@@ -32,9 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import jax
 
-    from pipeline.checkpoint.upscaler_loading import load_upscaler
-    from pipeline.host.compile_cache import CompileCounter
-    from pipeline.host.upscale_tiles import TiledUpscaler
+    from ..engine import CompileCounter, TiledUpscaler, load_upscaler
 
     weights = load_upscaler(args.model)
     upscaler = TiledUpscaler(weights.module, weights.params, tile=args.tile, overlap=args.overlap,

@@ -52,7 +52,7 @@ class HiresCost:
 
 def hires_cost(config, runs: int, say: Progress = progress) -> HiresCost:
     """An engine of `config` with `--hires-scales 2` and the fixture refiner; interleaved requests of CASES."""
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     generator = Generator.load(dataclasses.replace(config, hires_scales=(SCALE,), refiner=str(REFINER)))
     warm = generator.warmup()

@@ -65,8 +65,8 @@ class HistoryCost:
 
 def request_pil(count: int, size: int) -> list:
     """`count` photo-like images (smooth colour fields plus grain) with their `parameters`, as `generate` returns."""
-    from pipeline.contract import image_files as image_io
-    from pipeline.contract.parameters import describe
+    from ..engine import describe
+    from ..engine import image_files as image_io
 
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
@@ -85,7 +85,7 @@ def request_pil(count: int, size: int) -> list:
 
 def request_images(directory: Path, count: int, size: int, image_format: str) -> list[Path]:
     """The same images written as the app writes them ("jpeg": the gallery's, "png": the lossless ones)."""
-    from pipeline.contract import image_files as image_io
+    from ..engine import image_files as image_io
 
     return image_io.save_images(request_pil(count, size), directory, f"request-{image_format}", image_format)
 

@@ -88,9 +88,7 @@ def lora_switching(config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, sa
     then `rounds` rounds of requests with set A, A, B, B and none (first of a set = a switch)."""
     import jax
 
-    from pipeline.generator import Generator
-    from pipeline.host.compile_cache import configure_compilation_cache
-    from pipeline.host.programs import ProgramKey
+    from ..engine import Generator, ProgramKey, configure_compilation_cache
 
     say(f"lora: loading an engine offering {lora_dir} ...")
     generator = Generator.load(config.replace(lora_dir=str(lora_dir)))
@@ -234,7 +232,7 @@ DEEPCACHES = (1, 2, 3)
 
 def speed_levers(generator, steps: int, runs: int, say: Progress = progress) -> SpeedLevers:
     """cfg_end x deepcache at `steps` steps, interleaved; medians of `runs`."""
-    from pipeline.host.speed_plan import speed_plan
+    from ..engine import speed_plan
 
     combos = [(cfg_end, deepcache) for cfg_end in CFG_ENDS for deepcache in DEEPCACHES]
     requests = {c: generator.request(PROMPT, seed=9, steps=steps, cfg_end=c[0], deepcache=c[1]) for c in combos}

@@ -67,8 +67,9 @@ class PreviewsOnOff:
 
 def previews_on_off(generator, steps: int, runs: int, say: Progress = progress) -> PreviewsOnOff:
     """Interleaved requests of `generator` (previews compiled) and a second engine without them; medians."""
-    from pipeline.generator import Generator
     from web.handlers import LatestPreview
+
+    from ..engine import Generator
 
     if not generator.config.previews:
         raise ValueError("the previews part needs the bench's engine with previews compiled")
@@ -175,11 +176,10 @@ def preview_host_cost(size: int = 1024, repeats: int = 50, say: Progress = progr
     from jax.sharding import PartitionSpec as P
     from PIL import Image
 
-    from pipeline.device.preview import latents_to_rgb
-    from pipeline.device.sharding import DATA_AXIS, batch_sharded, data_mesh
-    from pipeline.host.loop import PREVIEW_EVERY, local_rows
     from web.files import RunFiles
     from web.handlers import PREVIEW_QUALITY, LatestPreview
+
+    from ..engine import DATA_AXIS, PREVIEW_EVERY, batch_sharded, data_mesh, latents_to_rgb, local_rows
 
     batch, side = 8, size // 8
     devices = jax.devices()[:batch]

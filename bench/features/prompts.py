@@ -39,7 +39,7 @@ def timed(function, repeats: int) -> Millis:
 
 
 def host_costs(generator, repeats: int) -> None:
-    from pipeline.host.tokens import ExtraRows, extra_capacity, tokenize
+    from ..engine import ExtraRows, extra_capacity, tokenize
 
     reader, windows = generator.prompts, generator.config.prompt_windows
     widths = generator.programs.text_widths
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=100)
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     generator = Generator.from_pretrained(args.model, height=64, width=64, steps=2, dtype="float32",
                                           embeddings_dir=args.embeddings_dir)  # fmt: skip

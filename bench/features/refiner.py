@@ -44,7 +44,7 @@ class RefinerCost:
 
 def refiner_cost(config, runs: int, say: Progress = progress) -> RefinerCost:
     """An engine of `config` with the fixture refiner; interleaved requests at each switch of SWITCHES."""
-    from pipeline.generator import Generator
+    from ..engine import Generator
 
     generator = Generator.load(dataclasses.replace(config, refiner=str(REFINER)))
     warm = generator.warmup()

@@ -66,14 +66,13 @@ def main() -> None:
     import requests
     from gradio_client import Client
 
-    from pipeline.checkpoint.tiny import tiny_checkpoint
-    from pipeline.generator import Generator
     from web.apis import ApiAccess, attach_apis
     from web.page import build_page
 
+    from ..engine import Generator, resolve_model
     from .gradio_downloads import tidy_downloads
 
-    engine = Generator.from_pretrained(str(tiny_checkpoint()), height=SIZE, width=SIZE, steps=2, dtype="float32")
+    engine = Generator.from_pretrained(resolve_model("tiny"), height=SIZE, width=SIZE, steps=2, dtype="float32")
     engine.warmup()
     page = build_page(engine)
     page.launch(port=free_port(), prevent_thread_lock=True, quiet=True, **attach_apis(page, ApiAccess()))

@@ -208,7 +208,7 @@ def through_the_app(
     say: Progress = progress,
 ) -> ServingResult:
     """Serving overhead of one call, then load at each concurrency level (requests capped at max_requests)."""
-    from pipeline.contract.styles import load_styles
+    from ..engine import load_styles
 
     style_names = list(load_styles())
     compiles_before = generator.compile_count

@@ -63,9 +63,8 @@ class DeviceTimeEngine:
         return getattr(self._generator, name)
 
     def generate(self, request, on_step=None, should_stop=None, gate=None, on_preview=None):
-        from pipeline.contract import image_files as image_io
-        from pipeline.contract.parameters import describe
-        from pipeline.generator import GenerationResult
+        from ..engine import GenerationResult, describe
+        from ..engine import image_files as image_io
 
         started = time.perf_counter()
         for step in range(1, request.steps + 1):
@@ -119,11 +118,11 @@ def app_host_cost(runs: int = 7, calls: dict | None = None, say: Progress = prog
     import os
     from pathlib import Path
 
-    from pipeline.generator import Generator
     from web.history.tab import History
     from web.page import build_page
 
     from ..common import free_port
+    from ..engine import Generator
     from .app import make_client
 
     generator = Generator.from_pretrained("tiny", height=SIZE, width=SIZE, steps=STEPS, dtype="float32")

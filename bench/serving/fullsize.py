@@ -151,8 +151,9 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
     """Time the app's host path on synthetic pixels: no model, no JAX."""
     import os
 
-    from pipeline.contract import image_files as image_io
     from web.delivery import Outbox
+
+    from ..engine import image_files as image_io
 
     codecs: list[EncodeFigure] = []
     requests: list[RequestPath] = []
@@ -265,8 +266,7 @@ def full_size(
     """Serve the checkpoint at size² on `devices` devices and call both endpoints through gradio_client in turn."""
     import jax
 
-    from pipeline.generator import Generator
-
+    from ..engine import Generator
     from .app import close_app, gradio_floor, launch_app, make_client
 
     say(f"fullsize: loading {model} at {size}x{size}, {steps} step(s), no CFG, on {devices} device(s) ...")

@@ -197,9 +197,7 @@ def _wire_at_1024() -> dict:
     """8 photo-like 1024² images through the wire format and back: ms each way and bytes."""
     from PIL import Image
 
-    from pipeline.generator import GenerationResult
-    from pipeline.service.wire import RemoteResult, result_line
-
+    from ..engine import GenerationResult, RemoteResult, result_line
     from .fullsize import synthetic_pixels
 
     pixels = synthetic_pixels(8, 1024, "photo")

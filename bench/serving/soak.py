@@ -84,7 +84,7 @@ def soak(
     say: Progress = progress,
 ) -> SoakResult:
     """Serve the app in process and drive `requests` random requests from `clients` concurrent clients."""
-    from pipeline.contract.styles import load_styles
+    from ..engine import load_styles
 
     style_names = list(load_styles())
     compiles_before = generator.compile_count

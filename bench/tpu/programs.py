@@ -143,9 +143,8 @@ def sdxl_model(dtype, quantize: str = "none"):
     import jax
     import jax.numpy as jnp
 
-    from pipeline.device.modules import Modules
-
     from ..accelerator.flops import sdxl_networks
+    from ..engine import Modules
 
     dtype = jnp.dtype(dtype)
     networks = sdxl_networks(dtype)
@@ -156,7 +155,7 @@ def sdxl_model(dtype, quantize: str = "none"):
         lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), shapes
     )
     if quantize == "int8":
-        from pipeline.device.quantize import quantized_unet
+        from ..engine import quantized_unet
 
         params["unet"] = _abstract_int8_unet_params(unet, dtype)
         unet = quantized_unet(unet)
@@ -171,7 +170,7 @@ def sdxl_controlnet(dtype):
 
     import jax.numpy as jnp
 
-    from pipeline.checkpoint.controlnet_loading import controlnet_module
+    from ..engine import controlnet_module
 
     return controlnet_module(json.loads(CONTROLNET_CONFIG.read_text()), jnp.dtype(dtype).name)
 
@@ -181,7 +180,7 @@ def tiny_model(dtype):
     """The tiny checkpoint as the app loads it, and its weights' shapes (abstract: a topology's devices hold none)."""
     import jax
 
-    from pipeline.checkpoint.loading import load_model
+    from ..engine import load_model
 
     loaded = load_model("tiny", dtype=dtype)
     return loaded, jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), loaded.params)
@@ -212,10 +211,8 @@ def kohya_leaves(shapes) -> list[tuple[str, ...]]:
 def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
     """The merge program's layout for a typical full LoRA on `model` (`kohya_leaves`), rank `rank`, SLOTS slots:
     the layout the server would build from LoRA files touching exactly those kernels."""
-    from pipeline.checkpoint.lora import lora_targets
-    from pipeline.device.lora import COMPONENTS, SLOTS, MergeLayout
-
     from ..accelerator.flops import SDXL_UNET_CONFIG
+    from ..engine import COMPONENTS, SLOTS, MergeLayout, lora_targets
 
     if model == TINY:
         loaded, params = tiny_model(dtype)
@@ -235,10 +232,7 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
-    from pipeline.checkpoint.controlnet_loading import controlnet_module
-    from pipeline.config import EngineConfig
-    from pipeline.generator import build_programs, sampler_of
-    from pipeline.host.programs import ServedPrograms
+    from ..engine import EngineConfig, ServedPrograms, build_programs, controlnet_module, sampler_of
 
     if model == TINY:
         loaded, params = tiny_model(dtype)
@@ -328,7 +322,7 @@ def lora_budget(rows: list[dict], topology: str) -> list[dict]:
 def jobs(args, sizes) -> list[tuple]:
     """(ProgramKey, attention or None) in the order they are compiled: per size, the steps (CFG first) per core,
     then decode and start; the encoders after the first size's."""
-    from pipeline.host.programs import ProgramKey, windows_key
+    from ..engine import ProgramKey, windows_key
 
     text = windows_key(args.prompt_windows)  # the text programs' windows (None: one, the plain programs' keys)
     order = []
@@ -376,8 +370,7 @@ class _Fallbacks(logging.Handler):
 
 def compile_one(programs, key, attention, topology, progress) -> dict:
     """Compile one program; its row of tpu.json."""
-    from pipeline.device import attention as attention_core
-
+    from ..engine import attention as attention_core
     from .cost import HBM_PER_CHIP, compiled_cost
 
     device_kind = next(iter(programs.mesh.devices.flat)).device_kind
@@ -447,7 +440,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
     Each request runs the programs its speed plan names (host/speed_plan.py, as the host loop runs them): encode,
     start, per step the whole-UNet (`step_full`, or `step` where only that was compiled) or the shallow step, CFG
     or not, the halving programs where guidance ends, decode."""
-    from pipeline.host.speed_plan import speed_plan
+    from ..engine import speed_plan
 
     def find(kind, cfg, attention, quantize, windows, at=size):
         found = [
@@ -639,23 +632,19 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the topology API needs no TPU; skip the probe for one
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from pipeline.contract.sizes import default_sizes, parse_sizes
-    from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.platform import quiet_start
-
     from ..common import machine_info, progress
+    from ..engine import data_mesh, offered_sizes, quiet_start, topology_devices
     from ..report.outputs import write_json
     from .cost import libtpu_available
 
     quiet_start()
-    from pipeline.host.compile_cache import configure_compilation_cache
+    from ..engine import configure_compilation_cache
 
     configure_compilation_cache(False)  # a topology's compile-only client cannot use JAX's persistent cache
     if not libtpu_available():
         progress('tpu: libtpu is not installed: pip install "jax[tpu]==0.10.2" (requirements-dev.txt has it)')
         return 2
-    sizes = parse_sizes(args.sizes) if args.sizes else default_sizes(tiny=args.model == TINY)
+    sizes = offered_sizes(args.sizes, tiny=args.model == TINY)
     devices = topology_devices(args.topology)
     progress(f"tpu: {args.topology}: {len(devices)} x {devices[0].device_kind}; model {args.model} ({args.dtype}), "
              f"sizes {', '.join(f'{w}x{h}' for h, w in sizes)}")  # fmt: skip
@@ -711,7 +700,7 @@ def _abstract_int8_unet_params(unet, dtype):
     import jax
     import jax.numpy as jnp
 
-    from pipeline.device.quantize import quantized_unet
+    from ..engine import quantized_unet
 
     shapes = jax.eval_shape(quantized_unet(unet).init_weights, jax.random.PRNGKey(0))
     return jax.tree_util.tree_map(

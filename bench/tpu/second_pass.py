@@ -74,10 +74,10 @@ def with_refiner(dtype: str = "bfloat16"):
     import jax
     import jax.numpy as jnp
 
-    from pipeline.device.nets.unet import UNet2DConditionModel, UNetConfig
+    from ..engine import network
 
     modules, params = sdxl_model(dtype)
-    unet = UNet2DConditionModel(UNetConfig.from_dict(json.loads(REFINER_CONFIG.read_text())), dtype=jnp.dtype(dtype))
+    unet = network("unet", json.loads(REFINER_CONFIG.read_text()), dtype)
     shapes = jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0))
     refiner = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), shapes)
     modules = dataclasses.replace(modules, refiner_unet=unet, refiner_text_encoder_2=modules.text_encoder_2)
@@ -94,9 +94,7 @@ def weight_bytes(params) -> dict[str, int]:
 
 
 def compile_rows(args, progress=print) -> list[dict]:
-    from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.host.programs import ProgramKey, ServedPrograms
+    from ..engine import ProgramKey, ServedPrograms, data_mesh, topology_devices
 
     modules, params = with_refiner()
     mesh = data_mesh(topology_devices(args.topology))
@@ -126,17 +124,15 @@ def compile_rows(args, progress=print) -> list[dict]:
 
 def loop_trips(label: str) -> int:
     """The tiles a tiled program loops over (1 for the others): XLA's cost analysis counts a loop body once."""
-    from pipeline.device.vae_tiles import OVERLAP, TILE, tile_starts
+    from ..engine import vae_tiles
 
     kind, height, width, _, tiled = PROGRAMS[label]
-    if not tiled:
-        return 1
-    return len(tile_starts(height // 8, TILE, OVERLAP)) * len(tile_starts(width // 8, TILE, OVERLAP))
+    return vae_tiles(height, width) if tiled else 1
 
 
 def report(out_dir: Path) -> str:
     """The figures: per program HBM and roofline, HBM with both models resident, the predicted requests."""
-    from pipeline.contract.hires import second_pass_steps
+    from ..engine import second_pass_steps
 
     data = json.loads((out_dir / "tpu_second_pass.json").read_text())
     rows = {r["program"]: r for r in data["programs"]}
