@@ -4,7 +4,7 @@ tarball.
     python -m bench.accelerator.device_site                       # .device/site.tar.xz (7.6 MB), from the package index
     python -m bench.accelerator.device_site --wheels DIR          # from wheels already in DIR (no index)
 
-The device machine (bench/README.md, "Its first run on an H200") has no network, its own python 3.12 with jax,
+The device machine (bench/HISTORY.md, "Its first run on an H200") has no network, its own python 3.12 with jax,
 torch, huggingface_hub 1.x, transformers 5 and tokenizers 0.23.2, and takes at most 64 MiB of working tree per call.
 The PyTorch peer's worker needs diffusers 0.39.0 and transformers 4.57.6, which at import refuses huggingface_hub
 1.x and tokenizers above 0.23.0, and diffusers imports `importlib_metadata`; the engine was measured with flax

@@ -47,10 +47,10 @@ from .step_profile import BASE, lever_table, parse_levers
 
 REPO = Path(__file__).resolve().parents[2]
 #: Each stage's share of the budget (see the module docstring). A plan, not a measurement: on the H200 the
-#: accelerator's parts took minutes each (bench/README.md) and the step profile with 1,2,4,8 took 281 s.
+#: accelerator's parts took minutes each (bench/HISTORY.md) and the step profile with 1,2,4,8 took 281 s.
 SHARES = {"accelerator": 0.55, "step-profile": 0.45}
 #: The lever sets the step-profile stage times on the 25-step request by default (`--levers`): XLA without its dot
-#: merger (3.5 % faster on the step alone, 0.957 of a request timed second: bench/README.md), and the engine with
+#: merger (3.5 % faster on the step alone, 0.957 of a request timed second: bench/HISTORY.md), and the engine with
 #: `--cross-attention-cache` (its text keys and values once per request: 0.956 of a 25-step request on this CPU's
 #: tiny model; never timed on a GPU).
 LEVERS = "nomerge:xla_gpu_dot_merger_threshold_mb=0;kvcache:cross_attention_cache"
@@ -144,7 +144,7 @@ def flax_peer_missing() -> str | None:
     return import_failure(str(python), FLAX_PEER_IMPORTS, "jax, flax, diffusers, transformers")
 
 
-#: What to install for each missing piece (bench/README.md, "The GPU benchmark in one command", lists the wheels).
+#: What to install for each missing piece (bench/HISTORY.md, "The GPU benchmark in one command", lists the wheels).
 INSTALL = {
     "engine": "install requirements.txt's engine packages (on a GPU machine: the carried flax wheel)",
     "flax peer": "run `python -m bench.reference_venv`, or set SDXL_REFERENCE_PYTHON to a python with jax, flax, "

@@ -495,7 +495,7 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
 
     Interleaved, and the base built as the sets are, because on the H200 (2026-11-28) timing each engine's requests
     in a block after its compile made whichever set came first about 15 % slower than the base, whatever its
-    options, and on this CPU the profiled engine ran 3 % ahead of a fresh one with a no-op option (bench/README.md).
+    options, and on this CPU the profiled engine ran 3 % ahead of a fresh one with a no-op option (bench/HISTORY.md).
     A set XLA refuses is a row with its error; the others still run."""
     import numpy as np
 

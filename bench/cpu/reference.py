@@ -39,7 +39,7 @@ TARGET_RATIO = 0.9
 #: not wall time: they count the work each side does, which the other jobs on a shared machine barely move (on this
 #: 2-core VM at load 10-17 the same engine's wall ratio moved 0.85-0.91 and its CPU ratio 1.03-1.06; the issue-35
 #: regression gave wall 1.13-1.27 and CPU 1.27-1.32; at 64², 2 steps, CPU 0.96-1.03 against 1.29-1.31). The runs:
-#: bench/README.md, "Engine vs diffusers: the regression of issue 35 and its guard".
+#: bench/HISTORY.md, "Engine vs diffusers: the regression of issue 35 and its guard".
 CHECK_RATIO = 1.15
 
 

@@ -41,7 +41,7 @@ from ..common import Progress, progress
 from .lora_img2img_levers import PROMPT, _size
 from .millis import Millis
 
-#: XLA's cost analysis of the served step programs compiled for a TPU v5e-4 (bench/tpu/programs.py; bench/README.md).
+#: XLA's cost analysis of the served step programs compiled for a TPU v5e-4 (bench/tpu/programs.py; bench/HISTORY.md).
 TPU_RESULTS = Path(__file__).resolve().parents[1] / "results" / "tpu.json"
 #: The rows of TPU_RESULTS a 1024² preview is compared with: (label, step program kind, size, attention, cfg).
 V5E_STEPS = (("v5e step 1024² CFG (splash)", "1024x1024", "splash", True),

@@ -68,7 +68,7 @@ def _verdict(ok: bool) -> str:
 
 
 def markdown(results: dict) -> str:
-    """The tables of results.md (also what bench/README.md quotes)."""
+    """The tables of results.md (the journal, bench/HISTORY.md, quotes them)."""
     setup, machine = results["setup"], results["machine"]
     lines = [
         "# sdxl-jax benchmark",

@@ -222,7 +222,7 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
 def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, splash, CFG): the table's program and the step that
     reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text itself
-    (SDXL's figures: bench/README.md)."""
+    (SDXL's figures: bench/HISTORY.md)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from bench.tpu.cost import compiled_cost
     from bench.tpu.programs import served_programs
