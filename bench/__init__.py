@@ -1,9 +1,9 @@
-"""Benchmarks of the sdxl-jax engine: `python -m bench --help`.
+"""Benchmarks of the sdxl-jax engine: `python -m bench --help`, and bench/README.md for each part.
 
-Parts (each a module): reference (engine vs diffusers' own pipeline, which runs in a worker process with the
-reference venv's python: reference_worker, reference_venv), startup (cold vs warm compilation cache),
-serving (through the Gradio app, under concurrency), recompiles (random requests add no compilations), flops (the
-hardware limit from XLA's cost analysis of the real SDXL), soak (sustained load; also tests/system/test_soak.py), and
-report (results.json, results.md, chart.png). This package imports nothing heavy: `__main__` must configure the
-JAX platform and the virtual CPU device count before JAX is first imported.
+By subject: cpu/ (the engine on this CPU, against diffusers' own pipeline: the speed guard), accelerator/ (full size
+on a GPU or TPU host, the hardware limit), tpu/ (programs compiled for a TPU topology here), serving/ (through the
+app, the engine service, the APIs), features/ (what each request feature costs), report/ (what a run writes, and the
+README's tables from bench/results/). `engine.py` is the one module that imports the engine (`pipeline`). This
+package imports nothing heavy: `__main__` must configure the JAX platform and the virtual CPU device count before JAX
+is first imported.
 """

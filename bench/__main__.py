@@ -14,7 +14,7 @@
     python -m bench --only service                   # two engine services: the page->engine hop, failover (minutes)
     python -m bench --only reference --check        # exit 1 when engine / diffusers is over the guard's threshold
     python -m bench.reference_venv                   # make .venv-reference, where diffusers' pipeline runs (README)
-    python -m bench.device_site                      # .device/site.tar.xz: what `bench gpu` needs on a lent GPU machine
+    python -m bench.accelerator.device_site          # .device/site.tar.xz: what `bench gpu` needs on a lent GPU
 
 Devices: when XLA_FLAGS is unset, the host CPU is split into `--cpu-devices` virtual devices (default 8, 0 = leave
 it alone) so the 8-way sharding of a TPU v5e-8 runs on a laptop; that flag only affects JAX's CPU platform. When
@@ -32,14 +32,14 @@ import warnings
 from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below: run before `pip install`, one sentence, not a traceback
-    from pipeline.installed import ENGINE, require_installed
+    from .engine import require_engine_installed
 
-    require_installed("python -m bench", ENGINE)  # the engine's packages: a lent GPU machine has no gradio
+    require_engine_installed("python -m bench")  # the engine's packages: a lent GPU machine has no gradio
 
 from .common import configure_platform, progress  # noqa: E402
-from .features import LORA_FIXTURES  # noqa: E402
+from .cpu.reference import CHECK_RATIO  # noqa: E402
+from .features.lora_img2img_levers import LORA_FIXTURES  # noqa: E402
 from .parts import run_parts  # noqa: E402
-from .reference import CHECK_RATIO  # noqa: E402
 
 PARTS = (
     "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
@@ -61,16 +61,16 @@ ENGINE_DEFAULTS = {"model": "tiny", "height": 128, "width": 128, "steps": 4, "dt
 
 def build_parser() -> argparse.ArgumentParser:
     """The bench's command line: the engine's options from their one declaration, then the bench's own."""
-    from pipeline.options import BENCH, Parser, add_options
+    from .engine import bench_parser
 
-    parser = Parser(
+    parser = bench_parser(  # --model, --height, --width, --steps, --dtype, --cpu-devices
+        ENGINE_DEFAULTS,
         prog="python -m bench",
         description="Measure the engine, its start-up, the app around it, and the hardware limit. "
         "The engine's options can also be set by the environment variable in brackets; the flag wins.",
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(parser, BENCH, defaults=ENGINE_DEFAULTS)  # --model, --height, --width, --steps, --dtype, --cpu-devices
     add = parser.add_argument
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
     add("--check", nargs="?", type=float, const=CHECK_RATIO, default=None, metavar="RATIO",
@@ -111,17 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The bench's options, checked; `args.config` is the engine's EngineConfig they describe."""
-    from pipeline.config import engine_config
-    from pipeline.contract.errors import InvalidInput
-    from pipeline.options import BENCH, check_env_choices
+    from .engine import bench_config
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_env_choices(parser, args, BENCH)
-    try:
-        args.config = engine_config(args)
-    except InvalidInput as exc:
-        parser.error(str(exc))
+    args.config = bench_config(parser, args)
     args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
@@ -148,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_engine(args: argparse.Namespace, results: dict):
     """The engine the in-process parts share: loaded and warmed up once, its start-up timings in `results`."""
-    from pipeline.generator import Generator
+    from .engine import Generator
 
     progress(f"loading {args.model} and compiling {results['setup']['shape']} ...")
     generator = Generator.load(args.config)
@@ -160,8 +154,8 @@ def load_engine(args: argparse.Namespace, results: dict):
 
 
 def _reference(args: argparse.Namespace, results: dict, generator) -> None:
-    from .flops import achieved_flops
-    from .reference import engine_vs_reference
+    from .accelerator.flops import achieved_flops
+    from .cpu.reference import engine_vs_reference
 
     progress(f"part 1/5 engine vs reference ({args.runs} interleaved runs) ...")
     ref = results["reference"] = engine_vs_reference(generator, args.runs)
@@ -187,7 +181,7 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _startup(args: argparse.Namespace, results: dict, generator) -> None:
-    from .startup import startup
+    from .cpu.startup import startup
 
     progress("part 2/5 start-up, cold and warm compilation cache (two subprocesses) ...")
     st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype,
@@ -198,7 +192,7 @@ def _startup(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _app(args: argparse.Namespace, results: dict, generator) -> None:
-    from .serving import through_the_app
+    from .serving.app import through_the_app
 
     progress("part 3/5 through the app ...")
     results["serving"] = through_the_app(
@@ -212,7 +206,7 @@ def _app(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _recompiles(args: argparse.Namespace, results: dict, generator) -> None:
-    from .recompiles import recompiles
+    from .cpu.recompiles import recompiles
 
     progress(f"part 4/5 recompiles ({args.recompile_requests} random requests) ...")
     rc = results["recompiles"] = recompiles(generator, args.recompile_requests)
@@ -220,14 +214,14 @@ def _recompiles(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _flops(args: argparse.Namespace, results: dict, generator) -> None:
-    from .flops import measure_flops
+    from .accelerator.flops import measure_flops
 
     progress("part 5/5 hardware limit (XLA cost analysis of the real SDXL, nothing compiled) ...")
     results["flops"] = measure_flops(include_text=not args.no_text_flops, progress=progress)
 
 
 def _soak(args: argparse.Namespace, results: dict, generator) -> None:
-    from .soak import soak
+    from .serving.soak import soak
 
     progress(f"soak: {args.soak_requests} requests from {args.soak_clients} clients ...")
     results["soak"] = soak(
@@ -236,35 +230,35 @@ def _soak(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _hostloop(args: argparse.Namespace, results: dict, generator) -> None:
-    from .hostloop import host_loop_cost
+    from .cpu.hostloop import host_loop_cost
 
     progress(f"hostloop: ms per step, host loop vs fused loop ({args.runs} interleaved runs) ...")
     results["hostloop"] = host_loop_cost(generator, args.loop_steps, args.runs)
 
 
 def _stop(args: argparse.Namespace, results: dict, generator) -> None:
-    from .hostloop import STOP_STEPS, stop_latency
+    from .cpu.hostloop import STOP_STEPS, stop_latency
 
     progress(f"stop: job.cancel() at step 2 of {STOP_STEPS} -> next request's first step ({args.runs} runs) ...")
     results["stop"] = stop_latency(generator, args.runs)
 
 
 def _samplers(args: argparse.Namespace, results: dict, generator) -> None:
-    from .hostloop import sampler_sweep
+    from .cpu.hostloop import sampler_sweep
 
     progress("samplers: steps 1..50 x every sampler and schedule type, counting compilations ...")
     results["samplers"] = sampler_sweep(generator)
 
 
 def _sizes(args: argparse.Namespace, results: dict, generator) -> None:
-    from .hostloop import warm_start
+    from .cpu.hostloop import warm_start
 
     progress("sizes: app start-up, 3 sizes, progress on, cold then warm cache (JAX_LOG_COMPILES=1) ...")
     results["sizes"] = warm_start(args.steps, args.dtype)
 
 
 def _fewstep(args: argparse.Namespace, results: dict, generator) -> None:
-    from .fewstep import base_vs_lightning
+    from .cpu.fewstep import base_vs_lightning
 
     progress(f"fewstep: base (25 steps, CFG) vs lightning-4 (4 steps, no CFG) per image ({args.runs} runs) ...")
     results["fewstep"] = base_vs_lightning(
@@ -273,70 +267,70 @@ def _fewstep(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _merging(args: argparse.Namespace, results: dict, generator) -> None:
-    from .merging import merged_serving
+    from .cpu.merging import merged_serving
 
     progress(f"merging: requests/s alone vs merged, {args.merge_slots} per call ({args.runs} rounds each) ...")
     results["merging"] = merged_serving(args, args.merge_slots, args.runs)
 
 
 def _hostpath(args: argparse.Namespace, results: dict, generator) -> None:
-    from .fullsize import host_path
+    from .serving.fullsize import host_path
 
     progress(f"hostpath: device pixels -> answer at 1024², synthetic pixels ({args.runs} runs) ...")
     results["hostpath"] = host_path(runs=args.runs)
 
 
 def _fullsize(args: argparse.Namespace, results: dict, generator) -> None:
-    from .fullsize import full_size
+    from .serving.fullsize import full_size
 
     progress("fullsize: /generate vs /generate_png at 1024² through gradio_client (tiny checkpoint) ...")
     results["fullsize"] = full_size(model=args.model, runs=min(args.runs, 5), dtype=args.dtype)  # ~20 s a call
 
 
 def _lora(args: argparse.Namespace, results: dict, generator) -> None:
-    from .features import lora_switching
+    from .features.lora_img2img_levers import lora_switching
 
     progress(f"lora: merge compile, then {args.lora_rounds} rounds of LoRA sets A, A, B, B, none ...")
     results["lora"] = lora_switching(args.config, args.lora_rounds, args.lora_fixtures)
 
 
 def _img2img(args: argparse.Namespace, results: dict, generator) -> None:
-    from .features import image_inputs_cost
+    from .features.lora_img2img_levers import image_inputs_cost
 
     progress(f"img2img: text to image vs image to image (0.5, 1.0) vs inpainting ({args.runs} runs) ...")
     results["img2img"] = image_inputs_cost(generator, args.runs)
 
 
 def _controlnet(args: argparse.Namespace, results: dict, generator) -> None:
-    from .controlnet import controlnet_cost
+    from .features.controlnet import controlnet_cost
 
     progress(f"controlnet: requests with 0, 1 and 2 ControlNets ({args.runs} runs) ...")
     results["controlnet"] = controlnet_cost(args.config, args.runs)
 
 
 def _refiner(args: argparse.Namespace, results: dict, generator) -> None:
-    from .refiner import refiner_cost
+    from .features.refiner import refiner_cost
 
     progress(f"refiner: requests with refiner_switch 1, 0.8 and 0.5 ({args.runs} runs) ...")
     results["refiner"] = refiner_cost(args.config, args.runs)
 
 
 def _hires(args: argparse.Namespace, results: dict, generator) -> None:
-    from .hires import hires_cost
+    from .features.hires import hires_cost
 
     progress(f"hires: requests without and with a ×2 second pass, the refiner, both ({args.runs} runs) ...")
     results["hires"] = hires_cost(args.config, args.runs)
 
 
 def _levers(args: argparse.Namespace, results: dict, generator) -> None:
-    from .features import speed_levers
+    from .features.lora_img2img_levers import speed_levers
 
     progress(f"levers: cfg_end x deepcache at {args.feature_steps} steps ({args.runs} runs) ...")
     results["levers"] = speed_levers(generator, args.feature_steps, args.runs)
 
 
 def _previews(args: argparse.Namespace, results: dict, generator) -> None:
-    from .previews import preview_host_cost, previews_on_off
+    from .features.previews import preview_host_cost, previews_on_off
 
     progress(f"previews: engine with vs without previews at {args.feature_steps} steps ({args.runs} runs) ...")
     results["previews"] = previews_on_off(generator, args.feature_steps, args.runs)
@@ -345,7 +339,7 @@ def _previews(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _history(args: argparse.Namespace, results: dict, generator) -> None:
-    from .history import history_cost
+    from .features.history import history_cost
 
     progress(f"history: the store ({args.history_adds} adds per kind, {args.history_entries} entries), then "
              f"/history ({args.history_calls} calls) ...")  # fmt: skip
@@ -356,7 +350,7 @@ def _history(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _apphost(args: argparse.Namespace, results: dict, generator) -> None:
-    from .apphost import app_host_cost
+    from .serving.apphost import app_host_cost
 
     progress(f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
              f"({args.runs} rounds) ...")  # fmt: skip
@@ -364,7 +358,7 @@ def _apphost(args: argparse.Namespace, results: dict, generator) -> None:
 
 
 def _service(args: argparse.Namespace, results: dict, generator) -> None:
-    from .service import service_cost
+    from .serving.service import service_cost
 
     progress(f"service: two engine processes, the hop, requests/s, a killed engine ({args.runs} runs) ...")
     results["service"] = service_cost(generator, args, args.runs, Path(args.out) / "service")
@@ -442,35 +436,35 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["unet"]:  # `python -m bench unet ...`: the UNet step per attention core (bench/unet.py)
-        from .unet import main as unet_main
+    if argv[:1] == ["unet"]:  # `python -m bench unet ...`: the UNet step per attention core (bench/accelerator/unet.py)
+        from .accelerator.unet import main as unet_main
 
         return unet_main(argv[1:])
     if argv[:1] == ["accelerator"]:  # `python -m bench accelerator ...`: the engine at full size on this host's chip
-        from .accelerator import main as accelerator_main
+        from .accelerator.end_to_end import main as accelerator_main
 
         return accelerator_main(argv[1:])
     if argv[:1] == ["step-profile"]:  # `python -m bench step-profile ...`: the CFG step's device time by op category
-        from .step_profile import main as step_profile_main
+        from .accelerator.step_profile import main as step_profile_main
 
         return step_profile_main(argv[1:])
-    if argv[:1] == ["gpu"]:  # `python -m bench gpu ...`: accelerator and step-profile in one budget (bench/gpu.py)
-        from .gpu import main as gpu_main
+    if argv[:1] == ["gpu"]:  # `python -m bench gpu ...`: accelerator and step-profile in one budget
+        from .accelerator.gpu import main as gpu_main
 
         return gpu_main(argv[1:])
-    if argv[:1] == ["tpu"]:  # `python -m bench tpu ...`: served programs compiled for a TPU topology (bench/tpu.py)
-        from .tpu import main as tpu_main
+    if argv[:1] == ["tpu"]:  # `python -m bench tpu ...`: served programs compiled for a TPU topology
+        from .tpu.programs import main as tpu_main
 
         return tpu_main(argv[1:])
-    if argv[:1] == ["tpu-second-pass"]:  # the refiner and the 2048² hires pass for v5e (bench/tpu_second_pass.py)
-        from .tpu_second_pass import main as second_pass_main
+    if argv[:1] == ["tpu-second-pass"]:  # the refiner and the 2048² hires pass for v5e (bench/tpu/second_pass.py)
+        from .tpu.second_pass import main as second_pass_main
 
         return second_pass_main(argv[1:])
     args = parse_args(argv)
     configure_platform(args.cpu_devices)
     # Gradio 6.17 trips Starlette's own deprecation of a status-code name on every request: noise, not ours.
     warnings.filterwarnings("ignore", message=".*HTTP_422_UNPROCESSABLE_ENTITY.*")
-    from .report import chart, markdown, write_json
+    from .report.outputs import chart, markdown, write_json
 
     results = run(args)
     out = Path(args.out)
@@ -478,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(results, out / "results.json")
     (out / "results.md").write_text(markdown(results) + "\n")
     if "soak" in results:
-        from .soak import write_soak_json
+        from .serving.soak import write_soak_json
 
         write_soak_json(results["soak"], out / "soak.json")
     chart_path = chart(results, out / "chart.png")
@@ -493,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         status = 1
     if args.check is not None:
-        from .reference import check_ratio
+        from .cpu.reference import check_ratio
 
         if "reference" not in results:
             print("bench check FAILED: the reference part measured nothing (see its failure)", file=sys.stderr)

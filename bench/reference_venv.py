@@ -1,4 +1,4 @@
-"""The reference venv: the python that runs diffusers' own Flax pipeline (bench/reference_worker.py).
+"""The reference venv: the python that runs diffusers' own Flax pipeline (bench/cpu/reference_worker.py).
 
     python -m bench.reference_venv        # make .venv-reference if missing or stale; print its python
 

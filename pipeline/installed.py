@@ -36,7 +36,7 @@ REQUIRED = {
 
 #: What the engine itself imports (networks, loader, host loop). `python -m bench` asks only for these: its parts run
 #: on a lent accelerator machine that has the machine's own jax and a carried flax but not the page's packages
-#: (gradio, the history's database drivers; bench/README.md), where a part that needs them fails on its import.
+#: (gradio, the history's database drivers; bench/HISTORY.md), where a part that needs them fails on its import.
 ENGINE = ("jax", "jaxlib", "flax", "huggingface_hub", "safetensors", "regex", "numpy", "ml_dtypes", "PIL")
 
 

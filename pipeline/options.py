@@ -272,7 +272,7 @@ OPTIONS: tuple[Option, ...] = (
            "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default=config_default("quantize"), programs=ENGINE,
            recompiles=True),
     Option("--xla-option", "an XLA compiler option for every served program, NAME=VALUE (repeat), e.g. "
-           "xla_gpu_dot_merger_threshold_mb=0 (bench/README.md measures the GPU's); XLA refuses an unknown name or "
+           "xla_gpu_dot_merger_threshold_mb=0 (bench/HISTORY.md measures the GPU's); XLA refuses an unknown name or "
            "value, in one sentence at start-up", "SDXL_XLA_OPTIONS", kind="append", metavar="NAME=VALUE",
            programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True, env_text="SDXL_XLA_OPTIONS: comma-separated"),
     Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "

@@ -88,7 +88,7 @@ def use_cpu_cores(count: int | None = None) -> int:
     """On a CPU-only machine, split the CPU into `count` JAX devices (default: one per core); returns the count set.
 
     One request then makes one image per core, as it makes one per chip on a TPU, and it costs no more time per image
-    (bench/README.md, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device
+    (bench/HISTORY.md, "CPU devices", has the measurement). Leaves XLA_FLAGS alone when it already sets a device
     count, and does nothing when an accelerator is installed or `count` is 0 (libtpu without a TPU device is no
     accelerator: JAX is then told to use the CPU, see `skip_absent_tpu`). Must run before JAX is imported.
     """

@@ -50,7 +50,7 @@ def pytest_configure(config) -> None:
         os.environ["TMPDIR"] = run_tmp
         tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
     _patient_gradio_clients()
-    from bench.gradio_downloads import tidy_downloads
+    from bench.serving.gradio_downloads import tidy_downloads
 
     tidy_downloads()  # gradio_client left an empty $TMPDIR/<40 hex> folder for every file a test downloaded
 

@@ -150,7 +150,7 @@ class SafetensorsReader:
 
     The format is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, data_offsets), then
     the data. `safetensors.safe_open` maps the whole file, and every page it touches stays resident: converting the
-    4.8 GiB SDXL UNet that way peaked at 10.2 GiB (bench.convert); reading each tensor into its own buffer keeps
+    4.8 GiB SDXL UNet that way peaked at 10.2 GiB (bench.cpu.convert); reading each tensor into its own buffer keeps
     the peak at the converted model plus one tensor. The header is validated up front, so a truncated or corrupt
     file is refused before anything is converted.
     """

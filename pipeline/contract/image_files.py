@@ -22,7 +22,7 @@ PARAMETERS_KEY = "parameters"
 #: 1024x1024 images); encoding 8 of them serially takes about as long as a TPU v5e call, so speed wins.
 PNG_COMPRESS_LEVEL = 1
 #: The gallery's format: JPEG encodes a 1024² image in ~4-7 ms here against ~130-200 ms for PNG or WebP (method 0:
-#: ~40 ms), at ~225 KB for a photo-like image (bench/README.md, "host path at full size").
+#: ~40 ms), at ~225 KB for a photo-like image (bench/HISTORY.md, "host path at full size").
 GALLERY_FORMAT = "jpeg"
 #: JPEG quality of gallery images: 90 with 4:2:0 chroma, as most photo tools save; not told apart at gallery size.
 JPEG_QUALITY = 90

@@ -19,7 +19,7 @@ Kinds (`ATTENTIONS`):
   that adds at most 1/8 (SDXL's 1344x768: 4032 -> 4096 and 1008 -> 1024 tokens), the padding masked off with
   segment ids (real tokens attend only to real ones: exact).
 - `auto`: splash on TPU, cudnn on GPU with bf16/fp16, xla elsewhere (so on CPU `auto` is exactly `xla`). The TPU
-  choice is the compiled cost (`python -m bench tpu`, the real TPU compiler, bench/README.md): one SDXL UNet call
+  choice is the compiled cost (`python -m bench tpu`, the real TPU compiler, bench/HISTORY.md): one SDXL UNet call
   at 1024x1024 with CFG on a v5e chip is 12.46 TFLOP / 73.1 GB with splash against 13.99 TFLOP / 111.7 GB with
   xla, a roofline of 89 ms against 136 ms (xla is bound by HBM traffic: it writes every score matrix).
 

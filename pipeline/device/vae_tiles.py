@@ -1,9 +1,9 @@
 """The VAE in tiles, for images too big to decode or encode whole within a chip's HBM (2048² and up).
 
-Why: SDXL's VAE has one self-attention over every latent of the image (its middle block), so a whole decode at
-2048² (256² latents) holds a 65536 × 65536 attention matrix, and its 128-channel 2048² activations besides
-(bench/README.md, "The VAE at 2048²" gives the compiler's figures for v5e). In tiles, memory is one tile's,
-whatever the image size.
+Why: SDXL's VAE has one self-attention over every latent of the image (its middle block), so a whole decode at 2048²
+(256² latents) holds a 65536 × 65536 attention matrix, and its 128-channel 2048² activations besides (bench/HISTORY.md,
+"Hires 2048² and the refiner on v5e", gives the compiler's figures for v5e). In tiles, memory is one tile's, whatever
+the image size.
 
 How: the latents (decode) or pixels (encode) are cut into fixed tiles that overlap by `overlap` latents; the tiles
 are run one after another in a `lax.fori_loop`, so the compiled program holds one tile's VAE (one body per tile

@@ -326,7 +326,7 @@ class ServedPrograms:
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         # A step reading the cross-attention table leaves the text and its to_k / to_v kernels unread. Kept as
         # arguments (the server holds them anyway): pruned, the TPU compiler made SDXL's step 5x its code (0.43 GiB
-        # against 0.08 at 1024², v5e), for the same FLOPs and bytes (bench/README.md).
+        # against 0.08 at 1024², v5e), for the same FLOPs and bytes (bench/HISTORY.md).
         return jax.jit(sharded, keep_unused=self.cross_attention_cache and key.kind in BASE_STEPS)
 
     def tiled(self, key: ProgramKey) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
 
-from bench.program_times import ProgramTimer
+from bench.cpu.program_times import ProgramTimer
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
 from pipeline.device import attention

@@ -16,7 +16,7 @@ def test_libtpu_without_a_tpu_runs_jax_on_cpu(monkeypatch):
     """A dev venv with libtpu on a host without a TPU: the app/CLI run JAX on the CPU (no TPU probe, no error lines)."""
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(platform, "tpu_device_present", lambda: False)
-    from bench.cost import libtpu_available
+    from bench.tpu.cost import libtpu_available
 
     if not libtpu_available():
         assert platform.skip_absent_tpu() is False
@@ -29,7 +29,7 @@ def test_jaxs_probe_for_an_absent_tpu_is_one_calm_line():
     """Issue 68: where JAX still probes for the TPU (a GPU plugin beside libtpu; here: JAX_PLATFORMS unset and no
     `skip_absent_tpu`), its INFO line "Unable to initialize backend 'tpu': ..." read like an error at start-up. Real
     JAX in a fresh process, its log at INFO as the app's."""
-    from bench.cost import libtpu_available
+    from bench.tpu.cost import libtpu_available
 
     if not libtpu_available() or platform.tpu_device_present():
         pytest.skip("needs libtpu on a host without a TPU (the dev venv's jax[tpu])")

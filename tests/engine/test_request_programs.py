@@ -5,7 +5,7 @@ no text encoder (--text-cache); none of them compiles."""
 import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
-from bench.program_times import ProgramTimer
+from bench.cpu.program_times import ProgramTimer
 from pipeline.host import run_plan
 from pipeline.host.text_cache import TextCache
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from bench.fused import ancestral_step, euler_step
+from bench.cpu.fused import ancestral_step, euler_step
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device.sampler_update import scale_model_input

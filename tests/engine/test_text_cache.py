@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import generate
 
-from bench.program_times import ProgramTimer
+from bench.cpu.program_times import ProgramTimer
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
 from pipeline.host.text_cache import TextCache

@@ -229,11 +229,11 @@ def test_default_cache_dir_follows_environment(monkeypatch, tmp_path):
 
 @pytest.mark.long  # 80 s of pmap compiles; CI's bench guard runs the same pipeline (`bench --only reference`)
 def test_reference_pipeline_runs_on_all_devices(fresh_tiny_dir, tmp_path):
-    """diffusers' pipeline on this checkpoint in the reference venv's worker (bench/reference_worker.py), as the
+    """diffusers' pipeline on this checkpoint in the reference venv's worker (bench/cpu/reference_worker.py), as the
     bench runs it: one image per device, each device its own seed."""
     import jax
 
-    from bench.reference import ReferenceWorker
+    from bench.cpu.reference import ReferenceWorker
 
     devices = jax.local_device_count()
     assert devices == 8  # tests/conftest.py forces 8 host devices (the worker inherits XLA_FLAGS)

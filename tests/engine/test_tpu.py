@@ -26,7 +26,7 @@ SPLASH_SIZE = (160, 192)
 
 
 def _libtpu() -> bool:
-    from bench.cost import libtpu_available
+    from bench.tpu.cost import libtpu_available
 
     return libtpu_available()
 
@@ -41,7 +41,7 @@ def tpu_programs():
     """The tiny checkpoint's served programs on v5e:2x2's 4 chips (abstract bf16 weights), one per core, built as the
     generator builds them (`pipeline.generator.build_programs`, through the bench's `served_programs`)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
-    from bench.tpu import served_programs
+    from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.host.compile_cache import configure_compilation_cache
@@ -57,7 +57,7 @@ def tpu_programs():
 
 @needs_libtpu
 def test_served_programs_compile_for_tpu_v5e(tpu_programs):
-    from bench.tpu import compile_one
+    from bench.tpu.programs import compile_one
     from pipeline.host.programs import ProgramKey
 
     rows = []
@@ -89,7 +89,7 @@ def test_lora_merge_program_compiles_for_tpu_v5e():
     """`python -m bench tpu --kinds merge`'s program on the tiny checkpoint: the kohya-style layout (UNet transformer
     and both text encoders' attention and MLP kernels), compiled for v5e:2x2 with abstract weights (~15 s)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from bench.tpu import compile_one, layout_fields, lora_budget, merge_layout, served_programs
+    from bench.tpu.programs import compile_one, layout_fields, lora_budget, merge_layout, served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.host.compile_cache import configure_compilation_cache
@@ -191,8 +191,8 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     """`--quantize int8`'s whole-UNet step (tiny checkpoint, 64x64, CFG) compiled for v5e:2x2: the TPU program keeps
     int8 operands (s8) and its weight arguments are well under the bf16 step's (int8 kernels + per-channel scales)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from bench.cost import compiled_cost
-    from bench.tpu import served_programs
+    from bench.tpu.cost import compiled_cost
+    from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.host.compile_cache import configure_compilation_cache
@@ -222,10 +222,10 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
 def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, splash, CFG): the table's program and the step that
     reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text itself
-    (SDXL's figures: bench/README.md)."""
+    (SDXL's figures: bench/HISTORY.md)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from bench.cost import compiled_cost
-    from bench.tpu import served_programs
+    from bench.tpu.cost import compiled_cost
+    from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
     from pipeline.host.aot import topology_devices
     from pipeline.host.compile_cache import configure_compilation_cache

@@ -122,7 +122,7 @@ def test_a_stopped_tab_leaves_no_file_and_the_idle_app_exits_soon_after_sigterm(
     """The sequence that once sent a tab's images to $TMPDIR/gradio (403, never removed): the tab's images load. Then
     SIGTERM with nothing running: the server closes, the app's folder goes (nothing at all is left under TMPDIR,
     issue 26), and the process ends without waiting for the interpreter to take JAX's runtime apart (seconds more).
-    The bound is a loaded machine's, not a benchmark: the time is printed (python -m bench.lifecycle measures it).
+    The bound is a loaded machine's, not a benchmark: the time is printed (python -m bench.cpu.lifecycle measures it).
     One app start for both (each start is 12-18 s of CI): the idle exit comes after the tab's requests."""
     from conftest import headless_chromium, stop_then_generate
 
@@ -260,8 +260,8 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
     """Progress on (the default): no program has a host callback, so a second start compiles nothing: without this
     host's executables every program is traced and XLA's part comes from JAX's cache; with them (the default)
     every program is loaded whole, nothing traced, and the log says so."""
-    from bench.hostloop import app_start
-    from bench.startup import app_ready, programs_line
+    from bench.cpu.hostloop import app_start
+    from bench.cpu.startup import app_ready, programs_line
     from pipeline.host.programs import program_keys
 
     args = ["--model", "tiny", "--sizes", ",".join(f"{w}x{h}" for h, w in UI_SIZES), "--steps", "2",

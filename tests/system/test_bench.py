@@ -191,7 +191,7 @@ def test_bench_accelerator_peer_torch_smoke_on_cpu(tmp_path):
 
 def test_peer_torch_is_skipped_in_one_sentence_where_torch_does_not_import(monkeypatch):
     """A python that cannot import the worker's libraries (or cannot run) is named with the reason, in one line."""
-    from bench import torch_peer
+    from bench.accelerator import torch_peer
 
     monkeypatch.setattr(torch_peer, "NEEDS", ("json", "no_such_module_here"))
     missing = torch_peer.torch_missing(sys.executable)
@@ -206,20 +206,21 @@ def test_torch_worker_imports_only_its_libraries_and_the_bench_never_imports_tor
     """torch is in no requirements file: only the worker, run by --torch-python, may import it."""
     import ast
 
-    tree = ast.parse((REPO / "bench" / "torch_worker.py").read_text())
+    tree = ast.parse((REPO / "bench" / "accelerator" / "torch_worker.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}  # fmt: skip
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported - sys.stdlib_module_names - {"__future__"} == {"torch", "diffusers", "transformers"}
-    code = "import sys, bench.accelerator, bench.torch_peer; print(sorted(m for m in sys.modules if m == 'torch'))"
+    code = ("import sys, bench.accelerator.end_to_end, bench.accelerator.torch_peer; "
+            "print(sorted(m for m in sys.modules if m == 'torch'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
 def test_torch_worker_failure_is_one_sentence_and_the_worker_ends():
     """A load the worker cannot do (no torch here, or no such mode): its error in one line, the process gone."""
-    from bench.reference import ReferenceWorkerError
-    from bench.torch_peer import TorchWorker
+    from bench.accelerator.torch_peer import TorchWorker
+    from bench.cpu.reference import ReferenceWorkerError
 
     worker = TorchWorker({"dtype": "float32", "modes": ["no such mode"]}, python=Path(sys.executable))
     with pytest.raises(ReferenceWorkerError) as raised:
@@ -230,9 +231,10 @@ def test_torch_worker_failure_is_one_sentence_and_the_worker_ends():
 
 
 def test_peer_torch_spec_has_the_engines_architectures():
-    """SDXL's configs (bench/flops.py) or the tiny checkpoint's config.json files, and the tiny tokenizers."""
-    from bench.flops import SDXL_UNET_CONFIG
-    from bench.torch_peer import torch_spec
+    """SDXL's configs (bench/accelerator/flops.py) or the tiny checkpoint's config.json files, and the tiny
+    tokenizers."""
+    from bench.accelerator.flops import SDXL_UNET_CONFIG
+    from bench.accelerator.torch_peer import torch_spec
     from pipeline.checkpoint.loading import resolve_model
 
     tiny = Path(resolve_model("tiny"))
@@ -283,7 +285,7 @@ def test_bench_step_profile_smoke_on_cpu(tmp_path):
 def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():
     """A GPU-shaped trace: only the device's Stream lines count (not the derived XLA Ops line, not the host), and
     each kernel name lands in its category by the rules' order (cuDNN attention says fprop, its convolutions gemm)."""
-    from bench.step_profile import categorise, device_events, summarise
+    from bench.accelerator.step_profile import categorise, device_events, summarise
 
     def meta(kind, pid, name, tid=None):
         return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
@@ -321,7 +323,7 @@ def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():
 
 def test_bench_unet_cost_counts_the_fused_kernels():
     """Lowered cost (in process): splash, lowered for TPU, puts its kernel in the program and XLA counts no FLOPs."""
-    from bench.unet import cost_report, parse_args
+    from bench.accelerator.unet import cost_report, parse_args
 
     args = parse_args(["--cost", "--model", "tiny", "--height", "256", "--width", "256", "--attention", "xla,splash"])
     rows = {row["attention"]: row for row in cost_report(args, progress=lambda message: None)}
@@ -342,7 +344,7 @@ def test_every_part_has_its_measurement():
 def test_a_part_that_fails_is_recorded_and_the_next_parts_run():
     """bench/parts.py over real measurements (the samplers part's plan timing): the one given an unknown sampler
     raises; its error and where it was raised are recorded, and the parts on either side of it still measure."""
-    from bench.hostloop import plan_cost
+    from bench.cpu.hostloop import plan_cost
     from bench.parts import run_parts
 
     measured: dict[str, float] = {}
@@ -394,7 +396,7 @@ def test_bench_writes_its_results_with_the_failed_parts_and_exits_1(tmp_path):
 
 def test_bench_host_path_part_reports_both_paths(tmp_path):
     """`python -m bench --only hostpath` at a small size: every figure present (timings are the bench's, not ours)."""
-    from bench.fullsize import CODECS, host_path, markdown
+    from bench.serving.fullsize import CODECS, host_path, markdown
 
     result = host_path(size=128, runs=1, images=2, say=lambda _: None)
     assert [c.codec for c in result.codecs] == list(CODECS) * 2 and all(c.kb > 0 for c in result.codecs)
@@ -408,7 +410,7 @@ def test_bench_host_path_part_reports_both_paths(tmp_path):
 
 def test_bench_hostloop_part_measures_both_loops(engine):
     """`python -m bench --only hostloop` on the shared engine: both loops timed, no compilation while timing."""
-    from bench.hostloop import host_loop_cost
+    from bench.cpu.hostloop import host_loop_cost
 
     result = host_loop_cost(engine, steps=3, runs=1, say=lambda _line: None)
     assert result.host_loop_call.median > 0 and result.fused_call.median > 0
@@ -426,7 +428,7 @@ def test_bench_merging_part_measures_the_engines(tiny_dir):
 
     import jax
 
-    from bench.merging import merged_serving
+    from bench.cpu.merging import merged_serving
 
     shape = ("height", "width", "steps", "dtype")
     args = argparse.Namespace(model=str(tiny_dir), **{name: BATCHED_SETTINGS[name] for name in shape})
@@ -448,7 +450,7 @@ def test_bench_merging_part_measures_the_engines(tiny_dir):
 def test_bench_stop_part_measures_a_cancelled_request(engine):
     """`python -m bench --only stop` on the shared engine (64×64): a 100-step request cancelled through
     gradio_client stops well before its end, and the server's moments come in order."""
-    from bench.hostloop import STOP_STEPS, stop_latency
+    from bench.cpu.hostloop import STOP_STEPS, stop_latency
 
     result = stop_latency(engine, runs=1, say=lambda _line: None)
     assert result.steps == STOP_STEPS == 100 and 2 <= result.engine_stopped_after < STOP_STEPS
@@ -546,7 +548,7 @@ def test_bench_previews_part(feature_results):
 
 def test_bench_previews_v5e_steps_come_from_the_tpu_results():
     """The v5e step the 1024² share is taken of is the recorded roofline of the served step program, not a guess."""
-    from bench.previews import TPU_RESULTS, v5e_steps
+    from bench.features.previews import TPU_RESULTS, v5e_steps
 
     steps, source = v5e_steps()
     programs = json.loads(TPU_RESULTS.read_text())["programs"]
@@ -574,7 +576,7 @@ def test_bench_history_part(feature_results):
 
 def test_bench_check_fails_over_its_threshold_and_names_the_parts():
     from bench.common import Stats
-    from bench.reference import CHECK_RATIO, EngineVsReference, check_ratio
+    from bench.cpu.reference import CHECK_RATIO, EngineVsReference, check_ratio
 
     def call(engine_s: float, reference_s: float) -> EngineVsReference:
         engine, reference, ratio = Stats.of([engine_s]), Stats.of([reference_s]), engine_s / reference_s
@@ -597,7 +599,7 @@ def test_bench_check_fails_over_its_threshold_and_names_the_parts():
 
 @pytest.mark.slow
 def test_bench_apphost_part_times_each_way_of_calling():
-    from bench.apphost import CALLS, IMAGES, app_host_cost
+    from bench.serving.apphost import CALLS, IMAGES, app_host_cost
 
     cost = app_host_cost(runs=1, say=lambda _: None)
     assert set(cost.overhead) == set(CALLS) and cost.images == IMAGES

@@ -73,7 +73,7 @@ def test_missing_peers_are_one_line_each_and_the_stage_is_skipped(tmp_path):
 
 def test_a_missing_peer_is_left_out_of_the_accelerator_command():
     """One peer missing: the stage still runs, without that peer (no --peer torch; or --parts "" for the Flax one)."""
-    from bench.gpu import parse_args, plan
+    from bench.accelerator.gpu import parse_args, plan
 
     args = parse_args(["--stages", "accelerator", "--torch-python", "/opt/torch/bin/python"])
     [no_torch] = plan(args, {"torch peer": "no torch"})
@@ -91,7 +91,7 @@ def test_a_missing_peer_is_left_out_of_the_accelerator_command():
 def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
     """The default lever sets go to the step-profile stage; their rows are read back from its JSON, and a set the
     stage did not reach is named with the reason."""
-    from bench.gpu import LEVERS, Stage, headline, parse_args, plan
+    from bench.accelerator.gpu import LEVERS, Stage, headline, parse_args, plan
 
     [stage] = plan(parse_args(["--stages", "step-profile"]), {})
     assert stage.command[stage.command.index("--levers") + 1] == LEVERS
@@ -111,7 +111,7 @@ def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
 
 
 def test_lever_sets_are_parsed_or_refused_in_one_sentence():
-    from bench.step_profile import parse_levers
+    from bench.accelerator.step_profile import parse_levers
 
     assert parse_levers("a:xla_x=1,xla_y=false; b:xla_z=2") == {"a": (("xla_x", "1"), ("xla_y", "false")),
                                                                 "b": (("xla_z", "2"),)}  # fmt: skip
@@ -127,7 +127,7 @@ def test_lever_sets_are_parsed_or_refused_in_one_sentence():
 def test_a_stage_past_its_deadline_is_killed_with_its_workers_and_its_partial_json_kept(tmp_path):
     """A child that wrote one part of its JSON, then runs on (with a worker of its own): at the deadline both are
     killed, the stage is recorded as cut, and the figures it wrote are read back; the rest say it was cut."""
-    from bench.gpu import Stage, headline, run_stage
+    from bench.accelerator.gpu import Stage, headline, run_stage
 
     partial = {"engine_vs_diffusers": {"engine": {"median": 0.5}, "reference": {"median": 0.75}, "ratio": 2 / 3}}
     (tmp_path / "partial.json").write_text(json.dumps(partial))
@@ -164,7 +164,7 @@ def test_a_tiny_budget_cuts_the_stage_and_no_earlier_figure_is_read_back(tmp_pat
 
 def test_accelerator_runs_the_torch_peer_alone_only_when_asked():
     """`--parts ""` (what the gpu stage passes when the Flax peer cannot run) needs `--peer torch`."""
-    from bench.accelerator import parse_args
+    from bench.accelerator.end_to_end import parse_args
 
     assert parse_args(["--parts", "", "--peer", "torch"]).part_list == []
     with pytest.raises(SystemExit):
@@ -173,7 +173,7 @@ def test_accelerator_runs_the_torch_peer_alone_only_when_asked():
 
 def test_the_benchs_json_is_renamed_into_place_whole(tmp_path):
     """A stage killed while writing leaves its last complete JSON: write_json writes beside it, then renames."""
-    from bench.report import write_json
+    from bench.report.outputs import write_json
 
     path = tmp_path / "accelerator.json"
     write_json({"startup": {"compile_s": 1.5}}, path)
@@ -182,10 +182,11 @@ def test_the_benchs_json_is_renamed_into_place_whole(tmp_path):
 
 
 def test_the_device_tarball_keeps_the_packages_and_leaves_out_scripts_and_bytecode(tmp_path):
-    """bench.device_site.pack: what `pip install --target` laid out, without bin/ and __pycache__, replaced whole."""
+    """bench.accelerator.device_site.pack: what `pip install --target` laid out, without bin/ and __pycache__,
+    replaced whole."""
     import tarfile
 
-    from bench.device_site import pack
+    from bench.accelerator.device_site import pack
 
     site = tmp_path / "site"
     for path in ("diffusers/__init__.py", "diffusers/__pycache__/x.pyc", "diffusers-0.39.0.dist-info/METADATA",
@@ -202,7 +203,8 @@ def test_the_device_tarball_keeps_the_packages_and_leaves_out_scripts_and_byteco
 
 
 def test_the_device_tarball_from_an_empty_folder_is_one_line(tmp_path):
-    command = [sys.executable, "-m", "bench.device_site", "--wheels", str(tmp_path), "--out", str(tmp_path / "t.xz")]
+    command = [sys.executable, "-m", "bench.accelerator.device_site", "--wheels", str(tmp_path),
+               "--out", str(tmp_path / "t.xz")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.strip() == f"device_site: no wheels in {tmp_path}"
 
@@ -212,7 +214,8 @@ def test_the_device_tarball_holds_the_pinned_packages(tmp_path):
     """The six packages the 2026-11-28 run carried, unpacked for python 3.12 and packed: about 7.6 MB."""
     import tarfile
 
-    done = subprocess.run([sys.executable, "-m", "bench.device_site", "--out", str(tmp_path / "site.tar.xz")],
+    command = [sys.executable, "-m", "bench.accelerator.device_site", "--out", str(tmp_path / "site.tar.xz")]
+    done = subprocess.run(command,
                           cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     with tarfile.open(tmp_path / "site.tar.xz") as archive:

@@ -23,7 +23,7 @@ API_PAGE = REPO / "docs" / "api.md"
 #: What a user reads: the front door and the pages it links (commands and flags in any of them must work).
 USER_DOCS = (README, *sorted((REPO / "docs").glob("*.md")))
 #: Every page whose relative links must lead somewhere.
-LINKED_DOCS = (*USER_DOCS, REPO / "bench" / "README.md", REPO / "pipeline" / "README.md")
+LINKED_DOCS = (*USER_DOCS, REPO / "bench" / "README.md", REPO / "bench" / "HISTORY.md", REPO / "pipeline" / "README.md")
 README_MAX_LINES = 200  # a front door: pitch, the two commands, features, deploy, architecture, tests, licence, limits
 
 
@@ -135,7 +135,7 @@ def test_every_flag_the_readme_names_is_taken():
     parsers = [bench_parser(), *build_parser()._subparsers._group_actions[0].choices.values()]
     for parser in parsers:
         taken.update(parser._option_string_actions)
-    for script in (REPO / "bench").glob("*.py"):  # the bench's own scripts (python -m bench.prompts --repeats N)
+    for script in (REPO / "bench").rglob("*.py"):  # the bench's own scripts (bench.features.prompts's --repeats)
         taken.update(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text(encoding="utf-8")))
     taken.add("--api-auth")  # AUTOMATIC1111's own flag, named as A1111's (docs/apis.md)
     named = _prose_flags()
@@ -192,8 +192,9 @@ def _anchors(page) -> set[str]:
 
 
 def test_every_relative_link_leads_somewhere():
-    """A relative link in the README, docs/, bench/README.md or pipeline/README.md names a file of the repository,
-    and its #anchor, on a Markdown page, one of that page's headings: moving text between pages breaks neither."""
+    """A relative link in the README, docs/, bench/README.md and HISTORY.md or pipeline/README.md names a file of the
+    repository, and its #anchor, on a Markdown page, one of that page's headings: moving text between pages breaks
+    neither."""
     checked = 0
     for page in LINKED_DOCS:
         prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)

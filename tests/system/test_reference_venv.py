@@ -1,4 +1,4 @@
-"""The reference venv and its worker (bench/reference_venv.py, bench/reference_worker.py): the venv made once per
+"""The reference venv and its worker (bench/reference_venv.py, bench/cpu/reference_worker.py): the venv made once per
 requirements file, by one process at a time; the worker standalone; its failures one sentence, the worker gone."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 from bench import reference_venv
-from bench.reference import ReferenceWorker, ReferenceWorkerError
+from bench.cpu.reference import ReferenceWorker, ReferenceWorkerError
 
 #: What the worker may import beside the standard library: the reference venv's libraries, never the project's.
 WORKER_LIBRARIES = {"jax", "flax", "numpy", "PIL", "diffusers", "transformers"}
@@ -114,7 +114,7 @@ def test_failed_install_leaves_no_marker(tmp_path, monkeypatch, fake_builds):
 
 
 def test_worker_imports_only_the_reference_libraries():
-    tree = ast.parse((REPO / "bench" / "reference_worker.py").read_text())
+    tree = ast.parse((REPO / "bench" / "cpu" / "reference_worker.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}  # fmt: skip
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
@@ -124,7 +124,7 @@ def test_worker_imports_only_the_reference_libraries():
 
 def test_bench_reference_does_not_import_diffusers():
     code = (
-        "import sys, bench.reference, bench.accelerator, bench.reference_venv, bench.__main__; "
+        "import sys, bench.cpu.reference, bench.accelerator.end_to_end, bench.reference_venv, bench.__main__; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('diffusers', 'transformers')))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -158,12 +158,12 @@ def test_worker_failure_is_one_sentence_and_the_worker_ends(monkeypatch, tmp_pat
 
 
 def test_thread_cpu_seconds_tells_the_calling_thread_from_the_others():
-    """The reference part's split of a call's CPU seconds (bench/reference_worker.thread_cpu_seconds): work in the
+    """The reference part's split of a call's CPU seconds (bench/cpu/reference_worker.thread_cpu_seconds): work in the
     calling thread counts as "main", work in another live thread as "other"."""
     import threading
     import time
 
-    from bench.reference_worker import THREAD_GROUPS, thread_cpu_seconds
+    from bench.cpu.reference_worker import THREAD_GROUPS, thread_cpu_seconds
 
     def spin(seconds: float) -> None:
         until = time.thread_time() + seconds

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from bench.serving import BUSY_MESSAGE
-from bench.soak import MAX_RSS_GROWTH_MB, soak, soak_summary, write_soak_json
+from bench.serving.app import BUSY_MESSAGE
+from bench.serving.soak import MAX_RSS_GROWTH_MB, soak, soak_summary, write_soak_json
 
 ARTIFACT = REPO / "artifacts" / "soak.json"
 REQUESTS = 208  # 16 clients x 13 requests

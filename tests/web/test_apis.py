@@ -19,7 +19,7 @@ import requests
 from conftest import FIXTURES, TEST_SIZE, free_port, served
 from PIL import Image
 
-from bench.program_times import ProgramTimer
+from bench.cpu.program_times import ProgramTimer
 
 KEYS = ("key-one", "key-two")
 SIZE = f"{TEST_SIZE}x{TEST_SIZE}"

@@ -23,7 +23,7 @@ from conftest import (
     set_steps,
 )
 
-from bench.program_times import ProgramTimer
+from bench.cpu.program_times import ProgramTimer
 from web.sizes import size_label
 
 WIDE = size_label(*UI_SIZES[1])  # "224×128 (16:9)"
