@@ -68,7 +68,7 @@ def main() -> None:
     from pipeline.checkpoint.tiny import tiny_checkpoint
     from pipeline.generator import Generator
     from web.apis import ApiAccess, attach_apis
-    from web.page import build_page
+    from web.page.layout import build_page
 
     from .gradio_downloads import tidy_downloads
 

@@ -152,7 +152,7 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
     import os
 
     from pipeline.contract import image_files as image_io
-    from web.delivery import Outbox
+    from web.serving.outbox import Outbox
 
     codecs: list[EncodeFigure] = []
     requests: list[RequestPath] = []

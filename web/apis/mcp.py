@@ -1,5 +1,5 @@
 """MCP: Gradio's own MCP server (`launch(mcp_server=True)`, `gradio[mcp]`) serves the page's public API endpoints as
-tools, with their descriptions (web/handlers.API_DOC: every argument); its calls go through Gradio's queue like any
+tools, with their descriptions (web/page/handlers.API_DOC: every argument); its calls go through Gradio's queue like any
 API call. Two things of Gradio's are set right here, and with --api-key or --auth MCP clients need a bearer key:
 
 - Names. Gradio names a tool after its Python function (`answer`, `refuse`), not its endpoint; `name_tools` gives

@@ -1,8 +1,8 @@
 """The APIs' requests go through the page's own Gradio queue: the same function, limits, filter and checks.
 
 Why through the queue and not by calling the engine: the page's Generate and the API's /generate run in Gradio's
-"generate" concurrency group (`web/page.generate_concurrency` at once) behind a bounded queue (`--queue-size`);
-the handler (`web/handlers.Handlers.endpoint`) checks every field with `parse_request`, applies the prompt filter,
+"generate" concurrency group (`web/page/layout.generate_concurrency` at once) behind a bounded queue (`--queue-size`);
+the handler (`web/page/handlers.Handlers.endpoint`) checks every field with `parse_request`, applies the prompt filter,
 reports progress, honours Stop and keeps the history. An HTTP route that called the engine itself would be a back
 door around all of that (and around a remote engine once the page fronts one). So each API request is pushed into
 `blocks._queue` in-process, exactly as Gradio's own `/gradio_api/call/{api_name}` route does, as an event of two
@@ -32,9 +32,9 @@ from gradio.server_messages import (
 
 from pipeline.contract.fields import FIELDS
 
-from ..handlers import api_defaults
-from ..page import Page, generate_concurrency
-from ..texts import GENERATION_FAILED
+from ..page.handlers import api_defaults
+from ..page.layout import Page, generate_concurrency
+from ..page.texts import GENERATION_FAILED
 
 logger = logging.getLogger("sdxl_jax.app")
 

@@ -36,10 +36,10 @@ from pipeline.contract.hires import second_pass_steps
 from pipeline.contract.parameters import PICTURE_STATUS, status_parts, status_steps
 from pipeline.contract.styles import DEFAULT_STYLE
 
-from ..files import RunFiles
-from ..form import Form, request_settings
-from ..handlers import PNG_WAIT_S, Finished, invalid
-from ..sessions import session_of
+from ..page.form import Form, request_settings
+from ..page.handlers import PNG_WAIT_S, Finished, invalid
+from ..page.sessions import session_of
+from ..serving.temp_files import RunFiles
 from .browser import (
     BROWSER_MAX_ENTRIES,
     add_entry,

@@ -1,4 +1,4 @@
-"""A /generate call that asks for no previews is answered by a plain function: its images are fetched once.
+"""Routing a /generate call that asks for no previews to its plain-function twin, so its images are fetched once.
 
 gradio_client downloads every file of every message a call streams, one by one (a new HTTP client per file: ~27 ms
 each on 2 cores, whatever the file's size), and Gradio sends a generator's last message twice: streamed, then as the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from starlette.middleware import Middleware
 
-from .asgi_bodies import read_json_body
+from .asgi_json_body import read_json_body
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Twin:
     previews_at: int  # index of the `previews` argument in the call's `data`
 
 
-class WholeAnswers:
+class TwinRouting:
     """The twins the page registered (`add`), the calls sent to them, and the middleware that sends them."""
 
     def __init__(self, remember: int = 1024) -> None:
@@ -72,9 +72,9 @@ class WholeAnswers:
 
 class _TwinRouter:
     """ASGI middleware: reads the bodies of Gradio's POST .../queue/join and .../cancel and passes them on, naming
-    the twin when `WholeAnswers` says so (a cancel names the event that runs it, else Gradio cannot stop it)."""
+    the twin when `TwinRouting` says so (a cancel names the event that runs it, else Gradio cannot stop it)."""
 
-    def __init__(self, app, answers: WholeAnswers) -> None:
+    def __init__(self, app, answers: TwinRouting) -> None:
         self.app = app
         self.answers = answers
 

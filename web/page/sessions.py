@@ -17,7 +17,7 @@ from starlette.middleware import Middleware
 
 from pipeline.contract.stopping import StopFlag
 
-from .asgi_bodies import read_json_body
+from ..serving.asgi_json_body import read_json_body
 
 
 class StopRequests:
