@@ -7,6 +7,7 @@ Its rooms, by what they serve:
     apis/                the HTTP APIs on the page's port: AUTOMATIC1111's, OpenAI Images, MCP
     history/             past generations: the History tab, its stores, its owner-only file route
     options.py           the web server's own options and the app's command line (`python -m web.options`)
+    gradio_internals.py  every use of Gradio's internals, in one place (checked by tests/web/test_gradio_internals.py)
 
 Importing `web` (or any of its packages) imports neither Gradio nor JAX (app.py installs its Ctrl-C guard first);
 the modules that need Gradio import it themselves.

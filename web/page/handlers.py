@@ -34,12 +34,13 @@ from pipeline.contract.parameters import status_size, status_steps
 from pipeline.contract.request import Request, RequestRules, parse_request
 from pipeline.contract.stopping import Stopped
 
+from ..gradio_internals import request_gone
 from ..serving.outbox import Outbox
 from ..serving.temp_files import RunFiles
 from ..serving.twin_routing import TwinRouting
 from .examples import ExampleCache
 from .prompt_filter import PromptFilter
-from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
+from .sessions import EarlyCancels, ShownImages, StopRequests, session_of
 from .size_labels import size_label
 from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
 

@@ -23,6 +23,7 @@ from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
+from ..gradio_internals import answers_delivered, event_index
 from ..history.tab import History
 from ..options import DEFAULT_QUEUE_SIZE
 from ..serving.outbox import Outbox
@@ -32,7 +33,6 @@ from .controlnet_panel import control_panel
 from .form import Form, control
 from .handlers import Handlers
 from .prompt_filter import PromptFilter
-from .sessions import answers_delivered
 from .size_labels import size_label
 from .texts import (
     HEADER_PATH,
@@ -507,7 +507,7 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
     # fetches the images once (web/serving/twin_routing.py). On the same hidden button, which nothing clicks.
     whole = shown.api_button.click(inputs=inputs, api_name="generate_whole", api_visibility="private",
                                    **{**generating, "fn": handlers.endpoint(streams=False)})  # fmt: skip
-    handlers.twin_routing.add(Twin(streaming["id"], whole["id"], inputs.index(fields.previews)))
+    handlers.twin_routing.add(Twin(event_index(streaming), event_index(whole), inputs.index(fields.previews)))
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
     # The picture in use, everywhere it shows: the input, the mask editor (its background; strokes start afresh) and
     # the chip beside Generate.
