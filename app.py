@@ -16,9 +16,9 @@ if __name__ == "__main__":  # before the imports below: run before `pip install`
 
     require_installed("app.py")
 
-from web.files import ProcessFolder  # noqa: E402
-from web.process_exit import leave  # noqa: E402
-from web.startup_guard import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
+from web.serving.fast_exit import leave  # noqa: E402
+from web.serving.startup_guard import EXIT_INTERRUPTED, StartupGuard  # noqa: E402
+from web.serving.temp_files import ProcessFolder  # noqa: E402
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -28,14 +28,14 @@ def start_cluster_and_engine(args):
     services: no JAX)."""
     if args.engine:
         from pipeline.service.auth import token_from
-        from web.remote_engine import RemoteEngines
+        from web.engines.remote import RemoteEngines
 
         return None, RemoteEngines.connect(args.engine, token_from(args.engine_token))
     from pipeline.cluster.join_options import options_from_args
     from pipeline.platform import accelerator_installed
     from pipeline.startup import start
-    from web.sizes import size_label
-    from web.texts import CPU_NOTICE, is_tiny, sampler_summary
+    from web.page.size_labels import size_label
+    from web.page.texts import CPU_NOTICE, is_tiny, sampler_summary
 
     real_model = not is_tiny(args.config.model)
     if real_model and not accelerator_installed():  # say it before a download and a compile that take very long
@@ -74,9 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from web.apis import ApiAccess, attach_apis
         from web.history.store import HistoryLocked, default_data_dir
         from web.history.tab import History
-        from web.page import build_page
-        from web.prompt_filter import PromptFilter
-        from web.server import port_problem, serve_until_signal
+        from web.page.layout import build_page
+        from web.page.prompt_filter import PromptFilter
+        from web.serving.server import port_problem, serve_until_signal
 
         serves = args.process_id in (None, 0)  # process 0 (or the only one) serves the page; the others follow
         if serves and (problem := port_problem(args.host, args.port)):
@@ -125,4 +125,4 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C before the guard was in place: the same one line, never a traceback
         print("app.py: stopped during start-up", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
-    leave(code)  # everything is closed: exit handlers, then no interpreter teardown (web/process_exit.py)
+    leave(code)  # everything is closed: exit handlers, then no interpreter teardown (web/serving/fast_exit.py)

@@ -18,7 +18,7 @@
   };
   const check = (event) => {
     const input = event.target;
-    const sliders = ".bounded";  // the request fields' sliders (web/form.py: control)
+    const sliders = ".bounded";  // the request fields' sliders (web/page/form.py: control)
     if (!(input instanceof HTMLInputElement) || input.type !== "number" || !input.closest(sliders)) return;
     const value = Number(input.value);
     const min = Number(input.min), max = Number(input.max);
@@ -61,8 +61,8 @@
   // Start from a picture: as an event's input, the mask editor exports and uploads its picture, strokes and
   // composite (three PNGs at the picture's size: seconds in a browser without a GPU); only strokes make a mask.
   // Until something is painted on the editor, Generate and Enter run the event without it; once painted, they press
-  // the hidden #generate-painted, whose event takes it (web/page.py: wire_generate). Strokes count for the picture
-  // they were painted on: the chip beside Generate shows the picture in use, and a new one (uploaded, "Use as
+  // the hidden #generate-painted, whose event takes it (web/page/layout.py: wire_generate). Strokes count for the
+  // picture they were painted on: the chip beside Generate shows the picture in use, and a new one (uploaded, "Use as
   // picture") or none (its ✕) gives the editor a fresh picture without strokes. Vary leaves the editor alone.
   const inUse = () => document.querySelector("#picture-chip-image img")?.getAttribute("src") || "";
   let paintedOn = null;  // the chip's picture when a stroke was painted; null: nothing painted

@@ -135,11 +135,11 @@ def _send_first_seen(config) -> None:
 
 def _remove_gradio_leftover() -> None:
     """Gradio makes an empty `vibe_edit_history/` in `$TMPDIR/gradio` (where it looked when imported) for every app it
-    builds, each gr.Blocks. The app removes both with its last page (web/files.py); a test that builds a gr.Blocks
-    outside a page (a page's part, MCP's tool names) leaves them: removed here, each only if empty, so anything
-    Gradio did put there is still reported."""
+    builds, each gr.Blocks. The app removes both with its last page (web/serving/temp_files.py); a test that builds a
+    gr.Blocks outside a page (a page's part, MCP's tool names) leaves them: removed here, each only if empty, so
+    anything Gradio did put there is still reported."""
     if "gradio" in sys.modules:
-        from web.files import _remove_gradio_leftover as remove
+        from web.serving.temp_files import _remove_gradio_leftover as remove
 
         remove()
 
@@ -488,10 +488,10 @@ def ui_engine(tiny_dir):
 
 @contextlib.contextmanager
 def served(generator, *, auth=None, apis=None, **build_kwargs):
-    """The app's page (web.page.Page) around `generator`, launched on a free port in this process; closed after.
+    """The app's page (web.page.layout.Page) around `generator`, launched on a free port in this process; closed after.
     `apis` (a web.apis.ApiAccess) mounts the A1111, OpenAI and MCP APIs as app.py does."""
     from web.apis import attach_apis
-    from web.page import build_page
+    from web.page.layout import build_page
 
     page = build_page(generator, **build_kwargs)
     try:
@@ -505,12 +505,12 @@ def served(generator, *, auth=None, apis=None, **build_kwargs):
 @contextlib.contextmanager
 def engine_service(generator):
     """`python -m pipeline serve`'s HTTP service around `generator` (in this process, on a free port) and a page's
-    client of it (web.remote_engine.RemoteEngines), connected; both closed after."""
+    client of it (web.engines.remote.RemoteEngines), connected; both closed after."""
     import threading
 
     from pipeline.service.info import engine_info
     from pipeline.service.server import EngineService, make_server
-    from web.remote_engine import RemoteEngines
+    from web.engines.remote import RemoteEngines
 
     service = EngineService(token=None)
     server = make_server("127.0.0.1", free_port(), service)
@@ -566,7 +566,7 @@ def headless_chromium():
 def browser():
     """Headless Chromium for one test file's browser tests. Not one per session (a launch costs about a CPU second):
     Playwright's sync API keeps an asyncio loop running in the thread while it is open, and the later files' tests
-    that call `asyncio.run` (MCP's client, the whole answers) failed under it."""
+    that call `asyncio.run` (MCP's client, the twin routing) failed under it."""
     with headless_chromium() as browser:
         yield browser
 

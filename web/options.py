@@ -26,7 +26,7 @@ from pipeline.options import (
 )
 from pipeline.service.command_line import ENGINE_TOKEN
 
-from .engine_pool import parse_engine_url
+from .engines.pool import parse_engine_url
 
 #: Requests that may wait in the app's queue by default.
 DEFAULT_QUEUE_SIZE = 20

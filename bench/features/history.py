@@ -10,7 +10,7 @@ The store (a temporary data directory, `max_entries=None`):
   list               ms for `/history`'s work with `--history-entries` entries of one user: `list(user, n)` and each
                      entry's `as_json()` through json.dumps, for n = 50 and all of them
   get / path_of / delete   ms per call at that size
-The endpoint: the page (web.page.build_page around the bench's engine) launched with a login and a server history
+The endpoint: the page (web.page.layout.build_page around the bench's engine) launched with a login and a server history
 (`History.for_server(data_dir, logins=True, max_entries=None)`), one user's history filled to `--history-entries`
 entries through its `History.store.add` (small files: a listing never opens them), then `/history` called
 `--history-calls` times through gradio_client with that login (limit = the entries, offset 0): ms per call, the
@@ -182,7 +182,7 @@ def history_endpoint(generator, data_dir: Path, files: list[Path], entries: int,
     from gradio_client import Client
 
     from web.history.tab import History
-    from web.page import build_page
+    from web.page.layout import build_page
 
     history = History.for_server(data_dir, logins=True, max_entries=None, database_url=database_url)
     page = build_page(generator, history=history)

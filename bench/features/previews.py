@@ -3,7 +3,7 @@
     python -m bench --only previews     # (a) engine with previews vs one built with previews=False, --feature-steps
                                         # (b) host work per preview at --preview-size (1024²: latents [8, 4, 128, 128])
 
-(a) interleaves `generate` calls of the bench's engine (previews compiled, a `web.handlers.LatestPreview` as the
+(a) interleaves `generate` calls of the bench's engine (previews compiled, a `web.page.handlers.LatestPreview` as the
 listener, as the page's engine thread has) and of a second engine loaded with `previews=False`, same size and steps.
 
 (b) needs no model: on 8 devices (the bench's CPU split) the preview program (`pipeline.device.preview.
@@ -17,7 +17,7 @@ work per preview is timed apart:
   overlaps the next step, which is queued first. On XLA:CPU this small program has (nearly) always run by the time
   the call returns (`device` ~0.01 ms), so there `dispatch` includes the program's run: an upper bound on the
   dispatch of an asynchronous accelerator;
-- the page's generator thread (`web/handlers.py`): each of the 8 images as a JPEG (quality `PREVIEW_QUALITY`) and
+- the page's generator thread (`web/page/handlers.py`): each of the 8 images as a JPEG (quality `PREVIEW_QUALITY`) and
   `RunFiles.content_file`, as `Handlers._preview_file` does; Gradio's own handling of the yielded gallery is not
   included.
 
@@ -67,7 +67,7 @@ class PreviewsOnOff:
 
 def previews_on_off(generator, steps: int, runs: int, say: Progress = progress) -> PreviewsOnOff:
     """Interleaved requests of `generator` (previews compiled) and a second engine without them; medians."""
-    from web.handlers import LatestPreview
+    from web.page.handlers import LatestPreview
 
     from ..engine import Generator
 
@@ -176,8 +176,8 @@ def preview_host_cost(size: int = 1024, repeats: int = 50, say: Progress = progr
     from jax.sharding import PartitionSpec as P
     from PIL import Image
 
-    from web.files import RunFiles
-    from web.handlers import PREVIEW_QUALITY, LatestPreview
+    from web.page.handlers import PREVIEW_QUALITY, LatestPreview
+    from web.serving.temp_files import RunFiles
 
     from ..engine import DATA_AXIS, PREVIEW_EVERY, batch_sharded, data_mesh, latents_to_rgb, local_rows
 

@@ -67,7 +67,7 @@ def main() -> None:
     from gradio_client import Client
 
     from web.apis import ApiAccess, attach_apis
-    from web.page import build_page
+    from web.page.layout import build_page
 
     from ..engine import Generator, resolve_model
     from .gradio_downloads import tidy_downloads

@@ -62,7 +62,7 @@ class ServingResult:
 
 def launch_app(generator, queue_size: int):
     """Build the app around a warm generator and serve it in this process on a free port."""
-    from web.page import build_page
+    from web.page.layout import build_page
 
     return build_page(generator, queue_size=queue_size).launch(port=free_port(), prevent_thread_lock=True, quiet=True)
 

@@ -3,7 +3,7 @@ without live previews: the client's wall time minus the engine's time of that ve
 
     python -m bench --only apphost --runs 7
 
-The app is the real one (web.page.build_page with the app's default history: browsers keep their own) around the
+The app is the real one (web.page.layout.build_page with the app's default history: browsers keep their own) around the
 real generator's rules, sizes and result type; only the device work stands in: `DeviceTimeEngine` sleeps a fixed
 device time per step (as a TPU's steps, which leave the host's cores free) and returns photo-like 1024² pixels
 (bench/serving/fullsize.synthetic_pixels with grain: ~660 KiB JPEGs, as the tiny checkpoint's noisy images make), with a
@@ -119,7 +119,7 @@ def app_host_cost(runs: int = 7, calls: dict | None = None, say: Progress = prog
     from pathlib import Path
 
     from web.history.tab import History
-    from web.page import build_page
+    from web.page.layout import build_page
 
     from ..common import free_port
     from ..engine import Generator

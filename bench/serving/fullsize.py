@@ -151,7 +151,7 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
     """Time the app's host path on synthetic pixels: no model, no JAX."""
     import os
 
-    from web.delivery import Outbox
+    from web.serving.outbox import Outbox
 
     from ..engine import image_files as image_io
 

@@ -5,7 +5,7 @@ how long a killed engine takes to be noticed and a restarted one to serve again.
     python -m bench --only service --runs 9
 
 The engines are real `python -m pipeline serve` processes with the bench's engine settings (their programs loaded
-whole from the executables the bench's own engine stored); the page's side is `web.remote_engine.RemoteEngines`,
+whole from the executables the bench's own engine stored); the page's side is `web.engines.remote.RemoteEngines`,
 the very object the page's handlers call (the rest of the page is the same code embedded or in front, so the hop is
 `RemoteEngines.generate` against the embedded `Generator.generate` on the same request, interleaved: one runs while
 the other idles). Bytes are the request body and the streamed answer as sent. The host path at 1024²: 8 synthetic
@@ -106,7 +106,7 @@ def engine_flags(args) -> list[str]:
 
 def service_cost(generator, args, runs: int, out: Path) -> ServiceCost:
     """Every figure of the part (engines started and stopped here)."""
-    from web.remote_engine import RemoteEngines
+    from web.engines.remote import RemoteEngines
 
     out.mkdir(parents=True, exist_ok=True)
     engines = [EngineProcess(engine_flags(args), out / f"engine{i}.log") for i in range(2)]

@@ -2,9 +2,9 @@
 
 Three classes are engines, none by inheritance: `generator.Generator` (this process's devices),
 `cluster/protocol.LeadingGenerator` (process 0 of several; the generator's attributes are its own) and
-`web/remote_engine.RemoteEngines` (engine services behind one page; no weights here). web/handlers.py, web/page.py
-and web/apis/ read only what is named here; `isinstance(x, Engine)` checks that an object has all of it
-(tests/engine/test_engine_protocol.py checks the three).
+`web/engines/remote.RemoteEngines` (engine services behind one page; no weights here). web/page/handlers.py,
+web/page/layout.py and web/apis/ read only what is named here; `isinstance(x, Engine)` checks that an object has all
+of it (tests/engine/test_engine_protocol.py checks the three).
 
 One more attribute is read where an engine has it: `concurrency`, the requests the page's generate event runs at once
 (RemoteEngines: two per engine; a Generator: REQUESTS_AT_ONCE, or twice `--images-per-device` with
@@ -42,7 +42,7 @@ class EngineSettings(Protocol):
 
 
 class SamplerSettings(Protocol):
-    """The part of the sampler's settings the page shows (web/texts.sampler_summary)."""
+    """The part of the sampler's settings the page shows (web/page/texts.sampler_summary)."""
 
     @property
     def label(self) -> str: ...

@@ -11,7 +11,7 @@ a comma, a colon or a quote is JSON-quoted (`Lora hashes: "add_detail: 7c6bad76e
 The reading follows A1111's own reader (`parse_generation_parameters` in `modules/infotext_utils.py`,
 AUTOMATIC1111/stable-diffusion-webui): the last line is the settings line only when it holds at least three pairs;
 "WxH" values give a width and a height. How the text travels in files (a PNG text chunk, EXIF UserComment) is
-`image_files.py`'s; what a dropped picture fills in the form is web/png_info.py's.
+`image_files.py`'s; what a dropped picture fills in the form is web/page/png_info.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ EMPHASIS_MODES = ("original", "no-norm", "off")
 #: A1111's names of the modes, as its `Emphasis` parameter writes them.
 EMPHASIS_LABELS = {"original": "Original", "no-norm": "No norm", "off": "None"}
 
-#: How the status line names a request that starts from a picture, by the history's name for it (web/form.py).
+#: How the status line names a request that starts from a picture, by the history's name for it (web/page/form.py).
 PICTURE_STATUS = {"inpainting": "inpainted", "image to image": "from a picture"}
 
 #: Pairs the last line needs to count as the settings line (A1111's rule).

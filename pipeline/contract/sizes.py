@@ -1,5 +1,5 @@
 """The image sizes a server offers: SDXL's trained aspect ratios and `--sizes` parsing (a request's choice among
-them: `fields.check_size`; the page's labels: `web/sizes.py`).
+them: `fields.check_size`; the page's labels: `web/page/size_labels.py`).
 
 Sizes are written width×height (the usual image notation) in text and
 handled as (height, width) tuples in code, like the engine's shapes.

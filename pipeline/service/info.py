@@ -23,7 +23,7 @@ MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", 
 
 def is_test_model(model: str) -> bool:
     """`tiny`, or a directory holding the tiny checkpoint (the file make-tiny writes last marks it): random weights,
-    what the page says of a test model (web/texts.py asks here, so the page needs nothing of checkpoint/)."""
+    what the page says of a test model (web/page/texts.py asks here, so the page needs nothing of checkpoint/)."""
     model = str(model).strip()
     return model == TINY_MODEL or (pathlib.Path(model).expanduser() / COMPLETE_MARKER).is_file()
 

@@ -19,8 +19,8 @@ def test_every_engine_is_an_engine():
     from pipeline.cluster.join_options import ClusterOptions
     from pipeline.cluster.protocol import Cluster, LeadingGenerator
     from pipeline.service.info import engine_info
-    from web.engine_pool import EnginePool
-    from web.remote_engine import RemoteEngines
+    from web.engines.pool import EnginePool
+    from web.engines.remote import RemoteEngines
 
     local = Generator.from_pretrained(
         str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:1]
@@ -47,9 +47,9 @@ def test_the_results_have_what_the_page_reads():
 
 
 def test_generate_takes_what_the_handlers_pass():
-    """web/handlers.py calls `generate(request, on_step, should_stop=..., on_preview=...)` on every engine."""
+    """web/page/handlers.py calls `generate(request, on_step, should_stop=..., on_preview=...)` on every engine."""
     from pipeline.cluster.protocol import LeadingGenerator
-    from web.remote_engine import RemoteEngines
+    from web.engines.remote import RemoteEngines
 
     for engine in (Generator, LeadingGenerator, RemoteEngines):
         parameters = inspect.signature(engine.generate).parameters

@@ -185,7 +185,7 @@ def esrgan_engine(tmp_path_factory):
 def test_esrgan_hires_fix_compiles_nothing_and_reads_back(esrgan_engine):
     """Both models run as hires upscalers (the ×2 lands on 128 px; the ×4 makes 256 px, then Lanczos to 128) with no
     compile; each picture differs from Lanczos's (the model ran); `Hires upscaler: <name>` is written and read."""
-    from web.png_info import parse_infotext
+    from web.page.png_info import parse_infotext
 
     assert esrgan_engine.rules.hires_upscalers == (*UPSCALERS, "tiny-x2", "tiny-x4")  # broken.pth logged, left out
     before = esrgan_engine.compile_count
@@ -256,7 +256,7 @@ def test_the_page_offers_the_servers_upscaler_models(esrgan_engine):
     accepts them."""
     import gradio as gr
 
-    from web.page import hires_panel
+    from web.page.layout import hires_panel
 
     with gr.Blocks():
         controls = hires_panel(esrgan_engine.rules)

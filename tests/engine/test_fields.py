@@ -245,10 +245,10 @@ def test_modules_do_not_import_jax():
     import pipeline.contract.fields
     import pipeline.contract.request
     import pipeline.contract.styles
-    import web.prompt_filter
+    import web.page.prompt_filter
 
     contract = pipeline.contract
-    for module in (contract.errors, contract.fields, contract.request, contract.styles, web.prompt_filter):
+    for module in (contract.errors, contract.fields, contract.request, contract.styles, web.page.prompt_filter):
         tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -266,8 +266,8 @@ def test_request_and_options_import_no_jax():
     from conftest import run_python
 
     code = (
-        "import sys, pipeline.contract.request, pipeline.options, pipeline.config, web.options, web.prompt_filter, "
-        "web.startup_guard; "
+        "import sys, pipeline.contract.request, pipeline.options, pipeline.config, web.options, "
+        "web.page.prompt_filter, web.serving.startup_guard; "
         "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'gradio') if m in sys.modules))"
     )
     done = run_python("-c", code, timeout=120)

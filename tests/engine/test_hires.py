@@ -24,7 +24,7 @@ from pipeline.contract.stopping import Stopped
 from pipeline.device.upscale import upscale_local
 from pipeline.host.hires_plan import HIRES_SEED_MASK, hires_plan
 from pipeline.host.plan import SamplerConfig
-from web.png_info import form_values, parse_infotext
+from web.page.png_info import form_values, parse_infotext
 
 SCALES = (1.5, 2.0)
 UPSCALE = np.load(FIXTURES / "upscale_modes.npz")
@@ -156,7 +156,7 @@ def test_stop_in_the_second_pass(hires_engine):
 
 
 def test_parameters_are_a1111s_and_png_info_reads_them_back(hires_engine):
-    from web.form import image_settings
+    from web.page.form import image_settings
 
     result = hires_engine.generate(hires_engine.request("a cat", seed=2, hires_scale=1.5, hires_steps=2,
                                                         hires_denoise=0.4, hires_upscaler="Nearest"))  # fmt: skip
@@ -179,9 +179,9 @@ def test_status_line_says_the_images_size_and_both_passes_steps():
     history's entry says the steps alike."""
     from types import SimpleNamespace
 
-    from web.form import request_settings
-    from web.handlers import status_line
     from web.history.tab import _details
+    from web.page.form import request_settings
+    from web.page.handlers import status_line
 
     rules = RequestRules(sizes=((128, 128),), hires_scales=(2.0,))
     request = parse_request("x", seed=5, steps=4, hires_scale=2, rules=rules)
@@ -203,7 +203,7 @@ def test_the_page_and_the_api_say_the_final_size_and_name_fields_their_way(hires
     import gradio as gr
 
     from pipeline.contract import image_files
-    from web.page import build_page
+    from web.page.layout import build_page
 
     page = build_page(hires_engine)
     try:
@@ -254,7 +254,7 @@ def test_a1111_fields_cli_flags_and_page_follow_the_table(tmp_path):
 
     from pipeline.__main__ import _check, build_parser
     from web.apis.a1111_fields import a1111_request
-    from web.page import hires_panel
+    from web.page.layout import hires_panel
 
     rules = RequestRules(sizes=((64, 64),), hires_scales=SCALES)
     payload = {"prompt": "x", "enable_hr": True, "hr_scale": 1.5, "hr_second_pass_steps": 6,
@@ -283,8 +283,8 @@ def test_upscale_by_offers_the_servers_scales_only():
     a scale the server has and says why it leaves one it has not."""
     import gradio as gr
 
-    from web.form import Form, image_settings
-    from web.page import hires_panel
+    from web.page.form import Form, image_settings
+    from web.page.layout import hires_panel
 
     with gr.Blocks():
         shown = hires_panel(RequestRules(sizes=((64, 64),), hires_scales=SCALES))

@@ -22,7 +22,7 @@ from pipeline.contract.parameters import (
     written_settings,
 )
 from pipeline.contract.request import RequestRules, parse_request
-from web.png_info import read_form_values
+from web.page.png_info import read_form_values
 
 
 def _png(size: int = 64) -> bytes:

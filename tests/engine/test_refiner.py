@@ -18,7 +18,7 @@ from conftest import FIXTURES, TINY_PT, TINY_REFINER
 
 from pipeline.contract.errors import CheckpointError, InvalidInput
 from pipeline.contract.request import RequestRules, parse_request
-from web.png_info import parse_infotext
+from web.page.png_info import parse_infotext
 
 MANIFEST = json.loads((FIXTURES / "refiner-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "refiner-expected.npz")
@@ -114,7 +114,7 @@ def test_cli_flags_and_a1111_fields_follow_the_table(tmp_path):
 def test_page_shows_the_refiner_controls_only_with_a_refiner():
     import gradio as gr
 
-    from web.page import table_controls
+    from web.page.layout import table_controls
 
     with gr.Blocks():
         shown = table_controls("refiner", RequestRules(sizes=((64, 64),), refiner="tiny-refiner"))
@@ -155,7 +155,7 @@ def test_the_switch_is_diffusers_denoising_end_and_the_refiner_restarts_a_multis
 
 
 def test_png_info_fills_the_switch_only_where_there_is_a_refiner():
-    from web.form import Form
+    from web.page.form import Form
 
     def form(refiner):
         return Form(controls={"refiner_switch": object()}, lora_rows=(), styles=(), sizes=(), loras=(), refiner=refiner)

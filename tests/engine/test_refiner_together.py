@@ -16,7 +16,7 @@ import numpy as np
 from conftest import TEST_SIZE
 
 from bench.cpu.program_times import ProgramTimer
-from web.png_info import parse_infotext
+from web.page.png_info import parse_infotext
 
 SMALL, BIG = f"{TEST_SIZE}x{TEST_SIZE}", f"{2 * TEST_SIZE}x{2 * TEST_SIZE}"
 

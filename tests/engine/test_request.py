@@ -15,7 +15,7 @@ from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, FIELDS, PLAIN
 from pipeline.contract.hires import UPSCALERS
 from pipeline.contract.request import Request, RequestRules, parse_request, request_schema
-from web.prompt_filter import PromptFilter
+from web.page.prompt_filter import PromptFilter
 
 
 def test_parse_request_defaults_and_style():

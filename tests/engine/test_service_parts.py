@@ -16,8 +16,8 @@ from pipeline.contract.request import RequestRules, parse_request
 from pipeline.service import auth, wire
 from pipeline.service.info import disagreement
 from pipeline.service.metrics import Metrics
-from web.engine_pool import EnginePool, NoEngine, parse_engine_url, resolve
-from web.remote_engine import ENGINE_LOST, ONLY_ENGINE, EngineFailed, waiting_text
+from web.engines.pool import EnginePool, NoEngine, parse_engine_url, resolve
+from web.engines.remote import ENGINE_LOST, ONLY_ENGINE, EngineFailed, waiting_text
 
 RULES = RequestRules(sizes=((64, 64), (64, 128)), loras=("my-style", "other"))
 

@@ -1,5 +1,5 @@
-"""Offered sizes: parsed from --sizes (pipeline/contract/sizes.py), labelled for the page (web/sizes.py), and a
-request's size text checked against them (pipeline/contract/fields.py)."""
+"""Offered sizes: parsed from --sizes (pipeline/contract/sizes.py), labelled for the page (web/page/size_labels.py),
+and a request's size text checked against them (pipeline/contract/fields.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import check_size
 from pipeline.contract.sizes import default_sizes, parse_sizes
-from web.sizes import ratio_name, size_label
+from web.page.size_labels import ratio_name, size_label
 
 
 def test_size_parsing_and_labels():

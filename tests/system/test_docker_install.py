@@ -182,7 +182,7 @@ def test_dockerignore_rules_follow_docker():
     assert ignored("tests/fixtures/tiny-pt/model_index.json", patterns)
     assert ignored("README.md", patterns) and not ignored("pipeline/README.md", patterns)  # "*.md": the root only
     assert not ignored("assets/header.md", patterns)  # the "!assets/*.md" exception
-    assert not ignored("web/page.py", patterns)
+    assert not ignored("web/page/layout.py", patterns)
 
 
 def test_the_image_files_start_the_app_and_the_cli(tmp_path):

@@ -41,7 +41,7 @@ def project_imports() -> dict[str, set[str]]:
 
 def test_no_import_circles():
     graph = project_imports()
-    assert {"app", "pipeline.generator", "pipeline.cluster.protocol", "web.page", "bench.__main__"} <= set(graph)
+    assert {"app", "pipeline.generator", "pipeline.cluster.protocol", "web.page.layout", "bench.__main__"} <= set(graph)
     assert "pipeline.contract.errors" in graph["pipeline.checkpoint.convert"]  # the reader sees relative imports
     assert "pipeline.contract.sampler_names" in graph["pipeline.contract.request"]
     try:
@@ -55,7 +55,8 @@ def test_the_page_imports_no_jax():
     import subprocess
     import sys
 
-    code = "import sys, web.page, web.options, web.history.tab; print(sorted(m for m in sys.modules if m == 'jax'))"
+    code = ("import sys, web.page.layout, web.options, web.history.tab, web.apis, web.engines.remote; "
+            "print(sorted(m for m in sys.modules if m == 'jax'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
@@ -70,7 +71,7 @@ def test_the_page_imports_only_the_contract():
     """web/ reaches the engine only through the contract, the service's wire and info, and the options: never its
     plans, programs, devices or checkpoint files (so the engine's insides can change without the page noticing)."""
     graph = project_imports()
-    assert "pipeline.contract.request" in graph["web.handlers"]  # the reader sees the page's imports
+    assert "pipeline.contract.request" in graph["web.page.handlers"]  # the reader sees the page's imports
     reached = {
         (module, name)
         for module, names in graph.items() if module.split(".")[0] == "web"
@@ -78,6 +79,16 @@ def test_the_page_imports_only_the_contract():
         and not any(name == allowed or name.startswith(f"{allowed}.") for allowed in PAGE_MAY_IMPORT)
     }  # fmt: skip
     assert not reached, "web/ imports the engine's insides: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
+
+
+def test_the_engine_clients_stand_apart():
+    """web/engines/ (a page's clients of engine services) imports nothing else of web/: the page uses them, they know
+    no page, server or Gradio (a bench or a test drives them alone)."""
+    graph = project_imports()
+    assert "web.engines.pool" in graph["web.engines.remote"]
+    reached = {(m, n) for m, names in graph.items() if m.startswith("web.engines.") for n in names
+               if n.split(".")[0] == "web" and not n.startswith("web.engines")}  # fmt: skip
+    assert not reached, "web/engines/ imports: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
 
 
 def test_the_contract_imports_nothing_else_of_the_engine():

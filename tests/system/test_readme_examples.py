@@ -78,7 +78,7 @@ def app_server(argv: list[str]):
     from web.history.store import default_data_dir
     from web.history.tab import History
     from web.options import parse_args
-    from web.page import build_page
+    from web.page.layout import build_page
 
     args = parse_args([*argv, "--cpu-devices", "0"])  # the test process's 8 virtual devices stand for the machine's
     history = History.off()

@@ -309,7 +309,7 @@ def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    from web.remote_engine import NO_ENGINE_WAIT_S
+    from web.engines.remote import NO_ENGINE_WAIT_S
 
     engine = engines[0]
     front = None

@@ -66,8 +66,8 @@ def test_clip_skip_reads_a1111s_numbering_from_pngs_and_the_api():
     """A1111's "Clip skip: N" (PNG Info) and `override_settings.CLIP_stop_at_last_layers` N are clip_skip N - 2;
     A1111's 1 and 2 are both SDXL's own layer (0); the table's own `clip_skip` wins over A1111's setting."""
     from pipeline.contract.parameters import parse_infotext
-    from web.form import image_settings
-    from web.png_info import form_values
+    from web.page.form import image_settings
+    from web.page.png_info import form_values
 
     rules = RequestRules(sizes=((64, 64),))
     text = "a cat\nSteps: 3, Sampler: Euler, CFG scale: 5, Seed: 1, Size: 64x64, Clip skip: {}"
@@ -104,8 +104,8 @@ def test_upscaler_lists_are_what_the_servers_hires_fix_offers_in_a1111s_shapes()
 
 def test_a_remote_engines_upscalers_come_from_its_info():
     from web.apis.a1111 import upscaler_items
-    from web.engine_pool import EnginePool
-    from web.remote_engine import RemoteEngines
+    from web.engines.pool import EnginePool
+    from web.engines.remote import RemoteEngines
 
     info = {"model": "m", "steps": 3, "sizes": [[64, 64]], "guidance_scale": 5.0, "cfg": True, "levers": True,
             "loras": [], "hires_scales": [2.0], "num_images": 2, "device_kind": "cpu", "device_summary": "2 × cpu",

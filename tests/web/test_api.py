@@ -24,7 +24,7 @@ from pipeline.contract.errors import InvalidInput
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.request import parse_request
 from pipeline.contract.styles import apply_style, load_examples, load_styles
-from web.texts import GENERATION_FAILED
+from web.page.texts import GENERATION_FAILED
 
 PROMPT = "a lighthouse on a cliff at dawn"
 
@@ -208,10 +208,10 @@ def test_long_prompt_warns_about_truncation(client):
 def test_prompt_filter_blocks_with_its_message(generator):
     import gradio as gr
 
-    from web.delivery import Outbox
-    from web.files import RunFiles
-    from web.handlers import Handlers
-    from web.prompt_filter import PromptFilter
+    from web.page.handlers import Handlers
+    from web.page.prompt_filter import PromptFilter
+    from web.serving.outbox import Outbox
+    from web.serving.temp_files import RunFiles
 
     files, outbox = RunFiles(), Outbox()
     try:

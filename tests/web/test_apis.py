@@ -198,7 +198,7 @@ def test_a_full_queue_answers_503(url, app):
 
 
 def test_png_info_reads_a_truncated_png_as_the_page_does(webui, url):
-    from web.png_info import read_infotext
+    from web.page.png_info import read_infotext
 
     made = webui.txt2img(prompt="a cut kite", seed=11, width=TEST_SIZE, height=TEST_SIZE, batch_size=1)
     buffer = io.BytesIO()
@@ -210,7 +210,7 @@ def test_png_info_reads_a_truncated_png_as_the_page_does(webui, url):
     assert read_infotext(page_file) == answer.json()["info"]  # what the page's PNG Info fills in from that file
     refused = requests.post(f"{url}/sdapi/v1/png-info", json={"image": base64.b64encode(b"text").decode()},
                             timeout=60)  # fmt: skip
-    from web.png_info import NOT_AN_IMAGE
+    from web.page.png_info import NOT_AN_IMAGE
 
     assert refused.status_code == 422 and refused.json()["detail"] == NOT_AN_IMAGE
 
@@ -369,7 +369,7 @@ def test_apis_left_off_say_so_at_start_up_and_to_each_request(feature_engine, ca
 
     from web.apis import ApiAccess, attach_apis
     from web.apis.auth import APIS_OFF
-    from web.page import build_page
+    from web.page.layout import build_page
 
     page = build_page(feature_engine)
     try:

@@ -19,7 +19,7 @@ import pytest
 from conftest import ARTIFACTS, TIMEOUT_MS, free_port, needs_chromium, served
 
 from pipeline.contract.styles import load_examples
-from web.page import EXAMPLE_SEED_START
+from web.page.layout import EXAMPLE_SEED_START
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 

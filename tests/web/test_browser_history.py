@@ -83,8 +83,8 @@ def test_requests_finishing_close_together_are_both_kept(request_files):
     from types import SimpleNamespace
 
     from pipeline.contract.request import parse_request
-    from web.handlers import Finished
     from web.history.tab import BrowserHistory
+    from web.page.handlers import Finished
 
     history = BrowserHistory(secret="s" * 32)
     tab = SimpleNamespace(session_hash="tab-1")

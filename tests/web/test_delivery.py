@@ -24,9 +24,9 @@ from PIL import Image
 from pipeline.config import SDXL_BASE
 from pipeline.contract import image_files as image_io
 from pipeline.contract import parameters
-from web.delivery import Outbox
-from web.page import GENERATE_CONCURRENCY
-from web.texts import model_texts
+from web.page.layout import GENERATE_CONCURRENCY
+from web.page.texts import model_texts
+from web.serving.outbox import Outbox
 
 TIMEOUT_MS = 180_000
 PROMPT = "a lighthouse on a cliff at dawn, naïve watercolour ☀"

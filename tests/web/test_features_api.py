@@ -189,7 +189,7 @@ def test_page_offers_the_pickers_sliders_and_picture_controls(page, feature_engi
 def test_a_stroke_painted_in_the_editor_is_the_mask(page, feature_engine, tmp_path):
     """The editor's layer (a transparent PNG with a stroke) becomes the repaint mask: white where painted; the page
     then runs what the API runs with that mask. Nothing painted: the whole picture is redrawn (no mask)."""
-    from web.handlers import painted_mask
+    from web.page.handlers import painted_mask
 
     stroke = np.zeros((80, 96, 4), np.uint8)  # the picture's size (96x80), as the editor's layers are
     stroke[20:50, 30:70] = (255, 0, 255, 200)
@@ -220,7 +220,8 @@ def test_a_stroke_painted_in_the_editor_is_the_mask(page, feature_engine, tmp_pa
 
 def test_vary_starts_from_the_selected_images_png(page, feature_engine):
     """Vary takes the session's clicked gallery image (its lossless PNG) as the picture, at 0.5 or 0.85, for its one
-    generation (States: web/page.py); without a selection it says so in one sentence, and so does "Use as picture"."""
+    generation (States: web/page/layout.py); without a selection it says so in one sentence, and so does "Use as
+    picture"."""
     import gradio as gr
 
     handlers = page.handlers

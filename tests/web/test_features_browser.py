@@ -109,7 +109,7 @@ def test_upload_paint_generate_inpainted_then_vary_strong(tab, feature_engine):
     tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
     tab.locator("#mask-editor button[aria-label=Brush]").wait_for(timeout=TIMEOUT_MS)  # the server set the editor's
     tab.wait_for_function(CHIP_SHOWS, timeout=TIMEOUT_MS)  # picture and the chip's: the update the loop came with
-    assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
+    assert not frozen(tab), tab.errors  # web/page/examples.py: why the page has no gr.Dataset
     paint_a_stroke(tab)
     set_steps(tab, 4)
     tab.locator("#prompt textarea").fill("a cabin in the snow")
@@ -122,7 +122,7 @@ def test_upload_paint_generate_inpainted_then_vary_strong(tab, feature_engine):
     tab.locator("#gallery img").first.click()
     tab.locator("#vary-strong").click()
     status.get_by_text("strength 0.85").wait_for(timeout=TIMEOUT_MS)
-    assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
+    assert not frozen(tab), tab.errors  # web/page/examples.py: why the page has no gr.Dataset
     assert "from a picture, strength 0.85" in status.inner_text()
     tab.screenshot(path=str(ARTIFACTS / "features-vary.png"))
     assert not [error for error in tab.errors if EFFECT_LOOP in error]
@@ -154,7 +154,7 @@ def test_vary_is_one_shot_and_a_kept_picture_shows_beside_generate(tab):
     assert f"{FEATURE_DEVICES} images in" in generate(tab)
     tab.locator("#gallery img").first.click()
     assert "from a picture, strength 0.85" in generate(tab, "#vary-strong")
-    assert not frozen(tab), tab.errors  # web/examples.py: why the page has no gr.Dataset
+    assert not frozen(tab), tab.errors  # web/page/examples.py: why the page has no gr.Dataset
     assert not chip_shows(tab)
     assert "from a picture" not in (text := generate(tab)), text
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 from pipeline.contract.styles import DEFAULT_STYLE
-from web.texts import NO_CFG_NOTE
+from web.page.texts import NO_CFG_NOTE
 
 PROMPT = "a red fox in fresh snow"
 
@@ -51,10 +51,10 @@ def test_guidance_free_program_compiles_once_and_never_again(lightning):
 
 
 def test_page_hides_guidance_and_negative_prompt_and_api_says_they_are_ignored(lightning):
-    from web.delivery import Outbox
-    from web.files import RunFiles
-    from web.handlers import Handlers
-    from web.page import build_page
+    from web.page.handlers import Handlers
+    from web.page.layout import build_page
+    from web.serving.outbox import Outbox
+    from web.serving.temp_files import RunFiles
 
     page = build_page(lightning, examples=[], progress=False)
     try:

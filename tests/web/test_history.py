@@ -215,8 +215,8 @@ def test_a_history_entry_shows_what_the_status_line_showed():
     from conftest import FIXTURES
 
     from pipeline.contract.request import RequestRules, parse_request
-    from web.form import request_settings
     from web.history.tab import _details
+    from web.page.form import request_settings
 
     rules = RequestRules(sizes=((64, 64),), steps=8, levers=True)
     request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",

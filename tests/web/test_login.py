@@ -9,7 +9,7 @@ from conftest import served
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from web.texts import TITLE
+from web.page.texts import TITLE
 
 LOGIN = ("ada", "s3cret:with-colon")
 

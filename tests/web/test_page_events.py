@@ -12,9 +12,9 @@ from conftest import FIXTURES, TEST_SIZE, TEST_STEPS
 
 from pipeline.generator import Generator
 from web.apis import ApiAccess, attach_apis
-from web.handlers import Handlers
 from web.history.tab import History
-from web.page import build_page
+from web.page.handlers import Handlers
+from web.page.layout import build_page
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,9 @@ class InFlight:
     """The tab's requests still open (a queued event's stream stays open until it has answered).
 
     The session's event stream (`/queue/data`) counts as answered once the server has handed it every answer it
-    waits for (web/sessions.answers_delivered): Gradio's JS client sometimes keeps that stream open after a request
-    that ended early, with nothing left to come (gradio-app/gradio#11432 describes it; here the server's threads were
-    idle for the 180 s the test once waited)."""
+    waits for (web/gradio_internals.answers_delivered): Gradio's JS client sometimes keeps that stream open after a
+    request that ended early, with nothing left to come (gradio-app/gradio#11432 describes it; here the server's threads
+    were idle for the 180 s the test once waited)."""
 
     def __init__(self, page, blocks) -> None:
         self.page, self.blocks = page, blocks
@@ -71,7 +71,7 @@ class InFlight:
 
     def _waiting(self) -> bool:
         """Some request still waits for its answer (the event stream: as the server sees it)."""
-        from web.sessions import answers_delivered
+        from web.gradio_internals import answers_delivered
 
         return any("/queue/data" not in r.url for r in self.open) or (
             bool(self.open) and not answers_delivered(self.blocks)

@@ -1,4 +1,4 @@
-"""assets/page.js and assets/style.css in Debian's Chromium around the page's own controls (web/form.py's sliders,
+"""assets/page.js and assets/style.css in Debian's Chromium around the page's own controls (web/page/form.py's sliders,
 the History tab's gallery), without an engine: the script and the stylesheet are what they do to those controls, so a
 Gradio app of a few of them shows it in seconds where the page around an engine takes minutes to start."""
 
@@ -11,9 +11,9 @@ from conftest import TIMEOUT_MS, free_port, needs_chromium, set_slider
 from PIL import Image
 
 from pipeline.contract.fields import FIELD
-from web.form import control
 from web.history.tab import caption, history_gallery
-from web.texts import CSS_PATH, PAGE_JS
+from web.page.form import control
+from web.page.texts import CSS_PATH, PAGE_JS
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
@@ -30,7 +30,7 @@ def sliders():
         sent = gr.Textbox(elem_id="sent", interactive=True)  # also where the tests move the focus to
         gr.Button("Send", elem_id="send").click(lambda s, g: f"{s:g} {g:g}", [steps, guidance], sent)
     blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                  js=PAGE_JS.read_text(encoding="utf-8"))  # as web/server.py launches the page
+                  js=PAGE_JS.read_text(encoding="utf-8"))  # as web/serving/server.py launches the page
     try:
         yield blocks
     finally:
@@ -76,7 +76,7 @@ def history(tmp_path_factory):
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (128, 128, 3), np.uint8)).save(thumbnail)
     with pytest.MonkeyPatch.context() as patch:
         # Gradio copies the thumbnail into its cache when the gallery is made and serves it from there: under
-        # tmp_path (the app's own page points the variable at its run folder: web/files.py).
+        # tmp_path (the app's own page points the variable at its run folder: web/serving/temp_files.py).
         patch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
         with gr.Blocks() as blocks:
             history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])

@@ -1,5 +1,5 @@
-"""What the page says (web/page.py's configuration, web/texts.py): the header for visitors, the model's own texts,
-the count of images and sizes, the CPU note, the gallery's grid. Pages are built, not launched: only their
+"""What the page says (web/page/layout.py's configuration, web/page/texts.py): the header for visitors, the model's own
+texts, the count of images and sizes, the CPU note, the gallery's grid. Pages are built, not launched: only their
 configuration is read."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from conftest import TEST_SIZE, TEST_STEPS, TINY_PT
 
 from pipeline.config import SDXL_BASE
 from pipeline.generator import Generator
-from web import texts as page_texts
-from web.page import build_page
+from web.page import texts as page_texts
+from web.page.layout import build_page
 
 
 @contextlib.contextmanager
@@ -87,8 +87,8 @@ def test_the_cpu_note_follows_the_model_size():
     """A page in front of an engine service knows its model by name only ('tiny-pt': no folder to read): the CPU note
     follows the engine's UNet size (issue 48: tests/fixtures/tiny-pt's page said "each request takes many minutes")."""
     from pipeline.service.info import engine_info
-    from web.engine_pool import EnginePool
-    from web.remote_engine import RemoteEngines
+    from web.engines.pool import EnginePool
+    from web.engines.remote import RemoteEngines
 
     one = Generator.from_pretrained(
         str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:1]

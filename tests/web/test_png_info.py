@@ -12,7 +12,7 @@ from pipeline.contract import image_files as image_io
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.parameters import describe, parse_infotext
 from pipeline.contract.sampler_names import SAMPLER_NAMES
-from web.png_info import (
+from web.page.png_info import (
     COMFY_ONLY,
     NO_PARAMETERS,
     NOT_AN_IMAGE,

@@ -24,7 +24,7 @@ from conftest import (
 )
 
 from bench.cpu.program_times import ProgramTimer
-from web.sizes import size_label
+from web.page.size_labels import size_label
 
 WIDE = size_label(*UI_SIZES[1])  # "224×128 (16:9)"
 
@@ -41,7 +41,7 @@ def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
     outputs = job.outputs()
     previews, answer = outputs[:-1], outputs[-1]
     # The engine makes a preview every 2 steps; the handler hands Gradio the newest, so on a loaded machine one that
-    # was not taken yet is replaced by the next (web/handlers.py): those that arrive come in order, none repeated.
+    # was not taken yet is replaced by the next (web/page/handlers.py): those that arrive come in order, none repeated.
     steps = [_captions(p)[0].split(" · ")[0] for p in previews]
     expected = ["step 2 / 8", "step 4 / 8", "step 6 / 8"]
     assert steps and set(steps) <= set(expected) and steps == sorted(set(steps), key=expected.index), steps
@@ -87,7 +87,7 @@ def test_a_caller_who_leaves_the_defaults_gets_no_previews_and_fetches_each_imag
 
 def test_without_previews_each_image_is_fetched_once_and_a_cancel_still_stops_it(ui_client, ui_engine, monkeypatch):
     # gradio_client fetches every file of every message; a generator's answer comes twice (streamed, then as the
-    # answer), so a call without previews is answered by the plain twin (web/whole_answers.py): one message.
+    # answer), so a call without previews is answered by the plain twin (web/serving/twin_routing.py): one message.
     fetched: list[str] = []
     for api_name in ("/generate", "/generate_png"):
         endpoint = ui_client.endpoints[ui_client._infer_fn_index(api_name, None)]

@@ -17,7 +17,7 @@ from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.styles import load_examples
-from web.sizes import size_label
+from web.page.size_labels import size_label
 
 SQUARE, WIDE = (size_label(h, w) for h, w in UI_SIZES)  # "64×64 (1:1)", "224×128 (16:9)"
 

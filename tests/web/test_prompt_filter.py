@@ -1,4 +1,4 @@
-"""The optional deny-list for prompts (web/prompt_filter.py, `--prompt-filter FILE`): whole words, any case, from
+"""The optional deny-list for prompts (web/page/prompt_filter.py, `--prompt-filter FILE`): whole words, any case, from
 a file; the request contract applies it (tests/engine/test_request.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from web.prompt_filter import PromptFilter
+from web.page.prompt_filter import PromptFilter
 
 FAST = settings(max_examples=200, deadline=None)
 

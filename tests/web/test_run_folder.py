@@ -1,5 +1,5 @@
-"""Generated images stay in the app's own temporary folder (web/files.py) while a page serves, and go with it: the
-last page's close removes it and restores Gradio's temporary-folder variables. No other page may be open in this
+"""Generated images stay in the app's own temporary folder (web/serving/temp_files.py) while a page serves, and go with
+it: the last page's close removes it and restores Gradio's temporary-folder variables. No other page may be open in this
 process meanwhile, so this file launches its own page and nothing else."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import served
 from gradio_client import Client
 
-from web.page import DELETE_CACHE
+from web.page.layout import DELETE_CACHE
 
 
 def test_served_images_live_in_the_apps_folder_and_go_at_exit(engine, tmp_path):

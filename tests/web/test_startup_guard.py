@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from conftest import run_python
 
-from web.startup_guard import EXIT_INTERRUPTED, StartupGuard
+from web.serving.startup_guard import EXIT_INTERRUPTED, StartupGuard
 
 
 def test_run_returns_the_result_or_raises_the_error_of_the_work():
@@ -34,7 +34,7 @@ def test_a_swallowed_ctrl_c_still_stops_start_up(tmp_path):
     marker = tmp_path / "cleaned"
     code = textwrap.dedent(f"""
         import os, signal, time
-        from web.startup_guard import StartupGuard
+        from web.serving.startup_guard import StartupGuard
 
         class InterruptedWhileCollected:
             def __del__(self):

@@ -24,7 +24,7 @@ from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.sampler_names import SAMPLER_NAMES
-from web.sizes import size_label
+from web.page.size_labels import size_label
 
 
 def parameters_of(item) -> str:

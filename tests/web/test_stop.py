@@ -1,5 +1,5 @@
 """Stop: a cancelled API job (`job.cancel()`), the page's Stop button and a closed tab end a request at its next
-step and free the queue (web/sessions.py, the host loop); a tab's images after a Stop still load.
+step and free the queue (web/page/sessions.py, the host loop); a tab's images after a Stop still load.
 
 Against the page around the session's `ui_engine` (tiny model, 4 steps by default, progress on), through
 gradio_client and Debian's Chromium.

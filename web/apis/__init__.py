@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..page import Page
+from ..page.layout import Page
 from .a1111 import A1111Api, a1111_error
 from .auth import APIS_OFF, ApiAccess
 from .guard import REFUSED

@@ -29,7 +29,7 @@ from pipeline.contract.image_files import read_parameters
 from pipeline.contract.parameters import model_name, parse_infotext
 from pipeline.contract.request import RequestRules
 
-from ..png_info import parameters_text
+from ..page.png_info import parameters_text
 from .a1111_fields import NO_UPSCALER, A1111Request, a1111_request, sampler_choices, scheduler_items
 from .auth import ApiAccess
 from .guard import guarded

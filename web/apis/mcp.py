@@ -1,5 +1,5 @@
 """MCP: Gradio's own MCP server (`launch(mcp_server=True)`, `gradio[mcp]`) serves the page's public API endpoints as
-tools, with their descriptions (web/handlers.API_DOC: every argument); its calls go through Gradio's queue like any
+tools, with their descriptions (web/page/handlers.API_DOC: every argument); its calls go through Gradio's queue like any
 API call. Two things of Gradio's are set right here, and with --api-key or --auth MCP clients need a bearer key:
 
 - Names. Gradio names a tool after its Python function (`answer`, `refuse`), not its endpoint; `name_tools` gives
@@ -19,8 +19,7 @@ import logging
 import pathlib
 from typing import Any
 
-from gradio_client.utils import is_file_obj_with_meta
-
+from ..gradio_internals import answer_mcp_with, is_file_record, public_endpoints
 from .auth import ApiAccess
 from .queue_call import Refused
 
@@ -36,10 +35,9 @@ def name_tools(blocks) -> list[str]:
     """Give each public endpoint's function its api_name as its `__name__` (Gradio names the MCP tool after it);
     the tools' names. Done before launch: Gradio reads the names when its MCP server starts."""
     named = []
-    for block_fn in blocks.fns.values():
-        if block_fn.api_visibility == "public" and block_fn.api_name and block_fn.fn is not None:
-            block_fn.fn.__name__ = block_fn.api_name
-            named.append(block_fn.api_name)
+    for api_name, function in public_endpoints(blocks):
+        function.__name__ = api_name
+        named.append(api_name)
     return named
 
 
@@ -52,9 +50,9 @@ def mcp_content(data: Any, root_url: str = "") -> list:
     content: list = []
 
     def add(value: Any) -> None:
-        if is_file_obj_with_meta(value):
+        if is_file_record(value):
             content.append(image_content(value["path"], types))
-        elif isinstance(value, dict) and is_file_obj_with_meta(value.get("image")):  # a gallery item
+        elif isinstance(value, dict) and is_file_record(value.get("image")):  # a gallery item
             content.append(image_content(value["image"]["path"], types))
             if value.get("caption"):
                 content.append(types.TextContent(type="text", text=str(value["caption"])))
@@ -73,10 +71,10 @@ def mcp_content(data: Any, root_url: str = "") -> list:
 
 def holds_file(value: Any) -> bool:
     """Whether `value` is, or holds, a Gradio file record."""
-    if is_file_obj_with_meta(value):
+    if is_file_record(value):
         return True
     if isinstance(value, dict):
-        return is_file_obj_with_meta(value.get("image"))
+        return is_file_record(value.get("image"))
     if isinstance(value, (list, tuple)):
         return any(holds_file(item) for item in value)
     return False
@@ -109,11 +107,7 @@ class McpGate:
         if scope["type"] != "http" or not scope.get("path", "").startswith(MCP_PATH):
             return await self.app(scope, receive, send)
         if not self.answers_set:
-            server = getattr(scope.get("app"), "get_blocks", lambda: None)()
-            server = getattr(server, "mcp_server_obj", None)
-            if server is not None:
-                server.postprocess_output_data = mcp_content  # GradioMCPServer's step from outputs to content
-                self.answers_set = True
+            self.answers_set = answer_mcp_with(scope, mcp_content)  # GradioMCPServer's step from outputs to content
         if self.access.keys or self.access.logins:
             headers = dict(scope.get("headers") or [])
             authorization = headers.get(b"authorization", b"").decode("latin-1")

@@ -1,13 +1,13 @@
 """The APIs' requests go through the page's own Gradio queue: the same function, limits, filter and checks.
 
 Why through the queue and not by calling the engine: the page's Generate and the API's /generate run in Gradio's
-"generate" concurrency group (`web/page.generate_concurrency` at once) behind a bounded queue (`--queue-size`);
-the handler (`web/handlers.Handlers.endpoint`) checks every field with `parse_request`, applies the prompt filter,
+"generate" concurrency group (`web/page/layout.generate_concurrency` at once) behind a bounded queue (`--queue-size`);
+the handler (`web/page/handlers.Handlers.endpoint`) checks every field with `parse_request`, applies the prompt filter,
 reports progress, honours Stop and keeps the history. An HTTP route that called the engine itself would be a back
 door around all of that (and around a remote engine once the page fronts one). So each API request is pushed into
-`blocks._queue` in-process, exactly as Gradio's own `/gradio_api/call/{api_name}` route does, as an event of two
-hidden page events registered here in the same concurrency group, and its messages are read from the queue's
-per-session stream. A full queue answers 503; a refusal comes back as the handler's one sentence.
+Gradio's queue in-process (web/gradio_internals.EventQueue), exactly as Gradio's own `/gradio_api/call/{api_name}`
+route does, as an event of two hidden page events registered here in the same concurrency group, and its messages are
+read from the queue's per-session stream. A full queue answers 503; a refusal comes back as the handler's one sentence.
 """
 
 from __future__ import annotations
@@ -20,21 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
-from fastapi import Request
-from gradio.data_classes import PredictBodyInternal
-from gradio.route_utils import API_PREFIX
-from gradio.server_messages import (
-    ProcessCompletedMessage,
-    ProcessGeneratingMessage,
-    ProgressMessage,
-    UnexpectedErrorMessage,
-)
 
 from pipeline.contract.fields import FIELDS
 
-from ..handlers import api_defaults
-from ..page import Page, generate_concurrency
-from ..texts import GENERATION_FAILED
+from ..gradio_internals import EventQueue, event_index
+from ..page.handlers import api_defaults
+from ..page.layout import Page, generate_concurrency
+from ..page.texts import GENERATION_FAILED
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -81,7 +73,7 @@ class QueuedGenerate:
     """Runs API requests as events of the page's queue (see the module's docstring)."""
 
     page: Page
-    fn_index: dict[str, int] = field(default_factory=dict)  # image format ("jpeg" + previews | "png") -> event
+    events: dict[str, int] = field(default_factory=dict)  # image format ("jpeg" + previews | "png") -> its event
     running: dict[str, Running] = field(default_factory=dict)  # by session
     interrupts: dict[str, float] = field(default_factory=dict)  # caller -> when it last asked to interrupt
 
@@ -104,7 +96,7 @@ class QueuedGenerate:
                     concurrency_limit=concurrency, concurrency_id="generate", api_visibility="private",
                     show_progress="hidden",
                 )  # fmt: skip
-                queued.fn_index[name] = dependency["id"]
+                queued.events[name] = event_index(dependency)
         return queued
 
     def arguments(self, given: dict[str, Any]) -> list:
@@ -116,19 +108,14 @@ class QueuedGenerate:
     async def run(self, request, given: dict[str, Any], *, caller: str, username: str | None = None,
                   image_format: str = "png") -> Outcome:  # fmt: skip
         """Queue one generation and wait for its end. Raises `Refused` (busy, bad input, failure)."""
-        blocks = self.page.demo
-        queue = blocks._queue
-        if queue.server_app is None:
-            queue.set_server_app(blocks.app)
+        queue = EventQueue(self.page.demo)
         session = f"api-{secrets.token_hex(12)}"
         arguments = self.arguments({**given, "previews": image_format != "png"})
-        request = as_queue_join(request)
-        body = PredictBodyInternal(session_hash=session, data=arguments, fn_index=self.fn_index[image_format],
-                                   request=request)  # fmt: skip
         running = Running(caller, session)
         self.running[session] = running
         try:
-            ok, detail, state = await queue.push(body=body, request=request, username=username)
+            ok, detail, state = await queue.push(session=session, event=self.events[image_format], data=arguments,
+                                                 request=request, username=username)  # fmt: skip
             if not ok:
                 if state == "queue_full":
                     raise Refused(503, "The server is busy: its queue is full; try again in a moment.")
@@ -136,32 +123,29 @@ class QueuedGenerate:
             return await self._follow(queue, session, running)
         except asyncio.CancelledError:  # the client went away: the request ends at its next step
             self.page.handlers.stops.stop(session)
-            await queue.clean_events(session_hash=session)
+            await queue.cancel(session)
             raise
         finally:
             self.running.pop(session, None)
-            queue.pending_messages_per_session.pop(session, None)
-            queue.pending_event_ids_session.pop(session, None)
-            blocks.state_holder.session_data.pop(session, None)
+            queue.forget(session)
 
-    async def _follow(self, queue, session: str, running: Running) -> Outcome:
+    async def _follow(self, queue: EventQueue, session: str, running: Running) -> Outcome:
         """Read the event's messages: progress and previews into `running`, then its answer."""
-        messages = queue.pending_messages_per_session[session]
+        next_message = queue.messages(session)
         while True:
-            message = await messages.get()
-            if isinstance(message, ProgressMessage) and message.progress_data:
-                unit = message.progress_data[0]
+            message = await next_message()
+            if message.kind == "progress":
                 running.queued = False
-                running.step, running.total = int(unit.index or 0), int(unit.length or 0)
-            elif isinstance(message, ProcessGeneratingMessage) and message.success:
+                running.step, running.total = message.step, message.total
+            elif message.kind == "generating" and message.success:
                 gallery = (message.output.get("data") or [None])[0]
                 if isinstance(gallery, list) and gallery:
                     running.preview = str(gallery[0][0])
-            elif isinstance(message, ProcessCompletedMessage):
+            elif message.kind == "completed":
                 if not message.success:
                     raise refusal(message.output, message.title)
                 return await self._outcome(message.output.get("data") or [None, None, ""])
-            elif isinstance(message, UnexpectedErrorMessage):
+            elif message.kind == "failed":
                 raise Refused(500, GENERATION_FAILED)
 
     async def _outcome(self, data: list) -> Outcome:
@@ -196,14 +180,6 @@ class QueuedGenerate:
             if not handlers.stops.stop(run.session):  # still waiting in the queue: it stops before its first step
                 handlers.early_cancels.note(run.session)
         return len(mine)
-
-
-def as_queue_join(request: Request) -> Request:
-    """The API request as Gradio's queue reads a joining one (its URL tells the queue where it was called: only
-    .../queue/join and .../call/... are known), headers and client kept."""
-    root = request.scope.get("root_path", "")
-    path = f"{root}{API_PREFIX}/queue/join"
-    return Request({**request.scope, "path": path, "raw_path": path.encode()})
 
 
 def refusal(output: dict, title: str | None) -> Refused:

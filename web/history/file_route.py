@@ -2,8 +2,9 @@
 
 Gradio's own file route serves any file in its cache to anyone signed in who knows the URL; a past generation must
 reach no one but the user who made it. So these files never enter Gradio's cache: this ASGI middleware answers
-their URLs itself, after finding the signed-in user from Gradio's login cookie, and a file that is not the caller's
-(another user's, an unknown entry, no login) is a plain 404, the same for all, so a URL tells a stranger nothing.
+their URLs itself, after finding the signed-in user from Gradio's login cookie (web/gradio_internals.signed_in_user),
+and a file that is not the caller's (another user's, an unknown entry, no login) is a plain 404, the same for all, so
+a URL tells a stranger nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.requests import Request as HttpRequest
 from starlette.responses import FileResponse, PlainTextResponse, Response
+
+from ..gradio_internals import signed_in_user
 
 #: The route, below the app's root path: entry id, image index, and "/thumbnail" for the small JPEG.
 ROUTE = "history-file"
@@ -25,17 +27,6 @@ _PATH = re.compile(rf"/{ROUTE}/(\d{{1,18}})/(\d{{1,3}})(/thumbnail)?/?$")
 def file_url(root: str, entry_id: int, index: int, thumbnail: bool = False) -> str:
     """The URL of one history file under the app's public `root` (no trailing slash)."""
     return f"{root}/{ROUTE}/{int(entry_id)}/{int(index)}" + ("/thumbnail" if thumbnail else "")
-
-
-def signed_in_user(scope) -> str | None:
-    """The user Gradio's login cookie names in this request, or None (no login, or an app without Gradio's logins)."""
-    app = scope.get("app")
-    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
-    if tokens is None or cookie_id is None:
-        return None
-    cookies = HttpRequest(scope).cookies
-    token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
-    return tokens.get(token) if token else None
 
 
 class HistoryFiles:

@@ -36,10 +36,11 @@ from pipeline.contract.hires import second_pass_steps
 from pipeline.contract.parameters import PICTURE_STATUS, status_parts, status_steps
 from pipeline.contract.styles import DEFAULT_STYLE
 
-from ..files import RunFiles
-from ..form import Form, request_settings
-from ..handlers import PNG_WAIT_S, Finished, invalid
-from ..sessions import session_of
+from ..gradio_internals import public_root
+from ..page.form import Form, request_settings
+from ..page.handlers import PNG_WAIT_S, Finished, invalid
+from ..page.sessions import session_of
+from ..serving.temp_files import RunFiles
 from .browser import (
     BROWSER_MAX_ENTRIES,
     add_entry,
@@ -466,21 +467,6 @@ class BrowserHistory(History):
     def _delete_all(self, entries, request) -> int:
         self._forget(request)
         return len(clean_entries(entries))
-
-
-def public_root(request: gr.Request | None) -> str:
-    """The app's public URL (as the caller reached it: behind a proxy, the proxy's), without a trailing slash."""
-    from gradio import route_utils
-
-    http = getattr(request, "request", None)
-    if http is None:
-        return ""
-    try:
-        route = route_utils.get_api_call_path(request=http)
-    except ValueError:
-        route = http.url.path
-    app = http.scope.get("app")
-    return route_utils.get_root_url(request=http, route_path=route, root_path=getattr(app, "root_path", None))
 
 
 def _refuse(message: str):

@@ -1,9 +1,9 @@
-"""The page: its layout in sections, then its events wired to the handlers (web/handlers.py), as Gradio's demos write
-a page. The request fields' controls come from the table (`pipeline.contract.fields.FIELDS`): a plain field without a
-place below gets its control in the advanced settings.
+"""The page: its layout in sections, then its events wired to the handlers (web/page/handlers.py), as Gradio's demos
+write a page. The request fields' controls come from the table (`pipeline.contract.fields.FIELDS`): a plain field
+without a place below gets its control in the advanced settings.
 
     page = build_page(engine)        # a ready (loaded, warmed-up) engine
-    page.launch(port=7860)           # web/server.py's settings: theme, CSS, auth
+    page.launch(port=7860)           # web/serving/server.py's settings: theme, CSS, auth
     page.close()                     # the server, the background PNG writers, and every file this page wrote
 """
 
@@ -23,16 +23,17 @@ from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 
+from ..gradio_internals import answers_delivered, event_index
+from ..history.tab import History
+from ..options import DEFAULT_QUEUE_SIZE
+from ..serving.outbox import Outbox
+from ..serving.temp_files import RunFiles
+from ..serving.twin_routing import Twin
 from .controlnet_panel import control_panel
-from .delivery import Outbox
-from .files import RunFiles
 from .form import Form, control
 from .handlers import Handlers
-from .history.tab import History
-from .options import DEFAULT_QUEUE_SIZE
 from .prompt_filter import PromptFilter
-from .sessions import answers_delivered
-from .sizes import size_label
+from .size_labels import size_label
 from .texts import (
     HEADER_PATH,
     LICENSE_URL,
@@ -46,7 +47,6 @@ from .texts import (
     read_template,
     sampler_summary,
 )
-from .whole_answers import Twin
 
 #: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
 #: while the app runs it is swept every 5 min and files older than 15 min are removed.
@@ -84,10 +84,10 @@ class Page:
         return self.demo.local_url
 
     def launch(self, **settings) -> Page:
-        """Start serving (settings: web/server.launch's keywords; `middleware` joins the page's own)."""
-        from .server import launch
+        """Start serving (settings: web/serving/server.launch's keywords; `middleware` joins the page's own)."""
+        from ..serving.server import launch
 
-        middleware = [self.handlers.early_cancels.middleware(), self.handlers.whole_answers.middleware(),
+        middleware = [self.handlers.early_cancels.middleware(), self.handlers.twin_routing.middleware(),
                       *self.history.middleware(), *settings.pop("middleware", ())]  # fmt: skip
         launch(self.demo, middleware=middleware, **settings)
         return self
@@ -95,7 +95,7 @@ class Page:
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop the server, the background PNG writers and the history's, and remove this page's files.
 
-        First every request ends at its next step and answers why (web/handlers.Handlers.shut_down), and its client
+        First every request ends at its next step and answers why (web/page/handlers.Handlers.shut_down), and its client
         is handed that answer, within `grace_s`; then Gradio's server stops (it waits for open streams)."""
         deadline = time.monotonic() + grace_s
         self.handlers.shut_down(grace_s)
@@ -504,10 +504,10 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
         **generating,
     )
     # /generate with previews=False streams nothing before its answer: a plain function answers it, so a client
-    # fetches the images once (web/whole_answers.py). On the same hidden button, which nothing clicks.
+    # fetches the images once (web/serving/twin_routing.py). On the same hidden button, which nothing clicks.
     whole = shown.api_button.click(inputs=inputs, api_name="generate_whole", api_visibility="private",
                                    **{**generating, "fn": handlers.endpoint(streams=False)})  # fmt: skip
-    handlers.whole_answers.add(Twin(streaming["id"], whole["id"], inputs.index(fields.previews)))
+    handlers.twin_routing.add(Twin(event_index(streaming), event_index(whole), inputs.index(fields.previews)))
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
     # The picture in use, everywhere it shows: the input, the mask editor (its background; strokes start afresh) and
     # the chip beside Generate.
@@ -559,7 +559,7 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
 
 def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[str], buttons: list, top: PromptRow,
                   shown: Results, fields: Fields, concurrency: int = GENERATE_CONCURRENCY) -> None:  # fmt: skip
-    """An example (web/examples.py): its settings into the form, then its images (kept after its first click) with
+    """An example (web/page/examples.py): its settings into the form, then its images (kept after its first click) with
     the PNG list of the last request hidden (it no longer matches them). Its seed is fixed: its kept images are
     honest."""
     example_fields = [top.prompt, *(fields.controls[name] for name in ("negative_prompt", "style", "guidance_scale",

@@ -1,7 +1,7 @@
 """Reading a request's JSON body inside ASGI middleware, so the request can still be passed on whole.
 
-The page's middlewares (`sessions`' early cancels, `whole_answers`' twin routing) look at Gradio's small POST bodies
-before Gradio does: they must keep every body message to replay to the app.
+The page's middlewares (web/page/sessions.py's early cancels, web/serving/twin_routing.py's calls without previews)
+look at Gradio's small POST bodies before Gradio does: they must keep every body message to replay to the app.
 """
 
 from __future__ import annotations

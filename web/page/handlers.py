@@ -34,14 +34,15 @@ from pipeline.contract.parameters import status_size, status_steps
 from pipeline.contract.request import Request, RequestRules, parse_request
 from pipeline.contract.stopping import Stopped
 
-from .delivery import Outbox
+from ..gradio_internals import request_gone
+from ..serving.outbox import Outbox
+from ..serving.temp_files import RunFiles
+from ..serving.twin_routing import TwinRouting
 from .examples import ExampleCache
-from .files import RunFiles
 from .prompt_filter import PromptFilter
-from .sessions import EarlyCancels, ShownImages, StopRequests, request_gone, session_of
-from .sizes import size_label
+from .sessions import EarlyCancels, ShownImages, StopRequests, session_of
+from .size_labels import size_label
 from .texts import GENERATION_FAILED, NO_CFG_NOTE, SERVER_STOPPING
-from .whole_answers import WholeAnswers
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -83,9 +84,9 @@ class Handlers:
         self.stops = StopRequests()
         self.shown = ShownImages()
         self.early_cancels = EarlyCancels()  # its middleware is installed at launch (Page.launch)
-        self.whole_answers = WholeAnswers()  # /generate without previews, to a plain twin (middleware: Page.launch)
+        self.twin_routing = TwinRouting()  # /generate without previews, to a plain twin (middleware: Page.launch)
         self.shutting_down = threading.Event()  # the server is stopping: requests end at their next step, saying why
-        # engines that can wait for one another (web/remote_engine.py) say what a request waits for: the page shows it
+        # engines that can wait for one another (web/engines/remote.py) say what a request waits for: the page shows it
         self.engine_waits = "on_wait" in inspect.signature(engine.generate).parameters
         self._running = 0  # requests in `run` now (shut_down waits for them to answer)
         self._idle = threading.Condition()
@@ -101,7 +102,7 @@ class Handlers:
         `streams=False`: a plain function that returns the answer alone, no previews. gradio_client downloads every
         file of every message a stream sends, and a generator's last message is sent twice (streamed, then as the
         answer), so a streamed answer's images are fetched twice; a call that wants nothing before its answer is
-        served this way (/generate_png, and /generate with `previews=False`: web/whole_answers.py).
+        served this way (/generate_png, and /generate with `previews=False`: web/serving/twin_routing.py).
 
         `labels`: the page's events' (field -> its control's label), so a refusal names a field as the page shows it
         ("Upscale by 3 ..."); the API's endpoints have none and name it as their callers pass it ("hires_scale 3 ...").
@@ -142,7 +143,7 @@ class Handlers:
 
     def example(self, seeds: dict[str, int], first_seed: int, labels: Mapping[str, str] | None = None):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;
-        "Randomize seed" stays as the visitor left it. An example's finished answer is kept (web/examples.py): the
+        "Randomize seed" stays as the visitor left it. An example's finished answer is kept (web/page/examples.py): the
         next click on it, from anyone, shows those images without generating."""
         generate = self.endpoint(labels=labels)
         cache = ExampleCache(self.files.root / "examples")
@@ -245,7 +246,7 @@ class Handlers:
         """The page's follow-up to a generation: the lossless PNG (with `parameters`) of each image it just showed.
 
         Runs as its own event once the answer is in, so the answer never waits for PNG encoding. Images are matched
-        by file name (web/delivery.py); no path a browser sends is ever opened.
+        by file name (web/serving/outbox.py); no path a browser sends is ever opened.
         """
         futures = [self.outbox.png_for(name) for name in self.shown.names(session_of(request))]
         paths = []
@@ -399,7 +400,7 @@ class Handlers:
 
     def _answer(self, request: Request, result: EngineResult, session: str, user: str | None, image_format: str | None,
                 started: float) -> tuple:  # fmt: skip
-        """A finished request's answer: its files written (web/delivery.py), the history told, the status line."""
+        """A finished request's answer: its files written (web/serving/outbox.py), the history told, the status line."""
         try:
             delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
         except Exception:
@@ -442,7 +443,7 @@ class Finished:
 
     request: Request  # what was asked
     result: EngineResult  # steps, sampler, seeds
-    delivery: Any  # web/delivery.Delivery: the gallery's files (and their PNGs, in the background)
+    delivery: Any  # web/serving/outbox.Delivery: the gallery's files (and their PNGs, in the background)
     session: str  # the browser session that asked
     user: str | None  # the signed-in user (None without logins)
 

@@ -1,8 +1,8 @@
-"""Engine services as the page's engine (`python app.py --engine URL ...`): the object web/handlers.py calls,
+"""Engine services as the page's engine (`python app.py --engine URL ...`): the object web/page/handlers.py calls,
 `generate(request, on_step, should_stop, on_preview)`, plus what the page reads from an engine (rules, config,
 images per request, devices, sampler), built from the engines' `/v1/info`. No JAX: this process holds no weights.
 
-Each request goes to a free engine (web/engine_pool.py) as `Request.to_dict()`; the engine's NDJSON stream
+Each request goes to a free engine (web/engines/pool.py) as `Request.to_dict()`; the engine's NDJSON stream
 (pipeline/service/wire.py) brings its steps, previews and images. Stop closes the connection: the engine stops at
 its next step. An engine that fails mid-request (killed, connection lost, an error event, a 5xx) is marked down and
 the request runs once more, with the same seed (so the same pixels), on another engine: at once when one is free, when
@@ -30,7 +30,7 @@ from pipeline.contract.stopping import Stopped
 from pipeline.service.info import disagreement
 from pipeline.service.wire import RemoteResult, preview_pixels
 
-from .engine_pool import Endpoint, EnginePool, NoEngine
+from .pool import Endpoint, EnginePool, NoEngine
 
 logger = logging.getLogger("sdxl_jax.engines")
 
@@ -93,7 +93,7 @@ class RemoteConfig:
 
 @dataclass(frozen=True)
 class RemoteSampler:
-    """The part of the engine's SamplerConfig the page reads (web/texts.sampler_summary)."""
+    """The part of the engine's SamplerConfig the page reads (web/page/texts.sampler_summary)."""
 
     label: str
     timestep_spacing: str

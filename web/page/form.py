@@ -25,7 +25,7 @@ from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.contract.styles import load_styles, unapply_style
 
 from .png_info import FormValues, read_form_values
-from .sizes import size_label
+from .size_labels import size_label
 
 #: The settings keys `fill` knows besides the table's plain fields (`pipeline.contract.fields.PLAIN`, by name).
 OWN_KEYS = (
@@ -70,7 +70,7 @@ def _json(value: Any) -> Any:
 
 
 def image_settings(values: FormValues) -> tuple[dict, list[str]]:
-    """An image's `parameters` (parsed by web/png_info.py) as settings keys, with notes on what was left out.
+    """An image's `parameters` (parsed by web/page/png_info.py) as settings keys, with notes on what was left out.
 
     A1111 writes every LoRA as a tag in the prompt, so the prompt brings them back (and the picker is cleared);
     A1111's prompt is styled already (style "No style"); this app's names its style, whose words are taken out.
@@ -139,7 +139,7 @@ class Form:
                 updates[row.name] = gr.skip()
                 if row.name == "hires_scale" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no hires fix, so Hires upscale {settings[row.name]:g} was left out.")
-        scale = settings.get("hires_scale")  # Upscale by offers the server's scales only (web/page.hires_scale_control)
+        scale = settings.get("hires_scale")  # Upscale by offers the server's scales only (layout.hires_scale_control)
         if self.hires_scales and "value" in updates["hires_scale"] and scale not in (1.0, *self.hires_scales):
             updates["hires_scale"] = gr.skip()
             offered = ", ".join(f"{s:g}" for s in self.hires_scales)

@@ -88,9 +88,9 @@ class ProcessFolder:
 def _remove_gradio_leftover() -> None:
     """Gradio makes an empty `vibe_edit_history` folder in the temporary directory it read at import (before
     ProcessFolder points it here) for every app it builds; removed with its `gradio` parent, each only if empty."""
-    from gradio.route_utils import DEFAULT_TEMP_DIR
+    from ..gradio_internals import import_time_temp_dir
 
-    folder = pathlib.Path(DEFAULT_TEMP_DIR) / "vibe_edit_history"
+    folder = pathlib.Path(import_time_temp_dir()) / "vibe_edit_history"
     for empty in (folder, folder.parent):
         with contextlib.suppress(OSError):  # not empty (someone else's), or already gone
             empty.rmdir()

@@ -1,4 +1,4 @@
-"""A /generate call that asks for no previews is answered by a plain function: its images are fetched once.
+"""Routing a /generate call that asks for no previews to its plain-function twin, so its images are fetched once.
 
 gradio_client downloads every file of every message a call streams, one by one (a new HTTP client per file: ~27 ms
 each on 2 cores, whatever the file's size), and Gradio sends a generator's last message twice: streamed, then as the
@@ -13,14 +13,14 @@ passes unchanged.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import threading
 from dataclasses import dataclass
 
 from starlette.middleware import Middleware
 
-from .asgi_bodies import read_json_body
+from ..gradio_internals import JOIN, body_event_id, call_data, called_event, joined_event_id, naming_event, queue_post
+from .asgi_json_body import read_json_body
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Twin:
     previews_at: int  # index of the `previews` argument in the call's `data`
 
 
-class WholeAnswers:
+class TwinRouting:
     """The twins the page registered (`add`), the calls sent to them, and the middleware that sends them."""
 
     def __init__(self, remember: int = 1024) -> None:
@@ -46,9 +46,9 @@ class WholeAnswers:
 
     def route(self, call: dict) -> Twin | None:
         """The twin a queue/join body goes to (a call to a streaming event with `previews` False), or None."""
-        twin = self._twins.get(call.get("fn_index")) if isinstance(call.get("fn_index"), int) else None
-        data = call.get("data")
-        if twin is None or not isinstance(data, list) or len(data) <= twin.previews_at:
+        twin = self._twins.get(called_event(call))
+        data = call_data(call)
+        if twin is None or data is None or len(data) <= twin.previews_at:
             return None
         return twin if data[twin.previews_at] is False else None
 
@@ -62,8 +62,8 @@ class WholeAnswers:
     def cancel_route(self, cancel: dict) -> Twin | None:
         """The twin a /cancel body must name instead (the client names the event it called), or None."""
         with self._lock:
-            twin = self._sent.get(str(cancel.get("event_id")))
-        return twin if twin is not None and cancel.get("fn_index") == twin.streaming else None
+            twin = self._sent.get(str(body_event_id(cancel)))
+        return twin if twin is not None and called_event(cancel) == twin.streaming else None
 
     def middleware(self) -> Middleware:
         """The ASGI middleware (for `launch(app_kwargs={"middleware": [...]})`)."""
@@ -72,22 +72,22 @@ class WholeAnswers:
 
 class _TwinRouter:
     """ASGI middleware: reads the bodies of Gradio's POST .../queue/join and .../cancel and passes them on, naming
-    the twin when `WholeAnswers` says so (a cancel names the event that runs it, else Gradio cannot stop it)."""
+    the twin when `TwinRouting` says so (a cancel names the event that runs it, else Gradio cannot stop it)."""
 
-    def __init__(self, app, answers: WholeAnswers) -> None:
+    def __init__(self, app, answers: TwinRouting) -> None:
         self.app = app
         self.answers = answers
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "") if scope["type"] == "http" and scope.get("method") == "POST" else ""
-        if not path.endswith(("/queue/join", "/cancel")):
+        post = queue_post(scope)
+        if post is None:
             return await self.app(scope, receive, send)
         messages, call = await read_json_body(receive)
         call = call if isinstance(call, dict) else None
-        joining = path.endswith("/queue/join")
+        joining = post == JOIN
         twin = None if call is None else self.answers.route(call) if joining else self.answers.cancel_route(call)
         if twin is not None:
-            body = json.dumps({**call, "fn_index": twin.whole}).encode()
+            body = json.dumps(naming_event(call, twin.whole)).encode()
             messages = [{"type": "http.request", "body": body, "more_body": False}]
             headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
             scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
@@ -104,9 +104,9 @@ class _TwinRouter:
             nonlocal answer
             if message.get("type") == "http.response.body":
                 answer += message.get("body", b"")
-                if not message.get("more_body"):
-                    with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-                        self.answers.sent(str(json.loads(answer)["event_id"]), twin)
+                event_id = None if message.get("more_body") else joined_event_id(answer)
+                if event_id is not None:
+                    self.answers.sent(event_id, twin)
             await send(message)
 
         return await self.app(scope, replay, note_event)

@@ -1,16 +1,16 @@
-"""The /generate-without-previews router (web/whole_answers.py) in front of a plain ASGI app: a routed join's answer
-passes through whole, whether Gradio gave it an event id or refused it (a full queue: 503 with no event id)."""
+"""The /generate-without-previews router (web/serving/twin_routing.py) in front of a plain ASGI app: a routed join's
+answer passes through whole, whether Gradio gave it an event id or refused it (a full queue: 503 with no event id)."""
 
 import asyncio
 import json
 
-from web.whole_answers import Twin, WholeAnswers
+from web.serving.twin_routing import Twin, TwinRouting
 
 
-def joined(status: int, answer: dict) -> tuple[list[dict], dict, WholeAnswers]:
+def joined(status: int, answer: dict) -> tuple[list[dict], dict, TwinRouting]:
     """POST .../queue/join of a call without previews through the router; the ASGI messages sent, the body the
     app behind it received, and the router's record."""
-    answers = WholeAnswers()
+    answers = TwinRouting()
     answers.add(Twin(streaming=3, whole=7, previews_at=1))
     seen = {}
 

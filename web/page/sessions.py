@@ -1,8 +1,8 @@
-"""Per-session state of the page, and the one place that reads Gradio's internals.
+"""Per-session state of the page: each browser tab's Stop flag, the gallery it was last shown, its early cancel.
 
 A browser tab (or an API client) is a Gradio session (`gr.Request.session_hash`): its Stop flag, the gallery files it
-was last shown and a cancel it sent too early live here, keyed by it. `request_gone` reads Gradio's queue to tell a
-cancelled or closed request between two steps; `EarlyCancels` reads Gradio's cancel calls.
+was last shown and a cancel it sent too early live here, keyed by it. `EarlyCancels` reads Gradio's cancel calls
+(their shape: web/gradio_internals.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from starlette.middleware import Middleware
 
 from pipeline.contract.stopping import StopFlag
 
-from .asgi_bodies import read_json_body
+from ..gradio_internals import CANCEL, body_event_id, body_session, queue_post
+from ..serving.asgi_json_body import read_json_body
 
 
 class StopRequests:
@@ -44,31 +45,6 @@ class StopRequests:
         if flag is not None:
             flag.set()
         return flag is not None
-
-
-def request_gone() -> bool:
-    """True once Gradio no longer runs the calling request: cancelled (`job.cancel()`, another event's `cancels`)
-    or its page closed (the queue marks its job not alive). Read from Gradio's queue, between two steps."""
-    from gradio.context import LocalContext
-
-    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
-    queue = getattr(blocks, "_queue", None)
-    if queue is None or event_id is None:
-        return False  # not run by the queue (a direct call): nothing can cancel it
-    for job in list(queue.active_jobs):
-        for event in job or ():
-            if event._id == event_id:
-                return not event.alive
-    return True  # no longer among the running jobs: its task was cancelled
-
-
-def answers_delivered(blocks) -> bool:
-    """True when Gradio's queue runs no event and every session's stream has been handed the answers it waits for
-    (read from Gradio's queue: the events each session still waits for)."""
-    queue = getattr(blocks, "_queue", None)
-    if queue is None:
-        return True
-    return not any(queue.active_jobs) and not any(queue.pending_event_ids_session.values())
 
 
 class ShownImages:
@@ -157,11 +133,11 @@ class _CancelWatcher:
         self.cancels = cancels
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("/cancel"):
+        if queue_post(scope) != CANCEL:
             return await self.app(scope, receive, send)
         messages, data = await read_json_body(receive)
-        if isinstance(data, dict) and data.get("session_hash") and not data.get("event_id"):
-            self.cancels.note(str(data["session_hash"]))
+        if isinstance(data, dict) and body_session(data) and not body_event_id(data):
+            self.cancels.note(str(body_session(data)))
         pending = iter(messages)
 
         async def replay():

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import gradio as gr
 
-from .texts import CSS_PATH, PAGE_JS, TITLE
+from ..page.texts import CSS_PATH, PAGE_JS, TITLE
 
 logger = logging.getLogger("sdxl_jax.app")
 

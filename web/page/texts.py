@@ -16,7 +16,7 @@ from pipeline.contract.engine import Engine
 from pipeline.contract.parameters import model_name, unet_name
 from pipeline.service.info import is_test_model
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "assets"
 CSS_PATH = ASSETS / "style.css"
 PAGE_JS = ASSETS / "page.js"  # run when the page loads: says when a slider's typed number was out of range

@@ -21,7 +21,7 @@ class ExampleCache:
     the page's run folders (pruned after KEEP_RUNS runs) never take them away."""
 
     def __init__(self, folder: pathlib.Path) -> None:
-        self.folder = folder  # inside the page's folder (web/files.py): removed with the page
+        self.folder = folder  # inside the page's folder (web/serving/temp_files.py): removed with the page
         self._answers: dict[Hashable, tuple] = {}  # key -> (gallery [(path, caption)], seed, status)
         self._lock = threading.Lock()
 
