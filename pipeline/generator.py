@@ -49,7 +49,7 @@ from .host.compile_cache import CompileCounter, configure_compilation_cache
 from .host.compiler_options import check as check_compiler_options
 from .host.controlnet_plan import ServedControlNets, control_inputs
 from .host.executable_store import StartupPrograms, build_served
-from .host.loop import Gate, Listener, PreviewListener, StopCheck
+from .host.loop import Gate, Listener, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.placement import Placement
@@ -468,8 +468,9 @@ class Generator:
             control = control_inputs(self.controlnets, conditioning.controlnets, first.plan.steps,
                                      self.images_per_call, placement.batch_sharding)  # fmt: skip
             pixels = self._on_devices(
-                self.programs, run, {"steps": run.steps}, timings,
-                inputs=placement.request_inputs(conditioning.rows, conditioning), picture=picture, control=control,
+                self.programs, run, placement.request_inputs(conditioning.rows, conditioning),
+                (self.programs.batch, conditioning.text_key), {"steps": run.steps}, timings,
+                picture=picture, control=control,
                 # Only a request someone watches runs the preview program (compiled or not, the others run the
                 # plain txt2img programs); on several processes the leader tells each follower to run it too.
                 on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
@@ -505,9 +506,9 @@ class Generator:
             on_device = time.perf_counter()
             try:
                 pixels = self._on_devices(
-                    programs, merged, {"steps": plan.steps, "requests": len(tickets), "images_per_device": slots}, {},
-                    text_key=(programs.batch, *text_keys) if len(text_keys) == 1 else None,
-                    inputs=self.placement.request_inputs(rows, first.conditioning), picture=picture,
+                    programs, merged, self.placement.request_inputs(rows, first.conditioning),
+                    (programs.batch, *text_keys) if len(text_keys) == 1 else None,
+                    {"steps": plan.steps, "requests": len(tickets), "images_per_device": slots}, {}, picture=picture,
                     on_step=watchers.on_step, gate=watchers.gate,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
                 )  # fmt: skip
@@ -515,19 +516,18 @@ class Generator:
                 return
             watchers.answer(pixels, time.perf_counter() - on_device)
 
-    def _on_devices(self, programs: ServedPrograms, run: RunPlan, record: dict, timings: dict,
-                    text_key: tuple | None = ..., **stages) -> np.ndarray:  # fmt: skip
+    def _on_devices(self, programs: ServedPrograms, run: RunPlan, inputs: RequestInputs, text_key: tuple | None,
+                    record: dict, timings: dict, **stages) -> np.ndarray:  # fmt: skip
         """`host/loop.run` of `run` on `programs` (the device lock held): uint8 pixels [B, H, W, 3] on this host.
-        The text programs run only where the text cache lacks `text_key`'s outputs (default: the run's; None: not
-        kept); the weights are those with the run's LoRAs merged. `record` joins `recent_runs`, done or stopped."""
-        text_key = (programs.batch, run.conditioning.text_key) if text_key is ... else text_key
+        The text programs run only where the text cache lacks `text_key`'s outputs (None: not kept); the weights are
+        those with the run's LoRAs merged. `record` joins `recent_runs`, done or stopped."""
         record = {"done": 0, "stopped": False, "sampler": run.first.plan.sampler, **record}
         params = self.loras.params_for(run.conditioning.loras) if self.loras is not None else self._params
         kept = self.text_cache.outputs(text_key) if text_key is not None else None
         (height, width), placement = run.first.size, self.placement
         try:
             pixels = to_host(loop.run(
-                programs, params, stages.pop("inputs"), run.first.plan, size=(height, width), cfg=self.sampler.cfg,
+                programs, params, inputs, run.first.plan, size=(height, width), cfg=self.sampler.cfg,
                 speed=run.first.speed, put=placement.put, split=placement.split,
                 blank=placement.blank(programs, height, width, params), timings=timings, kept=kept, **stages,
             ))  # uint8 [B, H, W, 3], gathered from every process  # fmt: skip
