@@ -88,9 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
             if serves and not args.no_history:  # opened first: a data folder in use or unwritable fails at once
-                history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
-                                             max_entries=args.history_max, database_url=args.database_url,
-                                             image_store=args.image_store)  # fmt: skip
+                history = History.for_server(
+                    args.data_dir or default_data_dir(),
+                    logins=bool(args.auth),
+                    max_entries=args.history_max,
+                    database_url=args.database_url,
+                    image_store=args.image_store,
+                )
             examples = load_examples()
             cluster, generator = guard.run(lambda: start_cluster_and_engine(args))
         except (OSError, StyleFileError, ModelLoadError, InvalidInput, HistoryLocked) as exc:
@@ -105,12 +109,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()
         engine = cluster.lead(generator) if cluster is not None else generator
-        page = build_page(engine, examples=examples, prompt_filter=prompt_filter, queue_size=args.queue_size,
-                          progress=not args.no_progress, history=history, logins=bool(args.auth))  # fmt: skip
+        page = build_page(
+            engine,
+            examples=examples,
+            prompt_filter=prompt_filter,
+            queue_size=args.queue_size,
+            progress=not args.no_progress,
+            history=history,
+            logins=bool(args.auth),
+        )
         apis = attach_apis(page, ApiAccess.from_args(args))  # A1111, OpenAI Images, MCP: through the page's queue
     try:
-        return serve_until_signal(page, host=args.host, port=args.port, share=args.share, auth=args.auth,
-                                  started=started, **apis)  # fmt: skip
+        return serve_until_signal(
+            page, host=args.host, port=args.port, share=args.share, auth=args.auth, started=started, **apis
+        )
     finally:
         page.close()
         if cluster is not None:

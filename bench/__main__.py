@@ -42,16 +42,58 @@ from .features.lora_img2img_levers import LORA_FIXTURES  # noqa: E402
 from .parts import run_parts  # noqa: E402
 
 PARTS = (
-    "reference", "startup", "app", "recompiles", "flops", "soak", "hostloop", "stop", "samplers", "sizes", "fewstep",
-    "hostpath", "fullsize", "lora", "img2img", "levers", "previews", "history", "apphost", "controlnet", "service",
-    "refiner", "hires", "merging",
-)  # fmt: skip
+    "reference",
+    "startup",
+    "app",
+    "recompiles",
+    "flops",
+    "soak",
+    "hostloop",
+    "stop",
+    "samplers",
+    "sizes",
+    "fewstep",
+    "hostpath",
+    "fullsize",
+    "lora",
+    "img2img",
+    "levers",
+    "previews",
+    "history",
+    "apphost",
+    "controlnet",
+    "service",
+    "refiner",
+    "hires",
+    "merging",
+)
 DEFAULT_PARTS = (
-    "reference", "startup", "app", "recompiles", "flops", "hostloop", "stop", "fewstep", "hostpath", "img2img",
-)  # fmt: skip
+    "reference",
+    "startup",
+    "app",
+    "recompiles",
+    "flops",
+    "hostloop",
+    "stop",
+    "fewstep",
+    "hostpath",
+    "img2img",
+)
 #: Parts that run on the bench's shared engine (loaded and warmed up once, before the first of them).
-ENGINE_PARTS = {"reference", "app", "recompiles", "soak", "hostloop", "stop", "samplers", "img2img", "levers",
-                "previews", "history", "service"}  # fmt: skip
+ENGINE_PARTS = {
+    "reference",
+    "app",
+    "recompiles",
+    "soak",
+    "hostloop",
+    "stop",
+    "samplers",
+    "img2img",
+    "levers",
+    "previews",
+    "history",
+    "service",
+}
 
 
 #: The bench's own defaults for the engine's options it takes (pipeline/options.py marks them BENCH): the tiny
@@ -73,20 +115,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--runs", type=int, default=5, help="timed calls per latency figure (default 5)")
-    add("--check", nargs="?", type=float, const=CHECK_RATIO, default=None, metavar="RATIO",
+    add(
+        "--check",
+        nargs="?",
+        type=float,
+        const=CHECK_RATIO,
+        default=None,
+        metavar="RATIO",
         help=f"exit 1 when the reference part's engine / diffusers ratio of CPU seconds per call is over RATIO "
-        f"(default {CHECK_RATIO}): the regression guard CI runs")  # fmt: skip
-    add("--startup-runs", type=int, default=2,
-        help="warm app restarts of each kind in the startup part, interleaved after one cold start (default 2)")
-    add("--merge-slots", type=int, default=4, metavar="N",
-        help="the merging part's --images-per-device: requests one merged call holds (default 4)")
+        f"(default {CHECK_RATIO}): the regression guard CI runs",
+    )
+    add(
+        "--startup-runs",
+        type=int,
+        default=2,
+        help="warm app restarts of each kind in the startup part, interleaved after one cold start (default 2)",
+    )
+    add(
+        "--merge-slots",
+        type=int,
+        default=4,
+        metavar="N",
+        help="the merging part's --images-per-device: requests one merged call holds (default 4)",
+    )
     add("--out", default="bench-results", help="output directory (default bench-results/)")
-    add("--only", default=",".join(DEFAULT_PARTS),
-        help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")  # fmt: skip
+    add(
+        "--only",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma-separated parts of {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)})",
+    )
     add("--clients", default="1,4,16", help="concurrency levels for the app part (default 1,4,16)")
     add("--requests-per-client", type=int, default=8, help="requests each client sends (default 8)")
-    add("--max-requests", type=int, default=32,
-        help="cap on requests per concurrency level; fewer per client when exceeded (default 32)")  # fmt: skip
+    add(
+        "--max-requests",
+        type=int,
+        default=32,
+        help="cap on requests per concurrency level; fewer per client when exceeded (default 32)",
+    )
     add("--queue-size", type=int, default=20, help="the app's queue size (default 20, the app's default)")
     add("--recompile-requests", type=int, default=100, help="random requests in the recompile part (default 100)")
     add("--loop-steps", type=int, default=20, help="steps per timed call in the hostloop part (default 20)")
@@ -94,18 +159,29 @@ def build_parser() -> argparse.ArgumentParser:
     add("--soak-requests", type=int, default=200, help="requests in the soak part (default 200)")
     add("--soak-clients", type=int, default=16, help="concurrent clients in the soak part (default 16)")
     add("--feature-steps", type=int, default=20, help="steps per request in the levers and previews parts (default 20)")
-    add("--lora-fixtures", default=str(LORA_FIXTURES), metavar="DIR",
+    add(
+        "--lora-fixtures",
+        default=str(LORA_FIXTURES),
+        metavar="DIR",
         help="LoRA directory of the lora part's own engine (default tests/fixtures/lora; the other parts' engine "
-        "offers none)")  # fmt: skip
+        "offers none)",
+    )
     add("--lora-rounds", type=int, default=10, help="rounds of LoRA sets A, A, B, B, none (default 10)")
-    add("--preview-size", type=int, default=1024,
-        help="image side of the previews part's synthetic host cost, a multiple of 8 (default 1024)")  # fmt: skip
+    add(
+        "--preview-size",
+        type=int,
+        default=1024,
+        help="image side of the previews part's synthetic host cost, a multiple of 8 (default 1024)",
+    )
     add("--history-adds", type=int, default=20, help="timed adds per kind in the history part (default 20)")
     add("--history-entries", type=int, default=1000, help="one user's entries when listing (20..1000, default 1000)")
     add("--history-size", type=int, default=1024, help="image side of the history part's added requests (default 1024)")
     add("--history-calls", type=int, default=20, help="timed /history calls in the history part (default 20)")
-    add("--history-database-url", metavar="URL",
-        help="the history part's rows in this empty PostgreSQL database, not SQLite (default: SQLite)")  # fmt: skip
+    add(
+        "--history-database-url",
+        metavar="URL",
+        help="the history part's rows in this empty PostgreSQL database, not SQLite (default: SQLite)",
+    )
     return parser
 
 
@@ -148,8 +224,10 @@ def load_engine(args: argparse.Namespace, results: dict):
     generator = Generator.load(args.config)
     warm = generator.warmup()
     results["engine_startup"] = {**generator.load_timings, **warm}
-    progress(f"engine ready: {generator.device_summary}, {generator.num_images} images per call, "
-             f"compile {warm['compile_s']:.1f} s, first run {warm['first_run_s']:.2f} s")  # fmt: skip
+    progress(
+        f"engine ready: {generator.device_summary}, {generator.num_images} images per call, "
+        f"compile {warm['compile_s']:.1f} s, first run {warm['first_run_s']:.2f} s"
+    )
     return generator
 
 
@@ -166,13 +244,19 @@ def _reference(args: argparse.Namespace, results: dict, generator) -> None:
         f"{ref.new_text_cpu_ratio:.2f} with a new text each call)"
     )
     parts = ", ".join(f"{label} {seconds * 1000:.1f}" for label, seconds in ref.engine_programs.items())
-    progress(f"engine's programs, ms per call (each blocked on): {parts}; reference: host "
-             f"{ref.reference_host.median * 1000:.1f}, pipeline "
-             f"{(ref.reference.median - ref.reference_host.median) * 1000:.1f}")  # fmt: skip
+    progress(
+        f"engine's programs, ms per call (each blocked on): {parts}; reference: host "
+        f"{ref.reference_host.median * 1000:.1f}, pipeline "
+        f"{(ref.reference.median - ref.reference_host.median) * 1000:.1f}"
+    )
     if ref.engine_cpu_ms_by_thread and ref.reference_cpu_ms_by_thread:
-        progress("CPU ms per call by thread, engine / reference: " + ", ".join(
-            f"{group} {ms:.1f} / {ref.reference_cpu_ms_by_thread.get(group, 0.0):.1f}"
-            for group, ms in ref.engine_cpu_ms_by_thread.items()))  # fmt: skip
+        progress(
+            "CPU ms per call by thread, engine / reference: "
+            + ", ".join(
+                f"{group} {ms:.1f} / {ref.reference_cpu_ms_by_thread.get(group, 0.0):.1f}"
+                for group, ms in ref.engine_cpu_ms_by_thread.items()
+            )
+        )
     device_s = [
         generator.generate(generator.request("a photo of a cat", seed=i)).timings["device_s"] for i in range(args.runs)
     ]
@@ -184,11 +268,14 @@ def _startup(args: argparse.Namespace, results: dict, generator) -> None:
     from .cpu.startup import startup
 
     progress("part 2/5 start-up, cold and warm compilation cache (two subprocesses) ...")
-    st = results["startup"] = startup(args.model, args.height, args.width, args.steps, args.dtype,
-                                      runs=args.startup_runs)  # fmt: skip
+    st = results["startup"] = startup(
+        args.model, args.height, args.width, args.steps, args.dtype, runs=args.startup_runs
+    )
     progress(f"start-up: cold {st.cold.first_image_s:.1f} s, warm {st.warm.first_image_s:.1f} s ({st.ratio:.0%})")
-    progress(f"start-up: app ready in {st.app_cold_ready_s:.1f} s cold, {st.app_warm_ready_s:.1f} s warm, "
-             f"{st.app_executables_ready_s:.1f} s warm with this host's executables")  # fmt: skip
+    progress(
+        f"start-up: app ready in {st.app_cold_ready_s:.1f} s cold, {st.app_warm_ready_s:.1f} s warm, "
+        f"{st.app_executables_ready_s:.1f} s warm with this host's executables"
+    )
 
 
 def _app(args: argparse.Namespace, results: dict, generator) -> None:
@@ -341,19 +428,27 @@ def _previews(args: argparse.Namespace, results: dict, generator) -> None:
 def _history(args: argparse.Namespace, results: dict, generator) -> None:
     from .features.history import history_cost
 
-    progress(f"history: the store ({args.history_adds} adds per kind, {args.history_entries} entries), then "
-             f"/history ({args.history_calls} calls) ...")  # fmt: skip
+    progress(
+        f"history: the store ({args.history_adds} adds per kind, {args.history_entries} entries), then "
+        f"/history ({args.history_calls} calls) ..."
+    )
     results["history"] = history_cost(
-        generator, adds=args.history_adds, entries=args.history_entries, size=args.history_size,
-        calls=args.history_calls, database_url=args.history_database_url,
-    )  # fmt: skip
+        generator,
+        adds=args.history_adds,
+        entries=args.history_entries,
+        size=args.history_size,
+        calls=args.history_calls,
+        database_url=args.history_database_url,
+    )
 
 
 def _apphost(args: argparse.Namespace, results: dict, generator) -> None:
     from .serving.apphost import app_host_cost
 
-    progress(f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
-             f"({args.runs} rounds) ...")  # fmt: skip
+    progress(
+        f"apphost: the app's own time per request at 1024², 8 images, with and without previews "
+        f"({args.runs} rounds) ..."
+    )
     results["apphost"] = app_host_cost(args.runs)
 
 
@@ -407,15 +502,22 @@ def run(args: argparse.Namespace) -> dict:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_info(),
         "setup": {
-            "model": args.model, "height": args.height, "width": args.width, "steps": args.steps,
-            "dtype": args.dtype, "runs": args.runs, "parts": args.parts,
+            "model": args.model,
+            "height": args.height,
+            "width": args.width,
+            "steps": args.steps,
+            "dtype": args.dtype,
+            "runs": args.runs,
+            "parts": args.parts,
             "shape": f"{args.height}x{args.width}, {args.steps} steps, {args.dtype}",
         },
-    }  # fmt: skip
+    }
     machine = results["machine"]
-    progress(f"{machine['device_count']} × {machine['device_kind']} on {machine['processor']} "
-             f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
-             f"parts: {', '.join(args.parts)}")  # fmt: skip
+    progress(
+        f"{machine['device_count']} × {machine['device_kind']} on {machine['processor']} "
+        f"({machine['cpu_count']} CPUs, load {machine['load_average_at_start']}); "
+        f"parts: {', '.join(args.parts)}"
+    )
     engine: dict = {}  # the shared engine, once loaded
 
     def measure(name: str):
@@ -476,8 +578,10 @@ def main(argv: list[str] | None = None) -> int:
 
         write_soak_json(results["soak"], out / "soak.json")
     chart_path = chart(results, out / "chart.png")
-    progress(f"done in {results['bench_s']:.0f} s: {out / 'results.json'}, {out / 'results.md'}"
-             + (f", {chart_path}" if chart_path else ""))  # fmt: skip
+    progress(
+        f"done in {results['bench_s']:.0f} s: {out / 'results.json'}, {out / 'results.md'}"
+        + (f", {chart_path}" if chart_path else "")
+    )
     status = 0
     if failed := results["failed"]:
         print(

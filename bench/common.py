@@ -27,9 +27,7 @@ _WORD_LINES = (
     "garden flowers snow desert ocean waves lighthouse cabin warm cozy futuristic ancient ruins golden hour",
 )
 WORDS = tuple(word for line in _WORD_LINES for word in line.split())
-NEGATIVE_WORDS = (
-    "blurry", "low quality", "deformed", "ugly", "watermark", "text", "cropped", "noisy", "oversaturated",
-)  # fmt: skip
+NEGATIVE_WORDS = ("blurry", "low quality", "deformed", "ugly", "watermark", "text", "cropped", "noisy", "oversaturated")
 
 Progress = Callable[[str], None]
 
@@ -71,7 +69,6 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-
 def interleaved_seconds(generator, requests: dict, runs: int) -> tuple[dict, int]:
     """Each of `requests` (label -> request) once untimed, then `runs` rounds of all of them in turn: the seconds of
     each label's calls, and the programs compiled while they ran (0: nothing compiles per request). Interleaving
@@ -86,6 +83,7 @@ def interleaved_seconds(generator, requests: dict, runs: int) -> tuple[dict, int
             generator.generate(request)
             seconds[label].append(time.perf_counter() - started)
     return seconds, generator.compile_count - before
+
 
 def free_port() -> int:
     """A TCP port free right now on localhost, for an in-process Gradio server."""

@@ -177,8 +177,12 @@ def sampler_schedules() -> list[tuple[str, str]]:
     """Every sampler by its A1111 name with each schedule type it offers, in the page's order."""
     from pipeline.contract.sampler_names import AUTOMATIC, SAMPLER_NAMES, SCHEDULES_OF, resolve
 
-    return [(name, schedule) for name in SAMPLER_NAMES if resolve(name)[1] == AUTOMATIC
-            for schedule in SCHEDULES_OF[resolve(name)[0]]]  # fmt: skip
+    return [
+        (name, schedule)
+        for name in SAMPLER_NAMES
+        if resolve(name)[1] == AUTOMATIC
+        for schedule in SCHEDULES_OF[resolve(name)[0]]
+    ]
 
 
 def vae_tiles(height: int, width: int) -> int:
@@ -189,6 +193,13 @@ def vae_tiles(height: int, width: int) -> int:
 
 
 __all__ = [
-    *_HOME, "bench_parser", "bench_config", "require_engine_installed", "engine_packages_missing", "network",
-    "offered_sizes", "sampler_schedules", "vae_tiles",
-]  # fmt: skip
+    *_HOME,
+    "bench_parser",
+    "bench_config",
+    "require_engine_installed",
+    "engine_packages_missing",
+    "network",
+    "offered_sizes",
+    "sampler_schedules",
+    "vae_tiles",
+]

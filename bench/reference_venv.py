@@ -66,8 +66,11 @@ def made_python(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) ->
 def _made(venv: Path, requirements: Path) -> bool:
     """Whether `venv` was made, whole, from `requirements` as they are now (its marker holds their hash)."""
     marker = venv / MARKER
-    return (venv / "bin" / "python").is_file() and marker.is_file() and \
-        marker.read_text().strip() == requirements_hash(requirements)  # fmt: skip
+    return (
+        (venv / "bin" / "python").is_file()
+        and marker.is_file()
+        and marker.read_text().strip() == requirements_hash(requirements)
+    )
 
 
 def ensure_venv(venv: Path = DEFAULT_VENV, requirements: Path = REQUIREMENTS) -> Path:

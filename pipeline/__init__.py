@@ -15,11 +15,18 @@ import importlib
 #: The package's names, by the module that holds them: imported when first asked for, so `import pipeline` (and
 #: `python -m pipeline`, which imports this first) costs nothing; `pipeline/installed.py` runs on a bare Python.
 _HOME = {
-    "SDXL_BASE": "config", "TINY_MODEL": "config", "EngineConfig": "config",
-    "CheckpointError": "contract.errors", "InvalidInput": "contract.errors", "ModelLoadError": "contract.errors",
-    "Request": "contract.request", "RequestRules": "contract.request", "parse_request": "contract.request",
-    "Generator": "generator", "GenerationResult": "generator",
-}  # fmt: skip
+    "SDXL_BASE": "config",
+    "TINY_MODEL": "config",
+    "EngineConfig": "config",
+    "CheckpointError": "contract.errors",
+    "InvalidInput": "contract.errors",
+    "ModelLoadError": "contract.errors",
+    "Request": "contract.request",
+    "RequestRules": "contract.request",
+    "parse_request": "contract.request",
+    "Generator": "generator",
+    "GenerationResult": "generator",
+}
 
 
 def __getattr__(name: str):
@@ -32,6 +39,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "SDXL_BASE", "TINY_MODEL", "CheckpointError", "EngineConfig", "GenerationResult", "Generator", "InvalidInput",
-    "ModelLoadError", "Request", "RequestRules", "parse_request",
-]  # fmt: skip
+    "SDXL_BASE",
+    "TINY_MODEL",
+    "CheckpointError",
+    "EngineConfig",
+    "GenerationResult",
+    "Generator",
+    "InvalidInput",
+    "ModelLoadError",
+    "Request",
+    "RequestRules",
+    "parse_request",
+]

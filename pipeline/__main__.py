@@ -62,9 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile the served programs for a topology into a directory",
         description="The app's engine options, read as the app reads them; the programs go to --out.",
     )
-    pre.add_argument("--topology", default="v5e:2x2",
-                     help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
-                     "devices (default v5e:2x2)")  # fmt: skip
+    pre.add_argument(
+        "--topology",
+        default="v5e:2x2",
+        help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
+        "devices (default v5e:2x2)",
+    )
     pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
     add_options(pre, PRECOMPILE)
     build_serve_parser(commands)
@@ -191,14 +194,25 @@ def request_arguments(args: argparse.Namespace) -> dict:
             raise InvalidInput(f"{str(exc).removesuffix('.')} (pass --seed random for a random seed).") from None
     pictures = {name: GivenPath(given[name]) for name in ("init_image", "mask_image") if given[name] is not None}
     loras = [_lora(text) for text in given["loras"]]
-    return {**given, **pictures, "seed": None if randomize else given["seed"], "randomize_seed": randomize,
-            "loras": loras, "controlnets": control_units(args)}  # fmt: skip
+    return {
+        **given,
+        **pictures,
+        "seed": None if randomize else given["seed"],
+        "randomize_seed": randomize,
+        "loras": loras,
+        "controlnets": control_units(args),
+    }
 
 
 def control_units(args: argparse.Namespace) -> list[dict]:
     """--control-image FILE (repeated) with the i-th --control, --control-weight, ... of each as one unit."""
-    settings = {"name": "control", "weight": "control_weight", "start": "control_start", "end": "control_end",
-                "preprocessor": "control_preprocessor"}  # fmt: skip
+    settings = {
+        "name": "control",
+        "weight": "control_weight",
+        "start": "control_start",
+        "end": "control_end",
+        "preprocessor": "control_preprocessor",
+    }
     units = []
     for i, image in enumerate(getattr(args, "control_image", None) or []):
         unit = {"image": GivenPath(image)}  # the CLI's user names their own file
@@ -228,8 +242,10 @@ def _precompile(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     manifest = precompile(engine_config(args), topology=args.topology, out=args.out, progress=print)
-    print(f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
-          f"{args.out} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+    print(
+        f"{len(manifest['programs'])} programs for {manifest['device_count']} x {manifest['device_kind']} in "
+        f"{args.out} ({time.perf_counter() - started:.0f} s)"
+    )
     return 0
 
 

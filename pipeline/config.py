@@ -129,8 +129,11 @@ class EngineConfig:
         for name, most in (("height", MAX_SIDE), ("width", MAX_SIDE), ("steps", FIELD["steps"].high)):
             if getattr(self, name) > most:  # each said as itself: a height refused in words about steps misleads
                 raise InvalidInput(f"{name.capitalize()} must be at most {most}; got {getattr(self, name)}.")
-        if isinstance(self.text_cache, bool) or not isinstance(self.text_cache, int) or \
-                not 0 <= self.text_cache <= MAX_TEXT_CACHE:  # fmt: skip
+        if (
+            isinstance(self.text_cache, bool)
+            or not isinstance(self.text_cache, int)
+            or not 0 <= self.text_cache <= MAX_TEXT_CACHE
+        ):
             raise InvalidInput(f"Text cache must be 0 to {MAX_TEXT_CACHE} texts; got {self.text_cache!r}.")
         if not 1 <= self.controlnet_units <= MAX_CONTROLNETS or isinstance(self.controlnet_units, bool):
             raise InvalidInput(f"ControlNet units must be 1 to {MAX_CONTROLNETS}; got {self.controlnet_units!r}.")
@@ -149,11 +152,15 @@ class EngineConfig:
                 "--quantize int8 does not combine with LoRAs (--lora-dir): the LoRA merge needs float kernels."
             )
         if self.merge_requests and self.per_device_batch < 2:
-            raise InvalidInput("--merge-requests needs --images-per-device 2 or more: each request takes one image per "
-                               "device, and a call has room for one request per image a device makes.")  # fmt: skip
+            raise InvalidInput(
+                "--merge-requests needs --images-per-device 2 or more: each request takes one image per "
+                "device, and a call has room for one request per image a device makes."
+            )
         if self.merge_full_calls and not self.merge_requests:
-            raise InvalidInput("--merge-full-calls sets the size of --merge-requests' calls: add --merge-requests, or "
-                               "drop --merge-full-calls.")  # fmt: skip
+            raise InvalidInput(
+                "--merge-full-calls sets the size of --merge-requests' calls: add --merge-requests, or "
+                "drop --merge-full-calls."
+            )
         if self.cross_attention_cache and (self.quantize != "none" or self.attention == "diffusers"):
             raise InvalidInput(
                 "--cross-attention-cache needs a float UNet and an attention core other than diffusers "
@@ -182,8 +189,11 @@ class EngineConfig:
 
     def hires_sizes(self, multiple: int) -> dict[tuple[tuple[int, int], float], tuple[int, int]]:
         """{(offered size, scale): the hires size}, for the UNet's latent `multiple` (`contract/hires.hires_size`)."""
-        return {(size, scale): hires_size(size, scale, multiple) for size in self.offered_sizes
-                for scale in self.hires_scales}  # fmt: skip
+        return {
+            (size, scale): hires_size(size, scale, multiple)
+            for size in self.offered_sizes
+            for scale in self.hires_scales
+        }
 
     def sampler_overrides(self) -> dict:
         """The sampler settings this config sets explicitly (None = keep the checkpoint's)."""
@@ -224,7 +234,7 @@ LORA_TO_FETCH = {
     "lcm-lora-sdxl:1": "preset %s runs LCM without its LoRA (%s: not in --lora-dir), which gives blurred pictures: "
     "fetch pytorch_lora_weights.safetensors of latent-consistency/lcm-lora-sdxl (hf download "
     "latent-consistency/lcm-lora-sdxl pytorch_lora_weights.safetensors), save it as lcm-lora-sdxl.safetensors in "
-    "a directory and start with --lora-dir DIR",
+    "a directory and start with --lora-dir DIR"
 }
 
 
@@ -236,8 +246,17 @@ def _has_lora(lora_dir: str | None, lora: str) -> bool:
 
 #: Engine settings a program's options may leave unset (a program without the option, or a caller's own
 #: namespace): EngineConfig's field default then applies, the one place it is declared (options.config_default).
-GIVEN_OR_DEFAULT = ("emphasis", "per_device_batch", "attention", "prompt_windows", "quantize", "lora_cache",
-                    "text_cache", "vae_tile_above", "controlnet_units")
+GIVEN_OR_DEFAULT = (
+    "emphasis",
+    "per_device_batch",
+    "attention",
+    "prompt_windows",
+    "quantize",
+    "lora_cache",
+    "text_cache",
+    "vae_tile_above",
+    "controlnet_units",
+)
 #: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
 #: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.
 OPTION_OF = {"per_device_batch": "images_per_device"}
@@ -252,11 +271,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """
     get = vars(args).get
     explicit = {
-        "height": get("height"), "width": get("width"), "steps": get("steps"), "sampler": get("sampler"),
-        "timestep_spacing": get("timestep_spacing"), "steps_offset": get("steps_offset"),
-        "prediction_type": get("prediction_type"), "cfg": False if get("no_cfg") else None,
-        "guidance_scale": get("guidance_scale"), "unet": get("unet"), "variant": get("variant"),
-    }  # fmt: skip
+        "height": get("height"),
+        "width": get("width"),
+        "steps": get("steps"),
+        "sampler": get("sampler"),
+        "timestep_spacing": get("timestep_spacing"),
+        "steps_offset": get("steps_offset"),
+        "prediction_type": get("prediction_type"),
+        "cfg": False if get("no_cfg") else None,
+        "guidance_scale": get("guidance_scale"),
+        "unet": get("unet"),
+        "variant": get("variant"),
+    }
     if get("sizes") and (explicit["height"] is not None or explicit["width"] is not None):
         raise InvalidInput(
             "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
@@ -268,8 +294,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     model = settings.pop("model", None) or model or SDXL_BASE
     height, width, steps = shape_defaults(model)
     own_size = (settings.get("height"), settings.get("width"))  # flags', else a preset's own size
-    one_size = get("height") is not None or get("width") is not None or (None not in own_size and own_size != (
-        height, width))  # fmt: skip
+    one_size = (
+        get("height") is not None or get("width") is not None or (None not in own_size and own_size != (height, width))
+    )
     settings.setdefault("height", height)
     settings.setdefault("width", width)
     settings.setdefault("steps", steps)
@@ -282,8 +309,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if sizes:
         settings["height"], settings["width"] = sizes[0]
     if settings.get("default_lora") and not _has_lora(get("lora_dir"), settings["default_lora"]):
-        logger.warning(LORA_TO_FETCH.get(settings["default_lora"], "preset %s: its LoRA %s is not in --lora-dir"),
-                       settings.get("preset"), settings["default_lora"])  # fmt: skip
+        logger.warning(
+            LORA_TO_FETCH.get(settings["default_lora"], "preset %s: its LoRA %s is not in --lora-dir"),
+            settings.get("preset"),
+            settings["default_lora"],
+        )
         settings.pop("default_lora")
     return EngineConfig(
         model=model,
@@ -301,8 +331,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         merge_requests=bool(get("merge_requests")),
         merge_full_calls=bool(get("merge_full_calls")),
         previews=not get("no_previews"),
-        **{name: value for name in GIVEN_OR_DEFAULT
-           if (value := get(OPTION_OF.get(name, name))) is not None},  # else EngineConfig's default
+        **{
+            name: value for name in GIVEN_OR_DEFAULT if (value := get(OPTION_OF.get(name, name))) is not None
+        },  # else EngineConfig's default
         xla_options=xla_option_pairs(get("xla_option")),
         compilation_cache=not get("no_compilation_cache"),
         executable_cache=not get("no_executable_cache"),

@@ -62,6 +62,7 @@ from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_s
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class GenerationResult:
     """What one call produced, and how."""
@@ -98,8 +99,10 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
     if attention == "diffusers" and config.prompt_windows > 1:  # no hook: its cross-attention would read every window
         raise InvalidInput("--attention diffusers reads one 77-token window; use it with --prompt-windows 1.")
     if config.quantize == "int8" and platform in ("gpu", "cuda", "rocm"):  # found compiling it on an H200, jax 0.11.2
-        raise InvalidInput("--quantize int8 runs on TPU and CPU only: XLA's GPU backend cannot compile its int8 "
-                           "convolutions (cuDNN takes no int32 output).")  # fmt: skip
+        raise InvalidInput(
+            "--quantize int8 runs on TPU and CPU only: XLA's GPU backend cannot compile its int8 "
+            "convolutions (cuDNN takes no int32 output)."
+        )
     return config.replace(dtype=dtype, attention=attention)
 
 
@@ -148,8 +151,9 @@ def read_upscalers(config: EngineConfig) -> dict[str, TiledUpscaler]:
     largest = max(max(size) for size in config.offered_sizes)  # no first pass is larger: a smaller tile does
     tile = min(TILE, -(-largest // 4) * 4)  # a multiple of every pixel-unshuffle (1, 2, 4)
     batch = min(TILE_BATCH, len(tile_starts(largest, tile, OVERLAP)) ** 2)  # no blank tiles run for nothing
-    return {name: TiledUpscaler(weights.module, weights.params, tile=tile, batch=batch)
-            for name, weights in loaded.items()}  # fmt: skip
+    return {
+        name: TiledUpscaler(weights.module, weights.params, tile=tile, batch=batch) for name, weights in loaded.items()
+    }
 
 
 def text_widths(params) -> tuple[int, int]:
@@ -187,8 +191,15 @@ def hires_pairs(config: EngineConfig, multiple: int) -> tuple[tuple[tuple[int, i
 
 
 def build_programs(
-    loaded: LoadedModel, config: EngineConfig, params, mesh, sampler: SamplerConfig, layout: MergeLayout | None = None,
-    controlnets: tuple = (), refiner: RefinerWeights | None = None, images_per_device: int | None = None,
+    loaded: LoadedModel,
+    config: EngineConfig,
+    params,
+    mesh,
+    sampler: SamplerConfig,
+    layout: MergeLayout | None = None,
+    controlnets: tuple = (),
+    refiner: RefinerWeights | None = None,
+    images_per_device: int | None = None,
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
@@ -222,8 +233,14 @@ def merged_program_keys(config: EngineConfig, cfg: bool) -> list[ProgramKey]:
     """The programs of a --merge-requests call smaller than N: text to image, image to image and inpainting on the
     base alone (no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and `precompile` both
     list them here."""
-    return program_keys(list(config.offered_sizes), cfg, config.speed_levers, previews=config.previews,
-                        windows=config.prompt_windows, cross_kv=config.cross_attention_cache)  # fmt: skip
+    return program_keys(
+        list(config.offered_sizes),
+        cfg,
+        config.speed_levers,
+        previews=config.previews,
+        windows=config.prompt_windows,
+        cross_kv=config.cross_attention_cache,
+    )
 
 
 def with_refiner(params: dict, refiner: RefinerWeights | None) -> dict:
@@ -263,11 +280,19 @@ class Generator:
     `text_cache`, `merger` and `recent_runs` (the last calls' outcomes, newest last: what Stop's tests read).
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, devices: list | None = None,
-                 controlnets: list | None = None, refiner: RefinerWeights | None = None):  # fmt: skip
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        devices: list | None = None,
+        controlnets: list | None = None,
+        refiner: RefinerWeights | None = None,
+    ):
         if config.merge_requests and jax.process_count() > 1:
-            raise InvalidInput("--merge-requests runs on one process: several processes would each have to merge "
-                               "the same requests in the same calls.")  # fmt: skip
+            raise InvalidInput(
+                "--merge-requests runs on one process: several processes would each have to merge "
+                "the same requests in the same calls."
+            )
         self.config, self.source, self.refiner = config, loaded.source, refiner  # config: for the devices' platform
         self.mesh = data_mesh(devices)
         self.device_count, self.device_kind = self.mesh.devices.size, self.mesh.devices.flat[0].device_kind
@@ -279,19 +304,27 @@ class Generator:
         self.unet_parameters = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(loaded.params["unet"]))
         files, layout = read_loras(loaded, config)
         self.embedding_files = read_embeddings(loaded, config)  # `.offered` (name, vectors, hash) and `.refused`
-        self.prompts = PromptReader((loaded.networks.tokenizer, loaded.networks.tokenizer_2), config.emphasis,
-                                    self.embedding_files.offered)  # fmt: skip
+        self.prompts = PromptReader(
+            (loaded.networks.tokenizer, loaded.networks.tokenizer_2), config.emphasis, self.embedding_files.offered
+        )
         self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh, config.controlnet_units)
         self.upscalers = read_upscalers(config)  # ESRGAN models by name, each on its tiles (`host/upscale_tiles.py`)
         self._params, self.load_timings = place_weights(loaded, config, refiner, self.mesh)
-        self.programs = build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
-                                       self.controlnets.archs, refiner)  # fmt: skip
+        self.programs = build_programs(
+            loaded, config, self._params, self.mesh, self.sampler, layout, self.controlnets.archs, refiner
+        )
         self.placement = Placement(self.mesh, self.programs.text_widths)
-        self.call_programs = {n: self.programs if n == config.per_device_batch else
-                              build_programs(loaded, config, self._params, self.mesh, self.sampler, layout,
-                                             images_per_device=n) for n in config.merge_call_sizes}  # fmt: skip
-        self.loras = LoraSets(files, layout, self.programs, self._params, self._put_all,
-                              placed=config.lora_cache) if files else None  # fmt: skip
+        self.call_programs = {
+            n: self.programs
+            if n == config.per_device_batch
+            else build_programs(loaded, config, self._params, self.mesh, self.sampler, layout, images_per_device=n)
+            for n in config.merge_call_sizes
+        }
+        self.loras = (
+            LoraSets(files, layout, self.programs, self._params, self._put_all, placed=config.lora_cache)
+            if files
+            else None
+        )
         self.rules = self._rules(files)
         self.context = self._run_context()
         self._device_lock = threading.Lock()  # one call on the devices at a time
@@ -306,22 +339,37 @@ class Generator:
     def _rules(self, loras: list[LoraFile]) -> RequestRules:
         """What a request may ask for on this server and what it gets when it names nothing (`parse_request`)."""
         return dataclasses.replace(
-            RequestRules.of(self.config), sampler=sampler_label(self.sampler.sampler), cfg=self.sampler.cfg,
-            loras=tuple(lora.name for lora in loras), embeddings=tuple(self.prompts.embeddings),
-            controlnets=self.controlnets.names, refiner=self.refiner.name if self.refiner is not None else "",
+            RequestRules.of(self.config),
+            sampler=sampler_label(self.sampler.sampler),
+            cfg=self.sampler.cfg,
+            loras=tuple(lora.name for lora in loras),
+            embeddings=tuple(self.prompts.embeddings),
+            controlnets=self.controlnets.names,
+            refiner=self.refiner.name if self.refiner is not None else "",
             hires_upscalers=(*UPSCALERS, *self.upscalers),
-        )  # fmt: skip
+        )
 
     def _run_context(self) -> RunContext:
         """What planning a request reads of this engine (`host/run_plan.py`)."""
         config = self.config
         return RunContext(
-            sampler=self.sampler, levers=config.speed_levers, vae_scale_factor=self.programs.modules.vae_scale_factor,
-            inpainting_unet=self.programs.inpainting_unet, prompts=self.prompts, windows=config.prompt_windows,
-            images_per_call=self.images_per_call, num_images=self.num_images, merging=config.merge_requests,
-            hires_sizes=self.hires_sizes, rules=self.rules, model=config.model, unet=config.unet, dtype=config.dtype,
-            refiner=self.rules.refiner, lora_hashes=self.loras.hashes if self.loras is not None else None,
-        )  # fmt: skip
+            sampler=self.sampler,
+            levers=config.speed_levers,
+            vae_scale_factor=self.programs.modules.vae_scale_factor,
+            inpainting_unet=self.programs.inpainting_unet,
+            prompts=self.prompts,
+            windows=config.prompt_windows,
+            images_per_call=self.images_per_call,
+            num_images=self.num_images,
+            merging=config.merge_requests,
+            hires_sizes=self.hires_sizes,
+            rules=self.rules,
+            model=config.model,
+            unet=config.unet,
+            dtype=config.dtype,
+            refiner=self.rules.refiner,
+            lora_hashes=self.loras.hashes if self.loras is not None else None,
+        )
 
     @classmethod
     def load(cls, config: EngineConfig, devices: list | None = None) -> Generator:
@@ -333,13 +381,27 @@ class Generator:
         config = prepare(config, devices)
         SamplerConfig().with_overrides(**config.sampler_overrides())  # bad sampler settings fail before loading
         loaded = load_model(
-            config.model, dtype=config.dtype, revision=config.revision, variant=config.variant, unet=config.unet,
+            config.model,
+            dtype=config.dtype,
+            revision=config.revision,
+            variant=config.variant,
+            unet=config.unet,
             conversion_cache=config.conversion_cache,
-        )  # fmt: skip
-        nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant,
-                                use_cache=config.conversion_cache) if config.controlnets else []  # fmt: skip
-        refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant,
-                               use_cache=config.conversion_cache) if config.refiner else None  # fmt: skip
+        )
+        nets = (
+            load_controlnets(
+                config.controlnets, config.dtype, variant=config.variant, use_cache=config.conversion_cache
+            )
+            if config.controlnets
+            else []
+        )
+        refiner = (
+            load_refiner(
+                config.refiner, loaded, dtype=config.dtype, variant=config.variant, use_cache=config.conversion_cache
+            )
+            if config.refiner
+            else None
+        )
         return cls(loaded, config, devices, nets, refiner)
 
     @classmethod
@@ -356,11 +418,18 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(self.sizes, self.sampler.cfg, self.config.speed_levers, lora=self.loras is not None,
-                            previews=self.config.previews, windows=self.config.prompt_windows,
-                            control_sets=self.controlnets.sets, refiner=self.refiner is not None,
-                            hires=hires_pairs(self.config, self.latent_multiple),
-                            cross_kv=self.config.cross_attention_cache)
+        return program_keys(
+            self.sizes,
+            self.sampler.cfg,
+            self.config.speed_levers,
+            lora=self.loras is not None,
+            previews=self.config.previews,
+            windows=self.config.prompt_windows,
+            control_sets=self.controlnets.sets,
+            refiner=self.refiner is not None,
+            hires=hires_pairs(self.config, self.latent_multiple),
+            cross_kv=self.config.cross_attention_cache,
+        )
 
     def merged_program_keys(self) -> list[ProgramKey]:
         """The programs of a merged call smaller than N (`merged_program_keys`)."""
@@ -392,7 +461,8 @@ class Generator:
         for programs in self.call_programs.values():  # --merge-requests: the smaller calls' programs
             if programs is not self.programs:
                 self.startup_programs = self.startup_programs.joined(
-                    build_served(programs, self.merged_program_keys(), store=store))
+                    build_served(programs, self.merged_program_keys(), store=store)
+                )
         logger.info("%s", self.startup_programs.summary())
         for upscaler in self.upscalers.values():  # each ESRGAN model's one tile program
             upscaler.compile()
@@ -447,13 +517,23 @@ class Generator:
         output = run.output
         images = image_io.to_pil(pixels[: output.returned], list(output.parameters))
         total_s = time.perf_counter() - started
-        timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s,
-                   "first_step_s": timings.get("first_step_s", 0.0)}  # fmt: skip
+        timings = {
+            "total_s": total_s,
+            "device_s": device_s,
+            "host_s": total_s - device_s,
+            "first_step_s": timings.get("first_step_s", 0.0),
+        }
         return GenerationResult(
-            images=images, seeds=list(output.seeds[: output.returned]), prompt=request.styled_prompt,
-            negative_prompt=request.styled_negative_prompt, truncated=output.truncated,
-            parameters=list(output.parameters), timings=timings, steps=run.steps, sampler=run.first.plan.label,
-        )  # fmt: skip
+            images=images,
+            seeds=list(output.seeds[: output.returned]),
+            prompt=request.styled_prompt,
+            negative_prompt=request.styled_negative_prompt,
+            truncated=output.truncated,
+            parameters=list(output.parameters),
+            timings=timings,
+            steps=run.steps,
+            sampler=run.first.plan.label,
+        )
 
     def _run(self, run: RunPlan, watchers: loop.Watchers, timings: dict) -> tuple[np.ndarray, float]:
         """A request alone on the devices: uint8 pixels [B, H, W, 3] on this host and the seconds the devices were
@@ -463,28 +543,59 @@ class Generator:
         picture = placement.pictures([first.picture], self.images_per_call) if first.picture is not None else None
         with self._device_lock:
             on_device = time.perf_counter()
-            hires = None if run.second is None else placement.hires(
-                run.second, run.output.seeds, self.programs, self._params, conditioning.aesthetic, self.upscalers)
-            control = control_inputs(self.controlnets, conditioning.controlnets, first.plan.steps,
-                                     self.images_per_call, placement.batch_sharding)  # fmt: skip
+            hires = (
+                None
+                if run.second is None
+                else placement.hires(
+                    run.second, run.output.seeds, self.programs, self._params, conditioning.aesthetic, self.upscalers
+                )
+            )
+            control = control_inputs(
+                self.controlnets,
+                conditioning.controlnets,
+                first.plan.steps,
+                self.images_per_call,
+                placement.batch_sharding,
+            )
             pixels = self._on_devices(
-                self.programs, run, placement.request_inputs(conditioning.rows, conditioning),
-                (self.programs.batch, conditioning.text_key), {"steps": run.steps}, timings,
-                picture=picture, control=control,
+                self.programs,
+                run,
+                placement.request_inputs(conditioning.rows, conditioning),
+                (self.programs.batch, conditioning.text_key),
+                {"steps": run.steps},
+                timings,
+                picture=picture,
+                control=control,
                 # Only a request someone watches runs the preview program (compiled or not, the others run the
                 # plain txt2img programs); on several processes the leader tells each follower to run it too.
-                on_preview=watchers.on_preview if self.config.previews else None, on_step=watchers.on_step,
-                should_stop=watchers.should_stop, gate=watchers.gate, hires=hires,
+                on_preview=watchers.on_preview if self.config.previews else None,
+                on_step=watchers.on_step,
+                should_stop=watchers.should_stop,
+                gate=watchers.gate,
+                hires=hires,
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
-            )  # fmt: skip
+            )
             return pixels, time.perf_counter() - on_device
 
-    def _ticket(self, run: RunPlan, on_step: Listener | None = None, should_stop: StopCheck | None = None,
-                on_preview: PreviewListener | None = None) -> Ticket:  # fmt: skip
+    def _ticket(
+        self,
+        run: RunPlan,
+        on_step: Listener | None = None,
+        should_stop: StopCheck | None = None,
+        on_preview: PreviewListener | None = None,
+    ) -> Ticket:
         """A mergeable request's ticket for the merger: its rows (one per device: seeds seed, seed + 1, ...), key and
         listeners, and its plan (what `_run_group` reads of it)."""
-        return Ticket(run.merge_key, run.conditioning.rows, len(run.first.speed.schedule), run.request, on_step,
-                      should_stop, on_preview, extra=run)  # fmt: skip
+        return Ticket(
+            run.merge_key,
+            run.conditioning.rows,
+            len(run.first.speed.schedule),
+            run.request,
+            on_step,
+            should_stop,
+            on_preview,
+            extra=run,
+        )
 
     def _run_group(self, tickets: list[Ticket]) -> None:
         """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets
@@ -506,18 +617,31 @@ class Generator:
             on_device = time.perf_counter()
             try:
                 pixels = self._on_devices(
-                    programs, merged, self.placement.request_inputs(rows, first.conditioning),
+                    programs,
+                    merged,
+                    self.placement.request_inputs(rows, first.conditioning),
                     (programs.batch, *text_keys) if len(text_keys) == 1 else None,
-                    {"steps": plan.steps, "requests": len(tickets), "images_per_device": slots}, {}, picture=picture,
-                    on_step=watchers.on_step, gate=watchers.gate,
+                    {"steps": plan.steps, "requests": len(tickets), "images_per_device": slots},
+                    {},
+                    picture=picture,
+                    on_step=watchers.on_step,
+                    gate=watchers.gate,
                     on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
-                )  # fmt: skip
+                )
             except Stopped:  # every request in the call stopped (each already answered)
                 return
             watchers.answer(pixels, time.perf_counter() - on_device)
 
-    def _on_devices(self, programs: ServedPrograms, run: RunPlan, inputs: RequestInputs, text_key: tuple | None,
-                    record: dict, timings: dict, **stages) -> np.ndarray:  # fmt: skip
+    def _on_devices(
+        self,
+        programs: ServedPrograms,
+        run: RunPlan,
+        inputs: RequestInputs,
+        text_key: tuple | None,
+        record: dict,
+        timings: dict,
+        **stages,
+    ) -> np.ndarray:
         """`host/loop.run` of `run` on `programs` (the device lock held): uint8 pixels [B, H, W, 3] on this host.
         The text programs run only where the text cache lacks `text_key`'s outputs (None: not kept); the weights are
         those with the run's LoRAs merged. `record` joins `recent_runs`, done or stopped."""
@@ -526,11 +650,23 @@ class Generator:
         kept = self.text_cache.outputs(text_key) if text_key is not None else None
         (height, width), placement = run.first.size, self.placement
         try:
-            pixels = to_host(loop.run(
-                programs, params, inputs, run.first.plan, size=(height, width), cfg=self.sampler.cfg,
-                speed=run.first.speed, put=placement.put, split=placement.split,
-                blank=placement.blank(programs, height, width, params), timings=timings, kept=kept, **stages,
-            ))  # uint8 [B, H, W, 3], gathered from every process  # fmt: skip
+            pixels = to_host(
+                loop.run(
+                    programs,
+                    params,
+                    inputs,
+                    run.first.plan,
+                    size=(height, width),
+                    cfg=self.sampler.cfg,
+                    speed=run.first.speed,
+                    put=placement.put,
+                    split=placement.split,
+                    blank=placement.blank(programs, height, width, params),
+                    timings=timings,
+                    kept=kept,
+                    **stages,
+                )
+            )  # uint8 [B, H, W, 3], gathered from every process
         except Stopped as stopped:
             record.update(done=stopped.done, stopped=True)
             raise

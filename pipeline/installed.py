@@ -61,6 +61,5 @@ def require_installed(prog: str, modules: tuple[str, ...] | None = None) -> None
     if absent := missing(modules):
         names = ", ".join(absent) if len(absent) <= 3 else f"{', '.join(absent[:3])} and {len(absent) - 3} more"
         verb = "is" if len(absent) == 1 else "are"
-        print(f"{prog}: error: {names} {verb} not installed: run `{INSTALL}` first (README, Install).",
-              file=sys.stderr)  # fmt: skip
+        print(f"{prog}: error: {names} {verb} not installed: run `{INSTALL}` first (README, Install).", file=sys.stderr)
         raise SystemExit(2)

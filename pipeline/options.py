@@ -120,6 +120,7 @@ _STEPS = _bounded_int(int(FIELD["steps"].low), int(FIELD["steps"].high))
 at_least_one = _bounded_int(1)
 non_negative = _bounded_int(0)
 
+
 def config_default(name: str):
     """The engine's own default for setting `name` (its `EngineConfig` field): an option that sets an engine setting
     takes its default from there, so the default is declared once."""
@@ -135,14 +136,25 @@ def request_option(row: Field) -> Option:
     """The CLI flag of one request field: its help, type and default from the table (`fields.FIELDS`)."""
     cli = frozenset({CLI})
     if row.kind == "loras":
-        return Option(row.flag, f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
-                      f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)", kind="append", metavar="NAME:WEIGHT",
-                      programs=cli)  # fmt: skip
+        return Option(
+            row.flag,
+            f"apply a LoRA of --lora-dir: NAME:WEIGHT or NAME:TE_WEIGHT:UNET_WEIGHT (repeat, up to "
+            f"{MAX_LORAS}; or <lora:NAME:WEIGHT> in --prompt)",
+            kind="append",
+            metavar="NAME:WEIGHT",
+            programs=cli,
+        )
     if row.kind == "file":
         return Option(row.flag, row.help, metavar="FILE", programs=cli, aliases=row.aliases)
     if row.kind == "controls":  # one per ControlNet unit; --control, --control-weight, ... apply to the same unit
-        return Option(row.flag, "a control map (or picture, with --control-preprocessor canny) for a --controlnet "
-                      "(repeat for a second one)", kind="append", metavar="FILE", programs=cli)
+        return Option(
+            row.flag,
+            "a control map (or picture, with --control-preprocessor canny) for a --controlnet "
+            "(repeat for a second one)",
+            kind="append",
+            metavar="FILE",
+            programs=cli,
+        )
     if row.kind == "seed":
         return Option(row.flag, f"{row.help}; or 'random'", default=str(row.default), programs=cli)
     if not row.plain:  # text
@@ -150,188 +162,495 @@ def request_option(row: Field) -> Option:
     later = bool(row.rule or row.needs)  # the server's default, or a picture's
     kind = {"int": int, "float": float}.get(row.kind, str)
     open_choice = row.name == "hires_upscaler"  # also --upscaler-dir's models: the engine checks it, in one sentence
-    return Option(row.flag, f"{row.help}; {row.values_text}" + (" or a --upscaler-dir model" if open_choice else ""),
-                  type=kind, default=None if later else row.default,
-                  default_text=_number_or_text(row.default) if later else "",
-                  choices=() if open_choice else row.choices, programs=cli)  # fmt: skip
+    return Option(
+        row.flag,
+        f"{row.help}; {row.values_text}" + (" or a --upscaler-dir model" if open_choice else ""),
+        type=kind,
+        default=None if later else row.default,
+        default_text=_number_or_text(row.default) if later else "",
+        choices=() if open_choice else row.choices,
+        programs=cli,
+    )
 
 
 #: The CLI's ControlNet unit settings, the i-th of each going with the i-th --control-image.
 CONTROL_OPTIONS = (
-    Option("--control", "which --controlnet the control image is for (by name; needed when several are loaded)",
-           kind="append", metavar="NAME", programs=frozenset({CLI})),
-    Option("--control-weight", "the control's weight, 0..2 (A1111's Control Weight)", kind="append", type=float,
-           metavar="W", programs=frozenset({CLI})),
-    Option("--control-start", "fraction of the steps where the control starts acting, 0..1", kind="append",
-           type=float, metavar="F", programs=frozenset({CLI})),
-    Option("--control-end", "fraction of the steps where it stops, 0..1", kind="append", type=float, metavar="F",
-           programs=frozenset({CLI})),
-    Option("--control-preprocessor", "none (the image is the map) or canny (edges of the picture)", kind="append",
-           metavar="NAME", programs=frozenset({CLI})),
-)  # fmt: skip
+    Option(
+        "--control",
+        "which --controlnet the control image is for (by name; needed when several are loaded)",
+        kind="append",
+        metavar="NAME",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--control-weight",
+        "the control's weight, 0..2 (A1111's Control Weight)",
+        kind="append",
+        type=float,
+        metavar="W",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--control-start",
+        "fraction of the steps where the control starts acting, 0..1",
+        kind="append",
+        type=float,
+        metavar="F",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--control-end",
+        "fraction of the steps where it stops, 0..1",
+        kind="append",
+        type=float,
+        metavar="F",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--control-preprocessor",
+        "none (the image is the map) or canny (edges of the picture)",
+        kind="append",
+        metavar="NAME",
+        programs=frozenset({CLI}),
+    ),
+)
 
 #: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.
 OPTIONS: tuple[Option, ...] = (
     # -- the model
-    Option("--model", "Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny'", "SDXL_MODEL",
-           default_text=SDXL_BASE, programs=ENGINE, recompiles=True),
-    Option("--revision", "Hub revision (branch, tag or commit)", default_text="refs/pr/95 for SDXL base",
-           programs=frozenset({CLI, PRECOMPILE}), recompiles=True),
-    Option("--variant", "PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)", "SDXL_VARIANT",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--unet", "whole-UNet .safetensors replacing the model's: PATH or REPO:FILE", "SDXL_UNET",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--lora-dir", "offer every *.safetensors LoRA in DIR (kohya/A1111, diffusers/PEFT; LoCon), by file name: "
-           "<lora:NAME:WEIGHT> in a prompt, the API's `loras`, the page's picker; a file it cannot apply is named and "
-           "left out", "SDXL_LORA_DIR", metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--embeddings-dir", "offer every SDXL textual-inversion embedding (*.safetensors with clip_l and clip_g) "
-           "in DIR by file name: the name in a prompt or negative prompt puts its vectors there (A1111's rule); a "
-           "file it cannot read (SD 1.5, broken) is named in one line and left out", "SDXL_EMBEDDINGS_DIR",
-           metavar="DIR", programs=frozenset({APP, CLI, PRECOMPILE})),
-    Option("--upscaler-dir", "offer every ESRGAN-family model (RRDBNet .safetensors or .pth: R-ESRGAN 4x+, "
-           "4x-UltraSharp, ...) in DIR as a hires upscaler, by file name; run on 192 px tiles, compiled at start-up; "
-           "a file it cannot read is named in one line and left out", "SDXL_UPSCALER_DIR", metavar="DIR",
-           programs=frozenset({APP, CLI})),
-    Option("--emphasis", "A1111's emphasis: (word) ×1.1, [word] ÷1.1, (word:1.3), BREAK; 'original' rescales each "
-           "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
-           "plain text", "SDXL_EMPHASIS", choices=EMPHASIS_MODES, default=config_default("emphasis"),
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--controlnet", "an SDXL ControlNet in diffusers' layout (config.json + safetensors, fp16 variant too): "
-           "PATH, Hub REPO or NAME=PATH (repeat; named by its folder); requests use up to 2 (`controlnets`); one "
-           "that cannot be loaded is named in one line and left out", "SDXL_CONTROLNET", kind="append",
-           metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True,
-           env_text="SDXL_CONTROLNET: comma-separated"),
-    Option("--controlnet-units", "ControlNets one request may use at once, 1 or 2 (A1111's Multi-ControlNet "
-           "units): each count has its own compiled step programs, so 1 compiles half of them", "SDXL_CONTROLNET_UNITS",
-           _bounded_int(1, MAX_CONTROLNETS), config_default("controlnet_units"), metavar="N",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--refiner", "SDXL's refiner in diffusers' layout (Flax or PyTorch files): PATH or Hub REPO, e.g. "
-           "stabilityai/stable-diffusion-xl-refiner-1.0; its UNet continues a request from `refiner_switch` (its text "
-           "encoder 2 is the base's when the weights file is the same); every program compiled at start-up",
-           "SDXL_REFINER", metavar="PATH_OR_REPO", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--lora-cache", "LoRAs whose factors stay on the devices between requests, so switching back costs no "
-           "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
-           "bf16): lower it for high-rank LoRAs on 16 GiB chips", "SDXL_LORA_CACHE", _bounded_int(1, 64),
-           config_default("lora_cache"),
-           metavar="N", programs=frozenset({APP, CLI})),
-    Option("--text-cache", "texts whose encoded outputs stay on the devices, so a request repeating a recent "
-           "prompt, negative prompt, clip skip and LoRA set runs no text encoder (nor, with --cross-attention-cache, "
-           "the keys and values): the same pixels; each holds SDXL's 0.6 MiB per image (49 MiB with "
-           "--cross-attention-cache); 0 = none", "SDXL_TEXT_CACHE", _bounded_int(0, MAX_TEXT_CACHE),
-           config_default("text_cache"), metavar="N", programs=frozenset({APP, CLI, BENCH})),
-    Option("--preset", "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
-           "size; flags override it; with another model (e.g. tiny) only its sampler settings", "SDXL_PRESET",
-           choices=PRESET_NAMES, programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
+    Option(
+        "--model",
+        "Hub id, local diffusers directory (Flax or PyTorch safetensors), or 'tiny'",
+        "SDXL_MODEL",
+        default_text=SDXL_BASE,
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--revision",
+        "Hub revision (branch, tag or commit)",
+        default_text="refs/pr/95 for SDXL base",
+        programs=frozenset({CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--variant",
+        "PyTorch weight variant, e.g. fp16 (*.fp16.safetensors)",
+        "SDXL_VARIANT",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--unet",
+        "whole-UNet .safetensors replacing the model's: PATH or REPO:FILE",
+        "SDXL_UNET",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--lora-dir",
+        "offer every *.safetensors LoRA in DIR (kohya/A1111, diffusers/PEFT; LoCon), by file name: "
+        "<lora:NAME:WEIGHT> in a prompt, the API's `loras`, the page's picker; a file it cannot apply is named and "
+        "left out",
+        "SDXL_LORA_DIR",
+        metavar="DIR",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--embeddings-dir",
+        "offer every SDXL textual-inversion embedding (*.safetensors with clip_l and clip_g) "
+        "in DIR by file name: the name in a prompt or negative prompt puts its vectors there (A1111's rule); a "
+        "file it cannot read (SD 1.5, broken) is named in one line and left out",
+        "SDXL_EMBEDDINGS_DIR",
+        metavar="DIR",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+    ),
+    Option(
+        "--upscaler-dir",
+        "offer every ESRGAN-family model (RRDBNet .safetensors or .pth: R-ESRGAN 4x+, "
+        "4x-UltraSharp, ...) in DIR as a hires upscaler, by file name; run on 192 px tiles, compiled at start-up; "
+        "a file it cannot read is named in one line and left out",
+        "SDXL_UPSCALER_DIR",
+        metavar="DIR",
+        programs=frozenset({APP, CLI}),
+    ),
+    Option(
+        "--emphasis",
+        "A1111's emphasis: (word) ×1.1, [word] ÷1.1, (word:1.3), BREAK; 'original' rescales each "
+        "77-token window to its unweighted mean (A1111's default), 'no-norm' does not, 'off' reads brackets as "
+        "plain text",
+        "SDXL_EMPHASIS",
+        choices=EMPHASIS_MODES,
+        default=config_default("emphasis"),
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--controlnet",
+        "an SDXL ControlNet in diffusers' layout (config.json + safetensors, fp16 variant too): "
+        "PATH, Hub REPO or NAME=PATH (repeat; named by its folder); requests use up to 2 (`controlnets`); one "
+        "that cannot be loaded is named in one line and left out",
+        "SDXL_CONTROLNET",
+        kind="append",
+        metavar="PATH_OR_REPO",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+        env_text="SDXL_CONTROLNET: comma-separated",
+    ),
+    Option(
+        "--controlnet-units",
+        "ControlNets one request may use at once, 1 or 2 (A1111's Multi-ControlNet "
+        "units): each count has its own compiled step programs, so 1 compiles half of them",
+        "SDXL_CONTROLNET_UNITS",
+        _bounded_int(1, MAX_CONTROLNETS),
+        config_default("controlnet_units"),
+        metavar="N",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--refiner",
+        "SDXL's refiner in diffusers' layout (Flax or PyTorch files): PATH or Hub REPO, e.g. "
+        "stabilityai/stable-diffusion-xl-refiner-1.0; its UNet continues a request from `refiner_switch` (its text "
+        "encoder 2 is the base's when the weights file is the same); every program compiled at start-up",
+        "SDXL_REFINER",
+        metavar="PATH_OR_REPO",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--lora-cache",
+        "LoRAs whose factors stay on the devices between requests, so switching back costs no "
+        "transfer; each holds one slot's memory (rank × the touched kernels: 218 MiB for a rank-32 SDXL LoRA in "
+        "bf16): lower it for high-rank LoRAs on 16 GiB chips",
+        "SDXL_LORA_CACHE",
+        _bounded_int(1, 64),
+        config_default("lora_cache"),
+        metavar="N",
+        programs=frozenset({APP, CLI}),
+    ),
+    Option(
+        "--text-cache",
+        "texts whose encoded outputs stay on the devices, so a request repeating a recent "
+        "prompt, negative prompt, clip skip and LoRA set runs no text encoder (nor, with --cross-attention-cache, "
+        "the keys and values): the same pixels; each holds SDXL's 0.6 MiB per image (49 MiB with "
+        "--cross-attention-cache); 0 = none",
+        "SDXL_TEXT_CACHE",
+        _bounded_int(0, MAX_TEXT_CACHE),
+        config_default("text_cache"),
+        metavar="N",
+        programs=frozenset({APP, CLI, BENCH}),
+    ),
+    Option(
+        "--preset",
+        "few-step recipe (assets/presets.json): model, UNet file, steps, sampler, spacing, guidance, "
+        "size; flags override it; with another model (e.g. tiny) only its sampler settings",
+        "SDXL_PRESET",
+        choices=PRESET_NAMES,
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
     # -- the shape of the compiled programs
-    Option("--height", "image height in pixels, a multiple of 32", "SDXL_HEIGHT", int,
-           default_text="1024, 128 for tiny", programs=ENGINE, recompiles=True),
-    Option("--width", "image width in pixels, a multiple of 32", "SDXL_WIDTH", int,
-           default_text="1024, 128 for tiny", programs=ENGINE, recompiles=True),
-    Option("--sizes", "offered sizes, each compiled at start-up, the first the default; each side a multiple of 32; "
-           "'sdxl' = SDXL's 9 trained sizes; not with --height/--width", "SDXL_SIZES", metavar="WxH,WxH,...",
-           default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
-           "one size)", programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--hires-scales", "the hires fix's scales (e.g. 1.5,2): each offered size × each scale (each side "
-           "truncated to the UNet's latent multiple) is compiled at start-up and a request's hires_scale picks one",
-           "SDXL_HIRES_SCALES", metavar="X,Y,...", default_text="none (no hires fix)",
-           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--vae-tile-above", "the VAE decodes and encodes images of more pixels than this in feathered 512 px "
-           "tiles (bounded memory: a whole 2048² decode needs 8.6 GiB per v5e chip, 0.8 in tiles; "
-           "docs/features.md#hires-fix-second-pass)", "SDXL_VAE_TILE_ABOVE", int, 1024 * 1024,
-           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--steps", "denoising steps of a request that names none (a request may ask for "
-           f"{FIELD['steps'].values_text}; no recompile)", "SDXL_STEPS", _STEPS, default_text="25, 4 for tiny",
-           programs=ENGINE),
-    Option("--dtype", "network dtype", "SDXL_DTYPE", choices=DTYPES,
-           default_text="bfloat16 on TPU/GPU, float32 on CPU", programs=ENGINE, recompiles=True),
-    Option("--images-per-device", "images each device makes per request (throughput mode): N × devices images, "
-           "seeds consecutive, in one call compiled for N at start-up; --per-device-batch (SDXL_PER_DEVICE_BATCH) is "
-           "an alias of --images-per-device", "SDXL_IMAGES_PER_DEVICE",
-           at_least_one, config_default("per_device_batch"), metavar="N", programs=frozenset({APP, CLI, PRECOMPILE}),
-           recompiles=True, aliases=("--per-device-batch",), env_aliases=("SDXL_PER_DEVICE_BATCH",)),
-    Option("--merge-requests", "with --images-per-device N: each request gets one image per device, and up to N "
-           "queued requests that share a size, a number of steps (UNet calls), speed levers, LoRAs, clip skip and "
-           "embeddings run as one call, each with its own prompt, seed, guidance, sampler, schedule, progress and Stop "
-           "(image to image and inpainting too, each its own picture; ControlNet, hires fix and refiner requests run "
-           "alone); one process only. A call makes the largest of N and the powers "
-           "of two below it that the waiting requests fill (each compiled at start-up): a lone request runs a "
-           "one-image call", "SDXL_MERGE_REQUESTS", kind="switch", programs=frozenset({APP, PRECOMPILE}),
-           recompiles=True),
-    Option("--merge-full-calls", "with --merge-requests: every call makes N images per device (a lone request's "
-           "free blocks are padding), so a request's pixels never depend on how many shared its call; without it, "
-           "calls of fewer images give pixels within 1 level of N's", "SDXL_MERGE_FULL_CALLS", kind="switch",
-           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--attention", "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
-           "SDXL_ATTENTION", choices=ATTENTIONS, default=config_default("attention"),
-           programs=frozenset({APP, CLI, PRECOMPILE}),
-           recompiles=True),
-    Option("--quantize", "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
-           "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
-           "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir; not on NVIDIA "
-           "GPUs",
-           "SDXL_QUANTIZE", choices=QUANTIZE_MODES, default=config_default("quantize"), programs=ENGINE,
-           recompiles=True),
-    Option("--xla-option", "an XLA compiler option for every served program, NAME=VALUE (repeat), e.g. "
-           "xla_gpu_dot_merger_threshold_mb=0 (bench/HISTORY.md measures the GPU's); XLA refuses an unknown name or "
-           "value, in one sentence at start-up", "SDXL_XLA_OPTIONS", kind="append", metavar="NAME=VALUE",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True, env_text="SDXL_XLA_OPTIONS: comma-separated"),
-    Option("--prompt-windows", "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
-           "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut", "SDXL_PROMPT_WINDOWS",
-           _bounded_int(1, MAX_PROMPT_WINDOWS), config_default("prompt_windows"), metavar="N", programs=ENGINE,
-           recompiles=True),
-    Option("--no-speed-levers", "do not compile the programs of per-request "
-           f"{' and '.join(row.name for row in FIELDS if row.lever)} (a shorter start-up; requests then run every step "
-           "whole and guided)", "SDXL_NO_SPEED_LEVERS", kind="switch",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--cross-attention-cache", "project the text's keys and values for the UNet's cross-attention once per "
-           "request instead of at every step (the same products and pixels; SDXL: 140 fewer products per step); "
-           "not with --quantize int8 or --attention diffusers", "SDXL_CROSS_ATTENTION_CACHE", kind="switch",
-           programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--no-previews", "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
-           "latent-to-RGB projection: one small program per size)", "SDXL_NO_PREVIEWS", kind="switch",
-           programs=frozenset({APP, PRECOMPILE}), recompiles=True),
-    Option("--no-compilation-cache", "do not use JAX's persistent compilation cache nor this host's executables "
-           "(every start compiles)", "SDXL_NO_COMPILATION_CACHE", kind="switch"),
-    Option("--no-executable-cache", "do not keep this host's compiled programs whole beside the compilation cache "
-           "(a restart then traces and lowers every program again, and takes XLA's part from JAX's cache)",
-           "SDXL_NO_EXECUTABLE_CACHE", kind="switch"),
-    Option("--cpu-devices", "CPU only: JAX devices to split the CPU into, each making --images-per-device images per "
-           "request; 0 = one device",
-           "SDXL_CPU_DEVICES", non_negative, default_text="one per core", metavar="N", programs=ENGINE,
-           recompiles=True),
-    Option("--precompiled", "load the matching executables written by `python -m pipeline precompile` from DIR; "
-           "compile the rest (one line says which and why)", "SDXL_PRECOMPILED", metavar="DIR"),
+    Option(
+        "--height",
+        "image height in pixels, a multiple of 32",
+        "SDXL_HEIGHT",
+        int,
+        default_text="1024, 128 for tiny",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--width",
+        "image width in pixels, a multiple of 32",
+        "SDXL_WIDTH",
+        int,
+        default_text="1024, 128 for tiny",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--sizes",
+        "offered sizes, each compiled at start-up, the first the default; each side a multiple of 32; "
+        "'sdxl' = SDXL's 9 trained sizes; not with --height/--width",
+        "SDXL_SIZES",
+        metavar="WxH,WxH,...",
+        default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
+        "one size)",
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--hires-scales",
+        "the hires fix's scales (e.g. 1.5,2): each offered size × each scale (each side "
+        "truncated to the UNet's latent multiple) is compiled at start-up and a request's hires_scale picks one",
+        "SDXL_HIRES_SCALES",
+        metavar="X,Y,...",
+        default_text="none (no hires fix)",
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--vae-tile-above",
+        "the VAE decodes and encodes images of more pixels than this in feathered 512 px "
+        "tiles (bounded memory: a whole 2048² decode needs 8.6 GiB per v5e chip, 0.8 in tiles; "
+        "docs/features.md#hires-fix-second-pass)",
+        "SDXL_VAE_TILE_ABOVE",
+        int,
+        1024 * 1024,
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--steps",
+        "denoising steps of a request that names none (a request may ask for "
+        f"{FIELD['steps'].values_text}; no recompile)",
+        "SDXL_STEPS",
+        _STEPS,
+        default_text="25, 4 for tiny",
+        programs=ENGINE,
+    ),
+    Option(
+        "--dtype",
+        "network dtype",
+        "SDXL_DTYPE",
+        choices=DTYPES,
+        default_text="bfloat16 on TPU/GPU, float32 on CPU",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--images-per-device",
+        "images each device makes per request (throughput mode): N × devices images, "
+        "seeds consecutive, in one call compiled for N at start-up; --per-device-batch (SDXL_PER_DEVICE_BATCH) is "
+        "an alias of --images-per-device",
+        "SDXL_IMAGES_PER_DEVICE",
+        at_least_one,
+        config_default("per_device_batch"),
+        metavar="N",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+        aliases=("--per-device-batch",),
+        env_aliases=("SDXL_PER_DEVICE_BATCH",),
+    ),
+    Option(
+        "--merge-requests",
+        "with --images-per-device N: each request gets one image per device, and up to N "
+        "queued requests that share a size, a number of steps (UNet calls), speed levers, LoRAs, clip skip and "
+        "embeddings run as one call, each with its own prompt, seed, guidance, sampler, schedule, progress and Stop "
+        "(image to image and inpainting too, each its own picture; ControlNet, hires fix and refiner requests run "
+        "alone); one process only. A call makes the largest of N and the powers "
+        "of two below it that the waiting requests fill (each compiled at start-up): a lone request runs a "
+        "one-image call",
+        "SDXL_MERGE_REQUESTS",
+        kind="switch",
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--merge-full-calls",
+        "with --merge-requests: every call makes N images per device (a lone request's "
+        "free blocks are padding), so a request's pixels never depend on how many shared its call; without it, "
+        "calls of fewer images give pixels within 1 level of N's",
+        "SDXL_MERGE_FULL_CALLS",
+        kind="switch",
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--attention",
+        "UNet attention core: auto = splash on TPU, cudnn on NVIDIA (bf16), xla elsewhere",
+        "SDXL_ATTENTION",
+        choices=ATTENTIONS,
+        default=config_default("attention"),
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--quantize",
+        "experimental: int8 = the UNet's Dense and Conv layers int8 x int8 (qwix post-training: "
+        "int8 weights with per-channel scales, activations quantized per call; attention, conv_in/conv_out, text "
+        "encoders and VAE unchanged); quality on real SDXL weights unmeasured; not with --lora-dir; not on NVIDIA "
+        "GPUs",
+        "SDXL_QUANTIZE",
+        choices=QUANTIZE_MODES,
+        default=config_default("quantize"),
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--xla-option",
+        "an XLA compiler option for every served program, NAME=VALUE (repeat), e.g. "
+        "xla_gpu_dot_merger_threshold_mb=0 (bench/HISTORY.md measures the GPU's); XLA refuses an unknown name or "
+        "value, in one sentence at start-up",
+        "SDXL_XLA_OPTIONS",
+        kind="append",
+        metavar="NAME=VALUE",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+        env_text="SDXL_XLA_OPTIONS: comma-separated",
+    ),
+    Option(
+        "--prompt-windows",
+        "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
+        "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut",
+        "SDXL_PROMPT_WINDOWS",
+        _bounded_int(1, MAX_PROMPT_WINDOWS),
+        config_default("prompt_windows"),
+        metavar="N",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--no-speed-levers",
+        "do not compile the programs of per-request "
+        f"{' and '.join(row.name for row in FIELDS if row.lever)} (a shorter start-up; requests then run every step "
+        "whole and guided)",
+        "SDXL_NO_SPEED_LEVERS",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--cross-attention-cache",
+        "project the text's keys and values for the UNet's cross-attention once per "
+        "request instead of at every step (the same products and pixels; SDXL: 140 fewer products per step); "
+        "not with --quantize int8 or --attention diffusers",
+        "SDXL_CROSS_ATTENTION_CACHE",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--no-previews",
+        "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
+        "latent-to-RGB projection: one small program per size)",
+        "SDXL_NO_PREVIEWS",
+        kind="switch",
+        programs=frozenset({APP, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--no-compilation-cache",
+        "do not use JAX's persistent compilation cache nor this host's executables (every start compiles)",
+        "SDXL_NO_COMPILATION_CACHE",
+        kind="switch",
+    ),
+    Option(
+        "--no-executable-cache",
+        "do not keep this host's compiled programs whole beside the compilation cache "
+        "(a restart then traces and lowers every program again, and takes XLA's part from JAX's cache)",
+        "SDXL_NO_EXECUTABLE_CACHE",
+        kind="switch",
+    ),
+    Option(
+        "--cpu-devices",
+        "CPU only: JAX devices to split the CPU into, each making --images-per-device images per "
+        "request; 0 = one device",
+        "SDXL_CPU_DEVICES",
+        non_negative,
+        default_text="one per core",
+        metavar="N",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
+        "--precompiled",
+        "load the matching executables written by `python -m pipeline precompile` from DIR; "
+        "compile the rest (one line says which and why)",
+        "SDXL_PRECOMPILED",
+        metavar="DIR",
+    ),
     # -- the sampler (the checkpoint's scheduler config unless set)
-    Option("--sampler", f"sampler of a request that names none: {', '.join(SAMPLER_NAMES)} (a request may pick "
-           "another; no recompile)", "SDXL_SAMPLER", sampler_argument, default_text="the checkpoint's",
-           programs=frozenset({APP, CLI, PRECOMPILE})),
-    Option("--timestep-spacing", "timestep spacing", "SDXL_TIMESTEP_SPACING", choices=SPACINGS,
-           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE})),
-    Option("--steps-offset", "added to leading timesteps", "SDXL_STEPS_OFFSET", int,
-           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE})),
-    Option("--prediction-type", "what the UNet predicts", "SDXL_PREDICTION_TYPE", choices=PREDICTION_TYPES,
-           default_text="the checkpoint's", programs=frozenset({APP, CLI, PRECOMPILE}), recompiles=True),
-    Option("--no-cfg", "guidance-free program: the UNet runs on the prompt only; guidance and negative prompt are "
-           "ignored (hidden on the page)", "SDXL_NO_CFG", kind="switch", programs=frozenset({APP, CLI, PRECOMPILE}),
-           recompiles=True),
+    Option(
+        "--sampler",
+        f"sampler of a request that names none: {', '.join(SAMPLER_NAMES)} (a request may pick another; no recompile)",
+        "SDXL_SAMPLER",
+        sampler_argument,
+        default_text="the checkpoint's",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+    ),
+    Option(
+        "--timestep-spacing",
+        "timestep spacing",
+        "SDXL_TIMESTEP_SPACING",
+        choices=SPACINGS,
+        default_text="the checkpoint's",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+    ),
+    Option(
+        "--steps-offset",
+        "added to leading timesteps",
+        "SDXL_STEPS_OFFSET",
+        int,
+        default_text="the checkpoint's",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+    ),
+    Option(
+        "--prediction-type",
+        "what the UNet predicts",
+        "SDXL_PREDICTION_TYPE",
+        choices=PREDICTION_TYPES,
+        default_text="the checkpoint's",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--no-cfg",
+        "guidance-free program: the UNet runs on the prompt only; guidance and negative prompt are "
+        "ignored (hidden on the page)",
+        "SDXL_NO_CFG",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
     # -- one request (CLI only): the request fields' table (pipeline/contract/fields.py)
     *(request_option(row) for row in FIELDS if row.flag),
     *CONTROL_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
     # -- several processes
-    Option("--distributed", "join a multi-host run detected by JAX (Cloud TPU slice, SLURM, Open MPI); automatic "
-           "where the environment names several processes", "SDXL_DISTRIBUTED", kind="switch", group=CLUSTER_GROUP),
-    Option("--coordinator-address", "address of process 0, reachable from every process (one machine: "
-           "127.0.0.1:PORT)", "SDXL_COORDINATOR_ADDRESS", metavar="HOST:PORT", group=CLUSTER_GROUP),
+    Option(
+        "--distributed",
+        "join a multi-host run detected by JAX (Cloud TPU slice, SLURM, Open MPI); automatic "
+        "where the environment names several processes",
+        "SDXL_DISTRIBUTED",
+        kind="switch",
+        group=CLUSTER_GROUP,
+    ),
+    Option(
+        "--coordinator-address",
+        "address of process 0, reachable from every process (one machine: 127.0.0.1:PORT)",
+        "SDXL_COORDINATOR_ADDRESS",
+        metavar="HOST:PORT",
+        group=CLUSTER_GROUP,
+    ),
     Option("--num-processes", "processes in the run", "SDXL_NUM_PROCESSES", at_least_one, group=CLUSTER_GROUP),
-    Option("--process-id", "this process, 0 .. num-processes - 1; 0 serves the page", "SDXL_PROCESS_ID",
-           non_negative, group=CLUSTER_GROUP),
-    Option("--cluster-timeout", "seconds for all processes to join, and per request", "SDXL_CLUSTER_TIMEOUT",
-           positive_float, 300.0, group=CLUSTER_GROUP),
-    Option("--heartbeat-timeout", "seconds of silence after which a process is taken for dead",
-           "SDXL_HEARTBEAT_TIMEOUT", positive_float, 30.0, group=CLUSTER_GROUP),
-)  # fmt: skip
+    Option(
+        "--process-id",
+        "this process, 0 .. num-processes - 1; 0 serves the page",
+        "SDXL_PROCESS_ID",
+        non_negative,
+        group=CLUSTER_GROUP,
+    ),
+    Option(
+        "--cluster-timeout",
+        "seconds for all processes to join, and per request",
+        "SDXL_CLUSTER_TIMEOUT",
+        positive_float,
+        300.0,
+        group=CLUSTER_GROUP,
+    ),
+    Option(
+        "--heartbeat-timeout",
+        "seconds of silence after which a process is taken for dead",
+        "SDXL_HEARTBEAT_TIMEOUT",
+        positive_float,
+        30.0,
+        group=CLUSTER_GROUP,
+    ),
+)
 
 
 def options_for(program: str, table: tuple[Option, ...] = OPTIONS) -> list[Option]:
@@ -438,8 +757,13 @@ def markdown_table(table: tuple[Option, ...]) -> str:
         elif option.default_text:
             default = option.default_text
         else:
-            default = "" if _unset(option.default) else f"`{option.default:g}`" if isinstance(
-                option.default, float) else f"`{option.default}`"  # fmt: skip
+            default = (
+                ""
+                if _unset(option.default)
+                else f"`{option.default:g}`"
+                if isinstance(option.default, float)
+                else f"`{option.default}`"
+            )
         programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
         recompiles = "yes" if option.recompiles else ""
         unnamed = [alias for alias in option.aliases if alias not in option.help]  # the help may say it already

@@ -51,8 +51,10 @@ class CalmBackendProbe(logging.Filter):
         text = str(record.msg)
         if record.levelno == logging.INFO and text.startswith("Unable to initialize backend '"):
             platform = text.removeprefix("Unable to initialize backend '").partition("'")[0]
-            record.msg, record.args = "no %s device on this host: JAX uses the next platform it has", (
-                PLATFORM_NAMES.get(platform, platform),)
+            record.msg, record.args = (
+                "no %s device on this host: JAX uses the next platform it has",
+                (PLATFORM_NAMES.get(platform, platform),),
+            )
         return True
 
 

@@ -42,36 +42,62 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     configure_compilation_cache(False)  # every executable compiled here (see host/aot.save_precompiled)
     devices = topology_devices(topology)
     config = for_platform(config, devices[0].platform)
-    loaded = load_model(config.model, dtype=config.dtype, revision=config.revision, variant=config.variant,
-                        unet=config.unet)  # fmt: skip
+    loaded = load_model(
+        config.model, dtype=config.dtype, revision=config.revision, variant=config.variant, unet=config.unet
+    )
     sampler = sampler_of(loaded, config)
     _, layout = read_loras(loaded, config)  # the merge program's shapes come from the LoRA files
     nets = load_controlnets(config.controlnets, config.dtype, variant=config.variant) if config.controlnets else []
     # architectures only: nothing placed on the topology
     controlnets = ServedControlNets.of(nets, loaded, units=config.controlnet_units)
-    refiner = load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner \
-        else None  # fmt: skip
+    refiner = (
+        load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner else None
+    )
     programs_params = with_refiner(served_params(loaded, config), refiner)
-    programs = build_programs(loaded, config, programs_params, data_mesh(devices), sampler, layout, controlnets.archs,
-                              refiner)  # fmt: skip
+    programs = build_programs(
+        loaded, config, programs_params, data_mesh(devices), sampler, layout, controlnets.archs, refiner
+    )
     sizes = list(config.offered_sizes)
-    keys = program_keys(sizes, sampler.cfg, config.speed_levers, lora=layout is not None, previews=config.previews,
-                        windows=config.prompt_windows, control_sets=controlnets.sets, refiner=refiner is not None,
-                        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))),
-                        cross_kv=config.cross_attention_cache)
-    progress(f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
-             f"{config.dtype}, {config.attention} attention, {programs.batch} images per call")  # fmt: skip
-    settings = {"model": config.model, "sizes": [list(s) for s in sizes], "dtype": config.dtype,
-                "per_device_batch": config.per_device_batch, "attention": config.attention, "cfg": sampler.cfg,
-                "prediction_type": sampler.prediction_type,
-                "xla_options": [list(pair) for pair in config.xla_options],
-                "cross_attention_cache": config.cross_attention_cache}  # fmt: skip
+    keys = program_keys(
+        sizes,
+        sampler.cfg,
+        config.speed_levers,
+        lora=layout is not None,
+        previews=config.previews,
+        windows=config.prompt_windows,
+        control_sets=controlnets.sets,
+        refiner=refiner is not None,
+        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))),
+        cross_kv=config.cross_attention_cache,
+    )
+    progress(
+        f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
+        f"{config.dtype}, {config.attention} attention, {programs.batch} images per call"
+    )
+    settings = {
+        "model": config.model,
+        "sizes": [list(s) for s in sizes],
+        "dtype": config.dtype,
+        "per_device_batch": config.per_device_batch,
+        "attention": config.attention,
+        "cfg": sampler.cfg,
+        "prediction_type": sampler.prediction_type,
+        "xla_options": [list(pair) for pair in config.xla_options],
+        "cross_attention_cache": config.cross_attention_cache,
+    }
     manifest = save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)
     for n in config.merge_call_sizes[:-1]:  # --merge-requests: the smaller calls' text-to-image programs
-        smaller = build_programs(loaded, config, programs_params, data_mesh(devices), sampler, layout,
-                                 images_per_device=n)  # fmt: skip
+        smaller = build_programs(
+            loaded, config, programs_params, data_mesh(devices), sampler, layout, images_per_device=n
+        )
         calls = merged_program_keys(config, sampler.cfg)
         progress(f"precompiling {len(calls)} programs of the merged calls of {n} image(s) per device")
-        save_precompiled(smaller, calls, call_size_directory(out, n), topology=topology,
-                         settings={**settings, "per_device_batch": n}, progress=progress)  # fmt: skip
+        save_precompiled(
+            smaller,
+            calls,
+            call_size_directory(out, n),
+            topology=topology,
+            settings={**settings, "per_device_batch": n},
+            progress=progress,
+        )
     return manifest

@@ -133,9 +133,16 @@ def _load_and_warm(
     for phase in ("load", "cast", "replicate"):
         logger.info("%-9s %7.2f s", phase, generator.load_timings[f"{phase}_s"])
     config = generator.config
-    logger.info("ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
-                generator.device_summary, config.width, config.height, config.steps, config.dtype, config.attention,
-                generator.num_images)  # fmt: skip
+    logger.info(
+        "ready to compile: %s, %d×%d, %d steps, %s, %s attention, %d images per request",
+        generator.device_summary,
+        config.width,
+        config.height,
+        config.steps,
+        config.dtype,
+        config.attention,
+        generator.num_images,
+    )
     if on_loaded is not None:
         on_loaded(generator)
     report = None

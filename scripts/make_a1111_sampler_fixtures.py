@@ -51,20 +51,46 @@ SCHEDULERS = {
 }
 #: (sampler, schedule type) pairs checked: every new sampler with its schedule types, the new types on the others.
 PAIRS = [
-    ("DPM++ 2M SDE", "Automatic"), ("DPM++ 2M SDE", "Karras"), ("DPM++ 2M SDE", "Exponential"),
-    ("DPM++ 2M SDE", "SGM Uniform"), ("UniPC", "Automatic"), ("UniPC", "Karras"), ("UniPC", "Exponential"),
-    ("UniPC", "SGM Uniform"), ("DDIM", "Automatic"), ("DDIM", "SGM Uniform"), ("Heun", "Automatic"),
-    ("Heun", "Karras"), ("Heun", "Exponential"), ("Heun", "SGM Uniform"), ("LMS", "Automatic"), ("LMS", "Karras"),
-    ("LMS", "Exponential"), ("LCM", "Automatic"), ("Euler", "Karras"), ("Euler", "Exponential"),
-    ("Euler", "SGM Uniform"), ("Euler a", "SGM Uniform"), ("DPM++ 2M", "Exponential"), ("DPM++ 2M", "SGM Uniform"),
-]  # fmt: skip
+    ("DPM++ 2M SDE", "Automatic"),
+    ("DPM++ 2M SDE", "Karras"),
+    ("DPM++ 2M SDE", "Exponential"),
+    ("DPM++ 2M SDE", "SGM Uniform"),
+    ("UniPC", "Automatic"),
+    ("UniPC", "Karras"),
+    ("UniPC", "Exponential"),
+    ("UniPC", "SGM Uniform"),
+    ("DDIM", "Automatic"),
+    ("DDIM", "SGM Uniform"),
+    ("Heun", "Automatic"),
+    ("Heun", "Karras"),
+    ("Heun", "Exponential"),
+    ("Heun", "SGM Uniform"),
+    ("LMS", "Automatic"),
+    ("LMS", "Karras"),
+    ("LMS", "Exponential"),
+    ("LCM", "Automatic"),
+    ("Euler", "Karras"),
+    ("Euler", "Exponential"),
+    ("Euler", "SGM Uniform"),
+    ("Euler a", "SGM Uniform"),
+    ("DPM++ 2M", "Exponential"),
+    ("DPM++ 2M", "SGM Uniform"),
+]
 #: Pixel references: (sampler, schedule type, steps).
 IMAGES = [
-    ("DPM++ 2M SDE", "Karras", 8), ("DPM++ 2M SDE", "Automatic", 6), ("UniPC", "Automatic", 8),
-    ("UniPC", "Exponential", 7), ("DDIM", "Automatic", 8), ("DDIM", "SGM Uniform", 6), ("Heun", "Automatic", 6),
-    ("Heun", "Karras", 7), ("LMS", "Automatic", 8), ("LMS", "Karras", 7), ("LCM", "Automatic", 6),
+    ("DPM++ 2M SDE", "Karras", 8),
+    ("DPM++ 2M SDE", "Automatic", 6),
+    ("UniPC", "Automatic", 8),
+    ("UniPC", "Exponential", 7),
+    ("DDIM", "Automatic", 8),
+    ("DDIM", "SGM Uniform", 6),
+    ("Heun", "Automatic", 6),
+    ("Heun", "Karras", 7),
+    ("LMS", "Automatic", 8),
+    ("LMS", "Karras", 7),
+    ("LCM", "Automatic", 6),
     ("Euler", "Exponential", 8),
-]  # fmt: skip
+]
 PROMPT, NEGATIVE, GUIDANCE = "a lighthouse on a cliff at dusk", "blurry, low quality", 6.5
 
 
@@ -111,12 +137,16 @@ def schedules() -> list[dict]:
             scheduler = make(SDXL_BASE_SCHEDULER, sampler, schedule)
             scheduler.set_timesteps(steps)
             sigmas = getattr(scheduler, "sigmas", None)
-            cases.append({
-                "sampler": sampler, "schedule_type": schedule, "steps": steps,
-                "timesteps": scheduler.timesteps.float().tolist(),
-                "sigmas": None if sigmas is None else sigmas.float().tolist(),
-                "init_noise_sigma": float(scheduler.init_noise_sigma),
-            })  # fmt: skip
+            cases.append(
+                {
+                    "sampler": sampler,
+                    "schedule_type": schedule,
+                    "steps": steps,
+                    "timesteps": scheduler.timesteps.float().tolist(),
+                    "sigmas": None if sigmas is None else sigmas.float().tolist(),
+                    "init_noise_sigma": float(scheduler.init_noise_sigma),
+                }
+            )
     return cases
 
 
@@ -135,7 +165,7 @@ def runs() -> list[dict]:
             config = {**SDXL_BASE_SCHEDULER, "clip_sample": True} if clipping else SDXL_BASE_SCHEDULER
             scheduler = make(config, sampler, schedule.removesuffix(" clip_sample"))
             scheduler.set_timesteps(steps)
-            timesteps = scheduler.timesteps[first * scheduler.order:]
+            timesteps = scheduler.timesteps[first * scheduler.order :]
             if first and hasattr(scheduler, "set_begin_index"):  # DDIM keeps no history: it has none
                 scheduler.set_begin_index(first * scheduler.order)
             sample = torch.from_numpy(start) * (scheduler.init_noise_sigma if not first else 1.0)
@@ -144,8 +174,15 @@ def runs() -> list[dict]:
                     model_input = scheduler.scale_model_input(sample, t)
                     output = weight * model_input + 0.01 * float(t) / 1000  # stands in for the UNet
                     sample = scheduler.step(output, t, sample).prev_sample
-            cases.append({"sampler": sampler, "schedule_type": schedule, "steps": steps, "first": first,
-                          "final": sample.numpy().tolist()})  # fmt: skip
+            cases.append(
+                {
+                    "sampler": sampler,
+                    "schedule_type": schedule,
+                    "steps": steps,
+                    "first": first,
+                    "final": sample.numpy().tolist(),
+                }
+            )
     return {"start": start.tolist(), "noise": noise.tolist(), "weight": float(weight), "cases": cases}
 
 
@@ -165,12 +202,27 @@ def images(only: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
         # x0 to ±1 in latent space); clipping itself is checked by `runs`.
         pipe.scheduler = make({**config, "clip_sample": False} if sampler == "DDIM" else config, sampler, schedule)
         with torch.no_grad(), FedNoise(noise):
-            image = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=GUIDANCE,
-                         height=64, width=64, latents=torch.from_numpy(latents), output_type="np").images
+            image = pipe(
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                num_inference_steps=steps,
+                guidance_scale=GUIDANCE,
+                height=64,
+                width=64,
+                latents=torch.from_numpy(latents),
+                output_type="np",
+            ).images
         arrays[name] = np.asarray(image, np.float32)  # [1, 64, 64, 3] in [0, 1]
-        cases.append({"name": name, "sampler": sampler, "schedule_type": schedule, "steps": steps,
-                      "timesteps": [float(t) for t in pipe.scheduler.timesteps],
-                      "clip_sample": bool(getattr(pipe.scheduler.config, "clip_sample", False))})  # fmt: skip
+        cases.append(
+            {
+                "name": name,
+                "sampler": sampler,
+                "schedule_type": schedule,
+                "steps": steps,
+                "timesteps": [float(t) for t in pipe.scheduler.timesteps],
+                "clip_sample": bool(getattr(pipe.scheduler.config, "clip_sample", False)),
+            }
+        )
     return arrays, cases
 
 
@@ -199,11 +251,13 @@ def main() -> None:
         "(scripts/make_a1111_sampler_fixtures.py)",
         "versions": {"diffusers": diffusers.__version__, "torch": torch.__version__},
         "config": SDXL_BASE_SCHEDULER,
-        "prompt": PROMPT, "negative_prompt": NEGATIVE, "guidance_scale": GUIDANCE,
+        "prompt": PROMPT,
+        "negative_prompt": NEGATIVE,
+        "guidance_scale": GUIDANCE,
         "schedules": schedules(),
         "runs": runs(),
         "images": image_cases,
-    }  # fmt: skip
+    }
     OUT.with_suffix(".json").write_text(json.dumps(data) + "\n")
     np.savez(OUT.with_suffix(".npz"), **arrays)
     print(OUT, len(data["schedules"]), "schedules,", len(data["runs"]), "runs,", len(image_cases), "images")

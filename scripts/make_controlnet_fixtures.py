@@ -47,10 +47,21 @@ MAPS = ("controlnet-map-a.png", "controlnet-map-b.png")
 CASES = [
     ("weight0.8", "txt2img", ["controlnet-a"], [0], [0.8], [0.0], [1.0], 4, 1.0, 6.5, 1234),
     ("weight1.2_window", "txt2img", ["controlnet-a"], [0], [1.2], [0.25], [0.75], 4, 1.0, 6.5, 77),
-    ("two_controlnets", "txt2img", ["controlnet-a", "controlnet-b"], [0, 1], [0.8, 0.6], [0.0, 0.5], [1.0, 1.0], 4,
-     1.0, 6.5, 5),
+    (
+        "two_controlnets",
+        "txt2img",
+        ["controlnet-a", "controlnet-b"],
+        [0, 1],
+        [0.8, 0.6],
+        [0.0, 0.5],
+        [1.0, 1.0],
+        4,
+        1.0,
+        6.5,
+        5,
+    ),
     ("img2img_s0.75", "img2img", ["controlnet-a"], [1], [1.0], [0.0], [1.0], 4, 0.75, 6.5, 1234),
-]  # fmt: skip
+]
 
 
 def make_maps() -> None:
@@ -104,9 +115,14 @@ def module_outputs(nets: dict) -> dict:
     t = {k: torch.from_numpy(v) for k, v in inputs.items()}
     for name, net in nets.items():
         with torch.no_grad():
-            down, mid = net(t["sample"], t["timesteps"], t["hidden"], t["control"],
-                            added_cond_kwargs={"text_embeds": t["text_embeds"], "time_ids": t["time_ids"]},
-                            return_dict=False)  # fmt: skip
+            down, mid = net(
+                t["sample"],
+                t["timesteps"],
+                t["hidden"],
+                t["control"],
+                added_cond_kwargs={"text_embeds": t["text_embeds"], "time_ids": t["time_ids"]},
+                return_dict=False,
+            )
         for i, residual in enumerate(down):
             arrays[f"module_{name}_down_{i}"] = residual.numpy()  # [2, C, h, w]
         arrays[f"module_{name}_mid"] = mid.numpy()
@@ -129,16 +145,24 @@ def reference_images(nets: dict) -> tuple[dict, list]:
     arrays, cases = {}, []
     for name, kind, net_names, map_ids, weights, starts, ends, steps, strength, guidance, seed in CASES:
         controlnet = [nets[n] for n in net_names] if len(net_names) > 1 else nets[net_names[0]]
-        cls, module = ((StableDiffusionXLControlNetPipeline, txt2img_module) if kind == "txt2img"
-                       else (StableDiffusionXLControlNetImg2ImgPipeline, img2img_module))  # fmt: skip
+        cls, module = (
+            (StableDiffusionXLControlNetPipeline, txt2img_module)
+            if kind == "txt2img"
+            else (StableDiffusionXLControlNetImg2ImgPipeline, img2img_module)
+        )
         pipe = cls.from_pipe(base, controlnet=controlnet)
         pipe.scheduler = scheduler_for(base.scheduler.config, "euler", "leading")
         control = [maps[i] for i in map_ids] if len(map_ids) > 1 else maps[map_ids[0]]
         one = len(net_names) == 1
-        kwargs = dict(prompt=PROMPT, num_inference_steps=steps, guidance_scale=guidance, output_type="np",
-                      controlnet_conditioning_scale=weights[0] if one else weights,
-                      control_guidance_start=starts[0] if one else starts,
-                      control_guidance_end=ends[0] if one else ends)  # fmt: skip
+        kwargs = dict(
+            prompt=PROMPT,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            output_type="np",
+            controlnet_conditioning_scale=weights[0] if one else weights,
+            control_guidance_start=starts[0] if one else starts,
+            control_guidance_end=ends[0] if one else ends,
+        )
         if kind == "txt2img":
             kwargs.update(image=control, height=SIZE, width=SIZE)
         else:
@@ -156,10 +180,23 @@ def reference_images(nets: dict) -> tuple[dict, list]:
                 del module.retrieve_latents
         assert engine.noise_calls == 1, name
         arrays[name] = np.round(np.asarray(image, np.float64) * 255).astype(np.uint8)
-        cases.append({"name": name, "pipeline": cls.__name__, "controlnets": net_names,
-                      "maps": [MAPS[i] for i in map_ids], "weights": weights, "starts": starts, "ends": ends,
-                      "steps": steps, "strength": strength, "guidance_scale": guidance, "seed": seed,
-                      "prompt": PROMPT, "sampler": "euler"})  # fmt: skip
+        cases.append(
+            {
+                "name": name,
+                "pipeline": cls.__name__,
+                "controlnets": net_names,
+                "maps": [MAPS[i] for i in map_ids],
+                "weights": weights,
+                "starts": starts,
+                "ends": ends,
+                "steps": steps,
+                "strength": strength,
+                "guidance_scale": guidance,
+                "seed": seed,
+                "prompt": PROMPT,
+                "sampler": "euler",
+            }
+        )
         print(f"{name}: done")
     return arrays, cases
 

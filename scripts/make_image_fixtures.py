@@ -72,7 +72,7 @@ CASES = [
     ("inpaint9_euler_s1", "inpaint", 9, "euler", 4, 1.0, 6.5, 1234),
     ("inpaint9_euler_no_cfg_s1", "inpaint", 9, "euler", 4, 1.0, 0.0, 8),
     ("inpaint9_dpmpp_2m_s0.75", "inpaint", 9, "dpmpp_2m", 8, 0.75, 6.5, 1234),
-]  # fmt: skip
+]
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------------------
@@ -286,9 +286,12 @@ def reference_images(scratch: Path) -> tuple[dict, dict]:
         },
         "scheduler": dict(base_config),
         "cases": cases,
-        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                     "transformers": transformers.__version__},
-    }  # fmt: skip
+        "versions": {
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
     return arrays, manifest
 
 

@@ -58,8 +58,18 @@ TORCH_SEED = 27
 #: images within 1 level and each LoRA still changes them by many levels.
 GAIN = 0.5
 
-ATTENTION = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k", "attn2.to_v",
-             "attn2.to_out.0", "ff.net.0.proj", "ff.net.2")  # fmt: skip
+ATTENTION = (
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+    "ff.net.0.proj",
+    "ff.net.2",
+)
 TEXT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "mlp.fc1", "mlp.fc2")
 
 #: (case name, {file stem: weight or {component: weight}}); "base" has no LoRA.
@@ -113,8 +123,12 @@ def text_modules(encoder) -> list[str]:
 
 def sgm_name(module: str, layers_per_block: int, up_attention: list[bool]) -> str:
     """diffusers UNet module name -> SGM name as kohya writes it for SDXL (dots, before `_` joining)."""
-    resnet = {"conv1": "in_layers.2", "conv2": "out_layers.3", "time_emb_proj": "emb_layers.1",
-              "conv_shortcut": "skip_connection"}  # fmt: skip
+    resnet = {
+        "conv1": "in_layers.2",
+        "conv2": "out_layers.3",
+        "time_emb_proj": "emb_layers.1",
+        "conv_shortcut": "skip_connection",
+    }
     p = module.split(".")
     n = layers_per_block
     if p[0] == "down_blocks":
@@ -122,8 +136,11 @@ def sgm_name(module: str, layers_per_block: int, up_attention: list[bool]) -> st
         if kind == "downsamplers":
             return f"input_blocks.{(b + 1) * (n + 1)}.0.op"
         index = 1 + b * (n + 1) + j
-        return f"input_blocks.{index}.0.{resnet['.'.join(p[4:])]}" if kind == "resnets" else \
-            f"input_blocks.{index}.1.{'.'.join(p[4:])}"  # fmt: skip
+        return (
+            f"input_blocks.{index}.0.{resnet['.'.join(p[4:])]}"
+            if kind == "resnets"
+            else f"input_blocks.{index}.1.{'.'.join(p[4:])}"
+        )
     if p[0] == "mid_block":
         kind, j = p[1], int(p[2])
         index = {("resnets", 0): 0, ("attentions", 0): 1, ("resnets", 1): 2}[(kind, j)]
@@ -134,8 +151,11 @@ def sgm_name(module: str, layers_per_block: int, up_attention: list[bool]) -> st
         if kind == "upsamplers":
             return f"output_blocks.{b * (n + 1) + n}.{2 if up_attention[b] else 1}.conv"
         index = b * (n + 1) + j
-        return f"output_blocks.{index}.0.{resnet['.'.join(p[4:])]}" if kind == "resnets" else \
-            f"output_blocks.{index}.1.{'.'.join(p[4:])}"  # fmt: skip
+        return (
+            f"output_blocks.{index}.0.{resnet['.'.join(p[4:])]}"
+            if kind == "resnets"
+            else f"output_blocks.{index}.1.{'.'.join(p[4:])}"
+        )
     raise ValueError(module)
 
 
@@ -186,14 +206,17 @@ def make_files(pipe) -> dict[str, str]:
     state = kohya_state(unet_pairs, "lora_unet_", sgm, torch.float16, 4.0)
     state |= kohya_state(pairs(text_modules(te1), te1_modules, 8), "lora_te1_", same, torch.float16, 4.0)
     state |= kohya_state(pairs(text_modules(te2), te2_modules, 8), "lora_te2_", same, torch.float16, 4.0)
-    metadata = {"ss_base_model_version": "sdxl_base_v1-0", "ss_network_module": "networks.lora", "ss_network_dim": "8",
-                "ss_network_alpha": "4.0"}  # fmt: skip
+    metadata = {
+        "ss_base_model_version": "sdxl_base_v1-0",
+        "ss_network_module": "networks.lora",
+        "ss_network_dim": "8",
+        "ss_network_alpha": "4.0",
+    }
     save(state, "kohya_sgm", metadata)
     kohya_sgm_state = state
 
     # kohya, diffusers names, UNet attention + TE1, bf16, no alpha (alpha = rank), rank 4.
-    state = kohya_state(pairs(unet_attention_modules(unet), modules, 4), "lora_unet_", same, torch.bfloat16,
-                        None)  # fmt: skip
+    state = kohya_state(pairs(unet_attention_modules(unet), modules, 4), "lora_unet_", same, torch.bfloat16, None)
     state |= kohya_state(pairs(text_modules(te1), te1_modules, 4), "lora_te1_", same, torch.bfloat16, None)
     save(state, "kohya_diffusers")
 
@@ -234,26 +257,57 @@ def make_files(pipe) -> dict[str, str]:
     def r(*shape):
         return torch.randn(shape, generator=generator)
 
-    save({f"{some}.hada_w1_a": r(64, 4), f"{some}.hada_w1_b": r(4, 64), f"{some}.hada_w2_a": r(64, 4),
-          f"{some}.hada_w2_b": r(4, 64), f"{some}.alpha": torch.tensor(4.0)}, "loha")  # fmt: skip
-    save({f"{some}.lokr_w1": r(8, 8), f"{some}.lokr_w2_a": r(8, 4), f"{some}.lokr_w2_b": r(4, 8),
-          f"{some}.alpha": torch.tensor(4.0)}, "lokr")  # fmt: skip
+    save(
+        {
+            f"{some}.hada_w1_a": r(64, 4),
+            f"{some}.hada_w1_b": r(4, 64),
+            f"{some}.hada_w2_a": r(64, 4),
+            f"{some}.hada_w2_b": r(4, 64),
+            f"{some}.alpha": torch.tensor(4.0),
+        },
+        "loha",
+    )
+    save(
+        {
+            f"{some}.lokr_w1": r(8, 8),
+            f"{some}.lokr_w2_a": r(8, 4),
+            f"{some}.lokr_w2_b": r(4, 8),
+            f"{some}.alpha": torch.tensor(4.0),
+        },
+        "lokr",
+    )
     dora = {k: v for k, v in kohya_sgm_state.items() if k.startswith(some)}
     dora[f"{some}.dora_scale"] = torch.ones(1, 64, dtype=torch.float16)
     save(dora, "dora")
     sd15 = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q"
-    save({f"{sd15}.lora_down.weight": r(4, 320).half(), f"{sd15}.lora_up.weight": r(320, 4).half(),
-          f"{sd15}.alpha": torch.tensor(4.0).half(),
-          "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight": r(4, 768).half(),
-          "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight": r(768, 4).half()},
-         "sd15", {"ss_base_model_version": "sd_v1"})  # fmt: skip
-    save({f"{some}.lora_down.weight": r(1, 640).half(), f"{some}.lora_up.weight": r(640, 1).half(),
-          f"{some}.alpha": torch.tensor(1.0).half()}, "sdxl_size")  # fmt: skip
+    save(
+        {
+            f"{sd15}.lora_down.weight": r(4, 320).half(),
+            f"{sd15}.lora_up.weight": r(320, 4).half(),
+            f"{sd15}.alpha": torch.tensor(4.0).half(),
+            "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight": r(4, 768).half(),
+            "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight": r(768, 4).half(),
+        },
+        "sd15",
+        {"ss_base_model_version": "sd_v1"},
+    )
+    save(
+        {
+            f"{some}.lora_down.weight": r(1, 640).half(),
+            f"{some}.lora_up.weight": r(640, 1).half(),
+            f"{some}.alpha": torch.tensor(1.0).half(),
+        },
+        "sdxl_size",
+    )
     whole = (OUT / "kohya_sgm.safetensors").read_bytes()
     (OUT / "truncated.safetensors").write_bytes(whole[: len(whole) // 2])
     (OUT / "corrupt.safetensors").write_bytes(b"this is not a safetensors file, only text with its suffix\n")
-    return {"kohya_sgm": "kohya (SGM names)", "kohya_diffusers": "kohya (diffusers names)", "peft": "diffusers/PEFT",
-            "locon": "kohya (SGM names)"}  # fmt: skip
+    return {
+        "kohya_sgm": "kohya (SGM names)",
+        "kohya_diffusers": "kohya (diffusers names)",
+        "peft": "diffusers/PEFT",
+        "locon": "kohya (SGM names)",
+    }
 
 
 def canonical_header(path: Path) -> None:
@@ -397,7 +451,7 @@ def main() -> None:
             "diffusers": diffusers.__version__,
             "transformers": transformers.__version__,
             "peft": peft.__version__,
-        },  # fmt: skip
+        },
     }
     np.savez_compressed(FIXTURES / "lora-expected.npz", **arrays)
     (FIXTURES / "lora-expected.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -39,42 +39,87 @@ DTYPES = ("float32", "bfloat16")
 
 # SDXL's full-size configurations (the fields that shape the networks; diffusers' and transformers' config.json).
 SDXL_UNET = {
-    "sample_size": 128, "in_channels": 4, "out_channels": 4,
+    "sample_size": 128,
+    "in_channels": 4,
+    "out_channels": 4,
     "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
     "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-    "block_out_channels": [320, 640, 1280], "layers_per_block": 2, "attention_head_dim": [5, 10, 20],
-    "transformer_layers_per_block": [1, 2, 10], "cross_attention_dim": 2048, "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 256, "projection_class_embeddings_input_dim": 2816, "use_linear_projection": True,
-    "flip_sin_to_cos": True, "freq_shift": 0,
-}  # fmt: skip
+    "block_out_channels": [320, 640, 1280],
+    "layers_per_block": 2,
+    "attention_head_dim": [5, 10, 20],
+    "transformer_layers_per_block": [1, 2, 10],
+    "cross_attention_dim": 2048,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 2816,
+    "use_linear_projection": True,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+}
 SDXL_REFINER_UNET = {
     **SDXL_UNET,
     "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
     "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-    "block_out_channels": [384, 768, 1536, 1536], "attention_head_dim": [6, 12, 24, 24],
-    "transformer_layers_per_block": 4, "cross_attention_dim": 1280, "projection_class_embeddings_input_dim": 2560,
-}  # fmt: skip
+    "block_out_channels": [384, 768, 1536, 1536],
+    "attention_head_dim": [6, 12, 24, 24],
+    "transformer_layers_per_block": 4,
+    "cross_attention_dim": 1280,
+    "projection_class_embeddings_input_dim": 2560,
+}
 SDXL_INPAINT_UNET = {**SDXL_UNET, "in_channels": 9}
 SDXL_VAE = {
-    "in_channels": 3, "out_channels": 3, "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4, "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2,
-    "latent_channels": 4, "norm_num_groups": 32, "sample_size": 1024, "scaling_factor": 0.13025,
-}  # fmt: skip
-CLIP_L = {"vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-          "num_attention_heads": 12, "max_position_embeddings": 77, "hidden_act": "quick_gelu", "projection_dim": 768,
-          "eos_token_id": 2, "layer_norm_eps": 1e-5}  # fmt: skip
-CLIP_G = {**CLIP_L, "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
-          "num_attention_heads": 20, "hidden_act": "gelu", "projection_dim": 1280, "eos_token_id": 49407}  # fmt: skip
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": 0.13025,
+}
+CLIP_L = {
+    "vocab_size": 49408,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "projection_dim": 768,
+    "eos_token_id": 2,
+    "layer_norm_eps": 1e-5,
+}
+CLIP_G = {
+    **CLIP_L,
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "hidden_act": "gelu",
+    "projection_dim": 1280,
+    "eos_token_id": 49407,
+}
 # A refiner-shaped tiny UNet (5 time ids, four blocks, a plain last down block, depth as one number).
 TINY_REFINER_UNET = {
-    "sample_size": 8, "in_channels": 4, "out_channels": 4,
+    "sample_size": 8,
+    "in_channels": 4,
+    "out_channels": 4,
     "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
     "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-    "block_out_channels": [32, 64, 64, 64], "layers_per_block": 2, "attention_head_dim": [2, 4, 4, 4],
-    "transformer_layers_per_block": 1, "cross_attention_dim": 64, "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 5 * 8 + 64, "use_linear_projection": True,
-    "flip_sin_to_cos": True, "freq_shift": 0,
-}  # fmt: skip
+    "block_out_channels": [32, 64, 64, 64],
+    "layers_per_block": 2,
+    "attention_head_dim": [2, 4, 4, 4],
+    "transformer_layers_per_block": 1,
+    "cross_attention_dim": 64,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 8,
+    "projection_class_embeddings_input_dim": 5 * 8 + 64,
+    "use_linear_projection": True,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+}
 CONTROLNET_EMBEDDING = {"conditioning_embedding_channels": 32, "block_out_channels": [8, 16, 16, 16]}
 
 
@@ -83,8 +128,10 @@ def _configs() -> dict:
     from pipeline.checkpoint.tiny import tiny_checkpoint
 
     folder = tiny_checkpoint()
-    return {name: json.loads((folder / name / "config.json").read_text()) for name in
-            ("unet", "vae", "text_encoder", "text_encoder_2")}  # fmt: skip
+    return {
+        name: json.loads((folder / name / "config.json").read_text())
+        for name in ("unet", "vae", "text_encoder", "text_encoder_2")
+    }
 
 
 def _unet(config: dict, dtype):
@@ -156,11 +203,12 @@ def _inputs(configs: dict, rng) -> dict:
 
     text_width = unet["projection_class_embeddings_input_dim"] - 6 * unet["addition_time_embed_dim"]
     unet_base = {
-        "sample": normal(batch, 4, latent, latent), "timesteps": np.array([999.0, 17.5], np.float32),
+        "sample": normal(batch, 4, latent, latent),
+        "timesteps": np.array([999.0, 17.5], np.float32),
         "encoder_hidden_states": normal(batch, 77, unet["cross_attention_dim"]),
         "text_embeds": normal(batch, text_width),
         "time_ids": np.array([[1024, 1024, 0, 0, 1024, 1024], [768, 1344, 16, 8, 1024, 1024]], np.float32),
-    }  # fmt: skip
+    }
     residuals = {f"residual_{i}": normal(*shape) * 0.5 for i, shape in enumerate(_skip_shapes(unet, batch, latent))}
     mid = unet["block_out_channels"][-1]
     return {
@@ -172,7 +220,7 @@ def _inputs(configs: dict, rng) -> dict:
             "encoder_hidden_states": normal(batch, 77, refiner["cross_attention_dim"]),
             "text_embeds": normal(batch, refiner["cross_attention_dim"]),
             "time_ids": np.array([[1024, 1024, 0, 0, 6.0], [768, 1344, 16, 8, 2.5]], np.float32),
-        },  # fmt: skip
+        },
         "vae_encode": {"sample": np.tanh(normal(1, 3, 64, 64))},
         "vae_decode": {"latents": normal(1, 4, latent, latent)},
         "text_encoder": {"input_ids": ids(configs["text_encoder"])},
@@ -199,11 +247,14 @@ def _cases(configs: dict):
     def unet_call(module, params, x):
         residuals = sorted((k for k in x if k.startswith("residual_")), key=lambda k: int(k.split("_")[1]))
         out = module.apply(
-            {"params": params}, x["sample"], x["timesteps"], x["encoder_hidden_states"],
+            {"params": params},
+            x["sample"],
+            x["timesteps"],
+            x["encoder_hidden_states"],
             added_cond_kwargs={"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]},
             down_block_additional_residuals=tuple(x[k] for k in residuals) if residuals else None,
             mid_block_additional_residual=x.get("mid_residual"),
-        )  # fmt: skip
+        )
         return {"sample": out.sample}
 
     def encode_call(module, params, x):
@@ -236,10 +287,19 @@ def _cases(configs: dict):
         return lambda dtype: FlaxCLIPEncoderLayer(CLIPTextConfig(**config), dtype=dtype)
 
     f32 = jnp.float32
-    transformer = functools.partial(FlaxTransformer2DModel, in_channels=1280, n_heads=20, d_head=64, depth=1,
-                                    use_linear_projection=True, split_head_dim=True)  # fmt: skip
-    embedding = functools.partial(FlaxControlNetConditioningEmbedding, **{
-        k: tuple(v) if isinstance(v, list) else v for k, v in CONTROLNET_EMBEDDING.items()})  # fmt: skip
+    transformer = functools.partial(
+        FlaxTransformer2DModel,
+        in_channels=1280,
+        n_heads=20,
+        d_head=64,
+        depth=1,
+        use_linear_projection=True,
+        split_head_dim=True,
+    )
+    embedding = functools.partial(
+        FlaxControlNetConditioningEmbedding,
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in CONTROLNET_EMBEDDING.items()},
+    )
     return {
         "unet": (lambda d: _unet(configs["unet"], d), lambda m: m.init_weights, unet_call),
         "unet_controlnet": (lambda d: _unet(configs["unet"], d), lambda m: m.init_weights, unet_call),
@@ -252,22 +312,22 @@ def _cases(configs: dict):
             lambda d: embedding(dtype=d),
             lambda m: init_of(m, jnp.zeros((1, 32, 32, 3), f32)),
             block_call("conditioning"),
-        ),  # fmt: skip
+        ),
         "transformer_1280": (
             lambda d: transformer(dtype=d),
             lambda m: init_of(m, jnp.zeros((1, 4, 4, 1280), f32), jnp.zeros((1, 77, 2048), f32)),
             block_call("hidden_states", "context"),
-        ),  # fmt: skip
+        ),
         "resnet_640_1280": (
             lambda d: FlaxResnetBlock2D(in_channels=640, out_channels=1280, dtype=d),
             lambda m: init_of(m, jnp.zeros((1, 4, 4, 640), f32), jnp.zeros((1, 1280), f32)),
             block_call("hidden_states", "temb"),
-        ),  # fmt: skip
+        ),
         "vae_mid_512": (
             lambda d: FlaxUNetMidBlock2D(in_channels=512, resnet_groups=32, num_attention_heads=None, dtype=d),
             lambda m: init_of(m, jnp.zeros((1, 4, 4, 512), f32)),
             block_call("hidden_states"),
-        ),  # fmt: skip
+        ),
         "clip_l_layer": (clip_layer(CLIP_L), lambda m: init_of(m, jnp.zeros((1, 77, 768), f32), None), layer_call),
         "clip_g_layer": (clip_layer(CLIP_G), lambda m: init_of(m, jnp.zeros((1, 77, 1280), f32), None), layer_call),
     }
@@ -339,14 +399,14 @@ def main() -> None:
             "sdxl_vae": SDXL_VAE,
             "clip_l": CLIP_L,
             "clip_g": CLIP_G,
-        },  # fmt: skip
+        },
         "trees": trees,
         "full_size_trees": _full_size_trees(),
         "versions": {
             "jax": jax.__version__,
             "diffusers": diffusers.__version__,
             "transformers": transformers.__version__,
-        },  # fmt: skip
+        },
     }
     OUT.with_suffix(".json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {OUT.name}.npz and .json")

@@ -43,13 +43,21 @@ EMBEDDING, VECTORS = "zqxtoken", 2
 
 #: (name, prompt, its segments, negative prompt, its segments): A1111's parse of each, written out.
 EMPHASIS_CASES = [
-    ("weighted", "a (red:1.3) car, [blurry], ((masterpiece))",
-     [("a ", 1.0), ("red", 1.3), (" car, ", 1.0), ("blurry", 1 / 1.1), (", ", 1.0), ("masterpiece", 1.21)],
-     "(low quality:1.4), text", [("low quality", 1.4), (", text", 1.0)]),
-    ("weighted_break", "a (cozy:1.5) cabin BREAK snowy [[forest]]",
-     [("a ", 1.0), ("cozy", 1.5), (" cabin", 1.0), BREAK, ("snowy ", 1.0), ("forest", 1 / 1.21)],
-     "blurry BREAK (text:0.5)", [("blurry", 1.0), BREAK, ("text", 0.5)]),
-]  # fmt: skip
+    (
+        "weighted",
+        "a (red:1.3) car, [blurry], ((masterpiece))",
+        [("a ", 1.0), ("red", 1.3), (" car, ", 1.0), ("blurry", 1 / 1.1), (", ", 1.0), ("masterpiece", 1.21)],
+        "(low quality:1.4), text",
+        [("low quality", 1.4), (", text", 1.0)],
+    ),
+    (
+        "weighted_break",
+        "a (cozy:1.5) cabin BREAK snowy [[forest]]",
+        [("a ", 1.0), ("cozy", 1.5), (" cabin", 1.0), BREAK, ("snowy ", 1.0), ("forest", 1 / 1.21)],
+        "blurry BREAK (text:0.5)",
+        [("blurry", 1.0), BREAK, ("text", 0.5)],
+    ),
+]
 PLAIN_NEGATIVE = "blurry"
 #: (name, prompt, negative prompt or None, clip_skip): the clip-skip references (`write_clip_skip`).
 CLIP_SKIP_CASES = [
@@ -75,8 +83,9 @@ def windows(tokenizer, segments) -> tuple[list[list[int]], list[list[float]]]:
     rows, weights = [], []
     for chunk in chunks:
         pad = 75 - len(chunk)
-        rows.append([tokenizer.bos_token_id] + [t for t, _ in chunk] + [tokenizer.eos_token_id]
-                    + [tokenizer.pad_token_id] * pad)  # fmt: skip
+        rows.append(
+            [tokenizer.bos_token_id] + [t for t, _ in chunk] + [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * pad
+        )
         weights.append([1.0] + [w for _, w in chunk] + [1.0] + [1.0] * pad)
     return rows, weights
 
@@ -103,17 +112,28 @@ def emphasized_embeds(pipe, segments) -> tuple[torch.Tensor, torch.Tensor]:
 def render(pipe, latents: np.ndarray, **texts) -> np.ndarray:
     with torch.no_grad():
         image = pipe(
-            num_inference_steps=STEPS, guidance_scale=GUIDANCE, height=SIZE, width=SIZE,
-            latents=torch.from_numpy(latents), output_type="np", **texts,
-        ).images  # float32 [1, 64, 64, 3] in [0, 1]  # fmt: skip
+            num_inference_steps=STEPS,
+            guidance_scale=GUIDANCE,
+            height=SIZE,
+            width=SIZE,
+            latents=torch.from_numpy(latents),
+            output_type="np",
+            **texts,
+        ).images  # float32 [1, 64, 64, 3] in [0, 1]
     return np.asarray(image, np.float32)
 
 
 def render_weighted(pipe, latents, prompt_segments, negative_segments) -> np.ndarray:
     embeds, pooled = emphasized_embeds(pipe, prompt_segments)
     negative_embeds, negative_pooled = emphasized_embeds(pipe, negative_segments)
-    return render(pipe, latents, prompt_embeds=embeds, pooled_prompt_embeds=pooled,
-                  negative_prompt_embeds=negative_embeds, negative_pooled_prompt_embeds=negative_pooled)  # fmt: skip
+    return render(
+        pipe,
+        latents,
+        prompt_embeds=embeds,
+        pooled_prompt_embeds=pooled,
+        negative_prompt_embeds=negative_embeds,
+        negative_pooled_prompt_embeds=negative_pooled,
+    )
 
 
 def unweighted(segments):
@@ -141,10 +161,15 @@ def write_embeddings(pipe) -> dict[str, torch.Tensor]:
 def both_at(pipe, prompt: str, negative: str, clip_skip: int) -> dict[str, torch.Tensor]:
     """The prompt's and the negative prompt's embeddings, each read at `clip_skip` by diffusers' `encode_prompt`."""
     embeds, _, pooled, _ = pipe.encode_prompt(prompt, do_classifier_free_guidance=False, clip_skip=clip_skip)
-    negative_embeds, _, negative_pooled, _ = pipe.encode_prompt(negative, do_classifier_free_guidance=False,
-                                                                clip_skip=clip_skip)  # fmt: skip
-    return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled, "negative_prompt_embeds": negative_embeds,
-            "negative_pooled_prompt_embeds": negative_pooled}  # fmt: skip
+    negative_embeds, _, negative_pooled, _ = pipe.encode_prompt(
+        negative, do_classifier_free_guidance=False, clip_skip=clip_skip
+    )
+    return {
+        "prompt_embeds": embeds,
+        "pooled_prompt_embeds": pooled,
+        "negative_prompt_embeds": negative_embeds,
+        "negative_pooled_prompt_embeds": negative_pooled,
+    }
 
 
 def write_clip_skip(pipe, latents: np.ndarray, versions: dict) -> None:
@@ -164,12 +189,16 @@ def write_clip_skip(pipe, latents: np.ndarray, versions: dict) -> None:
     manifest = {
         "what": "diffusers' PyTorch StableDiffusionXLPipeline on tests/fixtures/tiny-pt (float32): clip_skip=1; with a "
         "negative prompt, both texts read at that layer by encode_prompt(clip_skip=1) (A1111's and ComfyUI's reading)",
-        "height": SIZE, "width": SIZE, "steps": STEPS, "guidance_scale": GUIDANCE, "sampler": "euler",
+        "height": SIZE,
+        "width": SIZE,
+        "steps": STEPS,
+        "guidance_scale": GUIDANCE,
+        "sampler": "euler",
         "latents": "npz key 'latents', float32 [1, 4, 8, 8] (before scaling by init_noise_sigma)",
         "images": "npz key = case name, float32 [1, 64, 64, 3] in [0, 1]",
         "cases": cases,
         "versions": versions,
-    }  # fmt: skip
+    }
     np.savez_compressed(FIXTURES / "clip-skip-expected.npz", **arrays)
     (FIXTURES / "clip-skip-expected.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {FIXTURES / 'clip-skip-expected.npz'}")
@@ -183,8 +212,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     pipe = StableDiffusionXLPipeline.from_pretrained(str(CHECKPOINT), torch_dtype=torch.float32)
     latents = np.random.default_rng(LATENT_SEED).standard_normal((1, 4, SIZE // 8, SIZE // 8)).astype(np.float32)
-    versions = {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                "transformers": transformers.__version__}  # fmt: skip
+    versions = {
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+    }
     write_clip_skip(pipe, latents, versions)
     if sys.argv[1:] == ["clip-skip"]:
         return
@@ -196,14 +228,23 @@ def main() -> None:
         levels = np.abs(np.round(arrays[name] * 255) - np.round(plain * 255))
         print(f"{name}: differs from its weights at 1 by up to {levels.max():.0f} levels, {levels.mean():.1f} mean")
         assert levels.mean() > 2, f"{name}'s weights barely change the image"
-        cases.append({"name": name, "prompt": prompt, "negative_prompt": negative,
-                      "segments": segments, "negative_segments": negative_segments})  # fmt: skip
+        cases.append(
+            {
+                "name": name,
+                "prompt": prompt,
+                "negative_prompt": negative,
+                "segments": segments,
+                "negative_segments": negative_segments,
+            }
+        )
     tensors = write_embeddings(pipe)
     arrays["no_embedding"] = render(pipe, latents, prompt=EMBEDDING_PROMPT, negative_prompt=PLAIN_NEGATIVE)
-    pipe.load_textual_inversion(tensors["clip_l"], token=EMBEDDING, text_encoder=pipe.text_encoder,
-                                tokenizer=pipe.tokenizer)  # fmt: skip
-    pipe.load_textual_inversion(tensors["clip_g"], token=EMBEDDING, text_encoder=pipe.text_encoder_2,
-                                tokenizer=pipe.tokenizer_2)  # fmt: skip
+    pipe.load_textual_inversion(
+        tensors["clip_l"], token=EMBEDDING, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer
+    )
+    pipe.load_textual_inversion(
+        tensors["clip_g"], token=EMBEDDING, text_encoder=pipe.text_encoder_2, tokenizer=pipe.tokenizer_2
+    )
     arrays["embedding"] = render(pipe, latents, prompt=EMBEDDING_PROMPT, negative_prompt=PLAIN_NEGATIVE)
     levels = np.abs(np.round(arrays["embedding"] * 255) - np.round(arrays["no_embedding"] * 255))
     print(f"embedding: differs from the name read as words by up to {levels.max():.0f} levels, {levels.mean():.1f}")
@@ -211,15 +252,27 @@ def main() -> None:
     manifest = {
         "what": "diffusers' PyTorch StableDiffusionXLPipeline on tests/fixtures/tiny-pt (float32): A1111's Original "
         "emphasis from the PyTorch text encoders as prompt_embeds; an SDXL embedding by load_textual_inversion",
-        "height": SIZE, "width": SIZE, "steps": STEPS, "guidance_scale": GUIDANCE, "sampler": "euler",
+        "height": SIZE,
+        "width": SIZE,
+        "steps": STEPS,
+        "guidance_scale": GUIDANCE,
+        "sampler": "euler",
         "latents": "npz key 'latents', float32 [1, 4, 8, 8] (before scaling by init_noise_sigma)",
         "images": "npz key = case name, float32 [1, 64, 64, 3] in [0, 1]",
         "cases": cases,
-        "embedding": {"name": EMBEDDING, "vectors": VECTORS, "prompt": EMBEDDING_PROMPT,
-                      "negative_prompt": PLAIN_NEGATIVE, "refused": ["sd15emb", "broken"]},
-        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                     "transformers": transformers.__version__},
-    }  # fmt: skip
+        "embedding": {
+            "name": EMBEDDING,
+            "vectors": VECTORS,
+            "prompt": EMBEDDING_PROMPT,
+            "negative_prompt": PLAIN_NEGATIVE,
+            "refused": ["sd15emb", "broken"],
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
     np.savez_compressed(FIXTURES / "prompts-expected.npz", **arrays)
     (FIXTURES / "prompts-expected.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {FIXTURES / 'prompts-expected.npz'} and {EMBEDDINGS}")

@@ -69,8 +69,15 @@ def main() -> int:
                     entries[f"{file.name}:{name}"] = [list(key), value_hash(value)]
         expected[component] = entries
     versions = {name: metadata.version(name) for name in ("diffusers", "transformers", "numpy")}
-    OUT.write_text(json.dumps({"versions": versions, "checkpoint": "tests/fixtures/tiny-pt", "tensors": expected},
-                              separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")  # fmt: skip
+    OUT.write_text(
+        json.dumps(
+            {"versions": versions, "checkpoint": "tests/fixtures/tiny-pt", "tensors": expected},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {OUT.relative_to(REPO)}: {sum(map(len, expected.values()))} tensors")
     return 0
 

@@ -79,9 +79,17 @@ def images(pipe, p_params, latents: np.ndarray, negative: str) -> np.ndarray:
     prompt_ids = shard(np.asarray(pipe.prepare_inputs([PROMPT] * n)))
     negative_ids = shard(np.asarray(pipe.prepare_inputs([negative] * n))) if negative else None
     out = pipe(
-        prompt_ids, p_params, jax.random.split(jax.random.PRNGKey(0), n), num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE, height=SIZE, width=SIZE, latents=shard(latents), neg_prompt_ids=negative_ids, jit=True,
-    ).images  # fmt: skip
+        prompt_ids,
+        p_params,
+        jax.random.split(jax.random.PRNGKey(0), n),
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        height=SIZE,
+        width=SIZE,
+        latents=shard(latents),
+        neg_prompt_ids=negative_ids,
+        jit=True,
+    ).images
     return np.round(np.asarray(out).reshape(n, SIZE, SIZE, 3) * 255).astype(np.uint8)
 
 
@@ -129,16 +137,26 @@ def main(argv: list[str]) -> int:
     seeds = [SEED + i for i in range(IMAGES)]  # the engine's seeds for one request of seed SEED
     latents = latents_for(seeds)
     np.savez_compressed(
-        OUT.with_suffix(".npz"), latents=latents, images_negative=images(pipe, p_params, latents, NEGATIVE),
+        OUT.with_suffix(".npz"),
+        latents=latents,
+        images_negative=images(pipe, p_params, latents, NEGATIVE),
         images_no_negative=images(pipe, p_params, latents, ""),
         prepare_inputs_ids=np.asarray(pipe.prepare_inputs(FIFTEEN_WORDS), np.int32),
-    )  # fmt: skip
+    )
     record = {
         "made_by": "scripts/make_reference_fixtures.py",
         "versions": {name: metadata.version(name) for name in VERSIONS},
         "checkpoint_weights_sha256": weights_sha256(checkpoint),
-        "request": {"prompt": PROMPT, "negative_prompt": NEGATIVE, "seeds": seeds, "guidance_scale": GUIDANCE,
-                    "steps": STEPS, "height": SIZE, "width": SIZE, "dtype": "float32"},  # fmt: skip
+        "request": {
+            "prompt": PROMPT,
+            "negative_prompt": NEGATIVE,
+            "seeds": seeds,
+            "guidance_scale": GUIDANCE,
+            "steps": STEPS,
+            "height": SIZE,
+            "width": SIZE,
+            "dtype": "float32",
+        },
         "read_back": read_back(pipe, params),
     }
     OUT.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")

@@ -58,7 +58,7 @@ CASES = [
     ("switch0.5_cfg", "a cozy cabin in a snowy forest, warm light", None, 6.5, 4, 0.5, 6.0, 2.5, 1234),
     ("switch0.75_negative", "a red fox in a green field", "blurry, low quality", 5.0, 8, 0.75, 7.0, 2.0, 77),
     ("switch0.5_no_cfg", "a lighthouse on a cliff at dusk", None, 1.0, 4, 0.5, 6.0, 2.5, 5),
-]  # fmt: skip
+]
 
 
 def make_refiner():
@@ -67,9 +67,10 @@ def make_refiner():
     te2 = json.loads((BASE / "text_encoder_2" / "config.json").read_text())
     torch.manual_seed(SEED)
     unet = UNet2DConditionModel(
-        **UNET, cross_attention_dim=te2["hidden_size"],
+        **UNET,
+        cross_attention_dim=te2["hidden_size"],
         projection_class_embeddings_input_dim=5 * UNET["addition_time_embed_dim"] + te2["projection_dim"],
-    )  # fmt: skip
+    )
     generator = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for param in unet.parameters():  # every weight: a freshly initialised UNet zeroes its last convolutions
@@ -120,19 +121,47 @@ def reference_images() -> tuple[dict, list]:
         refiner.scheduler = scheduler_for(base.scheduler.config, "euler", "leading")
         noise = np.asarray(initial_latents(np.array([seed], np.uint32), SIZE, SIZE, 8))  # the engine's [1, 4, 8, 8]
         with torch.no_grad():
-            latents = base(prompt=prompt, negative_prompt=negative, num_inference_steps=steps,
-                           guidance_scale=guidance, height=SIZE, width=SIZE, latents=torch.from_numpy(noise),
-                           denoising_end=switch, output_type="latent").images  # fmt: skip
+            latents = base(
+                prompt=prompt,
+                negative_prompt=negative,
+                num_inference_steps=steps,
+                guidance_scale=guidance,
+                height=SIZE,
+                width=SIZE,
+                latents=torch.from_numpy(noise),
+                denoising_end=switch,
+                output_type="latent",
+            ).images
             timesteps = [float(t) for t in base.scheduler.timesteps]  # the whole schedule, both stages'
-            image = refiner(prompt=prompt, negative_prompt=negative, image=latents, num_inference_steps=steps,
-                            guidance_scale=guidance, denoising_start=switch, aesthetic_score=aesthetic,
-                            negative_aesthetic_score=negative_aesthetic, output_type="np").images  # fmt: skip
+            image = refiner(
+                prompt=prompt,
+                negative_prompt=negative,
+                image=latents,
+                num_inference_steps=steps,
+                guidance_scale=guidance,
+                denoising_start=switch,
+                aesthetic_score=aesthetic,
+                negative_aesthetic_score=negative_aesthetic,
+                output_type="np",
+            ).images
         base_steps = sum(t >= round(1000 - switch * 1000) for t in timesteps)  # diffusers' `denoising_end` cut
         arrays[name] = np.round(np.asarray(image, np.float64) * 255).astype(np.uint8)
-        cases.append({"name": name, "prompt": prompt, "negative_prompt": negative, "guidance_scale": guidance,
-                      "steps": steps, "refiner_switch": switch, "aesthetic_score": aesthetic,
-                      "negative_aesthetic_score": negative_aesthetic, "seed": seed, "sampler": "euler",
-                      "timesteps": timesteps, "base_steps": base_steps})  # fmt: skip
+        cases.append(
+            {
+                "name": name,
+                "prompt": prompt,
+                "negative_prompt": negative,
+                "guidance_scale": guidance,
+                "steps": steps,
+                "refiner_switch": switch,
+                "aesthetic_score": aesthetic,
+                "negative_aesthetic_score": negative_aesthetic,
+                "seed": seed,
+                "sampler": "euler",
+                "timesteps": timesteps,
+                "base_steps": base_steps,
+            }
+        )
         print(f"{name}: done")
     return arrays, cases
 
@@ -158,9 +187,12 @@ def main() -> None:
         "width": SIZE,
         "arrays": {"<case>": "uint8 [1, 64, 64, 3]: round(the refiner pipeline's float32 image x 255)"},
         "cases": cases,
-        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                     "transformers": transformers.__version__},
-    }  # fmt: skip
+        "versions": {
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
     (FIXTURES / "refiner-expected.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print("wrote the refiner fixtures under", FIXTURES)
 

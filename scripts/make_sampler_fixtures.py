@@ -76,12 +76,15 @@ def schedules() -> list[dict]:
 
 def _schedule_case(scheduler, sampler: str, spacing: str, prediction: str, steps: int, offset: int) -> dict:
     return {
-        "sampler": sampler, "timestep_spacing": spacing, "prediction_type": prediction, "steps": steps,
+        "sampler": sampler,
+        "timestep_spacing": spacing,
+        "prediction_type": prediction,
+        "steps": steps,
         "steps_offset": offset,
         "timesteps": scheduler.timesteps.float().tolist(),
         "sigmas": scheduler.sigmas.float().tolist(),
         "init_noise_sigma": float(scheduler.init_noise_sigma),
-    }  # fmt: skip
+    }
 
 
 def steps() -> list[dict]:
@@ -107,11 +110,19 @@ def steps() -> list[dict]:
             else:
                 noise_used = noise
             out = scheduler.step(torch.from_numpy(model_output), t, torch.from_numpy(sample), generator=generator)
-            cases.append({
-                "sampler": sampler, "prediction_type": prediction, "steps": 4, "index": 1,
-                "sample": sample.tolist(), "model_output": model_output.tolist(), "noise": noise_used.tolist(),
-                "scaled_input": scaled.numpy().tolist(), "prev_sample": out.prev_sample.numpy().tolist(),
-            })  # fmt: skip
+            cases.append(
+                {
+                    "sampler": sampler,
+                    "prediction_type": prediction,
+                    "steps": 4,
+                    "index": 1,
+                    "sample": sample.tolist(),
+                    "model_output": model_output.tolist(),
+                    "noise": noise_used.tolist(),
+                    "scaled_input": scaled.numpy().tolist(),
+                    "prev_sample": out.prev_sample.numpy().tolist(),
+                }
+            )
     return cases
 
 
@@ -131,10 +142,16 @@ def dpm_runs() -> list[dict]:
                     model_input = scheduler.scale_model_input(sample, t)
                     output = weight * model_input + 0.01 * float(t) / 1000  # stands in for the UNet
                     sample = scheduler.step(output, t, sample).prev_sample
-                cases.append({
-                    "sampler": sampler, "prediction_type": prediction, "steps": steps, "start": start.tolist(),
-                    "weight": float(weight), "final": sample.numpy().tolist(),
-                })  # fmt: skip
+                cases.append(
+                    {
+                        "sampler": sampler,
+                        "prediction_type": prediction,
+                        "steps": steps,
+                        "start": start.tolist(),
+                        "weight": float(weight),
+                        "final": sample.numpy().tolist(),
+                    }
+                )
     return cases
 
 

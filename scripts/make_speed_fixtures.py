@@ -45,11 +45,20 @@ CASES = [
     ("deepcache_3_euler_8", "a lighthouse on a cliff at dusk", None, 5.0, 8, "euler", 1.0, 3, 7),
     ("deepcache_2_dpmpp_2m_8", "a red fox in fresh snow", "blurry, low quality", 5.0, 8, "dpmpp_2m", 1.0, 2, 11),
     # Guidance ends after step 0, a whole-UNet step; steps 1 and 2 are shallow: the cached feature is halved.
-    ("deepcache_3_cfg_end_0.125_euler_8", "a lighthouse on a cliff at dusk", "blurry, low quality", 9.0, 8, "euler",
-     0.125, 3, 7),
+    (
+        "deepcache_3_cfg_end_0.125_euler_8",
+        "a lighthouse on a cliff at dusk",
+        "blurry, low quality",
+        9.0,
+        8,
+        "euler",
+        0.125,
+        3,
+        7,
+    ),
     # Guidance ends after step 1; step 2 is a whole-UNet step: nothing cached is halved.
     ("deepcache_2_cfg_end_0.25_dpmpp_2m_8", "a red fox in fresh snow", None, 9.0, 8, "dpmpp_2m", 0.25, 2, 11),
-]  # fmt: skip
+]
 
 
 def engine_noise(seed: int) -> np.ndarray:
@@ -129,9 +138,16 @@ def run_case(pipe, base_scheduler, case) -> tuple[np.ndarray, dict]:
     pipe.scheduler = scheduler_for(base_scheduler.config, sampler)
     noise = engine_noise(seed)
     kwargs = dict(
-        prompt=prompt, negative_prompt=negative, num_inference_steps=steps, guidance_scale=guidance, height=SIZE,
-        width=SIZE, latents=torch.from_numpy(noise), output_type="np", callback_on_step_end_tensor_inputs=EMBEDDINGS,
-    )  # fmt: skip
+        prompt=prompt,
+        negative_prompt=negative,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        height=SIZE,
+        width=SIZE,
+        latents=torch.from_numpy(noise),
+        output_type="np",
+        callback_on_step_end_tensor_inputs=EMBEDDINGS,
+    )
     end_step = guided_steps(steps, cfg_end) - 1
     # Every case runs with the helper (interval 1: the whole UNet every step), so every case logs its steps alike.
     helper = DeepCacheSDHelper(pipe=pipe)

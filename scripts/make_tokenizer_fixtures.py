@@ -25,18 +25,36 @@ OUT = REPO / "tests" / "fixtures" / "clip-tokens-expected.json"
 
 PROMPTS = [
     "a photo of an astronaut riding a horse on the moon, highly detailed",
-    "", " ", "a", "A", "Hello WORLD!! It's 4pm, isn't it? We'll see; they'd've",
-    "café crème brûlée, naïve résumé, ÅNGSTRÖM, Straße, ǅ", "cafe\u0301 (combining accent, NFC makes é)",
-    "東京タワー 夜景 風景画, 한국어 프롬프트, русский текст", "tabs\tand\nnewlines\r\nand  double  spaces",
+    "",
+    " ",
+    "a",
+    "A",
+    "Hello WORLD!! It's 4pm, isn't it? We'll see; they'd've",
+    "café crème brûlée, naïve résumé, ÅNGSTRÖM, Straße, ǅ",
+    "cafe\u0301 (combining accent, NFC makes é)",
+    "東京タワー 夜景 風景画, 한국어 프롬프트, русский текст",
+    "tabs\tand\nnewlines\r\nand  double  spaces",
     "zero\u200bwidth\u200d joiner, soft\u00adhyphen, nbsp\u00a0here, bom\ufeff, ctrl\x07bell\x00nul\ufffd",
-    "<|endoftext|> test <|startoftext|>x<|endoftext|>", "<|ENDOFTEXT|> and <|Startoftext|> upper",
-    "!", "!!!", "wow!nice! !yes", "a (red:1.3) car, [blurry], ((masterpiece)), BREAK, embedding:zqxtoken",
-    "1234567890 3.14 1,000,000 ½ ² Ⅻ ٣", "emoji 🚀🔥👩‍🚀 and symbols ©®™ §¶ → ← ≠ ∞", "a" * 300,
-    " ".join(["masterpiece best quality"] * 40), "___---***///\\\\|||", "'s 't 're 've 'm 'll 'd 'S 'T",
-    "ﬁne ﬂower (ligatures)", "Ｆｕｌｌｗｉｄｔｈ　ｔｅｘｔ", "\u0000\u0001\u001f\u007f\u0085\u2028\u2029",
+    "<|endoftext|> test <|startoftext|>x<|endoftext|>",
+    "<|ENDOFTEXT|> and <|Startoftext|> upper",
+    "!",
+    "!!!",
+    "wow!nice! !yes",
+    "a (red:1.3) car, [blurry], ((masterpiece)), BREAK, embedding:zqxtoken",
+    "1234567890 3.14 1,000,000 ½ ² Ⅻ ٣",
+    "emoji 🚀🔥👩‍🚀 and symbols ©®™ §¶ → ← ≠ ∞",
+    "a" * 300,
+    " ".join(["masterpiece best quality"] * 40),
+    "___---***///\\\\|||",
+    "'s 't 're 've 'm 'll 'd 'S 'T",
+    "ﬁne ﬂower (ligatures)",
+    "Ｆｕｌｌｗｉｄｔｈ　ｔｅｘｔ",
+    "\u0000\u0001\u001f\u007f\u0085\u2028\u2029",
 ]
-POOL = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789     ,.;:!?'\"()[]{}<>|_-+*/\\@#$%^&~`"
-        "éèêëàâäôöûüçñÉÅßøæœ東京大阪猫犬日本語한국어русский🚀🔥\u200b\u00a0\t\n\u0301\u00ad½²Ⅻ٣ﬁＦ!!!")
+POOL = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789     ,.;:!?'\"()[]{}<>|_-+*/\\@#$%^&~`"
+    "éèêëàâäôöûüçñÉÅßøæœ東京大阪猫犬日本語한국어русский🚀🔥\u200b\u00a0\t\n\u0301\u00ad½²Ⅻ٣ﬁＦ!!!"
+)
 
 
 def random_prompts(count: int, seed: int = 20261127) -> list[str]:
@@ -60,12 +78,27 @@ def main() -> int:
         if tokenizer.fix_text is not None:
             sys.exit("ftfy is installed: the reference pipelines ran without it; use a venv without ftfy")
         cases[name] = {
-            "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id,
-            "pad_token": tokenizer.pad_token, "length": len(tokenizer), "model_max_length": tokenizer.model_max_length,
+            "bos": tokenizer.bos_token_id,
+            "eos": tokenizer.eos_token_id,
+            "pad": tokenizer.pad_token_id,
+            "pad_token": tokenizer.pad_token,
+            "length": len(tokenizer),
+            "model_max_length": tokenizer.model_max_length,
             "ids": [tokenizer(p, add_special_tokens=False, truncation=False, verbose=False).input_ids for p in prompts],
-        }  # fmt: skip
-    OUT.write_text(json.dumps({"transformers": transformers.__version__, "checkpoint": "tests/fixtures/tiny-pt",
-                               "prompts": prompts, "tokenizers": cases}, ensure_ascii=False) + "\n", encoding="utf-8")
+        }
+    OUT.write_text(
+        json.dumps(
+            {
+                "transformers": transformers.__version__,
+                "checkpoint": "tests/fixtures/tiny-pt",
+                "prompts": prompts,
+                "tokenizers": cases,
+            },
+            ensure_ascii=False,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {OUT.relative_to(REPO)}: {len(prompts)} prompts x 2 tokenizers")
     return 0
 

@@ -47,15 +47,29 @@ FLAX_ONLY_KEYS = {"split_head_dim", "use_memory_efficient_attention", "dtype"}
 #: Reference generations: (name, prompt, negative prompt or None, guidance, steps, timestep_spacing, sampler).
 CASES = [
     ("leading_cfg_no_negative", "a cozy cabin in a snowy forest, warm light", None, 6.5, 2, "leading", "euler"),
-    ("leading_cfg_negative", "a cozy cabin in a snowy forest, warm light", "blurry, low quality", 6.5, 2, "leading",
-     "euler"),
+    (
+        "leading_cfg_negative",
+        "a cozy cabin in a snowy forest, warm light",
+        "blurry, low quality",
+        6.5,
+        2,
+        "leading",
+        "euler",
+    ),
     ("trailing_no_cfg_2_steps", "a red fox in a green field", None, 0.0, 2, "trailing", "euler"),
     ("trailing_no_cfg_4_steps", "a red fox in a green field", None, 0.0, 4, "trailing", "euler"),
     # The host loop's samplers: DPMSolverMultistepScheduler (dpmsolver++, order 2), 8 steps with CFG.
-    ("dpmpp_2m_karras_cfg_8_steps", "a lighthouse on a cliff at dusk", "blurry, low quality", 6.5, 8, "leading",
-     "dpmpp_2m_karras"),
+    (
+        "dpmpp_2m_karras_cfg_8_steps",
+        "a lighthouse on a cliff at dusk",
+        "blurry, low quality",
+        6.5,
+        8,
+        "leading",
+        "dpmpp_2m_karras",
+    ),
     ("dpmpp_2m_cfg_8_steps", "a lighthouse on a cliff at dusk", None, 6.5, 8, "leading", "dpmpp_2m"),
-]  # fmt: skip
+]
 SIZE = 64
 LATENT_SEED = 1234
 
@@ -146,9 +160,12 @@ def scheduler_for(config, sampler: str, spacing: str):
 
     if sampler.startswith("dpmpp_2m"):
         return DPMSolverMultistepScheduler.from_config(
-            config, timestep_spacing=spacing, algorithm_type="dpmsolver++", solver_order=2,
+            config,
+            timestep_spacing=spacing,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
             use_karras_sigmas=sampler == "dpmpp_2m_karras",
-        )  # fmt: skip
+        )
     cls = EulerAncestralDiscreteScheduler if sampler == "euler_ancestral" else EulerDiscreteScheduler
     return cls.from_config(config, timestep_spacing=spacing)
 

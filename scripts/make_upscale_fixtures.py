@@ -13,8 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-MODES = {"bilinear": False, "bilinear-aa": True, "bicubic": False, "bicubic-aa": True, "nearest": False,
-         "nearest-exact": False}  # fmt: skip
+MODES = {
+    "bilinear": False,
+    "bilinear-aa": True,
+    "bicubic": False,
+    "bicubic-aa": True,
+    "nearest": False,
+    "nearest-exact": False,
+}
 #: (source h, w) -> targets: the tiny checkpoint's 64 px latents (8) to 96 and 128 px, and an uneven pair.
 SIZES = {(8, 8): [(12, 12), (16, 16)], (5, 7): [(11, 13)]}
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "upscale_modes.npz"
@@ -29,8 +35,9 @@ def main() -> None:
         for target in targets:
             for name, antialias in MODES.items():
                 mode = name.removesuffix("-aa")
-                out = torch.nn.functional.interpolate(torch.from_numpy(source), size=target, mode=mode,
-                                                      antialias=antialias)  # fmt: skip
+                out = torch.nn.functional.interpolate(
+                    torch.from_numpy(source), size=target, mode=mode, antialias=antialias
+                )
                 arrays[f"out_{h}x{w}_{target[0]}x{target[1]}_{name}"] = out.numpy()
     np.savez_compressed(OUT, **arrays)
     print(f"wrote {OUT} ({len(arrays)} arrays, torch {torch.__version__})")

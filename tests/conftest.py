@@ -78,9 +78,11 @@ def pytest_sessionfinish(session) -> None:
         shown = "\n".join(f"  {entry}" for entry in leftovers[:LEFTOVERS_SHOWN])
         more = f"\n  ... and {len(leftovers) - LEFTOVERS_SHOWN} more" if len(leftovers) > LEFTOVERS_SHOWN else ""
         count = f"{len(leftovers)} {'entry' if len(leftovers) == 1 else 'entries'}"
-        session.config.stash[_LEFT] = (f"Tests left {count} in the run's TMPDIR ({run_tmp}); every test writes under "
-                                       f"tmp_path / tmp_path_factory and removes what its servers, clients and "
-                                       f"subprocesses write:\n{shown}{more}")  # fmt: skip
+        session.config.stash[_LEFT] = (
+            f"Tests left {count} in the run's TMPDIR ({run_tmp}); every test writes under "
+            f"tmp_path / tmp_path_factory and removes what its servers, clients and "
+            f"subprocesses write:\n{shown}{more}"
+        )
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     shutil.rmtree(run_tmp, ignore_errors=True)
@@ -213,8 +215,10 @@ def _patient_gradio_clients() -> None:
         if "download_files" not in kwargs and CLIENT_DOWNLOADS:
             kwargs["download_files"] = CLIENT_DOWNLOADS[-1]
         if "download_files" not in kwargs:
-            raise TypeError("a test's gradio_client Client names its download folder: download_files=tmp_path / ... "
-                            "(or False); the default, $TMPDIR/gradio, would be left behind")  # fmt: skip
+            raise TypeError(
+                "a test's gradio_client Client names its download folder: download_files=tmp_path / ... "
+                "(or False); the default, $TMPDIR/gradio, would be left behind"
+            )
         original(self, *args, httpx_kwargs={"timeout": httpx.Timeout(60, read=600), **(httpx_kwargs or {})}, **kwargs)
 
     patient_init.patient = True
@@ -226,15 +230,34 @@ def _patient_gradio_clients() -> None:
 #: out first, the many short files after them (`--no-loadscope-reorder` keeps this order; xdist's own puts the files
 #: with the most tests first), so the two workers end together instead of one running a long file alone at the end.
 HEAVY_FIRST = (
-    "system/test_cluster.py", "system/test_readme_examples.py", "system/test_cli.py", "engine/test_tpu.py",
-    "system/test_service.py", "web/test_features_browser.py", "engine/test_a1111_samplers.py",
-    "engine/test_img2img.py", "engine/test_networks.py", "system/test_app_process.py", "engine/test_generator.py",
-    "system/test_features_cli.py", "engine/test_attention.py", "engine/test_vae_tiles.py", "engine/test_esrgan.py",
-    "web/test_second_pass_browser.py", "engine/test_refiner_together.py", "system/test_bench.py", "engine/test_lora.py",
-    "web/test_stop.py", "web/test_png_info.py", "engine/test_quantize.py", "web/test_previews.py",
-    "engine/test_controlnet.py", "engine/test_convert.py", "engine/test_executables.py",
+    "system/test_cluster.py",
+    "system/test_readme_examples.py",
+    "system/test_cli.py",
+    "engine/test_tpu.py",
+    "system/test_service.py",
+    "web/test_features_browser.py",
+    "engine/test_a1111_samplers.py",
+    "engine/test_img2img.py",
+    "engine/test_networks.py",
+    "system/test_app_process.py",
+    "engine/test_generator.py",
+    "system/test_features_cli.py",
+    "engine/test_attention.py",
+    "engine/test_vae_tiles.py",
+    "engine/test_esrgan.py",
+    "web/test_second_pass_browser.py",
+    "engine/test_refiner_together.py",
+    "system/test_bench.py",
+    "engine/test_lora.py",
+    "web/test_stop.py",
+    "web/test_png_info.py",
+    "engine/test_quantize.py",
+    "web/test_previews.py",
+    "engine/test_controlnet.py",
+    "engine/test_convert.py",
+    "engine/test_executables.py",
     "engine/test_cross_attention_cache.py",
-)  # fmt: skip
+)
 
 
 #: Files that share a costly session engine: xdist builds session fixtures once per worker, so files spread over both
@@ -243,18 +266,40 @@ HEAVY_FIRST = (
 SHARED_ENGINE_GROUPS = {
     # test_cluster needs both; spread over both workers, each engine was built twice.
     "feature_engine, control_engine": (
-        "system/test_cluster.py", "system/test_service.py", "web/test_features_browser.py",
-        "system/test_features_cli.py", "engine/test_img2img.py", "engine/test_speed_levers.py",
-        "engine/test_prompts.py", "engine/test_clip_skip.py", "engine/test_lora.py", "engine/test_text_cache.py",
-        "web/test_apis.py", "web/test_features_api.py", "engine/test_controlnet.py", "web/test_controlnet_page.py"),
+        "system/test_cluster.py",
+        "system/test_service.py",
+        "web/test_features_browser.py",
+        "system/test_features_cli.py",
+        "engine/test_img2img.py",
+        "engine/test_speed_levers.py",
+        "engine/test_prompts.py",
+        "engine/test_clip_skip.py",
+        "engine/test_lora.py",
+        "engine/test_text_cache.py",
+        "web/test_apis.py",
+        "web/test_features_api.py",
+        "engine/test_controlnet.py",
+        "web/test_controlnet_page.py",
+    ),
     "refiner_engine, refiner_hires_engine": (
-        "engine/test_refiner_together.py", "web/test_second_pass_browser.py", "engine/test_refiner.py"),
+        "engine/test_refiner_together.py",
+        "web/test_second_pass_browser.py",
+        "engine/test_refiner.py",
+    ),
     "ui_engine, ui_page": (
-        "web/test_stop.py", "web/test_previews.py", "web/test_history.py", "web/test_delivery.py",
-        "web/test_steps_and_sampler.py", "web/test_page_quiet.py", "web/test_png_info.py",
-        "web/test_progress_and_examples.py", "engine/test_loop.py", "system/test_replicas.py"),
+        "web/test_stop.py",
+        "web/test_previews.py",
+        "web/test_history.py",
+        "web/test_delivery.py",
+        "web/test_steps_and_sampler.py",
+        "web/test_page_quiet.py",
+        "web/test_png_info.py",
+        "web/test_progress_and_examples.py",
+        "engine/test_loop.py",
+        "system/test_replicas.py",
+    ),
     "batched_engine": ("engine/test_generator.py", "web/test_throughput.py", "engine/test_request_merging.py"),
-}  # fmt: skip
+}
 GROUP_OF = {f"tests/{path}": group for group, paths in SHARED_ENGINE_GROUPS.items() for path in paths}
 
 
@@ -324,8 +369,16 @@ BATCHED_DEVICES = 2
 IMAGES_PER_DEVICE = 2
 #: Its settings beyond the model, as `Generator.from_pretrained` takes them (a CLI run with the same flags reuses its
 #: compiled programs): one prompt window, no previews, no speed levers, the fewest programs to compile.
-BATCHED_SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
-                        per_device_batch=IMAGES_PER_DEVICE, prompt_windows=1, previews=False, speed_levers=False)
+BATCHED_SETTINGS = dict(
+    height=TEST_SIZE,
+    width=TEST_SIZE,
+    steps=TEST_STEPS,
+    dtype="float32",
+    per_device_batch=IMAGES_PER_DEVICE,
+    prompt_windows=1,
+    previews=False,
+    speed_levers=False,
+)
 
 
 @pytest.fixture(scope="session")
@@ -399,9 +452,15 @@ def feature_engine(lora_dir):
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32",
-        devices=jax.devices()[:FEATURE_DEVICES], lora_dir=str(lora_dir), embeddings_dir=str(FIXTURES / "embeddings"),
-    )  # fmt: skip
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=3,
+        dtype="float32",
+        devices=jax.devices()[:FEATURE_DEVICES],
+        lora_dir=str(lora_dir),
+        embeddings_dir=str(FIXTURES / "embeddings"),
+    )
     generator.warmup()
     return generator
 
@@ -420,10 +479,17 @@ def control_engine(lora_dir):
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
-        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], controlnets=tuple(str(n) for n in CONTROLNETS),
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=4,
+        dtype="float32",
+        speed_levers=False,
+        prompt_windows=1,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        controlnets=tuple(str(n) for n in CONTROLNETS),
         lora_dir=str(lora_dir),
-    )  # fmt: skip
+    )
     generator.warmup()
     return generator
 
@@ -441,9 +507,17 @@ def refiner_engine():
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", speed_levers=False,
-        prompt_windows=1, previews=False, devices=jax.devices()[:FEATURE_DEVICES], refiner=str(TINY_REFINER),
-    )  # fmt: skip
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=4,
+        dtype="float32",
+        speed_levers=False,
+        prompt_windows=1,
+        previews=False,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        refiner=str(TINY_REFINER),
+    )
     generator.warmup()
     return generator
 
@@ -458,9 +532,17 @@ def refiner_hires_engine():
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", prompt_windows=1, previews=False,
-        devices=jax.devices()[:FEATURE_DEVICES], refiner=str(TINY_REFINER), hires_scales=(2.0,),
-    )  # fmt: skip
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=4,
+        dtype="float32",
+        prompt_windows=1,
+        previews=False,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        refiner=str(TINY_REFINER),
+        hires_scales=(2.0,),
+    )
     generator.warmup()
     return generator
 
@@ -479,9 +561,14 @@ def ui_engine(tiny_dir):
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(tiny_dir), steps=UI_STEPS, dtype="float32", sizes=UI_SIZES, height=UI_SIZES[0][0], width=UI_SIZES[0][1],
+        str(tiny_dir),
+        steps=UI_STEPS,
+        dtype="float32",
+        sizes=UI_SIZES,
+        height=UI_SIZES[0][0],
+        width=UI_SIZES[0][1],
         prompt_windows=1,
-    )  # fmt: skip
+    )
     generator.warmup()
     return generator
 

@@ -83,9 +83,12 @@ def summary(folder: Path, top: int = 40) -> str:
         total[1] += row["compiles"]
         total[2] += row["compile_seconds"]
         total[3] += 1
-    lines = [f"{len(rows)} tests, {sum(r['seconds'] for r in rows):.0f} worker-seconds, "
-             f"{sum(r['compiles'] for r in rows)} compiles, {sum(r['compile_seconds'] for r in rows):.0f} compile-s",
-             "", f"{'seconds':>8} {'compiles':>8} {'compile-s':>9} {'tests':>5}  file"]  # fmt: skip
+    lines = [
+        f"{len(rows)} tests, {sum(r['seconds'] for r in rows):.0f} worker-seconds, "
+        f"{sum(r['compiles'] for r in rows)} compiles, {sum(r['compile_seconds'] for r in rows):.0f} compile-s",
+        "",
+        f"{'seconds':>8} {'compiles':>8} {'compile-s':>9} {'tests':>5}  file",
+    ]
     for name, (seconds, compiles, compile_s, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"{seconds:8.1f} {compiles:8d} {compile_s:9.1f} {count:5d}  {name}")
     lines += ["", f"{'seconds':>8} {'compiles':>8}  test"]

@@ -14,8 +14,21 @@ from pipeline.host.plan import HISTORY, Plan
 _JITTED: dict = {}
 
 
-def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance, noise, plan: Plan, *,
-              cfg: bool = True, prediction_type: str = "epsilon", seeds=None, text=None) -> np.ndarray:  # fmt: skip
+def run_local(
+    modules,
+    params,
+    prompt_ids,
+    negative_ids,
+    has_negative,
+    guidance,
+    noise,
+    plan: Plan,
+    *,
+    cfg: bool = True,
+    prediction_type: str = "epsilon",
+    seeds=None,
+    text=None,
+) -> np.ndarray:
     """The same loop on one device from given standard-normal `noise` [b, 4, h, w]: uint8 [b, H, W, 3] on the host.
 
     For checks against diffusers' PyTorch pipeline, which takes the initial latents as an argument. `text`: the
@@ -28,16 +41,21 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
 
     key = (id(modules), cfg, prediction_type)
     if key not in _JITTED:  # one trace per model and setting for every run (the samplers' rows are data)
-        _JITTED[key] = (modules, jax.jit(functools.partial(encode_local, modules, cfg=cfg)),
-                        jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type)),
-                        jax.jit(functools.partial(decode_local, modules)))  # fmt: skip
+        _JITTED[key] = (
+            modules,
+            jax.jit(functools.partial(encode_local, modules, cfg=cfg)),
+            jax.jit(functools.partial(step_local, modules, cfg=cfg, prediction_type=prediction_type)),
+            jax.jit(functools.partial(decode_local, modules)),
+        )
     _, encode, step, decode = _JITTED[key]
     seeds = np.zeros(len(guidance), np.uint32) if seeds is None else seeds
     if text is None:
         windows = np.ones((len(guidance), 2), np.int32)  # one 77-token window each
         weights = np.ones(np.shape(prompt_ids), np.float32)  # [B, 2, 77]: no emphasis
-        extra = [np.zeros((1, params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1]),
-                          np.float32) for name in ("text_encoder", "text_encoder_2")]  # no embeddings  # fmt: skip
+        extra = [
+            np.zeros((1, params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1]), np.float32)
+            for name in ("text_encoder", "text_encoder_2")
+        ]  # no embeddings
         text = (windows, weights, weights, *extra)
     hidden, pooled, lengths = encode(params, prompt_ids, negative_ids, has_negative, *text)
     latents = np.asarray(noise, np.float32) * np.float32(plan.init_sigma)
@@ -46,9 +64,19 @@ def run_local(modules, params, prompt_ids, negative_ids, has_negative, guidance,
     previous = np.zeros((latents.shape[0], HISTORY, *latents.shape[1:]), np.float32)  # the samplers' history
     for index, row in enumerate(plan.coefficients):
         latents, previous = step(
-            params, latents, previous, hidden, pooled, lengths, guidance, seeds, row, np.int32(index), image,
+            params,
+            latents,
+            previous,
+            hidden,
+            pooled,
+            lengths,
+            guidance,
+            seeds,
+            row,
+            np.int32(index),
+            image,
             np.float32(0),
-        )  # fmt: skip
+        )
     return np.asarray(decode(params, latents))
 
 

@@ -71,8 +71,9 @@ class ThrowawayPostgres:
         self.data, self.socket_dir, self.port = self.root / "data", self.root, free_port()
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         options = f"-k {self.socket_dir} -c listen_addresses='' -p {self.port} -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "300",
-                  "start")  # fmt: skip
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "300", "start"
+        )
 
     def url(self, database: str = "postgres") -> str:
         """The URL the app takes (`--database-url`): psycopg over the Unix socket."""
@@ -93,8 +94,13 @@ class ThrowawayPostgres:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _run(self, program: str, *args: str) -> None:
-        subprocess.run([*self._prefix, str(self.bin / program), *args], check=True, capture_output=True, text=True,
-                       timeout=START_TIMEOUT_S)  # fmt: skip
+        subprocess.run(
+            [*self._prefix, str(self.bin / program), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+        )
 
 
 @contextlib.contextmanager
@@ -107,8 +113,9 @@ def haproxy(config: Path, pages: list[str]):
     port = free_port()
     env = {**os.environ, "SDXL_PROXY_BIND": f"127.0.0.1:{port}"}
     env.update({f"SDXL_PAGE_{i}": page for i, page in enumerate(pages, 1)})
-    process = subprocess.Popen([program, "-f", str(config), "-db"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [program, "-f", str(config), "-db"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         wait_for_port(port, process, timeout=60)
         yield f"http://127.0.0.1:{port}/"
@@ -130,8 +137,12 @@ def nginx(config: Path, pages: list[str]):
     with tempfile.TemporaryDirectory(prefix="sdxl-nginx-") as prefix:
         os.chmod(prefix, 0o777)  # nginx's workers run as nobody when started as root
         (Path(prefix) / "nginx.conf").write_text(text)
-        process = subprocess.Popen([program, "-p", prefix, "-c", f"{prefix}/nginx.conf", "-g", "daemon off;"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        process = subprocess.Popen(
+            [program, "-p", prefix, "-c", f"{prefix}/nginx.conf", "-g", "daemon off;"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             wait_for_port(port, process, timeout=60)
             yield f"http://127.0.0.1:{port}/"

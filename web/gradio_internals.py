@@ -58,8 +58,11 @@ def event_index(dependency) -> int:
 
 def public_endpoints(blocks) -> list[tuple[str, Callable]]:
     """(api_name, function) of every public API endpoint of `blocks` (`Blocks.fns`: a BlockFunction per event)."""
-    return [(block_fn.api_name, block_fn.fn) for block_fn in blocks.fns.values()
-            if block_fn.api_visibility == "public" and block_fn.api_name and block_fn.fn is not None]  # fmt: skip
+    return [
+        (block_fn.api_name, block_fn.fn)
+        for block_fn in blocks.fns.values()
+        if block_fn.api_visibility == "public" and block_fn.api_name and block_fn.fn is not None
+    ]
 
 
 # --- The queue's HTTP protocol: what the page's ASGI middlewares read of a call ----------------------------------

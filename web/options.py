@@ -38,47 +38,140 @@ _APP = frozenset({APP})
 
 #: The server's options. Order is the order of --help, after the engine's.
 SERVER_OPTIONS: tuple[Option, ...] = (
-    Option("--no-progress", "no live step progress on the page (reported by the host between steps; the programs "
-           "are the same)", "SDXL_NO_PROGRESS", kind="switch", programs=_APP),
-    Option("--host", "interface to bind; 0.0.0.0 to accept remote connections", "GRADIO_SERVER_NAME",
-           default="127.0.0.1", programs=_APP),
-    Option("--port", "port to listen on (checked before the model loads)", "GRADIO_SERVER_PORT", port_number, 7860,
-           programs=_APP),
-    Option("--queue-size", "requests that may wait; more are turned away as busy", "SDXL_QUEUE_SIZE", at_least_one,
-           DEFAULT_QUEUE_SIZE, programs=_APP),
-    Option("--prompt-filter", "block list, one word or phrase a line (see assets/blocked_words.example.txt)",
-           "SDXL_PROMPT_FILTER", metavar="FILE", programs=_APP),
-    Option("--auth", "require this login (repeat for more users)", "SDXL_AUTH", kind="append",
-           metavar="USER:PASSWORD", programs=_APP, env_text="SDXL_AUTH: one USER:PASSWORD"),
-    Option("--auth-file", "require a login from this file, one USER:PASSWORD a line", "SDXL_AUTH_FILE",
-           metavar="FILE", programs=_APP),
-    Option("--data-dir", "where past generations are kept: with logins, each user's (a SQLite database and the "
-           "images); without, only the key that lets browsers read their own history after a restart",
-           "SDXL_DATA_DIR", metavar="DIR", default_text="$XDG_DATA_HOME/sdxl-jax (~/.local/share/sdxl-jax)",
-           programs=_APP),
-    Option("--database-url", "where the history's rows live: postgresql://USER:PASSWORD@HOST/DB for page replicas "
-           "that share one history (SQLAlchemy 2 + psycopg 3); SQLite in --data-dir when not given",
-           "SDXL_DATABASE_URL", metavar="URL", default_text="sqlite:///DATA_DIR/history.sqlite3", programs=_APP),
-    Option("--image-store", "where the history's images live: a directory (a volume the replicas share) or an "
-           "fsspec URL such as s3://BUCKET/PATH or gs://BUCKET/PATH (its package, s3fs or gcsfs, installed)",
-           "SDXL_IMAGE_STORE", metavar="PLACE", default_text="--data-dir", programs=_APP),
-    Option("--history-max", "past generations kept per user; one more removes the oldest with its files",
-           "SDXL_HISTORY_MAX", at_least_one, DEFAULT_MAX_ENTRIES, metavar="N", programs=_APP),
-    Option("--no-history", "keep no past generations (no History tab, no /history)", "SDXL_NO_HISTORY", kind="switch",
-           programs=_APP),
+    Option(
+        "--no-progress",
+        "no live step progress on the page (reported by the host between steps; the programs are the same)",
+        "SDXL_NO_PROGRESS",
+        kind="switch",
+        programs=_APP,
+    ),
+    Option(
+        "--host",
+        "interface to bind; 0.0.0.0 to accept remote connections",
+        "GRADIO_SERVER_NAME",
+        default="127.0.0.1",
+        programs=_APP,
+    ),
+    Option(
+        "--port",
+        "port to listen on (checked before the model loads)",
+        "GRADIO_SERVER_PORT",
+        port_number,
+        7860,
+        programs=_APP,
+    ),
+    Option(
+        "--queue-size",
+        "requests that may wait; more are turned away as busy",
+        "SDXL_QUEUE_SIZE",
+        at_least_one,
+        DEFAULT_QUEUE_SIZE,
+        programs=_APP,
+    ),
+    Option(
+        "--prompt-filter",
+        "block list, one word or phrase a line (see assets/blocked_words.example.txt)",
+        "SDXL_PROMPT_FILTER",
+        metavar="FILE",
+        programs=_APP,
+    ),
+    Option(
+        "--auth",
+        "require this login (repeat for more users)",
+        "SDXL_AUTH",
+        kind="append",
+        metavar="USER:PASSWORD",
+        programs=_APP,
+        env_text="SDXL_AUTH: one USER:PASSWORD",
+    ),
+    Option(
+        "--auth-file",
+        "require a login from this file, one USER:PASSWORD a line",
+        "SDXL_AUTH_FILE",
+        metavar="FILE",
+        programs=_APP,
+    ),
+    Option(
+        "--data-dir",
+        "where past generations are kept: with logins, each user's (a SQLite database and the "
+        "images); without, only the key that lets browsers read their own history after a restart",
+        "SDXL_DATA_DIR",
+        metavar="DIR",
+        default_text="$XDG_DATA_HOME/sdxl-jax (~/.local/share/sdxl-jax)",
+        programs=_APP,
+    ),
+    Option(
+        "--database-url",
+        "where the history's rows live: postgresql://USER:PASSWORD@HOST/DB for page replicas "
+        "that share one history (SQLAlchemy 2 + psycopg 3); SQLite in --data-dir when not given",
+        "SDXL_DATABASE_URL",
+        metavar="URL",
+        default_text="sqlite:///DATA_DIR/history.sqlite3",
+        programs=_APP,
+    ),
+    Option(
+        "--image-store",
+        "where the history's images live: a directory (a volume the replicas share) or an "
+        "fsspec URL such as s3://BUCKET/PATH or gs://BUCKET/PATH (its package, s3fs or gcsfs, installed)",
+        "SDXL_IMAGE_STORE",
+        metavar="PLACE",
+        default_text="--data-dir",
+        programs=_APP,
+    ),
+    Option(
+        "--history-max",
+        "past generations kept per user; one more removes the oldest with its files",
+        "SDXL_HISTORY_MAX",
+        at_least_one,
+        DEFAULT_MAX_ENTRIES,
+        metavar="N",
+        programs=_APP,
+    ),
+    Option(
+        "--no-history",
+        "keep no past generations (no History tab, no /history)",
+        "SDXL_NO_HISTORY",
+        kind="switch",
+        programs=_APP,
+    ),
     Option("--share", "also open a public *.gradio.live link (needs internet)", kind="switch", programs=_APP),
-    Option("--engine", "serve the page in front of this engine service (`python -m pipeline serve`; repeat for more; "
-           "a name resolving to several addresses counts as each): no model is loaded here, no JAX", "SDXL_ENGINES",
-           kind="append", metavar="URL", programs=_APP, env_text="SDXL_ENGINES: URLs separated by commas"),
+    Option(
+        "--engine",
+        "serve the page in front of this engine service (`python -m pipeline serve`; repeat for more; "
+        "a name resolving to several addresses counts as each): no model is loaded here, no JAX",
+        "SDXL_ENGINES",
+        kind="append",
+        metavar="URL",
+        programs=_APP,
+        env_text="SDXL_ENGINES: URLs separated by commas",
+    ),
     ENGINE_TOKEN,
-    Option("--api", "serve the A1111 (/sdapi/v1) and OpenAI (/v1/images) APIs on a reachable --host without "
-           "--auth (on 127.0.0.1, or with --auth or --api-key, they are served anyway; docs/apis.md)", "SDXL_API",
-           kind="switch", programs=_APP),
-    Option("--api-key", "a bearer key the OpenAI API and MCP accept (repeat for more); with keys they require one",
-           "SDXL_API_KEY", kind="append", metavar="KEY", programs=_APP, env_text="SDXL_API_KEY: one KEY"),
-    Option("--mcp", "also serve the page's API as MCP tools: generate, generate_png, history (Gradio's MCP server, "
-           "/gradio_api/mcp/)", "SDXL_MCP", kind="switch", programs=_APP),
-)  # fmt: skip
+    Option(
+        "--api",
+        "serve the A1111 (/sdapi/v1) and OpenAI (/v1/images) APIs on a reachable --host without "
+        "--auth (on 127.0.0.1, or with --auth or --api-key, they are served anyway; docs/apis.md)",
+        "SDXL_API",
+        kind="switch",
+        programs=_APP,
+    ),
+    Option(
+        "--api-key",
+        "a bearer key the OpenAI API and MCP accept (repeat for more); with keys they require one",
+        "SDXL_API_KEY",
+        kind="append",
+        metavar="KEY",
+        programs=_APP,
+        env_text="SDXL_API_KEY: one KEY",
+    ),
+    Option(
+        "--mcp",
+        "also serve the page's API as MCP tools: generate, generate_png, history (Gradio's MCP server, "
+        "/gradio_api/mcp/)",
+        "SDXL_MCP",
+        kind="switch",
+        programs=_APP,
+    ),
+)
 
 #: Every option of every program: the app's parser and docs/options.md's table come from it.
 ALL_OPTIONS: tuple[Option, ...] = OPTIONS + SERVER_OPTIONS

@@ -29,18 +29,45 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 #: What travels, pinned: the versions the 2026-11-28 run used (bench/results/gpu/).
-PACKAGES = ("flax==0.12.12", "diffusers==0.39.0", "transformers==4.57.6", "huggingface_hub==0.36.2",
-            "tokenizers==0.22.2", "importlib_metadata==10.2.0")  # fmt: skip
+PACKAGES = (
+    "flax==0.12.12",
+    "diffusers==0.39.0",
+    "transformers==4.57.6",
+    "huggingface_hub==0.36.2",
+    "tokenizers==0.22.2",
+    "importlib_metadata==10.2.0",
+)
 #: The device machine's python and platform, for the wheels pip picks.
-TARGET = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-          "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64")  # fmt: skip
+TARGET = (
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+)
 DEFAULT_OUT = REPO / ".device" / "site.tar.xz"
 
 
 def download(folder: Path) -> list[Path]:
     """PACKAGES' wheels for the device machine's python, without their dependencies, into `folder`."""
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", *TARGET,
-               "--dest", str(folder), *PACKAGES]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        *TARGET,
+        "--dest",
+        str(folder),
+        *PACKAGES,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()
@@ -51,8 +78,21 @@ def download(folder: Path) -> list[Path]:
 def unpack(wheels: list[Path], site: Path) -> None:
     """The wheels installed into `site` as `pip install --target` lays them out (no dependencies, no bytecode), for
     the device machine's python whatever this one is (flax 0.12.12 asks for 3.12)."""
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-               "--only-binary=:all:", *TARGET, "--target", str(site), *map(str, wheels)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--only-binary=:all:",
+        *TARGET,
+        "--target",
+        str(site),
+        *map(str, wheels),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"device_site: pip could not unpack the wheels: {done.stderr.strip().splitlines()[-1]}")
@@ -75,10 +115,12 @@ def pack(site: Path, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.accelerator.device_site",
-                                     description=" ".join(__doc__.split("\n\n")[0].split()),
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.accelerator.device_site",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--wheels", type=Path, help="take the wheels from this folder instead of the index")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the tarball (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
@@ -89,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         site = Path(scratch) / "site"
         unpack(wheels, site)
         size = pack(site, args.out)
-    print(f"device_site: {len(wheels)} packages in {args.out} ({size / 1e6:.1f} MB): "
-          + ", ".join(wheel.name.split("-")[0] + " " + wheel.name.split("-")[1] for wheel in wheels))  # fmt: skip
+    print(
+        f"device_site: {len(wheels)} packages in {args.out} ({size / 1e6:.1f} MB): "
+        + ", ".join(wheel.name.split("-")[0] + " " + wheel.name.split("-")[1] for wheel in wheels)
+    )
     return 0
 
 

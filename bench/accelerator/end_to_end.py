@@ -83,9 +83,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--out", default="bench-results", help="directory of accelerator.json (default bench-results/)")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
     add("--peer", choices=("torch",), default=None, help="also time diffusers' PyTorch pipeline (eager, compiled)")
-    add("--warm-up", choices=WARM_UPS, default="all", help="all: every served program compiled and run at start-up, "
+    add(
+        "--warm-up",
+        choices=WARM_UPS,
+        default="all",
+        help="all: every served program compiled and run at start-up, "
         "as the app does (default); request: only what the measured requests run, compiled by their untimed first "
-        "calls (a shorter GPU run: python -m bench gpu)")
+        "calls (a shorter GPU run: python -m bench gpu)",
+    )
     add("--torch-python", default=sys.executable, help="the python of the PyTorch pipeline's worker (default: this)")
     args = parser.parse_args(argv)
     args.part_list = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -142,9 +147,12 @@ def full_size_model(model: str, dtype: str):
 
     modules, shapes = sdxl_model(dtype)
     networks = dataclasses.replace(
-        loaded.networks, unet=modules.unet, vae=modules.vae, text_encoder=modules.text_encoder,
+        loaded.networks,
+        unet=modules.unet,
+        vae=modules.vae,
+        text_encoder=modules.text_encoder,
         text_encoder_2=modules.text_encoder_2,
-    )  # fmt: skip
+    )
     params = {name: random_like(tree, dtype, seed) for seed, (name, tree) in enumerate(sorted(shapes.items()))}
     return LoadedModel(networks, params, "random SDXL-shaped weights", time.perf_counter() - started, 0.0)
 
@@ -177,9 +185,19 @@ def engine(loaded, args, dtype: str, nets=(), **settings):
     engine here (the same work per call; a served engine encodes a repeated text once: host/text_cache.py)."""
     from ..engine import EngineConfig, Generator, prepare
 
-    config = EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=args.steps, dtype=dtype,
-                          attention=args.attention, prompt_windows=args.prompt_windows, previews=False,
-                          executable_cache=False, text_cache=0, **settings)  # fmt: skip
+    config = EngineConfig(
+        model=loaded.source,
+        height=args.size,
+        width=args.size,
+        steps=args.steps,
+        dtype=dtype,
+        attention=args.attention,
+        prompt_windows=args.prompt_windows,
+        previews=False,
+        executable_cache=False,
+        text_cache=0,
+        **settings,
+    )
     config = prepare(config)  # as Generator.load does before it loads a checkpoint
     generator = Generator(loaded, config, None, list(nets))  # every local device, as diffusers' pmap uses them
     return generator, generator.warmup() if args.warm_up == "all" else {}
@@ -198,11 +216,20 @@ def time_requests(generator, requests, runs: int, say) -> list[dict]:
         with ProgramTimer(generator.programs, block=True) as timer:
             generator.generate(request)
         stats = Stats.of(seconds)
-        rows.append({"request": label, "fields": {k: v for k, v in fields.items() if k != "controlnets"},
-                     "seconds": seconds, "median_s": stats.median, "images_per_s": generator.num_images / stats.median,
-                     "programs_ms": {k: v * 1e3 for k, v in timer.per_program().items()}})  # fmt: skip
-        say(f"  {label}: {stats.median:.3f} s per request ({', '.join(f'{s:.3f}' for s in seconds)}); programs "
-            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timer.per_program().items()))  # fmt: skip
+        rows.append(
+            {
+                "request": label,
+                "fields": {k: v for k, v in fields.items() if k != "controlnets"},
+                "seconds": seconds,
+                "median_s": stats.median,
+                "images_per_s": generator.num_images / stats.median,
+                "programs_ms": {k: v * 1e3 for k, v in timer.per_program().items()},
+            }
+        )
+        say(
+            f"  {label}: {stats.median:.3f} s per request ({', '.join(f'{s:.3f}' for s in seconds)}); programs "
+            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timer.per_program().items())
+        )
     return rows
 
 
@@ -233,10 +260,18 @@ def main(argv: list[str]) -> int:
     dtype = args.dtype or ("float32" if device.platform == "cpu" else "bfloat16")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
-                     "device_kind": device.device_kind, "jax": jax.__version__, "model": args.model,
-                     "size": args.size, "steps": args.steps, "dtype": dtype, "attention": args.attention,
-                     "prompt_windows": args.prompt_windows}  # fmt: skip
+    results: dict = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "device_kind": device.device_kind,
+        "jax": jax.__version__,
+        "model": args.model,
+        "size": args.size,
+        "steps": args.steps,
+        "dtype": dtype,
+        "attention": args.attention,
+        "prompt_windows": args.prompt_windows,
+    }
 
     def save(part: str, value) -> None:
         results[part] = value
@@ -257,8 +292,10 @@ def main(argv: list[str]) -> int:
     nets = [full_size_controlnet(args.model, dtype, loaded)] if "controlnet" in args.part_list else []
     generator, warmup = engine(loaded, args, dtype, nets)
     if warmup:
-        progress(f"accelerator: engine warm in {warmup['compile_s'] + warmup['first_run_s']:.1f} s "
-                 f"({generator.startup_programs.summary()})")  # fmt: skip
+        progress(
+            f"accelerator: engine warm in {warmup['compile_s'] + warmup['first_run_s']:.1f} s "
+            f"({generator.startup_programs.summary()})"
+        )
         save("startup", {**warmup, "programs": [key.label for key in generator.program_keys()]})
     else:
         progress("accelerator: --warm-up request: each request's first, untimed call compiles its programs")
@@ -287,8 +324,10 @@ def _compare(generator, loaded, args, dtype: str, say) -> dict:
     # The worker makes its own random weights of the same shapes; the tokenizers are the tiny checkpoint's (as here).
     reference = None if args.model == TINY else sdxl_reference(loaded.networks, dtype, Path(resolve_model(TINY)))
     compared = engine_vs_reference(generator, args.runs, say, reference=reference)
-    say(f"accelerator: engine {compared.engine.median:.3f} s, diffusers {compared.reference.median:.3f} s per "
-        f"request: engine / diffusers = {compared.ratio:.3f}")  # fmt: skip
+    say(
+        f"accelerator: engine {compared.engine.median:.3f} s, diffusers {compared.reference.median:.3f} s per "
+        f"request: engine / diffusers = {compared.ratio:.3f}"
+    )
     return _plain(compared)
 
 

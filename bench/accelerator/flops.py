@@ -14,12 +14,7 @@ import jax
 import jax.numpy as jnp
 
 #: Peak dense bf16 FLOP/s of the accelerators people serve SDXL on (vendor data sheets).
-PEAK_BF16_FLOPS = {
-    "TPU v5e": 197e12,
-    "TPU v6e": 918e12,
-    "H100 SXM": 989e12,
-    "H200": 989e12,
-}
+PEAK_BF16_FLOPS = {"TPU v5e": 197e12, "TPU v6e": 918e12, "H100 SXM": 989e12, "H200": 989e12}
 #: Device kinds (as jax reports them) whose peak bf16 FLOP/s is known, for the fraction-of-peak figure.
 PEAK_BY_DEVICE_KIND = {
     "TPU v5 lite": 197e12,
@@ -68,10 +63,22 @@ SDXL_VAE_CONFIG = {
     "scaling_factor": 0.13025,
 }
 # text_encoder (CLIP ViT-L/14) and text_encoder_2 (OpenCLIP ViT-bigG/14) of SDXL base 1.0.
-SDXL_TEXT_CONFIG = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                    "num_attention_heads": 12, "hidden_act": "quick_gelu", "projection_dim": 768}  # fmt: skip
-SDXL_TEXT_2_CONFIG = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
-                      "num_attention_heads": 20, "hidden_act": "gelu", "projection_dim": 1280}  # fmt: skip
+SDXL_TEXT_CONFIG = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "hidden_act": "quick_gelu",
+    "projection_dim": 768,
+}
+SDXL_TEXT_2_CONFIG = {
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "hidden_act": "gelu",
+    "projection_dim": 1280,
+}
 
 
 @dataclass(frozen=True)

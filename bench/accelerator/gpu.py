@@ -89,9 +89,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--throughput", default="1,2,4,8", help="images per device for MLPerf's request (default 1,2,4,8)")
     add("--throughput-runs", type=int, default=2, help="timed requests per --throughput value (default 2)")
     add("--calls", type=int, default=20, help="step calls the profile times and traces (default 20)")
-    add("--levers", default=LEVERS, help="lever sets the step-profile stage times on the 25-step request, "
+    add(
+        "--levers",
+        default=LEVERS,
+        help="lever sets the step-profile stage times on the 25-step request, "
         "NAME:OPTION=VALUE,...;NAME:... or an engine switch ('' for none; default: without XLA's dot merger, and "
-        "--cross-attention-cache)")
+        "--cross-attention-cache)",
+    )
     add("--request-runs", type=int, default=3, help="timed requests per lever set (default 3)")
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16, float32 on CPU")
     add("--cpu-devices", type=int, default=0, help="virtual CPU devices when XLA_FLAGS is unset (default 0)")
@@ -102,8 +106,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if set(args.stage_list) - set(SHARES) or not args.stage_list:
         parser.error(f"--stages takes some of {', '.join(SHARES)}")
     if args.budget_s <= 0 or min(args.runs, args.throughput_runs, args.calls, args.steps, args.request_runs) < 1:
-        parser.error("--budget-s must be positive; --runs, --throughput-runs, --calls, --steps and --request-runs "
-                     "at least 1")
+        parser.error(
+            "--budget-s must be positive; --runs, --throughput-runs, --calls, --steps and --request-runs at least 1"
+        )
     try:
         args.per_device = [int(n) for n in args.throughput.split(",") if n.strip()]
     except ValueError:
@@ -156,22 +161,59 @@ INSTALL = {
 def plan(args: argparse.Namespace, missing: dict[str, str]) -> list[Stage]:
     """The selected stages' command lines, with the missing pieces left out or the stage skipped."""
     bench = [sys.executable, "-m", "bench"]
-    common = ["--model", args.model, "--size", str(args.size), "--cpu-devices", str(args.cpu_devices),
-              "--out", str(Path(args.out).resolve()), *(["--dtype", args.dtype] if args.dtype else [])]  # fmt: skip
+    common = [
+        "--model",
+        args.model,
+        "--size",
+        str(args.size),
+        "--cpu-devices",
+        str(args.cpu_devices),
+        "--out",
+        str(Path(args.out).resolve()),
+        *(["--dtype", args.dtype] if args.dtype else []),
+    ]
     stages = []
     if "accelerator" in args.stage_list:
         flax, torch = "flax peer" not in missing, "torch peer" not in missing
-        command = [*bench, "accelerator", "--parts", "engine" if flax else "", "--steps", str(args.steps),
-                   "--runs", str(args.runs), "--prompt-windows", "1", "--warm-up", "request", *common,
-                   *(["--peer", "torch", "--torch-python", args.torch_python] if torch else [])]  # fmt: skip
-        left_out = {part: missing[piece] for part, piece in (("engine_vs_diffusers", "flax peer"),
-                    ("peer_torch", "torch peer")) if piece in missing}  # fmt: skip
+        command = [
+            *bench,
+            "accelerator",
+            "--parts",
+            "engine" if flax else "",
+            "--steps",
+            str(args.steps),
+            "--runs",
+            str(args.runs),
+            "--prompt-windows",
+            "1",
+            "--warm-up",
+            "request",
+            *common,
+            *(["--peer", "torch", "--torch-python", args.torch_python] if torch else []),
+        ]
+        left_out = {
+            part: missing[piece]
+            for part, piece in (("engine_vs_diffusers", "flax peer"), ("peer_torch", "torch peer"))
+            if piece in missing
+        }
         skipped = "; ".join(left_out.values()) if not (flax or torch) else None
         stages.append(Stage("accelerator", command, "accelerator.json", skipped, left_out))
     if "step-profile" in args.stage_list:
-        command = [*bench, "step-profile", "--throughput", ",".join(map(str, args.per_device)),
-                   "--runs", str(args.throughput_runs), "--calls", str(args.calls), "--levers", args.levers,
-                   "--request-runs", str(args.request_runs), *common]  # fmt: skip
+        command = [
+            *bench,
+            "step-profile",
+            "--throughput",
+            ",".join(map(str, args.per_device)),
+            "--runs",
+            str(args.throughput_runs),
+            "--calls",
+            str(args.calls),
+            "--levers",
+            args.levers,
+            "--request-runs",
+            str(args.request_runs),
+            *common,
+        ]
         stages.append(Stage("step-profile", command, "step_profile.json"))
     if "engine" in missing:
         for stage in stages:
@@ -187,12 +229,21 @@ def run_stage(command: list[str], deadline_s: float, log: Path) -> dict:
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # progress lines as they come, not at exit
     with log.open("w") as sink:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, errors="replace", start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         last_error: list[str] = []
         streams = ((process.stdout, sys.stdout, []), (process.stderr, sys.stderr, last_error))
-        copies = [threading.Thread(target=_copy, args=(src, echo, sink, last), daemon=True)
-                  for src, echo, last in streams]  # fmt: skip
+        copies = [
+            threading.Thread(target=_copy, args=(src, echo, sink, last), daemon=True) for src, echo, last in streams
+        ]
         for copy in copies:
             copy.start()
         try:
@@ -209,8 +260,11 @@ def run_stage(command: list[str], deadline_s: float, log: Path) -> dict:
     if returncode is None:
         return {"status": "cut", "seconds": seconds, "error": f"killed at its deadline, {deadline_s:.0f} s"}
     if returncode != 0:
-        return {"status": "failed", "seconds": seconds,
-                "error": last_error[-1] if last_error else f"exit status {returncode}"}  # fmt: skip
+        return {
+            "status": "failed",
+            "seconds": seconds,
+            "error": last_error[-1] if last_error else f"exit status {returncode}",
+        }
     return {"status": "finished", "seconds": seconds, "error": None}
 
 
@@ -270,14 +324,18 @@ FIGURES = {
 
 #: gpu.md's words for the figures.
 LABELS = {
-    "engine_s": "engine, s per request (one image)", "flax_pipeline_s": "diffusers' Flax pipeline, s per request",
-    "engine_over_flax": "engine / Flax pipeline", "engine_s_beside_torch": "engine beside the PyTorch peer, s",
-    "torch_eager_s": "PyTorch eager, s per request", "torch_compile_s": "PyTorch torch.compile, s per request",
+    "engine_s": "engine, s per request (one image)",
+    "flax_pipeline_s": "diffusers' Flax pipeline, s per request",
+    "engine_over_flax": "engine / Flax pipeline",
+    "engine_s_beside_torch": "engine beside the PyTorch peer, s",
+    "torch_eager_s": "PyTorch eager, s per request",
+    "torch_compile_s": "PyTorch torch.compile, s per request",
     "engine_over_torch_eager": "engine / PyTorch eager, per image",
     "engine_over_torch_compile": "engine / PyTorch compiled, per image",
-    "step_ms_back_to_back": "CFG step, ms back to back", "step_ms_blocked": "CFG step, ms blocked on each",
+    "step_ms_back_to_back": "CFG step, ms back to back",
+    "step_ms_blocked": "CFG step, ms blocked on each",
     "kernel_ms_per_step": "CFG step, device kernels ms",
-}  # fmt: skip
+}
 
 
 def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], levers: str = "") -> tuple[dict, dict]:
@@ -295,19 +353,36 @@ def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], lev
     if stage.name == "step-profile":
         rows = {row.get("images_per_device"): row for row in data.get("throughput") or []}
         figures["throughput"] = [
-            {"images_per_device": n, "images": rows[n]["images"], "request_s": rows[n]["request_s_median"],
-             "images_per_s": rows[n]["images_per_s"],
-             "peak_gib": rows[n]["peak_bytes_in_use"] / 2**30 if rows[n].get("peak_bytes_in_use") else None}
-            for n in per_device if n in rows
-        ]  # fmt: skip
+            {
+                "images_per_device": n,
+                "images": rows[n]["images"],
+                "request_s": rows[n]["request_s_median"],
+                "images_per_s": rows[n]["images_per_s"],
+                "peak_gib": rows[n]["peak_bytes_in_use"] / 2**30 if rows[n].get("peak_bytes_in_use") else None,
+            }
+            for n in per_device
+            if n in rows
+        ]
         for n in per_device:
             if n not in rows:
                 absent[f"throughput at {n} per device"] = why.format(json=stage.json_name, error=outcome.get("error"))
         figures["levers"] = [
-            {key: row[key] for key in ("name", "xla_options", "engine_switches", "request_s_median", "over_base",
-                                       "max_pixel_difference", "pixels_differing_percent", "error") if key in row}
+            {
+                key: row[key]
+                for key in (
+                    "name",
+                    "xla_options",
+                    "engine_switches",
+                    "request_s_median",
+                    "over_base",
+                    "max_pixel_difference",
+                    "pixels_differing_percent",
+                    "error",
+                )
+                if key in row
+            }
             for row in data.get("levers") or []
-        ]  # fmt: skip
+        ]
         measured = {row["name"] for row in figures["levers"]}
         for name in [BASE, *parse_levers(levers)]:
             if name not in measured:
@@ -317,9 +392,14 @@ def headline(stage: Stage, outcome: dict, data: dict, per_device: list[int], lev
 
 def markdown(summary: dict) -> str:
     """gpu.md: the stages, then the headline figures and what is missing, as read back from the children's JSON."""
-    lines = [f"# `python -m bench gpu`: {summary['model']} at {summary['size']}², {summary['measured_at']}", "",
-             f"Budget {summary['budget_s']:.0f} s; took {summary['total_s']:.0f} s.", "",
-             "| stage | outcome | seconds | deadline s | note |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# `python -m bench gpu`: {summary['model']} at {summary['size']}², {summary['measured_at']}",
+        "",
+        f"Budget {summary['budget_s']:.0f} s; took {summary['total_s']:.0f} s.",
+        "",
+        "| stage | outcome | seconds | deadline s | note |",
+        "|---|---|---|---|---|",
+    ]
     for stage in summary["stages"]:
         note = stage.get("error") or ""
         deadline = f"{stage['deadline_s']:.0f}" if stage.get("deadline_s") is not None else "—"
@@ -331,13 +411,19 @@ def markdown(summary: dict) -> str:
                 lines.append(f"| {LABELS[name]} | {value:.4g} |")
     rows = [row for stage in summary["stages"] for row in stage["figures"].get("throughput", [])]
     if rows:
-        lines += ["", "MLPerf's request (20 steps, CFG 8):", "",
-                  "| images per device | images | s per request | images/s | peak GiB |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "MLPerf's request (20 steps, CFG 8):",
+            "",
+            "| images per device | images | s per request | images/s | peak GiB |",
+            "|---|---|---|---|---|",
+        ]
         for row in rows:
             peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "—"
-            lines.append(f"| {row['images_per_device']} | {row['images']} | {row['request_s']:.3f} | "
-                         f"{row['images_per_s']:.2f} | {peak} |")  # fmt: skip
+            lines.append(
+                f"| {row['images_per_device']} | {row['images']} | {row['request_s']:.3f} | "
+                f"{row['images_per_s']:.2f} | {peak} |"
+            )
     levers = [row for stage in summary["stages"] for row in stage["figures"].get("levers", [])]
     if levers:
         lines += ["", "Lever sets on the 25-step CFG request (one image per device):", "", *lever_table(levers)]
@@ -363,15 +449,24 @@ def run_and_read(stage: Stage, deadline: float, out: Path, per_device: list[int]
     else:
         progress(f"gpu: stage {stage.name}, {deadline:.0f} s: {shlex.join(stage.command)}")
         outcome = {**run_stage(stage.command, deadline, out / f"{stage.name}.log"), "deadline_s": deadline}
-        progress(f"gpu: stage {stage.name} {outcome['status']} in {outcome['seconds']:.0f} s"
-                 + (f": {outcome['error']}" if outcome["error"] else ""))  # fmt: skip
+        progress(
+            f"gpu: stage {stage.name} {outcome['status']} in {outcome['seconds']:.0f} s"
+            + (f": {outcome['error']}" if outcome["error"] else "")
+        )
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except json.JSONDecodeError:  # not the bench's own (it writes whole files): read as nothing measured
         data = {}
     figures, absent = headline(stage, outcome, data, per_device, levers)
-    return {"name": stage.name, "command": stage.command, **outcome, "json": stage.json_name,
-            "left_out": stage.left_out, "figures": figures, "missing_figures": absent}  # fmt: skip
+    return {
+        "name": stage.name,
+        "command": stage.command,
+        **outcome,
+        "json": stage.json_name,
+        "left_out": stage.left_out,
+        "figures": figures,
+        "missing_figures": absent,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -386,9 +481,16 @@ def main(argv: list[str]) -> int:
     for piece, why in missing.items():
         leaves = "every stage" if piece == "engine" else f"stage accelerator's {piece}"
         progress(f"gpu: {piece} missing, {leaves} left out: {why}; {INSTALL[piece]}")
-    summary = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": args.model, "size": args.size,
-               "budget_s": args.budget_s, "command": ["python", "-m", "bench", "gpu", *argv], "missing": missing,
-               "stages": [], "total_s": 0.0}  # fmt: skip
+    summary = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": args.model,
+        "size": args.size,
+        "budget_s": args.budget_s,
+        "command": ["python", "-m", "bench", "gpu", *argv],
+        "missing": missing,
+        "stages": [],
+        "total_s": 0.0,
+    }
     stages = plan(args, missing)
     for index, stage in enumerate(stages):
         shares = sum(SHARES[later.name] for later in stages[index:] if not later.skipped) or 1.0  # 0: all skipped
@@ -398,6 +500,8 @@ def main(argv: list[str]) -> int:
         write_json(summary, out / "gpu.json")  # after each stage, whole: a cut parent keeps the last one
         (out / "gpu.md").write_text(markdown(summary))
     unfinished = [s["name"] for s in summary["stages"] if s["status"] != "finished"]
-    progress(f"gpu: done in {summary['total_s']:.0f} s: {out / 'gpu.json'}, {out / 'gpu.md'}"
-             + (f"; not finished: {', '.join(unfinished)}" if unfinished else ""))  # fmt: skip
+    progress(
+        f"gpu: done in {summary['total_s']:.0f} s: {out / 'gpu.json'}, {out / 'gpu.md'}"
+        + (f"; not finished: {', '.join(unfinished)}" if unfinished else "")
+    )
     return 1 if unfinished else 0

@@ -142,8 +142,9 @@ def parse_levers(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
     for part in filter(None, (part.strip() for part in text.split(";"))):
         name, colon, options = part.partition(":")
         if not colon or not name.strip() or name.strip() in sets or name.strip() == BASE:
-            raise ValueError(f"--levers takes NAME:OPTION=VALUE,... with names of their own (not {BASE!r}); "
-                             f"got {part!r}")  # fmt: skip
+            raise ValueError(
+                f"--levers takes NAME:OPTION=VALUE,... with names of their own (not {BASE!r}); got {part!r}"
+            )
         named = [option.strip() for option in options.split(",") if option.strip()]
         try:
             pairs = xla_option_pairs([option for option in named if option not in ENGINE_LEVERS])
@@ -223,8 +224,9 @@ def device_events(events: list[dict]) -> tuple[list[dict], dict]:
     if streams:
         chosen, rule = streams, "device Stream lines"
     elif on_device:
-        chosen = [e for e in on_device
-                  if not threads.get((e["pid"], e.get("tid")), "").lower().startswith(DERIVED_LINES)]  # fmt: skip
+        chosen = [
+            e for e in on_device if not threads.get((e["pid"], e.get("tid")), "").lower().startswith(DERIVED_LINES)
+        ]
         rule = "device lines but derived ones"
     else:
         chosen = [e for e in complete if "hlo_op" in e.get("args", {})]
@@ -255,25 +257,42 @@ def summarise(events: list[dict], steps: int, top: int) -> dict:
             kernel["hlo_ops"].add(hlo_op)
     total_ms = sum(sum(v) for v in by_category.values())
     categories = {
-        category: {"ms_per_step": sum(by_category[category]) / steps,
-                   "percent": 100 * sum(by_category[category]) / total_ms if total_ms else 0.0,
-                   "kernels_per_step": len(by_category[category]) / steps}
-        for category in ORDER if category in by_category
-    }  # fmt: skip
+        category: {
+            "ms_per_step": sum(by_category[category]) / steps,
+            "percent": 100 * sum(by_category[category]) / total_ms if total_ms else 0.0,
+            "kernels_per_step": len(by_category[category]) / steps,
+        }
+        for category in ORDER
+        if category in by_category
+    }
     kernels = sorted(by_kernel.values(), key=lambda k: -k["ms"])[:top]
-    top_rows = [{"name": k["name"], "category": k["category"], "hlo_ops": sorted(k["hlo_ops"]),
-                 "ms_per_step": k["ms"] / steps, "percent": 100 * k["ms"] / total_ms if total_ms else 0.0,
-                 "calls_per_step": k["n"] / steps} for k in kernels]  # fmt: skip
-    return {"kernel_ms_per_step": total_ms / steps, "kernels_per_step": len(events) / steps,
-            "categories": categories, "top_kernels": top_rows}  # fmt: skip
+    top_rows = [
+        {
+            "name": k["name"],
+            "category": k["category"],
+            "hlo_ops": sorted(k["hlo_ops"]),
+            "ms_per_step": k["ms"] / steps,
+            "percent": 100 * k["ms"] / total_ms if total_ms else 0.0,
+            "calls_per_step": k["n"] / steps,
+        }
+        for k in kernels
+    ]
+    return {
+        "kernel_ms_per_step": total_ms / steps,
+        "kernels_per_step": len(events) / steps,
+        "categories": categories,
+        "top_kernels": top_rows,
+    }
 
 
 def lever_table(rows: list[dict]) -> list[str]:
     """`--levers`' rows as a markdown table (step_profile.md's and gpu.md's): the base (no ratio), each set, and a
     set XLA refused with its error."""
-    lines = ["| set | XLA options, engine switches | s per request (median) | of base | max pixel difference | "
-             "values differing |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| set | XLA options, engine switches | s per request (median) | of base | max pixel difference | "
+        "values differing |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in rows:
         switches = [f"`--{name.replace('_', '-')}`" for name in row.get("engine_switches", [])]
         options = ", ".join([f"`{name}={value}`" for name, value in row["xla_options"]] + switches) or "—"
@@ -282,8 +301,10 @@ def lever_table(rows: list[dict]) -> list[str]:
         elif "over_base" not in row:
             lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | 1 | — | — |")
         else:
-            lines.append(f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
-                         f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |")  # fmt: skip
+            lines.append(
+                f"| {row['name']} | {options} | {row['request_s_median']:.3f} | {row['over_base']:.3f} | "
+                f"{row['max_pixel_difference']} | {row['pixels_differing_percent']:.2f} % |"
+            )
     return lines
 
 
@@ -291,41 +312,67 @@ def markdown(results: dict) -> str:
     """The category table and the top kernels, as bench/README quotes them."""
     profile = results.get("profile", {})
     timing = results.get("timing", {})
-    lines = [f"# The CFG step by op category: {results.get('program', '?')} on {results.get('device_kind', '?')}", "",
-             f"{results.get('model')} at {results.get('size')}², {results.get('dtype')}, attention "
-             f"{results.get('attention')}; {results.get('calls')} calls traced; jax {results.get('jax')}, "
-             f"flax {results.get('flax')}; {results.get('measured_at')}.", ""]  # fmt: skip
+    lines = [
+        f"# The CFG step by op category: {results.get('program', '?')} on {results.get('device_kind', '?')}",
+        "",
+        f"{results.get('model')} at {results.get('size')}², {results.get('dtype')}, attention "
+        f"{results.get('attention')}; {results.get('calls')} calls traced; jax {results.get('jax')}, "
+        f"flax {results.get('flax')}; {results.get('measured_at')}.",
+        "",
+    ]
     if timing:
-        lines += [f"Step wall time: {timing['blocked_ms_median']:.2f} ms blocked on each call (median), "
-                  f"{timing['back_to_back_ms']:.2f} ms per call back to back; "
-                  f"{results.get('tflop', 0):.2f} TFLOP per step (XLA's cost analysis) = "
-                  f"{results.get('tflops_back_to_back', 0):.0f} TFLOP/s back to back.", ""]  # fmt: skip
+        lines += [
+            f"Step wall time: {timing['blocked_ms_median']:.2f} ms blocked on each call (median), "
+            f"{timing['back_to_back_ms']:.2f} ms per call back to back; "
+            f"{results.get('tflop', 0):.2f} TFLOP per step (XLA's cost analysis) = "
+            f"{results.get('tflops_back_to_back', 0):.0f} TFLOP/s back to back.",
+            "",
+        ]
     if profile:
-        lines += [f"Device kernels: {profile['kernel_ms_per_step']:.2f} ms per step in "
-                  f"{profile['kernels_per_step']:.0f} kernels ({profile['source']['rule']}). Categories by kernel "
-                  "name (heuristic; bench/accelerator/step_profile.py CATEGORIES).", "",
-                  "| category | ms per step | % of kernel time | kernels per step |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"Device kernels: {profile['kernel_ms_per_step']:.2f} ms per step in "
+            f"{profile['kernels_per_step']:.0f} kernels ({profile['source']['rule']}). Categories by kernel "
+            "name (heuristic; bench/accelerator/step_profile.py CATEGORIES).",
+            "",
+            "| category | ms per step | % of kernel time | kernels per step |",
+            "|---|---|---|---|",
+        ]
         for category, row in profile["categories"].items():
-            lines.append(f"| {category} | {row['ms_per_step']:.2f} | {row['percent']:.1f} | "
-                         f"{row['kernels_per_step']:.0f} |")  # fmt: skip
+            lines.append(
+                f"| {category} | {row['ms_per_step']:.2f} | {row['percent']:.1f} | {row['kernels_per_step']:.0f} |"
+            )
         lines += ["", "| kernel (top by time) | category | ms per step | % | calls per step |", "|---|---|---|---|---|"]
         for row in profile["top_kernels"]:
             name = row["name"] if len(row["name"]) <= 90 else row["name"][:87] + "..."
-            lines.append(f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
-                         f"{row['calls_per_step']:.0f} |")  # fmt: skip
+            lines.append(
+                f"| `{name}` | {row['category']} | {row['ms_per_step']:.3f} | {row['percent']:.1f} | "
+                f"{row['calls_per_step']:.0f} |"
+            )
     if results.get("levers"):
-        lines += ["", f"Lever sets on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
-                  "device), each an engine on the same weights:", "", *lever_table(results["levers"])]  # fmt: skip
+        lines += [
+            "",
+            f"Lever sets on the {REQUEST_STEPS}-step request (CFG {REQUEST_GUIDANCE:g}, one image per "
+            "device), each an engine on the same weights:",
+            "",
+            *lever_table(results["levers"]),
+        ]
     if results.get("throughput"):
-        lines += ["", f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:", "",
-                  "| images per device | images | s per request (median) | images/s | peak memory GiB |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"MLPerf's request ({MLPERF_STEPS} steps, CFG {MLPERF_GUIDANCE:g}) by images per device:",
+            "",
+            "| images per device | images | s per request (median) | images/s | peak memory GiB |",
+            "|---|---|---|---|---|",
+        ]
         for row in results["throughput"]:
             peak = row.get("peak_bytes_in_use")
-            lines.append(f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
-                         f"{row['images_per_s']:.2f} | {peak / 2**30:.1f} |" if peak else
-                         f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
-                         f"{row['images_per_s']:.2f} | — |")  # fmt: skip
+            lines.append(
+                f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
+                f"{row['images_per_s']:.2f} | {peak / 2**30:.1f} |"
+                if peak
+                else f"| {row['images_per_device']} | {row['images']} | {row['request_s_median']:.3f} | "
+                f"{row['images_per_s']:.2f} | — |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -350,11 +397,21 @@ def main(argv: list[str]) -> int:
         flax_version = flax.__version__
     except ImportError:
         flax_version = None
-    results: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
-                     "device_kind": device.device_kind, "devices": jax.device_count(), "jax": jax.__version__,
-                     "flax": flax_version, "model": args.model, "size": args.size, "dtype": dtype,
-                     "attention": args.attention, "prompt_windows": 1, "calls": args.calls,
-                     "category_rules": [list(rule) for rule in CATEGORIES]}  # fmt: skip
+    results: dict = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "device_kind": device.device_kind,
+        "devices": jax.device_count(),
+        "jax": jax.__version__,
+        "flax": flax_version,
+        "model": args.model,
+        "size": args.size,
+        "dtype": dtype,
+        "attention": args.attention,
+        "prompt_windows": 1,
+        "calls": args.calls,
+        "category_rules": [list(rule) for rule in CATEGORIES],
+    }
 
     def save(**values) -> None:
         results.update(values)
@@ -363,18 +420,31 @@ def main(argv: list[str]) -> int:
 
     progress(f"step-profile: {args.model} at {args.size}² on {device.device_kind} ({dtype}); making weights ...")
     loaded = full_size_model(args.model, dtype)
-    progress(f"step-profile: {sum(x.size for x in _leaves(loaded.params)) / 1e9:.2f} B parameters "
-             f"in {loaded.load_s:.1f} s")  # fmt: skip
+    progress(
+        f"step-profile: {sum(x.size for x in _leaves(loaded.params)) / 1e9:.2f} B parameters in {loaded.load_s:.1f} s"
+    )
     from ..engine import EngineConfig, Generator, prepare
 
-    config = prepare(EngineConfig(model=loaded.source, height=args.size, width=args.size, steps=25,
-                                  dtype=dtype, attention=args.attention, prompt_windows=1, previews=False,
-                                  executable_cache=False, text_cache=0))  # fmt: skip
+    config = prepare(
+        EngineConfig(
+            model=loaded.source,
+            height=args.size,
+            width=args.size,
+            steps=25,
+            dtype=dtype,
+            attention=args.attention,
+            prompt_windows=1,
+            previews=False,
+            executable_cache=False,
+            text_cache=0,
+        )
+    )
     # As accelerator.engine builds it (speed levers on: EngineConfig's default; every call encodes its text), without
     # its warm-up of every served program: the request below compiles only the programs it runs.
     generator = Generator(loaded, config, None, [])
-    request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS,
-                                guidance_scale=REQUEST_GUIDANCE)  # fmt: skip
+    request = generator.request(
+        PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS, guidance_scale=REQUEST_GUIDANCE
+    )
     started = time.perf_counter()
     with StepCapture(generator.programs) as capture:
         generator.generate(request)
@@ -399,12 +469,20 @@ def main(argv: list[str]) -> int:
     jax.block_until_ready(outs)
     back_to_back = (time.perf_counter() - began) / args.calls
     del outs
-    timing = {"blocked_ms": [s * 1e3 for s in blocked], "blocked_ms_median": statistics.median(blocked) * 1e3,
-              "back_to_back_ms": back_to_back * 1e3}  # fmt: skip
-    save(timing=timing, tflops_back_to_back=flops / back_to_back / 1e12 if flops else None,
-         tflops_blocked=flops / statistics.median(blocked) / 1e12 if flops else None)  # fmt: skip
-    progress(f"step-profile: {label}: {timing['blocked_ms_median']:.2f} ms blocked, {timing['back_to_back_ms']:.2f} "
-             f"ms back to back" + (f", {flops / back_to_back / 1e12:.0f} TFLOP/s" if flops else ""))  # fmt: skip
+    timing = {
+        "blocked_ms": [s * 1e3 for s in blocked],
+        "blocked_ms_median": statistics.median(blocked) * 1e3,
+        "back_to_back_ms": back_to_back * 1e3,
+    }
+    save(
+        timing=timing,
+        tflops_back_to_back=flops / back_to_back / 1e12 if flops else None,
+        tflops_blocked=flops / statistics.median(blocked) / 1e12 if flops else None,
+    )
+    progress(
+        f"step-profile: {label}: {timing['blocked_ms_median']:.2f} ms blocked, {timing['back_to_back_ms']:.2f} "
+        f"ms back to back" + (f", {flops / back_to_back / 1e12:.0f} TFLOP/s" if flops else "")
+    )
 
     trace_dir = out / "trace"
     shutil.rmtree(trace_dir, ignore_errors=True)
@@ -416,15 +494,21 @@ def main(argv: list[str]) -> int:
     del outs
     path, events = trace_events(trace_dir)
     chosen, source = device_events(events)
-    profile = {**summarise(chosen, args.calls, args.top), "source": source, "traced_ms_per_call": traced_ms,
-               "trace_bytes": path.stat().st_size}  # fmt: skip
+    profile = {
+        **summarise(chosen, args.calls, args.top),
+        "source": source,
+        "traced_ms_per_call": traced_ms,
+        "trace_bytes": path.stat().st_size,
+    }
     save(profile=profile)
     if args.keep_trace and path.stat().st_size < 16 * 2**20:
         shutil.copy(path, out / "trace.json.gz")
     shutil.rmtree(trace_dir, ignore_errors=True)
     for category, row in profile["categories"].items():
-        progress(f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
-                 f"{row['kernels_per_step']:.0f} kernels")  # fmt: skip
+        progress(
+            f"  {category}: {row['ms_per_step']:.2f} ms per step ({row['percent']:.1f} %), "
+            f"{row['kernels_per_step']:.0f} kernels"
+        )
     del capture, generator  # the kept step program and its arguments are small beside a batch-8 engine
     if args.lever_sets:
         save(levers=levers(loaded, config, args.lever_sets, args.request_runs, save))
@@ -451,8 +535,9 @@ def throughput(loaded, config, per_device: list[int], runs: int, save) -> list[d
     rows: list[dict] = []
     for n in per_device:
         generator = Generator(loaded, dataclasses.replace(config, per_device_batch=n), None, [])
-        request = generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=MLPERF_STEPS,
-                                    guidance_scale=MLPERF_GUIDANCE)  # fmt: skip
+        request = generator.request(
+            PROMPT, negative_prompt=NEGATIVE, seed=0, steps=MLPERF_STEPS, guidance_scale=MLPERF_GUIDANCE
+        )
         began = time.perf_counter()
         generator.generate(request)
         first_s = time.perf_counter() - began
@@ -504,8 +589,9 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
     from .end_to_end import NEGATIVE, PROMPT
 
     def request(generator):
-        return generator.request(PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS,
-                                 guidance_scale=REQUEST_GUIDANCE)  # fmt: skip
+        return generator.request(
+            PROMPT, negative_prompt=NEGATIVE, seed=0, steps=REQUEST_STEPS, guidance_scale=REQUEST_GUIDANCE
+        )
 
     def pixels(result) -> np.ndarray:
         return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)
@@ -524,8 +610,10 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
             progress(f"step-profile: {name}: {exc}")
             continue
         # the base too is a fresh engine, built as each set's is
-        engines[name] = (Generator(loaded, config.replace(xla_options=config.xla_options + options, **switches),
-                                   None, []), options)  # fmt: skip
+        engines[name] = (
+            Generator(loaded, config.replace(xla_options=config.xla_options + options, **switches), None, []),
+            options,
+        )
         began = time.perf_counter()
         images[name] = pixels(engines[name][0].generate(request(engines[name][0])))
         rows[name]["first_request_s"] = time.perf_counter() - began
@@ -542,12 +630,17 @@ def levers(loaded, config, sets: dict, runs: int, save) -> list[dict]:
         row.update(request_s=times[name], request_s_median=statistics.median(times[name]))
         if name != BASE:
             difference = np.abs(images[name] - images[BASE])
-            row.update(over_base=row["request_s_median"] / base_s, max_pixel_difference=int(difference.max()),
-                       pixels_differing_percent=float(100 * np.count_nonzero(difference) / difference.size))
-            progress(f"step-profile: lever {name}: {row['request_s_median']:.3f} s per request "
-                     f"({row['over_base']:.3f} of {BASE}'s {base_s:.3f}), pixels at most "
-                     f"{row['max_pixel_difference']} levels from {BASE}'s ({row['pixels_differing_percent']:.2f} % "
-                     "differ)")  # fmt: skip
+            row.update(
+                over_base=row["request_s_median"] / base_s,
+                max_pixel_difference=int(difference.max()),
+                pixels_differing_percent=float(100 * np.count_nonzero(difference) / difference.size),
+            )
+            progress(
+                f"step-profile: lever {name}: {row['request_s_median']:.3f} s per request "
+                f"({row['over_base']:.3f} of {BASE}'s {base_s:.3f}), pixels at most "
+                f"{row['max_pixel_difference']} levels from {BASE}'s ({row['pixels_differing_percent']:.2f} % "
+                "differ)"
+            )
     del engines
     result = list(rows.values())
     save(levers=result)

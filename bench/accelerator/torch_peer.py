@@ -46,26 +46,45 @@ def torch_spec(model: str, dtype: str, tiny_dir: Path, scheduler_config: dict) -
     """The worker's load request: the networks' configs (SDXL's, or with `model` "tiny" the tiny checkpoint's own
     config.json files), the tiny checkpoint's tokenizers, the engine's Euler scheduler config, and the dtype."""
     if model == "tiny":
-        configs = {name: json.loads((tiny_dir / name / "config.json").read_text())
-                   for name in ("unet", "vae", "text_encoder", "text_encoder_2")}  # fmt: skip
+        configs = {
+            name: json.loads((tiny_dir / name / "config.json").read_text())
+            for name in ("unet", "vae", "text_encoder", "text_encoder_2")
+        }
     else:
         from .flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
 
-        configs = {"unet": SDXL_UNET_CONFIG, "vae": SDXL_VAE_CONFIG, "text_encoder": SDXL_TEXT_CONFIG,
-                   "text_encoder_2": SDXL_TEXT_2_CONFIG}  # fmt: skip
-    return {**configs, "dtype": dtype, "modes": list(MODES), "tokenizer": str(tiny_dir / "tokenizer"),
-            "tokenizer_2": str(tiny_dir / "tokenizer_2"), "scheduler_config": dict(scheduler_config)}  # fmt: skip
+        configs = {
+            "unet": SDXL_UNET_CONFIG,
+            "vae": SDXL_VAE_CONFIG,
+            "text_encoder": SDXL_TEXT_CONFIG,
+            "text_encoder_2": SDXL_TEXT_2_CONFIG,
+        }
+    return {
+        **configs,
+        "dtype": dtype,
+        "modes": list(MODES),
+        "tokenizer": str(tiny_dir / "tokenizer"),
+        "tokenizer_2": str(tiny_dir / "tokenizer_2"),
+        "scheduler_config": dict(scheduler_config),
+    }
 
 
 def engine_vs_torch(generator, spec: dict, python: str, runs: int, say: Progress = progress) -> dict:
     """Each mode's warm-up, then `runs` interleaved rounds (engine, then each mode), as a JSON-ready dict."""
     config = generator.config
-    kwargs = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "guidance_scale": GUIDANCE, "steps": config.steps,
-              "height": config.height, "width": config.width}  # fmt: skip
+    kwargs = {
+        "prompt": PROMPT,
+        "negative_prompt": NEGATIVE,
+        "guidance_scale": GUIDANCE,
+        "steps": config.steps,
+        "height": config.height,
+        "width": config.width,
+    }
 
     def engine_call(seed: int):
-        return generator.generate(generator.request(PROMPT, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE,
-                                                    seed=seed))  # fmt: skip
+        return generator.generate(
+            generator.request(PROMPT, negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=seed)
+        )
 
     say(f"accelerator: starting diffusers' PyTorch pipeline ({', '.join(MODES)}) with {python} ...")
     started = time.perf_counter()
@@ -88,8 +107,10 @@ def engine_vs_torch(generator, spec: dict, python: str, runs: int, say: Progress
                 mode_s[mode].append(answer["wall_s"])
                 cpu_s[mode].append(answer["cpu_s"])
                 images[mode] = answer["images"]
-            say(f"  run {run + 1}/{runs}: engine {engine_s[-1]:.3f} s, "
-                + ", ".join(f"torch {mode} {mode_s[mode][-1]:.3f} s" for mode in MODES))  # fmt: skip
+            say(
+                f"  run {run + 1}/{runs}: engine {engine_s[-1]:.3f} s, "
+                + ", ".join(f"torch {mode} {mode_s[mode][-1]:.3f} s" for mode in MODES)
+            )
         device, packages = worker.ready.get("device"), worker.packages
     engine = Stats.of(engine_s)
     per_image = engine.median / generator.num_images
@@ -97,12 +118,27 @@ def engine_vs_torch(generator, spec: dict, python: str, runs: int, say: Progress
     for mode in MODES:
         stats = Stats.of(mode_s[mode])
         ratio = per_image / (stats.median / images[mode])
-        modes[mode] = {"seconds": mode_s[mode], "median_s": stats.median, "images_per_call": images[mode],
-                       "cpu_s": cpu_s[mode], "warmup_s": warmup[mode], "engine_over_mode": ratio,
-                       "pair_ratios": [e / generator.num_images / (m / images[mode])
-                                       for e, m in zip(engine_s, mode_s[mode], strict=True)]}  # fmt: skip
-        say(f"accelerator: engine {engine.median:.3f} s, torch {mode} {stats.median:.3f} s per request: "
-            f"engine / torch {mode} = {ratio:.3f} per image")  # fmt: skip
-    return {"python": python, "device": device, "packages": packages, "dtype": spec["dtype"], "load_s": load_s,
-            "engine": {"seconds": engine_s, "median_s": engine.median, "images_per_call": generator.num_images},
-            "modes": modes}  # fmt: skip
+        modes[mode] = {
+            "seconds": mode_s[mode],
+            "median_s": stats.median,
+            "images_per_call": images[mode],
+            "cpu_s": cpu_s[mode],
+            "warmup_s": warmup[mode],
+            "engine_over_mode": ratio,
+            "pair_ratios": [
+                e / generator.num_images / (m / images[mode]) for e, m in zip(engine_s, mode_s[mode], strict=True)
+            ],
+        }
+        say(
+            f"accelerator: engine {engine.median:.3f} s, torch {mode} {stats.median:.3f} s per request: "
+            f"engine / torch {mode} = {ratio:.3f} per image"
+        )
+    return {
+        "python": python,
+        "device": device,
+        "packages": packages,
+        "dtype": spec["dtype"],
+        "load_s": load_s,
+        "engine": {"seconds": engine_s, "median_s": engine.median, "images_per_call": generator.num_images},
+        "modes": modes,
+    }

@@ -68,19 +68,24 @@ def build_pipeline(spec: dict, device, dtype, seed: int):
     torch.manual_seed(seed)
     with torch.device(device):  # parameters made and initialised on the device: no host copy of 2.6 B of them
         texts = [
-            cls(CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2,
-                                  **spec[name]}))  # eos 2: as SDXL's config.json files say (the tiny's own wins)
+            cls(
+                CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **spec[name]})
+            )  # eos 2: as SDXL's config.json files say (the tiny's own wins)
             for cls, name in ((CLIPTextModel, "text_encoder"), (CLIPTextModelWithProjection, "text_encoder_2"))
-        ]  # fmt: skip
+        ]
         unet = UNet2DConditionModel.from_config(_known(UNet2DConditionModel, spec["unet"]))
         vae = AutoencoderKL.from_config(_known(AutoencoderKL, spec["vae"]))
     accepted = inspect.signature(EulerDiscreteScheduler).parameters
     scheduler = EulerDiscreteScheduler(**{k: v for k, v in spec["scheduler_config"].items() if k in accepted})
     pipe = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=texts[0], text_encoder_2=texts[1], unet=unet, scheduler=scheduler,
+        vae=vae,
+        text_encoder=texts[0],
+        text_encoder_2=texts[1],
+        unet=unet,
+        scheduler=scheduler,
         tokenizer=CLIPTokenizer.from_pretrained(spec["tokenizer"]),
         tokenizer_2=CLIPTokenizer.from_pretrained(spec["tokenizer_2"]),
-    )  # fmt: skip
+    )
     pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -182,8 +187,14 @@ def serve(requests, answers) -> int:
             if "load" in message:
                 started = time.perf_counter()
                 pipes = load(message["load"])
-                answer({"load_s": time.perf_counter() - started, "devices": 1, "device": device_name(),
-                        "packages": package_versions()})  # fmt: skip
+                answer(
+                    {
+                        "load_s": time.perf_counter() - started,
+                        "devices": 1,
+                        "device": device_name(),
+                        "packages": package_versions(),
+                    }
+                )
             elif "call" in message and pipes is not None:
                 answer(call(pipes, message["call"]))
             else:

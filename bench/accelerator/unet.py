@@ -152,13 +152,17 @@ def cost_report(args, progress) -> list[dict]:
             progress(f"  cost: {kind} cannot be lowered for {platform} here: {type(exc).__name__}: {exc}")
             continue
         if kind in ("splash", "cudnn") and not row["fused_kernel_sites"]:
-            progress(f"  cost: {kind} put no fused kernel in the program for {platform} here (every shape fell back;"
-                     " cuDNN needs the CUDA plugin, which jax checks while tracing)")  # fmt: skip
+            progress(
+                f"  cost: {kind} put no fused kernel in the program for {platform} here (every shape fell back;"
+                " cuDNN needs the CUDA plugin, which jax checks while tracing)"
+            )
             continue
         rows.append(row)
-        progress(f"  cost: {kind:9s} for {platform}: {row['flops'] / 1e12:7.3f} TFLOP, "
-                 f"{row['bytes_accessed'] / 1e9:7.2f} GB accessed, {row['fused_kernel_sites']} fused kernel sites "
-                 f"(lowered in {row['lower_s']:.0f} s)")  # fmt: skip
+        progress(
+            f"  cost: {kind:9s} for {platform}: {row['flops'] / 1e12:7.3f} TFLOP, "
+            f"{row['bytes_accessed'] / 1e9:7.2f} GB accessed, {row['fused_kernel_sites']} fused kernel sites "
+            f"(lowered in {row['lower_s']:.0f} s)"
+        )
     return rows
 
 
@@ -194,8 +198,10 @@ def time_kinds(args, progress) -> dict:
     unet = build_unet(args.model, dtype)
     abstract = unet_inputs(unet, args.batch, args.height, args.width, dtype)
     latents = f"{args.height // 8}x{args.width // 8}"
-    progress(f"unet: {args.model} geometry, {args.height}x{args.width} (latents {latents}), batch {args.batch}, "
-             f"{dtype.name}, on {device.device_kind}; making random weights on the device ...")  # fmt: skip
+    progress(
+        f"unet: {args.model} geometry, {args.height}x{args.width} (latents {latents}), batch {args.batch}, "
+        f"{dtype.name}, on {device.device_kind}; making random weights on the device ..."
+    )
     started = time.perf_counter()
     params = tiny_params(dtype) if args.model == TINY else random_params(unet, dtype)
     count = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
@@ -250,8 +256,10 @@ def time_kinds(args, progress) -> dict:
         }
         results.append(row)
         mfu = f"{row['mfu']:.1%} MFU" if peak else "MFU n/a (peak unknown for this device)"
-        progress(f"unet: {requested} ({kind}): {row['ms_per_step']:.1f} ms/step, {mfu}, compile {compile_s:.1f} s, "
-                 f"max |diff| vs {args.kinds[0]} {row['max_abs_diff_vs_first']:.3g}")  # fmt: skip
+        progress(
+            f"unet: {requested} ({kind}): {row['ms_per_step']:.1f} ms/step, {mfu}, compile {compile_s:.1f} s, "
+            f"max |diff| vs {args.kinds[0]} {row['max_abs_diff_vs_first']:.3g}"
+        )
     return {
         "device_kind": device.device_kind,
         "platform": device.platform,
@@ -286,8 +294,10 @@ def quality(progress, seeds: int = 8) -> dict:
     for attention in ("diffusers", "xla"):
         diff = np.abs(images(attention, "bfloat16") - reference)
         rows[attention] = {"mean_levels": float(diff.mean()), "max_levels": int(diff.max()), "images": len(diff)}
-        progress(f"quality: bf16 with {attention} attention vs float32: mean {diff.mean():.3f}, max {diff.max()} "
-                 f"levels over {len(diff)} images (tiny, 128x128, 4 steps)")  # fmt: skip
+        progress(
+            f"quality: bf16 with {attention} attention vs float32: mean {diff.mean():.3f}, max {diff.max()} "
+            f"levels over {len(diff)} images (tiny, 128x128, 4 steps)"
+        )
     return rows
 
 

@@ -50,8 +50,12 @@ def measure(mode: str, source: str, dtype: str, cache_root: Path | None, *extra:
     env = {**os.environ, "PYTHONPATH": str(REPO), "SDXL_JAX_CACHE": str(cache_root or "/nonexistent")}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, mode, source, dtype, "1" if cache_root else "0", *extra],
-        capture_output=True, text=True, env=env, cwd=REPO, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"measurement failed:\n{done.stderr[-2000:]}")

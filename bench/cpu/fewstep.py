@@ -51,9 +51,16 @@ def _generator(model: str, height: int, width: int, dtype: str, preset_name: str
 
     preset = get_preset(preset_name)
     generator = Generator.from_pretrained(
-        model, height=height, width=width, dtype=dtype, steps=preset.steps, sampler=preset.sampler,
-        timestep_spacing=preset.timestep_spacing, cfg=preset.cfg, preset=preset.name,
-    )  # fmt: skip
+        model,
+        height=height,
+        width=width,
+        dtype=dtype,
+        steps=preset.steps,
+        sampler=preset.sampler,
+        timestep_spacing=preset.timestep_spacing,
+        cfg=preset.cfg,
+        preset=preset.name,
+    )
     return generator, generator.warmup()["compile_s"], preset.guidance_scale
 
 

@@ -47,9 +47,16 @@ def conditioning(
 
 
 def denoise(
-    modules: Modules, params, latents, hidden, added_cond, guidance, steps: int, sampler: SamplerConfig = DEFAULT,
+    modules: Modules,
+    params,
+    latents,
+    hidden,
+    added_cond,
+    guidance,
+    steps: int,
+    sampler: SamplerConfig = DEFAULT,
     seeds=None,
-):  # fmt: skip
+):
     """Euler (or Euler-ancestral) sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised.
 
     The timestep/sigma table is computed on the host (host/plan.py) and baked in as constants; `seeds` uint32 [b]
@@ -82,18 +89,25 @@ def denoise(
             latents = euler_step(sampler, noise, latents, sigma, sigmas[index + 1])
         else:
             fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
-            latents = ancestral_step(
-                sampler, noise, latents, sigma, sigmas_up[index], sigmas_down[index], fresh
-            )
+            latents = ancestral_step(sampler, noise, latents, sigma, sigmas_up[index], sigmas_down[index], fresh)
         return latents
 
     return jax.lax.fori_loop(0, steps, step, latents)
 
 
 def generate_from_latents(
-    modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, *, steps: int, sampler=DEFAULT,
+    modules,
+    params,
+    prompt_ids,
+    negative_ids,
+    has_negative,
+    guidance,
+    latents,
+    *,
+    steps: int,
+    sampler=DEFAULT,
     seeds=None,
-):  # fmt: skip
+):
     """Images in [0, 1] for given initial latents: text encoders -> denoising loop -> VAE decode."""
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     hidden, added_cond = conditioning(
@@ -109,7 +123,15 @@ def generate_local(
     """The per-device program: seeds uint32 [b] (+ ids [b, 2, 77], flags [b], guidance [b]) -> uint8 [b, H, W, 3]."""
     latents = initial_latents(seeds, height, width, modules.vae_scale_factor)
     image = generate_from_latents(
-        modules, params, prompt_ids, negative_ids, has_negative, guidance, latents, steps=steps, sampler=sampler,
+        modules,
+        params,
+        prompt_ids,
+        negative_ids,
+        has_negative,
+        guidance,
+        latents,
+        steps=steps,
+        sampler=sampler,
         seeds=seeds,
-    )  # fmt: skip
+    )
     return to_uint8(image)

@@ -67,15 +67,23 @@ def fused_program(generator, steps: int):
     batch = P(DATA_AXIS)
     program = jax.jit(
         jax.shard_map(
-            hooked(local, generator.config.attention), mesh=generator.mesh,
-            in_specs=(P(), batch, batch, batch, batch, batch), out_specs=batch, check_vma=False,
+            hooked(local, generator.config.attention),
+            mesh=generator.mesh,
+            in_specs=(P(), batch, batch, batch, batch, batch),
+            out_specs=batch,
+            check_vma=False,
         )
-    )  # fmt: skip
+    )
     n, sharding = generator.num_images, batch_sharded(generator.mesh)
     params = generator._params
     abstract = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)]
-    for shape, dtype in (((n, 2, 77), np.int32), ((n, 2, 77), np.int32), ((n,), np.bool_), ((n,), np.float32),
-                         ((n,), np.uint32)):  # fmt: skip
+    for shape, dtype in (
+        ((n, 2, 77), np.int32),
+        ((n, 2, 77), np.int32),
+        ((n,), np.bool_),
+        ((n,), np.float32),
+        ((n,), np.uint32),
+    ):
         abstract.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
     compiled = program.lower(*abstract).compile()
     tokens = np.zeros((n, 2, 77), np.int32)
@@ -116,12 +124,23 @@ def host_loop_cost(generator, steps: int, runs: int, say: Progress = progress) -
     fused_ms = (stats["fused"].median - stats["fused1"].median) / (steps - 1) * 1000
     difference = host_ms / fused_ms - 1
     height, width = generator.sizes[0]
-    say(f"host loop: {host_ms:.1f} ms per step vs fused {fused_ms:.1f} ms ({difference:+.1%}), "
-        f"{width}×{height}, {steps} steps, {runs} interleaved runs, {compiles} compilations")  # fmt: skip
+    say(
+        f"host loop: {host_ms:.1f} ms per step vs fused {fused_ms:.1f} ms ({difference:+.1%}), "
+        f"{width}×{height}, {steps} steps, {runs} interleaved runs, {compiles} compilations"
+    )
     return HostLoopCost(
-        f"{width}×{height}", steps, generator.device_count, stats["host"], stats["fused"], host_ms, fused_ms,
-        difference, TARGET_HOST_LOOP, abs(difference) <= TARGET_HOST_LOOP, compiles,
-    )  # fmt: skip
+        f"{width}×{height}",
+        steps,
+        generator.device_count,
+        stats["host"],
+        stats["fused"],
+        host_ms,
+        fused_ms,
+        difference,
+        TARGET_HOST_LOOP,
+        abs(difference) <= TARGET_HOST_LOOP,
+        compiles,
+    )
 
 
 # ---- compilations over steps and samplers --------------------------------------------------------------------
@@ -150,8 +169,9 @@ def plan_cost(sampler: str, steps: int = 25, repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2] * 1000 / steps
 
 
-def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, counts: tuple[int, ...] = ()
-                  ) -> SamplerSweep:  # fmt: skip
+def sampler_sweep(
+    generator, max_steps: int = 50, say: Progress = progress, counts: tuple[int, ...] = ()
+) -> SamplerSweep:
     """Every step count 1..max_steps (or `counts`) with every sampler and each of its schedule types, one request
     each; counts compilations, and times each sampler's plan on the host."""
     from ..engine import LCM_MAX_STEPS, sampler_schedules
@@ -170,12 +190,20 @@ def sampler_sweep(generator, max_steps: int = 50, say: Progress = progress, coun
         wall.setdefault(sampler, []).append((time.perf_counter() - sampler_started) * 1000 / rows)
         say(f"samplers: {sampler} / {schedule} done, {generator.compile_count - before} compiles so far")
     compiles = generator.compile_count - before
-    say(f"samplers: {requests} requests (steps 1..{max_steps} x {len(pairs)} sampler/schedule pairs), {compiles} "
-        "compiles")  # fmt: skip
+    say(
+        f"samplers: {requests} requests (steps 1..{max_steps} x {len(pairs)} sampler/schedule pairs), {compiles} "
+        "compiles"
+    )
     costs = {name: plan_cost(name) for name in dict(pairs)}
-    return SamplerSweep(requests, max_steps, tuple(f"{s} / {t}" for s, t in pairs), compiles,
-                        time.perf_counter() - started, costs,
-                        {name: sorted(v)[len(v) // 2] for name, v in wall.items()})  # fmt: skip
+    return SamplerSweep(
+        requests,
+        max_steps,
+        tuple(f"{s} / {t}" for s, t in pairs),
+        compiles,
+        time.perf_counter() - started,
+        costs,
+        {name: sorted(v)[len(v) // 2] for name, v in wall.items()},
+    )
 
 
 # ---- Stop -------------------------------------------------------------------------------------------------------
@@ -214,8 +242,9 @@ class StopLatency:
     missed: tuple[str, ...] = ()  # why each try that measured nothing did (sent again); empty on an idle machine
 
 
-def stop_latency(generator, runs: int, steps: int = STOP_STEPS, say: Progress = progress,
-                 tries: int = STOP_TRIES) -> StopLatency:  # fmt: skip
+def stop_latency(
+    generator, runs: int, steps: int = STOP_STEPS, say: Progress = progress, tries: int = STOP_TRIES
+) -> StopLatency:
     """Through a launched app: submit, cancel at step 2, then one more request; timed inside the server process.
 
     A try whose cancelled request ran to its end measures nothing and is made again, up to `tries` × `runs`
@@ -226,8 +255,13 @@ def stop_latency(generator, runs: int, steps: int = STOP_STEPS, say: Progress = 
 
     page = launch_app(generator, queue_size=DEFAULT_QUEUE_SIZE)
     moments: dict[str, list[float]] = {
-        "answered": [], "seen": [], "seen_free": [], "free": [], "queued": [], "ready": [],
-    }  # fmt: skip
+        "answered": [],
+        "seen": [],
+        "seen_free": [],
+        "free": [],
+        "queued": [],
+        "ready": [],
+    }
     step_times, at, dispatched, missed = [], 0, [], []
     try:
         # A client that fetches the previews reads the stream behind its downloads (seconds on a loaded machine), so
@@ -248,23 +282,38 @@ def stop_latency(generator, runs: int, steps: int = STOP_STEPS, say: Progress = 
     finally:
         close_app(page)
     if not dispatched:
-        raise RuntimeError(f"none of {len(missed)} cancelled requests of {steps} steps was stopped: "
-                           + "; ".join(sorted(set(missed))))  # fmt: skip
+        raise RuntimeError(
+            f"none of {len(missed)} cancelled requests of {steps} steps was stopped: " + "; ".join(sorted(set(missed)))
+        )
     step_s = Stats.of(step_times)
     answered, seen, seen_free, free, queued, ready = (
         Stats.of(moments[name]) for name in ("answered", "seen", "seen_free", "free", "queued", "ready")
     )
     ratio = queued.median / step_s.median
-    say(f"stop: cancel at step {at} -> cancel() answered {answered.median * 1000:.0f} ms -> stop decided "
+    say(
+        f"stop: cancel at step {at} -> cancel() answered {answered.median * 1000:.0f} ms -> stop decided "
         f"{seen.median * 1000:.0f} ms -> devices free "
         f"+{seen_free.median * 1000:.0f} ms = {free.median * 1000:.0f} ms; next request's first step queued "
         f"{queued.median * 1000:.0f} ms ({ratio:.2f} step times), ready {ready.median * 1000:.0f} ms; a step "
         f"{step_s.median * 1000:.0f} ms; the engine stopped after {sorted(dispatched)[len(dispatched) // 2]} of "
-        f"{steps}; {len(dispatched)} runs measured, {len(missed)} tries missed")  # fmt: skip
+        f"{steps}; {len(dispatched)} runs measured, {len(missed)} tries missed"
+    )
     return StopLatency(
-        steps, at, sorted(dispatched)[len(dispatched) // 2], step_s, answered, seen, seen_free, free, queued, ready,
-        ratio, TARGET_STOP_STEPS, ratio <= TARGET_STOP_STEPS, tuple(missed),
-    )  # fmt: skip
+        steps,
+        at,
+        sorted(dispatched)[len(dispatched) // 2],
+        step_s,
+        answered,
+        seen,
+        seen_free,
+        free,
+        queued,
+        ready,
+        ratio,
+        TARGET_STOP_STEPS,
+        ratio <= TARGET_STOP_STEPS,
+        tuple(missed),
+    )
 
 
 def cancel_once(client, generator, steps: int) -> dict | str:
@@ -288,17 +337,24 @@ def cancel_once(client, generator, steps: int) -> dict | str:
     client.submit(PROMPT, steps=2, api_name="/generate").result(timeout=STOP_WAIT_S)  # waits behind the cancelled one
     stopped, follow = list(generator.recent_runs)[-2:]
     if (stopped["steps"], follow["steps"]) != (steps, 2):
-        raise RuntimeError(f"the engine's last runs were of {stopped['steps']} and {follow['steps']} steps, not "
-                           f"{steps} and 2: something else ran on it")  # fmt: skip
+        raise RuntimeError(
+            f"the engine's last runs were of {stopped['steps']} and {follow['steps']} steps, not "
+            f"{steps} and 2: something else ran on it"
+        )
     if not stopped["stopped"]:
         return f"the cancelled request ran to its end (the cancel reached the engine after its step {steps})"
     if follow["stopped"]:
         return "the next request was stopped instead (the cancel named no job)"
     return {
-        "at": at, "done": stopped["done"], "answered": answered, "seen": stopped["stop_seen_at"] - cancelled,
-        "seen_free": stopped["freed_at"] - stopped["stop_seen_at"], "free": stopped["freed_at"] - cancelled,
-        "queued": follow["first_dispatch_at"] - cancelled, "ready": follow["first_step_at"] - cancelled,
-    }  # fmt: skip
+        "at": at,
+        "done": stopped["done"],
+        "answered": answered,
+        "seen": stopped["stop_seen_at"] - cancelled,
+        "seen_free": stopped["freed_at"] - stopped["stop_seen_at"],
+        "free": stopped["freed_at"] - cancelled,
+        "queued": follow["first_dispatch_at"] - cancelled,
+        "ready": follow["first_step_at"] - cancelled,
+    }
 
 
 # ---- start-up on a warm cache ------------------------------------------------------------------------------------
@@ -379,8 +435,10 @@ def warm_start(steps: int, dtype: str, say: Progress = progress) -> WarmStart:
         say(f"sizes: cold start {cold.ready_s:.1f} s, XLA {cold.xla_compile_s:.1f} s over {cold.programs} programs")
         # JAX's cache alone: with this host's executables (the default) a warm start compiles nothing to count.
         warm = app_start([*args, "--no-executable-cache"], Path(tmp) / "cache", "warm")
-        say(f"sizes: warm start {warm.ready_s:.1f} s, XLA {warm.xla_compile_s:.1f} s, "
-            f"{warm.served_hits}/{warm.served_programs} served programs from the cache")  # fmt: skip
+        say(
+            f"sizes: warm start {warm.ready_s:.1f} s, XLA {warm.xla_compile_s:.1f} s, "
+            f"{warm.served_hits}/{warm.served_programs} served programs from the cache"
+        )
     ratio = warm.xla_compile_s / cold.xla_compile_s
     all_hits = warm.served_hits == warm.served_programs > 0
     return WarmStart(args, cold, warm, ratio, TARGET_WARM_COMPILE, ratio <= TARGET_WARM_COMPILE and all_hits)

@@ -43,8 +43,10 @@ class Lifecycle:
     programs_line: str  # the engine's own line: where each program came from
 
     def line(self) -> str:
-        return (f"{self.kind}: serving in {self.ready_s:.1f} s (load {self.load_before:.1f} -> {self.load_after:.1f}); "
-                f"SIGTERM when idle -> exit {self.exit_code} in {self.exit_s:.2f} s; {self.programs_line}")  # fmt: skip
+        return (
+            f"{self.kind}: serving in {self.ready_s:.1f} s (load {self.load_before:.1f} -> {self.load_after:.1f}); "
+            f"SIGTERM when idle -> exit {self.exit_code} in {self.exit_s:.2f} s; {self.programs_line}"
+        )
 
 
 def load_average() -> float:
@@ -54,8 +56,12 @@ def load_average() -> float:
 def run_once(kind: str, args: list[str], cache_dir: Path, data_dir: Path, timeout_s: float, idle_s: float) -> Lifecycle:
     """Start the app on `cache_dir` (its history in `data_dir`), wait for its URL (at most `timeout_s`), leave it idle
     `idle_s`, SIGTERM it."""
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1",
-           "SDXL_DATA_DIR": str(data_dir)}  # fmt: skip
+    env = {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "PYTHONUNBUFFERED": "1",
+        "SDXL_DATA_DIR": str(data_dir),
+    }
     command = [sys.executable, "app.py", "--port", str(free_port()), *args]
     load_before = load_average()
     started = time.perf_counter()

@@ -27,9 +27,15 @@ from dataclasses import dataclass
 from ..common import Progress, Stats, progress
 
 PROMPTS = (
-    "a lighthouse at dusk", "a bowl of lemons on a table", "a cabin in the snow", "a red kite over dunes",
-    "a city street in the rain", "a portrait of an old sailor", "a field of sunflowers", "a steam train",
-)  # fmt: skip
+    "a lighthouse at dusk",
+    "a bowl of lemons on a table",
+    "a cabin in the snow",
+    "a red kite over dunes",
+    "a city street in the rain",
+    "a portrait of an old sailor",
+    "a field of sunflowers",
+    "a steam train",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,9 @@ class MergedServing:
 def _engine(args, **settings):
     from ..engine import Generator
 
-    generator = Generator.from_pretrained(args.model, height=args.height, width=args.width, steps=args.steps,
-                                          dtype=args.dtype, **settings)  # fmt: skip
+    generator = Generator.from_pretrained(
+        args.model, height=args.height, width=args.width, steps=args.steps, dtype=args.dtype, **settings
+    )
     generator.warmup()
     return generator
 
@@ -127,20 +134,30 @@ def merged_serving(
         for name, generator in (("alone", alone), ("merged", merged), ("full calls", full)):
             lone[name] += _round(generator, 1, 1, seed=10_000 + number)[1]
     result = MergedServing(
-        model=args.model, height=args.height, width=args.width, steps=args.steps,
-        images_per_request=merged.num_images, slots=slots, clients=clients, requests_per_round=clients * per_client,
-        alone_requests_per_s=Stats.of(rates["alone"]), merged_requests_per_s=Stats.of(rates["merged"]),
-        alone_latency_s=Stats.of(latencies["alone"]), merged_latency_s=Stats.of(latencies["merged"]),
+        model=args.model,
+        height=args.height,
+        width=args.width,
+        steps=args.steps,
+        images_per_request=merged.num_images,
+        slots=slots,
+        clients=clients,
+        requests_per_round=clients * per_client,
+        alone_requests_per_s=Stats.of(rates["alone"]),
+        merged_requests_per_s=Stats.of(rates["merged"]),
+        alone_latency_s=Stats.of(latencies["alone"]),
+        merged_latency_s=Stats.of(latencies["merged"]),
         merged_requests_per_call=requests / calls if calls else 0.0,
         merged_calls_by_size={n: count for n, count in by_size.items() if count},
         lone_latency_s={name: Stats.of(seconds) for name, seconds in lone.items()},
         speedup=Stats.of(rates["merged"]).median / Stats.of(rates["alone"]).median,
         compiles_during_runs=CompileCounter.compiles() - compiles_before,
-    )  # fmt: skip
-    say(f"merging: {result.alone_requests_per_s.median:.2f} requests/s alone, "
+    )
+    say(
+        f"merging: {result.alone_requests_per_s.median:.2f} requests/s alone, "
         f"{result.merged_requests_per_s.median:.2f} merged ({result.merged_requests_per_call:.2f} per call): "
         f"{result.speedup:.2f}x; latency {result.alone_latency_s.median:.3f} s vs "
         f"{result.merged_latency_s.median:.3f} s; alone at idle {result.lone_latency_s['alone'].median:.3f} s, "
         f"merged {result.lone_latency_s['merged'].median:.3f} s, with full calls "
-        f"{result.lone_latency_s['full calls'].median:.3f} s")  # fmt: skip
+        f"{result.lone_latency_s['full calls'].median:.3f} s"
+    )
     return result

@@ -38,8 +38,11 @@ def recompiles(generator, requests: int, seed: int = 0, say: Progress = progress
     for index in range(requests):
         fields = random_request(rng, list(styles))
         request = generator.request(
-            fields["prompt"], negative_prompt=fields["negative_prompt"], style=fields["style"],
-            guidance_scale=fields["guidance_scale"], seed=fields["seed"],
+            fields["prompt"],
+            negative_prompt=fields["negative_prompt"],
+            style=fields["style"],
+            guidance_scale=fields["guidance_scale"],
+            seed=fields["seed"],
         )  # the style applied as the app applies it
         result = generator.generate(request)
         times.append(result.timings["total_s"])

@@ -102,11 +102,16 @@ def sdxl_reference(networks, dtype: str, tokenizer_dir: Path) -> dict:
     from ..accelerator.flops import SDXL_TEXT_2_CONFIG, SDXL_TEXT_CONFIG, SDXL_UNET_CONFIG, SDXL_VAE_CONFIG
 
     return {
-        "mode": "sdxl", "dtype": dtype, "unet": SDXL_UNET_CONFIG, "vae": SDXL_VAE_CONFIG,
-        "text_encoder": SDXL_TEXT_CONFIG, "text_encoder_2": SDXL_TEXT_2_CONFIG,
-        "tokenizer": str(tokenizer_dir / "tokenizer"), "tokenizer_2": str(tokenizer_dir / "tokenizer_2"),
+        "mode": "sdxl",
+        "dtype": dtype,
+        "unet": SDXL_UNET_CONFIG,
+        "vae": SDXL_VAE_CONFIG,
+        "text_encoder": SDXL_TEXT_CONFIG,
+        "text_encoder_2": SDXL_TEXT_2_CONFIG,
+        "tokenizer": str(tokenizer_dir / "tokenizer"),
+        "tokenizer_2": str(tokenizer_dir / "tokenizer_2"),
         "scheduler_config": dict(networks.scheduler_config),
-    }  # fmt: skip
+    }
 
 
 class ReferenceWorker:
@@ -136,9 +141,14 @@ class ReferenceWorker:
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
         self._stderr = tempfile.TemporaryFile(mode="w+")  # its last line explains a worker that died
         self.process = subprocess.Popen(
-            [str(python), str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            text=True, env=env, cwd=self.script.parent,
-        )  # fmt: skip
+            [str(python), str(self.script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+            cwd=self.script.parent,
+        )
         self._answers: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
         try:
@@ -219,8 +229,14 @@ def engine_vs_reference(
     `reference`: the worker's load request (`sdxl_reference`) when not the checkpoint the generator loaded;
     `python`: the reference's python (default: the reference venv's)."""
     config = generator.config
-    kwargs = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "guidance_scale": GUIDANCE, "steps": config.steps,
-              "height": config.height, "width": config.width}  # fmt: skip
+    kwargs = {
+        "prompt": PROMPT,
+        "negative_prompt": NEGATIVE,
+        "guidance_scale": GUIDANCE,
+        "steps": config.steps,
+        "height": config.height,
+        "width": config.width,
+    }
     say("starting diffusers' pipeline in the reference venv ...")
     started = time.perf_counter()
     with ReferenceWorker(reference or load_reference(config.model, config.dtype), python) as worker:
@@ -254,8 +270,11 @@ def engine_vs_reference(
             engine_s.append(t_engine)
             reference_s.append(answer["wall_s"])
             cpu = time.process_time()  # and a text no call read before: its text programs run (host/text_cache.py)
-            generator.generate(generator.request(f"{PROMPT}, variation {run}", negative_prompt=NEGATIVE,
-                                                 guidance_scale=GUIDANCE, seed=seed))  # fmt: skip
+            generator.generate(
+                generator.request(
+                    f"{PROMPT}, variation {run}", negative_prompt=NEGATIVE, guidance_scale=GUIDANCE, seed=seed
+                )
+            )
             new_text_cpu.append(time.process_time() - cpu)
             say(f"  run {run + 1}/{runs}: engine {t_engine:.3f} s, reference {answer['wall_s']:.3f} s")
     engine, reference = Stats.of(engine_s), Stats.of(reference_s)

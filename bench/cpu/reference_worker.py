@@ -151,19 +151,26 @@ def load_sdxl(spec: dict):
 
     compute = getattr(jnp, spec["dtype"])
     texts = [
-        cls(CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **spec[name]}),
-            dtype=compute, _do_init=False)  # eos 2: as SDXL's config.json files say
+        cls(
+            CLIPTextConfig(**{"vocab_size": 49408, "max_position_embeddings": 77, "eos_token_id": 2, **spec[name]}),
+            dtype=compute,
+            _do_init=False,
+        )  # eos 2: as SDXL's config.json files say
         for cls, name in ((FlaxCLIPTextModel, "text_encoder"), (FlaxCLIPTextModelWithProjection, "text_encoder_2"))
-    ]  # fmt: skip
+    ]
     accepted = inspect.signature(FlaxEulerDiscreteScheduler).parameters
     scheduler = FlaxEulerDiscreteScheduler(**{k: v for k, v in spec["scheduler_config"].items() if k in accepted})
     unet = FlaxUNet2DConditionModel(**{**spec["unet"], "split_head_dim": True}, dtype=compute)
     vae = FlaxAutoencoderKL(**spec["vae"], dtype=compute)
     pipe = FlaxStableDiffusionXLPipeline(
-        text_encoder=texts[0], text_encoder_2=texts[1], vae=vae, unet=unet, scheduler=scheduler,
+        text_encoder=texts[0],
+        text_encoder_2=texts[1],
+        vae=vae,
+        unet=unet,
+        scheduler=scheduler,
         tokenizer=CLIPTokenizer.from_pretrained(spec["tokenizer"]),
         tokenizer_2=CLIPTokenizer.from_pretrained(spec["tokenizer_2"]),
-    )  # fmt: skip
+    )
     key = jax.random.PRNGKey(0)
     shapes = {
         "text_encoder": jax.eval_shape(lambda: texts[0].init_weights(key, (1, 77))),

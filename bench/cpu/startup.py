@@ -78,10 +78,26 @@ class StartupResult:
 def cli_command(model: str, height: int, width: int, steps: int, dtype: str, out: Path) -> list[str]:
     """The CLI call a user would make to get one image per device."""
     return [
-        sys.executable, "-m", "pipeline", "generate", "--model", model, "--prompt", "a lighthouse at dawn",
-        "--height", str(height), "--width", str(width), "--steps", str(steps), "--dtype", dtype,
-        "--out", str(out), "--json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipeline",
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "a lighthouse at dawn",
+        "--height",
+        str(height),
+        "--width",
+        str(width),
+        "--steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        "--out",
+        str(out),
+        "--json",
+    ]
 
 
 def start_once(command: list[str], cache_dir: Path, cache: str, timeout_s: float) -> StartupRun:
@@ -153,16 +169,19 @@ def app_restart(kind: str, args: list[str], cache_dir: Path, timeout_s: float) -
     return AppRestart(kind, ready, app_phases(text), programs_line(text))
 
 
-def app_restarts(args: list[str], cache_dir: Path, runs: int, timeout_s: float,
-                 say: Progress = progress) -> list[AppRestart]:  # fmt: skip
+def app_restarts(
+    args: list[str], cache_dir: Path, runs: int, timeout_s: float, say: Progress = progress
+) -> list[AppRestart]:
     """A cold start on the empty `cache_dir`, then `runs` x (warm, warm + executables), interleaved."""
     starts = [app_restart(COLD, args, cache_dir, timeout_s)]
     for _ in range(runs):
         starts += [app_restart(WARM, args, cache_dir, timeout_s), app_restart(EXECUTABLES, args, cache_dir, timeout_s)]
     for start in starts:
         p = start.programs
-        say(f"start-up: app {start.kind}: ready in {start.ready_s:.1f} s; {p.get('loaded', 0):.0f} programs loaded, "
-            f"{p.get('traced', 0):.0f} traced ({p.get('trace_s', 0):.1f} s)")  # fmt: skip
+        say(
+            f"start-up: app {start.kind}: ready in {start.ready_s:.1f} s; {p.get('loaded', 0):.0f} programs loaded, "
+            f"{p.get('traced', 0):.0f} traced ({p.get('trace_s', 0):.1f} s)"
+        )
     return starts
 
 
@@ -170,8 +189,16 @@ def median_ready(starts: list[AppRestart], kind: str) -> float:
     return statistics.median(start.ready_s for start in starts if start.kind == kind)
 
 
-def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Progress = progress,
-            timeout_s: float = 1800, runs: int = 2) -> StartupResult:  # fmt: skip
+def startup(
+    model: str,
+    height: int,
+    width: int,
+    steps: int,
+    dtype: str,
+    say: Progress = progress,
+    timeout_s: float = 1800,
+    runs: int = 2,
+) -> StartupResult:
     """The app's restarts (`app_restarts`; at the model's default size, the app's default sizes: `python app.py
     --model tiny` offers three), then the CLI's cold and warm start in separate processes sharing one fresh cache
     directory."""
@@ -190,5 +217,15 @@ def startup(model: str, height: int, width: int, steps: int, dtype: str, say: Pr
         warm = start_once(command, cache_dir, "warm", timeout_s)
         say(f"start-up: warm first image {warm.first_image_s:.1f} s")
     ratio = warm.first_image_s / cold.first_image_s
-    return StartupResult(cold, warm, ratio, TARGET_RATIO, ratio <= TARGET_RATIO, entries, app[0].ready_s,
-                         median_ready(app, WARM), median_ready(app, EXECUTABLES), app)  # fmt: skip
+    return StartupResult(
+        cold,
+        warm,
+        ratio,
+        TARGET_RATIO,
+        ratio <= TARGET_RATIO,
+        entries,
+        app[0].ready_s,
+        median_ready(app, WARM),
+        median_ready(app, EXECUTABLES),
+        app,
+    )

@@ -31,16 +31,25 @@ def main(argv: list[str] | None = None) -> int:
     from ..engine import Generator, offered_sizes, resolve_model, shape_defaults
 
     height, width, steps = shape_defaults("tiny")  # as app.py --model tiny: its sizes, steps and dtype
-    generator = Generator.from_pretrained(resolve_model("tiny"), height=height, width=width, steps=steps,
-                                          dtype="float32", sizes=tuple(offered_sizes(None, tiny=True)))  # fmt: skip
+    generator = Generator.from_pretrained(
+        resolve_model("tiny"),
+        height=height,
+        width=width,
+        steps=steps,
+        dtype="float32",
+        sizes=tuple(offered_sizes(None, tiny=True)),
+    )
     keys = generator.program_keys()
     for run in range(1, args.runs + 1):
         started = time.perf_counter()
         for key in keys:
             generator.programs.lower(key)
         load = os.getloadavg()[0]
-        print(f"run {run}: {len(keys)} programs traced and lowered in {time.perf_counter() - started:.1f} s "
-              f"(load average {load:.1f})", flush=True)  # fmt: skip
+        print(
+            f"run {run}: {len(keys)} programs traced and lowered in {time.perf_counter() - started:.1f} s "
+            f"(load average {load:.1f})",
+            flush=True,
+        )
     return 0
 
 

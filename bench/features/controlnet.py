@@ -52,23 +52,40 @@ def controlnet_cost(config, runs: int, say: Progress = progress) -> ControlNetCo
     requests = {count: generator.request(PROMPT, seed=5, controlnets=units[:count]) for count in (0, 1, 2)}
     seconds, compiles = interleaved_seconds(generator, requests, runs)
     base = Millis.of_seconds(seconds[0]).median
-    rows = [ControlNetRow(count, Millis.of_seconds(s), Millis.of_seconds(s).median / base)
-            for count, s in seconds.items()]  # fmt: skip
-    say("controlnet: " + ", ".join(f"{r.controlnets} ControlNet(s) {r.request.median:.0f} ms ({r.vs_none:.2f}×)"
-                                   for r in rows) + f"; {compiles} compilations")  # fmt: skip
+    rows = [
+        ControlNetRow(count, Millis.of_seconds(s), Millis.of_seconds(s).median / base) for count, s in seconds.items()
+    ]
+    say(
+        "controlnet: "
+        + ", ".join(f"{r.controlnets} ControlNet(s) {r.request.median:.0f} ms ({r.vs_none:.2f}×)" for r in rows)
+        + f"; {compiles} compilations"
+    )
     height, width = generator.sizes[0]
-    return ControlNetCost(f"{width}×{height}", generator.config.steps, generator.device_count,
-                          warm["compile_s"] + warm["first_run_s"], rows, compiles)  # fmt: skip
+    return ControlNetCost(
+        f"{width}×{height}",
+        generator.config.steps,
+        generator.device_count,
+        warm["compile_s"] + warm["first_run_s"],
+        rows,
+        compiles,
+    )
 
 
 def markdown(cost) -> list[str]:
     """The part's table (`cost` as results.json holds it: a dict, or the dataclass)."""
     cost = cost if isinstance(cost, dict) else dataclasses.asdict(cost)
-    lines = ["", f"## ControlNet: requests with 0, 1, 2 ControlNets ({cost['size']}, {cost['steps']} steps, "
-             f"{cost['devices']} devices; {cost['compiles']} compilations while timing)", "",
-             "| ControlNets | request ms, median (p90; min–max) | vs none |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"## ControlNet: requests with 0, 1, 2 ControlNets ({cost['size']}, {cost['steps']} steps, "
+        f"{cost['devices']} devices; {cost['compiles']} compilations while timing)",
+        "",
+        "| ControlNets | request ms, median (p90; min–max) | vs none |",
+        "|---|---|---|",
+    ]
     for row in cost["rows"]:
         request = row["request"]
-        lines.append(f"| {row['controlnets']} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
-                     f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_none']:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {row['controlnets']} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
+            f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_none']:.2f}× |"
+        )
     return lines

@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..engine import CompileCounter, TiledUpscaler, load_upscaler
 
     weights = load_upscaler(args.model)
-    upscaler = TiledUpscaler(weights.module, weights.params, tile=args.tile, overlap=args.overlap,
-                             batch=args.batch)  # fmt: skip
+    upscaler = TiledUpscaler(weights.module, weights.params, tile=args.tile, overlap=args.overlap, batch=args.batch)
     started = time.perf_counter()
     upscaler.compile()
     compile_s = time.perf_counter() - started
@@ -49,11 +48,13 @@ def main(argv: list[str] | None = None) -> None:
         out = upscaler.upscale(image)
         seconds.append(time.perf_counter() - started)
     device = jax.devices()[0]
-    print(f"{weights.name}: {args.side}² -> {out.shape[1]}×{out.shape[0]}, tile {args.tile} overlap {args.overlap} "
-          f"batch {args.batch}, "
-          f"{device.platform} ({device.device_kind}): median {statistics.median(seconds) * 1e3:.1f} ms, "
-          f"min {min(seconds) * 1e3:.1f}, max {max(seconds) * 1e3:.1f} over {args.repeats}; compiled in "
-          f"{compile_s:.1f} s; compiles while timing: {CompileCounter.compiles() - compiles}")  # fmt: skip
+    print(
+        f"{weights.name}: {args.side}² -> {out.shape[1]}×{out.shape[0]}, tile {args.tile} overlap {args.overlap} "
+        f"batch {args.batch}, "
+        f"{device.platform} ({device.device_kind}): median {statistics.median(seconds) * 1e3:.1f} ms, "
+        f"min {min(seconds) * 1e3:.1f}, max {max(seconds) * 1e3:.1f} over {args.repeats}; compiled in "
+        f"{compile_s:.1f} s; compiles while timing: {CompileCounter.compiles() - compiles}"
+    )
 
 
 if __name__ == "__main__":

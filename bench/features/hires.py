@@ -25,11 +25,13 @@ PROMPT = "a photo of an astronaut riding a horse on the moon"
 SCALE = 2.0
 #: (label, the request's hires fields)
 SWITCH = 0.8
-CASES = (("off", {}), ("×2 Latent", {"hires_scale": SCALE, "hires_upscaler": "Latent"}),
-         ("×2 Lanczos", {"hires_scale": SCALE, "hires_upscaler": "Lanczos"}),
-         (f"refiner {SWITCH:g}", {"refiner_switch": SWITCH}),
-         (f"×2 Latent + refiner {SWITCH:g}", {"hires_scale": SCALE, "hires_upscaler": "Latent",
-                                               "refiner_switch": SWITCH}))  # fmt: skip
+CASES = (
+    ("off", {}),
+    ("×2 Latent", {"hires_scale": SCALE, "hires_upscaler": "Latent"}),
+    ("×2 Lanczos", {"hires_scale": SCALE, "hires_upscaler": "Lanczos"}),
+    (f"refiner {SWITCH:g}", {"refiner_switch": SWITCH}),
+    (f"×2 Latent + refiner {SWITCH:g}", {"hires_scale": SCALE, "hires_upscaler": "Latent", "refiner_switch": SWITCH}),
+)
 
 
 @dataclass(frozen=True)
@@ -60,24 +62,41 @@ def hires_cost(config, runs: int, say: Progress = progress) -> HiresCost:
     seconds, compiles = interleaved_seconds(generator, requests, runs)
     plain = Millis.of_seconds(seconds["off"]).median
     rows = [HiresRow(label, Millis.of_seconds(s), Millis.of_seconds(s).median / plain) for label, s in seconds.items()]
-    say("hires: " + ", ".join(f"{r.case} {r.request.median:.0f} ms ({r.vs_plain:.2f}×)" for r in rows)
-        + f"; {compiles} compilations")  # fmt: skip
+    say(
+        "hires: "
+        + ", ".join(f"{r.case} {r.request.median:.0f} ms ({r.vs_plain:.2f}×)" for r in rows)
+        + f"; {compiles} compilations"
+    )
     height, width = generator.sizes[0]
     big_height, big_width = generator.hires_sizes[((height, width), SCALE)]
-    return HiresCost(f"{width}×{height}", f"{big_width}×{big_height}", generator.config.steps,
-                     generator.device_count, warm["compile_s"] + warm["first_run_s"], rows, compiles)  # fmt: skip
+    return HiresCost(
+        f"{width}×{height}",
+        f"{big_width}×{big_height}",
+        generator.config.steps,
+        generator.device_count,
+        warm["compile_s"] + warm["first_run_s"],
+        rows,
+        compiles,
+    )
 
 
 def markdown(cost) -> list[str]:
     """The part's table (`cost` as results.json holds it: a dict, or the dataclass)."""
     cost = cost if isinstance(cost, dict) else dataclasses.asdict(cost)
-    lines = ["", f"## Second pass: the plain request, a ×2 hires pass, the refiner, both ({cost['size']} → "
-             f"{cost['hires_size']}, "
-             f"{cost['steps']} + {cost['steps']} steps, {cost['devices']} devices; {cost['compiles']} compilations "
-             "while timing)", "", "| second pass | request ms, median (p90; min–max) | vs plain |",
-             "|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"## Second pass: the plain request, a ×2 hires pass, the refiner, both ({cost['size']} → "
+        f"{cost['hires_size']}, "
+        f"{cost['steps']} + {cost['steps']} steps, {cost['devices']} devices; {cost['compiles']} compilations "
+        "while timing)",
+        "",
+        "| second pass | request ms, median (p90; min–max) | vs plain |",
+        "|---|---|---|",
+    ]
     for row in cost["rows"]:
         request = row["request"]
-        lines.append(f"| {row['case']} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
-                     f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_plain']:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {row['case']} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
+            f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_plain']:.2f}× |"
+        )
     return lines

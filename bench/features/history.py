@@ -76,9 +76,16 @@ def request_pil(count: int, size: int) -> list:
         field = np.stack([np.sin(6 * x + phase[c]) * np.cos(4 * y - phase[c]) for c in range(3)], axis=-1)
         pixels = np.clip((field * 0.4 + 0.5) * 255 + rng.normal(0, 6, (size, size, 3)), 0, 255).astype(np.uint8)
         text = describe(
-            prompt=f"measure {index}", negative_prompt="", seed=index, steps=25, guidance_scale=5.0,
-            height=size, width=size, model="tiny", dtype="bfloat16",
-        )  # fmt: skip
+            prompt=f"measure {index}",
+            negative_prompt="",
+            seed=index,
+            steps=25,
+            guidance_scale=5.0,
+            height=size,
+            width=size,
+            model="tiny",
+            dtype="bfloat16",
+        )
         images.extend(image_io.to_pil(pixels[None], [text]))
     return images
 
@@ -111,9 +118,17 @@ def _ms(action) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images: int = 4, size: int = 1024,
-                 calls: int = 20, database_url: str | None = None,
-                 say: Progress = progress) -> HistoryCost:  # fmt: skip
+def history_cost(
+    generator=None,
+    *,
+    adds: int = 20,
+    entries: int = 1000,
+    images: int = 4,
+    size: int = 1024,
+    calls: int = 20,
+    database_url: str | None = None,
+    say: Progress = progress,
+) -> HistoryCost:
     """The store's figures in a temporary data directory (the rows in `database_url` when given: an empty
     PostgreSQL database, as page replicas share); with `generator`, the `/history` endpoint too."""
     from functools import partial
@@ -125,8 +140,10 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
     with tempfile.TemporaryDirectory(prefix="bench-history-") as folder:
         directory, sources = Path(folder) / "data", Path(folder) / "sources"
         jpegs, pngs = request_images(sources, images, size, "jpeg"), request_images(sources, images, size, "png")
-        file_kb = {fmt: sum(p.stat().st_size for p in paths) / len(paths) / 1024 for fmt, paths in
-                   (("jpeg", jpegs), ("png", pngs))}  # fmt: skip
+        file_kb = {
+            fmt: sum(p.stat().st_size for p in paths) / len(paths) / 1024
+            for fmt, paths in (("jpeg", jpegs), ("png", pngs))
+        }
         variants = {
             "jpeg": (jpegs, None),
             "png": (pngs, None),
@@ -141,8 +158,13 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
                     times = []
                     for _ in range(adds):
                         seed += 1
-                        times.append(_ms(lambda s=seed, p=paths, t=thumbnail_sources: store.add(
-                            USER, settings(s, size), p, thumbnail_sources=t)))  # fmt: skip
+                        times.append(
+                            _ms(
+                                lambda s=seed, p=paths, t=thumbnail_sources: store.add(
+                                    USER, settings(s, size), p, thumbnail_sources=t
+                                )
+                            )
+                        )
                     add[f"{name}_{'durable' if durable else 'fast'}"] = Millis.of(times)
         say("history: add " + ", ".join(f"{k} {v.median:.0f} ms" for k, v in add.items()))
         small = request_images(sources, 1, 64, "jpeg")
@@ -169,15 +191,25 @@ def history_cost(generator=None, *, adds: int = 20, entries: int = 1000, images:
         )
         endpoint = None
         if generator is not None:
-            endpoint = history_endpoint(generator, Path(folder) / "served", small, entries, calls, size, say,
-                                        database_url=database_url)  # fmt: skip
+            endpoint = history_endpoint(
+                generator, Path(folder) / "served", small, entries, calls, size, say, database_url=database_url
+            )
     database = "postgresql" if database_url else "sqlite"
-    return HistoryCost(count, images, size, file_kb, add, list_50, list_all, get, path_of, delete, answer_kb, endpoint,
-                       database)  # fmt: skip
+    return HistoryCost(
+        count, images, size, file_kb, add, list_50, list_all, get, path_of, delete, answer_kb, endpoint, database
+    )
 
 
-def history_endpoint(generator, data_dir: Path, files: list[Path], entries: int, calls: int, size: int,
-                     say: Progress = progress, database_url: str | None = None) -> HistoryEndpoint:  # fmt: skip
+def history_endpoint(
+    generator,
+    data_dir: Path,
+    files: list[Path],
+    entries: int,
+    calls: int,
+    size: int,
+    say: Progress = progress,
+    database_url: str | None = None,
+) -> HistoryEndpoint:
     """`/history` of a launched page with logins, its user's history filled to `entries` entries of `files`."""
     from gradio_client import Client
 
@@ -212,8 +244,9 @@ def history_endpoint(generator, data_dir: Path, files: list[Path], entries: int,
 def markdown(cost: HistoryCost | None) -> list[str]:
     if cost is None:
         return []
-    rows = [f"| {name.rsplit('_', 1)[0]} | {name.rsplit('_', 1)[1]} | {stats.text(1)} |"
-            for name, stats in cost.add.items()]  # fmt: skip
+    rows = [
+        f"| {name.rsplit('_', 1)[0]} | {name.rsplit('_', 1)[1]} | {stats.text(1)} |" for name, stats in cost.add.items()
+    ]
     lines = [
         f"## Server history ({cost.database}; {cost.images_per_request} images of {cost.image_size}² per request; JPEG "
         f"{cost.file_kb['jpeg']:.0f} KB, PNG {cost.file_kb['png']:.0f} KB per image)",

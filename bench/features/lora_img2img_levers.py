@@ -82,8 +82,9 @@ def lora_sets(names: tuple[str, ...]) -> tuple[tuple, tuple]:
     return set_a, set_b
 
 
-def lora_switching(config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, say: Progress = progress
-                   ) -> LoraSwitching:  # fmt: skip
+def lora_switching(
+    config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, say: Progress = progress
+) -> LoraSwitching:
     """Load an engine like `config` offering `lora_dir`'s LoRAs, compile its merge program apart (timed, no cache),
     then `rounds` rounds of requests with set A, A, B, B and none (first of a set = a switch)."""
     import jax
@@ -116,9 +117,11 @@ def lora_switching(config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, sa
     alone = [merge_s((set_a, set_b)[i % 2]) for i in range(2 * rounds)]
     merge_s(())  # back to none, so the first timed request of set A is a switch
 
-    requests = {"a": generator.request(PROMPT, seed=1, loras=[list(x) for x in set_a]),
-                "b": generator.request(PROMPT, seed=2, loras=[list(x) for x in set_b]),
-                "none": generator.request(PROMPT, seed=3)}  # fmt: skip
+    requests = {
+        "a": generator.request(PROMPT, seed=1, loras=[list(x) for x in set_a]),
+        "b": generator.request(PROMPT, seed=2, loras=[list(x) for x in set_b]),
+        "none": generator.request(PROMPT, seed=3),
+    }
     times: dict[str, list[float]] = {"switch": [], "same": [], "none": []}
     before = generator.compile_count
     for _ in range(rounds):
@@ -130,14 +133,29 @@ def lora_switching(config, rounds: int, lora_dir: str | Path = LORA_FIXTURES, sa
     switch, same, none = (Millis.of_seconds(times[k]) for k in ("switch", "same", "none"))
     layout = loras.layout
     result = LoraSwitching(
-        size=_size(generator), steps=generator.config.steps, devices=generator.device_count, offered=names,
-        set_a=set_a, set_b=set_b, kernels=len(layout.leaves), rank=layout.rank, slot_mb=layout.slot_bytes() / 2**20,
-        merge_lower_s=lower_s, merge_compile_s=compile_s, merge_alone=Millis.of_seconds(alone),
-        switch_request=switch, same_request=same, no_lora_request=none, switch_cost_ms=switch.median - same.median,
-        rounds=rounds, compiles_while_timing=compiles,
-    )  # fmt: skip
-    say(f"lora: merge alone {result.merge_alone.median:.1f} ms; per request after a switch {switch.median:.0f} ms, "
-        f"same set {same.median:.0f} ms, no LoRA {none.median:.0f} ms; {compiles} compilations")  # fmt: skip
+        size=_size(generator),
+        steps=generator.config.steps,
+        devices=generator.device_count,
+        offered=names,
+        set_a=set_a,
+        set_b=set_b,
+        kernels=len(layout.leaves),
+        rank=layout.rank,
+        slot_mb=layout.slot_bytes() / 2**20,
+        merge_lower_s=lower_s,
+        merge_compile_s=compile_s,
+        merge_alone=Millis.of_seconds(alone),
+        switch_request=switch,
+        same_request=same,
+        no_lora_request=none,
+        switch_cost_ms=switch.median - same.median,
+        rounds=rounds,
+        compiles_while_timing=compiles,
+    )
+    say(
+        f"lora: merge alone {result.merge_alone.median:.1f} ms; per request after a switch {switch.median:.0f} ms, "
+        f"same set {same.median:.0f} ms, no LoRA {none.median:.0f} ms; {compiles} compilations"
+    )
     return result
 
 
@@ -170,14 +188,19 @@ class ImageInputsCost:
 def image_inputs_cost(generator, runs: int, say: Progress = progress) -> ImageInputsCost:
     """Interleaved requests of each kind at the engine's default size and steps; medians of `runs`."""
     picture, mask = INIT_IMAGE.read_bytes(), MASK_IMAGE.read_bytes()
-    kinds = (("txt2img", None, False), ("img2img 0.5", 0.5, False), ("img2img 1.0", 1.0, False),
-             ("inpainting 1.0", 1.0, True))  # fmt: skip
+    kinds = (
+        ("txt2img", None, False),
+        ("img2img 0.5", 0.5, False),
+        ("img2img 1.0", 1.0, False),
+        ("inpainting 1.0", 1.0, True),
+    )
 
     def make(strength, masked):
         if strength is None:
             return generator.request(PROMPT, seed=5)
-        return generator.request(PROMPT, seed=5, init_image=picture, mask_image=mask if masked else None,
-                                 strength=strength)  # fmt: skip
+        return generator.request(
+            PROMPT, seed=5, init_image=picture, mask_image=mask if masked else None, strength=strength
+        )
 
     parse: dict[str, list[float]] = {name: [] for name, _, _ in kinds}
     generate: dict[str, list[float]] = {name: [] for name, _, _ in kinds}
@@ -195,12 +218,17 @@ def image_inputs_cost(generator, runs: int, say: Progress = progress) -> ImageIn
     rows = []
     for name, strength, masked in kinds:
         cost = Millis.of_seconds(generate[name])
-        rows.append(ImageKind(name, strength, masked, steps_run[name], Millis.of_seconds(parse[name]), cost,
-                              cost.median / base))  # fmt: skip
-    say("img2img: " + ", ".join(f"{r.name} {r.generate.median:.0f} ms ({r.steps_run} steps)" for r in rows)
-        + f"; {compiles} compilations")  # fmt: skip
-    return ImageInputsCost(_size(generator), generator.config.steps, generator.device_count, INIT_IMAGE.name, rows,
-                           compiles)  # fmt: skip
+        rows.append(
+            ImageKind(name, strength, masked, steps_run[name], Millis.of_seconds(parse[name]), cost, cost.median / base)
+        )
+    say(
+        "img2img: "
+        + ", ".join(f"{r.name} {r.generate.median:.0f} ms ({r.steps_run} steps)" for r in rows)
+        + f"; {compiles} compilations"
+    )
+    return ImageInputsCost(
+        _size(generator), generator.config.steps, generator.device_count, INIT_IMAGE.name, rows, compiles
+    )
 
 
 # ---- speed levers -------------------------------------------------------------------------------------------------
@@ -251,8 +279,11 @@ def speed_levers(generator, steps: int, runs: int, say: Progress = progress) -> 
         cost = Millis.of_seconds(times[(cfg_end, deepcache)])
         full_steps = sum(step.full for step in plan.schedule)  # whole-UNet steps (DeepCache)
         rows.append(LeverRow(cfg_end, deepcache, plan.guided_steps, full_steps, cost, cost.median / base))
-    say("levers: " + ", ".join(f"cfg_end {r.cfg_end:g} deepcache {r.deepcache}: {r.request.median:.0f} ms"
-                               for r in rows) + f" ({steps} steps; {compiles} compilations; CPU ratios)")  # fmt: skip
+    say(
+        "levers: "
+        + ", ".join(f"cfg_end {r.cfg_end:g} deepcache {r.deepcache}: {r.request.median:.0f} ms" for r in rows)
+        + f" ({steps} steps; {compiles} compilations; CPU ratios)"
+    )
     return SpeedLevers(_size(generator), steps, generator.device_count, rows, compiles, CPU_NOTE)
 
 
@@ -292,7 +323,7 @@ def markdown(lora: LoraSwitching | None, images: ImageInputsCost | None, levers:
             *[
                 f"| {k.name} | {k.steps_run} | {k.generate.text(0)} | {k.vs_txt2img:.2f} | {k.parse.median:.1f} |"
                 for k in images.kinds
-            ],  # fmt: skip
+            ],
             "",
             f"{images.compiles_while_timing} compilations while timing.",
             "",
@@ -307,7 +338,7 @@ def markdown(lora: LoraSwitching | None, images: ImageInputsCost | None, levers:
                 f"| {r.cfg_end:g} | {r.deepcache} | {r.guided_steps} | {r.whole_unet_steps} | {r.request.text(0)} | "
                 f"{r.vs_default:.2f} |"
                 for r in levers.rows
-            ],  # fmt: skip
+            ],
             "",
             f"{levers.note} {levers.compiles_while_timing} compilations while timing.",
             "",

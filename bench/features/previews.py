@@ -44,8 +44,10 @@ from .millis import Millis
 #: XLA's cost analysis of the served step programs compiled for a TPU v5e-4 (bench/tpu/programs.py; bench/HISTORY.md).
 TPU_RESULTS = Path(__file__).resolve().parents[1] / "results" / "tpu.json"
 #: The rows of TPU_RESULTS a 1024² preview is compared with: (label, step program kind, size, attention, cfg).
-V5E_STEPS = (("v5e step 1024² CFG (splash)", "1024x1024", "splash", True),
-             ("v5e step 1024² no CFG (splash)", "1024x1024", "splash", False))  # fmt: skip
+V5E_STEPS = (
+    ("v5e step 1024² CFG (splash)", "1024x1024", "splash", True),
+    ("v5e step 1024² no CFG (splash)", "1024x1024", "splash", False),
+)
 #: The bound: host cost per step at most this share of a v5e step (previews must not slow the devices).
 TARGET_SHARE = 0.03
 
@@ -97,8 +99,16 @@ def previews_on_off(generator, steps: int, runs: int, say: Progress = progress) 
         times["off"].append(time.perf_counter() - started)
     compiles = generator.compile_count - before
     on, off = Millis.of_seconds(times["on"]), Millis.of_seconds(times["off"])
-    result = PreviewsOnOff(_size(generator), steps, generator.device_count, len(received) // runs, on, off,
-                           on.median / off.median - 1, compiles)  # fmt: skip
+    result = PreviewsOnOff(
+        _size(generator),
+        steps,
+        generator.device_count,
+        len(received) // runs,
+        on,
+        off,
+        on.median / off.median - 1,
+        compiles,
+    )
     say(
         f"previews: {on.median:.0f} ms per request with previews ({result.previews_per_request} each) vs "
         f"{off.median:.0f} ms without ({result.difference:+.1%}), {steps} steps; {compiles} compilations"
@@ -156,8 +166,11 @@ def v5e_steps(path: Path = TPU_RESULTS) -> tuple[dict[str, float], str]:
     for label, size, attention, cfg in V5E_STEPS:
         for program in programs:
             if (program.get("kind"), program.get("size"), program.get("attention"), program.get("cfg")) == (
-                "step", size, attention, cfg
-            ) and program.get("roofline_s"):  # fmt: skip
+                "step",
+                size,
+                attention,
+                cfg,
+            ) and program.get("roofline_s"):
                 steps[label] = program["roofline_s"] * 1000
                 break
     topology = programs[0].get("topology", "a v5e") if programs else "a v5e"
@@ -187,8 +200,9 @@ def preview_host_cost(size: int = 1024, repeats: int = 50, say: Progress = progr
         raise ValueError(f"the preview host part splits {batch} images over the devices; got {len(devices)}")
     mesh = data_mesh(devices)
     sharding = batch_sharded(mesh)
-    program = jax.jit(jax.shard_map(latents_to_rgb, mesh=mesh, in_specs=P(DATA_AXIS), out_specs=P(DATA_AXIS),
-                                    check_vma=False))  # fmt: skip
+    program = jax.jit(
+        jax.shard_map(latents_to_rgb, mesh=mesh, in_specs=P(DATA_AXIS), out_specs=P(DATA_AXIS), check_vma=False)
+    )
     rng = np.random.default_rng(0)
     files, latest = RunFiles(), LatestPreview()
     names = ("dispatch", "device", "local_rows", "put", "jpeg", "content_files")
@@ -218,32 +232,51 @@ def preview_host_cost(size: int = 1024, repeats: int = 50, say: Progress = progr
                 files.content_file(data, ".jpg")
             t6 = time.perf_counter()
             if index >= 2:
-                for name, (a, b) in zip(names, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6)),
-                                        strict=True):  # fmt: skip
+                for name, (a, b) in zip(
+                    names, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6)), strict=True
+                ):
                     times[name].append(b - a)
                 sizes.extend(len(data) for data in encoded)
     finally:
         files.cleanup()
     stats = {name: Millis.of_seconds(values) for name, values in times.items()}
-    loop_thread = Millis.of_seconds([a + b + c for a, b, c in zip(times["dispatch"], times["local_rows"],
-                                                                 times["put"], strict=True)])  # fmt: skip
+    loop_thread = Millis.of_seconds(
+        [a + b + c for a, b, c in zip(times["dispatch"], times["local_rows"], times["put"], strict=True)]
+    )
     page_thread = Millis.of_seconds([a + b for a, b in zip(times["jpeg"], times["content_files"], strict=True)])
     loop_step, page_step = loop_thread.median / PREVIEW_EVERY, page_thread.median / PREVIEW_EVERY
     host_step = loop_step + page_step
     steps, source = v5e_steps() if size == 1024 else ({}, "shares are given at 1024² only")
     result = PreviewHostCost(
-        size=size, latents_shape=(batch, 4, side, side), devices=len(devices), repeats=repeats, every=PREVIEW_EVERY,
-        dispatch=stats["dispatch"], device=stats["device"], local_rows=stats["local_rows"], put=stats["put"],
-        loop_thread=loop_thread, jpeg=stats["jpeg"], content_files=stats["content_files"], page_thread=page_thread,
-        jpeg_quality=PREVIEW_QUALITY, jpeg_kb=float(np.median(sizes)) / 1024, loop_thread_ms_per_step=loop_step,
-        page_thread_ms_per_step=page_step, host_ms_per_step=host_step, v5e_step_ms=steps,
-        share_of_v5e_step={label: host_step / ms for label, ms in steps.items()}, v5e_source=source,
+        size=size,
+        latents_shape=(batch, 4, side, side),
+        devices=len(devices),
+        repeats=repeats,
+        every=PREVIEW_EVERY,
+        dispatch=stats["dispatch"],
+        device=stats["device"],
+        local_rows=stats["local_rows"],
+        put=stats["put"],
+        loop_thread=loop_thread,
+        jpeg=stats["jpeg"],
+        content_files=stats["content_files"],
+        page_thread=page_thread,
+        jpeg_quality=PREVIEW_QUALITY,
+        jpeg_kb=float(np.median(sizes)) / 1024,
+        loop_thread_ms_per_step=loop_step,
+        page_thread_ms_per_step=page_step,
+        host_ms_per_step=host_step,
+        v5e_step_ms=steps,
+        share_of_v5e_step={label: host_step / ms for label, ms in steps.items()},
+        v5e_source=source,
         target_share=TARGET_SHARE,
-    )  # fmt: skip
+    )
     shares = "; ".join(f"{share:.1%} of the {label} roofline" for label, share in result.share_of_v5e_step.items())
-    say(f"preview host cost at {size}²: loop thread {loop_thread.median:.2f} ms, page thread "
-        f"{page_thread.median:.2f} ms per preview of {batch} -> {host_step:.2f} ms per step" + (f" ({shares})"
-        if shares else ""))  # fmt: skip
+    say(
+        f"preview host cost at {size}²: loop thread {loop_thread.median:.2f} ms, page thread "
+        f"{page_thread.median:.2f} ms per preview of {batch} -> {host_step:.2f} ms per step"
+        + (f" ({shares})" if shares else "")
+    )
     return result
 
 

@@ -45,6 +45,7 @@ def host_costs(generator, repeats: int) -> None:
     widths = generator.programs.text_widths
     print(f"host, per request (prompt + negative prompt), {repeats} repeats, ms median (p90; min–max):")
     for name, (prompt, negative) in TEXTS.items():
+
         def read(prompt=prompt, negative=negative):
             extra = ExtraRows()
             reader.read(prompt, windows, extra)
@@ -73,8 +74,9 @@ def main() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from ..engine import Generator
 
-    generator = Generator.from_pretrained(args.model, height=64, width=64, steps=2, dtype="float32",
-                                          embeddings_dir=args.embeddings_dir)  # fmt: skip
+    generator = Generator.from_pretrained(
+        args.model, height=64, width=64, steps=2, dtype="float32", embeddings_dir=args.embeddings_dir
+    )
     generator.warmup()
     print(f"{generator.device_summary}; embeddings offered: {', '.join(generator.rules.embeddings) or 'none'}")
     host_costs(generator, args.repeats)
@@ -84,8 +86,10 @@ def main() -> None:
         for prompt, negative in TEXTS.values():
             generator.generate(generator.request(prompt, negative_prompt=negative, seed=emphasis_round))
             runs += 1
-    print(f"engine: {runs} requests (plain, weighted, BREAK, embedding, twice): "
-          f"{generator.compile_count - before} programs compiled")  # fmt: skip
+    print(
+        f"engine: {runs} requests (plain, weighted, BREAK, embedding, twice): "
+        f"{generator.compile_count - before} programs compiled"
+    )
 
 
 if __name__ == "__main__":

@@ -51,23 +51,40 @@ def refiner_cost(config, runs: int, say: Progress = progress) -> RefinerCost:
     requests = {switch: generator.request(PROMPT, seed=5, refiner_switch=switch) for switch in SWITCHES}
     seconds, compiles = interleaved_seconds(generator, requests, runs)
     base = Millis.of_seconds(seconds[1.0]).median
-    rows = [RefinerRow(switch, Millis.of_seconds(s), Millis.of_seconds(s).median / base)
-            for switch, s in seconds.items()]  # fmt: skip
-    say("refiner: " + ", ".join(f"switch {r.switch:g} {r.request.median:.0f} ms ({r.vs_base:.2f}×)" for r in rows)
-        + f"; {compiles} compilations")  # fmt: skip
+    rows = [
+        RefinerRow(switch, Millis.of_seconds(s), Millis.of_seconds(s).median / base) for switch, s in seconds.items()
+    ]
+    say(
+        "refiner: "
+        + ", ".join(f"switch {r.switch:g} {r.request.median:.0f} ms ({r.vs_base:.2f}×)" for r in rows)
+        + f"; {compiles} compilations"
+    )
     height, width = generator.sizes[0]
-    return RefinerCost(f"{width}×{height}", generator.config.steps, generator.device_count,
-                       warm["compile_s"] + warm["first_run_s"], rows, compiles)  # fmt: skip
+    return RefinerCost(
+        f"{width}×{height}",
+        generator.config.steps,
+        generator.device_count,
+        warm["compile_s"] + warm["first_run_s"],
+        rows,
+        compiles,
+    )
 
 
 def markdown(cost) -> list[str]:
     """The part's table (`cost` as results.json holds it: a dict, or the dataclass)."""
     cost = cost if isinstance(cost, dict) else dataclasses.asdict(cost)
-    lines = ["", f"## Refiner: requests with refiner_switch 1 (base alone), 0.8, 0.5 ({cost['size']}, {cost['steps']} "
-             f"steps, {cost['devices']} devices; {cost['compiles']} compilations while timing)", "",
-             "| refiner_switch | request ms, median (p90; min–max) | vs base alone |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"## Refiner: requests with refiner_switch 1 (base alone), 0.8, 0.5 ({cost['size']}, {cost['steps']} "
+        f"steps, {cost['devices']} devices; {cost['compiles']} compilations while timing)",
+        "",
+        "| refiner_switch | request ms, median (p90; min–max) | vs base alone |",
+        "|---|---|---|",
+    ]
     for row in cost["rows"]:
         request = row["request"]
-        lines.append(f"| {row['switch']:g} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
-                     f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_base']:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {row['switch']:g} | {request['median']:.0f} (p90 {request['p90']:.0f}; "
+            f"{request['min']:.0f}–{request['max']:.0f}) | {row['vs_base']:.2f}× |"
+        )
     return lines

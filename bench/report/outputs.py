@@ -118,10 +118,16 @@ def markdown(results: dict) -> str:
             "",
         ]
     if (st := results.get("startup")) is not None:
-        rows = [("imports (+ start, exit)", "imports_s"), ("load", "load_s"), ("cast", "cast_s"),
-                ("replicate", "replicate_s"), ("compile", "compile_s"), ("first run", "first_run_s"),
-                ("**process start → first image**", "first_image_s"), ("process wall (incl. 2nd call, PNGs)",
-                "process_wall_s")]  # fmt: skip
+        rows = [
+            ("imports (+ start, exit)", "imports_s"),
+            ("load", "load_s"),
+            ("cast", "cast_s"),
+            ("replicate", "replicate_s"),
+            ("compile", "compile_s"),
+            ("first run", "first_run_s"),
+            ("**process start → first image**", "first_image_s"),
+            ("process wall (incl. 2nd call, PNGs)", "process_wall_s"),
+        ]
         lines += [
             "## Start-up: new process → first image (`python -m pipeline generate`)",
             "",
@@ -201,8 +207,11 @@ def markdown(results: dict) -> str:
             "",
         ]
     if (ac := results.get("achieved")) is not None:
-        peak = "unknown (no published peak for this device)" if ac.peak_flops_per_s is None else (
-            f"{ac.peak_flops_per_s / 1e12:.0f} TFLOP/s → {ac.fraction_of_peak:.1%} of peak")  # fmt: skip
+        peak = (
+            "unknown (no published peak for this device)"
+            if ac.peak_flops_per_s is None
+            else (f"{ac.peak_flops_per_s / 1e12:.0f} TFLOP/s → {ac.fraction_of_peak:.1%} of peak")
+        )
         lines += [
             f"On this machine the engine's compiled program does {ac.flops_per_call / 1e9:.1f} GFLOP per call "
             f"(XLA: {ac.compiled_flops_reported / 1e9:.2f} GFLOP per device with the loop body once, plus "
@@ -254,8 +263,10 @@ def markdown(results: dict) -> str:
             "",
             "| sampler | host ms per step (its plan, 25 steps) | wall ms per UNet call (sweep, this engine) |",
             "|---|---|---|",
-            *(f"| {name} | {cost:.3f} | {sw.wall_ms_per_row.get(name, float('nan')):.1f} |"
-              for name, cost in sw.plan_ms_per_step.items()),
+            *(
+                f"| {name} | {cost:.3f} | {sw.wall_ms_per_row.get(name, float('nan')):.1f} |"
+                for name, cost in sw.plan_ms_per_step.items()
+            ),
             "",
         ]
     if (ws := results.get("sizes")) is not None:
@@ -283,8 +294,11 @@ def markdown(results: dict) -> str:
             "",
         ]
     if (fs := results.get("fewstep")) is not None:
-        expected = "" if fs.expected_flops_ratio is None else (
-            f"; expected at 1024² on an accelerator, from the flops part: {fs.expected_flops_ratio:.1f}×")  # fmt: skip
+        expected = (
+            ""
+            if fs.expected_flops_ratio is None
+            else (f"; expected at 1024² on an accelerator, from the flops part: {fs.expected_flops_ratio:.1f}×")
+        )
         lines += [
             f"## Few-step: SDXL base recipe vs SDXL-Lightning-4 (`{fs.model}`, {fs.width}×{fs.height})",
             "",
@@ -311,7 +325,8 @@ def markdown(results: dict) -> str:
             f"| **merged / alone** | **{mg.speedup:.2f}×** | compilations while timing: {mg.compiles_during_runs} |",
             "",
             "Merged calls by requests in them: "
-            + ", ".join(f"{n}: {count}" for n, count in mg.merged_calls_by_size.items()) + ".",
+            + ", ".join(f"{n}: {count}" for n, count in mg.merged_calls_by_size.items())
+            + ".",
             "",
             "| one request at a time (the devices idle) | latency (median) |",
             "|---|---|",
@@ -393,8 +408,12 @@ def _panel(draw, top: int, title: str, bars: list[tuple[str, float, float, float
             draw.line([x0, mid, x1, mid], fill=(15, 23, 42), width=2)
             draw.line([x0, mid - 6, x0, mid + 6], fill=(15, 23, 42), width=2)
             draw.line([x1, mid - 6, x1, mid + 6], fill=(15, 23, 42), width=2)
-        draw.text((max(end, left + (right - left) * hi / scale) + 8, top + 5), f"{median:.3g} {unit}",
-                  fill=(15, 23, 42), font=font)  # fmt: skip
+        draw.text(
+            (max(end, left + (right - left) * hi / scale) + 8, top + 5),
+            f"{median:.3g} {unit}",
+            fill=(15, 23, 42),
+            font=font,
+        )
         top += BAR_HEIGHT + 12
     return top + 16
 
@@ -402,10 +421,12 @@ def _panel(draw, top: int, title: str, bars: list[tuple[str, float, float, float
 def _app_restart_row(start) -> str:
     """One app start: its phases and where its programs came from (bench/cpu/startup.AppRestart)."""
     phase, p = start.phases.get, start.programs.get
-    return (f"| {start.kind} | {start.ready_s:.1f} | {phase('load', 0):.1f} | {phase('compile', 0):.1f} "
-            f"| {p('traced', 0):.0f} in {p('trace_s', 0):.1f} s | {p('compiled', 0):.0f} compiled, "
-            f"{p('cached', 0):.0f} from the cache, {p('xla_s', 0):.1f} s | {p('loaded', 0):.0f} in "
-            f"{p('load_s', 0):.1f} s | {phase('first run', 0):.1f} |")  # fmt: skip
+    return (
+        f"| {start.kind} | {start.ready_s:.1f} | {phase('load', 0):.1f} | {phase('compile', 0):.1f} "
+        f"| {p('traced', 0):.0f} in {p('trace_s', 0):.1f} s | {p('compiled', 0):.0f} compiled, "
+        f"{p('cached', 0):.0f} from the cache, {p('xla_s', 0):.1f} s | {p('loaded', 0):.0f} in "
+        f"{p('load_s', 0):.1f} s | {phase('first run', 0):.1f} |"
+    )
 
 
 def chart(results: dict, path: Path) -> Path | None:
@@ -423,13 +444,23 @@ def chart(results: dict, path: Path) -> Path | None:
         panels.append((f"Per-call latency, {results['setup']['shape']} (median; whisker = min-max)", bars, "s"))
     if st is not None:
         bars = [
-            ("cold cache: start -> first image", st.cold.first_image_s, st.cold.first_image_s, st.cold.first_image_s,
-             COLORS["cold"]),
-            ("warm cache: start -> first image", st.warm.first_image_s, st.warm.first_image_s, st.warm.first_image_s,
-             COLORS["warm"]),
+            (
+                "cold cache: start -> first image",
+                st.cold.first_image_s,
+                st.cold.first_image_s,
+                st.cold.first_image_s,
+                COLORS["cold"],
+            ),
+            (
+                "warm cache: start -> first image",
+                st.warm.first_image_s,
+                st.warm.first_image_s,
+                st.warm.first_image_s,
+                COLORS["warm"],
+            ),
             ("cold: compile phase", st.cold.compile_s, st.cold.compile_s, st.cold.compile_s, COLORS["cold"]),
             ("warm: compile phase", st.warm.compile_s, st.warm.compile_s, st.warm.compile_s, COLORS["warm"]),
-        ]  # fmt: skip
+        ]
         panels.append((f"Start-up, new process (warm/cold = {st.ratio:.0%})", bars, "s"))
     if not panels:
         return None

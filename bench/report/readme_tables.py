@@ -23,8 +23,11 @@ BENCH = Path(__file__).resolve().parents[1]
 RECORD = BENCH / "results" / "record"
 PAGES = (BENCH / "README.md", BENCH / "HISTORY.md")
 #: A marked table: its opening marker (subject, id, options), the table, the closing marker.
-MARKED = re.compile(r"^(?P<open><!-- record: (?P<subject>[\w-]+)/(?P<id>[\w-]+)(?: with=(?P<with>[\w,]+))? -->\n)"
-                    r"(?P<table>.*?)(?P<close>^<!-- /record -->$)", re.M | re.S)  # fmt: skip
+MARKED = re.compile(
+    r"^(?P<open><!-- record: (?P<subject>[\w-]+)/(?P<id>[\w-]+)(?: with=(?P<with>[\w,]+))? -->\n)"
+    r"(?P<table>.*?)(?P<close>^<!-- /record -->$)",
+    re.M | re.S,
+)
 #: What a row carries beside its figures, each a column a marker may ask for with `with=`.
 ROW_FIELDS = ("date", "machine", "command")
 
@@ -78,9 +81,10 @@ def marked(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.report.readme_tables",
-                                     description="Write bench/README.md's and bench/HISTORY.md's result tables "
-                                                 "from bench/results/record/.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.report.readme_tables",
+        description="Write bench/README.md's and bench/HISTORY.md's result tables from bench/results/record/.",
+    )
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a page differs")
     args = parser.parse_args(argv)
     tables, stale = load_record(), []
@@ -93,11 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             page.write_text(written, encoding="utf-8")
     if args.check and stale:
-        print(f"readme_tables: {', '.join(stale)} differ from {RECORD}: run python -m bench.report.readme_tables",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"readme_tables: {', '.join(stale)} differ from {RECORD}: run python -m bench.report.readme_tables",
+            file=sys.stderr,
+        )
         return 1
-    print(f"readme_tables: {len(tables)} tables in the record; "
-          f"{'rewrote ' + ', '.join(stale) if stale and not args.check else 'pages up to date'}")  # fmt: skip
+    print(
+        f"readme_tables: {len(tables)} tables in the record; "
+        f"{'rewrote ' + ', '.join(stale) if stale and not args.check else 'pages up to date'}"
+    )
     return 0
 
 

@@ -85,13 +85,22 @@ def main() -> None:
         downloads = tempfile.mkdtemp(prefix="sdxl-bench-apis-dl-")  # gradio_client's default, $TMPDIR/gradio, stays
         client = Client(page.local_url, verbose=False, download_files=downloads)
         page_s, _ = median_time(lambda: client.predict(**fields, randomize_seed=False, api_name="/generate_png"))
-        a1111_s, a1111 = median_time(lambda: requests.post(f"{url}/sdapi/v1/txt2img", timeout=600, json={
-            **fields, "batch_size": 8, "width": SIZE, "height": SIZE}))  # fmt: skip
-        openai_s, openai = median_time(lambda: requests.post(f"{url}/v1/images/generations", timeout=600, json={
-            **fields, "n": 8, "size": f"{SIZE}x{SIZE}"}))  # fmt: skip
+        a1111_s, a1111 = median_time(
+            lambda: requests.post(
+                f"{url}/sdapi/v1/txt2img", timeout=600, json={**fields, "batch_size": 8, "width": SIZE, "height": SIZE}
+            )
+        )
+        openai_s, openai = median_time(
+            lambda: requests.post(
+                f"{url}/v1/images/generations", timeout=600, json={**fields, "n": 8, "size": f"{SIZE}x{SIZE}"}
+            )
+        )
         print(f"engine call, 8 images {SIZE}²: {engine_s * 1000:.0f} ms (median of {REPEATS})")
-        for name, seconds, answer in (("page /generate_png", page_s, None), ("A1111 txt2img", a1111_s, a1111),
-                                      ("OpenAI generations b64", openai_s, openai)):  # fmt: skip
+        for name, seconds, answer in (
+            ("page /generate_png", page_s, None),
+            ("A1111 txt2img", a1111_s, a1111),
+            ("OpenAI generations b64", openai_s, openai),
+        ):
             size = f", answer {len(answer.content):,} bytes" if answer is not None else ""
             print(f"{name}: {seconds * 1000:.0f} ms, +{(seconds - engine_s) * 1000:.0f} ms over the engine{size}")
         print("one 1024² image:", {k: round(v, 1) for k, v in encode_1024().items()})

@@ -76,17 +76,35 @@ class DeviceTimeEngine:
         seeds = [request.seed + i for i in range(len(self._images))]
         height, width = request.size
         parameters = [
-            describe(prompt=request.styled_prompt, negative_prompt=request.styled_negative_prompt, seed=s,
-                     steps=request.steps, guidance_scale=request.guidance_scale, height=height, width=width,
-                     model=self.config.model, unet=None, dtype=self.config.dtype, sampler="Euler")
+            describe(
+                prompt=request.styled_prompt,
+                negative_prompt=request.styled_negative_prompt,
+                seed=s,
+                steps=request.steps,
+                guidance_scale=request.guidance_scale,
+                height=height,
+                width=width,
+                model=self.config.model,
+                unet=None,
+                dtype=self.config.dtype,
+                sampler="Euler",
+            )
             for s in seeds
-        ]  # fmt: skip
+        ]
         images = image_io.to_pil(self._images, parameters)
         total_s = time.perf_counter() - started
         self.engine_s.append(total_s)
-        values = {"images": images, "seeds": seeds, "prompt": request.styled_prompt,
-                  "negative_prompt": request.styled_negative_prompt, "truncated": "", "parameters": parameters,
-                  "timings": {"total_s": total_s}, "steps": request.steps, "sampler": "Euler"}  # fmt: skip
+        values = {
+            "images": images,
+            "seeds": seeds,
+            "prompt": request.styled_prompt,
+            "negative_prompt": request.styled_negative_prompt,
+            "truncated": "",
+            "parameters": parameters,
+            "timings": {"total_s": total_s},
+            "steps": request.steps,
+            "sampler": "Euler",
+        }
         return GenerationResult(**{f.name: values[f.name] for f in fields(GenerationResult) if f.name in values})
 
 
@@ -145,28 +163,38 @@ def app_host_cost(runs: int = 7, calls: dict | None = None, say: Progress = prog
         for run in range(runs):
             for label, (endpoint, extra, fetch) in calls.items():
                 cpu_started = time.process_time()
-                seconds, (gallery, _, _) = timed(lambda e=endpoint, x=extra, c=clients[fetch], s=run: c.predict(
-                    prompt=PROMPT, seed=100 + s, randomize_seed=False, api_name=e, **x))  # fmt: skip
+                seconds, (gallery, _, _) = timed(
+                    lambda e=endpoint, x=extra, c=clients[fetch], s=run: c.predict(
+                        prompt=PROMPT, seed=100 + s, randomize_seed=False, api_name=e, **x
+                    )
+                )
                 cpu[label].append(time.process_time() - cpu_started)
                 wall[label].append(seconds)
                 overhead[label].append(seconds - engine.engine_s[-1])
                 files = (Path(item["image"]) for item in gallery) if fetch else ()
                 fetched[label].append(float(sum(path.stat().st_size for path in files)))
-            say(f"apphost: round {run + 1}/{runs}: " + ", ".join(
-                f"{label} {overhead[label][-1] * 1000:.0f} ms (CPU {cpu[label][-1] * 1000:.0f})" for label in calls))
+            say(
+                f"apphost: round {run + 1}/{runs}: "
+                + ", ".join(
+                    f"{label} {overhead[label][-1] * 1000:.0f} ms (CPU {cpu[label][-1] * 1000:.0f})" for label in calls
+                )
+            )
     finally:
         page.close()
         history.close()
         shutil.rmtree(downloads, ignore_errors=True)
         shutil.rmtree(data, ignore_errors=True)
     return AppHostCost(
-        size=SIZE, images=IMAGES, steps=STEPS, device_step_s=DEVICE_STEP_S,
+        size=SIZE,
+        images=IMAGES,
+        steps=STEPS,
+        device_step_s=DEVICE_STEP_S,
         overhead={label: Stats.of(values) for label, values in overhead.items()},
         cpu={label: Stats.of(values) for label, values in cpu.items()},
         wall={label: Stats.of(values) for label, values in wall.items()},
         fetched_bytes={label: Stats.of(values).median for label, values in fetched.items()},
         load_average=os.getloadavg(),
-    )  # fmt: skip
+    )
 
 
 def markdown(cost: AppHostCost | None) -> list[str]:
@@ -178,12 +206,15 @@ def markdown(cost: AppHostCost | None) -> list[str]:
         "",
         "Client wall time through gradio_client minus the engine's time of that call (device work stood in for: "
         f"{cost.device_step_s * 1000:.0f} ms per step). Load average at the end: "
-        + ", ".join(f"{x:.1f}" for x in cost.load_average) + ".",
+        + ", ".join(f"{x:.1f}" for x in cost.load_average)
+        + ".",
         "",
         "| call | the app's time | client wall | CPU (server + client) | images fetched |",
         "|---|---|---|---|---|",
-        *[f"| {label} | {cost.overhead[label].range_text(1000, 0)} ms | {cost.wall[label].range_text(1000, 0)} ms | "
-          f"{cost.cpu[label].range_text(1000, 0)} ms | {cost.fetched_bytes[label] / 2**20:.2f} MiB |"
-          for label in cost.overhead],
+        *[
+            f"| {label} | {cost.overhead[label].range_text(1000, 0)} ms | {cost.wall[label].range_text(1000, 0)} ms | "
+            f"{cost.cpu[label].range_text(1000, 0)} ms | {cost.fetched_bytes[label] / 2**20:.2f} MiB |"
+            for label in cost.overhead
+        ],
         "",
-    ]  # fmt: skip
+    ]

@@ -205,9 +205,17 @@ def host_path(size: int = 1024, runs: int = 5, images: int = V5E4_IMAGES, say: P
             for future in pending:
                 future.result()
             request = RequestPath(
-                content, images, Stats.of(before), Stats.of(before_cpu), before_kb,
-                Stats.of(after), Stats.of(after_cpu), after_kb, Stats.of(background), Stats.of(busy),
-            )  # fmt: skip
+                content,
+                images,
+                Stats.of(before),
+                Stats.of(before_cpu),
+                before_kb,
+                Stats.of(after),
+                Stats.of(after_cpu),
+                after_kb,
+                Stats.of(background),
+                Stats.of(busy),
+            )
             requests.append(request)
             say(
                 f"hostpath: {content}, {images} images: before (PNGs) {request.before_ms.median:.0f} ms "
@@ -260,9 +268,14 @@ FULLSIZE_STEPS = 1
 
 
 def full_size(
-    model: str = "tiny", size: int = 1024, steps: int = FULLSIZE_STEPS, runs: int = 3,
-    devices: int = FULLSIZE_DEVICES, dtype: str = "float32", say: Progress = progress,
-) -> FullSizeResult:  # fmt: skip
+    model: str = "tiny",
+    size: int = 1024,
+    steps: int = FULLSIZE_STEPS,
+    runs: int = 3,
+    devices: int = FULLSIZE_DEVICES,
+    dtype: str = "float32",
+    say: Progress = progress,
+) -> FullSizeResult:
     """Serve the checkpoint at size² on `devices` devices and call both endpoints through gradio_client in turn."""
     import jax
 

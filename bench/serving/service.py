@@ -68,8 +68,13 @@ class EngineProcess:
     def start(self) -> float:
         """Start it; the moment it started (perf_counter)."""
         with open(self.log, "a") as out:
-            self.process = subprocess.Popen(self.command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                            env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})  # fmt: skip
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+            )
         return time.perf_counter()
 
     def ready(self) -> bool:
@@ -100,8 +105,18 @@ class EngineProcess:
 
 
 def engine_flags(args) -> list[str]:
-    return ["--model", args.model, "--sizes", f"{args.width}x{args.height}", "--steps", str(args.steps),
-            "--dtype", args.dtype, "--cpu-devices", str(args.cpu_devices)]  # fmt: skip
+    return [
+        "--model",
+        args.model,
+        "--sizes",
+        f"{args.width}x{args.height}",
+        "--steps",
+        str(args.steps),
+        "--dtype",
+        args.dtype,
+        "--cpu-devices",
+        str(args.cpu_devices),
+    ]
 
 
 def service_cost(generator, args, runs: int, out: Path) -> ServiceCost:
@@ -129,8 +144,10 @@ def service_cost(generator, args, runs: int, out: Path) -> ServiceCost:
             remote.append(time.perf_counter() - started)
             remote_engine.append(float(result.timings.get("total_s", 0.0)))
         request_bytes, answer_bytes = _bytes(engines[0], request)
-        progress(f"service: hop {(Stats.of(remote).median - Stats.of(embedded).median) * 1000:.0f} ms, "
-                 f"{request_bytes} B up, {answer_bytes} B down")  # fmt: skip
+        progress(
+            f"service: hop {(Stats.of(remote).median - Stats.of(embedded).median) * 1000:.0f} ms, "
+            f"{request_bytes} B up, {answer_bytes} B down"
+        )
         two = RemoteEngines.connect([e.url for e in engines], wait_s=60)
         rps = {1: _throughput(one, generator), 2: _throughput(two, generator)}
         progress(f"service: {rps[1]:.2f} requests/s with one engine, {rps[2]:.2f} with two")
@@ -141,15 +158,27 @@ def service_cost(generator, args, runs: int, out: Path) -> ServiceCost:
         for engine in engines:
             engine.stop()
     return ServiceCost(
-        images=generator.num_images, size=request.size, steps=request.steps, embedded=Stats.of(embedded),
-        remote=Stats.of(remote), remote_engine=Stats.of(remote_engine),
+        images=generator.num_images,
+        size=request.size,
+        steps=request.steps,
+        embedded=Stats.of(embedded),
+        remote=Stats.of(remote),
+        remote_engine=Stats.of(remote_engine),
         hop_ms=(Stats.of(remote).median - Stats.of(embedded).median) * 1000,
-        hop_host_ms=(Stats.of([w - e for w, e in zip(remote, remote_engine, strict=True)]).median
-                     - Stats.of([w - e for w, e in zip(embedded, embedded_engine, strict=True)]).median) * 1000,
+        hop_host_ms=(
+            Stats.of([w - e for w, e in zip(remote, remote_engine, strict=True)]).median
+            - Stats.of([w - e for w, e in zip(embedded, embedded_engine, strict=True)]).median
+        )
+        * 1000,
         request_bytes=request_bytes,
-        answer_bytes=answer_bytes, wire_1024=_wire_at_1024(), rps=rps, noticed_s=Stats.of(noticed),
-        engine_start_s=start_s, rejoin_after_ready_s=rejoin_s, load_average=os.getloadavg(),
-    )  # fmt: skip
+        answer_bytes=answer_bytes,
+        wire_1024=_wire_at_1024(),
+        rps=rps,
+        noticed_s=Stats.of(noticed),
+        engine_start_s=start_s,
+        rejoin_after_ready_s=rejoin_s,
+        load_average=os.getloadavg(),
+    )
 
 
 def _bytes(engine: EngineProcess, request) -> tuple[int, int]:
@@ -202,9 +231,16 @@ def _wire_at_1024() -> dict:
 
     pixels = synthetic_pixels(8, 1024, "photo")
     words = ["a lighthouse\nSteps: 25, Sampler: Euler, CFG scale: 5, Seed: 1, Size: 1024x1024"] * 8
-    result = GenerationResult(images=[Image.fromarray(p) for p in pixels], seeds=list(range(8)),
-                              prompt="a lighthouse", negative_prompt="", truncated="", parameters=words, steps=25,
-                              sampler="Euler")  # fmt: skip
+    result = GenerationResult(
+        images=[Image.fromarray(p) for p in pixels],
+        seeds=list(range(8)),
+        prompt="a lighthouse",
+        negative_prompt="",
+        truncated="",
+        parameters=words,
+        steps=25,
+        sampler="Euler",
+    )
     started = time.perf_counter()
     line = result_line(result)
     encoded = time.perf_counter() - started
@@ -239,4 +275,4 @@ def markdown(cost: ServiceCost | None) -> list[str]:
         "",
         "Load average at the end: " + ", ".join(f"{x:.1f}" for x in cost.load_average) + ".",
         "",
-    ]  # fmt: skip
+    ]

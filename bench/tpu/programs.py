@@ -56,8 +56,20 @@ from pathlib import Path
 
 SDXL = "sdxl"
 TINY = "tiny"
-KINDS = ("step", "decode", "encode", "start", "merge", "step_full", "step_shallow", "halve_text", "halve_feature",
-         "preview", "step_control", "cross_kv")
+KINDS = (
+    "step",
+    "decode",
+    "encode",
+    "start",
+    "merge",
+    "step_full",
+    "step_shallow",
+    "halve_text",
+    "halve_feature",
+    "preview",
+    "step_control",
+    "cross_kv",
+)
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
@@ -97,8 +109,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add = parser.add_argument
     add("--topology", default="v5e:2x2", help="TPU topology (default v5e:2x2 = v5e-4; v5e:2x4, v6e:2x2, v5e:4x4...)")
     add("--model", choices=(SDXL, TINY), default=SDXL, help="full-size SDXL (abstract weights) or the tiny checkpoint")
-    add("--sizes", default=None,
-        help="WxH,... (default the app's: 1024x1024,1344x768,768x1344; tiny: the same ratios at ~128 px)")  # fmt: skip
+    add(
+        "--sizes",
+        default=None,
+        help="WxH,... (default the app's: 1024x1024,1344x768,768x1344; tiny: the same ratios at ~128 px)",
+    )
     add("--cfg", default="on,off", help="classifier-free guidance: on, off or on,off (default on,off)")
     add("--attention", default="xla,splash", help="cores for the step program (default xla,splash)")
     add("--kinds", default=",".join(KINDS), help=f"program kinds (default {','.join(KINDS)})")
@@ -107,13 +122,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--prompt-windows", type=int, default=3, help="77-token windows per prompt (default 3, the server's)")
     add("--lora-rank", type=int, default=LORA_RANK, help=f"merge kind: the LoRAs' rank R (default {LORA_RANK})")
     add("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and activations (default bf16)")
-    add("--vae-tile-above", type=int, default=VAE_WHOLE_UP_TO,
-        help="the VAE runs in tiles above this many pixels, as the app's option (default 1048576: 1024² whole)")
-    add("--quantize", choices=("none", "int8"), default="none",
-        help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)")  # fmt: skip
-    add("--cross-attention-cache", action="store_true",
+    add(
+        "--vae-tile-above",
+        type=int,
+        default=VAE_WHOLE_UP_TO,
+        help="the VAE runs in tiles above this many pixels, as the app's option (default 1048576: 1024² whole)",
+    )
+    add(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: the UNet's Dense and Conv layers int8 x int8 (--quantize of the server; default none)",
+    )
+    add(
+        "--cross-attention-cache",
+        action="store_true",
         help="the UNet's steps read the text's keys and values from the cross_kv program's table (the server's "
-        "--cross-attention-cache); cross_kv is compiled only with it")  # fmt: skip
+        "--cross-attention-cache); cross_kv is compiled only with it",
+    )
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
@@ -159,8 +185,7 @@ def sdxl_model(dtype, quantize: str = "none"):
 
         params["unet"] = _abstract_int8_unet_params(unet, dtype)
         unet = quantized_unet(unet)
-    modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8,
-                      controlnets=(sdxl_controlnet(dtype),))
+    modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8, controlnets=(sdxl_controlnet(dtype),))
     return modules, params
 
 
@@ -226,9 +251,18 @@ def merge_layout(model: str, dtype: str, rank: int = LORA_RANK):
     return MergeLayout(leaves=tuple(leaves), shapes=shapes, rank=rank, slots=SLOTS, factor_dtype=dtype)
 
 
-def served_programs(model: str, dtype: str, mesh, attention: str, per_device_batch: int = 1, layout=None,
-                    prompt_windows: int = 3, quantize: str = "none", vae_tile_above: int = VAE_WHOLE_UP_TO,
-                    cross_attention_cache: bool = False):
+def served_programs(
+    model: str,
+    dtype: str,
+    mesh,
+    attention: str,
+    per_device_batch: int = 1,
+    layout=None,
+    prompt_windows: int = 3,
+    quantize: str = "none",
+    vae_tile_above: int = VAE_WHOLE_UP_TO,
+    cross_attention_cache: bool = False,
+):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
@@ -236,19 +270,31 @@ def served_programs(model: str, dtype: str, mesh, attention: str, per_device_bat
 
     if model == TINY:
         loaded, params = tiny_model(dtype)
-        config = EngineConfig(model=TINY, dtype=dtype, per_device_batch=per_device_batch, attention=attention,
-                              prompt_windows=prompt_windows, quantize=quantize,
-                              vae_tile_above=vae_tile_above,
-                              cross_attention_cache=cross_attention_cache)  # fmt: skip
+        config = EngineConfig(
+            model=TINY,
+            dtype=dtype,
+            per_device_batch=per_device_batch,
+            attention=attention,
+            prompt_windows=prompt_windows,
+            quantize=quantize,
+            vae_tile_above=vae_tile_above,
+            cross_attention_cache=cross_attention_cache,
+        )
         if quantize == "int8":
-
             params = {**params, "unet": _abstract_int8_unet_params(loaded.networks.unet, dtype)}
         net = controlnet_module(loaded.networks.unet_config, dtype)  # ControlNetModel.from_unet's shape
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
     modules, params = sdxl_model(dtype, quantize)
     return ServedPrograms(
-        modules, params, mesh, per_device_batch=per_device_batch, attention=attention, lora_layout=layout,
-        prompt_windows=prompt_windows, levers=True, vae_tile_above=vae_tile_above,
+        modules,
+        params,
+        mesh,
+        per_device_batch=per_device_batch,
+        attention=attention,
+        lora_layout=layout,
+        prompt_windows=prompt_windows,
+        levers=True,
+        vae_tile_above=vae_tile_above,
         cross_attention_cache=cross_attention_cache,
     )
 
@@ -312,10 +358,19 @@ def lora_budget(rows: list[dict], topology: str) -> list[dict]:
             "while_step_bytes": step["hbm_total_bytes"] + others + extra,
             "while_merge_bytes": merge["hbm_total_bytes"] + step["hbm_bytes"]["arguments"] + others - touched,
         }
-        out.append({"topology": topology, "attention": step["attention"], "step_bytes": step["hbm_total_bytes"],
-                    "merge_peak_bytes": merge["hbm_total_bytes"], "other_weights_bytes": others,
-                    "lora_extra_bytes": extra, "hbm_chip_bytes": limit, **figures,
-                    **{k.replace("_bytes", "_fits"): v <= limit for k, v in figures.items()}})  # fmt: skip
+        out.append(
+            {
+                "topology": topology,
+                "attention": step["attention"],
+                "step_bytes": step["hbm_total_bytes"],
+                "merge_peak_bytes": merge["hbm_total_bytes"],
+                "other_weights_bytes": others,
+                "lora_extra_bytes": extra,
+                "hbm_chip_bytes": limit,
+                **figures,
+                **{k.replace("_bytes", "_fits"): v <= limit for k, v in figures.items()},
+            }
+        )
     return out
 
 
@@ -330,8 +385,9 @@ def jobs(args, sizes) -> list[tuple]:
         for kind in ("step", "step_full", "step_shallow", "step_control"):
             if kind in args.kind_list:
                 nets = (0,) if kind == "step_control" else None  # one ControlNet unit
-                order += [(ProgramKey(kind, height, width, cfg, text, nets), a) for cfg in args.cfgs
-                          for a in args.attentions]  # fmt: skip
+                order += [
+                    (ProgramKey(kind, height, width, cfg, text, nets), a) for cfg in args.cfgs for a in args.attentions
+                ]
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
                 order.append((ProgramKey(kind, height, width), None))
@@ -416,9 +472,11 @@ def compile_one(programs, key, attention, topology, progress) -> dict:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     roof = f"{row['roofline_s'] * 1e3:.2f} ms" if row["roofline_s"] is not None else "n/a"
-    progress(f"tpu: {key.label} [{attention or '-'}] compiled in {compile_s:.0f} s: HBM {cost.hbm_total / 2**30:.2f} "
-             f"GiB per chip, {cost.flops / 1e12:.3f} TFLOP, {cost.bytes_accessed / 1e9:.2f} GB, roofline {roof}"
-             + (f"; {len(handler.lines)} fallback(s)" if handler.lines else ""))  # fmt: skip
+    progress(
+        f"tpu: {key.label} [{attention or '-'}] compiled in {compile_s:.0f} s: HBM {cost.hbm_total / 2**30:.2f} "
+        f"GiB per chip, {cost.flops / 1e12:.3f} TFLOP, {cost.bytes_accessed / 1e9:.2f} GB, roofline {roof}"
+        + (f"; {len(handler.lines)} fallback(s)" if handler.lines else "")
+    )
     return row
 
 
@@ -444,25 +502,35 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
 
     def find(kind, cfg, attention, quantize, windows, at=size):
         found = [
-            row for row in rows
-            if row["topology"] == topology and row["kind"] == kind and row["size"] == at
-            and (cfg is None or row["cfg"] == cfg) and (attention is None or row["attention"] == attention)
+            row
+            for row in rows
+            if row["topology"] == topology
+            and row["kind"] == kind
+            and row["size"] == at
+            and (cfg is None or row["cfg"] == cfg)
+            and (attention is None or row["attention"] == attention)
             and (kind not in UNET_KINDS or row.get("quantize", "none") == quantize)
             and (kind not in TEXT_KINDS or row.get("prompt_windows", 1) == windows)
             and not row.get("cross_attention_cache")  # the plain steps' requests (the lever's rows stand apart)
-        ]  # fmt: skip
+        ]
         return found[-1] if found else None  # the newest
 
     out = []
-    variants = sorted({(row["attention"], row.get("quantize", "none"), row.get("prompt_windows", 1))
-                       for row in rows if row["kind"] in UNET_KINDS and row["topology"] == topology
-                       and row["size"] == size})  # fmt: skip
+    variants = sorted(
+        {
+            (row["attention"], row.get("quantize", "none"), row.get("prompt_windows", 1))
+            for row in rows
+            if row["kind"] in UNET_KINDS and row["topology"] == topology and row["size"] == size
+        }
+    )
     for name, steps, cfg, cfg_end, deepcache in (*REQUESTS, MLPERF_REQUEST):
         plan = speed_plan(steps, cfg_end, deepcache, cfg=cfg)
         for attention, quantize, windows in variants:
-            parts = {"encode": [find("encode", cfg, None, quantize, windows, at=None)],
-                     "start": [find("start", None, None, quantize, windows)],
-                     "decode": [find("decode", None, None, quantize, windows)]}  # fmt: skip
+            parts = {
+                "encode": [find("encode", cfg, None, quantize, windows, at=None)],
+                "start": [find("start", None, None, quantize, windows)],
+                "decode": [find("decode", None, None, quantize, windows)],
+            }
             for planned in plan.schedule:
                 if planned.drop_uncond:
                     parts.setdefault("halve_text", []).append(find("halve_text", None, None, quantize, windows, None))
@@ -475,8 +543,9 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
                     row = find("step", planned.cfg, attention, quantize, windows)
                 label = f"{kind} {'cfg' if planned.cfg else 'no-cfg'}"
                 parts.setdefault(label, []).append(row)
-            missing = sorted({k for k, found in parts.items() for row in found if row is None or row["roofline_s"]
-                              is None})  # fmt: skip
+            missing = sorted(
+                {k for k, found in parts.items() for row in found if row is None or row["roofline_s"] is None}
+            )
             seconds = None if missing else sum(row["roofline_s"] for found in parts.values() for row in found)
             at_int8 = None
             if not missing and quantize == "int8":
@@ -485,11 +554,26 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             images = step_rows[0]["images"] if step_rows else None
             chips = step_rows[0]["chips"] if step_rows else None
             per_chip = images / seconds / chips if seconds and images and chips else None
-            out.append({"request": name, "steps": steps, "cfg": cfg, "cfg_end": cfg_end, "deepcache": deepcache,
-                        "attention": attention, "quantize": quantize, "prompt_windows": windows,
-                        "topology": topology, "size": size, "images": images, "predicted_s": seconds,
-                        "images_per_s_per_chip": per_chip, "predicted_int8_peak_s": at_int8,
-                        "programs": {k: len(found) for k, found in parts.items()}, "missing": missing})  # fmt: skip
+            out.append(
+                {
+                    "request": name,
+                    "steps": steps,
+                    "cfg": cfg,
+                    "cfg_end": cfg_end,
+                    "deepcache": deepcache,
+                    "attention": attention,
+                    "quantize": quantize,
+                    "prompt_windows": windows,
+                    "topology": topology,
+                    "size": size,
+                    "images": images,
+                    "predicted_s": seconds,
+                    "images_per_s_per_chip": per_chip,
+                    "predicted_int8_peak_s": at_int8,
+                    "programs": {k: len(found) for k, found in parts.items()},
+                    "missing": missing,
+                }
+            )
     return out
 
 
@@ -516,13 +600,18 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
         name = row["program"] + (f" w{row['prompt_windows']}" if row.get("prompt_windows") else "")
         name += " int8" if row.get("quantize") == "int8" else ""
         name += " (--cross-attention-cache)" if row.get("cross_attention_cache") else ""
-        lines.append(f"| {name} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
-                     f"{row['hbm_total_bytes'] / 2**30:.2f} ({parts}) | {share} | {row['flops'] / 1e12:.3f} | "
-                     f"{row['bytes_accessed'] / 1e9:.2f} | {roof} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {row['topology']} | {row['attention'] or '-'} | {row['compile_s']:.0f} | "
+            f"{row['hbm_total_bytes'] / 2**30:.2f} ({parts}) | {share} | {row['flops'] / 1e12:.3f} | "
+            f"{row['bytes_accessed'] / 1e9:.2f} | {roof} |"
+        )
     if requests:
-        lines += ["", "| request (predicted: roofline, device only) | topology | size | attention | quantize | "
-                      "windows | images | predicted s | images/s per chip |",
-                  "|---|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            "| request (predicted: roofline, device only) | topology | size | attention | quantize | "
+            "windows | images | predicted s | images/s per chip |",
+            "|---|---|---|---|---|---:|---:|---:|---:|",
+        ]
         for req in requests:
             value = f"{req['predicted_s']:.2f}" if req["predicted_s"] is not None else f"missing {req['missing']}"
             if req.get("predicted_int8_peak_s"):
@@ -531,21 +620,28 @@ def table(rows: list[dict], requests: list[dict], budgets: list[dict] | None = N
             rate = f"{rate:.3f}" if rate else "-"
             if req["request"] == MLPERF_REQUEST[0] and req.get("images_per_s_per_chip"):
                 rate += f" (MLPerf v4.1 v5e: {MLPERF_V5E_IMAGES_PER_S_PER_CHIP})"
-            lines.append(f"| {req['request']} | {req['topology']} | {req['size']} | {req['attention']} | "
-                         f"{req.get('quantize', 'none')} | {req.get('prompt_windows', 1)} | {req['images']} | "
-                         f"{value} | {rate} |")  # fmt: skip
+            lines.append(
+                f"| {req['request']} | {req['topology']} | {req['size']} | {req['attention']} | "
+                f"{req.get('quantize', 'none')} | {req.get('prompt_windows', 1)} | {req['images']} | "
+                f"{value} | {rate} |"
+            )
     merges = [r for r in rows if r["kind"] == "merge" and "lora_kernel_bytes" in r]
     if merges:
         m = merges[-1]
-        lines += ["", f"LoRA merge layout: {m['lora_kernels']} kernels {m['lora_kernels_by_component']}, "
-                      f"{m['lora_weights'] / 1e9:.3f} G weights = {m['lora_kernel_bytes'] / 2**30:.2f} GiB per copy; "
-                      f"rank {m['lora_rank']}, {m['lora_slots']} slots x {m['lora_slot_bytes'] / 2**20:.1f} MiB "
-                      "(factors in the weights' dtype)"]  # fmt: skip
+        lines += [
+            "",
+            f"LoRA merge layout: {m['lora_kernels']} kernels {m['lora_kernels_by_component']}, "
+            f"{m['lora_weights'] / 1e9:.3f} G weights = {m['lora_kernel_bytes'] / 2**30:.2f} GiB per copy; "
+            f"rank {m['lora_rank']}, {m['lora_slots']} slots x {m['lora_slot_bytes'] / 2**20:.1f} MiB "
+            "(factors in the weights' dtype)",
+        ]
     gib = 2**30
 
     def fit(b, name):
-        return f"{b[name + '_bytes'] / gib:.2f} GiB ({'fits' if b[name + '_fits'] else 'does NOT fit'} " \
-               f"{b['hbm_chip_bytes'] / gib:.0f} GiB)"  # fmt: skip
+        return (
+            f"{b[name + '_bytes'] / gib:.2f} GiB ({'fits' if b[name + '_fits'] else 'does NOT fit'} "
+            f"{b['hbm_chip_bytes'] / gib:.0f} GiB)"
+        )
 
     for b in budgets or []:
         lines += [
@@ -584,16 +680,32 @@ def startup(runs: int, progress) -> dict:
         results: dict = {"precompile_s": built["wall_s"], "cold": [], "precompiled": []}
         for index in range(runs):
             for name, extra in (("cold", ()), ("precompiled", ("--precompiled", directory))):
-                summary = run("generate", *shape, "--prompt", "a lighthouse", "--no-compilation-cache",
-                              "--out", str(Path(directory) / "images"), "--json", *extra)  # fmt: skip
+                summary = run(
+                    "generate",
+                    *shape,
+                    "--prompt",
+                    "a lighthouse",
+                    "--no-compilation-cache",
+                    "--out",
+                    str(Path(directory) / "images"),
+                    "--json",
+                    *extra,
+                )
                 timings = summary["timings"]
-                row = {"wall_s": summary["wall_s"], "process_s": summary["process_s"], "compiles": summary["compiles"],
-                       "compile_s": timings["compile_s"], "load_s": timings["load_s"],
-                       "first_run_s": timings["first_run_s"]}  # fmt: skip
+                row = {
+                    "wall_s": summary["wall_s"],
+                    "process_s": summary["process_s"],
+                    "compiles": summary["compiles"],
+                    "compile_s": timings["compile_s"],
+                    "load_s": timings["load_s"],
+                    "first_run_s": timings["first_run_s"],
+                }
                 results[name].append(row)
-                progress(f"startup {index + 1}/{runs} {name}: process {row['wall_s']:.1f} s, compile "
-                         f"{row['compile_s']:.1f} s, first run {row['first_run_s']:.1f} s, {row['compiles']} XLA "
-                         f"compilations (loading the tiny model compiles a few small programs)")  # fmt: skip
+                progress(
+                    f"startup {index + 1}/{runs} {name}: process {row['wall_s']:.1f} s, compile "
+                    f"{row['compile_s']:.1f} s, first run {row['first_run_s']:.1f} s, {row['compiles']} XLA "
+                    f"compilations (loading the tiny model compiles a few small programs)"
+                )
     for name in ("cold", "precompiled"):
         results[f"{name}_wall_s"] = Stats.of([r["wall_s"] for r in results[name]])
         results[f"{name}_compile_s"] = Stats.of([r["compile_s"] for r in results[name]])
@@ -625,9 +737,11 @@ def main(argv: list[str]) -> int:
         results = {"machine": machine_info(), "startup": startup(args.runs, progress)}
         path = write_json(results, out / "startup.json")
         st = results["startup"]
-        progress(f"startup: cold {st['cold_wall_s'].median:.1f} s vs precompiled {st['precompiled_wall_s'].median:.1f}"
-                 f" s to the first image (compile {st['cold_compile_s'].median:.1f} s vs "
-                 f"{st['precompiled_compile_s'].median:.1f} s): {path}")  # fmt: skip
+        progress(
+            f"startup: cold {st['cold_wall_s'].median:.1f} s vs precompiled {st['precompiled_wall_s'].median:.1f}"
+            f" s to the first image (compile {st['cold_compile_s'].median:.1f} s vs "
+            f"{st['precompiled_compile_s'].median:.1f} s): {path}"
+        )
         return 0
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the topology API needs no TPU; skip the probe for one
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu too
@@ -646,8 +760,10 @@ def main(argv: list[str]) -> int:
         return 2
     sizes = offered_sizes(args.sizes, tiny=args.model == TINY)
     devices = topology_devices(args.topology)
-    progress(f"tpu: {args.topology}: {len(devices)} x {devices[0].device_kind}; model {args.model} ({args.dtype}), "
-             f"sizes {', '.join(f'{w}x{h}' for h, w in sizes)}")  # fmt: skip
+    progress(
+        f"tpu: {args.topology}: {len(devices)} x {devices[0].device_kind}; model {args.model} ({args.dtype}), "
+        f"sizes {', '.join(f'{w}x{h}' for h, w in sizes)}"
+    )
     mesh = data_mesh(devices)
     programs = {}
     out = Path(args.out)
@@ -662,14 +778,25 @@ def main(argv: list[str]) -> int:
     layout = None
     if any(key.kind == "merge" for key, _ in todo):
         layout = merge_layout(args.model, args.dtype, args.lora_rank)
-    progress(f"tpu: {len(todo)} program(s) to compile: "
-             + ", ".join(f"{k.label}" + (f" [{a}]" if a else "") for k, a in todo))  # fmt: skip
+    progress(
+        f"tpu: {len(todo)} program(s) to compile: "
+        + ", ".join(f"{k.label}" + (f" [{a}]" if a else "") for k, a in todo)
+    )
     for key, attention in todo:
         core = attention or args.attentions[0]
         if core not in programs:
-            programs[core] = served_programs(args.model, args.dtype, mesh, core, args.per_device_batch, layout,
-                                             args.prompt_windows, args.quantize, args.vae_tile_above,
-                                             args.cross_attention_cache)  # fmt: skip
+            programs[core] = served_programs(
+                args.model,
+                args.dtype,
+                mesh,
+                core,
+                args.per_device_batch,
+                layout,
+                args.prompt_windows,
+                args.quantize,
+                args.vae_tile_above,
+                args.cross_attention_cache,
+            )
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
         row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
@@ -680,12 +807,24 @@ def main(argv: list[str]) -> int:
             row["vae_tile_above"] = args.vae_tile_above  # a tiled VAE where the default runs it whole
         if key.kind == "merge":
             row.update(layout_fields(layout, args.dtype))
-        same = ("program", "topology", "attention", "model", "images", "prompt_windows", "quantize",
-                "cross_attention_cache")
+        same = (
+            "program",
+            "topology",
+            "attention",
+            "model",
+            "images",
+            "prompt_windows",
+            "quantize",
+            "cross_attention_cache",
+        )
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
-        results = {"machine": machine_info(), "programs": rows, "requests": all_predictions(mine, args.topology),
-                   "lora_budget": lora_budget(mine, args.topology)}  # fmt: skip
+        results = {
+            "machine": machine_info(),
+            "programs": rows,
+            "requests": all_predictions(mine, args.topology),
+            "lora_budget": lora_budget(mine, args.topology),
+        }
         write_json(results, path)  # after every program: a long run keeps what it measured
     mine = [r for r in rows if r.get("model") == args.model]
     requests = all_predictions(mine, args.topology)

@@ -52,9 +52,12 @@ STEPS, HIRES_DENOISE, REFINER_SWITCH = 25, 0.55, 0.8
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench tpu-second-pass", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench tpu-second-pass",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--topology", default="v5e:2x2", help="TPU topology (default v5e:2x2 = v5e-4)")
     parser.add_argument("--only", default=None, help=f"labels, comma-separated (default all: {', '.join(PROGRAMS)})")
     parser.add_argument("--out", default="bench-results", help="directory of tpu_second_pass.json and tpu.json")
@@ -89,8 +92,10 @@ def weight_bytes(params) -> dict[str, int]:
     import jax
     import numpy as np
 
-    return {name: int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
-            for name, tree in params.items()}  # fmt: skip
+    return {
+        name: int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
+        for name, tree in params.items()
+    }
 
 
 def compile_rows(args, progress=print) -> list[dict]:
@@ -103,8 +108,14 @@ def compile_rows(args, progress=print) -> list[dict]:
     for label in args.labels:
         kind, height, width, cfg, tiled = PROGRAMS[label]
         attention = "splash" if "step" in kind else None
-        programs = ServedPrograms(modules, params, mesh, attention=attention or "xla", levers=True,
-                                  vae_tile_above=height * width - 1 if tiled else None)  # fmt: skip
+        programs = ServedPrograms(
+            modules,
+            params,
+            mesh,
+            attention=attention or "xla",
+            levers=True,
+            vae_tile_above=height * width - 1 if tiled else None,
+        )
         key = ProgramKey(kind, height, width, cfg)
         started = time.perf_counter()
         try:
@@ -112,8 +123,12 @@ def compile_rows(args, progress=print) -> list[dict]:
         except Exception as exc:  # the compiler's refusal (e.g. out of HBM) is the figure
             message = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
             progress(f"tpu-second-pass: {label} not compiled: {message[:300]}")
-            row = {"program": key.label, "error": message, "topology": args.topology,
-                   "compile_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+            row = {
+                "program": key.label,
+                "error": message,
+                "topology": args.topology,
+                "compile_s": round(time.perf_counter() - started, 1),
+            }
             traceback.print_exc()
         row["program"] = label
         rows = [r for r in rows if r["program"] != label] + [row]
@@ -146,8 +161,12 @@ def report(out_dir: Path) -> str:
             continue
         tiles = loop_trips(label)
         if tiles > 1:  # XLA's cost analysis counts a while loop's body once: the whole program is tiles × that
-            row = {**row, "roofline_s": row["roofline_s"] * tiles, "flops": row["flops"] * tiles,
-                   "bytes_accessed": row["bytes_accessed"] * tiles}  # fmt: skip
+            row = {
+                **row,
+                "roofline_s": row["roofline_s"] * tiles,
+                "flops": row["flops"] * tiles,
+                "bytes_accessed": row["bytes_accessed"] * tiles,
+            }
             rows[label] = row
         lines.append(
             f"{label:36s} {row['hbm_total_bytes'] / 2**30:8.2f}   {row['flops'] / 1e12:8.3f} "
@@ -174,18 +193,43 @@ def report(out_dir: Path) -> str:
         row = table.get(label)
         return row["roofline_s"] if row and "roofline_s" in row else None
 
-    parts = {"encode": roof("encode cfg", base), "step": roof("step_full 1024x1024 cfg", base),
-             "decode": roof("decode 1024x1024", base), "refiner": roof("refiner_step 1024x1024 cfg"),
-             "big step": roof("step_full 2048x2048 cfg"), "big decode": roof("decode 2048x2048 tiled"),
-             "big encode": roof("encode_image 2048x2048 tiled")}  # fmt: skip
+    parts = {
+        "encode": roof("encode cfg", base),
+        "step": roof("step_full 1024x1024 cfg", base),
+        "decode": roof("decode 1024x1024", base),
+        "refiner": roof("refiner_step 1024x1024 cfg"),
+        "big step": roof("step_full 2048x2048 cfg"),
+        "big decode": roof("decode 2048x2048 tiled"),
+        "big encode": roof("encode_image 2048x2048 tiled"),
+    }
     refined = round(STEPS * REFINER_SWITCH)
     schedule, second = second_pass_steps(STEPS, 0, HIRES_DENOISE)  # hires steps 0: the first pass's (A1111)
     requests = {
-        f"base {refined} steps + refiner {STEPS - refined} steps (refiner at {REFINER_SWITCH})":
-            ("encode", 1, "step", refined, "refiner", STEPS - refined, "decode", 1),
-        f"1024² -> 2048² hires, denoise {HIRES_DENOISE}: {STEPS} + {second} steps (of a {schedule}-step schedule)":
-            ("encode", 1, "step", STEPS, "decode", 1, "big encode", 1, "big step", second, "big decode", 1),
-    }  # fmt: skip
+        f"base {refined} steps + refiner {STEPS - refined} steps (refiner at {REFINER_SWITCH})": (
+            "encode",
+            1,
+            "step",
+            refined,
+            "refiner",
+            STEPS - refined,
+            "decode",
+            1,
+        ),
+        f"1024² -> 2048² hires, denoise {HIRES_DENOISE}: {STEPS} + {second} steps (of a {schedule}-step schedule)": (
+            "encode",
+            1,
+            "step",
+            STEPS,
+            "decode",
+            1,
+            "big encode",
+            1,
+            "big step",
+            second,
+            "big decode",
+            1,
+        ),
+    }
     for name, plan in requests.items():
         counts = dict(zip(plan[::2], plan[1::2], strict=True))
         missing = [part for part in counts if parts[part] is None]

@@ -26,8 +26,7 @@ import regex
 #: CLIP's word pattern (open_clip's and transformers'): special tokens, English contractions, letter runs, single
 #: digits, and runs of anything else that is not a space.
 WORD_PATTERN = regex.compile(
-    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
-    regex.IGNORECASE,
+    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""", regex.IGNORECASE
 )
 #: CLIP's begin and end markers: its BPE leaves them whole wherever the word pattern finds them.
 CLIP_MARKERS = ("<|startoftext|>", "<|endoftext|>")
@@ -35,8 +34,16 @@ CLIP_MARKERS = ("<|startoftext|>", "<|endoftext|>")
 #: byte symbols and the two special tokens).
 MAX_MERGES = 49152 - 256 - 2
 #: Code point ranges BERT's BasicTokenizer treats as CJK ideographs (each gets spaces around it).
-CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # fmt: skip
+CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 @functools.cache
@@ -77,8 +84,11 @@ class ClipTokenizer:
         self.vocab = vocab
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.model_max_length = int(config.get("model_max_length", 77))
-        names = {key: _token_text(config[key]) for key in ("bos_token", "eos_token", "unk_token", "pad_token")
-                 if config.get(key) is not None}  # fmt: skip
+        names = {
+            key: _token_text(config[key])
+            for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+            if config.get(key) is not None
+        }
         self.special = {name: vocab[name] for name in names.values() if name in vocab}
         for index, entry in (config.get("added_tokens_decoder") or {}).items():
             self.special[_token_text(entry)] = int(index)
@@ -102,8 +112,11 @@ class ClipTokenizer:
         merges = [tuple(line.split()) for line in lines]
         config_file = directory / "tokenizer_config.json"
         config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        for key, value in {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
-                           "unk_token": "<|endoftext|>"}.items():  # fmt: skip
+        for key, value in {
+            "bos_token": "<|startoftext|>",
+            "eos_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>",
+        }.items():
             config.setdefault(key, value)
         return cls(vocab, merges, config)
 

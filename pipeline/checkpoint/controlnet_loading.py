@@ -28,11 +28,20 @@ CONTROLNET_PATTERNS = ("config.json", "*.safetensors")
 WEIGHT_STEM = "diffusion_pytorch_model"
 #: Config entries whose value must be the one SDXL's ControlNets have (anything else has no Flax counterpart here).
 _REQUIRED = {
-    "mid_block_type": "UNetMidBlock2DCrossAttn", "class_embed_type": None, "encoder_hid_dim": None,
-    "encoder_hid_dim_type": None, "num_attention_heads": None, "only_cross_attention": False,
-    "upcast_attention": False, "resnet_time_scale_shift": "default", "global_pool_conditions": False,
-    "norm_num_groups": 32, "act_fn": "silu", "downsample_padding": 1, "mid_block_scale_factor": 1,
-}  # fmt: skip
+    "mid_block_type": "UNetMidBlock2DCrossAttn",
+    "class_embed_type": None,
+    "encoder_hid_dim": None,
+    "encoder_hid_dim_type": None,
+    "num_attention_heads": None,
+    "only_cross_attention": False,
+    "upcast_attention": False,
+    "resnet_time_scale_shift": "default",
+    "global_pool_conditions": False,
+    "norm_num_groups": 32,
+    "act_fn": "silu",
+    "downsample_padding": 1,
+    "mid_block_scale_factor": 1,
+}
 _EMBEDDING = (16, 32, 96, 256)  # diffusers' default conditioning embedding channels
 _BLOCK_TYPES = {"DownBlock2D", "CrossAttnDownBlock2D"}
 
@@ -162,8 +171,13 @@ def load_controlnets(specs, dtype: str, *, variant: str | None = None, use_cache
             logger.error("ControlNet %r is given twice; the second is left out.", weights.name)
             continue
         names.add(weights.name)
-        logger.info("ControlNet %r: %.0f M parameters, %.1f MiB (%s, %.1f s)", weights.name,
-                    weights.parameter_count / 1e6, weights.bytes / 2**20,
-                    "conversion cache" if weights.cached else "converted", weights.seconds)  # fmt: skip
+        logger.info(
+            "ControlNet %r: %.0f M parameters, %.1f MiB (%s, %.1f s)",
+            weights.name,
+            weights.parameter_count / 1e6,
+            weights.bytes / 2**20,
+            "conversion cache" if weights.cached else "converted",
+            weights.seconds,
+        )
         loaded.append(weights)
     return loaded

@@ -46,10 +46,20 @@ DROPPED_SUFFIXES = ("position_ids", "num_batches_tracked")
 _NUMPY_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 #: safetensors dtype names -> NumPy (bfloat16 through ml_dtypes).
 _SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
-}  # fmt: skip
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 _MANIFEST = "manifest.json"
 _PARAMS_FILE = "params.safetensors"
 
@@ -106,8 +116,13 @@ def weight_patterns(component: str, variant: str | None = None) -> list[list[str
     stem = _stem(component)
     groups = []
     if variant:
-        groups.append([f"{component}/{stem}.{variant}.safetensors", f"{component}/{stem}.{variant}-*.safetensors",
-                       f"{component}/{stem}.safetensors.index.{variant}.json"])  # fmt: skip
+        groups.append(
+            [
+                f"{component}/{stem}.{variant}.safetensors",
+                f"{component}/{stem}.{variant}-*.safetensors",
+                f"{component}/{stem}.safetensors.index.{variant}.json",
+            ]
+        )
     groups.append([f"{component}/{stem}.safetensors", f"{component}/{stem}-*-of-*.safetensors"])
     return groups
 

@@ -59,8 +59,11 @@ def load_embedding(path: Path, widths: tuple[int, int]) -> Embedding:
     except (SafetensorError, OSError, ValueError) as exc:
         raise EmbeddingFileError(f"{path.name} could not be read as a .safetensors file ({exc}).") from None
     if not all(key in tensors for key in KEYS):
-        kind = "an SD 1.5/2.x embedding" if any(key in tensors for key in _SD1_KEYS) or len(tensors) == 1 \
-            else "no SDXL embedding"  # fmt: skip
+        kind = (
+            "an SD 1.5/2.x embedding"
+            if any(key in tensors for key in _SD1_KEYS) or len(tensors) == 1
+            else "no SDXL embedding"
+        )
         raise EmbeddingFileError(f"{path.name} is {kind} (SDXL embeddings have clip_l and clip_g); not offered.")
     vectors = tuple(np.asarray(tensors[key], np.float32) for key in KEYS)
     shapes = [v.shape for v in vectors]
@@ -70,8 +73,9 @@ def load_embedding(path: Path, widths: tuple[int, int]) -> Embedding:
             f"[n, {widths[0]}] and [n, {widths[1]}]; not offered."
         )
     if not 1 <= shapes[0][0] <= MAX_VECTORS or not all(np.isfinite(v).all() for v in vectors):
-        raise EmbeddingFileError(f"{path.name} has {shapes[0][0]} vectors or non-finite values (1–75 finite "
-                                 "vectors are read); not offered.")  # fmt: skip
+        raise EmbeddingFileError(
+            f"{path.name} has {shapes[0][0]} vectors or non-finite values (1–75 finite vectors are read); not offered."
+        )
     return Embedding(path.stem, vectors, file_hash(path)[:SHORT_HASH_CHARS])
 
 

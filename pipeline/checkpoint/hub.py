@@ -45,8 +45,9 @@ def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S)
     return True
 
 
-def source_when_offline(repo_id: str, revision: str | None, *, endpoint: str | None = None,
-                        cache_dir: str | None = None) -> str:  # fmt: skip
+def source_when_offline(
+    repo_id: str, revision: str | None, *, endpoint: str | None = None, cache_dir: str | None = None
+) -> str:
     """`repo_id` when the Hub answers; else its cached snapshot directory; else ModelLoadError with the command.
 
     With HF_HUB_OFFLINE set the user chose offline mode: diffusers reads the cache itself, nothing is probed.

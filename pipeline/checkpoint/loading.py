@@ -187,8 +187,15 @@ def load_model(
             except Exception as exc:  # huggingface_hub raises many types; turn each into one line
                 raise ModelLoadError(_describe_load_failure(source, revision, False, exc)) from exc
         check_sdxl_directory(Path(directory), variant)
-    load = functools.partial(load_per_component, Path(directory), source=source, dtype=dtype, variant=variant,
-                             unet=unet, use_cache=conversion_cache)  # fmt: skip
+    load = functools.partial(
+        load_per_component,
+        Path(directory),
+        source=source,
+        dtype=dtype,
+        variant=variant,
+        unet=unet,
+        use_cache=conversion_cache,
+    )
     if unet or not has_flax_weights(Path(directory)):
         return load()
     try:
@@ -247,11 +254,15 @@ def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | No
         return snapshot_download(repo_id, revision=revision, allow_patterns=metadata + every, local_files_only=True)
     patterns = list(metadata)
     pytorch_only = [name for name, flax_file in FLAX_WEIGHTS.items() if f"{name}/{flax_file}" not in files]
-    if variant and pytorch_only and not any(
-        fnmatch.fnmatch(file, pattern)
-        for name in pytorch_only
-        for pattern in weight_patterns(name, variant)[0]
-        for file in files
+    if (
+        variant
+        and pytorch_only
+        and not any(
+            fnmatch.fnmatch(file, pattern)
+            for name in pytorch_only
+            for pattern in weight_patterns(name, variant)[0]
+            for file in files
+        )
     ):
         raise CheckpointError(f"Hub model {repo_id} has no {variant!r} variant weights (*.{variant}.safetensors).")
     for name, flax_file in FLAX_WEIGHTS.items():
@@ -300,10 +311,23 @@ def load_per_component(
     started = time.perf_counter()
     params = cast_params(params, dtype)
     cast_s = time.perf_counter() - started
-    logger.info("loaded %s in %.1f s (%s), cast to %s in %.1f s", source, load_s,
-                ", ".join(f"{k}: {v}" for k, v in origins.items()), dtype, cast_s)  # fmt: skip
-    return LoadedModel(networks=networks, params=params, source=source, load_s=load_s, cast_s=cast_s, origins=origins,
-                       directory=str(directory))  # fmt: skip
+    logger.info(
+        "loaded %s in %.1f s (%s), cast to %s in %.1f s",
+        source,
+        load_s,
+        ", ".join(f"{k}: {v}" for k, v in origins.items()),
+        dtype,
+        cast_s,
+    )
+    return LoadedModel(
+        networks=networks,
+        params=params,
+        source=source,
+        load_s=load_s,
+        cast_s=cast_s,
+        origins=origins,
+        directory=str(directory),
+    )
 
 
 def _component_weights(
@@ -325,9 +349,14 @@ def _component_weights(
     # transformers' text encoders have an empty base-model prefix (""), diffusers' models none (None).
     prefix = "" if name.startswith("text_encoder") else None
     converted = load_converted(
-        files, module.init_weights, component=name, dtype=dtype, config=dataclasses.asdict(module.config),
-        model_prefix=prefix, use_cache=use_cache,
-    )  # fmt: skip
+        files,
+        module.init_weights,
+        component=name,
+        dtype=dtype,
+        config=dataclasses.asdict(module.config),
+        model_prefix=prefix,
+        use_cache=use_cache,
+    )
     return converted.params, "conversion cache" if converted.cached else "converted"
 
 
@@ -355,7 +384,8 @@ def _flax_weights(file: Path, module) -> dict:
             what = f"has weight {first} shaped {shapes[0]}, its config {shapes[1]}"
         more = len(missing) + len(extra) + len(wrong) - 1
         raise CheckpointError(
-            f"{file} does not fit its config.json: it {what}" + (f" ({more} more differ)" if more else "")
+            f"{file} does not fit its config.json: it {what}"
+            + (f" ({more} more differ)" if more else "")
             + "; are the weights and the config from the same model?"
         )
     return params

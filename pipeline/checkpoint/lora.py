@@ -59,13 +59,32 @@ SHORT_HASH_CHARS = 12
 _BAD_NAME_CHARS = set(":<>,") | {"\n", "\r", "\t"}
 #: safetensors dtype names -> NumPy; LoRA factors are floating point.
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                         "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+_SAFETENSORS_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 #: kohya's suffixes per module, and diffusers/PEFT's.
 _KOHYA_SUFFIXES = {"lora_down.weight": "down", "lora_up.weight": "up", "alpha": "alpha"}
 _PEFT_SUFFIXES = {"lora_A.weight": "down", "lora_B.weight": "up"}
-_KOHYA_PREFIXES = {"lora_unet_": "unet", "lora_te1_": "text_encoder", "lora_te_": "text_encoder",
-                   "lora_te2_": "text_encoder_2"}  # fmt: skip
+_KOHYA_PREFIXES = {
+    "lora_unet_": "unet",
+    "lora_te1_": "text_encoder",
+    "lora_te_": "text_encoder",
+    "lora_te2_": "text_encoder_2",
+}
 _PEFT_PREFIXES = {"unet.": "unet", "text_encoder.": "text_encoder", "text_encoder_2.": "text_encoder_2"}
 #: Tensor names of network kinds this app does not apply, checked before anything else: (pattern, kind).
 _UNSUPPORTED = tuple(
@@ -272,11 +291,20 @@ class _SgmNames:
     without). Middle block 0, 1, 2: resnet 0, attention 0, resnet 1.
     """
 
-    _RESNET = {"conv1": "in_layers.2", "conv2": "out_layers.3", "time_emb_proj": "emb_layers.1",
-               "conv_shortcut": "skip_connection"}  # fmt: skip
-    _TOP = {"conv_in": "input_blocks.0.0", "conv_out": "out.2", "time_embedding.linear_1": "time_embed.0",
-            "time_embedding.linear_2": "time_embed.2", "add_embedding.linear_1": "label_emb.0.0",
-            "add_embedding.linear_2": "label_emb.0.2"}  # fmt: skip
+    _RESNET = {
+        "conv1": "in_layers.2",
+        "conv2": "out_layers.3",
+        "time_emb_proj": "emb_layers.1",
+        "conv_shortcut": "skip_connection",
+    }
+    _TOP = {
+        "conv_in": "input_blocks.0.0",
+        "conv_out": "out.2",
+        "time_embedding.linear_1": "time_embed.0",
+        "time_embedding.linear_2": "time_embed.2",
+        "add_embedding.linear_1": "label_emb.0.0",
+        "add_embedding.linear_2": "label_emb.0.2",
+    }
 
     def __init__(self, config: Mapping[str, Any]):
         down_types = list(config.get("down_block_types") or ())
@@ -454,8 +482,9 @@ def load_lora(path: str | Path, targets: LoraTargets) -> LoraFile:
     alphas = _peft_alphas(path, header.metadata) if kind == "peft" else {}
     if kind == "kohya":
         unet = [m for m in modules if m.startswith("lora_unet_")]
-        sgm = any(re.match(r"lora_unet_(input_blocks|middle_block|output_blocks|out_2|time_embed|label_emb)", m)
-                  for m in unet)  # fmt: skip
+        sgm = any(
+            re.match(r"lora_unet_(input_blocks|middle_block|output_blocks|out_2|time_embed|label_emb)", m) for m in unet
+        )
         file_format = "kohya (SGM names)" if sgm else "kohya (diffusers names)"
     else:
         file_format = "diffusers/PEFT"

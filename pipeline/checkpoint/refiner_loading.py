@@ -86,9 +86,15 @@ def _component(directory: Path, name: str, module, files: list[Path], dtype: str
     if files[0].suffix == ".msgpack":
         return _flax_weights(files[0], module)
     prefix = "" if name.startswith("text_encoder") else None  # transformers' empty base-model prefix
-    return convert.load_converted(files, module.init_weights, component=name, dtype=dtype,
-                                  config=dataclasses.asdict(module.config), model_prefix=prefix,
-                                  use_cache=use_cache).params  # fmt: skip
+    return convert.load_converted(
+        files,
+        module.init_weights,
+        component=name,
+        dtype=dtype,
+        config=dataclasses.asdict(module.config),
+        model_prefix=prefix,
+        use_cache=use_cache,
+    ).params
 
 
 def refiner_modules(directory: Path, dtype: str, base_networks):
@@ -109,24 +115,31 @@ def refiner_modules(directory: Path, dtype: str, base_networks):
     if unet_config.time_ids != 5:
         raise CheckpointError("its UNet takes 6 time ids, not the refiner's 5 (a base checkpoint?)")
     if unet_config.cross_attention_dim != text_config.hidden_size:
-        raise CheckpointError(f"its UNet reads {unet_config.cross_attention_dim}-wide text, its text encoder 2 "
-                              f"gives {text_config.hidden_size}")  # fmt: skip
+        raise CheckpointError(
+            f"its UNet reads {unet_config.cross_attention_dim}-wide text, its text encoder 2 "
+            f"gives {text_config.hidden_size}"
+        )
     if text_config.hidden_size != base_networks.text_encoder_2.config.hidden_size:
-        raise CheckpointError(f"its text encoder 2 is {text_config.hidden_size} wide, the base's "
-                              f"{base_networks.text_encoder_2.config.hidden_size}")  # fmt: skip
+        raise CheckpointError(
+            f"its text encoder 2 is {text_config.hidden_size} wide, the base's "
+            f"{base_networks.text_encoder_2.config.hidden_size}"
+        )
     if unet_config.in_channels != 4 or unet_config.out_channels != 4:
         raise CheckpointError(f"its UNet reads {unet_config.in_channels} channels, not SDXL's 4 latent channels")
     base_tokenizer = base_networks.tokenizer_2
     if (tokenizer.vocab, tokenizer.ranks, tokenizer.pad_token_id) != (
-        base_tokenizer.vocab, base_tokenizer.ranks, base_tokenizer.pad_token_id
-    ):  # fmt: skip
+        base_tokenizer.vocab,
+        base_tokenizer.ranks,
+        base_tokenizer.pad_token_id,
+    ):
         raise CheckpointError("its tokenizer 2 is not the base's")
     jax_dtype = getattr(jnp, dtype)
     return UNet2DConditionModel(unet_config, dtype=jax_dtype), CLIPTextModelWithProjection(text_config, dtype=jax_dtype)
 
 
-def load_refiner(source: str, base, *, dtype: str, variant: str | None = None,
-                 use_cache: bool = True) -> RefinerWeights:  # fmt: skip
+def load_refiner(
+    source: str, base, *, dtype: str, variant: str | None = None, use_cache: bool = True
+) -> RefinerWeights:
     """`--refiner` -> RefinerWeights for the loaded base `base` (`loading.LoadedModel`); CheckpointError in one
     sentence naming it when it cannot be (the server then does not start: the user asked for it)."""
     from .loading import cast_params
@@ -142,11 +155,15 @@ def load_refiner(source: str, base, *, dtype: str, variant: str | None = None,
         if missing:
             raise CheckpointError(f"its model_index.json has no {', '.join(missing)}")
         unet_module, text_module = refiner_modules(directory, dtype, base.networks)
-        params = {"unet": _component(directory, "unet", unet_module, weight_files(directory, "unet", variant), dtype,
-                                     use_cache)}  # fmt: skip
+        params = {
+            "unet": _component(
+                directory, "unet", unet_module, weight_files(directory, "unet", variant), dtype, use_cache
+            )
+        }
         ours = weight_files(directory, "text_encoder_2", variant)
-        shared = bool(base.directory) and same_files(ours, weight_files(Path(base.directory), "text_encoder_2",
-                                                                       variant))  # fmt: skip
+        shared = bool(base.directory) and same_files(
+            ours, weight_files(Path(base.directory), "text_encoder_2", variant)
+        )
         if shared and dataclasses.asdict(text_module.config) != dataclasses.asdict(base.networks.text_encoder_2.config):
             shared = False  # the same weights under another config: not the same network
         if not shared:
@@ -155,11 +172,19 @@ def load_refiner(source: str, base, *, dtype: str, variant: str | None = None,
         raise CheckpointError(f"Refiner {source} was not loaded: {str(exc).rstrip('.')}.") from None
     params = cast_params(params, dtype)
     seconds = time.perf_counter() - started
-    logger.info("refiner %s: UNet loaded in %.1f s; text encoder 2 %s", refiner_name(source), seconds,
-                "shared with the base (the same weights file)" if shared
-                else "its own (its weights file is not the base's)")  # fmt: skip
+    logger.info(
+        "refiner %s: UNet loaded in %.1f s; text encoder 2 %s",
+        refiner_name(source),
+        seconds,
+        "shared with the base (the same weights file)" if shared else "its own (its weights file is not the base's)",
+    )
     return RefinerWeights(
-        name=refiner_name(source), unet=unet_module, text_encoder_2=text_module, params=params,
-        shared_text_encoder=shared, zero_empty_negative=bool(index.get("force_zeros_for_empty_prompt", False)),
-        source=source, seconds=seconds,
-    )  # fmt: skip
+        name=refiner_name(source),
+        unet=unet_module,
+        text_encoder_2=text_module,
+        params=params,
+        shared_text_encoder=shared,
+        zero_empty_negative=bool(index.get("force_zeros_for_empty_prompt", False)),
+        source=source,
+        seconds=seconds,
+    )

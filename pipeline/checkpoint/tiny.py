@@ -307,20 +307,27 @@ def _write_json(path: pathlib.Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_tokenizer(directory: pathlib.Path, vocab: dict[str, int], merges: list[tuple[str, str]], pad: str,
-                     max_length: int) -> None:
+def _write_tokenizer(
+    directory: pathlib.Path, vocab: dict[str, int], merges: list[tuple[str, str]], pad: str, max_length: int
+) -> None:
     """A CLIP tokenizer folder in the layout SDXL's repos ship (vocab.json, merges.txt, special_tokens_map.json,
     tokenizer_config.json), byte for byte what transformers 4.57's `CLIPTokenizer.save_pretrained` wrote for it."""
     directory.mkdir()
-    (directory / "vocab.json").write_text(json.dumps(vocab, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-                                          encoding="utf-8")  # fmt: skip
+    (directory / "vocab.json").write_text(
+        json.dumps(vocab, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     lines = ["#version: 0.2", *(f"{left} {right}" for left, right in merges)]
     (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     marker = {"lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
-    special = {"bos_token": {"content": START_TOKEN, **marker}, "eos_token": {"content": END_TOKEN, **marker},
-               "pad_token": pad, "unk_token": {"content": END_TOKEN, **marker}}  # fmt: skip
-    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2, sort_keys=True, ensure_ascii=False)
-                                                       + "\n", encoding="utf-8")  # fmt: skip
+    special = {
+        "bos_token": {"content": START_TOKEN, **marker},
+        "eos_token": {"content": END_TOKEN, **marker},
+        "pad_token": pad,
+        "unk_token": {"content": END_TOKEN, **marker},
+    }
+    (directory / "special_tokens_map.json").write_text(
+        json.dumps(special, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     added = {}  # what transformers registered: a pad token of its own (CLIP-G's "!"), then the begin and end tokens
     if pad not in (START_TOKEN, END_TOKEN):
         added[str(vocab[pad])] = {"content": pad, **marker, "normalized": False}
@@ -328,10 +335,16 @@ def _write_tokenizer(directory: pathlib.Path, vocab: dict[str, int], merges: lis
         added[str(vocab[token])] = {"content": token, **marker}
     config = {
         "added_tokens_decoder": {index: {**entry, "special": True} for index, entry in added.items()},
-        "bos_token": START_TOKEN, "clean_up_tokenization_spaces": False, "eos_token": END_TOKEN, "errors": "replace",
-        "extra_special_tokens": {}, "model_max_length": max_length, "pad_token": pad,
-        "tokenizer_class": "CLIPTokenizer", "unk_token": END_TOKEN,
-    }  # fmt: skip
+        "bos_token": START_TOKEN,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": END_TOKEN,
+        "errors": "replace",
+        "extra_special_tokens": {},
+        "model_max_length": max_length,
+        "pad_token": pad,
+        "tokenizer_class": "CLIPTokenizer",
+        "unk_token": END_TOKEN,
+    }
     text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
 
@@ -355,48 +368,74 @@ def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
     blocks = len(geometry.vae_block_out_channels)
     return {
         "text_encoder": {
-            **text_common, "architectures": ["CLIPTextModel"], "hidden_act": geometry.text_hidden_act,
-            "hidden_size": geometry.text_hidden_size, "intermediate_size": geometry.text_intermediate_size,
-            "num_attention_heads": geometry.text_heads, "num_hidden_layers": geometry.text_layers,
+            **text_common,
+            "architectures": ["CLIPTextModel"],
+            "hidden_act": geometry.text_hidden_act,
+            "hidden_size": geometry.text_hidden_size,
+            "intermediate_size": geometry.text_intermediate_size,
+            "num_attention_heads": geometry.text_heads,
+            "num_hidden_layers": geometry.text_layers,
             "projection_dim": geometry.text_hidden_size,
         },
         "text_encoder_2": {
-            **text_common, "architectures": ["CLIPTextModelWithProjection"], "hidden_act": geometry.text_2_hidden_act,
-            "hidden_size": geometry.text_2_hidden_size, "intermediate_size": geometry.text_2_intermediate_size,
-            "num_attention_heads": geometry.text_2_heads, "num_hidden_layers": geometry.text_2_layers,
+            **text_common,
+            "architectures": ["CLIPTextModelWithProjection"],
+            "hidden_act": geometry.text_2_hidden_act,
+            "hidden_size": geometry.text_2_hidden_size,
+            "intermediate_size": geometry.text_2_intermediate_size,
+            "num_attention_heads": geometry.text_2_heads,
+            "num_hidden_layers": geometry.text_2_layers,
             "projection_dim": geometry.text_2_projection_dim,
         },
         "unet": {
-            "_class_name": "FlaxUNet2DConditionModel", "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
-            "addition_embed_type": "text_time", "addition_embed_type_num_heads": 64,
+            "_class_name": "FlaxUNet2DConditionModel",
+            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+            "addition_embed_type": "text_time",
+            "addition_embed_type_num_heads": 64,
             "addition_time_embed_dim": geometry.addition_time_embed_dim,
             "attention_head_dim": list(geometry.unet_attention_heads),
             "block_out_channels": list(geometry.unet_block_out_channels),
             "cross_attention_dim": geometry.cross_attention_dim,
             "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-            "dropout": 0.0, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": geometry.vae_latent_channels,
-            "layers_per_block": geometry.unet_layers_per_block, "mid_block_type": "UNetMidBlock2DCrossAttn",
-            "num_attention_heads": None, "only_cross_attention": False, "out_channels": geometry.vae_latent_channels,
+            "dropout": 0.0,
+            "flip_sin_to_cos": True,
+            "freq_shift": 0,
+            "in_channels": geometry.vae_latent_channels,
+            "layers_per_block": geometry.unet_layers_per_block,
+            "mid_block_type": "UNetMidBlock2DCrossAttn",
+            "num_attention_heads": None,
+            "only_cross_attention": False,
+            "out_channels": geometry.vae_latent_channels,
             "projection_class_embeddings_input_dim": geometry.projection_class_embeddings_input_dim,
-            "sample_size": geometry.unet_sample_size, "split_head_dim": False,
+            "sample_size": geometry.unet_sample_size,
+            "split_head_dim": False,
             "transformer_layers_per_block": list(geometry.unet_transformer_layers_per_block),
             "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-            "use_linear_projection": True, "use_memory_efficient_attention": False,
+            "use_linear_projection": True,
+            "use_memory_efficient_attention": False,
         },
         "vae": {
-            "_class_name": "FlaxAutoencoderKL", "_diffusers_version": LAYOUT_VERSIONS["diffusers"], "act_fn": "silu",
+            "_class_name": "FlaxAutoencoderKL",
+            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+            "act_fn": "silu",
             "block_out_channels": list(geometry.vae_block_out_channels),
-            "down_block_types": ["DownEncoderBlock2D"] * blocks, "in_channels": 3,
-            "latent_channels": geometry.vae_latent_channels, "layers_per_block": geometry.vae_layers_per_block,
-            "norm_num_groups": geometry.vae_norm_num_groups, "out_channels": 3,
+            "down_block_types": ["DownEncoderBlock2D"] * blocks,
+            "in_channels": 3,
+            "latent_channels": geometry.vae_latent_channels,
+            "layers_per_block": geometry.vae_layers_per_block,
+            "norm_num_groups": geometry.vae_norm_num_groups,
+            "out_channels": 3,
             "sample_size": geometry.unet_sample_size * geometry.vae_scale_factor,
-            "scaling_factor": geometry.vae_scaling_factor, "up_block_types": ["UpDecoderBlock2D"] * blocks,
+            "scaling_factor": geometry.vae_scaling_factor,
+            "up_block_types": ["UpDecoderBlock2D"] * blocks,
         },
         "scheduler": {
-            "_class_name": "FlaxEulerDiscreteScheduler", "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
-            **SCHEDULER_CONFIG, "trained_betas": None,
+            "_class_name": "FlaxEulerDiscreteScheduler",
+            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+            **SCHEDULER_CONFIG,
+            "trained_betas": None,
         },
-    }  # fmt: skip
+    }
 
 
 def _networks(configs: dict[str, dict]) -> dict[str, Any]:

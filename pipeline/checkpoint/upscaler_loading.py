@@ -33,9 +33,11 @@ from ..contract.errors import InvalidInput
 SUFFIXES = (".safetensors", ".pth")
 #: torch's storage classes (as pickled by torch.save) -> their NumPy dtype.
 _STORAGE_DTYPES = {
-    "FloatStorage": np.float32, "HalfStorage": np.float16, "DoubleStorage": np.float64,
+    "FloatStorage": np.float32,
+    "HalfStorage": np.float16,
+    "DoubleStorage": np.float64,
     "BFloat16Storage": ml_dtypes.bfloat16,
-}  # fmt: skip
+}
 _OLD_RRDB = re.compile(r"model\.1\.sub\.(\d+)\.RDB([123])\.conv([1-5])\.0\.(weight|bias)")
 _OLD_TOP = re.compile(r"model\.(\d+)\.(weight|bias)")
 _NEW_RRDB = re.compile(r"body\.(\d+)\.rdb([123])\.conv([1-5])\.(weight|bias)")
@@ -119,8 +121,10 @@ class _StateDictUnpickler(pickle.Unpickler):
 def read_pth(path: Path) -> dict:
     """The object a torch zip `.pth` holds, its tensors as NumPy arrays; InvalidInput for anything unsafe."""
     if not zipfile.is_zipfile(path):
-        raise InvalidInput("it is in torch's legacy (pre-1.6) format, which cannot be read safely without torch; "
-                           "re-save it with torch.save or convert it to .safetensors.")  # fmt: skip
+        raise InvalidInput(
+            "it is in torch's legacy (pre-1.6) format, which cannot be read safely without torch; "
+            "re-save it with torch.save or convert it to .safetensors."
+        )
     with zipfile.ZipFile(path) as archive:
         pickles = [name for name in archive.namelist() if name.endswith("/data.pkl") and name.count("/") == 1]
         if len(pickles) != 1:

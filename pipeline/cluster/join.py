@@ -52,8 +52,10 @@ def start(options: ClusterOptions) -> Cluster:
     started = time.perf_counter()
     with Deadline(
         timeout,
-        lambda: f"not every process joined within {timeout:g} s (coordinator {where}); "
-        "check that the same command runs on every host and that the coordinator port is reachable.",
+        lambda: (
+            f"not every process joined within {timeout:g} s (coordinator {where}); "
+            "check that the same command runs on every host and that the coordinator port is reachable."
+        ),
     ):
         try:
             jax.distributed.initialize(

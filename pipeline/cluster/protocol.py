@@ -200,8 +200,9 @@ class Cluster:
                     on_preview=ignore_preview if request.get("previews") else None,  # the leader's programs
                 )
             except Stopped as stopped:  # the leader stopped it at this same step
-                print(f"{self.describe()}: request {number} {stopped}, as process 0 decided", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                print(
+                    f"{self.describe()}: request {number} {stopped}, as process 0 decided", file=sys.stderr, flush=True
+                )
             except Exception as exc:  # the leader is now blocked in the same call: make it give up, loudly
                 logger.exception("request %d failed", number)
                 fatal(f"{self.describe()}: request {number} failed ({exc}); the cluster cannot continue.")
@@ -253,12 +254,17 @@ class LeadingGenerator:
             )
             with Deadline(
                 cluster.options.timeout_s,
-                lambda: f"request {number} did not finish within {cluster.options.timeout_s:g} s on "
-                f"{cluster.process_count} processes; a process is stuck or unreachable. Stopping.",
+                lambda: (
+                    f"request {number} did not finish within {cluster.options.timeout_s:g} s on "
+                    f"{cluster.process_count} processes; a process is stuck or unreachable. Stopping."
+                ),
             ):
                 try:
                     return self._generator.generate(
-                        request, on_step, should_stop, gate=lambda step, wants: cluster.decide(number, step, wants),
+                        request,
+                        on_step,
+                        should_stop,
+                        gate=lambda step, wants: cluster.decide(number, step, wants),
                         on_preview=on_preview,
                     )
                 except Stopped:

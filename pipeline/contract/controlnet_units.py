@@ -113,16 +113,18 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
         raise InvalidInput(f"ControlNet start ({start:g}) must be below its end ({end:g}).")
     low = int(_number(item, "low", CANNY_LOW, 1, 255, "low threshold"))
     high = int(_number(item, "high", CANNY_HIGH, 1, 255, "high threshold"))
-    picture = fit(to_rgb(open_image(image_source(item["image"]), what="control image"), what="control image"),
-                  height, width)  # fmt: skip
+    picture = fit(
+        to_rgb(open_image(image_source(item["image"]), what="control image"), what="control image"), height, width
+    )
     control_map = preprocess(np.asarray(picture), module, low, high)
     buffer = io.BytesIO()
     Image.fromarray(control_map).save(buffer, format="PNG", compress_level=1)
     return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high)
 
 
-def parse_controls(value: object, offered: tuple[str, ...], height: int, width: int,
-                   most: int = MAX_CONTROLNETS) -> tuple[ControlUnit, ...]:
+def parse_controls(
+    value: object, offered: tuple[str, ...], height: int, width: int, most: int = MAX_CONTROLNETS
+) -> tuple[ControlUnit, ...]:
     """The request's `controlnets` (None or a list of up to `most` units: the server's --controlnet-units), each
     checked."""
     if value is None or value == []:
@@ -132,8 +134,9 @@ def parse_controls(value: object, offered: tuple[str, ...], height: int, width: 
     if not isinstance(value, (list, tuple)):
         raise InvalidInput("controlnets must be a list of {name, image, weight, start, end, preprocessor} objects.")
     if len(value) > most:
-        raise InvalidInput(f"At most {most} ControlNet{'s' if most > 1 else ''} per request on this server; got "
-                           f"{len(value)}.")
+        raise InvalidInput(
+            f"At most {most} ControlNet{'s' if most > 1 else ''} per request on this server; got {len(value)}."
+        )
     return tuple(parse_unit(item, offered, height, width) for item in value)
 
 
@@ -147,9 +150,12 @@ def sent_maps(value: object) -> tuple[object, tuple[str | None, ...]]:
     items = [value] if isinstance(value, Mapping) else value
     if not isinstance(items, (list, tuple)):
         return value, ()
-    modules = tuple(str(item["module"] or "none").strip().lower()
-                    if isinstance(item, Mapping) and "module" in item and "preprocessor" not in item else None
-                    for item in items)  # fmt: skip
+    modules = tuple(
+        str(item["module"] or "none").strip().lower()
+        if isinstance(item, Mapping) and "module" in item and "preprocessor" not in item
+        else None
+        for item in items
+    )
     for module in modules:
         if module is not None and module not in PREPROCESSORS:
             choices = ", ".join(PREPROCESSORS)
@@ -192,9 +198,14 @@ def from_a1111(args: object) -> list[dict]:
             continue
         image = arg.get("image") or arg.get("input_image")
         image = image.get("image") if isinstance(image, Mapping) else image
-        unit = {"name": str(arg.get("model") or "").split(" [")[0].strip() or None, "image": image,
-                "weight": arg.get("weight"), "start": arg.get("guidance_start"), "end": arg.get("guidance_end"),
-                "preprocessor": arg.get("module")}  # fmt: skip
+        unit = {
+            "name": str(arg.get("model") or "").split(" [")[0].strip() or None,
+            "image": image,
+            "weight": arg.get("weight"),
+            "start": arg.get("guidance_start"),
+            "end": arg.get("guidance_end"),
+            "preprocessor": arg.get("module"),
+        }
         if str(arg.get("module", "")).lower() == "canny":
             unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))
         units.append({key: value for key, value in unit.items() if value is not None})

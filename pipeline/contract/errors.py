@@ -21,8 +21,14 @@ class InvalidInput(ValueError):
     str(error), the fields by their API names (what their callers type), and the page says `named(labels)`, the
     fields by its controls' labels (what its visitors see: "Upscale by 3 ...", not "hires_scale 3 ...")."""
 
-    def __init__(self, message: str, *, template: str = "", names: Mapping[str, str] | None = None,
-                 values: Mapping[str, object] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        template: str = "",
+        names: Mapping[str, str] | None = None,
+        values: Mapping[str, object] | None = None,
+    ) -> None:
         super().__init__(message)
         self.template = template  # the sentence with {field} for each field it names ("" = it names none)
         self.names = dict(names or {})  # field -> how the API calls it, for each field the sentence names
@@ -39,8 +45,9 @@ class InvalidInput(ValueError):
         `labels` lacks keeps its API name."""
         if not self.template:
             return str(self)
-        return self.template.format(**self.values, **{field: labels.get(field, name) for field, name in
-                                                      self.names.items()})  # fmt: skip
+        return self.template.format(
+            **self.values, **{field: labels.get(field, name) for field, name in self.names.items()}
+        )
 
 
 class EngineUnavailable(RuntimeError):

@@ -88,8 +88,10 @@ def resolve_seed(seed: object, randomize: bool = False) -> int:
         return secrets.randbelow(FIELD["seed"].high + 1)
     row = FIELD["seed"]
     if seed is None or (isinstance(seed, str) and not seed.strip()):  # the page's emptied box: not "got None"
-        raise InvalidInput(f"Seed is empty; enter a whole number from {_number(row.low)} to {_number(row.high)}, "
-                           "or turn on Randomize seed.")  # fmt: skip
+        raise InvalidInput(
+            f"Seed is empty; enter a whole number from {_number(row.low)} to {_number(row.high)}, "
+            "or turn on Randomize seed."
+        )
     message = row.refusal(seed)
     if isinstance(seed, bool):
         raise message
@@ -155,6 +157,7 @@ def check_size(value: object, sizes: Sequence[Size]) -> Size:
             return (int(match[2]), int(match[1]))
         ratio = re.fullmatch(r"\s*(\d{1,3})\s*:\s*(\d{1,3})\s*", value)
         if ratio and int(ratio[1]) and int(ratio[2]):
+
             def off(size: Size) -> float:  # how far a size's shape is from the ratio asked (0: the same)
                 return abs(math.log(size[1] / size[0] * int(ratio[2]) / int(ratio[1])))
 
@@ -163,8 +166,9 @@ def check_size(value: object, sizes: Sequence[Size]) -> Size:
                 return tuple(closest)
     offered = ", ".join(f"{w}×{h}" for h, w in sizes)
     shown = echo(value if isinstance(value, str) else type(value).__name__)
-    raise InvalidInput(f"Aspect ratio {shown} is not offered by this server; choose one of: {offered} (or its "
-                       f"ratio, e.g. 1:1).")
+    raise InvalidInput(
+        f"Aspect ratio {shown} is not offered by this server; choose one of: {offered} (or its ratio, e.g. 1:1)."
+    )
 
 
 # ---- the table of request fields -------------------------------------------------------------------------------------
@@ -242,8 +246,12 @@ class Field:
         label instead: `InvalidInput.named`)."""
         named = {self.name: self.called}
         if self.kind == "choice":
-            return InvalidInput.naming(f"Unknown {{{self.name}}} {{value}}; choose one of: {{choices}}.", named,
-                                       value=echo(value), choices=", ".join(self.choices))  # fmt: skip
+            return InvalidInput.naming(
+                f"Unknown {{{self.name}}} {{value}}; choose one of: {{choices}}.",
+                named,
+                value=echo(value),
+                choices=", ".join(self.choices),
+            )
         low, high = f"{_number(self.low)}{self.low_note}", f"{_number(self.high)}{self.high_note}"
         if self.kind == "int" or self.kind == "seed":
             allowed = f"a whole number from {low} to {high}"
@@ -251,8 +259,9 @@ class Field:
             allowed = f"a number above {low} and at most {high}"
         else:
             allowed = f"a number between {low} and {high}"
-        return InvalidInput.naming(f"{{{self.name}}} must be {{allowed}}; got {{value}}.", named, allowed=allowed,
-                                   value=echo(value))  # fmt: skip
+        return InvalidInput.naming(
+            f"{{{self.name}}} must be {{allowed}}; got {{value}}.", named, allowed=allowed, value=echo(value)
+        )
 
     def check(self, value: object) -> Any:
         """`value` checked: an int or float within the bounds (whole-valued floats pass for int, as Gradio's
@@ -299,99 +308,361 @@ def _number(value: float) -> str:
 
 #: Every input of a request, in the API's order (a new field goes at the end: API callers pass them by position).
 FIELDS: tuple[Field, ...] = (
-    Field("prompt", "text", "what to draw (A1111's <lora:NAME:WEIGHT> tags apply LoRAs)", flag="--prompt",
-          api_type=str),
+    Field(
+        "prompt", "text", "what to draw (A1111's <lora:NAME:WEIGHT> tags apply LoRAs)", flag="--prompt", api_type=str
+    ),
     Field("negative_prompt", "text", "what to keep out", "", without_cfg="", flag="--negative-prompt", api_type=str),
     Field("style", "style", "a style of assets/styles.json", DEFAULT_STYLE, flag="--style", api_type=str),
-    Field("guidance_scale", "float", "how closely to follow the prompt (<= 1: no guidance)", 5.0, low=0.0, high=20.0,
-          rule="guidance_scale", called="Guidance scale", label="CFG scale", basic=True, without_cfg=0.0,
-          flag="--guidance-scale", api_type=float,
-          control=Control("Guidance scale", "How closely to follow the prompt ({low:g} to {high:g}; a number typed "
-                          "outside is set to the nearest limit)", step=0.5, elem_id="guidance", group="style")),
-    Field("seed", "seed", "0..4294967295: image i uses seed + i", 0, low=0, high=2**32 - 1, called="Seed",
-          label="Seed", basic=True, flag="--seed", api_type=int),
+    Field(
+        "guidance_scale",
+        "float",
+        "how closely to follow the prompt (<= 1: no guidance)",
+        5.0,
+        low=0.0,
+        high=20.0,
+        rule="guidance_scale",
+        called="Guidance scale",
+        label="CFG scale",
+        basic=True,
+        without_cfg=0.0,
+        flag="--guidance-scale",
+        api_type=float,
+        control=Control(
+            "Guidance scale",
+            "How closely to follow the prompt ({low:g} to {high:g}; a number typed "
+            "outside is set to the nearest limit)",
+            step=0.5,
+            elem_id="guidance",
+            group="style",
+        ),
+    ),
+    Field(
+        "seed",
+        "seed",
+        "0..4294967295: image i uses seed + i",
+        0,
+        low=0,
+        high=2**32 - 1,
+        called="Seed",
+        label="Seed",
+        basic=True,
+        flag="--seed",
+        api_type=int,
+    ),
     Field("randomize_seed", "flag", "a fresh random seed instead of `seed`", True, api_type=bool),
     Field("aspect_ratio", "size", "an offered size: 'WxH' or its ratio 'W:H'", api_type=str),
-    Field("steps", "int", "denoising steps (no recompile)", 25, low=1, high=100, rule="steps", called="Steps",
-          label="Steps", basic=True, api_type=int,
-          control=Control("Steps", "Denoising steps, {low:g} to {high:g}; any number runs without recompiling (a "
-                          "number typed outside is set to the nearest limit)", elem_id="steps", group="sampling")),
-    Field("sampler", "choice", "A1111's name of the sampler", choices=tuple(SAMPLER_NAMES), rule="sampler",
-          called="sampler", label="Sampler", basic=True, api_type=str,
-          control=Control("Sampler", elem_id="sampler", group="sampling")),
-    Field("cfg_end", "float", "guidance on the first part of the steps only: 0.5 = the first half (faster; changes "
-          "the picture)", 1.0, low=0.0, high=1.0, above=True, called="cfg_end",
-          high_note=" (1 = guidance on every step)", label="CFG end", status="CFG end", without_cfg=1.0, lever=True,
-          flag="--cfg-end", api_type=float,
-          control=Control("Guidance for the first part of the steps", "1 = every step (exact); 0.5 = the first half: "
-                          "faster, changes the picture", step=0.05, elem_id="cfg-end", group="levers")),
-    Field("deepcache", "int", "DeepCache: the whole UNet every N steps, its shallow part between (1 = off; faster, "
-          "changes the picture)", 1, low=1, high=5, called="deepcache", low_note=" (off)",
-          high_note=" (the whole UNet every N steps)", label="DeepCache", status="DeepCache", lever=True,
-          flag="--deepcache", api_type=int,
-          control=Control("DeepCache", "1 = off (exact); N = the whole UNet every N steps, its shallow part between: "
-                          "faster, changes the picture", elem_id="deepcache", group="levers")),
-    Field("loras", "loras", "up to 4 [name, weight] (or [name, te_weight, unet_weight]) of the server's LoRAs",
-          flag="--lora", api_type=list),
-    Field("init_image", "file", "start from this picture (image to image), fitted to the size: resized to cover it, "
-          "centre-cropped", flag="--init-image",
-          api_type=dict),
-    Field("mask_image", "file", "inpainting: white = repaint, black = keep (needs init_image)", flag="--mask-image",
-          aliases=("--mask",), api_type=dict),
-    Field("strength", "float", "with a picture: how much of it is redrawn (int(steps × strength) steps run)", 0.75,
-          low=0.0, high=1.0, above=True, called="Strength", label="Denoising strength", status="strength",
-          needs="picture", flag="--strength", api_type=float,
-          control=Control("Strength", "How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
-                          step=0.05, elem_id="strength", group="picture")),
-    Field("schedule_type", "choice", "A1111's schedule type: the sampler's noise levels (Automatic: the checkpoint's)",
-          "Automatic", choices=SCHEDULE_TYPES, called="schedule type", label="Schedule type", status="schedule",
-          flag="--schedule-type", api_type=str,
-          control=Control("Schedule type", "Automatic = the checkpoint's; Karras, Exponential, SGM Uniform (trailing)",
-                          elem_id="schedule-type", group="sampling")),
-    Field("controlnets", "controls", "up to 2 {name, image, weight 0..2, start, end, preprocessor none|canny} of the "
-          "server's ControlNets", flag="--control-image", api_type=list),
-    Field("refiner_switch", "float", "with the server's --refiner: the part of the steps the base runs before its "
-          "refiner continues (A1111's Switch at; 1 = no refiner)", 1.0, low=0.0, high=1.0, above=True,
-          called="refiner_switch", high_note=" (1 = no refiner)", label="Refiner switch at", status="refiner at",
-          needs="refiner", flag="--refiner-switch", api_type=float,
-          control=Control("Refiner switch at", "The part of the steps the base runs before the refiner continues "
-                          "(1 = no refiner)", step=0.05, elem_id="refiner-switch", group="refiner")),
-    Field("aesthetic_score", "float", "the refiner's aesthetic score (its 5th time id, diffusers' 6)", 6.0, low=0.0,
-          high=10.0, called="aesthetic_score", label="Aesthetic score", needs="refiner", flag="--aesthetic-score",
-          api_type=float, control=Control("Aesthetic score", "The refiner's aesthetic conditioning, {low:g} to "
-                                          "{high:g}", step=0.5, elem_id="aesthetic-score", group="refiner")),
-    Field("negative_aesthetic_score", "float", "the refiner's aesthetic score for the negative prompt (diffusers' "
-          "2.5)", 2.5, low=0.0, high=10.0, called="negative_aesthetic_score", label="Negative aesthetic score",
-          needs="refiner", flag="--negative-aesthetic-score", api_type=float,
-          control=Control("Negative aesthetic score", "The refiner's aesthetic conditioning of the negative prompt",
-                          step=0.5, elem_id="negative-aesthetic-score", group="refiner")),
-    Field("clip_skip", "int", "the text encoders' layer the UNet reads: 0 = SDXL's own (the penultimate), N = N "
-          "layers before it (diffusers' clip_skip; A1111's Clip skip N + 2)", 0, low=0, high=10, called="clip_skip",
-          low_note=" (SDXL's penultimate layer)", label="Clip skip", label_offset=2, status="clip skip",
-          flag="--clip-skip", api_type=int,
-          control=Control("CLIP skip", "0 = SDXL's own layer (the penultimate); N = N layers before it (A1111's Clip "
-                          "skip N + 2)", elem_id="clip-skip", group="style")),
-    Field("hires_scale", "float", "hires fix: draw at the size, upscale by one of the server's --hires-scales and "
-          "redraw (A1111's Upscale by; 1 = off)", 1.0, low=1.0, high=MAX_SCALE, called="hires_scale",
-          high_note=" (one of the server's --hires-scales; 1 = off)", label="Hires upscale", status="hires ×",
-          needs="hires", flag="--hires-scale", api_type=float,
-          control=Control("Upscale by", "Off = no second pass; ×N: drawn at the size, upscaled N times and redrawn "
-                          "(the scales this server compiled)", step=0.25, elem_id="hires-scale", group="hires")),
-    Field("hires_steps", "int", "hires fix: the second pass's steps (0 = as many as the first pass)", 0, low=0,
-          high=100, called="hires_steps", low_note=" (as the first pass)", label="Hires steps", needs="hires",
-          flag="--hires-steps", api_type=int,
-          control=Control("Hires steps", "0 = as many as the first pass; they run on a schedule of steps ÷ denoise",
-                          elem_id="hires-steps", group="hires")),
-    Field("hires_denoise", "float", "hires fix: how much of the upscaled picture is redrawn (A1111's Denoising "
-          "strength)", 0.55, low=0.01, high=1.0, called="hires_denoise", label="Denoising strength", needs="hires",
-          flag="--hires-denoise", api_type=float,
-          control=Control("Denoising strength", "How much of the upscaled picture the second pass redraws",
-                          step=0.01, elem_id="hires-denoise", group="hires")),
-    Field("hires_upscaler", "choice", "hires fix: how the picture is upscaled (Latent*: in latent space; Lanczos, "
-          "Nearest: decoded, resized, encoded)", "Latent", choices=UPSCALERS, called="hires upscaler",
-          label="Hires upscaler", needs="hires", flag="--hires-upscaler", api_type=str,
-          control=Control("Upscaler", elem_id="hires-upscaler", group="hires")),
-)  # fmt: skip
+    Field(
+        "steps",
+        "int",
+        "denoising steps (no recompile)",
+        25,
+        low=1,
+        high=100,
+        rule="steps",
+        called="Steps",
+        label="Steps",
+        basic=True,
+        api_type=int,
+        control=Control(
+            "Steps",
+            "Denoising steps, {low:g} to {high:g}; any number runs without recompiling (a "
+            "number typed outside is set to the nearest limit)",
+            elem_id="steps",
+            group="sampling",
+        ),
+    ),
+    Field(
+        "sampler",
+        "choice",
+        "A1111's name of the sampler",
+        choices=tuple(SAMPLER_NAMES),
+        rule="sampler",
+        called="sampler",
+        label="Sampler",
+        basic=True,
+        api_type=str,
+        control=Control("Sampler", elem_id="sampler", group="sampling"),
+    ),
+    Field(
+        "cfg_end",
+        "float",
+        "guidance on the first part of the steps only: 0.5 = the first half (faster; changes the picture)",
+        1.0,
+        low=0.0,
+        high=1.0,
+        above=True,
+        called="cfg_end",
+        high_note=" (1 = guidance on every step)",
+        label="CFG end",
+        status="CFG end",
+        without_cfg=1.0,
+        lever=True,
+        flag="--cfg-end",
+        api_type=float,
+        control=Control(
+            "Guidance for the first part of the steps",
+            "1 = every step (exact); 0.5 = the first half: faster, changes the picture",
+            step=0.05,
+            elem_id="cfg-end",
+            group="levers",
+        ),
+    ),
+    Field(
+        "deepcache",
+        "int",
+        "DeepCache: the whole UNet every N steps, its shallow part between (1 = off; faster, changes the picture)",
+        1,
+        low=1,
+        high=5,
+        called="deepcache",
+        low_note=" (off)",
+        high_note=" (the whole UNet every N steps)",
+        label="DeepCache",
+        status="DeepCache",
+        lever=True,
+        flag="--deepcache",
+        api_type=int,
+        control=Control(
+            "DeepCache",
+            "1 = off (exact); N = the whole UNet every N steps, its shallow part between: faster, changes the picture",
+            elem_id="deepcache",
+            group="levers",
+        ),
+    ),
+    Field(
+        "loras",
+        "loras",
+        "up to 4 [name, weight] (or [name, te_weight, unet_weight]) of the server's LoRAs",
+        flag="--lora",
+        api_type=list,
+    ),
+    Field(
+        "init_image",
+        "file",
+        "start from this picture (image to image), fitted to the size: resized to cover it, centre-cropped",
+        flag="--init-image",
+        api_type=dict,
+    ),
+    Field(
+        "mask_image",
+        "file",
+        "inpainting: white = repaint, black = keep (needs init_image)",
+        flag="--mask-image",
+        aliases=("--mask",),
+        api_type=dict,
+    ),
+    Field(
+        "strength",
+        "float",
+        "with a picture: how much of it is redrawn (int(steps × strength) steps run)",
+        0.75,
+        low=0.0,
+        high=1.0,
+        above=True,
+        called="Strength",
+        label="Denoising strength",
+        status="strength",
+        needs="picture",
+        flag="--strength",
+        api_type=float,
+        control=Control(
+            "Strength",
+            "How much of the picture is redrawn: 0.3 keeps most of it, 1 redraws it all",
+            step=0.05,
+            elem_id="strength",
+            group="picture",
+        ),
+    ),
+    Field(
+        "schedule_type",
+        "choice",
+        "A1111's schedule type: the sampler's noise levels (Automatic: the checkpoint's)",
+        "Automatic",
+        choices=SCHEDULE_TYPES,
+        called="schedule type",
+        label="Schedule type",
+        status="schedule",
+        flag="--schedule-type",
+        api_type=str,
+        control=Control(
+            "Schedule type",
+            "Automatic = the checkpoint's; Karras, Exponential, SGM Uniform (trailing)",
+            elem_id="schedule-type",
+            group="sampling",
+        ),
+    ),
+    Field(
+        "controlnets",
+        "controls",
+        "up to 2 {name, image, weight 0..2, start, end, preprocessor none|canny} of the server's ControlNets",
+        flag="--control-image",
+        api_type=list,
+    ),
+    Field(
+        "refiner_switch",
+        "float",
+        "with the server's --refiner: the part of the steps the base runs before its "
+        "refiner continues (A1111's Switch at; 1 = no refiner)",
+        1.0,
+        low=0.0,
+        high=1.0,
+        above=True,
+        called="refiner_switch",
+        high_note=" (1 = no refiner)",
+        label="Refiner switch at",
+        status="refiner at",
+        needs="refiner",
+        flag="--refiner-switch",
+        api_type=float,
+        control=Control(
+            "Refiner switch at",
+            "The part of the steps the base runs before the refiner continues (1 = no refiner)",
+            step=0.05,
+            elem_id="refiner-switch",
+            group="refiner",
+        ),
+    ),
+    Field(
+        "aesthetic_score",
+        "float",
+        "the refiner's aesthetic score (its 5th time id, diffusers' 6)",
+        6.0,
+        low=0.0,
+        high=10.0,
+        called="aesthetic_score",
+        label="Aesthetic score",
+        needs="refiner",
+        flag="--aesthetic-score",
+        api_type=float,
+        control=Control(
+            "Aesthetic score",
+            "The refiner's aesthetic conditioning, {low:g} to {high:g}",
+            step=0.5,
+            elem_id="aesthetic-score",
+            group="refiner",
+        ),
+    ),
+    Field(
+        "negative_aesthetic_score",
+        "float",
+        "the refiner's aesthetic score for the negative prompt (diffusers' 2.5)",
+        2.5,
+        low=0.0,
+        high=10.0,
+        called="negative_aesthetic_score",
+        label="Negative aesthetic score",
+        needs="refiner",
+        flag="--negative-aesthetic-score",
+        api_type=float,
+        control=Control(
+            "Negative aesthetic score",
+            "The refiner's aesthetic conditioning of the negative prompt",
+            step=0.5,
+            elem_id="negative-aesthetic-score",
+            group="refiner",
+        ),
+    ),
+    Field(
+        "clip_skip",
+        "int",
+        "the text encoders' layer the UNet reads: 0 = SDXL's own (the penultimate), N = N "
+        "layers before it (diffusers' clip_skip; A1111's Clip skip N + 2)",
+        0,
+        low=0,
+        high=10,
+        called="clip_skip",
+        low_note=" (SDXL's penultimate layer)",
+        label="Clip skip",
+        label_offset=2,
+        status="clip skip",
+        flag="--clip-skip",
+        api_type=int,
+        control=Control(
+            "CLIP skip",
+            "0 = SDXL's own layer (the penultimate); N = N layers before it (A1111's Clip skip N + 2)",
+            elem_id="clip-skip",
+            group="style",
+        ),
+    ),
+    Field(
+        "hires_scale",
+        "float",
+        "hires fix: draw at the size, upscale by one of the server's --hires-scales and "
+        "redraw (A1111's Upscale by; 1 = off)",
+        1.0,
+        low=1.0,
+        high=MAX_SCALE,
+        called="hires_scale",
+        high_note=" (one of the server's --hires-scales; 1 = off)",
+        label="Hires upscale",
+        status="hires ×",
+        needs="hires",
+        flag="--hires-scale",
+        api_type=float,
+        control=Control(
+            "Upscale by",
+            "Off = no second pass; ×N: drawn at the size, upscaled N times and redrawn "
+            "(the scales this server compiled)",
+            step=0.25,
+            elem_id="hires-scale",
+            group="hires",
+        ),
+    ),
+    Field(
+        "hires_steps",
+        "int",
+        "hires fix: the second pass's steps (0 = as many as the first pass)",
+        0,
+        low=0,
+        high=100,
+        called="hires_steps",
+        low_note=" (as the first pass)",
+        label="Hires steps",
+        needs="hires",
+        flag="--hires-steps",
+        api_type=int,
+        control=Control(
+            "Hires steps",
+            "0 = as many as the first pass; they run on a schedule of steps ÷ denoise",
+            elem_id="hires-steps",
+            group="hires",
+        ),
+    ),
+    Field(
+        "hires_denoise",
+        "float",
+        "hires fix: how much of the upscaled picture is redrawn (A1111's Denoising strength)",
+        0.55,
+        low=0.01,
+        high=1.0,
+        called="hires_denoise",
+        label="Denoising strength",
+        needs="hires",
+        flag="--hires-denoise",
+        api_type=float,
+        control=Control(
+            "Denoising strength",
+            "How much of the upscaled picture the second pass redraws",
+            step=0.01,
+            elem_id="hires-denoise",
+            group="hires",
+        ),
+    ),
+    Field(
+        "hires_upscaler",
+        "choice",
+        "hires fix: how the picture is upscaled (Latent*: in latent space; Lanczos, "
+        "Nearest: decoded, resized, encoded)",
+        "Latent",
+        choices=UPSCALERS,
+        called="hires upscaler",
+        label="Hires upscaler",
+        needs="hires",
+        flag="--hires-upscaler",
+        api_type=str,
+        control=Control("Upscaler", elem_id="hires-upscaler", group="hires"),
+    ),
+)
 #: The table by name.
 FIELD: Mapping[str, Field] = {row.name: row for row in FIELDS}
 #: The plain fields (numbers and choices), in table order.

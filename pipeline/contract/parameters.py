@@ -39,8 +39,11 @@ MIN_SETTINGS = 3
 #: Keys whose values are numbers, with their type (anything else stays text, e.g. "Model hash: 1234567890"): the
 #: request fields' labels (`fields.FIELDS`), then A1111's own.
 NUMBER_KEYS = {
-    **{row.label: int if row.kind in ("int", "seed") else float for row in FIELDS
-       if row.label and row.kind in ("int", "seed", "float")},
+    **{
+        row.label: int if row.kind in ("int", "seed") else float
+        for row in FIELDS
+        if row.label and row.kind in ("int", "seed", "float")
+    },
     "Clip skip": int,
     "Hires upscale": float,
     "Hires steps": int,
@@ -51,10 +54,17 @@ NUMBER_KEYS = {
     "Variation seed strength": float,
     "Face restoration strength": float,
     "Mask blur": int,
-}  # fmt: skip
+}
 #: A1111's ControlNet entry keys -> a unit's fields (what reading a "ControlNet N" entry gives back).
-CONTROL_KEYS = {"Module": "module", "Model": "name", "Weight": "weight", "Guidance Start": "start",
-                "Guidance End": "end", "Threshold A": "low", "Threshold B": "high"}  # fmt: skip
+CONTROL_KEYS = {
+    "Module": "module",
+    "Model": "name",
+    "Weight": "weight",
+    "Guidance Start": "start",
+    "Guidance End": "end",
+    "Threshold A": "low",
+    "Threshold B": "high",
+}
 
 # One pair of the settings line: `Key: value` or `Key: "quoted, value"`, then a comma or the end. Anything else up to
 # the next comma is a loose fragment (e.g. this app's "Sampler: Euler a, v-prediction"), kept with the value before.
@@ -187,8 +197,10 @@ def text_settings(embeddings: Sequence[tuple[str, str]], emphasis: str, emphasiz
 
 def control_entry(unit: ControlUnit, index: int) -> tuple[str, str]:
     """A1111's ControlNet extension's `parameters` entry: ('ControlNet 0', 'Module: canny, Model: ...')."""
-    text = (f"Module: {unit.module}, Model: {unit.name}, Weight: {unit.weight:g}, Guidance Start: {unit.start:g}, "
-            f"Guidance End: {unit.end:g}")  # fmt: skip
+    text = (
+        f"Module: {unit.module}, Model: {unit.name}, Weight: {unit.weight:g}, Guidance Start: {unit.start:g}, "
+        f"Guidance End: {unit.end:g}"
+    )
     if unit.module == "canny":
         text += f", Threshold A: {unit.low}, Threshold B: {unit.high}"
     return f"ControlNet {index}", text  # describe() quotes it, as A1111 does a value with commas

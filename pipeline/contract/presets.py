@@ -62,8 +62,9 @@ def load_presets(path: str | Path = PRESETS_PATH) -> dict[str, Preset]:
         preset = Preset(name=name, **entry)
         sampler_id(preset.sampler)  # one clear line on a bad value
         if preset.timestep_spacing not in SPACINGS:
-            raise InvalidInput(f"Unsupported timestep spacing {preset.timestep_spacing!r}; choose one of: "
-                               f"{', '.join(SPACINGS)}.")
+            raise InvalidInput(
+                f"Unsupported timestep spacing {preset.timestep_spacing!r}; choose one of: {', '.join(SPACINGS)}."
+            )
         if not isinstance(preset.cfg, bool):
             raise InvalidInput(f"cfg must be true or false; got {preset.cfg!r}.")
         for key in ("steps", "height", "width"):

@@ -89,23 +89,34 @@ class RequestRules:
         sampler = sampler_label(config.sampler) if config.sampler else None  # an id or a name -> the name
         # The files of --lora-dir by name; the engine then offers those it could read (`Generator.rules`).
         directory = pathlib.Path(config.lora_dir) if config.lora_dir else None
-        loras = tuple(sorted(p.stem for p in directory.glob("*.safetensors"))) if directory and directory.is_dir() \
-            else ()  # fmt: skip
+        loras = (
+            tuple(sorted(p.stem for p in directory.glob("*.safetensors"))) if directory and directory.is_dir() else ()
+        )
         by_name = {name.lower(): name for name in loras}
         name, weight = lora_of(config.default_lora) if config.default_lora else ("", 0.0)
         default = ((by_name[name.lower()], weight, weight),) if name.lower() in by_name else ()
         # --upscaler-dir's model files by name; the engine then offers those it could read (`Generator.rules`).
         upscaler_dir = pathlib.Path(getattr(config, "upscaler_dir", None) or "")
-        upscalers = tuple(sorted({p.stem for p in upscaler_dir.iterdir() if p.suffix in (".safetensors", ".pth")})) \
-            if str(upscaler_dir) != "." and upscaler_dir.is_dir() else ()  # fmt: skip
+        upscalers = (
+            tuple(sorted({p.stem for p in upscaler_dir.iterdir() if p.suffix in (".safetensors", ".pth")}))
+            if str(upscaler_dir) != "." and upscaler_dir.is_dir()
+            else ()
+        )
         return cls(
-            sizes=config.offered_sizes, steps=config.steps, sampler=sampler, guidance_scale=config.guidance_scale,
-            cfg=config.cfg, levers=config.speed_levers, loras=loras, default_loras=default,
+            sizes=config.offered_sizes,
+            steps=config.steps,
+            sampler=sampler,
+            guidance_scale=config.guidance_scale,
+            cfg=config.cfg,
+            levers=config.speed_levers,
+            loras=loras,
+            default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             controlnet_units=getattr(config, "controlnet_units", MAX_CONTROLNETS),
             refiner=refiner_name(config.refiner) if config.refiner else "",
-            hires_scales=tuple(getattr(config, "hires_scales", ())), hires_upscalers=(*UPSCALERS, *upscalers),
-        )  # fmt: skip
+            hires_scales=tuple(getattr(config, "hires_scales", ())),
+            hires_upscalers=(*UPSCALERS, *upscalers),
+        )
 
 
 def refiner_name(source: str) -> str:
@@ -167,8 +178,13 @@ class Request:
         for name in ("init_image", "mask_image"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
         units = [unit.to_dict() for unit in self.controlnets]
-        return {**data, "size": list(self.size), "loras": [list(lora) for lora in self.loras],
-                "ignored": list(self.ignored), "controlnets": units}  # fmt: skip
+        return {
+            **data,
+            "size": list(self.size),
+            "loras": [list(lora) for lora in self.loras],
+            "ignored": list(self.ignored),
+            "controlnets": units,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Request:
@@ -190,8 +206,11 @@ class Request:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
         a picture's own with a picture (" · inpainted, strength 0.6"); not the hires fix's scale, which the line
         says with the size (`parameters.status_size`)."""
-        started = None if self.init_image is None else PICTURE_STATUS["inpainting" if self.mask_image is not None
-                                                                      else "image to image"]  # fmt: skip
+        started = (
+            None
+            if self.init_image is None
+            else PICTURE_STATUS["inpainting" if self.mask_image is not None else "image to image"]
+        )
         return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
 
     def hires_steps_run(self) -> int:
@@ -207,8 +226,11 @@ class Request:
             return None
         if self.decoded is None:  # a follower: the bytes it received, decoded once
             pixels = np.asarray(Image.open(io.BytesIO(self.init_image)).convert("RGB"))  # [H, W, 3]
-            repaint = None if self.mask_image is None else \
-                np.asarray(Image.open(io.BytesIO(self.mask_image))) >= MASK_THRESHOLD  # [H, W]  # fmt: skip
+            repaint = (
+                None
+                if self.mask_image is None
+                else np.asarray(Image.open(io.BytesIO(self.mask_image))) >= MASK_THRESHOLD
+            )  # [H, W]
             latents = None if repaint is None else latent_mask(repaint, vae_scale_factor)
             decoded = Picture(pixels, repaint, latents, steps_to_run(self.steps, self.strength))
             object.__setattr__(self, "decoded", decoded)  # a cache beside the frozen fields (not compared, not sent)
@@ -217,31 +239,59 @@ class Request:
 
 def request_schema() -> dict:
     """The JSON schema of `Request.to_dict()`: the wire format between processes and over HTTP."""
-    text, picture = {"type": "string"}, {"type": ["string", "null"], "contentEncoding": "base64",
-                                         "contentMediaType": "image/png"}  # fmt: skip
+    text, picture = (
+        {"type": "string"},
+        {"type": ["string", "null"], "contentEncoding": "base64", "contentMediaType": "image/png"},
+    )
     properties: dict[str, dict] = {
         "prompt": {**text, "description": FIELD["prompt"].help},
         "negative_prompt": {**text, "description": FIELD["negative_prompt"].help},
         "style": {**text, "description": FIELD["style"].help},
-        "seed": {"type": "integer", "minimum": FIELD["seed"].low, "maximum": FIELD["seed"].high,
-                 "description": FIELD["seed"].help},
-        "size": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2,
-                 "description": "(height, width): one of the server's compiled sizes"},
-        "loras": {"type": "array", "maxItems": MAX_LORAS, "description": "[name, text-encoder weight, UNet weight]",
-                  "items": {"type": "array", "prefixItems": [text, {"type": "number"}, {"type": "number"}]}},
+        "seed": {
+            "type": "integer",
+            "minimum": FIELD["seed"].low,
+            "maximum": FIELD["seed"].high,
+            "description": FIELD["seed"].help,
+        },
+        "size": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "minItems": 2,
+            "maxItems": 2,
+            "description": "(height, width): one of the server's compiled sizes",
+        },
+        "loras": {
+            "type": "array",
+            "maxItems": MAX_LORAS,
+            "description": "[name, text-encoder weight, UNet weight]",
+            "items": {"type": "array", "prefixItems": [text, {"type": "number"}, {"type": "number"}]},
+        },
         "init_image": picture,
         "mask_image": picture,
         "styled_prompt": text,
         "written_prompt": text,
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
-        "controlnets": {"type": "array", "maxItems": MAX_CONTROLNETS, "description": FIELD["controlnets"].help,
-                        "items": {"type": "object", "required": ["name", "image"], "properties": {
-                            "name": text, "image": picture, "weight": {"type": "number", "minimum": 0, "maximum": 2},
-                            "start": {"type": "number"}, "end": {"type": "number"},
-                            "module": {"enum": list(PREPROCESSORS)}, "low": {"type": "integer"},
-                            "high": {"type": "integer"}}}},
-    }  # fmt: skip
+        "controlnets": {
+            "type": "array",
+            "maxItems": MAX_CONTROLNETS,
+            "description": FIELD["controlnets"].help,
+            "items": {
+                "type": "object",
+                "required": ["name", "image"],
+                "properties": {
+                    "name": text,
+                    "image": picture,
+                    "weight": {"type": "number", "minimum": 0, "maximum": 2},
+                    "start": {"type": "number"},
+                    "end": {"type": "number"},
+                    "module": {"enum": list(PREPROCESSORS)},
+                    "low": {"type": "integer"},
+                    "high": {"type": "integer"},
+                },
+            },
+        },
+    }
     for row in PLAIN:
         properties[row.name] = row.schema()
     properties["sampler"] = {"anyOf": [properties["sampler"], {"type": "null"}]}  # None: the server's default
@@ -309,12 +359,14 @@ def parse_request(
         values.update({row.name: row.without_cfg for row in PLAIN if row.without_cfg is not None})
     chosen = _loras(text, loras, rules.loras) or rules.default_loras
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
-    pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width,
-                                    steps=values["steps"])  # fmt: skip
+    pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width, steps=values["steps"])
     units = parse_controls(controlnets, rules.controlnets, height, width, most=rules.controlnet_units)
     if units and values.get("deepcache", 1) != 1:
-        raise _naming("DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",
-                      "deepcache", "controlnets")
+        raise _naming(
+            "DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",
+            "deepcache",
+            "controlnets",
+        )
     template = rules.styles[style_name]
     styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
     if not rules.cfg:
@@ -370,8 +422,9 @@ def asks_for_levers(request: Request) -> bool:
 def _check_refiner(values: Mapping[str, object], rules: RequestRules) -> None:
     """`refiner_switch` below 1 needs a server with a refiner; the aesthetic scores only count with it."""
     if values["refiner_switch"] < FIELD["refiner_switch"].default and not rules.refiner:
-        raise _naming("This server has no refiner (start it with --refiner): {refiner_switch} must stay 1.",
-                      "refiner_switch")
+        raise _naming(
+            "This server has no refiner (start it with --refiner): {refiner_switch} must stay 1.", "refiner_switch"
+        )
 
 
 def _check_hires(values: Mapping[str, object], rules: RequestRules, picture_or_control: bool) -> None:
@@ -381,14 +434,20 @@ def _check_hires(values: Mapping[str, object], rules: RequestRules, picture_or_c
     if scale == FIELD["hires_scale"].default:
         return
     if not rules.hires_scales:
-        raise _naming("This server has no hires fix (start it with --hires-scales): {hires_scale} must stay 1.",
-                      "hires_scale")
+        raise _naming(
+            "This server has no hires fix (start it with --hires-scales): {hires_scale} must stay 1.", "hires_scale"
+        )
     if scale not in rules.hires_scales:
-        raise _naming("{hires_scale} {scale:g} is not offered by this server; choose 1 (off) or one of: {offered}.",
-                      "hires_scale", scale=scale, offered=", ".join(f"{s:g}" for s in rules.hires_scales))
+        raise _naming(
+            "{hires_scale} {scale:g} is not offered by this server; choose 1 (off) or one of: {offered}.",
+            "hires_scale",
+            scale=scale,
+            offered=", ".join(f"{s:g}" for s in rules.hires_scales),
+        )
     if picture_or_control:
-        raise _naming("The hires fix is for text to image: leave {hires_scale} at 1 with a picture or ControlNets.",
-                      "hires_scale")
+        raise _naming(
+            "The hires fix is for text to image: leave {hires_scale} at 1 with a picture or ControlNets.", "hires_scale"
+        )
 
 
 def _naming(template: str, *fields: str, **values: object) -> InvalidInput:
@@ -403,8 +462,11 @@ def _check_levers(values: Mapping[str, object], rules: RequestRules) -> None:
         defaults = {f"{row.default:g}" for row in levers}
         must = f"must be {defaults.pop()}" if len(defaults) == 1 else "must be at their defaults"
         named = " and ".join(f"{{{row.name}}}" for row in levers)
-        raise _naming(f"This server runs every step whole and guided (started with --no-speed-levers): {named} "
-                      "{must}.", *(row.name for row in levers), must=must)  # fmt: skip
+        raise _naming(
+            f"This server runs every step whole and guided (started with --no-speed-levers): {named} {{must}}.",
+            *(row.name for row in levers),
+            must=must,
+        )
 
 
 def _check_sampler(values: Mapping[str, object], picture: bool) -> None:
@@ -418,8 +480,9 @@ def _check_sampler(values: Mapping[str, object], picture: bool) -> None:
         raise InvalidInput("LCM runs from noise only here (text to image); pick another sampler for a picture.")
 
 
-def _ignored(given: Mapping[str, object], values: Mapping[str, object], negative: str, rules: RequestRules
-             ) -> tuple[str, ...]:  # fmt: skip
+def _ignored(
+    given: Mapping[str, object], values: Mapping[str, object], negative: str, rules: RequestRules
+) -> tuple[str, ...]:
     """The fields a caller set that a server without CFG ignores: a negative prompt, a guidance other than the
     server's default, any other guided field away from its default."""
     ignored = ["negative_prompt"] if negative else []
@@ -437,8 +500,7 @@ def _picture_fields(pictures: ImageInputs | None) -> dict:
         return {}
     mask = None if pictures.repaint is None else _png(pictures.repaint * np.uint8(255))
     decoded = Picture(pictures.pixels, pictures.repaint, pictures.repaint_latents, pictures.steps_run)
-    return {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength,
-            "decoded": decoded}  # fmt: skip
+    return {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength, "decoded": decoded}
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -470,9 +532,12 @@ def _weight(text: object, name: str, prefix: str = "") -> float:
             value = float(value)
         except ValueError:
             value = text
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)) or not (
-        -LORA_WEIGHT_LIMIT <= float(value) <= LORA_WEIGHT_LIMIT
-    ):  # fmt: skip
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(float(value))
+        or not (-LORA_WEIGHT_LIMIT <= float(value) <= LORA_WEIGHT_LIMIT)
+    ):
         raise InvalidInput(
             f"The weight of LoRA {echo(name)} must be a number from {-LORA_WEIGHT_LIMIT:g} to "
             f"{LORA_WEIGHT_LIMIT:g}; got {echo(text)}."
@@ -485,11 +550,10 @@ def _loras(text: str, explicit: object, offered: tuple[str, ...]) -> tuple[tuple
     asked = _tags(text)
     if explicit not in (None, "", [], ()):
         if not isinstance(explicit, list | tuple):
-            raise InvalidInput("loras must be a list of [name, weight] pairs, e.g. [[\"my-style\", 0.8]].")
+            raise InvalidInput('loras must be a list of [name, weight] pairs, e.g. [["my-style", 0.8]].')
         for item in explicit:
             if not isinstance(item, list | tuple) or len(item) not in (2, 3) or not isinstance(item[0], str):
-                raise InvalidInput(f"Each item of loras must be [name, weight] or [name, te, unet]; got {echo(item)}."
-                                   )  # fmt: skip
+                raise InvalidInput(f"Each item of loras must be [name, weight] or [name, te, unet]; got {echo(item)}.")
             name = item[0].strip()
             if not name:  # an unused row of the page's picker
                 continue

@@ -93,8 +93,10 @@ def resolve(sampler: str, schedule: str | None = None) -> tuple[str, str]:
     if ident in COMBINED:
         base, own = COMBINED[ident]
         if schedule not in (AUTOMATIC, own):
-            raise InvalidInput(f"{sampler_label(ident)} already has the {own} schedule type; pick "
-                               f"{sampler_label(base)} to use {schedule}.")
+            raise InvalidInput(
+                f"{sampler_label(ident)} already has the {own} schedule type; pick "
+                f"{sampler_label(base)} to use {schedule}."
+            )
         return base, own
     if schedule not in SCHEDULES_OF[ident]:
         allowed = " or ".join(SCHEDULES_OF[ident])

@@ -13,9 +13,16 @@ from .errors import InvalidInput
 
 #: SDXL's trained resolutions (width, height), square first: `--sizes sdxl` offers all nine.
 SDXL_SIZES_WH = (
-    (1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216),
-    (1344, 768), (768, 1344), (1536, 640), (640, 1536),
-)  # fmt: skip
+    (1024, 1024),
+    (1152, 896),
+    (896, 1152),
+    (1216, 832),
+    (832, 1216),
+    (1344, 768),
+    (768, 1344),
+    (1536, 640),
+    (640, 1536),
+)
 #: The default offer: square, landscape 16:9 and portrait 9:16. Each size is one more program to compile at start-up
 #: (on this project's 2-core CPU ~20 s each for the tiny model; minutes each for SDXL), so three, not nine.
 DEFAULT_SIZES_WH = ((1024, 1024), (1344, 768), (768, 1344))

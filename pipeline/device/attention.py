@@ -170,8 +170,13 @@ def splash_attention(q, k, v, scale: float, *, interpret: bool = False, block: i
     """
     if not splash_supported(q.shape, k.shape):
         why = "cross-attention" if q.shape[1] != k.shape[1] else "a length splash would pad by more than 1/8"
-        _log_once(("splash", q.shape, k.shape), "attention: splash takes self-attention; %s: using xla for q %s, "
-                  "k %s", why, q.shape, k.shape)  # fmt: skip
+        _log_once(
+            ("splash", q.shape, k.shape),
+            "attention: splash takes self-attention; %s: using xla for q %s, k %s",
+            why,
+            q.shape,
+            k.shape,
+        )
         return xla_attention(q, k, v, scale)
     batch, q_len, heads, head_dim = q.shape
     length = splash_length(q_len)  # tokens, padded to a multiple of 128

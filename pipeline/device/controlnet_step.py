@@ -30,8 +30,15 @@ def control_residuals(controlnets, trees, scales, sample, timesteps, hidden, add
 
         def scaled(module=module, tree=tree, control=control, scale=scale):
             latents = sample[:, : module.in_channels]  # an inpainting UNet's input begins with the latents
-            down, mid = module.apply({"params": tree}, latents, timesteps, hidden, added["text_embeds"],
-                                     added["time_ids"], control.astype(sample.dtype))  # fmt: skip
+            down, mid = module.apply(
+                {"params": tree},
+                latents,
+                timesteps,
+                hidden,
+                added["text_embeds"],
+                added["time_ids"],
+                control.astype(sample.dtype),
+            )
             return tuple(r * scale.astype(r.dtype) for r in down), mid * scale.astype(mid.dtype)
 
         shapes = jax.eval_shape(scaled)
@@ -42,9 +49,26 @@ def control_residuals(controlnets, trees, scales, sample, timesteps, hidden, add
 
 
 def step_control_local(
-    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    image, blend_sigma, controls, scales, *, cfg: bool, prediction_type: str, nets: tuple[int, ...],
-):  # fmt: skip
+    modules: Modules,
+    params,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    controls,
+    scales,
+    *,
+    cfg: bool,
+    prediction_type: str,
+    nets: tuple[int, ...],
+):
     """`denoise.step_local` with ControlNets: params {"unet", "controlnets": one tree per unit}, controls one
     float32 [b, 3, H, W] map per unit (the images on this device), scales float32 [n] (this step's weight x window
     per unit), `nets` (static) the architecture (`modules.controlnets` index) of each unit."""
@@ -52,12 +76,36 @@ def step_control_local(
     maps = tuple(jnp.concatenate([c, c]) if cfg else c for c in controls)  # [cb, 3, H, W]: both halves see it
 
     def call(sample, timesteps, added):
-        down, mid = control_residuals(controlnets, params["controlnets"], scales, sample, timesteps, hidden, added,
-                                      maps)  # fmt: skip
+        down, mid = control_residuals(
+            controlnets, params["controlnets"], scales, sample, timesteps, hidden, added, maps
+        )
         with attention.text_keys_values(table_of(params)):  # the UNet's layers only: the ControlNets project their own
-            return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
-                                       added_cond_kwargs=added, down_block_additional_residuals=down,
-                                       mid_block_additional_residual=mid).sample,)  # fmt: skip
+            return (
+                modules.unet.apply(
+                    {"params": params["unet"]},
+                    sample,
+                    timesteps,
+                    encoder_hidden_states=hidden,
+                    added_cond_kwargs=added,
+                    down_block_additional_residuals=down,
+                    mid_block_additional_residual=mid,
+                ).sample,
+            )
 
-    return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+    return unet_step(
+        call,
+        modules,
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+    )

@@ -184,31 +184,90 @@ def _last_layer(where: Cut, context, arguments: dict, feature, conv_in):
 
 
 def step_full_local(
-    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
-    blend_sigma, *, cfg: bool, prediction_type: str,
-):  # fmt: skip
+    modules,
+    params,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    *,
+    cfg: bool,
+    prediction_type: str,
+):
     """`denoise.step_local` that also keeps DeepCache's feature: (latents', history', feature [cb, h, w, C])."""
 
     def call(sample, timesteps, added):
         with attention.text_keys_values(table_of(params)):
             return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
 
-    return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+    return unet_step(
+        call,
+        modules,
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+    )
 
 
 def step_shallow_local(
-    modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index, image,
-    blend_sigma, feature, *, cfg: bool, prediction_type: str,
-):  # fmt: skip
+    modules,
+    params,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    feature,
+    *,
+    cfg: bool,
+    prediction_type: str,
+):
     """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', history')."""
 
     def call(sample, timesteps, added):
         with attention.text_keys_values(table_of(params)):
             return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)
 
-    return unet_step(call, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+    return unet_step(
+        call,
+        modules,
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+    )
 
 
 def conditional_half_local(*arrays):

@@ -44,9 +44,23 @@ def start_local(seeds, init_sigma, image_latents, image_weight, *, height: int, 
 
 
 def step_local(
-    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    image, blend_sigma, *, cfg: bool, prediction_type: str,
-):  # fmt: skip
+    modules: Modules,
+    params,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    *,
+    cfg: bool,
+    prediction_type: str,
+):
     """One denoising step of any sampler: (latents, history) -> (latents', history'). Shapes: latents float32
     [b, 4, h, w], previous (the history, `sampler_update.history_update`) float32 [b, 4, 4, h, w], hidden
     [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to), guidance [b],
@@ -58,17 +72,50 @@ def step_local(
 
     def plain(sample, timesteps, added):
         with attention.text_keys_values(table_of(params)):
-            return (modules.unet.apply({"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden,
-                                       added_cond_kwargs=added).sample,)  # fmt: skip
+            return (
+                modules.unet.apply(
+                    {"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden, added_cond_kwargs=added
+                ).sample,
+            )
 
-    return unet_step(plain, modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients,
-                     index, image, blend_sigma, cfg=cfg, prediction_type=prediction_type)  # fmt: skip
+    return unet_step(
+        plain,
+        modules,
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+    )
 
 
 def unet_step(
-    unet_call, modules: Modules, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    image, blend_sigma, *, cfg: bool, prediction_type: str, time_ids_rows=None,
-):  # fmt: skip
+    unet_call,
+    modules: Modules,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    *,
+    cfg: bool,
+    prediction_type: str,
+    time_ids_rows=None,
+):
     """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
     returns (latents', history', *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go
     through it.
@@ -99,8 +146,9 @@ def unet_step(
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
     # previous: the history [b, 4, 4, h, w] (its first array: the last step's D); returned updated in D's place
-    updated, denoised = sampler_update.sampler_update(prediction_type, noise, latents, coefficients, previous[:, 0],
-                                                      fresh)  # fmt: skip
+    updated, denoised = sampler_update.sampler_update(
+        prediction_type, noise, latents, coefficients, previous[:, 0], fresh
+    )
     updated, history = sampler_update.history_update(updated, latents, denoised, coefficients, previous)
     if not inpainting_unet:  # keep the picture outside the mask, re-noised to the next step's level
         repaint = image["repaint"]

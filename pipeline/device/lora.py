@@ -57,15 +57,23 @@ class MergeLayout:
 
     @classmethod
     def from_loras(
-        cls, loras: Sequence, shapes: Mapping[LeafPath, tuple[int, ...]], slots: int = SLOTS,
+        cls,
+        loras: Sequence,
+        shapes: Mapping[LeafPath, tuple[int, ...]],
+        slots: int = SLOTS,
         factor_dtype: str = "float32",
-    ) -> MergeLayout:  # fmt: skip
+    ) -> MergeLayout:
         """The layout for `loras` (objects with `.layers: {leaf: layer with .rank}`, e.g. checkpoint/lora.py's
         LoraFile); `shapes` maps each kernel to its Flax shape (checkpoint/lora.py's LoraTargets.shapes)."""
         leaves = sorted({leaf for lora in loras for leaf in lora.layers}, key=_leaf_order)
         rank = max((layer.rank for lora in loras for layer in lora.layers.values()), default=1)
-        return cls(leaves=tuple(leaves), shapes=tuple(tuple(shapes[leaf]) for leaf in leaves), rank=rank, slots=slots,
-                   factor_dtype=factor_dtype)  # fmt: skip
+        return cls(
+            leaves=tuple(leaves),
+            shapes=tuple(tuple(shapes[leaf]) for leaf in leaves),
+            rank=rank,
+            slots=slots,
+            factor_dtype=factor_dtype,
+        )
 
     @property
     def dtype(self) -> np.dtype:

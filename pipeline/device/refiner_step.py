@@ -19,9 +19,21 @@ from .modules import Modules
 from .text import EXTRA_BASE, WINDOW, _inputs_with, emphasized
 
 
-def refiner_encode_local(modules: Modules, params, prompt_ids, negative_ids, has_negative, windows, prompt_weights,
-                         negative_weights, extra_2, *, cfg: bool, normalize: bool = True,
-                         zero_empty_negative: bool = False):  # fmt: skip
+def refiner_encode_local(
+    modules: Modules,
+    params,
+    prompt_ids,
+    negative_ids,
+    has_negative,
+    windows,
+    prompt_weights,
+    negative_weights,
+    extra_2,
+    *,
+    cfg: bool,
+    normalize: bool = True,
+    zero_empty_negative: bool = False,
+):
     """Text encoder 2 over every 77-token window of the encoder-2 ids: ids [b, 2, K*77] (row 1 read) -> hidden
     [cb, K*77, D2], pooled [cb, P], key lengths [cb] int32; the unconditional half first (c = 2) or the prompt
     alone (static `cfg=False`). Emphasis weights and embedding vectors ([E, D2]) as `text.encode_local` uses them.
@@ -53,16 +65,34 @@ def refiner_encode_local(modules: Modules, params, prompt_ids, negative_ids, has
 def aesthetic_time_ids(batch: int, height: int, width: int, aesthetic, cfg: bool, dtype):
     """The refiner's size conditioning [c·batch, 5]: (h, w, 0, 0, score), the negative score on the unconditional
     half first (`aesthetic` float32 [2]: negative, positive)."""
-    scores = jnp.concatenate([jnp.full((batch,), aesthetic[0]), jnp.full((batch,), aesthetic[1])]) if cfg else (
-        jnp.full((batch,), aesthetic[1]))  # fmt: skip
+    scores = (
+        jnp.concatenate([jnp.full((batch,), aesthetic[0]), jnp.full((batch,), aesthetic[1])])
+        if cfg
+        else (jnp.full((batch,), aesthetic[1]))
+    )
     size = jnp.broadcast_to(jnp.asarray([height, width, 0, 0], jnp.float32), (scores.shape[0], 4))
     return jnp.concatenate([size, scores[:, None].astype(jnp.float32)], axis=1).astype(dtype)
 
 
 def refiner_step_local(
-    modules: Modules, params, latents, previous, hidden, pooled, key_lengths, guidance, seeds, coefficients, index,
-    image, blend_sigma, aesthetic, *, cfg: bool, prediction_type: str,
-):  # fmt: skip
+    modules: Modules,
+    params,
+    latents,
+    previous,
+    hidden,
+    pooled,
+    key_lengths,
+    guidance,
+    seeds,
+    coefficients,
+    index,
+    image,
+    blend_sigma,
+    aesthetic,
+    *,
+    cfg: bool,
+    prediction_type: str,
+):
     """One step of the refiner's UNet (`denoise.step_local`'s arguments, text from `refiner_encode_local`, plus
     `aesthetic` float32 [2]: the negative and the positive aesthetic score). Text encoded for guidance (2b rows)
     read by a step without it (static `cfg=False`: guidance ended) is its conditional half."""
@@ -73,9 +103,31 @@ def refiner_step_local(
     ids = aesthetic_time_ids(batch, height, width, aesthetic, cfg, hidden.dtype)
 
     def refine(sample, timesteps, added):
-        return (modules.refiner_unet.apply({"params": params["refiner_unet"]}, sample, timesteps,
-                                           encoder_hidden_states=hidden, added_cond_kwargs=added).sample,)  # fmt: skip
+        return (
+            modules.refiner_unet.apply(
+                {"params": params["refiner_unet"]},
+                sample,
+                timesteps,
+                encoder_hidden_states=hidden,
+                added_cond_kwargs=added,
+            ).sample,
+        )
 
-    return unet_step(refine, dataclasses.replace(modules, unet=modules.refiner_unet), latents, previous, hidden,
-                     pooled, key_lengths, guidance, seeds, coefficients, index, image, blend_sigma, cfg=cfg,
-                     prediction_type=prediction_type, time_ids_rows=ids)  # fmt: skip
+    return unet_step(
+        refine,
+        dataclasses.replace(modules, unet=modules.refiner_unet),
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+        time_ids_rows=ids,
+    )

@@ -90,8 +90,22 @@ def emphasized(hidden, weights, normalize: bool):
     return jnp.where(plain, hidden, weighted)
 
 
-def encode_local(modules: Modules, params, prompt_ids, negative_ids, has_negative, windows, prompt_weights,
-                 negative_weights, extra_1, extra_2, clip_skip=0, *, cfg: bool, normalize: bool = True):  # fmt: skip
+def encode_local(
+    modules: Modules,
+    params,
+    prompt_ids,
+    negative_ids,
+    has_negative,
+    windows,
+    prompt_weights,
+    negative_weights,
+    extra_1,
+    extra_2,
+    clip_skip=0,
+    *,
+    cfg: bool,
+    normalize: bool = True,
+):
     """Both text encoders over every 77-token window: ids [b, 2, K*77] -> hidden [cb, K*77, D], pooled [cb, P]
     and the keys the UNet attends to, [cb] int32 (77 × the windows each text fills); the unconditional half first
     (c = 2), or the prompt alone without CFG (static `cfg=False`, c = 1). `windows` int32 [b, 2]: the windows the

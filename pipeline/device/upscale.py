@@ -63,8 +63,11 @@ def resize_matrix(size_in: int, size_out: int, mode: str, antialias: bool = Fals
             source = scale * (i + 0.5) - 0.5
             base = int(math.floor(source))
             t = source - base
-            for k, weight in zip(range(-1, 3), (_cubic(t + 1, CUBIC_A), _cubic(t, CUBIC_A), _cubic(1 - t, CUBIC_A),
-                                                _cubic(2 - t, CUBIC_A)), strict=True):  # fmt: skip
+            for k, weight in zip(
+                range(-1, 3),
+                (_cubic(t + 1, CUBIC_A), _cubic(t, CUBIC_A), _cubic(1 - t, CUBIC_A), _cubic(2 - t, CUBIC_A)),
+                strict=True,
+            ):
                 matrix[i, min(max(base + k, 0), size_in - 1)] += weight
         else:
             raise ValueError(f"unknown interpolation mode {mode!r}")
@@ -75,5 +78,6 @@ def upscale_local(latents, *, height: int, width: int, mode: str, antialias: boo
     """float32 [b, c, h, w] -> [b, c, height, width], as torch's interpolate(mode, antialias)."""
     rows = jnp.asarray(resize_matrix(latents.shape[2], height, mode, antialias), jnp.float32)  # [H, h]
     columns = jnp.asarray(resize_matrix(latents.shape[3], width, mode, antialias), jnp.float32)  # [W, w]
-    return jnp.einsum("Hh,bchw,Ww->bcHW", rows, latents.astype(jnp.float32), columns,
-                      precision=jax.lax.Precision.HIGHEST)  # fmt: skip
+    return jnp.einsum(
+        "Hh,bchw,Ww->bcHW", rows, latents.astype(jnp.float32), columns, precision=jax.lax.Precision.HIGHEST
+    )

@@ -53,8 +53,10 @@ def topology_devices(name: str) -> list:
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
     except Exception as exc:  # no libtpu, or a name it does not know: one clear line
-        raise ValueError(f"cannot describe TPU topology {name!r} ({type(exc).__name__}: {exc}); "
-                         'install libtpu (pip install "jax[tpu]==0.10.2") and use e.g. v5e:2x2') from None  # fmt: skip
+        raise ValueError(
+            f"cannot describe TPU topology {name!r} ({type(exc).__name__}: {exc}); "
+            'install libtpu (pip install "jax[tpu]==0.10.2") and use e.g. v5e:2x2'
+        ) from None
 
 
 def versions() -> dict[str, str | None]:
@@ -72,8 +74,11 @@ def versions() -> dict[str, str | None]:
 def build_environment() -> dict:
     """What decides an executable besides its program: the library versions and the compiler flags of this process
     (the executable store's folder and a compile turn's name both hash it)."""
-    return {"versions": versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")}  # fmt: skip
+    return {
+        "versions": versions(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
+    }
 
 
 # ---- precompiled start-up -------------------------------------------------------------------------------------------
@@ -81,12 +86,24 @@ def build_environment() -> dict:
 
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
 #: The networks (`device/nets/`) are the project's code too, so every file there counts (no library version does).
-PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py", "device/lora.py",
-                   "device/sampler_update.py",
-                   "device/text.py", "device/vae.py", "device/vae_tiles.py", "device/modules.py", "device/attention.py",
-                   "device/sharding.py",
-                   "device/preview.py", "device/quantize.py", "device/controlnet_step.py",
-                   "device/refiner_step.py", "device/nets/*.py")
+PROGRAM_SOURCES = (
+    "host/programs.py",
+    "device/denoise.py",
+    "device/deepcache.py",
+    "device/lora.py",
+    "device/sampler_update.py",
+    "device/text.py",
+    "device/vae.py",
+    "device/vae_tiles.py",
+    "device/modules.py",
+    "device/attention.py",
+    "device/sharding.py",
+    "device/preview.py",
+    "device/quantize.py",
+    "device/controlnet_step.py",
+    "device/refiner_step.py",
+    "device/nets/*.py",
+)
 
 
 #: Settings of `ServedPrograms` that do not shape a kind's program, so servers differing only in them share its
@@ -95,8 +112,8 @@ PROGRAM_SOURCES = ("host/programs.py", "device/denoise.py", "device/deepcache.py
 NOT_SHAPING: dict[str, frozenset[str]] = {
     "levers": frozenset(KINDS),  # which programs exist (their kinds), not what one computes
     "prediction_type": frozenset(KINDS) - {"step", "step_control", "step_full", "step_shallow", "refiner_step"},
-    "prompt_windows": frozenset(KINDS) - {"encode", "halve_text", "step", "step_control", "step_full",
-                                          "step_shallow", "refiner_encode", "refiner_step"},
+    "prompt_windows": frozenset(KINDS)
+    - {"encode", "halve_text", "step", "step_control", "step_full", "step_shallow", "refiner_encode", "refiner_step"},
     "attention": frozenset({"merge", "start", "preview", "halve_text", "halve_feature"}),  # no attention in them
     "cfg": frozenset(KINDS) - {"refiner_step"},  # the server's guidance: the refiner's text rows only
     "refiner_zero_negative": frozenset(KINDS) - {"refiner_encode"},
@@ -111,8 +128,13 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     weights, and the source files that define the programs. Equal hashes mean the same program."""
     digest = hashlib.sha256()
     first = next(iter(programs.mesh.devices.flat))
-    static = (key.label, int(programs.mesh.devices.size), first.platform, first.device_kind,
-              _static_settings(programs, key.kind))  # fmt: skip
+    static = (
+        key.label,
+        int(programs.mesh.devices.size),
+        first.platform,
+        first.device_kind,
+        _static_settings(programs, key.kind),
+    )
     digest.update(repr(static).encode())
     if key.nets is not None:  # each unit's ControlNet architecture (its fields; shapes alone miss a few)
         digest.update(repr([programs.modules.controlnets[i] for i in key.nets]).encode())
@@ -121,8 +143,14 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
         digest.update(f"{_config_text(module)} {getattr(module, 'dtype', None)}".encode())  # computation dtype
     digest.update(repr(programs.modules.vae_scale_factor).encode())
     if key.kind == "merge":  # its arguments are the LoRAs' kernels and slots, not a component's weights
-        digest.update(repr((programs.lora_layout, jax.tree_util.tree_map(
-            lambda x: (x.shape, str(x.dtype)), programs.abstract_args(key)))).encode())  # fmt: skip
+        digest.update(
+            repr(
+                (
+                    programs.lora_layout,
+                    jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), programs.abstract_args(key)),
+                )
+            ).encode()
+        )
     leaves = jax.tree_util.tree_flatten_with_path(programs.weights(key, programs._params))[0]
     digest.update(repr([(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype)) for path, leaf in leaves]).encode())
     digest.update(sources_hash().encode())
@@ -133,9 +161,11 @@ def _static_settings(programs: ServedPrograms, kind: str) -> tuple:
     """`programs`' plain settings (numbers, names, switches, tuples of them) that shape `kind`'s program, whatever
     they are called: a setting added to `ServedPrograms` joins every fingerprint without a change here."""
     plain = (bool, int, float, str, tuple, type(None))
-    return tuple((name, value) for name, value in sorted(vars(programs).items())
-                 if not name.startswith("_") and isinstance(value, plain)
-                 and kind not in NOT_SHAPING.get(name, ()))  # fmt: skip
+    return tuple(
+        (name, value)
+        for name, value in sorted(vars(programs).items())
+        if not name.startswith("_") and isinstance(value, plain) and kind not in NOT_SHAPING.get(name, ())
+    )
 
 
 @functools.cache
@@ -156,8 +186,9 @@ def _config_text(module) -> str:
         return "none"
     items = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
     skip = ("_name_or_path", "transformers_version", "_diffusers_version", "_commit_hash")
-    return json.dumps({k: v for k, v in items.items() if k not in skip and not k.startswith("_")}, sort_keys=True,
-                      default=repr)  # fmt: skip
+    return json.dumps(
+        {k: v for k, v in items.items() if k not in skip and not k.startswith("_")}, sort_keys=True, default=repr
+    )
 
 
 def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
@@ -167,9 +198,12 @@ def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
 
 
 def serialized_entry(
-    programs: ServedPrograms, key: ProgramKey, compiled: jax.stages.Compiled, directory: Path,
+    programs: ServedPrograms,
+    key: ProgramKey,
+    compiled: jax.stages.Compiled,
+    directory: Path,
     executable_bytes: bytes | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Write `compiled` (`key`'s program) into `directory` as one file; its manifest entry. `executable_bytes`: its
     executable as JAX's persistent cache holds it, for one the cache served (host/cache_reads.py).
 
@@ -185,8 +219,14 @@ def serialized_entry(
     blob = pickle.dumps(payload)  # (executable bytes, argument tree, result tree)
     name = _file_name(key, program_fingerprint)
     write_atomically(directory / name, blob)
-    return {**_key_fields(key), "label": key.label, "file": name, "bytes": len(blob),
-            "fingerprint": program_fingerprint, "sources": sources_hash()}  # fmt: skip
+    return {
+        **_key_fields(key),
+        "label": key.label,
+        "file": name,
+        "bytes": len(blob),
+        "fingerprint": program_fingerprint,
+        "sources": sources_hash(),
+    }
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -225,9 +265,14 @@ def call_size_directory(directory: str | Path, images_per_device: int) -> Path:
 
 
 def save_precompiled(
-    programs: ServedPrograms, keys: list[ProgramKey], directory: str | Path, *, topology: str, settings: dict,
+    programs: ServedPrograms,
+    keys: list[ProgramKey],
+    directory: str | Path,
+    *,
+    topology: str,
+    settings: dict,
     progress=logger.info,
-) -> dict:  # fmt: skip
+) -> dict:
     """Compile `keys` for `programs`' mesh and write each serialized executable plus `manifest.json`; the manifest.
 
     Compiled here and now, never taken from JAX's persistent cache: an XLA:CPU executable the cache loaded serializes
@@ -291,8 +336,12 @@ def manifest_mismatch(manifest: dict, programs: ServedPrograms) -> str | None:
     """Why `manifest`'s executables cannot run on `programs`' devices and libraries, or make another number of images
     per device (None: they can)."""
     first = next(iter(programs.mesh.devices.flat))
-    here = {"format": FORMAT, "device_kind": first.device_kind, "device_count": int(programs.mesh.devices.size),
-            "versions": versions()}  # fmt: skip
+    here = {
+        "format": FORMAT,
+        "device_kind": first.device_kind,
+        "device_count": int(programs.mesh.devices.size),
+        "versions": versions(),
+    }
     for name, value in here.items():
         if manifest.get(name) != value:
             return f"built for {name} {manifest.get(name)}, this server has {value}"

@@ -50,8 +50,9 @@ class ServedControlNets:
             arch_of[net.name] = keys.index(key)
             trees[net.name] = replicate_tree(net.params, mesh) if mesh is not None else None
         indices = range(len(archs))
-        sets = tuple(combo for size in range(1, units + 1)
-                     for combo in itertools.combinations_with_replacement(indices, size))  # fmt: skip
+        sets = tuple(
+            combo for size in range(1, units + 1) for combo in itertools.combinations_with_replacement(indices, size)
+        )
         return cls(tuple(arch_of), tuple(archs), arch_of, trees, sets)
 
 
@@ -71,8 +72,9 @@ def mismatch(module, unet: dict) -> str:
     return ""
 
 
-def control_inputs(served: ServedControlNets, units: tuple[ControlUnit, ...], steps: int, n: int, sharding
-                   ) -> ControlInputs | None:  # fmt: skip
+def control_inputs(
+    served: ServedControlNets, units: tuple[ControlUnit, ...], steps: int, n: int, sharding
+) -> ControlInputs | None:
     """A request's units on the devices for a batch of `n` images over `steps` plan rows (None without any units),
     sorted by architecture: the program's order (addition of two residuals is the same in either order)."""
     if not units:
@@ -84,6 +86,8 @@ def control_inputs(served: ServedControlNets, units: tuple[ControlUnit, ...], st
         maps.append(np.broadcast_to(pixels, (n, *pixels.shape)))  # [B, 3, H, W]
     placed = global_batch(tuple(maps), sharding)
     return ControlInputs(
-        maps=tuple(placed), trees=tuple(served.trees[unit.name] for unit in units),
-        nets=tuple(served.arch_of[unit.name] for unit in units), scales=step_scales(units, steps),
-    )  # fmt: skip
+        maps=tuple(placed),
+        trees=tuple(served.trees[unit.name] for unit in units),
+        nets=tuple(served.arch_of[unit.name] for unit in units),
+        scales=step_scales(units, steps),
+    )

@@ -20,9 +20,7 @@ BREAK_WEIGHT = -1.0
 
 # One lexical piece of a prompt, in A1111's order of preference: escapes, brackets, an explicit weight's close,
 # runs of plain text, a lone colon.
-_PIECE = re.compile(
-    r"""\\\(|\\\)|\\\[|\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|]|[^\\()\[\]:]+|:""",
-)
+_PIECE = re.compile(r"""\\\(|\\\)|\\\[|\\]|\\\\|\\|\(|\[|:([+-]?[.\d]+)\)|\)|]|[^\\()\[\]:]+|:""")
 _BREAK = re.compile(r"\s*\bBREAK\b\s*", re.S)
 
 

@@ -99,8 +99,10 @@ class StartupPrograms:
         """One line: how many programs came from where, and the seconds of each phase."""
         parts = [f"{self.count(STORED)} loaded from this host's executables in {self.load_s:.1f} s"]
         parts.append(f"{self.traced} traced and lowered in {self.trace_s:.1f} s")
-        parts.append(f"{self.count(COMPILED)} compiled and {self.count(CACHED)} from JAX's compilation cache "
-                     f"in {self.compile_s:.1f} s")  # fmt: skip
+        parts.append(
+            f"{self.count(COMPILED)} compiled and {self.count(CACHED)} from JAX's compilation cache "
+            f"in {self.compile_s:.1f} s"
+        )
         if self.wait_s >= 0.1:
             parts.append(f"{self.wait_s:.1f} s waiting for other processes on this host compiling the same programs")
         if self.count(PRECOMPILED):
@@ -114,20 +116,33 @@ class StartupPrograms:
     def joined(self, other: StartupPrograms) -> StartupPrograms:
         """This build and `other`'s as one (--merge-requests: the smaller calls' programs beside the N-image ones;
         each kept in its own store, this one's directory named)."""
-        return StartupPrograms(builds=self.builds + other.builds, load_s=self.load_s + other.load_s,
-                               store_s=self.store_s + other.store_s, stored=self.stored + other.stored,
-                               directory=self.directory)  # fmt: skip
+        return StartupPrograms(
+            builds=self.builds + other.builds,
+            load_s=self.load_s + other.load_s,
+            store_s=self.store_s + other.store_s,
+            stored=self.stored + other.stored,
+            directory=self.directory,
+        )
 
     def timings(self) -> dict[str, float]:
-        return {"trace_s": self.trace_s, "xla_compile_s": self.compile_s, "executables_load_s": self.load_s,
-                "executables_store_s": self.store_s,
-                "compile_wait_s": self.wait_s}  # fmt: skip
+        return {
+            "trace_s": self.trace_s,
+            "xla_compile_s": self.compile_s,
+            "executables_load_s": self.load_s,
+            "executables_store_s": self.store_s,
+            "compile_wait_s": self.wait_s,
+        }
 
     def counts(self) -> dict[str, int]:
         """Programs per source: traced (compiled + cached), compiled, cached, loaded, precompiled; stored."""
-        return {"traced": self.traced, "compiled": self.count(COMPILED), "cached": self.count(CACHED),
-                "loaded": self.count(STORED), "precompiled": self.count(PRECOMPILED),
-                "stored": self.stored}  # fmt: skip
+        return {
+            "traced": self.traced,
+            "compiled": self.count(COMPILED),
+            "cached": self.count(CACHED),
+            "loaded": self.count(STORED),
+            "precompiled": self.count(PRECOMPILED),
+            "stored": self.stored,
+        }
 
 
 def store_directory(programs: ServedPrograms) -> Path | None:
@@ -138,8 +153,14 @@ def store_directory(programs: ServedPrograms) -> Path | None:
         return None
     first = next(iter(programs.mesh.devices.flat))
     count, per_device = int(programs.mesh.devices.size), aot.images_per_device(programs)
-    identity = {"format": aot.FORMAT, "platform": first.platform, "device_kind": first.device_kind, "devices": count,
-                "images_per_device": per_device, **aot.build_environment()}  # fmt: skip
+    identity = {
+        "format": aot.FORMAT,
+        "platform": first.platform,
+        "device_kind": first.device_kind,
+        "devices": count,
+        "images_per_device": per_device,
+        **aot.build_environment(),
+    }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     return compilation_cache_dir() / STORE / f"{first.platform}-{count}x{per_device}-{digest}"
 
@@ -172,8 +193,13 @@ def build_served(programs: ServedPrograms, keys: list[ProgramKey], *, store: boo
             compiling_at = time.perf_counter()
             with cache_read_bytes() if directory is not None else contextlib.nullcontext([]) as reads:
                 executable = programs.compile_lowered(lowered)
-        build = ProgramBuild(key.label, CACHED if CompileCounter.cache_hits() > hits else COMPILED,
-                             traced_at - started, time.perf_counter() - compiling_at, waited[0])  # fmt: skip
+        build = ProgramBuild(
+            key.label,
+            CACHED if CompileCounter.cache_hits() > hits else COMPILED,
+            traced_at - started,
+            time.perf_counter() - compiling_at,
+            waited[0],
+        )
         if directory is not None:
             if build.source == COMPILED:
                 compiled[key] = (executable, None)
@@ -236,4 +262,3 @@ def _current_entries(programs: ServedPrograms, directory: Path) -> dict[str, dic
         return {}
     entries = [entry for entry in manifest.get("programs", []) if isinstance(entry, dict)]
     return {entry["fingerprint"]: entry for entry in entries if entry.get("sources") == aot.sources_hash()}
-

@@ -33,14 +33,19 @@ class HiresPlan:
     refiner_row: int | None = None  # with the refiner: `plan`'s rows from this one are its (None: the base's alone)
 
 
-def hires_plan(size: tuple[int, int], upscaler: str, steps: int, hires_steps: int, denoise: float,
-               make_plan: Callable[[int, int], Plan]) -> HiresPlan:  # fmt: skip
+def hires_plan(
+    size: tuple[int, int],
+    upscaler: str,
+    steps: int,
+    hires_steps: int,
+    denoise: float,
+    make_plan: Callable[[int, int], Plan],
+) -> HiresPlan:
     """The second pass at `size`: `make_plan(schedule, first)` is the sampler's plan for `schedule` steps whose
     multistep history starts at step `first` (the first row run)."""
     schedule, run = second_pass_steps(steps, hires_steps, denoise)
     full = make_plan(schedule, schedule - run)
-    return HiresPlan(size=size, upscaler=upscaler, plan=image_plan(full, run, pure_noise=False).plan,
-                     schedule=schedule)  # fmt: skip
+    return HiresPlan(size=size, upscaler=upscaler, plan=image_plan(full, run, pure_noise=False).plan, schedule=schedule)
 
 
 def hires_seeds(seeds: list[int]) -> np.ndarray:

@@ -154,8 +154,14 @@ class Stage:
         rows = np.broadcast_to(np.asarray(values, np.float32), (self.programs.batch, *shape))
         return self.split(rows)
 
-    def compile(self, kind: str, sized: bool = True, cfg: bool | None = None, windows: int | None = None,
-                nets: tuple[int, ...] | None = None):
+    def compile(
+        self,
+        kind: str,
+        sized: bool = True,
+        cfg: bool | None = None,
+        windows: int | None = None,
+        nets: tuple[int, ...] | None = None,
+    ):
         size = (self.height, self.width) if sized else (None, None)
         return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets))
 
@@ -216,8 +222,17 @@ def run(
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     """
     height, width = size
-    stage = Stage(programs, params, height, width, windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
-                  put, split, timings, kept)  # fmt: skip
+    stage = Stage(
+        programs,
+        params,
+        height,
+        width,
+        windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
+        put,
+        split,
+        timings,
+        kept,
+    )
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -226,16 +241,38 @@ def run(
     speed = speed or speed_plan(plan.rows, cfg=cfg)
     watchers = Watchers(on_preview, on_step, should_stop, gate)
     total = len(speed.schedule) + (len(hires.speed.schedule) if hires is not None else 0)
-    latents = denoise(stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control,
-                      (refiner, refiner_text) if refiner is not None else None, total=total)  # fmt: skip
+    latents = denoise(
+        stage,
+        inputs,
+        plan,
+        speed,
+        text,
+        latents,
+        image,
+        blank.history,
+        watchers,
+        control,
+        (refiner, refiner_text) if refiner is not None else None,
+        total=total,
+    )
     if hires is not None:
-        stage, latents = second_pass(stage, inputs, text, latents, hires, watchers, len(speed.schedule), total,
-                                     refiner_text)  # fmt: skip
+        stage, latents = second_pass(
+            stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text
+        )
     return stage.compile("decode")(stage.weights("decode"), latents)
 
 
-def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires: HiresInputs, watchers: Watchers,
-                before: int, total: int, refiner_text: tuple | None = None) -> tuple[Stage, jax.Array]:  # fmt: skip
+def second_pass(
+    stage: Stage,
+    inputs: RequestInputs,
+    text: tuple,
+    latents,
+    hires: HiresInputs,
+    watchers: Watchers,
+    before: int,
+    total: int,
+    refiner_text: tuple | None = None,
+) -> tuple[Stage, jax.Array]:
     """The hires fix after the first pass's `before` steps: its latents upscaled to `hires.size` (in latent space, or
     decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
     `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
@@ -248,12 +285,25 @@ def second_pass(stage: Stage, inputs: RequestInputs, text: tuple, latents, hires
         pixels = hires.resize(stage.compile("decode")(stage.weights("decode"), latents))
         x0 = big.compile("encode_image")(big.weights("encode_image"), pixels, hires.keep)
     second = dataclasses.replace(inputs, seeds=hires.seeds)  # the second pass's own noise (and Euler a's)
-    latents, noise = big.compile("start")({}, second.seeds, stage.per_image(hires.plan.init_sigma), x0,
-                                          stage.per_image(1.0))  # fmt: skip
+    latents, noise = big.compile("start")(
+        {}, second.seeds, stage.per_image(hires.plan.init_sigma), x0, stage.per_image(1.0)
+    )
     image = {"latents": x0, "noise": noise, "repaint": hires.blank.repaint, "masked": hires.blank.masked}
     refiner = (hires.refiner, refiner_text) if hires.refiner is not None else None
-    latents = denoise(big, second, hires.plan, hires.speed, text, latents, image, hires.blank.history, watchers,
-                      refiner=refiner, before=before, total=total)  # fmt: skip
+    latents = denoise(
+        big,
+        second,
+        hires.plan,
+        hires.speed,
+        text,
+        latents,
+        image,
+        hires.blank.history,
+        watchers,
+        refiner=refiner,
+        before=before,
+        total=total,
+    )
     return big, latents
 
 
@@ -261,8 +311,14 @@ def encode_text(stage: Stage, inputs: RequestInputs, cfg: bool, kind: str = "enc
     """The prompts' hidden states, pooled embeddings and key lengths ([cB, K*77, D], [cB, P], [cB]): for the base
     (`encode`, at the request's clip_skip), or the refiner (`refiner_encode`: text encoder 2 and its embedding table
     only, at its own penultimate layer); once per text while `stage.kept` keeps it."""
-    texts = (inputs.prompt_ids, inputs.negative_ids, inputs.has_negative, inputs.windows, inputs.prompt_weights,
-             inputs.negative_weights)  # fmt: skip
+    texts = (
+        inputs.prompt_ids,
+        inputs.negative_ids,
+        inputs.has_negative,
+        inputs.windows,
+        inputs.prompt_weights,
+        inputs.negative_weights,
+    )
     tables = (*inputs.embedding_tables, inputs.clip_skip) if kind == "encode" else inputs.embedding_tables[1:]
 
     def make():
@@ -279,8 +335,9 @@ def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank,
         x0, repaint, weight = encode_image(vae, picture.pixels, picture.keep), picture.repaint, picture.weight
         if stage.programs.inpainting_unet:
             masked = encode_image(vae, picture.pixels, picture.keep_unmasked)
-    latents, noise = stage.compile("start")({}, inputs.seeds, stage.per_image(plan.init_sigma), x0,
-                                            stage.per_image(weight))  # fmt: skip
+    latents, noise = stage.compile("start")(
+        {}, inputs.seeds, stage.per_image(plan.init_sigma), x0, stage.per_image(weight)
+    )
     return latents, {"latents": x0, "noise": noise, "repaint": repaint, "masked": masked}
 
 
@@ -298,10 +355,22 @@ class Watchers:
         return self.gate(position, wants_stop) if self.gate is not None else wants_stop
 
 
-def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, text: tuple, latents, image, history,
-            watchers: Watchers, control: ControlInputs | None = None,
-            refiner: tuple[RefinerInputs, tuple] | None = None, *, before: int = 0,
-            total: int | None = None) -> jax.Array:  # fmt: skip
+def denoise(
+    stage: Stage,
+    inputs: RequestInputs,
+    plan: Plan,
+    speed: SpeedPlan,
+    text: tuple,
+    latents,
+    image,
+    history,
+    watchers: Watchers,
+    control: ControlInputs | None = None,
+    refiner: tuple[RefinerInputs, tuple] | None = None,
+    *,
+    before: int = 0,
+    total: int | None = None,
+) -> jax.Array:
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
     carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text.
     `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one)."""
@@ -321,8 +390,19 @@ def denoise(stage: Stage, inputs: RequestInputs, plan: Plan, speed: SpeedPlan, t
             latents, history = refine_step(stage, inputs, plan, planned, refiner, latents, history, image)
         else:
             latents, history, hidden, pooled, key_lengths, feature, unet = base_step(
-                stage, inputs, plan, planned, control, (hidden, pooled, key_lengths), latents, history, image, feature,
-                unet, kinds)  # fmt: skip
+                stage,
+                inputs,
+                plan,
+                planned,
+                control,
+                (hidden, pooled, key_lengths),
+                latents,
+                history,
+                image,
+                feature,
+                unet,
+                kinds,
+            )
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
             shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D
@@ -354,13 +434,37 @@ def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refine
     given, (hidden, pooled, key_lengths) = refiner
     put, index = stage.put, planned.index
     program = stage.compile("refiner_step", cfg=planned.cfg, windows=stage.text)
-    return program(stage.weights("refiner_step"), latents, history, hidden, pooled, key_lengths, inputs.guidance,
-                   inputs.seeds, stage.per_image(plan.coefficients[index], ROW), put(np.asarray(index, np.int32)),
-                   image, stage.per_image(plan.sigmas[index + 1]), given.aesthetic)  # fmt: skip
+    return program(
+        stage.weights("refiner_step"),
+        latents,
+        history,
+        hidden,
+        pooled,
+        key_lengths,
+        inputs.guidance,
+        inputs.seeds,
+        stage.per_image(plan.coefficients[index], ROW),
+        put(np.asarray(index, np.int32)),
+        image,
+        stage.per_image(plan.sigmas[index + 1]),
+        given.aesthetic,
+    )
 
 
-def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control, text: tuple, latents, history,
-              image, feature, unet, kinds):  # fmt: skip
+def base_step(
+    stage: Stage,
+    inputs: RequestInputs,
+    plan: Plan,
+    planned,
+    control,
+    text: tuple,
+    latents,
+    history,
+    image,
+    feature,
+    unet,
+    kinds,
+):
     """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
     DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
     put = stage.put
@@ -375,8 +479,20 @@ def base_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, control,
     index = planned.index
     row, at = stage.per_image(plan.coefficients[index], ROW), put(np.asarray(index, np.int32))
     blend_sigma = stage.per_image(plan.sigmas[index + 1])  # [B]: the picture outside the mask, re-noised to the next
-    args = (unet, latents, history, hidden, pooled, key_lengths, inputs.guidance, inputs.seeds, row, at, image,
-            blend_sigma)  # fmt: skip
+    args = (
+        unet,
+        latents,
+        history,
+        hidden,
+        pooled,
+        key_lengths,
+        inputs.guidance,
+        inputs.seeds,
+        row,
+        at,
+        image,
+        blend_sigma,
+    )
     scales = control.scales[index] if control is not None else None  # float32 [units]
     if planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)

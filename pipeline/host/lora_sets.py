@@ -45,8 +45,15 @@ PLACED = 8
 class LoraSets:
     """The offered LoRAs of one engine and the set its served weights hold now."""
 
-    def __init__(self, files: Sequence[LoraFile], layout: MergeLayout, programs: ServedPrograms, params,
-                 put: Callable[[Sequence[np.ndarray]], tuple], placed: int = PLACED):  # fmt: skip
+    def __init__(
+        self,
+        files: Sequence[LoraFile],
+        layout: MergeLayout,
+        programs: ServedPrograms,
+        params,
+        put: Callable[[Sequence[np.ndarray]], tuple],
+        placed: int = PLACED,
+    ):
         self.files = {lora.name: lora for lora in files}  # name -> the accepted file
         self.layout = layout
         self._programs = programs

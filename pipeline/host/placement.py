@@ -90,8 +90,9 @@ class Placement:
                 grey, keep = global_batch((pixels, keep), self.batch_sharding)
                 encode = programs.compile(ProgramKey("encode_image", height, width))
                 masked = encode(programs.weights(ProgramKey("encode_image"), params), grey, keep)
-            self._blanks[(programs.batch, height, width)] = Blank(latents=zeros, repaint=ones, masked=masked,
-                                                                  history=history)  # fmt: skip
+            self._blanks[(programs.batch, height, width)] = Blank(
+                latents=zeros, repaint=ones, masked=masked, history=history
+            )
         return self._blanks[(programs.batch, height, width)]
 
     def refiner(self, switch_row: int, rows: int, aesthetic: tuple[float, float]) -> RefinerInputs | None:
@@ -100,23 +101,41 @@ class Placement:
             return None
         return RefinerInputs(switch_row=switch_row, aesthetic=self.put(np.asarray(aesthetic, np.float32)))
 
-    def hires(self, second: SecondPass, seeds: tuple[int, ...], programs: ServedPrograms, params,
-              aesthetic: tuple[float, float], upscalers: dict[str, TiledUpscaler]) -> HiresInputs:  # fmt: skip
+    def hires(
+        self,
+        second: SecondPass,
+        seeds: tuple[int, ...],
+        programs: ServedPrograms,
+        params,
+        aesthetic: tuple[float, float],
+        upscalers: dict[str, TiledUpscaler],
+    ) -> HiresInputs:
         """The second pass's inputs on the devices: its seeds, its size's stand-ins, a pixel upscaler's resize."""
         hires = second.hires
         height, width = hires.size
-        keep, seed_array = global_batch((np.ones((len(seeds), height, width), bool), hires_seeds(list(seeds))),
-                                        self.batch_sharding)  # fmt: skip
+        keep, seed_array = global_batch(
+            (np.ones((len(seeds), height, width), bool), hires_seeds(list(seeds))), self.batch_sharding
+        )
         latent = hires.upscaler in LATENT_UPSCALERS
         method, model = PIXEL_UPSCALERS.get(hires.upscaler, "LANCZOS"), upscalers.get(hires.upscaler)
         resize = None if latent else functools.partial(self.resize, size=hires.size, method=method, model=model)
         refiner = None if hires.refiner_row is None else self.refiner(hires.refiner_row, hires.plan.rows, aesthetic)
-        return HiresInputs(size=hires.size, upscaler=hires.upscaler, latent=latent, plan=hires.plan,
-                           speed=second.speed, seeds=seed_array, blank=self.blank(programs, height, width, params),
-                           keep=keep, resize=resize, refiner=refiner)  # fmt: skip
+        return HiresInputs(
+            size=hires.size,
+            upscaler=hires.upscaler,
+            latent=latent,
+            plan=hires.plan,
+            speed=second.speed,
+            seeds=seed_array,
+            blank=self.blank(programs, height, width, params),
+            keep=keep,
+            resize=resize,
+            refiner=refiner,
+        )
 
-    def resize(self, pixels: jax.Array, *, size: tuple[int, int], method: str,
-               model: TiledUpscaler | None = None) -> jax.Array:  # fmt: skip
+    def resize(
+        self, pixels: jax.Array, *, size: tuple[int, int], method: str, model: TiledUpscaler | None = None
+    ) -> jax.Array:
         """A pixel upscaler: the first pass's uint8 [B, h, w, 3] gathered, each image resized with PIL's `method`
         (A1111's Lanczos and Nearest are PIL's), placed back split over the batch: uint8 [B, H, W, 3]. With an
         ESRGAN `model`, each image is the model's (tiled) first, then resized to the hires size unless already
@@ -124,7 +143,12 @@ class Placement:
         height, width = size
         resample = getattr(Image.Resampling, method)
         images = [model.upscale(image) for image in to_host(pixels)] if model is not None else list(to_host(pixels))
-        resized = np.stack([image if image.shape[:2] == (height, width) else
-                            np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
-                            for image in images])  # fmt: skip
+        resized = np.stack(
+            [
+                image
+                if image.shape[:2] == (height, width)
+                else np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
+                for image in images
+            ]
+        )
         return global_batch((resized,), self.batch_sharding)[0]

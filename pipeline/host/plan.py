@@ -56,6 +56,8 @@ _UNSUPPORTED = (
     ("interpolation_type", "linear"),
     ("trained_betas", None),
 )
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """How the denoising loop samples. Every field is static: it selects (and is baked into) the compiled program."""
@@ -211,8 +213,21 @@ def compute_schedule(config: SamplerConfig, steps: int) -> Schedule:
 #: Columns of a plan's coefficient table: what the step program is told for one step. With the history H
 #: [B, 4, 4, h, w] (H[0] = the last step's D, H[1..3] the last three entries e, newest first):
 #:     x' = a·x + b·D + c·H[0] + h1·H[1] + h2·H[2] + h3·H[3] + d·noise,   e = p·x + q·D,   H' = [D, e, H[1], H[2]]
-COEFFICIENTS = ("timestep", "sigma", "x", "denoised", "previous", "noise", "history1", "history2", "history3",
-                "keep_x", "keep_denoised", "clip", "unclipped")  # fmt: skip
+COEFFICIENTS = (
+    "timestep",
+    "sigma",
+    "x",
+    "denoised",
+    "previous",
+    "noise",
+    "history1",
+    "history2",
+    "history3",
+    "keep_x",
+    "keep_denoised",
+    "clip",
+    "unclipped",
+)
 # (clip > 0: D is clipped to ±clip first, and "unclipped" weighs the D before clipping: DDIM, LCM)
 #: Arrays the step's history holds (`COEFFICIENTS`): the last D and three entries.
 HISTORY = 4
@@ -392,8 +407,9 @@ def _rows(config: SamplerConfig, steps: int, base: str, schedule: str, first: in
     return spaced.timesteps, spaced.sigmas, spaced.init_noise_sigma, table, 1
 
 
-def plan(config: SamplerConfig, steps: int, sampler: str | None = None, schedule_type: str | None = None,
-         first: int = 0) -> Plan:  # fmt: skip
+def plan(
+    config: SamplerConfig, steps: int, sampler: str | None = None, schedule_type: str | None = None, first: int = 0
+) -> Plan:
     """Coefficients of every row of `sampler` (default: the config's) with `schedule_type` (None: Automatic) over
     `steps` steps, computed in float64 (`solvers.py`); a multistep sampler's history starts at step `first` (an
     image request's first step run, as diffusers' `set_begin_index` restarts it).

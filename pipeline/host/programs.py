@@ -68,8 +68,24 @@ from .plan import COEFFICIENTS, HISTORY
 from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
-KINDS = ("merge", "encode", "cross_kv", "refiner_encode", "encode_image", "start", "step", "step_control", "step_full",
-         "step_shallow", "refiner_step", "halve_text", "halve_feature", "preview", "upscale", "decode")
+KINDS = (
+    "merge",
+    "encode",
+    "cross_kv",
+    "refiner_encode",
+    "encode_image",
+    "start",
+    "step",
+    "step_control",
+    "step_full",
+    "step_shallow",
+    "refiner_step",
+    "halve_text",
+    "halve_feature",
+    "preview",
+    "upscale",
+    "decode",
+)
 #: The base's UNet steps: with --cross-attention-cache their weights carry the request's cross-attention table.
 BASE_STEPS = ("step", "step_control", "step_full", "step_shallow")
 #: Which weights each kind reads (only these are its arguments).
@@ -136,9 +152,16 @@ def windows_key(windows: int) -> int | None:
 
 
 def program_keys(
-    sizes: list[tuple[int, int]], cfg: bool, levers: bool = False, lora: bool = False, previews: bool = False,
-    windows: int = 1, control_sets: tuple[tuple[int, ...], ...] = (), refiner: bool = False,
-    hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (), cross_kv: bool = False,
+    sizes: list[tuple[int, int]],
+    cfg: bool,
+    levers: bool = False,
+    lora: bool = False,
+    previews: bool = False,
+    windows: int = 1,
+    control_sets: tuple[tuple[int, ...], ...] = (),
+    refiner: bool = False,
+    hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (),
+    cross_kv: bool = False,
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -164,22 +187,36 @@ def program_keys(
     for height, width in sizes:
         keys += [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
         if levers:
-            keys += [ProgramKey(kind, height, width, mode, k) for k in texts for mode in modes
-                     for kind in ("step_full", "step_shallow")]  # fmt: skip
+            keys += [
+                ProgramKey(kind, height, width, mode, k)
+                for k in texts
+                for mode in modes
+                for kind in ("step_full", "step_shallow")
+            ]
             keys += [ProgramKey("halve_feature", height, width)] if cfg else []
         else:
             keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
-        keys += [ProgramKey("step_control", height, width, mode, k, nets) for nets in control_sets for k in texts
-                 for mode in modes]  # fmt: skip
+        keys += [
+            ProgramKey("step_control", height, width, mode, k, nets)
+            for nets in control_sets
+            for k in texts
+            for mode in modes
+        ]
         keys += [ProgramKey("refiner_step", height, width, mode, k) for k in texts for mode in modes] if refiner else []
         keys += [ProgramKey("preview", height, width)] if previews else []
         keys.append(ProgramKey("decode", height, width))
     targets = [target for target in dict.fromkeys(target for _, target in hires) if target not in sizes]
     if targets:  # the second pass at a size no request asks for: its image-to-image programs only
-        keys += [key for key in program_keys(targets, cfg, levers, previews=previews, windows=windows, refiner=refiner)
-                 if key.height is not None]  # fmt: skip
-    keys += [ProgramKey("upscale", *target, source=source, mode=mode) for source, target in hires
-             for mode in LATENT_UPSCALERS]  # fmt: skip
+        keys += [
+            key
+            for key in program_keys(targets, cfg, levers, previews=previews, windows=windows, refiner=refiner)
+            if key.height is not None
+        ]
+    keys += [
+        ProgramKey("upscale", *target, source=source, mode=mode)
+        for source, target in hires
+        for mode in LATENT_UPSCALERS
+    ]
     return keys
 
 
@@ -235,7 +272,8 @@ class ServedPrograms:
             name: jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh)), params[name]
             )
-            for name in {name for names in WEIGHTS.values() for name in names} if name in params
+            for name in {name for names in WEIGHTS.values() for name in names}
+            if name in params
         }
         self._control_params = tuple(_abstract_controlnet(module, mesh) for module in modules.controlnets)
         self._compiled: dict[ProgramKey, jax.stages.Compiled] = {}
@@ -262,8 +300,9 @@ class ServedPrograms:
         modules, batch, one = self.modules, P(DATA_AXIS), P()
         if key.kind == "merge":  # replicated in, replicated out: every device merges its own copy of the weights
             body = functools.partial(merge_donating, components=self.lora_layout.components)
-            return jax.jit(_named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True,
-                           out_shardings=replicated(self.mesh))  # fmt: skip
+            return jax.jit(
+                _named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True, out_shardings=replicated(self.mesh)
+            )
         if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
             body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
             in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one, one), (batch, batch, batch)
@@ -271,17 +310,24 @@ class ServedPrograms:
             body = functools.partial(cross_kv_local, modules)
             in_specs, out_specs = (one, batch), batch
         elif key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
-            body = functools.partial(refiner_encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm",
-                                     zero_empty_negative=self.refiner_zero_negative)  # fmt: skip
+            body = functools.partial(
+                refiner_encode_local,
+                modules,
+                cfg=key.cfg,
+                normalize=self.emphasis != "no-norm",
+                zero_empty_negative=self.refiner_zero_negative,
+            )
             in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one), (batch, batch, batch)
         elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
             body = functools.partial(encode_tiled_local if self.tiled(key) else vae_encode_local, modules)
             in_specs, out_specs = (one, batch, batch), batch
         elif key.kind == "start":
             body = functools.partial(
-                _without_weights(start_local), height=key.height, width=key.width,
+                _without_weights(start_local),
+                height=key.height,
+                width=key.width,
                 vae_scale_factor=modules.vae_scale_factor,
-            )  # fmt: skip
+            )
             in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch)  # sigma, weight: each image's
         elif key.kind in ("step", "step_full", "step_shallow"):
             local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
@@ -291,10 +337,25 @@ class ServedPrograms:
             in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
             out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
         elif key.kind == "step_control":
-            body = functools.partial(step_control_local, modules, cfg=key.cfg, prediction_type=self.prediction_type,
-                                     nets=key.nets)  # fmt: skip
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch,
-                        tuple(batch for _ in key.nets), one)  # fmt: skip
+            body = functools.partial(
+                step_control_local, modules, cfg=key.cfg, prediction_type=self.prediction_type, nets=key.nets
+            )
+            in_specs = (
+                one,
+                batch,
+                batch,
+                batch,
+                batch,
+                batch,
+                batch,
+                batch,
+                batch,
+                one,
+                batch,
+                batch,
+                tuple(batch for _ in key.nets),
+                one,
+            )
             out_specs = (batch, batch)
         elif key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
             body = functools.partial(refiner_step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
@@ -312,8 +373,11 @@ class ServedPrograms:
         elif key.kind == "upscale":  # latents at key.source -> at key's size (the hires fix's latent upscalers)
             mode, antialias = LATENT_UPSCALERS[key.mode]
             scale = modules.vae_scale_factor
-            body = _without_weights(functools.partial(upscale_local, height=key.height // scale,
-                                                      width=key.width // scale, mode=mode, antialias=antialias))
+            body = _without_weights(
+                functools.partial(
+                    upscale_local, height=key.height // scale, width=key.width // scale, mode=mode, antialias=antialias
+                )
+            )
             in_specs, out_specs = (one, batch), batch
         elif key.kind == "decode":
             body = functools.partial(decode_tiled_local if self.tiled(key) else decode_local, modules)
@@ -331,8 +395,10 @@ class ServedPrograms:
 
     def tiled(self, key: ProgramKey) -> bool:
         """Whether `key`'s VAE runs in tiles (device/vae_tiles.py): its image has more than `vae_tile_above` pixels."""
-        return self.vae_tile_above is not None and key.height is not None and (
-            key.height * key.width > self.vae_tile_above
+        return (
+            self.vae_tile_above is not None
+            and key.height is not None
+            and (key.height * key.width > self.vae_tile_above)
         )
 
     def abstract_args(self, key: ProgramKey) -> tuple:
@@ -381,8 +447,9 @@ class ServedPrograms:
         if key.kind == "halve_feature":
             return weights, self._split(self._feature(key.height, key.width, True))
         text_kind = "refiner_encode" if key.kind == "refiner_step" else "encode"
-        hidden, pooled, lengths = self._encoded(self.cfg if key.kind == "refiner_step" else key.cfg, key.windows,
-                                                text_kind)  # fmt: skip
+        hidden, pooled, lengths = self._encoded(
+            self.cfg if key.kind == "refiner_step" else key.cfg, key.windows, text_kind
+        )
         if self.cross_attention_cache and key.kind in BASE_STEPS:
             weights = {**weights, CROSS_KV: self._split(self._cross_kv(key.cfg, key.windows))}
         step_args = (

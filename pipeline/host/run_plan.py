@@ -53,8 +53,9 @@ cached_speed_plan = functools.lru_cache(maxsize=256)(speed_plan)
 
 
 @functools.lru_cache(maxsize=64)
-def cached_plan(config: SamplerConfig, steps: int, sampler: str, schedule_type: str | None = None,
-                first: int = 0) -> Plan:  # fmt: skip
+def cached_plan(
+    config: SamplerConfig, steps: int, sampler: str, schedule_type: str | None = None, first: int = 0
+) -> Plan:
     """`config.plan(steps, sampler, schedule_type, first)`, computed once per argument set."""
     return config.plan(steps, sampler, schedule_type, first)
 
@@ -158,8 +159,9 @@ def plan_run(request: Request, context: RunContext) -> RunPlan:
     """The whole run of a checked `request` on an engine with `context`."""
     first = first_pass(request, context)
     second = second_pass(request, context)
-    mergeable = (context.merging and second is None and first.refiner_row == first.plan.rows
-                 and not request.controlnets)  # text or picture to image on the base alone  # fmt: skip
+    mergeable = (
+        context.merging and second is None and first.refiner_row == first.plan.rows and not request.controlnets
+    )  # text or picture to image on the base alone
     count = context.num_images if mergeable else context.images_per_call
     seeds = tuple((request.seed + i) % SEED_MODULUS for i in range(count))
     conditioning = conditioning_of(request, context, seeds)
@@ -182,9 +184,12 @@ def first_pass(request: Request, context: RunContext) -> FirstPass:
         plan, picture = started_at.plan, picture_rows(given, started_at.image_weight, context.vae_scale_factor)
     refiner_row = plan.rows
     if context.refiner and request.refiner_switch < 1 and request.hires_scale == 1.0:
-        stages = refiner_plan(plan, request.refiner_switch, context.sampler.num_train_timesteps,
-                              lambda k: cached_plan(context.sampler, request.steps, sampler, request.schedule_type,
-                                                    first + k))  # fmt: skip
+        stages = refiner_plan(
+            plan,
+            request.refiner_switch,
+            context.sampler.num_train_timesteps,
+            lambda k: cached_plan(context.sampler, request.steps, sampler, request.schedule_type, first + k),
+        )
         plan, refiner_row = stages.plan, stages.switch_row
     guided = is_guided(request, context)
     speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=context.sampler.cfg, guided=guided)
@@ -222,10 +227,16 @@ def conditioning_of(request: Request, context: RunContext, seeds: tuple[int, ...
     seed_array = np.asarray(seeds, np.uint32)  # [B]
     key = text_key(text, negative, read, has_negative[0], request.clip_skip, extra.names, request.loras)
     return Conditioning(
-        rows=(*ids, has_negative, filled, guidance, seed_array, *weights), windows=k, embeddings=extra, text_key=key,
-        overflow=text.overflow, clip_skip=request.clip_skip, loras=request.loras, controlnets=request.controlnets,
+        rows=(*ids, has_negative, filled, guidance, seed_array, *weights),
+        windows=k,
+        embeddings=extra,
+        text_key=key,
+        overflow=text.overflow,
+        clip_skip=request.clip_skip,
+        loras=request.loras,
+        controlnets=request.controlnets,
         aesthetic=(request.negative_aesthetic_score, request.aesthetic_score),
-    )  # fmt: skip
+    )
 
 
 def text_windows(filled: int, windows: int) -> int:
@@ -242,53 +253,83 @@ def second_pass(request: Request, context: RunContext) -> SecondPass | None:
     if request.hires_scale == 1.0:
         return None
     if request.hires_upscaler not in context.rules.hires_upscalers:  # a follower's request, checked by the leader
-        raise InvalidInput(f"The hires upscaler {request.hires_upscaler} is not offered by this server: its file "
-                           "could not be read (the server's log says why).")  # fmt: skip
+        raise InvalidInput(
+            f"The hires upscaler {request.hires_upscaler} is not offered by this server: its file "
+            "could not be read (the server's log says why)."
+        )
     size = context.hires_sizes[(request.size, request.hires_scale)]
     sampler = request.sampler or context.sampler.sampler
 
     def make_plan(schedule: int, first: int) -> Plan:
         return cached_plan(context.sampler, schedule, sampler, request.schedule_type, first)
 
-    hires = hires_plan(size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise,
-                       make_plan)  # fmt: skip
+    hires = hires_plan(
+        size, request.hires_upscaler, request.steps, request.hires_steps, request.hires_denoise, make_plan
+    )
     if context.refiner and request.refiner_switch < 1:
         begun = hires.schedule - hires.plan.steps  # the schedule's first step the second pass runs
-        stages = refiner_plan(hires.plan, request.refiner_switch, context.sampler.num_train_timesteps,
-                              lambda k: make_plan(hires.schedule, begun + k))  # fmt: skip
+        stages = refiner_plan(
+            hires.plan,
+            request.refiner_switch,
+            context.sampler.num_train_timesteps,
+            lambda k: make_plan(hires.schedule, begun + k),
+        )
         refined = stages.switch_row < stages.plan.rows
         hires = dataclasses.replace(hires, plan=stages.plan, refiner_row=stages.switch_row if refined else None)
-    speed = cached_speed_plan(hires.plan.rows, request.cfg_end, request.deepcache, cfg=context.sampler.cfg,
-                              guided=is_guided(request, context))  # fmt: skip
+    speed = cached_speed_plan(
+        hires.plan.rows, request.cfg_end, request.deepcache, cfg=context.sampler.cfg, guided=is_guided(request, context)
+    )
     return SecondPass(hires, speed)
 
 
-def output_of(request: Request, context: RunContext, first: FirstPass, second: SecondPass | None,
-              conditioning: Conditioning, seeds: tuple[int, ...]) -> Output:  # fmt: skip
+def output_of(
+    request: Request,
+    context: RunContext,
+    first: FirstPass,
+    second: SecondPass | None,
+    conditioning: Conditioning,
+    seeds: tuple[int, ...],
+) -> Output:
     """The images the request gets back (its first `num_images`), each one's `parameters` text as A1111 writes it,
     and the words its prompt lost."""
     returned = min(len(seeds), context.num_images)
     refined = first.refiner_row < first.plan.rows or (second is not None and second.hires.refiner_row is not None)
     prompt, negative_prompt = request.styled_prompt, request.styled_negative_prompt
     reader, extra = context.prompts, conditioning.embeddings
-    text = text_settings([(name, reader.embeddings[name].short_hash) for name in extra.names], reader.emphasis,
-                         reader.emphasis != "original" and any(map(has_emphasis, (prompt, negative_prompt))))
+    text = text_settings(
+        [(name, reader.embeddings[name].short_hash) for name in extra.names],
+        reader.emphasis,
+        reader.emphasis != "original" and any(map(has_emphasis, (prompt, negative_prompt))),
+    )
     lora_hashes = context.lora_hashes(request.loras) if request.loras and context.lora_hashes else ""
-    settings = written_settings(request.plain_values(), style=request.style, has_picture=request.init_image is not None,
-                                lora_hashes=lora_hashes, text=text, controlnets=request.controlnets)  # fmt: skip
+    settings = written_settings(
+        request.plain_values(),
+        style=request.style,
+        has_picture=request.init_image is not None,
+        lora_hashes=lora_hashes,
+        text=text,
+        controlnets=request.controlnets,
+    )
     if refined:  # A1111 writes the refiner's name before its switch
         settings = {"Refiner": context.refiner, **settings}
     height, width = request.size
     plan = first.plan
     parameters = tuple(
         describe(
-            prompt=request.written_prompt or prompt, negative_prompt=negative_prompt, seed=seed, steps=request.steps,
-            guidance_scale=request.guidance_scale, height=height, width=width,
+            prompt=request.written_prompt or prompt,
+            negative_prompt=negative_prompt,
+            seed=seed,
+            steps=request.steps,
+            guidance_scale=request.guidance_scale,
+            height=height,
+            width=width,
             model=context.model,  # named without its server path (parameters.model_name)
             unet=context.unet,  # the --unet file, by file name
-            dtype=context.dtype, sampler=sampler_label(plan.sampler, context.sampler.prediction_type),
-            spacing=spacing_written(plan, context.sampler), extra=settings,
-        )  # fmt: skip
+            dtype=context.dtype,
+            sampler=sampler_label(plan.sampler, context.sampler.prediction_type),
+            spacing=spacing_written(plan, context.sampler),
+            extra=settings,
+        )
         for seed in seeds[:returned]
     )
     dropped = dropped_text(reader.tokenizers[0], prompt, context.windows) if conditioning.overflow else ""
@@ -316,5 +357,15 @@ def merge_key(request: Request, first: FirstPass, conditioning: Conditioning) ->
     (each its own, with its own mask and strength: a picture's rows are per image too; text to image reads the
     blank's stand-ins). Not the sampler, schedule type, steps or strength: each image reads its own plan's rows
     (`plan.stacked`), so what must agree is their number."""
-    return (request.size, first.plan.rows, request.cfg_end, request.deepcache, first.guided, conditioning.windows,
-            request.clip_skip, conditioning.embeddings.names, request.loras, first.picture is not None)  # fmt: skip
+    return (
+        request.size,
+        first.plan.rows,
+        request.cfg_end,
+        request.deepcache,
+        first.guided,
+        conditioning.windows,
+        request.clip_skip,
+        conditioning.embeddings.names,
+        request.loras,
+        first.picture is not None,
+    )

@@ -68,8 +68,9 @@ class SpeedPlan:
         return sum(step.cfg for step in self.schedule)
 
 
-def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True,
-               guided: bool = True) -> SpeedPlan:  # fmt: skip
+def speed_plan(
+    steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: bool = True, guided: bool = True
+) -> SpeedPlan:
     """The per-step program choice for a request whose plan runs `steps` rows (a picture's plan holds only the rows
     that run, so both levers count from its first step).
 
@@ -89,13 +90,7 @@ def speed_plan(steps: int, cfg_end: float = 1.0, deepcache: int = 1, *, cfg: boo
         full = j % interval == 0
         halve = not full and feature_cfg is True and not step_cfg
         schedule.append(
-            PlannedStep(
-                index=j,
-                cfg=step_cfg,
-                full=full,
-                drop_uncond=cfg and j == guided,
-                halve_feature=halve,
-            )
+            PlannedStep(index=j, cfg=step_cfg, full=full, drop_uncond=cfg and j == guided, halve_feature=halve)
         )
         if full:
             feature_cfg = step_cfg

@@ -33,18 +33,29 @@ import numpy as np
 ENTRIES = 4
 
 
-def text_key(prompt_rows, negative_rows, read: int, has_negative: bool, clip_skip: int, embeddings: tuple[str, ...],
-             loras: tuple) -> tuple:  # fmt: skip
+def text_key(
+    prompt_rows, negative_rows, read: int, has_negative: bool, clip_skip: int, embeddings: tuple[str, ...], loras: tuple
+) -> tuple:
     """Everything a request gives the text programs, as a hashable key: each text's ids and weights ([2, N*77], of
     which the programs read the first `read` columns) and the windows it fills, whether there is a negative prompt,
     `clip_skip`, the embeddings named (their table rows, in order) and the LoRA set ((name, te, unet) each)."""
 
     def read_of(rows) -> tuple:
-        return (np.ascontiguousarray(rows.ids[:, :read]).tobytes(),
-                np.ascontiguousarray(rows.weights[:, :read]).tobytes(), rows.windows)  # fmt: skip
+        return (
+            np.ascontiguousarray(rows.ids[:, :read]).tobytes(),
+            np.ascontiguousarray(rows.weights[:, :read]).tobytes(),
+            rows.windows,
+        )
 
-    return (read, read_of(prompt_rows), read_of(negative_rows), bool(has_negative), int(clip_skip),
-            tuple(embeddings), tuple(tuple(lora) for lora in loras))  # fmt: skip
+    return (
+        read,
+        read_of(prompt_rows),
+        read_of(negative_rows),
+        bool(has_negative),
+        int(clip_skip),
+        tuple(embeddings),
+        tuple(tuple(lora) for lora in loras),
+    )
 
 
 class TextCache:

@@ -74,8 +74,10 @@ def summarize_dropped(dropped: str, chunks: int = 1, style_tail: str = "", shown
     more = f" and {len(words) - shown} more word{'s' if len(words) - shown != 1 else ''}" if len(words) > shown else ""
     limit = f"the {chunks * CHUNK} tokens this server reads" if chunks > 1 else "CLIP's 77 tokens"
     if style_tail and " ".join(style_tail.split()).endswith(dropped):
-        return f"The prompt with its style's words is longer than {limit}; the end of the style's words was " \
-            f"ignored: “{quoted}”{more}."  # fmt: skip
+        return (
+            f"The prompt with its style's words is longer than {limit}; the end of the style's words was "
+            f"ignored: “{quoted}”{more}."
+        )
     return f"The prompt is longer than {limit}; this part was ignored: “{quoted}”{more}."
 
 
@@ -172,8 +174,10 @@ class PromptReader:
             begin, end, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
             row, weight = [], []
             for ids, factors in windows[:chunks]:  # embedding rows only for the windows read (a bounded table)
-                ids = [token if isinstance(token, int) else EXTRA_BASE + extra.start_of(token[0]) + token[1]
-                       for token in ids]  # fmt: skip
+                ids = [
+                    token if isinstance(token, int) else EXTRA_BASE + extra.start_of(token[0]) + token[1]
+                    for token in ids
+                ]
                 row += [begin, *ids, end] + [pad] * (CHUNK - len(ids))
                 weight += [1.0, *factors, 1.0] + [1.0] * (CHUNK - len(ids))
             rows.append(row)

@@ -60,8 +60,16 @@ class TiledUpscaler:
     `compile()` builds its one program (start-up); after that no picture size compiles anything.
     """
 
-    def __init__(self, module: Any, params: dict, *, tile: int = TILE, overlap: int = OVERLAP,
-                 batch: int = TILE_BATCH, device: jax.Device | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        module: Any,
+        params: dict,
+        *,
+        tile: int = TILE,
+        overlap: int = OVERLAP,
+        batch: int = TILE_BATCH,
+        device: jax.Device | None = None,
+    ) -> None:
         if tile % module.unshuffle or not 0 <= overlap < tile // 2:
             raise ValueError(f"tile {tile} and overlap {overlap} do not suit this model")
         self.module, self.tile, self.overlap, self.batch = module, tile, overlap, batch
@@ -79,8 +87,9 @@ class TiledUpscaler:
         if self._compiled is None:
             here = jax.sharding.SingleDeviceSharding(self.device)
             tiles = jax.ShapeDtypeStruct((self.batch, self.tile, self.tile, 3), jnp.float32, sharding=here)
-            params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here),
-                                            self.params)  # fmt: skip
+            params = jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here), self.params
+            )
             self._compiled = jax.jit(self._run).trace(params, tiles).lower().compile()
         return self._compiled
 
@@ -93,8 +102,10 @@ class TiledUpscaler:
         height, width = image.shape[:2]
         tile, s = self.tile, self.scale
         padded = np.pad(image, ((0, max(0, tile - height)), (0, max(0, tile - width)), (0, 0)), mode="symmetric")
-        rows, columns = tile_starts(padded.shape[0], tile, self.overlap), tile_starts(padded.shape[1], tile,
-                                                                                      self.overlap)  # fmt: skip
+        rows, columns = (
+            tile_starts(padded.shape[0], tile, self.overlap),
+            tile_starts(padded.shape[1], tile, self.overlap),
+        )
         places = [(y, x) for y in rows for x in columns]
         total = np.zeros((padded.shape[0] * s, padded.shape[1] * s, 3), np.float32)
         weights = np.zeros(total.shape[:2] + (1,), np.float32)
@@ -106,8 +117,10 @@ class TiledUpscaler:
                 tiles[i] = padded[y : y + tile, x : x + tile]
             out = np.asarray(program(self.params, jax.device_put(tiles, self.device)))
             for i, (y, x) in enumerate(chunk):
-                weight = np.outer(feather(tile * s, self.overlap * s, y > 0, y < rows[-1]),
-                                  feather(tile * s, self.overlap * s, x > 0, x < columns[-1]))[..., None]  # fmt: skip
+                weight = np.outer(
+                    feather(tile * s, self.overlap * s, y > 0, y < rows[-1]),
+                    feather(tile * s, self.overlap * s, x > 0, x < columns[-1]),
+                )[..., None]
                 total[y * s : (y + tile) * s, x * s : (x + tile) * s] += out[i] * weight
                 weights[y * s : (y + tile) * s, x * s : (x + tile) * s] += weight
         return (total / weights)[: height * s, : width * s]

@@ -30,8 +30,10 @@ def listen_problem(host: str, token: str | None) -> str | None:
     """One sentence when the engine must not listen on `host` as asked (no token off loopback), else None."""
     if token or is_loopback(host):
         return None
-    return (f"--host {host} accepts connections from other machines: give a token with --engine-token or "
-            f"{TOKEN_ENV} (the page then sends it with SDXL_ENGINE_TOKEN too)")  # fmt: skip
+    return (
+        f"--host {host} accepts connections from other machines: give a token with --engine-token or "
+        f"{TOKEN_ENV} (the page then sends it with SDXL_ENGINE_TOKEN too)"
+    )
 
 
 def authorized(header: str | None, token: str | None) -> bool:

@@ -14,17 +14,33 @@ SERVE = "serve"
 DEFAULT_PORT = 7870
 
 #: The token is taken by the service and by the page in front (web/options.py lists it among the app's options).
-ENGINE_TOKEN = Option("--engine-token", "bearer token every engine endpoint but /healthz requires (the page sends "
-                      "it to its engines); required to listen on a non-loopback address", TOKEN_ENV, metavar="TOKEN",
-                      programs=frozenset({APP, SERVE}))  # fmt: skip
+ENGINE_TOKEN = Option(
+    "--engine-token",
+    "bearer token every engine endpoint but /healthz requires (the page sends "
+    "it to its engines); required to listen on a non-loopback address",
+    TOKEN_ENV,
+    metavar="TOKEN",
+    programs=frozenset({APP, SERVE}),
+)
 
 SERVICE_OPTIONS: tuple[Option, ...] = (
-    Option("--host", "interface the engine listens on; a non-loopback one needs --engine-token", "SDXL_ENGINE_HOST",
-           default="127.0.0.1", programs=frozenset({SERVE})),
-    Option("--port", "port of the engine's HTTP API", "SDXL_ENGINE_PORT", port_number, DEFAULT_PORT,
-           programs=frozenset({SERVE})),
+    Option(
+        "--host",
+        "interface the engine listens on; a non-loopback one needs --engine-token",
+        "SDXL_ENGINE_HOST",
+        default="127.0.0.1",
+        programs=frozenset({SERVE}),
+    ),
+    Option(
+        "--port",
+        "port of the engine's HTTP API",
+        "SDXL_ENGINE_PORT",
+        port_number,
+        DEFAULT_PORT,
+        programs=frozenset({SERVE}),
+    ),
     ENGINE_TOKEN,
-)  # fmt: skip
+)
 
 
 def add_service_options(parser: argparse.ArgumentParser) -> None:

@@ -17,8 +17,23 @@ from ..contract.sampler_names import SAMPLER_NAMES
 #: The libraries whose versions an engine reports (two engines with different ones may give different pixels).
 VERSIONED = ("jax", "jaxlib", "flax")
 #: What engines must agree on for one page to offer one form (the page names the first difference at start-up).
-MUST_AGREE = ("model", "unet", "sizes", "samplers", "sampler", "cfg", "levers", "loras", "default_loras", "embeddings",
-              "controlnets", "refiner", "hires_scales", "hires_upscalers", "num_images")  # fmt: skip
+MUST_AGREE = (
+    "model",
+    "unet",
+    "sizes",
+    "samplers",
+    "sampler",
+    "cfg",
+    "levers",
+    "loras",
+    "default_loras",
+    "embeddings",
+    "controlnets",
+    "refiner",
+    "hires_scales",
+    "hires_upscalers",
+    "num_images",
+)
 
 
 def is_test_model(model: str) -> bool:

@@ -1,9 +1,9 @@
 """The engine's counters in Prometheus' text exposition format (`GET /metrics`), without a client library.
 
-    sdxl_engine_requests_total{outcome="ok|stopped|failed|refused"}   requests by how they ended
-    sdxl_engine_request_seconds                                       a histogram of the requests that ran
-    sdxl_engine_busy                                                  the requests running (1 while one runs)
-    sdxl_engine_text_cache_total{result="hit|miss"}                   requests whose text was kept / encoded
+sdxl_engine_requests_total{outcome="ok|stopped|failed|refused"}   requests by how they ended
+sdxl_engine_request_seconds                                       a histogram of the requests that ran
+sdxl_engine_busy                                                  the requests running (1 while one runs)
+sdxl_engine_text_cache_total{result="hit|miss"}                   requests whose text was kept / encoded
 """
 
 from __future__ import annotations
@@ -47,23 +47,33 @@ class Metrics:
     def text(self, text_cache: tuple[int, int] | None = None) -> str:
         """The exposition; `text_cache`: the engine's (hits, misses) of --text-cache (None: no engine yet)."""
         with self._lock:
-            lines = ["# HELP sdxl_engine_requests_total Generation requests by how they ended.",
-                     "# TYPE sdxl_engine_requests_total counter"]  # fmt: skip
+            lines = [
+                "# HELP sdxl_engine_requests_total Generation requests by how they ended.",
+                "# TYPE sdxl_engine_requests_total counter",
+            ]
             lines += [f'sdxl_engine_requests_total{{outcome="{name}"}} {n}' for name, n in self._outcomes.items()]
-            lines += ["# HELP sdxl_engine_request_seconds Seconds a generation request ran (stopped ones included).",
-                      "# TYPE sdxl_engine_request_seconds histogram"]  # fmt: skip
+            lines += [
+                "# HELP sdxl_engine_request_seconds Seconds a generation request ran (stopped ones included).",
+                "# TYPE sdxl_engine_request_seconds histogram",
+            ]
             total = 0
             for bound, n in zip(BUCKETS, self._buckets, strict=True):
                 total += n
                 lines.append(f'sdxl_engine_request_seconds_bucket{{le="{bound:g}"}} {total}')
-            lines += [f'sdxl_engine_request_seconds_bucket{{le="+Inf"}} {self._count}',
-                      f"sdxl_engine_request_seconds_sum {self._sum:.6f}",
-                      f"sdxl_engine_request_seconds_count {self._count}",
-                      "# HELP sdxl_engine_busy Requests the engine runs now (more than 1 with --merge-requests).",
-                      "# TYPE sdxl_engine_busy gauge", f"sdxl_engine_busy {self._busy}"]  # fmt: skip
+            lines += [
+                f'sdxl_engine_request_seconds_bucket{{le="+Inf"}} {self._count}',
+                f"sdxl_engine_request_seconds_sum {self._sum:.6f}",
+                f"sdxl_engine_request_seconds_count {self._count}",
+                "# HELP sdxl_engine_busy Requests the engine runs now (more than 1 with --merge-requests).",
+                "# TYPE sdxl_engine_busy gauge",
+                f"sdxl_engine_busy {self._busy}",
+            ]
         if text_cache is not None:
-            lines += ["# HELP sdxl_engine_text_cache_total Requests whose text the engine had kept (hit) or encoded "
-                      "(miss): --text-cache.", "# TYPE sdxl_engine_text_cache_total counter",
-                      f'sdxl_engine_text_cache_total{{result="hit"}} {text_cache[0]}',
-                      f'sdxl_engine_text_cache_total{{result="miss"}} {text_cache[1]}']  # fmt: skip
+            lines += [
+                "# HELP sdxl_engine_text_cache_total Requests whose text the engine had kept (hit) or encoded "
+                "(miss): --text-cache.",
+                "# TYPE sdxl_engine_text_cache_total counter",
+                f'sdxl_engine_text_cache_total{{result="hit"}} {text_cache[0]}',
+                f'sdxl_engine_text_cache_total{{result="miss"}} {text_cache[1]}',
+            ]
         return "\n".join(lines) + "\n"

@@ -126,8 +126,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         service = self.service
         if service.engine is None and service.is_ready:  # a follower
-            self._json(503, {"error": "This process follows process 0 of a multi-host engine: send requests to "
-                                      "process 0."})  # fmt: skip
+            self._json(
+                503, {"error": "This process follows process 0 of a multi-host engine: send requests to process 0."}
+            )
             return
         if not service.is_ready or not service.try_begin():
             service.metrics.finished("refused")
@@ -145,8 +146,11 @@ class Handler(BaseHTTPRequestHandler):
     def _allowed(self, path: str) -> bool:
         if path in OPEN_PATHS or authorized(self.headers.get("Authorization"), self.service.token):
             return True
-        self._json(401, {"error": "A valid engine token is required (Authorization: Bearer TOKEN)."},
-                   extra={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        self._json(
+            401,
+            {"error": "A valid engine token is required (Authorization: Bearer TOKEN)."},
+            extra={"WWW-Authenticate": "Bearer"},
+        )
         return False
 
     def _read_request(self):
@@ -157,8 +161,13 @@ class Handler(BaseHTTPRequestHandler):
             length = -1
         if length < 0 or length > MAX_BODY:
             self.close_connection = True  # the body is left unread
-            self._json(413 if length > 0 else 400, {"error": f"The body must be a JSON request of at most "
-                                                              f"{MAX_BODY // 2**20} MiB with its Content-Length."})
+            self._json(
+                413 if length > 0 else 400,
+                {
+                    "error": f"The body must be a JSON request of at most "
+                    f"{MAX_BODY // 2**20} MiB with its Content-Length."
+                },
+            )
             return None
         try:
             data = json.loads(self.rfile.read(length) or b"null")
@@ -181,9 +190,11 @@ class Handler(BaseHTTPRequestHandler):
         outcome = "failed"
         try:
             result = service.engine.generate(
-                request, stream.step, should_stop=lambda: stream.closed() or service.stopping.is_set(),
+                request,
+                stream.step,
+                should_stop=lambda: stream.closed() or service.stopping.is_set(),
                 **({"on_preview": stream.preview} if previews else {}),
-            )  # fmt: skip
+            )
             stream.write(wire.result_line(result))
             outcome = "ok"
         except Stopped as stopped:
@@ -263,8 +274,7 @@ class Stream:
 def make_server(host: str, port: int, service: EngineService) -> ThreadingHTTPServer:
     """The bound server (not yet serving): `serve_forever()` in a thread, `shutdown()` to stop."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    server_class = type("EngineHTTPServer", (ThreadingHTTPServer,), {"address_family": family,
-                                                                      "daemon_threads": True})  # fmt: skip
+    server_class = type("EngineHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
     server = server_class((host, port), Handler)
     server.service = service
     return server

@@ -38,8 +38,10 @@ def serve(args: argparse.Namespace) -> int:
         try:
             server = make_server(args.host, args.port, service)
         except OSError as exc:
-            print(f"python -m pipeline serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"python -m pipeline serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             return 2
         threading.Thread(target=server.serve_forever, name="engine-http", daemon=True).start()
         logger.info("listening on http://%s:%d/ (ready once warm: /readyz)", args.host, args.port)
@@ -54,8 +56,13 @@ def serve(args: argparse.Namespace) -> int:
     from .info import engine_info
 
     service.ready(cluster.lead(generator), engine_info(generator, cluster.process_count))
-    logger.info("engine ready: %s, %d images per request; serving on http://%s:%d/", generator.device_summary,
-                generator.num_images, args.host, args.port)  # fmt: skip
+    logger.info(
+        "engine ready: %s, %d images per request; serving on http://%s:%d/",
+        generator.device_summary,
+        generator.num_images,
+        args.host,
+        args.port,
+    )
     print(f"Serving the engine on http://{args.host}:{args.port}/", flush=True)
     try:
         _wait_for_signal()

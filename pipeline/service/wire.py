@@ -90,10 +90,17 @@ def result_line(result) -> bytes:
     """The finished request: a GenerationResult's images (PNG + parameters) and what the page shows of it."""
     images = _each(png_b64, list(zip(result.images, result.parameters, strict=True)))
     return line(
-        "result", images=images, parameters=list(result.parameters), seeds=list(result.seeds), prompt=result.prompt,
-        negative_prompt=result.negative_prompt, truncated=result.truncated, timings=dict(result.timings),
-        steps=result.steps, sampler=result.sampler,
-    )  # fmt: skip
+        "result",
+        images=images,
+        parameters=list(result.parameters),
+        seeds=list(result.seeds),
+        prompt=result.prompt,
+        negative_prompt=result.negative_prompt,
+        truncated=result.truncated,
+        timings=dict(result.timings),
+        steps=result.steps,
+        sampler=result.sampler,
+    )
 
 
 @dataclass(frozen=True)
@@ -114,10 +121,17 @@ class RemoteResult:
     def of(cls, event: dict) -> RemoteResult:
         parameters = list(event["parameters"])
         images = _each(image_of, list(zip(event["images"], parameters, strict=True)))
-        return cls(images=images, seeds=list(event["seeds"]), prompt=event["prompt"],
-                   negative_prompt=event["negative_prompt"], truncated=event["truncated"], parameters=parameters,
-                   timings=dict(event.get("timings") or {}), steps=int(event["steps"]),
-                   sampler=event["sampler"])  # fmt: skip
+        return cls(
+            images=images,
+            seeds=list(event["seeds"]),
+            prompt=event["prompt"],
+            negative_prompt=event["negative_prompt"],
+            truncated=event["truncated"],
+            parameters=parameters,
+            timings=dict(event.get("timings") or {}),
+            steps=int(event["steps"]),
+            sampler=event["sampler"],
+        )
 
 
 #: The fields a page computes from the others with its own style templates: taken as sent when they are given.
@@ -140,16 +154,25 @@ def request_from_wire(data: object, rules: RequestRules) -> Request:
         loras = [item for item in loras if not (isinstance(item, list) and item and str(item[0]).lower() in tagged)]
     controls, modules = sent_maps(data.get("controlnets"))  # maps made where the request entered: not made again
     checked = parse_request(
-        data.get("prompt"), data.get("negative_prompt", ""), data.get("style", DEFAULT_STYLE), seed=data.get("seed", 0),
-        size=data.get("size"), loras=loras, **pictures, controlnets=controls, rules=rules,
+        data.get("prompt"),
+        data.get("negative_prompt", ""),
+        data.get("style", DEFAULT_STYLE),
+        seed=data.get("seed", 0),
+        size=data.get("size"),
+        loras=loras,
+        **pictures,
+        controlnets=controls,
+        rules=rules,
         **{row.name: data.get(row.name) for row in PLAIN},
-    )  # fmt: skip
+    )
     styled = {name: data[name] for name in STYLED if isinstance(data.get(name), str) and data[name]}
     ignored = data.get("ignored")
-    ignored = tuple(ignored) if isinstance(ignored, list) and all(isinstance(x, str) for x in ignored) else \
-        checked.ignored  # fmt: skip
-    return dataclasses.replace(checked, **styled, ignored=ignored,
-                               controlnets=with_modules(checked.controlnets, modules))
+    ignored = (
+        tuple(ignored) if isinstance(ignored, list) and all(isinstance(x, str) for x in ignored) else checked.ignored
+    )
+    return dataclasses.replace(
+        checked, **styled, ignored=ignored, controlnets=with_modules(checked.controlnets, modules)
+    )
 
 
 def _picture(value: object, name: str) -> bytes | None:

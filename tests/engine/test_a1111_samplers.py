@@ -27,8 +27,9 @@ def _config() -> SamplerConfig:
 
 
 def _name(case) -> str:
-    return f"{case['sampler']}-{case['schedule_type']}-{case['steps']}" + (f"-from-{case['first']}"
-                                                                             if case.get("first") else "")
+    return f"{case['sampler']}-{case['schedule_type']}-{case['steps']}" + (
+        f"-from-{case['first']}" if case.get("first") else ""
+    )
 
 
 @pytest.mark.parametrize("case", PYTORCH["schedules"], ids=_name)
@@ -120,8 +121,16 @@ def test_images_equal_pytorch_pipeline(tiny_pt):
         clipping = dataclasses.replace(config, clip_sample=case.get("clip_sample"))  # DDIM: as the reference ran
         plan = clipping.plan(case["steps"], case["sampler"], case["schedule_type"])
         np.testing.assert_allclose(plan.timesteps, case["timesteps"], rtol=1e-5, atol=1e-4)
-        image = run_local(modules, tiny_pt.params, ids, negative, np.array([True]),
-                          np.array([PYTORCH["guidance_scale"]], np.float32), latents, plan)[0].astype(np.int16)
+        image = run_local(
+            modules,
+            tiny_pt.params,
+            ids,
+            negative,
+            np.array([True]),
+            np.array([PYTORCH["guidance_scale"]], np.float32),
+            latents,
+            plan,
+        )[0].astype(np.int16)
         expected = np.round(arrays[case["name"]][0] * 255)  # [64, 64, 3]
         worst, share = np.abs(image - expected).max(), np.mean(image != expected)
         if worst > 1 or share >= 0.02:
@@ -135,8 +144,11 @@ def test_combinations_that_make_no_sense_are_one_sentence():
         ("DDIM", "Karras", "DDIM has no Karras schedule type; choose Automatic or SGM Uniform."),
         ("Euler a", "Exponential", "Euler a has no Exponential schedule type; choose Automatic or SGM Uniform."),
         ("LCM", "SGM Uniform", "LCM has no SGM Uniform schedule type; choose Automatic."),
-        ("DPM++ 2M Karras", "Exponential",
-         "DPM++ 2M Karras already has the Karras schedule type; pick DPM++ 2M to use Exponential."),
+        (
+            "DPM++ 2M Karras",
+            "Exponential",
+            "DPM++ 2M Karras already has the Karras schedule type; pick DPM++ 2M to use Exponential.",
+        ),
         ("Heun", "Beta", "Unknown schedule type 'Beta'; choose one of: Automatic, Karras, Exponential, SGM Uniform."),
     ]:
         with pytest.raises(InvalidInput) as error:
@@ -145,11 +157,15 @@ def test_combinations_that_make_no_sense_are_one_sentence():
     with pytest.raises(InvalidInput, match=r"^LCM runs at most 50 steps; got 51\.$"):
         config.plan(51, "LCM")
     # A1111's old combined names: the same plan as the sampler with its schedule type.
-    for combined, (base, schedule) in [("DPM++ 2M SDE Karras", ("DPM++ 2M SDE", "Karras")),
-                                       ("dpm++ 2m sde exponential", ("DPM++ 2M SDE", "Exponential")),
-                                       ("LMS Karras", ("LMS", "Karras")), ("DPM++ 2M Karras", ("DPM++ 2M", "Karras"))]:
-        np.testing.assert_array_equal(config.plan(7, combined).coefficients,
-                                      config.plan(7, base, schedule).coefficients)  # fmt: skip
+    for combined, (base, schedule) in [
+        ("DPM++ 2M SDE Karras", ("DPM++ 2M SDE", "Karras")),
+        ("dpm++ 2m sde exponential", ("DPM++ 2M SDE", "Exponential")),
+        ("LMS Karras", ("LMS", "Karras")),
+        ("DPM++ 2M Karras", ("DPM++ 2M", "Karras")),
+    ]:
+        np.testing.assert_array_equal(
+            config.plan(7, combined).coefficients, config.plan(7, base, schedule).coefficients
+        )
 
 
 def test_every_sampler_and_schedule_type_plans_every_step_count():
@@ -172,8 +188,15 @@ def test_no_sampler_schedule_type_or_step_count_compiles(engine):
     for name in [n for n in SAMPLER_NAMES if resolve(n)[1] == "Automatic"]:
         for schedule in SCHEDULES_OF[resolve(name)[0]]:
             for steps in (1, 3):
-                result = generate(engine, "a red kite", seed=3, randomize_seed=False, steps=steps, sampler=name,
-                                  schedule_type=schedule)  # fmt: skip
+                result = generate(
+                    engine,
+                    "a red kite",
+                    seed=3,
+                    randomize_seed=False,
+                    steps=steps,
+                    sampler=name,
+                    schedule_type=schedule,
+                )
                 assert result.steps == steps
                 text = result.parameters[0]
                 assert f"Sampler: {name}," in text

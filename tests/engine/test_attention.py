@@ -125,8 +125,9 @@ def test_hook_in_sharded_loop_matches_plain_unet(tiny_dir):
     def run(kind):
         local = attention.hooked(loop, kind, interpret=True)
         batch = P(DATA_AXIS)
-        program = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), batch, batch, batch), out_specs=batch,
-                                        check_vma=False))  # fmt: skip
+        program = jax.jit(
+            jax.shard_map(local, mesh=mesh, in_specs=(P(), batch, batch, batch), out_specs=batch, check_vma=False)
+        )
         return np.asarray(program(params, latents, context, added))
 
     np.testing.assert_allclose(run("splash"), run("diffusers"), atol=1e-4, rtol=1e-4)
@@ -142,9 +143,14 @@ def same_engine(engine, attention_kind, *, warm: bool = True) -> Generator:
     (`warm`), else compiling only the programs its requests run."""
     config = engine.config
     generator = Generator.from_pretrained(
-        config.model, height=config.height, width=config.width, steps=config.steps, dtype=config.dtype,
-        attention=attention_kind, prompt_windows=1 if attention_kind == "diffusers" else config.prompt_windows,
-    )  # fmt: skip  # diffusers' own attention has no hook to mask a prompt's empty 77-token windows
+        config.model,
+        height=config.height,
+        width=config.width,
+        steps=config.steps,
+        dtype=config.dtype,
+        attention=attention_kind,
+        prompt_windows=1 if attention_kind == "diffusers" else config.prompt_windows,
+    )  # diffusers' own attention has no hook to mask a prompt's empty 77-token windows
     if warm:
         generator.warmup()
     return generator

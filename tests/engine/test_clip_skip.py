@@ -55,13 +55,25 @@ def run_case(tiny_pt, case) -> np.ndarray:
     reader, extra = PromptReader((networks.tokenizer, networks.tokenizer_2), "original", {}), ExtraRows()
     negative = case["negative_prompt"] or ""
     text, neg = reader.read(case["prompt"], 1, extra), reader.read(negative, 1, extra)
-    args = (np.ones((1, 2), np.int32), text.weights[None], neg.weights[None],
-            *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)), np.int32(case["clip_skip"]))  # fmt: skip
+    args = (
+        np.ones((1, 2), np.int32),
+        text.weights[None],
+        neg.weights[None],
+        *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)),
+        np.int32(case["clip_skip"]),
+    )
     plan = SamplerConfig.from_scheduler_config(dict(networks.scheduler_config)).plan(MANIFEST["steps"], "euler")
     return run_local(
-        Modules.of(networks), tiny_pt.params, text.ids[None], neg.ids[None], np.array([bool(negative)]),
-        np.array([MANIFEST["guidance_scale"]], np.float32), ARRAYS["latents"], plan, text=args,
-    )[0].astype(np.int16)  # fmt: skip
+        Modules.of(networks),
+        tiny_pt.params,
+        text.ids[None],
+        neg.ids[None],
+        np.array([bool(negative)]),
+        np.array([MANIFEST["guidance_scale"]], np.float32),
+        ARRAYS["latents"],
+        plan,
+        text=args,
+    )[0].astype(np.int16)
 
 
 @pytest.mark.parametrize("name", [case["name"] for case in MANIFEST["cases"]])
@@ -92,8 +104,11 @@ def test_the_engine_skips_without_compiling(feature_engine):
 
 @pytest.mark.parametrize("value", [-1, 11, 1.5, True, "1", float("nan")])
 def test_bad_values_are_one_sentence(value):
-    with pytest.raises(InvalidInput, match=r"^clip_skip must be a whole number from 0 \(SDXL's penultimate layer\) "
-                                           r"to 10; got .+\.$"):  # fmt: skip
+    with pytest.raises(
+        InvalidInput,
+        match=r"^clip_skip must be a whole number from 0 \(SDXL's penultimate layer\) "
+        r"to 10; got .+\.$",
+    ):
         parse_request("a cat", clip_skip=value, rules=RULES)
 
 

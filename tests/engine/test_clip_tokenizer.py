@@ -20,11 +20,17 @@ def test_ids_equal_transformers_slow_clip_tokenizer(name):
     tokenizer = ClipTokenizer.from_directory(FIXTURES / "tiny-pt" / name)
     expected = EXPECTED["tokenizers"][name]
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (
-        expected["bos"], expected["eos"], expected["pad"])  # fmt: skip
+        expected["bos"],
+        expected["eos"],
+        expected["pad"],
+    )
     assert tokenizer.pad_token == expected["pad_token"] and len(tokenizer) == expected["length"]
     assert tokenizer.model_max_length == expected["model_max_length"]
-    wrong = [(prompt, ids, tokenizer.ids(prompt)) for prompt, ids in zip(EXPECTED["prompts"], expected["ids"],
-             strict=True) if tokenizer.ids(prompt) != ids]  # fmt: skip
+    wrong = [
+        (prompt, ids, tokenizer.ids(prompt))
+        for prompt, ids in zip(EXPECTED["prompts"], expected["ids"], strict=True)
+        if tokenizer.ids(prompt) != ids
+    ]
     assert not wrong, f"{len(wrong)} of {len(EXPECTED['prompts'])} prompts differ, first: {wrong[0]}"
 
 

@@ -47,10 +47,17 @@ def test_a_process_holding_the_turn_makes_the_next_one_wait(engine):
     path = turn_path(engine.programs, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen(  # another process on this host, compiling the same program for 2 s
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(2)", str(path)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(2)",
+            str(path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with compile_turn(engine.programs, key) as waited:
@@ -65,8 +72,10 @@ def test_the_start_up_line_says_how_long_a_program_waited():
 
     label = "decode 64x64"
     build = ProgramBuild(label, CACHED, trace_s=0.4, compile_s=0.1, wait_s=12.3)
-    assert build.line() == (f"{label}: traced and lowered in 0.4 s, from JAX's compilation cache in 0.1 s "
-                            "after 12.3 s waiting for another process compiling it")  # fmt: skip
+    assert build.line() == (
+        f"{label}: traced and lowered in 0.4 s, from JAX's compilation cache in 0.1 s "
+        "after 12.3 s waiting for another process compiling it"
+    )
     assert "waiting" not in ProgramBuild(label, CACHED, 0.4, 0.1).line()
     summary = StartupPrograms((build,), 0.0, 0.0, 0, None).summary()
     assert "12.3 s waiting for other processes on this host compiling the same programs" in summary

@@ -27,9 +27,12 @@ CASES = {case["name"]: case for case in MANIFEST["cases"]}
 
 
 def _units(case) -> list[dict]:
-    return [{"name": name, "image": FIXTURES / image, "weight": weight, "start": start, "end": end}
-            for name, image, weight, start, end in zip(case["controlnets"], case["maps"], case["weights"],
-                                                       case["starts"], case["ends"], strict=True)]  # fmt: skip
+    return [
+        {"name": name, "image": FIXTURES / image, "weight": weight, "start": start, "end": end}
+        for name, image, weight, start, end in zip(
+            case["controlnets"], case["maps"], case["weights"], case["starts"], case["ends"], strict=True
+        )
+    ]
 
 
 def _request(engine, case, tmp_path, **fields):
@@ -37,8 +40,15 @@ def _request(engine, case, tmp_path, **fields):
         picture = tmp_path / "init.png"
         Image.fromarray(np.load(FIXTURES / "image-expected.npz")["fit_image"]).save(picture)
         fields.update(init_image=picture, strength=case["strength"])
-    return engine.request(case["prompt"], seed=case["seed"], steps=case["steps"], guidance_scale=case["guidance_scale"],
-                          sampler="Euler", controlnets=_units(case), **fields)  # fmt: skip
+    return engine.request(
+        case["prompt"],
+        seed=case["seed"],
+        steps=case["steps"],
+        guidance_scale=case["guidance_scale"],
+        sampler="Euler",
+        controlnets=_units(case),
+        **fields,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -56,8 +66,13 @@ def test_pixels_match_diffusers_controlnet_pipelines(control_engine, name, tmp_p
     written = parse_infotext(result.parameters[0]).settings  # what PNG Info reads back
     for i, name in enumerate(case["controlnets"]):
         entry = read_written(written[f"ControlNet {i}"])
-        assert entry == {"module": "none", "name": name, "weight": pytest.approx(case["weights"][i]),
-                         "start": case["starts"][i], "end": case["ends"][i]}  # fmt: skip
+        assert entry == {
+            "module": "none",
+            "name": name,
+            "weight": pytest.approx(case["weights"][i]),
+            "start": case["starts"][i],
+            "end": case["ends"][i],
+        }
 
 
 def test_weight_zero_is_exactly_no_control(control_engine, tmp_path):
@@ -73,29 +88,44 @@ def test_window_is_diffusers_controlnet_keep():
 
     window = ControlUnit("a", b"", weight=1.2, start=0.25, end=0.75)
     assert step_scales((window,), 4)[:, 0].tolist() == pytest.approx([0, 1.2, 1.2, 0])
-    assert step_scales((ControlUnit("a", b"", 0.5), ControlUnit("b", b"", 1, 0.5, 1)), 2).tolist() == [[0.5, 0],
-                                                                                                      [0.5, 1]]
+    assert step_scales((ControlUnit("a", b"", 0.5), ControlUnit("b", b"", 1, 0.5, 1)), 2).tolist() == [
+        [0.5, 0],
+        [0.5, 1],
+    ]
 
 
 def test_request_travels_and_refusals_are_one_sentence(control_engine):
-    request = control_engine.request("a fox", controlnets=[{"name": "controlnet-b", "image": FIXTURES / MANIFEST[
-        "cases"][0]["maps"][0], "weight": 0.5, "preprocessor": "canny", "low": 50, "high": 120}])  # fmt: skip
+    request = control_engine.request(
+        "a fox",
+        controlnets=[
+            {
+                "name": "controlnet-b",
+                "image": FIXTURES / MANIFEST["cases"][0]["maps"][0],
+                "weight": 0.5,
+                "preprocessor": "canny",
+                "low": 50,
+                "high": 120,
+            }
+        ],
+    )
     assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
     unit = request.controlnets[0]
     assert unit.module == "canny" and set(np.unique(unit.pixels())) <= {0, 255}
-    bad = [({"name": "nope", "image": FIXTURES / "controlnet-map-a.png"}, "Unknown ControlNet"),
-           ({"name": "controlnet-a"}, "needs a control image"),
-           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 3}, "weight must be"),
-           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "start": 0.8, "end": 0.2}, "below"),
-           ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "preprocessor": "depth"},
-            "preprocessor")]  # fmt: skip
+    bad = [
+        ({"name": "nope", "image": FIXTURES / "controlnet-map-a.png"}, "Unknown ControlNet"),
+        ({"name": "controlnet-a"}, "needs a control image"),
+        ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 3}, "weight must be"),
+        ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "start": 0.8, "end": 0.2}, "below"),
+        ({"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "preprocessor": "depth"}, "preprocessor"),
+    ]
     for unit, words in bad:
         with pytest.raises(InvalidInput, match=words) as error:
             control_engine.request("a fox", controlnets=[unit])
         assert "\n" not in str(error.value)
     with pytest.raises(InvalidInput, match="At most 2"):
-        control_engine.request("a fox", controlnets=[{"name": "controlnet-a", "image": FIXTURES /
-                                                      "controlnet-map-a.png"}] * 3)  # fmt: skip
+        control_engine.request(
+            "a fox", controlnets=[{"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png"}] * 3
+        )
 
 
 def test_cli_flags_make_units(tmp_path):
@@ -103,12 +133,37 @@ def test_cli_flags_make_units(tmp_path):
     from pipeline.config import engine_config
     from pipeline.contract.request import RequestRules, parse_request
 
-    argv = ["generate", "--model", "tiny", "--controlnet", f"edges={FIXTURES / 'controlnet-a'}", "--controlnet",
-            str(FIXTURES / "controlnet-b"), "--prompt", "a fox", "--out", str(tmp_path),
-            "--control-image", str(FIXTURES / "controlnet-map-a.png"), "--control", "edges", "--control-weight", "0.7",
-            "--control-image", str(FIXTURES / "image-input.png"), "--control", "controlnet-b",
-            "--control-preprocessor", "none", "--control-preprocessor", "canny", "--control-end", "1",
-            "--control-end", "0.5"]  # the i-th of each flag goes with the i-th image  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        "tiny",
+        "--controlnet",
+        f"edges={FIXTURES / 'controlnet-a'}",
+        "--controlnet",
+        str(FIXTURES / "controlnet-b"),
+        "--prompt",
+        "a fox",
+        "--out",
+        str(tmp_path),
+        "--control-image",
+        str(FIXTURES / "controlnet-map-a.png"),
+        "--control",
+        "edges",
+        "--control-weight",
+        "0.7",
+        "--control-image",
+        str(FIXTURES / "image-input.png"),
+        "--control",
+        "controlnet-b",
+        "--control-preprocessor",
+        "none",
+        "--control-preprocessor",
+        "canny",
+        "--control-end",
+        "1",
+        "--control-end",
+        "0.5",
+    ]  # the i-th of each flag goes with the i-th image
     args = build_parser().parse_args(argv)
     config = engine_config(args)
     assert config.controlnets == (f"edges={FIXTURES / 'controlnet-a'}", str(FIXTURES / "controlnet-b"))
@@ -117,7 +172,13 @@ def test_cli_flags_make_units(tmp_path):
     request = parse_request(**request_arguments(args), rules=rules)
     first, second = request.controlnets
     assert (first.name, first.weight, first.module, second.name, second.end, second.module) == (
-        "edges", 0.7, "none", "controlnet-b", 0.5, "canny")  # fmt: skip
+        "edges",
+        0.7,
+        "none",
+        "controlnet-b",
+        0.5,
+        "canny",
+    )
     with pytest.raises(InvalidInput, match="--control-weight must be a number"):
         parse_request(**request_arguments(build_parser().parse_args([*argv, "--control-weight", "x"])), rules=rules)
 
@@ -129,8 +190,17 @@ def test_controlnet_units_one_takes_one_unit_and_compiles_one_unit_combinations(
     from pipeline.config import engine_config
     from pipeline.contract.request import RequestRules, parse_request
 
-    base = ["generate", "--model", "tiny", "--controlnet", str(FIXTURES / "controlnet-a"), "--prompt", "a fox",
-            "--out", str(tmp_path)]  # fmt: skip
+    base = [
+        "generate",
+        "--model",
+        "tiny",
+        "--controlnet",
+        str(FIXTURES / "controlnet-a"),
+        "--prompt",
+        "a fox",
+        "--out",
+        str(tmp_path),
+    ]
     two = ["--control-image", str(FIXTURES / "controlnet-map-a.png")] * 2
     for units, accepted in ((None, 2), ("1", 1)):
         args = build_parser().parse_args(base + two + (["--controlnet-units", units] if units else []))
@@ -159,12 +229,31 @@ def test_a1111_controlnet_args_map_to_units():
     from pipeline.contract.controlnet_units import from_a1111
 
     image = base64.b64encode((FIXTURES / "controlnet-map-a.png").read_bytes()).decode()
-    args = [{"enabled": True, "image": {"image": image}, "module": "canny", "model": "controlnet-a [a1b2c3]",
-             "weight": 0.6, "guidance_start": 0.1, "guidance_end": 0.9, "threshold_a": 64, "threshold_b": 128},
-            {"enabled": False, "image": image, "model": "controlnet-b"}]  # fmt: skip
+    args = [
+        {
+            "enabled": True,
+            "image": {"image": image},
+            "module": "canny",
+            "model": "controlnet-a [a1b2c3]",
+            "weight": 0.6,
+            "guidance_start": 0.1,
+            "guidance_end": 0.9,
+            "threshold_a": 64,
+            "threshold_b": 128,
+        },
+        {"enabled": False, "image": image, "model": "controlnet-b"},
+    ]
     [unit] = from_a1111(args)
-    assert unit == {"name": "controlnet-a", "image": image, "weight": 0.6, "start": 0.1, "end": 0.9,
-                    "preprocessor": "canny", "low": 64, "high": 128}  # fmt: skip
+    assert unit == {
+        "name": "controlnet-a",
+        "image": image,
+        "weight": 0.6,
+        "start": 0.1,
+        "end": 0.9,
+        "preprocessor": "canny",
+        "low": 64,
+        "high": 128,
+    }
     [parsed] = parse_controls(from_a1111(args), ("controlnet-a",), 64, 64)
     assert (parsed.module, parsed.low, parsed.high, parsed.weight) == ("canny", 64, 128, 0.6)
 
@@ -172,11 +261,17 @@ def test_a1111_controlnet_args_map_to_units():
 def test_inpainting_runs_with_a_control(control_engine):
     """Inpainting (the 4-channel UNet's blend) with a ControlNet: no compile; the kept part stays, the rest changes."""
     before = control_engine.compile_count
-    fields = {"seed": 4, "steps": 4, "init_image": FIXTURES / "image-input.png", "strength": 1.0,
-              "mask_image": FIXTURES / "image-mask.png"}  # fmt: skip
+    fields = {
+        "seed": 4,
+        "steps": 4,
+        "init_image": FIXTURES / "image-input.png",
+        "strength": 1.0,
+        "mask_image": FIXTURES / "image-mask.png",
+    }
     unit = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.5}
-    with_control = np.asarray(control_engine.generate(control_engine.request("a fox", controlnets=[unit], **fields))
-                              .images[0], np.int16)  # fmt: skip
+    with_control = np.asarray(
+        control_engine.generate(control_engine.request("a fox", controlnets=[unit], **fields)).images[0], np.int16
+    )
     without = np.asarray(control_engine.generate(control_engine.request("a fox", **fields)).images[0], np.int16)
     assert np.abs(with_control - without).max() > 8 and control_engine.compile_count == before
 
@@ -215,8 +310,17 @@ def test_an_engine_service_body_keeps_the_units_and_their_finished_maps(control_
     preprocessor made where the request entered is taken as it is (a canny map edged again would lose its lines)."""
     from pipeline.service.wire import request_from_wire
 
-    units = [{"name": "controlnet-b", "image": FIXTURES / "image-input.png", "weight": 0.5, "preprocessor": "canny",
-              "low": 50, "high": 120}, {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "end": 0.5}]
+    units = [
+        {
+            "name": "controlnet-b",
+            "image": FIXTURES / "image-input.png",
+            "weight": 0.5,
+            "preprocessor": "canny",
+            "low": 50,
+            "high": 120,
+        },
+        {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "end": 0.5},
+    ]
     request = control_engine.request("a fox", seed=2, controlnets=units)
     assert request_from_wire(json.loads(json.dumps(request.to_dict())), control_engine.rules) == request
     picture = base64.b64encode((FIXTURES / "image-input.png").read_bytes()).decode()
@@ -224,5 +328,7 @@ def test_an_engine_service_body_keeps_the_units_and_their_finished_maps(control_
     [unit] = request_from_wire(written, control_engine.rules).controlnets  # a hand-written body: the picture's edges
     assert unit.module == "canny" and set(np.unique(unit.pixels())) <= {0, 255}
     with pytest.raises(InvalidInput, match="preprocessor"):
-        request_from_wire({"prompt": "a fox", "controlnets": [{**request.to_dict()["controlnets"][0], "module": "x"}]},
-                          control_engine.rules)  # fmt: skip
+        request_from_wire(
+            {"prompt": "a fox", "controlnets": [{**request.to_dict()["controlnets"][0], "module": "x"}]},
+            control_engine.rules,
+        )

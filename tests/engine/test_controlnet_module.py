@@ -32,21 +32,30 @@ def loaded():
 @pytest.mark.parametrize("name", NETS)
 def test_residuals_match_pytorch_controlnet(loaded, name):
     weights = loaded[name]
-    inputs = {key[len("module_input_"):]: jnp.asarray(value) for key, value in ARRAYS.items()
-              if key.startswith("module_input_")}  # fmt: skip
+    inputs = {
+        key[len("module_input_") :]: jnp.asarray(value)
+        for key, value in ARRAYS.items()
+        if key.startswith("module_input_")
+    }
     # Jitted, as the engine runs it (eager, the module was ~200 op-by-op compiles per net).
     down, mid = jax.jit(lambda params, *args: weights.module.apply({"params": params}, *args))(
-        weights.params, inputs["sample"], inputs["timesteps"], inputs["hidden"], inputs["text_embeds"],
-        inputs["time_ids"], inputs["control"],
-    )  # fmt: skip
+        weights.params,
+        inputs["sample"],
+        inputs["timesteps"],
+        inputs["hidden"],
+        inputs["text_embeds"],
+        inputs["time_ids"],
+        inputs["control"],
+    )
     assert len(down) == weights.module.residual_count == 9
     for i, residual in enumerate(down):
         expected = ARRAYS[f"module_{name}_down_{i}"]  # [2, C, h, w]
         got = np.transpose(np.asarray(residual), (0, 3, 1, 2))
         assert np.abs(expected).max() > 0.05  # the perturbed zero convolutions do something
         np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3, err_msg=f"{name} down {i}")
-    np.testing.assert_allclose(np.transpose(np.asarray(mid), (0, 3, 1, 2)), ARRAYS[f"module_{name}_mid"],
-                               atol=1e-3, rtol=1e-3)  # fmt: skip
+    np.testing.assert_allclose(
+        np.transpose(np.asarray(mid), (0, 3, 1, 2)), ARRAYS[f"module_{name}_mid"], atol=1e-3, rtol=1e-3
+    )
 
 
 def test_name_size_and_depth_from_the_folder(loaded):
@@ -54,7 +63,9 @@ def test_name_size_and_depth_from_the_folder(loaded):
     assert weights.name == "controlnet-a" and weights.bytes > 0 and weights.parameter_count > 100_000
     assert weights.module.transformer_layers_per_block == (1, 1, 2)  # the UNet's depth, per block
     assert split_spec("canny=/x/y") == ("canny", "/x/y") and split_spec("diffusers/controlnet-canny-sdxl-1.0") == (
-        "controlnet-canny-sdxl-1.0", "diffusers/controlnet-canny-sdxl-1.0")  # fmt: skip
+        "controlnet-canny-sdxl-1.0",
+        "diffusers/controlnet-canny-sdxl-1.0",
+    )
 
 
 def _copy(tmp_path, name="net"):

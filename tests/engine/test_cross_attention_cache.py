@@ -24,8 +24,17 @@ from pipeline.host.programs import ProgramKey, program_keys
 from pipeline.host.text_cache import TextCache
 
 #: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.
-SETTINGS = dict(height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", prompt_windows=2, previews=False,
-                controlnets=(str(CONTROLNETS[0]),), controlnet_units=1, hires_scales=(2.0,))  # fmt: skip
+SETTINGS = dict(
+    height=TEST_SIZE,
+    width=TEST_SIZE,
+    steps=3,
+    dtype="float32",
+    prompt_windows=2,
+    previews=False,
+    controlnets=(str(CONTROLNETS[0]),),
+    controlnet_units=1,
+    hires_scales=(2.0,),
+)
 UNIT = {"name": "controlnet-a", "image": FIXTURES / "controlnet-map-a.png", "weight": 1.2}
 #: (prompt, request fields) per path a base step takes.
 CASES = {
@@ -35,8 +44,10 @@ CASES = {
     "two windows": (" ".join(["a red fox in the snow, watercolor"] * 12), {}),  # over 75 tokens
     "controlnet": ("a red fox in the snow", {"controlnets": [UNIT]}),
     "lora": ("a red fox in the snow <lora:kohya_sgm:0.8>", {}),
-    "hires fix": ("a red fox in the snow", {"hires_scale": 2.0, "hires_steps": 2, "hires_denoise": 0.5,
-                                            "cfg_end": 0.5}),  # a second pass at 128², its own table
+    "hires fix": (
+        "a red fox in the snow",
+        {"hires_scale": 2.0, "hires_steps": 2, "hires_denoise": 0.5, "cfg_end": 0.5},
+    ),  # a second pass at 128², its own table
 }
 
 
@@ -46,8 +57,9 @@ def twins(lora_dir):
     from pipeline.generator import Generator
 
     devices = jax.devices()[:FEATURE_DEVICES]
-    cached = Generator.from_pretrained(str(TINY_PT), devices=devices, lora_dir=str(lora_dir),
-                                       cross_attention_cache=True, **SETTINGS)  # fmt: skip
+    cached = Generator.from_pretrained(
+        str(TINY_PT), devices=devices, lora_dir=str(lora_dir), cross_attention_cache=True, **SETTINGS
+    )
     cached.warmup()
     plain = Generator.from_pretrained(str(TINY_PT), devices=devices, lora_dir=str(lora_dir), **SETTINGS)
     return cached, plain
@@ -96,7 +108,11 @@ def test_the_warm_up_compiles_a_table_per_guidance_mode_and_text_length(twins):
     cached, plain = twins
     tables = [key for key in cached.program_keys() if key.kind == "cross_kv"]
     assert sorted(key.label for key in tables) == [
-        "cross_kv cfg", "cross_kv cfg 2 windows", "cross_kv no-cfg", "cross_kv no-cfg 2 windows"]  # fmt: skip
+        "cross_kv cfg",
+        "cross_kv cfg 2 windows",
+        "cross_kv no-cfg",
+        "cross_kv no-cfg 2 windows",
+    ]
     assert not [key for key in plain.program_keys() if key.kind == "cross_kv"]
     assert cached.programs.cross_attention_cache and not plain.programs.cross_attention_cache
     assert [key.kind for key in program_keys([(64, 64)], cfg=True, cross_kv=True)][:2] == ["encode", "cross_kv"]
@@ -122,8 +138,13 @@ def test_the_table_is_every_cross_attention_layer_of_the_unet(twins):
     @jax.jit  # one program per table (or none), as the engine runs the UNet; eager, it was ~280 op-by-op compiles
     def noise(params, table):
         with attention.attention_hook("xla"), attention.text_keys_values(table):
-            return unet.apply({"params": params}, sample, jnp.full((2,), 501.0), encoder_hidden_states=hidden[:2],
-                              added_cond_kwargs=added).sample  # fmt: skip
+            return unet.apply(
+                {"params": params},
+                sample,
+                jnp.full((2,), 501.0),
+                encoder_hidden_states=hidden[:2],
+                added_cond_kwargs=added,
+            ).sample
 
     projecting = np.asarray(noise(params, None))
     assert np.abs(np.asarray(noise(params, rows)) - projecting).max() < 1e-5

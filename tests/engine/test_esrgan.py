@@ -42,7 +42,12 @@ def test_conversion_runs_as_torch(file):
     module = weights.module
     assert (weights.name, weights.scale) == (file.rsplit(".", 1)[0], scale)
     assert (module.blocks, module.features, module.growth, module.unshuffle, module.upsamples) == (
-        blocks, 8, 4, unshuffle, upsamples)  # fmt: skip
+        blocks,
+        8,
+        4,
+        unshuffle,
+        upsamples,
+    )
     image = EXPECTED[f"in_{weights.name}"].transpose(0, 2, 3, 1)  # torch's NCHW -> NHWC
     out = np.asarray(jax.jit(module.apply)({"params": weights.params}, jnp.asarray(image))).transpose(0, 3, 1, 2)
     expected = EXPECTED[f"out_{weights.name}"]
@@ -63,8 +68,11 @@ class _RunsCode:
 def test_pth_that_would_run_code_is_refused(tmp_path):
     path = tmp_path / "evil.pth"
     _torch_zip(path, pickle.dumps({"conv_first.weight": _RunsCode()}, protocol=2))
-    with pytest.raises(InvalidInput, match=r"^Upscaler evil.pth: it names (posix|os|nt)\.system, which a file of "
-                                           r"weights has no need of; it was not loaded\.$"):  # fmt: skip
+    with pytest.raises(
+        InvalidInput,
+        match=r"^Upscaler evil.pth: it names (posix|os|nt)\.system, which a file of "
+        r"weights has no need of; it was not loaded\.$",
+    ):
         load_upscaler(path)
 
 
@@ -95,10 +103,12 @@ def test_other_networks_and_damaged_models_are_refused(tmp_path):
     cases = {
         "unet.safetensors": ({"down.0.weight": np.zeros((4, 4), np.float32)}, "neither conv_first nor model.0"),
         "short.safetensors": ({k: v for k, v in tensors.items() if k != "conv_hr.bias"}, "lacks 1 of"),
-        "wrong.safetensors": ({**tensors, "conv_body.weight": np.zeros((8, 8, 1, 1), np.float32)},
-                              "conv_body.weight (8, 8, 1, 1) has no place"),
+        "wrong.safetensors": (
+            {**tensors, "conv_body.weight": np.zeros((8, 8, 1, 1), np.float32)},
+            "conv_body.weight (8, 8, 1, 1) has no place",
+        ),
         "extra.safetensors": ({**tensors, "conv_extra.weight": np.zeros((8, 8, 3, 3), np.float32)}, "conv_extra"),
-    }  # fmt: skip
+    }
     for name, (content, message) in cases.items():
         save_file(content, str(tmp_path / name))
         with pytest.raises(InvalidInput, match=re.escape(message)):
@@ -175,9 +185,17 @@ def esrgan_engine(tmp_path_factory):
         (directory / name).write_bytes((ESRGAN / name).read_bytes())
     (directory / "broken.pth").write_bytes(b"not a torch file")
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", speed_levers=False,
-        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], hires_scales=(2.0,), upscaler_dir=str(directory),
-    )  # fmt: skip
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=3,
+        dtype="float32",
+        speed_levers=False,
+        prompt_windows=1,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        hires_scales=(2.0,),
+        upscaler_dir=str(directory),
+    )
     generator.warmup()
     return generator
 
@@ -191,8 +209,11 @@ def test_esrgan_hires_fix_compiles_nothing_and_reads_back(esrgan_engine):
     before = esrgan_engine.compile_count
     pictures = {}
     for upscaler in ("tiny-x2", "tiny-x4", "Lanczos"):
-        result = esrgan_engine.generate(esrgan_engine.request("a red fox", seed=5, hires_scale=2.0, hires_steps=2,
-                                                              hires_denoise=0.5, hires_upscaler=upscaler))  # fmt: skip
+        result = esrgan_engine.generate(
+            esrgan_engine.request(
+                "a red fox", seed=5, hires_scale=2.0, hires_steps=2, hires_denoise=0.5, hires_upscaler=upscaler
+            )
+        )
         assert result.images[0].size == (128, 128)
         assert parse_infotext(result.parameters[0]).settings["Hires upscaler"] == upscaler
         pictures[upscaler] = np.asarray(result.images[0], np.int16)
@@ -215,14 +236,20 @@ def test_esrgan_resize_is_the_model_then_lanczos(esrgan_engine):
         for image, got in zip(images, out, strict=True):
             upscaled = model.upscale(image)
             assert upscaled.shape == (64 * scale, 64 * scale, 3)
-            expected = upscaled if scale == 2 else np.asarray(Image.fromarray(upscaled).resize(
-                (128, 128), resample=Image.Resampling.LANCZOS))  # fmt: skip
+            expected = (
+                upscaled
+                if scale == 2
+                else np.asarray(Image.fromarray(upscaled).resize((128, 128), resample=Image.Resampling.LANCZOS))
+            )
             np.testing.assert_array_equal(got, expected)
 
 
 def test_unknown_upscaler_names_the_offered_ones(esrgan_engine):
-    with pytest.raises(InvalidInput, match=r"^Unknown hires upscaler 'broken'; choose one of: Latent, .*Nearest, "
-                                           r"tiny-x2, tiny-x4\.$"):  # fmt: skip
+    with pytest.raises(
+        InvalidInput,
+        match=r"^Unknown hires upscaler 'broken'; choose one of: Latent, .*Nearest, "
+        r"tiny-x2, tiny-x4\.$",
+    ):
         esrgan_engine.request("a fox", hires_scale=2.0, hires_upscaler="broken")
     assert esrgan_engine.request("a fox", hires_scale=2.0, hires_upscaler="TINY-X4").hires_upscaler == "tiny-x4"
 
@@ -233,8 +260,21 @@ def test_cli_takes_an_upscaler_dir_model(tmp_path):
     from pipeline.__main__ import _check, build_parser
 
     (tmp_path / "4x-Tiny.safetensors").write_bytes((ESRGAN / "tiny-x4.safetensors").read_bytes())
-    argv = ["generate", "--model", "tiny", "--prompt", "a fox", "--hires-scale", "2", "--upscaler-dir", str(tmp_path),
-            "--hires-upscaler", "4x-tiny", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        "tiny",
+        "--prompt",
+        "a fox",
+        "--hires-scale",
+        "2",
+        "--upscaler-dir",
+        str(tmp_path),
+        "--hires-upscaler",
+        "4x-tiny",
+        "--out",
+        str(tmp_path),
+    ]
     config, request = _check(build_parser().parse_args(argv))
     assert config.upscaler_dir == str(tmp_path) and request.hires_upscaler == "4x-Tiny"
     with pytest.raises(InvalidInput, match=r"Unknown hires upscaler '4x-other'; .*Nearest, 4x-Tiny\.$"):
@@ -246,8 +286,11 @@ def test_a_name_the_engine_could_not_read_is_refused(esrgan_engine):
     left out gets one sentence, not Lanczos in its place."""
     rules = dataclasses.replace(esrgan_engine.rules, hires_upscalers=(*esrgan_engine.rules.hires_upscalers, "broken"))
     request = parse_request("a fox", rules=rules, hires_scale=2.0, hires_upscaler="broken")
-    with pytest.raises(InvalidInput, match=r"^The hires upscaler broken is not offered by this server: its file could "
-                                           r"not be read \(the server's log says why\)\.$"):  # fmt: skip
+    with pytest.raises(
+        InvalidInput,
+        match=r"^The hires upscaler broken is not offered by this server: its file could "
+        r"not be read \(the server's log says why\)\.$",
+    ):
         esrgan_engine.generate(request)
 
 

@@ -20,8 +20,9 @@ def restart(tiny_dir, **settings):
     """A new engine with the `engine` fixture's settings (and `settings`), warmed up: what a restarted server runs."""
     from pipeline.generator import Generator
 
-    generator = Generator.from_pretrained(str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
-                                          dtype="float32", **settings)  # fmt: skip
+    generator = Generator.from_pretrained(
+        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", **settings
+    )
     generator.warmup()
     return generator
 

@@ -298,10 +298,12 @@ def test_a_refusal_names_the_field_by_the_pages_label_or_by_its_api_name():
     with pytest.raises(InvalidInput) as refused:
         parse_request("x", hires_scale=3, rules=RequestRules(sizes=((64, 64),), hires_scales=(2.0,)))
     assert str(refused.value) == "hires_scale 3 is not offered by this server; choose 1 (off) or one of: 2."
-    assert refused.value.named({"hires_scale": "Upscale by"}) == ("Upscale by 3 is not offered by this server; choose "
-                                                                 "1 (off) or one of: 2.")  # fmt: skip
+    assert refused.value.named({"hires_scale": "Upscale by"}) == (
+        "Upscale by 3 is not offered by this server; choose 1 (off) or one of: 2."
+    )
     with pytest.raises(InvalidInput) as refused:
         parse_request("x", cfg_end=0.5, deepcache=2, rules=RequestRules(sizes=((64, 64),), levers=False))
     assert refused.value.named({"cfg_end": "Guidance for the first part of the steps", "deepcache": "DeepCache"}) == (
         "This server runs every step whole and guided (started with --no-speed-levers): Guidance for the first part "
-        "of the steps and DeepCache must be 1.")  # fmt: skip
+        "of the steps and DeepCache must be 1."
+    )

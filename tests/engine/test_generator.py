@@ -88,9 +88,14 @@ SHORT_PROMPTS = {"prompt_windows": 1, "previews": False}
 
 def test_same_pixels_whatever_the_device_count(tiny_dir, engine):
     four = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:4],
+        str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="float32",
+        devices=jax.devices()[:4],
         **SHORT_PROMPTS,
-    )  # fmt: skip
+    )
     assert four.num_images == 4 and four.device_summary == "4 × cpu"
     on_four = pixels(generate(four, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
     on_eight = pixels(generate(engine, "a windmill in a field of tulips", seed=11, guidance_scale=7.0))
@@ -153,9 +158,14 @@ def test_images_per_device_two_on_two_devices(batched_engine, engine):
 def test_bfloat16_generation_is_close_to_float32(tiny_dir, engine):
     """The accelerator default (bf16 weights and activations, f32 scheduler and latents) gives sane images."""
     bf16 = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="bfloat16", speed_levers=False,
+        str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="bfloat16",
+        speed_levers=False,
         **SHORT_PROMPTS,
-    )  # fmt: skip
+    )
     assert bf16.config.dtype == "bfloat16"
     got = pixels(generate(bf16, "a cat", seed=1)).astype(int)
     expected = pixels(generate(engine, "a cat", seed=1)).astype(int)
@@ -193,5 +203,7 @@ def test_the_run_plan_decides_the_whole_run_before_anything_runs(engine):
     Image.new("RGB", (TEST_SIZE, TEST_SIZE), "teal").save(picture, format="PNG")
     img2img = engine.plan(engine.request(PROMPT, steps=4, init_image=picture.getvalue(), strength=0.5))
     assert img2img.first.plan.steps == 2 and img2img.first.picture is not None  # the last 2 of 4 steps run
-    assert engine.plan(engine.request(PROMPT, negative_prompt="blurry", seed=7, steps=3, sampler="DPM++ 2M")) \
-        .output == run.output  # fmt: skip
+    assert (
+        engine.plan(engine.request(PROMPT, negative_prompt="blurry", seed=7, steps=3, sampler="DPM++ 2M")).output
+        == run.output
+    )

@@ -35,9 +35,16 @@ def hires_engine():
     from pipeline.generator import Generator
 
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=TEST_SIZE, width=TEST_SIZE, steps=3, dtype="float32", speed_levers=False,
-        prompt_windows=1, devices=jax.devices()[:FEATURE_DEVICES], hires_scales=SCALES,
-    )  # fmt: skip
+        str(TINY_PT),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=3,
+        dtype="float32",
+        speed_levers=False,
+        prompt_windows=1,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        hires_scales=SCALES,
+    )
     generator.warmup()
     return generator
 
@@ -69,8 +76,9 @@ def test_step_rule_is_a1111s(steps, hires_steps, denoise):
     assert second_pass_steps(steps, hires_steps, denoise) == a1111_rule(steps, hires_steps, denoise)
     schedule, run = second_pass_steps(steps, hires_steps, denoise)
     config = SamplerConfig()
-    second = hires_plan((96, 96), "Latent", steps, hires_steps, denoise,
-                        lambda n, first: config.plan(n, "euler", None, first))  # fmt: skip
+    second = hires_plan(
+        (96, 96), "Latent", steps, hires_steps, denoise, lambda n, first: config.plan(n, "euler", None, first)
+    )
     full = config.plan(schedule, "euler")
     assert (second.schedule, second.plan.steps) == (schedule, run)
     np.testing.assert_array_equal(second.plan.sigmas, full.sigmas[schedule - run :])  # the last `run` steps run
@@ -100,10 +108,12 @@ def test_every_upscaler_runs_both_passes_without_compiling(hires_engine):
         for scale in SCALES:
             steps, shown = [], []
             result = hires_engine.generate(
-                hires_engine.request("a red fox", seed=5, hires_scale=scale, hires_upscaler=upscaler,
-                                     hires_steps=2, hires_denoise=0.5),
+                hires_engine.request(
+                    "a red fox", seed=5, hires_scale=scale, hires_upscaler=upscaler, hires_steps=2, hires_denoise=0.5
+                ),
                 on_step=lambda done, total, log=steps: log.append((done, total)),
-                on_preview=lambda done, total, pixels, log=shown: log.append((done, pixels.shape[1])))  # fmt: skip
+                on_preview=lambda done, total, pixels, log=shown: log.append((done, pixels.shape[1])),
+            )
             side = hires_size((TEST_SIZE, TEST_SIZE), scale, hires_engine.latent_multiple)[0]
             assert result.images[0].size == (side, side) and result.steps == 3 + 2
             assert steps == [(done, 5) for done in range(1, 6)]  # progress counts both passes as one request
@@ -116,7 +126,10 @@ def test_hires_sizes_are_each_size_times_each_scale(hires_engine):
     upscales = {(key.height, key.source, key.mode) for key in hires_engine.program_keys() if key.kind == "upscale"}
     assert upscales == {(side, (64, 64), mode) for side in (96, 128) for mode in LATENT_UPSCALERS}
     assert {(key.height, key.width) for key in hires_engine.program_keys() if key.kind == "step"} == {
-        (64, 64), (96, 96), (128, 128)}  # each hires size's second pass, compiled at start-up  # fmt: skip
+        (64, 64),
+        (96, 96),
+        (128, 128),
+    }  # each hires size's second pass, compiled at start-up
     assert hires_size((1024, 1344), 1.5, 32) == (1536, 2016) and hires_size((1024, 1344), 1.5, 64) == (1536, 1984)
     assert hires_size((72, 100), 1.3, 32) == (64, 128)  # A1111 truncates, then down to the multiple
 
@@ -124,16 +137,34 @@ def test_hires_sizes_are_each_size_times_each_scale(hires_engine):
 def test_lanczos_is_pils_resize_then_image_to_image(hires_engine):
     """The pixel path: the first pass (a plain request's picture), PIL's Lanczos to 128 px, then image to image
     with A1111's rule (2 of 4 steps: denoise 0.5) and the second pass's seed: the same pixels."""
-    hires = hires_engine.generate(hires_engine.request("a red fox", seed=9, hires_scale=2.0, hires_upscaler="Lanczos",
-                                                       hires_steps=2, hires_denoise=0.5, sampler="Euler"))  # fmt: skip
+    hires = hires_engine.generate(
+        hires_engine.request(
+            "a red fox",
+            seed=9,
+            hires_scale=2.0,
+            hires_upscaler="Lanczos",
+            hires_steps=2,
+            hires_denoise=0.5,
+            sampler="Euler",
+        )
+    )
     first = hires_engine.generate(hires_engine.request("a red fox", seed=9, sampler="Euler")).images[0]
     resized = first.resize((128, 128), resample=Image.Resampling.LANCZOS)
     rules = dataclasses.replace(hires_engine.rules, sizes=(*hires_engine.rules.sizes, (128, 128)))
     picture = io.BytesIO()
     resized.save(picture, format="PNG")
-    again = hires_engine.generate(parse_request("a red fox", seed=9 ^ HIRES_SEED_MASK, size=(128, 128), steps=4,
-                                                strength=0.5, sampler="Euler", init_image=picture.getvalue(),
-                                                rules=rules))  # fmt: skip
+    again = hires_engine.generate(
+        parse_request(
+            "a red fox",
+            seed=9 ^ HIRES_SEED_MASK,
+            size=(128, 128),
+            steps=4,
+            strength=0.5,
+            sampler="Euler",
+            init_image=picture.getvalue(),
+            rules=rules,
+        )
+    )
     np.testing.assert_array_equal(np.asarray(hires.images[0]), np.asarray(again.images[0]))
 
 
@@ -158,14 +189,26 @@ def test_stop_in_the_second_pass(hires_engine):
 def test_parameters_are_a1111s_and_png_info_reads_them_back(hires_engine):
     from web.page.form import image_settings
 
-    result = hires_engine.generate(hires_engine.request("a cat", seed=2, hires_scale=1.5, hires_steps=2,
-                                                        hires_denoise=0.4, hires_upscaler="Nearest"))  # fmt: skip
+    result = hires_engine.generate(
+        hires_engine.request(
+            "a cat", seed=2, hires_scale=1.5, hires_steps=2, hires_denoise=0.4, hires_upscaler="Nearest"
+        )
+    )
     written = parse_infotext(result.parameters[0]).settings
-    assert (written["Hires upscale"], written["Hires steps"], written["Denoising strength"],
-            written["Hires upscaler"], written["Size"]) == ("1.5", "2", "0.4", "Nearest", "64x64")  # fmt: skip
+    assert (
+        written["Hires upscale"],
+        written["Hires steps"],
+        written["Denoising strength"],
+        written["Hires upscaler"],
+        written["Size"],
+    ) == ("1.5", "2", "0.4", "Nearest", "64x64")
     settings, _ = image_settings(form_values(parse_infotext(result.parameters[0])))
-    assert (settings["hires_scale"], settings["hires_steps"], settings["hires_denoise"],
-            settings["hires_upscaler"]) == (1.5, 2, 0.4, "Nearest")  # fmt: skip
+    assert (
+        settings["hires_scale"],
+        settings["hires_steps"],
+        settings["hires_denoise"],
+        settings["hires_upscaler"],
+    ) == (1.5, 2, 0.4, "Nearest")
     assert "strength" not in settings  # A1111's Denoising strength was the hires fix's
     plain = hires_engine.generate(hires_engine.request("a cat", seed=2)).parameters[0]
     assert not any(key.startswith("Hires") or key == "Denoising strength" for key in parse_infotext(plain).settings)
@@ -218,14 +261,21 @@ def test_the_page_and_the_api_say_the_final_size_and_name_fields_their_way(hires
         with pytest.raises(gr.Error) as on_page:
             list(events["page_generate"]("a cat", hires_scale=2, hires_steps=200, **quiet))
         assert on_page.value.message.startswith("Hires steps must be a whole number")  # every field by its label
-        gallery, seed, status = events["generate_png"]("a cat", seed=4, randomize_seed=False, hires_scale=2,
-                                                       hires_steps=2, **quiet)  # fmt: skip
+        gallery, seed, status = events["generate_png"](
+            "a cat", seed=4, randomize_seed=False, hires_scale=2, hires_steps=2, **quiet
+        )
         assert [caption for _, caption in gallery] == ["seed 4 · 128×128", "seed 5 · 128×128"]
         assert " · 128×128 (hires ×2 from 64×64) · 3 + 2 steps, " in status, status
         assert Image.open(gallery[0][0]).size == (128, 128)
         written = parse_infotext(image_files.read_parameters(gallery[0][0])).settings
-        assert (written["Size"], written["Steps"], written["Hires upscale"], written["Hires steps"],
-                written["Hires upscaler"], written["Denoising strength"]) == ("64x64", "3", "2", "2", "Latent", "0.55")
+        assert (
+            written["Size"],
+            written["Steps"],
+            written["Hires upscale"],
+            written["Hires steps"],
+            written["Hires upscaler"],
+            written["Denoising strength"],
+        ) == ("64x64", "3", "2", "2", "Latent", "0.55")
     finally:
         page.close()
 
@@ -257,19 +307,48 @@ def test_a1111_fields_cli_flags_and_page_follow_the_table(tmp_path):
     from web.page.layout import hires_panel
 
     rules = RequestRules(sizes=((64, 64),), hires_scales=SCALES)
-    payload = {"prompt": "x", "enable_hr": True, "hr_scale": 1.5, "hr_second_pass_steps": 6,
-               "denoising_strength": 0.3, "hr_upscaler": "Latent (nearest-exact)"}  # fmt: skip
+    payload = {
+        "prompt": "x",
+        "enable_hr": True,
+        "hr_scale": 1.5,
+        "hr_second_pass_steps": 6,
+        "denoising_strength": 0.3,
+        "hr_upscaler": "Latent (nearest-exact)",
+    }
     given = a1111_request(payload, rules, picture=False).given
     assert (given["hires_scale"], given["hires_steps"], given["hires_denoise"], given["hires_upscaler"]) == (
-        1.5, 6, 0.3, "Latent (nearest-exact)") and "strength" not in given  # fmt: skip
+        1.5,
+        6,
+        0.3,
+        "Latent (nearest-exact)",
+    ) and "strength" not in given
     assert a1111_request({"prompt": "x", "enable_hr": True}, rules, picture=False).given["hires_scale"] == 2.0
     assert "hires_scale" not in a1111_request({**payload, "enable_hr": False}, rules, picture=False).given
-    argv = ["generate", "--model", "tiny", "--prompt", "a fox", "--hires-scale", "2", "--hires-steps", "3",
-            "--hires-denoise", "0.4", "--hires-upscaler", "Lanczos", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        "tiny",
+        "--prompt",
+        "a fox",
+        "--hires-scale",
+        "2",
+        "--hires-steps",
+        "3",
+        "--hires-denoise",
+        "0.4",
+        "--hires-upscaler",
+        "Lanczos",
+        "--out",
+        str(tmp_path),
+    ]
     config, request = _check(build_parser().parse_args(argv))
     assert config.hires_scales == (2.0,)  # the CLI compiles the scale its request asks for
     assert (request.hires_scale, request.hires_steps, request.hires_denoise, request.hires_upscaler) == (
-        2.0, 3, 0.4, "Lanczos")  # fmt: skip
+        2.0,
+        3,
+        0.4,
+        "Lanczos",
+    )
     with gr.Blocks():
         shown = hires_panel(rules)
         hidden = hires_panel(RequestRules(sizes=((64, 64),)))
@@ -297,13 +376,17 @@ def test_upscale_by_offers_the_servers_scales_only():
     assert section(off).visible and not any(without[name].visible for name in without if name != "hires_scale")
     form = Form(controls=shown, lora_rows=(), styles=(), sizes=((64, 64),), loras=(), hires_scales=SCALES)
     for written, filled in (("1.5", 1.5), ("2.5", None)):
-        text = "a cat\nSteps: 3, Sampler: Euler, Seed: 1, Size: 64x64, Denoising strength: 0.5, Hires upscale: " \
-            + written  # fmt: skip
+        text = (
+            "a cat\nSteps: 3, Sampler: Euler, Seed: 1, Size: 64x64, Denoising strength: 0.5, Hires upscale: " + written
+        )
         updates, notes = form.fill(image_settings(form_values(parse_infotext(text)))[0])
         update = dict(zip(map(id, form.fields), updates, strict=True))[id(scale)]
         assert update.get("value") == filled, update
-        assert notes == ([] if filled else ["Hires upscale 2.5 is not offered here (Upscale by: 1 or 1.5, 2), so "
-                                            "Upscale by was left as it is."])  # fmt: skip
+        assert notes == (
+            []
+            if filled
+            else ["Hires upscale 2.5 is not offered here (Upscale by: 1 or 1.5, 2), so Upscale by was left as it is."]
+        )
 
 
 def section(component):

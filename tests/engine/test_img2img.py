@@ -59,9 +59,15 @@ def inpaint_engine(tmp_path_factory):
     (target / "unet").symlink_to((FIXTURES / "tiny-pt-inpaint" / "unet").resolve())
     shutil.copy(FIXTURES / "tiny-pt-inpaint" / "model_index.json", target / "model_index.json")
     generator = Generator.from_pretrained(
-        str(target), height=TEST_SIZE, width=TEST_SIZE, steps=4, dtype="float32", variant="fp16",
-        devices=jax.devices()[:FEATURE_DEVICES], speed_levers=False,
-    )  # fmt: skip
+        str(target),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=4,
+        dtype="float32",
+        variant="fp16",
+        devices=jax.devices()[:FEATURE_DEVICES],
+        speed_levers=False,
+    )
     generator.warmup()
     return generator
 
@@ -165,8 +171,9 @@ def test_start_latents_equal_diffusers(x0, name):
     case = CASES[name]
     _, image = _image_plan(case)
     seeds = np.array([case["seed"]], np.uint32)
-    latents, noise = _start(seeds, np.float32(image.plan.init_sigma), x0[case["unet_channels"]],
-                            np.float32(image.image_weight))  # fmt: skip
+    latents, noise = _start(
+        seeds, np.float32(image.plan.init_sigma), x0[case["unet_channels"]], np.float32(image.image_weight)
+    )
     np.testing.assert_array_equal(np.asarray(noise), np.asarray(initial_latents(seeds, SIZE, SIZE, 8)))
     expected = ARRAYS[f"start_{name}"]
     if case["sampler"].startswith("dpmpp"):  # DPM-Solver keeps the variance-preserving sample
@@ -183,10 +190,16 @@ _start = jax.jit(lambda s, sigma, x, w: start_local(s, sigma, x, w, height=SIZE,
 
 def _request(engine, case, **changes):
     fields = {
-        "negative_prompt": case["negative_prompt"] or "", "guidance_scale": case["guidance_scale"],
-        "seed": case["seed"], "steps": case["steps"], "sampler": SAMPLERS[case["sampler"]], "init_image": PICTURE,
-        "strength": case["strength"], **({"mask_image": MASK} if _inpainting(case) else {}), **changes,
-    }  # fmt: skip
+        "negative_prompt": case["negative_prompt"] or "",
+        "guidance_scale": case["guidance_scale"],
+        "seed": case["seed"],
+        "steps": case["steps"],
+        "sampler": SAMPLERS[case["sampler"]],
+        "init_image": PICTURE,
+        "strength": case["strength"],
+        **({"mask_image": MASK} if _inpainting(case) else {}),
+        **changes,
+    }
     return engine.request(case["prompt"], **fields)
 
 
@@ -244,11 +257,22 @@ def test_a_server_without_levers_compiles_the_plain_step_and_refuses_levers(inpa
     """--no-speed-levers: one `step` program per size and guidance mode; cfg_end/deepcache refused in one
     sentence, before anything runs."""
     labels = [key.label for key in inpaint_engine.program_keys()]
-    assert labels == ["encode cfg", "encode cfg 3 windows", "encode_image 64x64", "start 64x64", "step 64x64 cfg",
-                      "step 64x64 cfg 3 windows", "preview 64x64", "decode 64x64"]  # fmt: skip
+    assert labels == [
+        "encode cfg",
+        "encode cfg 3 windows",
+        "encode_image 64x64",
+        "start 64x64",
+        "step 64x64 cfg",
+        "step 64x64 cfg 3 windows",
+        "preview 64x64",
+        "decode 64x64",
+    ]
     for levers in ({"cfg_end": 0.5}, {"deepcache": 2}):
-        with pytest.raises(InvalidInput, match=r"^This server runs every step whole and guided \(started with "
-                           r"--no-speed-levers\): cfg_end and deepcache must be 1\.$"):  # fmt: skip
+        with pytest.raises(
+            InvalidInput,
+            match=r"^This server runs every step whole and guided \(started with "
+            r"--no-speed-levers\): cfg_end and deepcache must be 1\.$",
+        ):
             inpaint_engine.request("a red fox", **levers)
 
 

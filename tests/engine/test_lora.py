@@ -45,8 +45,9 @@ def refusal(**fields) -> str:
 def test_tags_give_weights_and_leave_the_prompt_the_encoders_read():
     """<lora:NAME>, <lora:NAME:W>, <lora:NAME:TE:UNET> (te=/unet= allowed), names in any case: the encoders read the
     prompt without tags; the images' parameters keep them as written."""
-    request = parse_request("a cabin <lora:KOHYA_SGM:0.8> in snow <LORA:peft:te=0.5:unet=1.2>, <lora:locon>",
-                            rules=RULES)  # fmt: skip
+    request = parse_request(
+        "a cabin <lora:KOHYA_SGM:0.8> in snow <LORA:peft:te=0.5:unet=1.2>, <lora:locon>", rules=RULES
+    )
     assert request.loras == (("kohya_sgm", 0.8, 0.8), ("peft", 0.5, 1.2), ("locon", 1.0, 1.0))
     assert request.styled_prompt == "a cabin in snow ,"
     assert request.written_prompt == "a cabin <lora:KOHYA_SGM:0.8> in snow <LORA:peft:te=0.5:unet=1.2>, <lora:locon>"
@@ -75,8 +76,10 @@ def test_the_loras_field_adds_tags_to_the_written_prompt():
     [
         ({"prompt": "a <lora:nope:1>"}, f"Unknown LoRA 'nope'; the LoRAs offered: {OFFERED}."),
         ({"loras": [["dora", 1]]}, f"Unknown LoRA 'dora'; the LoRAs offered: {OFFERED}."),
-        ({"prompt": "a <lora:peft:1>", "loras": [["PEFT", 0.5]]},
-         "LoRA 'PEFT' is asked for twice; give it once, with one weight."),
+        (
+            {"prompt": "a <lora:peft:1>", "loras": [["PEFT", 0.5]]},
+            "LoRA 'PEFT' is asked for twice; give it once, with one weight.",
+        ),
         ({"prompt": "a <lora:peft:abc>"}, "The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'."),
         ({"prompt": "a <lora:peft:11>"}, "The weight of LoRA 'peft' must be a number from -10 to 10; got '11'."),
         ({"prompt": "a <lora:peft:1:nan>"}, "The weight of LoRA 'peft' must be a number from -10 to 10; got 'nan'."),
@@ -85,12 +88,26 @@ def test_the_loras_field_adds_tags_to_the_written_prompt():
         ({"loras": "kohya_sgm"}, 'loras must be a list of [name, weight] pairs, e.g. [["my-style", 0.8]].'),
         ({"loras": [["peft"]]}, "Each item of loras must be [name, weight] or [name, te, unet]; got ['peft']."),
         ({"loras": [[1, 0.5]]}, "Each item of loras must be [name, weight] or [name, te, unet]; got [1, 0.5]."),
-        ({"rules": RequestRules(), "prompt": "a <lora:peft:1>"},
-         "No LoRAs are offered (they come from --lora-dir DIR)."),
+        (
+            {"rules": RequestRules(), "prompt": "a <lora:peft:1>"},
+            "No LoRAs are offered (they come from --lora-dir DIR).",
+        ),
     ],
-    ids=["unknown-tag", "refused-file", "twice", "not-a-number", "too-large", "nan", "bool", "none", "not-a-list",
-         "short-item", "name-not-text", "none-offered"],
-)  # fmt: skip
+    ids=[
+        "unknown-tag",
+        "refused-file",
+        "twice",
+        "not-a-number",
+        "too-large",
+        "nan",
+        "bool",
+        "none",
+        "not-a-list",
+        "short-item",
+        "name-not-text",
+        "none-offered",
+    ],
+)
 def test_refusals_are_one_sentence(fields, message):
     assert refusal(**fields) == message
 
@@ -115,9 +132,16 @@ def test_rules_of_a_config_name_every_file_of_the_directory(lora_dir, tmp_path):
 def test_a_request_with_loras_and_a_picture_travels_as_json_data():
     """On several processes the leader publishes `to_dict()`; each follower rebuilds the same request."""
     request = parse_request(
-        "a cabin <lora:peft:0.5:1.2>", loras=[["locon", -1]], init_image=FIXTURES / "image-input.png",
-        mask_image=FIXTURES / "image-mask.png", strength=0.6, cfg_end=0.5, deepcache=3, steps=8, rules=RULES,
-    )  # fmt: skip
+        "a cabin <lora:peft:0.5:1.2>",
+        loras=[["locon", -1]],
+        init_image=FIXTURES / "image-input.png",
+        mask_image=FIXTURES / "image-mask.png",
+        strength=0.6,
+        cfg_end=0.5,
+        deepcache=3,
+        steps=8,
+        rules=RULES,
+    )
     assert request.init_image is not None and request.mask_image is not None
     assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
 
@@ -127,13 +151,21 @@ def test_a_request_with_loras_and_a_picture_travels_as_json_data():
 
 def case_loras(case: dict) -> list[list]:
     """A fixture case's LoRAs as the API's `loras`: [name, weight] or [name, te, unet] (diffusers' per-component)."""
-    return [[name, w] if not isinstance(w, dict) else [name, w["text_encoder"], w["unet"]]
-            for name, w in case["loras"].items()]  # fmt: skip
+    return [
+        [name, w] if not isinstance(w, dict) else [name, w["text_encoder"], w["unet"]]
+        for name, w in case["loras"].items()
+    ]
 
 
 def reference_request(engine, case: dict):
-    return engine.request(MANIFEST["prompt"], guidance_scale=MANIFEST["guidance_scale"], seed=MANIFEST["seed"],
-                          steps=MANIFEST["steps"], sampler="Euler", loras=case_loras(case))  # fmt: skip
+    return engine.request(
+        MANIFEST["prompt"],
+        guidance_scale=MANIFEST["guidance_scale"],
+        seed=MANIFEST["seed"],
+        steps=MANIFEST["steps"],
+        sampler="Euler",
+        loras=case_loras(case),
+    )
 
 
 def image0(result) -> np.ndarray:
@@ -246,8 +278,9 @@ def test_switching_sets_restores_exactly_and_never_accumulates(feature_engine):
     np.testing.assert_array_equal(run([]), base)
     originals = jax.device_get(get_leaves(sets.params_for(()), sets.layout.leaves))
     np.testing.assert_array_equal(run([["kohya_sgm", 0], ["peft", 0, 0]]), base)
-    for got, original in zip(jax.device_get(get_leaves(sets.params_for(sets.current), sets.layout.leaves)), originals,
-                             strict=True):  # fmt: skip
+    for got, original in zip(
+        jax.device_get(get_leaves(sets.params_for(sets.current), sets.layout.leaves)), originals, strict=True
+    ):
         np.testing.assert_array_equal(got.view(np.uint32), original.view(np.uint32))  # -0.0 stays -0.0
     run([["kohya_sgm", 0, 1.5]])  # UNet only
     merged = jax.device_get(get_leaves(sets.params_for(sets.current), sets.layout.leaves))
@@ -255,8 +288,11 @@ def test_switching_sets_restores_exactly_and_never_accumulates(feature_engine):
         if leaf[0] == "unet":
             continue
         np.testing.assert_array_equal(got.view(np.uint32), original.view(np.uint32), err_msg=str(leaf))
-    assert any(not np.array_equal(got, o) for leaf, got, o in zip(sets.layout.leaves, merged, originals, strict=True)
-               if leaf[0] == "unet")  # fmt: skip
+    assert any(
+        not np.array_equal(got, o)
+        for leaf, got, o in zip(sets.layout.leaves, merged, originals, strict=True)
+        if leaf[0] == "unet"
+    )
     assert feature_engine.compile_count == before
 
 
@@ -265,8 +301,14 @@ def test_lora_cache_keeps_that_many_placed_and_merges_the_same(feature_engine):
     from pipeline.host.lora_sets import LoraSets
 
     served = feature_engine.loras
-    small = LoraSets(list(served.files.values()), served.layout, feature_engine.programs, feature_engine._params,
-                     feature_engine._put_all, placed=2)  # fmt: skip
+    small = LoraSets(
+        list(served.files.values()),
+        served.layout,
+        feature_engine.programs,
+        feature_engine._params,
+        feature_engine._put_all,
+        placed=2,
+    )
     before = feature_engine.compile_count
     for choice in ((("kohya_sgm", 0.8, 0.8),), (("peft", 0.5, 0.5), ("locon", -0.6, -0.6)), (("kohya_sgm", 1.0, 1.0),)):
         got = jax.device_get(get_leaves(small.params_for(choice), served.layout.leaves))

@@ -15,14 +15,7 @@ from conftest import FIXTURES, REPO
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from pipeline.checkpoint.lora import (
-    COMPONENTS,
-    LoraFileError,
-    load_lora,
-    load_lora_dir,
-    lora_targets,
-    read_header,
-)
+from pipeline.checkpoint.lora import COMPONENTS, LoraFileError, load_lora, load_lora_dir, lora_targets, read_header
 from pipeline.contract.parameters import hashes_field as lora_hashes_field
 
 LORA_DIR = FIXTURES / "lora"
@@ -128,8 +121,10 @@ def test_scales_follow_alpha_metadata_and_rank(loras, targets):
 def test_half_precision_factors_are_read_exactly(loras, targets):
     """bf16 (ml_dtypes) and fp16 values reach float32 unchanged, transposed into the Flax layout."""
     leaf = ("unet", "down_blocks_1", "attentions_0", "transformer_blocks_0", "attn1", "to_q", "kernel")
-    for name, module in (("kohya_diffusers", "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q"),
-                         ("kohya_sgm", "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q")):  # fmt: skip
+    for name, module in (
+        ("kohya_diffusers", "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q"),
+        ("kohya_sgm", "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q"),
+    ):
         with safe_open(str(LORA_DIR / f"{name}.safetensors"), framework="np") as reader:
             down, up = reader.get_tensor(f"{module}.lora_down.weight"), reader.get_tensor(f"{module}.lora_up.weight")
         assert down.dtype == (ml_dtypes.bfloat16 if name == "kohya_diffusers" else np.float16)
@@ -213,8 +208,10 @@ rng = np.random.default_rng(0)
 
 
 def pair(rank=2, fan_in=64, out=64) -> dict:
-    return {f"{Q}.lora_down.weight": rng.standard_normal((rank, fan_in), np.float32),
-            f"{Q}.lora_up.weight": rng.standard_normal((out, rank), np.float32)}  # fmt: skip
+    return {
+        f"{Q}.lora_down.weight": rng.standard_normal((rank, fan_in), np.float32),
+        f"{Q}.lora_up.weight": rng.standard_normal((out, rank), np.float32),
+    }
 
 
 BUILT = {
@@ -284,7 +281,7 @@ def test_alpha_missing_is_rank_and_linear_factors_may_be_1x1_convs(targets, tmp_
     tensors[f"{Q}.lora_up.weight"] = tensors[f"{Q}.lora_up.weight"][:, :, None, None]
     save_file(tensors, str(tmp_path / "one.safetensors"))
     lora = load_lora(tmp_path / "one.safetensors", targets)
-    (leaf, layer), = lora.layers.items()  # fmt: skip
+    ((leaf, layer),) = lora.layers.items()
     assert leaf[1:] == ("down_blocks_1", "attentions_0", "transformer_blocks_0", "attn1", "to_q", "kernel")
     assert layer.scale == 1.0 and layer.rank == 3 and lora.format == "kohya (SGM names)"
     np.testing.assert_array_equal(layer.down, tensors[f"{Q}.lora_down.weight"][:, :, 0, 0].T)
@@ -310,16 +307,27 @@ def test_sdxl_base_kohya_names_map_from_its_config(targets):
     sgm = [n for n in attention if n.startswith(("lora_unet_input_blocks", "lora_unet_middle", "lora_unet_output"))]
     assert len(sgm) == 722 and len(attention) == 2 * 722
     expected = {
-        "lora_unet_input_blocks_8_1_transformer_blocks_9_attn2_to_k": ("down_blocks_2", "attentions_1",
-                                                                      "transformer_blocks_9", "attn2", "to_k"),
-        "lora_unet_middle_block_1_transformer_blocks_0_ff_net_0_proj": ("mid_block", "attentions_0",
-                                                                       "transformer_blocks_0", "ff", "net_0", "proj"),
+        "lora_unet_input_blocks_8_1_transformer_blocks_9_attn2_to_k": (
+            "down_blocks_2",
+            "attentions_1",
+            "transformer_blocks_9",
+            "attn2",
+            "to_k",
+        ),
+        "lora_unet_middle_block_1_transformer_blocks_0_ff_net_0_proj": (
+            "mid_block",
+            "attentions_0",
+            "transformer_blocks_0",
+            "ff",
+            "net_0",
+            "proj",
+        ),
         "lora_unet_output_blocks_5_1_proj_out": ("up_blocks_1", "attentions_2", "proj_out"),
         "lora_unet_output_blocks_2_2_conv": ("up_blocks_0", "upsamplers_0", "conv"),
         "lora_unet_input_blocks_6_0_op": ("down_blocks_1", "downsamplers_0", "conv"),
         "lora_unet_output_blocks_8_0_skip_connection": ("up_blocks_2", "resnets_2", "conv_shortcut"),
         "lora_unet_input_blocks_7_0_emb_layers_1": ("down_blocks_2", "resnets_0", "time_emb_proj"),
-    }  # fmt: skip
+    }
     for name, path in expected.items():
         assert sdxl.kohya[name] == ("unet", *path, "kernel"), name
     assert sdxl.shapes[sdxl.kohya["lora_unet_input_blocks_8_1_transformer_blocks_9_attn2_to_k"]] == (2048, 1280)

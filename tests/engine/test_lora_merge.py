@@ -35,8 +35,9 @@ def made_up_lora(name: str, rank: int, seed: int, leaves=None) -> LoraFile:
         down = rng.standard_normal((int(np.prod(shape[:-1])), rank)).astype(np.float32)
         up = rng.standard_normal((rank, shape[-1])).astype(np.float32)
         layers[leaf] = LoraLayer(down=down, up=up, scale=0.5 + seed / 10, module=f"{name}:{'/'.join(leaf)}")
-    return LoraFile(name=name, path=Path(f"{name}.safetensors"), format="made up", layers=layers, size_bytes=0,
-                    addnet_hash="0" * 64)  # fmt: skip
+    return LoraFile(
+        name=name, path=Path(f"{name}.safetensors"), format="made up", layers=layers, size_bytes=0, addnet_hash="0" * 64
+    )
 
 
 def originals_of(layout: MergeLayout, dtype) -> tuple:
@@ -62,8 +63,12 @@ def reference(layout, originals, loras, weights) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def made_up():
-    loras = [made_up_lora("a", 4, 1), made_up_lora("b", 2, 2), made_up_lora("c", 3, 3, list(SHAPES)[:2]),
-             made_up_lora("d", 1, 4, list(SHAPES)[3:])]  # fmt: skip
+    loras = [
+        made_up_lora("a", 4, 1),
+        made_up_lora("b", 2, 2),
+        made_up_lora("c", 3, 3, list(SHAPES)[:2]),
+        made_up_lora("d", 1, 4, list(SHAPES)[3:]),
+    ]
     layout = MergeLayout.from_loras(loras, SHAPES)
     return layout, loras, {lora.name: pack(layout, lora) for lora in loras}
 
@@ -101,8 +106,13 @@ def test_merge_equals_numpy_for_0_1_and_4_slots_and_restores_bit_for_bit(made_up
             elif dtype == np.float32:
                 np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=2e-6, err_msg=f"{chosen} {leaf}")
             else:  # bfloat16: the float32 sum rounded once
-                np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(dtype).astype(np.float32),
-                                           rtol=2**-7, atol=1e-6, err_msg=f"{chosen} {leaf}")  # fmt: skip
+                np.testing.assert_allclose(
+                    np.asarray(got, np.float32),
+                    want.astype(dtype).astype(np.float32),
+                    rtol=2**-7,
+                    atol=1e-6,
+                    err_msg=f"{chosen} {leaf}",
+                )
         previous = merged
     for got, original in zip(previous, originals, strict=True):  # the last set was "no LoRA"
         np.testing.assert_array_equal(bits(got), bits(original))
@@ -174,8 +184,7 @@ def test_bfloat16_factors_take_half_the_memory_and_merge_as_float32_factors_do(m
     chosen = [("a", (1.0, 1.0)), ("b", (-0.8, -0.8))]
     weights = slot_weights(layout, [w for _, w in chosen])
     full = MergeProgram(layout)(MergeProgram.copies(originals), originals, [packed[n] for n, _ in chosen], weights)
-    halved = MergeProgram(half)(MergeProgram.copies(originals), originals, [packed_half[n] for n, _ in chosen],
-                                weights)  # fmt: skip
+    halved = MergeProgram(half)(MergeProgram.copies(originals), originals, [packed_half[n] for n, _ in chosen], weights)
     for got, want, original in zip(halved, full, originals, strict=True):
         assert got.dtype == want.dtype == ml_dtypes.bfloat16
         got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)

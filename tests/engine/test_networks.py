@@ -66,11 +66,14 @@ def _clip(config: dict, dtype, projection: bool):
 def _unet_call(module, params, x):
     residuals = sorted((k for k in x if k.startswith("residual_")), key=lambda k: int(k.split("_")[1]))
     out = module.apply(
-        {"params": params}, x["sample"], x["timesteps"], x["encoder_hidden_states"],
+        {"params": params},
+        x["sample"],
+        x["timesteps"],
+        x["encoder_hidden_states"],
         added_cond_kwargs={"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]},
         down_block_additional_residuals=tuple(x[k] for k in residuals) if residuals else None,
         mid_block_additional_residual=x.get("mid_residual"),
-    )  # fmt: skip
+    )
     return {"sample": out.sample}
 
 
@@ -275,8 +278,9 @@ def test_float32_bit_for_bit(case):
         if same_xla:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{case}: {name}")
         else:
-            np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=OTHER_XLA_TOLERANCE * scale,
-                                       err_msg=f"{case}: {name}")  # fmt: skip
+            np.testing.assert_allclose(
+                got[name], expected[name], rtol=0, atol=OTHER_XLA_TOLERANCE * scale, err_msg=f"{case}: {name}"
+            )
 
 
 @pytest.mark.long  # bfloat16 is emulated on this CPU: minutes for the whole set; the float32 cases run the same code

@@ -45,9 +45,11 @@ def bench_parser() -> argparse.ArgumentParser:
 
 def test_every_parser_comes_from_the_options_table(monkeypatch):
     parsers = {
-        options.APP: _flags(app_parser()), options.CLI: _flags(_generate_parser()),
-        options.PRECOMPILE: _flags(_subparser("precompile")), options.BENCH: _flags(bench_parser()),
-    }  # fmt: skip
+        options.APP: _flags(app_parser()),
+        options.CLI: _flags(_generate_parser()),
+        options.PRECOMPILE: _flags(_subparser("precompile")),
+        options.BENCH: _flags(bench_parser()),
+    }
     for option in ALL_OPTIONS:
         for program in (options.APP, options.CLI):
             assert (option.flag in parsers[program]) == (program in option.programs), (program, option.flag)
@@ -75,11 +77,20 @@ def test_the_bench_takes_the_engine_options_with_its_own_defaults(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     args = bench_args([])
     assert (args.model, args.height, args.width, args.steps, args.dtype, args.cpu_devices) == (
-        "tiny", 128, 128, 4, "float32", 8,
-    )  # fmt: skip
+        "tiny",
+        128,
+        128,
+        4,
+        "float32",
+        8,
+    )
     assert (args.config.model, args.config.height, args.config.width, args.config.steps, args.config.dtype) == (
-        "tiny", 128, 128, 4, "float32",
-    )  # fmt: skip
+        "tiny",
+        128,
+        128,
+        4,
+        "float32",
+    )
     assert args.config.sizes == ()  # the bench serves one size
     monkeypatch.setenv("SDXL_STEPS", "3")
     assert bench_args(["--height", "64"]).config.steps == 3 and bench_args(["--height", "64"]).config.height == 64
@@ -162,8 +173,10 @@ def test_images_per_device_and_its_older_names(monkeypatch, capsys):
     assert parse_args(["--model", "tiny", "--images-per-device", "2"]).config.per_device_batch == 2
     assert parse_args(["--model", "tiny", "--per-device-batch", "3"]).config.per_device_batch == 3
     assert engine_config(_generate_parser().parse_args([*cli, "--images-per-device", "4"])).per_device_batch == 4
-    assert engine_config(_subparser("precompile").parse_args(["--out", "o", "--per-device-batch", "2"])
-                         ).per_device_batch == 2  # fmt: skip
+    assert (
+        engine_config(_subparser("precompile").parse_args(["--out", "o", "--per-device-batch", "2"])).per_device_batch
+        == 2
+    )
     monkeypatch.setenv("SDXL_PER_DEVICE_BATCH", "2")
     assert parse_args(["--model", "tiny"]).config.per_device_batch == 2
     assert engine_config(_generate_parser().parse_args(cli)).per_device_batch == 2
@@ -228,10 +241,14 @@ def test_xla_options_from_flags_and_environment(monkeypatch, capsys):
     cli = ["--prompt", "x", "--out", "o", *flags]
     assert engine_config(_generate_parser().parse_args(cli)).xla_options == expected
     assert engine_config(_subparser("precompile").parse_args(["--out", "o", *flags])).xla_options == expected
-    monkeypatch.setenv("SDXL_XLA_OPTIONS", " xla_gpu_enable_triton_gemm=false , xla_gpu_autotune_level=0,"
-                       "xla_gpu_enable_triton_gemm=true")  # fmt: skip
-    assert parse_args(["--model", "tiny"]).config.xla_options == (("xla_gpu_autotune_level", "0"),
-                                                                   ("xla_gpu_enable_triton_gemm", "true"))  # fmt: skip
+    monkeypatch.setenv(
+        "SDXL_XLA_OPTIONS",
+        " xla_gpu_enable_triton_gemm=false , xla_gpu_autotune_level=0,xla_gpu_enable_triton_gemm=true",
+    )
+    assert parse_args(["--model", "tiny"]).config.xla_options == (
+        ("xla_gpu_autotune_level", "0"),
+        ("xla_gpu_enable_triton_gemm", "true"),
+    )
     assert parse_args(["--model", "tiny", *flags[:2]]).config.xla_options == expected[:1]  # the flag wins
     for bad, says in (("xla_gpu_enable_triton_gemm", "takes NAME=VALUE"), ("gpu_thing=1", "looks like xla_")):
         with pytest.raises(SystemExit) as info:

@@ -33,9 +33,11 @@ def test_jaxs_probe_for_an_absent_tpu_is_one_calm_line():
 
     if not libtpu_available() or platform.tpu_device_present():
         pytest.skip("needs libtpu on a host without a TPU (the dev venv's jax[tpu])")
-    code = ("import logging; from pipeline.platform import calm_backend_probe; calm_backend_probe(); "
-            "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
-            "import jax; print(jax.default_backend())")  # fmt: skip
+    code = (
+        "import logging; from pipeline.platform import calm_backend_probe; calm_backend_probe(); "
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s'); "
+        "import jax; print(jax.default_backend())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip() == "cpu", done.stderr
@@ -47,11 +49,12 @@ def test_jaxs_probe_for_an_absent_tpu_is_one_calm_line():
 def test_importing_the_engine_changes_nothing_in_the_environment():
     """Issue 65: no side effects at import. `pipeline.Generator` imports JAX and leaves XLA_FLAGS and JAX_PLATFORMS as
     they were; the entry points (app.py, `python -m pipeline`) call `platform.use_cpu_cores()` themselves."""
-    code = ("import os, pipeline\n"
-            "pipeline.Generator\n"
-            "print(os.environ.get('XLA_FLAGS'), os.environ.get('JAX_PLATFORMS'))")  # fmt: skip
+    code = (
+        "import os, pipeline\npipeline.Generator\nprint(os.environ.get('XLA_FLAGS'), os.environ.get('JAX_PLATFORMS'))"
+    )
     environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environment, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["None", "None"]

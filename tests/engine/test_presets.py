@@ -19,13 +19,21 @@ def test_presets_file_holds_every_recipe_of_the_issue():
     assert tuple(presets) == PRESET_NAMES
     lightning = presets["lightning-4step"]
     assert (lightning.model, lightning.steps, lightning.sampler, lightning.timestep_spacing, lightning.cfg) == (
-        SDXL_BASE, 4, "euler", "trailing", False,
-    )  # fmt: skip
+        SDXL_BASE,
+        4,
+        "euler",
+        "trailing",
+        False,
+    )
     assert lightning.unet == "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
     turbo = presets["turbo"]
     assert (turbo.sampler, turbo.timestep_spacing, turbo.cfg, turbo.height, turbo.width) == (
-        "euler_ancestral", "trailing", False, 512, 512,
-    )  # fmt: skip
+        "euler_ancestral",
+        "trailing",
+        False,
+        512,
+        512,
+    )
     assert presets["sdxl-base"].cfg and presets["sdxl-base"].steps == 25 and presets["sdxl-base"].unet is None
 
 
@@ -36,9 +44,14 @@ def test_preset_resolution_tiny_gets_sampler_settings_only_and_flags_win():
     assert (own["height"], own["width"], own["variant"]) == (1024, 1024, None)
     tiny = preset_settings(lightning, model="tiny", steps=None)
     assert tiny == {
-        "model": "tiny", "steps": 8, "sampler": "euler", "timestep_spacing": "trailing", "cfg": False,
-        "guidance_scale": 0.0, "preset": "lightning-8step",
-    }  # fmt: skip
+        "model": "tiny",
+        "steps": 8,
+        "sampler": "euler",
+        "timestep_spacing": "trailing",
+        "cfg": False,
+        "guidance_scale": 0.0,
+        "preset": "lightning-8step",
+    }
     assert preset_settings(lightning, model="tiny", steps=3, sampler="euler_ancestral")["steps"] == 3
     with pytest.raises(InvalidInput, match="Unknown preset 'lightning-3step'; choose one of: sdxl-base"):
         get_preset("lightning-3step")
@@ -65,15 +78,25 @@ def test_cli_and_app_flags_apply_a_preset():
 
     two = cli("--preset", "lightning-2step")
     assert two == EngineConfig(
-        model=SDXL_BASE, unet="ByteDance/SDXL-Lightning:sdxl_lightning_2step_unet.safetensors", steps=2,
-        sampler=two.sampler, timestep_spacing="trailing", cfg=False, guidance_scale=0.0, preset="lightning-2step",
-        height=1024, width=1024,
-    )  # fmt: skip
+        model=SDXL_BASE,
+        unet="ByteDance/SDXL-Lightning:sdxl_lightning_2step_unet.safetensors",
+        steps=2,
+        sampler=two.sampler,
+        timestep_spacing="trailing",
+        cfg=False,
+        guidance_scale=0.0,
+        preset="lightning-2step",
+        height=1024,
+        width=1024,
+    )
     assert RequestRules.of(two).sampler == "Euler"  # what a request gets (the config keeps the preset's id)
     on_tiny = cli("--preset", "turbo", "--model", "tiny", "--guidance-scale", "2")
     assert (on_tiny.steps, on_tiny.height, RequestRules.of(on_tiny).sampler, on_tiny.guidance_scale) == (
-        1, 128, "Euler a", 2.0,
-    )  # fmt: skip
+        1,
+        128,
+        "Euler a",
+        2.0,
+    )
     assert on_tiny.unet is None and on_tiny.variant is None
     plain = cli("--model", "tiny", "--no-cfg", "--timestep-spacing", "linspace", "--steps-offset", "0")
     assert (plain.cfg, plain.timestep_spacing, plain.steps_offset, plain.steps) == (False, "linspace", 0, 4)
@@ -81,8 +104,13 @@ def test_cli_and_app_flags_apply_a_preset():
 
     config = parse_args(["--preset", "turbo"]).config
     assert (config.model, config.variant, config.sizes, config.height, config.steps, config.cfg) == (
-        "stabilityai/sdxl-turbo", "fp16", (), 512, 1, False,
-    )  # fmt: skip
+        "stabilityai/sdxl-turbo",
+        "fp16",
+        (),
+        512,
+        1,
+        False,
+    )
     config = parse_args(["--preset", "lightning-4step", "--model", "tiny", "--sampler", "euler_ancestral"]).config
     assert (config.unet, config.steps, config.sampler, config.cfg, config.height) == (None, 4, "Euler a", False, 128)
     assert len(config.sizes) == 3  # the tiny model's offered sizes, as without a preset

@@ -5,12 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.device.preview import (
-    SDXL_LATENT_RGB,
-    SDXL_LATENT_RGB_BIAS,
-    latents_to_rgb,
-    latents_to_rgb_numpy,
-)
+from pipeline.device.preview import SDXL_LATENT_RGB, SDXL_LATENT_RGB_BIAS, latents_to_rgb, latents_to_rgb_numpy
 
 
 def _latents(batch, height, width, seed=0):
@@ -81,4 +76,3 @@ def test_engine_reports_previews_every_two_steps_without_changing_the_images(eng
         assert pixels.dtype == np.uint8 and pixels.shape == (engine.num_images, height // 8, width // 8, 3)
     assert not np.array_equal(seen[0][2], seen[-1][2])  # the picture forms
     assert np.array_equal(shown.images, plain.images)
-

@@ -36,16 +36,27 @@ def as_pairs(prompt):
         ("(unbalanced", [("unbalanced", 1.1)]),
         ("\\(literal\\]", [("(literal]", 1.0)]),
         ("(unnecessary)(parens)", [("unnecessaryparens", 1.1)]),
-        ("a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).",
-         [("a ", 1.0), ("house", 1.573), (" ", 1.1), ("on", 1.0), (" a ", 1.1), ("hill", 0.55), (", sun, ", 1.1),
-          ("sky", 1.4641), (".", 1.1)]),
+        (
+            "a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).",
+            [
+                ("a ", 1.0),
+                ("house", 1.573),
+                (" ", 1.1),
+                ("on", 1.0),
+                (" a ", 1.1),
+                ("hill", 0.55),
+                (", sun, ", 1.1),
+                ("sky", 1.4641),
+                (".", 1.1),
+            ],
+        ),
         ("stray) and ]", [("stray) and ]", 1.0)]),
         ("[x:1.5)", [("x:1.5)", round(1 / 1.1, 6))]),
         ("a BREAK b", [("a", 1.0), ("BREAK", None), ("b", 1.0)]),
         ("a BREAKb", [("a BREAKb", 1.0)]),
         ("", [("", 1.0)]),
     ],
-)  # fmt: skip
+)
 def test_parse_is_a1111s(prompt, expected):
     """A1111's own doctests, unbalanced brackets and BREAK, read as A1111 reads them (no error)."""
     assert as_pairs(prompt) == expected
@@ -152,9 +163,16 @@ def test_a_prompt_without_brackets_encodes_exactly_as_before(tiny_pt, tokenizers
     ids, negative_ids = text.ids[None], negative.ids[None]  # [1, 2, 77]
     flags, windows = np.array([True]), np.ones((1, 2), np.int32)
     new = jax.jit(functools.partial(encode_local, modules, cfg=True, normalize=emphasis == "original"))(
-        tiny_pt.params, ids, negative_ids, flags, windows, text.weights[None], negative.weights[None],
-        *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)), np.int32(0),  # clip_skip 0, traced
-    )  # fmt: skip
+        tiny_pt.params,
+        ids,
+        negative_ids,
+        flags,
+        windows,
+        text.weights[None],
+        negative.weights[None],
+        *extra.tables(extra_capacity(1), text_widths(tiny_pt.params)),
+        np.int32(0),  # clip_skip 0, traced
+    )
     old = jax.jit(functools.partial(old_encode, modules))(tiny_pt.params, ids, negative_ids, flags, windows)
     for got, want in zip(new, old, strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want))
@@ -172,15 +190,25 @@ def run_reader(tiny_pt, reader, prompt, negative, windows):
     text, neg = reader.read(prompt, windows, extra), reader.read(negative, windows, extra)
     k = 1 if max(text.windows, neg.windows) == 1 else windows
     cut = slice(0, 77 * k)
-    args = (np.asarray([[neg.windows, text.windows]], np.int32), text.weights[None, :, cut],
-            neg.weights[None, :, cut], *extra.tables(extra_capacity(k), text_widths(tiny_pt.params)))  # fmt: skip
+    args = (
+        np.asarray([[neg.windows, text.windows]], np.int32),
+        text.weights[None, :, cut],
+        neg.weights[None, :, cut],
+        *extra.tables(extra_capacity(k), text_widths(tiny_pt.params)),
+    )
     scheduler = dict(tiny_pt.networks.scheduler_config)
     plan = SamplerConfig.from_scheduler_config(scheduler).plan(MANIFEST["steps"], "euler")
     return run_local(
-        Modules.of(tiny_pt.networks), tiny_pt.params, text.ids[None, :, cut], neg.ids[None, :, cut],
-        np.array([bool(negative)]), np.array([MANIFEST["guidance_scale"]], np.float32), ARRAYS["latents"], plan,
+        Modules.of(tiny_pt.networks),
+        tiny_pt.params,
+        text.ids[None, :, cut],
+        neg.ids[None, :, cut],
+        np.array([bool(negative)]),
+        np.array([MANIFEST["guidance_scale"]], np.float32),
+        ARRAYS["latents"],
+        plan,
         text=args,
-    )[0].astype(np.int16)  # fmt: skip
+    )[0].astype(np.int16)
 
 
 @pytest.mark.parametrize("name", ["weighted", "weighted_break", "embedding"])

@@ -65,18 +65,28 @@ def test_every_fixture_tensor_is_renamed_as_the_libraries_do(networks, component
 
 
 def test_the_rules_on_their_own():
-    lookup = {key: _Shape(shape) for key, shape in {
-        ("down_blocks_0", "attentions_0", "transformer_blocks_0", "attn1", "query", "kernel"): (8, 4),
-        ("down_blocks_0", "resnets_0", "norm1", "scale"): (4,), ("down_blocks_0", "resnets_0", "norm1", "bias"): (4,),
-        ("conv_in", "kernel"): (3, 3, 4, 8), ("time_embedding", "linear_1", "kernel"): (8, 16),
-        ("text_model", "embeddings", "token_embedding", "embedding"): (10, 8),
-    }.items()}  # fmt: skip
+    lookup = {
+        key: _Shape(shape)
+        for key, shape in {
+            ("down_blocks_0", "attentions_0", "transformer_blocks_0", "attn1", "query", "kernel"): (8, 4),
+            ("down_blocks_0", "resnets_0", "norm1", "scale"): (4,),
+            ("down_blocks_0", "resnets_0", "norm1", "bias"): (4,),
+            ("conv_in", "kernel"): (3, 3, 4, 8),
+            ("time_embedding", "linear_1", "kernel"): (8, 16),
+            ("text_model", "embeddings", "token_embedding", "embedding"): (10, 8),
+        }.items()
+    }
     rng = np.random.default_rng(0)
-    assert diffusers_key("down_blocks.0.attentions.1.proj_in.weight") == ("down_blocks_0", "attentions_1", "proj_in",
-                                                                          "weight")  # fmt: skip
+    assert diffusers_key("down_blocks.0.attentions.1.proj_in.weight") == (
+        "down_blocks_0",
+        "attentions_1",
+        "proj_in",
+        "weight",
+    )
     q = rng.standard_normal((4, 8))  # PyTorch Linear: [out, in]
-    key, value = rename_diffusers(diffusers_key("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight"),
-                                  q, lookup)  # fmt: skip
+    key, value = rename_diffusers(
+        diffusers_key("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight"), q, lookup
+    )
     assert key[-2:] == ("query", "kernel") and np.array_equal(value, q.T)
     key, _ = rename_diffusers(diffusers_key("down_blocks.0.resnets.0.norm1.weight"), np.ones(4), lookup)
     assert key[-1] == "scale"

@@ -27,8 +27,14 @@ def int8_engine(tiny_dir):
 
     # One text window and no previews: half the programs to compile (the levers' stay: their requests run below).
     generator = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", quantize="int8",
-        prompt_windows=1, previews=False,
+        str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="float32",
+        quantize="int8",
+        prompt_windows=1,
+        previews=False,
     )
     generator.warmup()
     return generator

@@ -26,10 +26,18 @@ CASES = {case["name"]: case for case in MANIFEST["cases"]}
 
 
 def _request(engine, case, **fields):
-    return engine.request(case["prompt"], negative_prompt=case["negative_prompt"] or "", seed=case["seed"],
-                          steps=case["steps"], guidance_scale=case["guidance_scale"], sampler="Euler",
-                          refiner_switch=case["refiner_switch"], aesthetic_score=case["aesthetic_score"],
-                          negative_aesthetic_score=case["negative_aesthetic_score"], **fields)  # fmt: skip
+    return engine.request(
+        case["prompt"],
+        negative_prompt=case["negative_prompt"] or "",
+        seed=case["seed"],
+        steps=case["steps"],
+        guidance_scale=case["guidance_scale"],
+        sampler="Euler",
+        refiner_switch=case["refiner_switch"],
+        aesthetic_score=case["aesthetic_score"],
+        negative_aesthetic_score=case["negative_aesthetic_score"],
+        **fields,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -78,8 +86,7 @@ def test_refusals_are_one_sentence(tmp_path):
     with pytest.raises(InvalidInput, match="refiner_switch must be"):
         parse_request("a fox", refiner_switch=0, rules=RequestRules(sizes=((64, 64),), refiner="r"))
     base = load_model(str(TINY_PT), dtype="float32")
-    for source, words in ((TINY_PT, "6 time ids"), (tmp_path, "model_index.json"),
-                          (tmp_path / "missing", "no folder")):  # fmt: skip
+    for source, words in ((TINY_PT, "6 time ids"), (tmp_path, "model_index.json"), (tmp_path / "missing", "no folder")):
         with pytest.raises(CheckpointError, match=words) as error:
             load_refiner(str(source), base, dtype="float32")
         assert "\n" not in str(error.value) and str(error.value).startswith("Refiner ")
@@ -90,19 +97,37 @@ def test_cli_flags_and_a1111_fields_follow_the_table(tmp_path):
     from pipeline.config import engine_config
     from web.apis.a1111_fields import a1111_request
 
-    argv = ["generate", "--model", "tiny", "--refiner", str(TINY_REFINER), "--refiner-switch", "0.8",
-            "--aesthetic-score", "7", "--prompt", "a fox", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        "tiny",
+        "--refiner",
+        str(TINY_REFINER),
+        "--refiner-switch",
+        "0.8",
+        "--aesthetic-score",
+        "7",
+        "--prompt",
+        "a fox",
+        "--out",
+        str(tmp_path),
+    ]
     args = build_parser().parse_args(argv)
     rules = RequestRules.of(engine_config(args))
     assert engine_config(args).refiner == str(TINY_REFINER) and rules.refiner == "tiny-refiner"
     request = parse_request(**request_arguments(args), rules=rules)
     assert (request.refiner_switch, request.aesthetic_score, request.negative_aesthetic_score) == (0.8, 7.0, 2.5)
     rules = RequestRules(sizes=((64, 64),), refiner="tiny-refiner")
-    given = a1111_request({"prompt": "x", "refiner_checkpoint": "tiny-refiner [0123abcd]", "refiner_switch_at": 0.6},
-                          rules, picture=False).given  # fmt: skip
+    given = a1111_request(
+        {"prompt": "x", "refiner_checkpoint": "tiny-refiner [0123abcd]", "refiner_switch_at": 0.6}, rules, picture=False
+    ).given
     assert given["refiner_switch"] == 0.6
-    assert a1111_request({"prompt": "x", "refiner_checkpoint": "tiny-refiner.safetensors"}, rules,
-                         picture=False).given["refiner_switch"] == 0.8  # A1111's default switch  # fmt: skip
+    assert (
+        a1111_request({"prompt": "x", "refiner_checkpoint": "tiny-refiner.safetensors"}, rules, picture=False).given[
+            "refiner_switch"
+        ]
+        == 0.8
+    )  # A1111's default switch
     for checkpoint in (None, "", "None"):  # no refiner named: none runs, whatever the switch says (as A1111)
         payload = {"prompt": "x", "refiner_checkpoint": checkpoint, "refiner_switch_at": 0.5}
         assert "refiner_switch" not in a1111_request(payload, rules, picture=False).given
@@ -150,8 +175,11 @@ def test_the_switch_is_diffusers_denoising_end_and_the_refiner_restarts_a_multis
     assert np.array_equal(stages.plan.coefficients[9], plan.coefficients[9])  # then the sampler's own rows
     assert refiner_plan(plan, 1.0, 1000, None).switch_row == plan.rows  # 1 = off
     keys = program_keys([(64, 64)], cfg=True, levers=True, refiner=True)
-    assert {ProgramKey("refiner_encode", cfg=True), ProgramKey("refiner_step", 64, 64, True),
-            ProgramKey("refiner_step", 64, 64, False)} <= set(keys)  # fmt: skip
+    assert {
+        ProgramKey("refiner_encode", cfg=True),
+        ProgramKey("refiner_step", 64, 64, True),
+        ProgramKey("refiner_step", 64, 64, False),
+    } <= set(keys)
 
 
 def test_png_info_fills_the_switch_only_where_there_is_a_refiner():

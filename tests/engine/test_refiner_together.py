@@ -55,7 +55,8 @@ def test_the_refiner_runs_in_the_hires_pass_only(refiner_hires_engine):
 
 
 def test_cfg_end_reaches_the_refiners_rows_and_its_guidance_free_step_is_its_cfg_step_at_scale_1(
-        refiner_hires_engine, refiner_engine):  # fmt: skip
+    refiner_hires_engine, refiner_engine
+):
     _, ran = run(refiner_hires_engine, refiner_switch=0.5, cfg_end=0.5, guidance_scale=5.0)
     steps = [label for label in ran if "step" in label.split()[0]]
     assert steps == [f"step_full {SMALL} cfg"] * 2 + [f"refiner_step {SMALL} no-cfg"] * 2, steps

@@ -77,11 +77,16 @@ def test_parse_request_uses_filter_on_prompt_only():
 
 def test_rules_give_the_defaults_and_the_compiled_sizes():
     """What a request leaves out comes from the server's rules; size, steps and sampler are checked against them."""
-    config = EngineConfig(model="tiny", height=64, width=64, sizes=((64, 64), (128, 224)), steps=7,
-                          sampler="dpmpp_2m", guidance_scale=3.5)  # fmt: skip
+    config = EngineConfig(
+        model="tiny", height=64, width=64, sizes=((64, 64), (128, 224)), steps=7, sampler="dpmpp_2m", guidance_scale=3.5
+    )
     rules = RequestRules.of(config)
-    assert (rules.sizes, rules.steps, rules.sampler, rules.guidance_scale) == (((64, 64), (128, 224)), 7,
-                                                                             "DPM++ 2M", 3.5)  # fmt: skip
+    assert (rules.sizes, rules.steps, rules.sampler, rules.guidance_scale) == (
+        ((64, 64), (128, 224)),
+        7,
+        "DPM++ 2M",
+        3.5,
+    )
     request = parse_request("a cat", rules=rules)
     assert (request.size, request.steps, request.sampler, request.guidance_scale) == ((64, 64), 7, "DPM++ 2M", 3.5)
     other = parse_request("a cat", size="224×128 (16:9)", steps=30.0, sampler="euler a", rules=rules)
@@ -104,8 +109,16 @@ def test_guidance_free_rules_drop_the_negative_prompt_and_guidance():
 
 def test_a_request_travels_as_json_data_and_comes_back_equal():
     """On several processes the leader publishes `to_dict()`; each follower rebuilds the same request."""
-    request = parse_request("a lighthouse", "fog", style="Anime", guidance_scale=6.5, seed=1234, steps=9,
-                            sampler="Euler a", size=(1024, 1024))  # fmt: skip
+    request = parse_request(
+        "a lighthouse",
+        "fog",
+        style="Anime",
+        guidance_scale=6.5,
+        seed=1234,
+        steps=9,
+        sampler="Euler a",
+        size=(1024, 1024),
+    )
     assert Request.from_dict(json.loads(json.dumps(request.to_dict()))) == request
 
 
@@ -115,18 +128,47 @@ def test_the_second_pass_travels_to_the_followers_whole():
     reader (`request_from_wire`) takes the same data back to an equal request."""
     from pipeline.service.wire import request_from_wire
 
-    rules = RequestRules(sizes=((64, 64),), refiner="tiny-refiner", hires_scales=(1.5, 2.0),
-                         hires_upscalers=(*UPSCALERS, "4x-Tiny"))  # fmt: skip
-    request = parse_request("a lighthouse", "fog", seed=7, steps=6, refiner_switch=0.7, aesthetic_score=7.0,
-                            negative_aesthetic_score=2.0, hires_scale=1.5, hires_steps=3, hires_denoise=0.4,
-                            hires_upscaler="4x-Tiny", rules=rules)  # fmt: skip
+    rules = RequestRules(
+        sizes=((64, 64),), refiner="tiny-refiner", hires_scales=(1.5, 2.0), hires_upscalers=(*UPSCALERS, "4x-Tiny")
+    )
+    request = parse_request(
+        "a lighthouse",
+        "fog",
+        seed=7,
+        steps=6,
+        refiner_switch=0.7,
+        aesthetic_score=7.0,
+        negative_aesthetic_score=2.0,
+        hires_scale=1.5,
+        hires_steps=3,
+        hires_denoise=0.4,
+        hires_upscaler="4x-Tiny",
+        rules=rules,
+    )
     sent = json.loads(json.dumps(request.to_dict()))
     assert Request.from_dict(sent) == request
     assert request_from_wire(sent, rules) == request
-    second = {name: sent[name] for name in ("refiner_switch", "aesthetic_score", "negative_aesthetic_score",
-                                            "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler")}
-    assert second == {"refiner_switch": 0.7, "aesthetic_score": 7.0, "negative_aesthetic_score": 2.0,
-                      "hires_scale": 1.5, "hires_steps": 3, "hires_denoise": 0.4, "hires_upscaler": "4x-Tiny"}
+    second = {
+        name: sent[name]
+        for name in (
+            "refiner_switch",
+            "aesthetic_score",
+            "negative_aesthetic_score",
+            "hires_scale",
+            "hires_steps",
+            "hires_denoise",
+            "hires_upscaler",
+        )
+    }
+    assert second == {
+        "refiner_switch": 0.7,
+        "aesthetic_score": 7.0,
+        "negative_aesthetic_score": 2.0,
+        "hires_scale": 1.5,
+        "hires_steps": 3,
+        "hires_denoise": 0.4,
+        "hires_upscaler": "4x-Tiny",
+    }
 
 
 def test_the_schema_describes_the_wire_format_with_the_tables_bounds():
@@ -162,8 +204,13 @@ def test_every_request_field_with_a_flag_is_a_flag_of_generate():
 def test_a_follower_decodes_the_picture_it_receives_to_the_leaders_arrays():
     """The leader keeps the arrays it fitted; a follower decodes the PNGs it receives, once, to the same arrays."""
     rules = RequestRules(sizes=((64, 64),), steps=8)
-    request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",
-                            strength=0.6, rules=rules)  # fmt: skip
+    request = parse_request(
+        "a cabin",
+        init_image=FIXTURES / "image-input.png",
+        mask_image=FIXTURES / "image-mask.png",
+        strength=0.6,
+        rules=rules,
+    )
     rebuilt = Request.from_dict(json.loads(json.dumps(request.to_dict())))
     assert rebuilt == request and rebuilt.decoded is None
     here, there = request.picture(), rebuilt.picture()

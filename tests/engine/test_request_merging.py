@@ -115,8 +115,11 @@ def test_a_failed_call_answers_its_requests_with_the_error_and_the_next_call_run
 def test_the_watchers_give_each_request_its_own_progress_previews_and_stop():
     seen: dict[str, list] = {"a": [], "b": []}
     stop_b = threading.Event()
-    a = _ticket("k", on_step=lambda done, total: seen["a"].append(done),
-                on_preview=lambda done, total, rows: seen["a"].append(rows[:, 0].tolist()))  # fmt: skip
+    a = _ticket(
+        "k",
+        on_step=lambda done, total: seen["a"].append(done),
+        on_preview=lambda done, total, rows: seen["a"].append(rows[:, 0].tolist()),
+    )
     b = _ticket("k", on_step=lambda done, total: seen["b"].append(done), should_stop=stop_b.is_set)
     watchers = GroupWatchers([a, b], block=2)
     assert watchers.previews
@@ -148,8 +151,13 @@ def merging_engine(tiny_dir):
     requests per call."""
     from pipeline.generator import Generator
 
-    generator = Generator.from_pretrained(str(tiny_dir), devices=jax.devices()[:BATCHED_DEVICES],
-                                          merge_requests=True, hires_scales=(1.5,), **BATCHED_SETTINGS)  # fmt: skip
+    generator = Generator.from_pretrained(
+        str(tiny_dir),
+        devices=jax.devices()[:BATCHED_DEVICES],
+        merge_requests=True,
+        hires_scales=(1.5,),
+        **BATCHED_SETTINGS,
+    )
     generator.warmup()
     return generator
 
@@ -159,8 +167,10 @@ CHECKS = Image.fromarray((np.indices((64, 64)).sum(0) // 8 % 2 * 200 + 30).astyp
 LEFT_HALF = Image.fromarray(np.where(np.arange(64)[None, :] < 32, 255, 0).astype(np.uint8).repeat(64, 0))
 PICTURES = [  # (prompt, fields): 4 steps at strengths that run 2 of them each; their own pictures, masks and samplers
     ("a watercolour of the same ramp", dict(seed=31, init_image=RAMP, strength=0.6)),
-    ("a chessboard in the rain", dict(seed=8, init_image=CHECKS, mask_image=LEFT_HALF, strength=0.5,
-                                      sampler="DPM++ 2M", guidance_scale=7.0)),
+    (
+        "a chessboard in the rain",
+        dict(seed=8, init_image=CHECKS, mask_image=LEFT_HALF, strength=0.5, sampler="DPM++ 2M", guidance_scale=7.0),
+    ),
 ]
 
 
@@ -187,8 +197,10 @@ def _while_busy(engine, started: threading.Event, queued: int):
 
 REQUESTS = [  # (prompt, fields): the same size and UNet calls, everything else their own (sampler and schedule too)
     ("a lighthouse at dusk", dict(seed=7, guidance_scale=5.0)),
-    ("a bowl of lemons", dict(seed=1234, guidance_scale=8.0, negative_prompt="blurry", sampler="DPM++ 2M",
-                              schedule_type="Karras")),
+    (
+        "a bowl of lemons",
+        dict(seed=1234, guidance_scale=8.0, negative_prompt="blurry", sampler="DPM++ 2M", schedule_type="Karras"),
+    ),
     ("a cabin in the snow, (warm light:1.3)", dict(seed=99, guidance_scale=1.0, sampler="Euler a")),
 ]
 
@@ -205,8 +217,11 @@ def test_queued_requests_share_a_call_and_get_the_pixels_they_get_alone(merging_
         _within_one_level(pixels, expected)
     calls, merged, compiles = engine.merger.calls, engine.merger.merged, engine.compile_count
     started = threading.Event()
-    first = _in_thread(lambda: engine.generate(engine.request(REQUESTS[0][0], **REQUESTS[0][1]),
-                                               on_step=_while_busy(engine, started, 2)))  # fmt: skip
+    first = _in_thread(
+        lambda: engine.generate(
+            engine.request(REQUESTS[0][0], **REQUESTS[0][1]), on_step=_while_busy(engine, started, 2)
+        )
+    )
     assert started.wait(PATIENCE_S)
     others = [_in_thread(lambda p=prompt, f=fields: generate(engine, p, **f)) for prompt, fields in REQUESTS[1:]]
     for thread, _ in (first, *others):
@@ -238,8 +253,9 @@ def test_a_lone_request_runs_a_one_image_call_and_a_kept_text_serves_each_call_s
     alone = {seed: _pixels(generate(engine, prompt, seed=seed)) for seed in (3, 4)}  # the second reads the kept text
     assert engine.merger.calls_by_size[1] == ones + 2 and engine.recent_runs[-1]["images_per_device"] == 1
     started = threading.Event()
-    first = _in_thread(lambda: engine.generate(engine.request("a lighthouse at dusk", seed=1),
-                                               on_step=_while_busy(engine, started, 2)))  # fmt: skip
+    first = _in_thread(
+        lambda: engine.generate(engine.request("a lighthouse at dusk", seed=1), on_step=_while_busy(engine, started, 2))
+    )
     assert started.wait(PATIENCE_S)
     pair = [_in_thread(lambda seed=seed: generate(engine, prompt, seed=seed)) for seed in (3, 4)]
     for thread, _ in (first, *pair):
@@ -277,11 +293,13 @@ def test_stop_ends_one_request_of_a_merged_call_and_the_other_finishes(merging_e
         steps_seen.append(done)
         stop.set()
 
-    first = _in_thread(lambda: engine.generate(engine.request(prompt, **fields),
-                                               on_step=_while_busy(engine, started, 2)))  # fmt: skip
+    first = _in_thread(
+        lambda: engine.generate(engine.request(prompt, **fields), on_step=_while_busy(engine, started, 2))
+    )
     assert started.wait(PATIENCE_S)
-    stopped = _in_thread(lambda: engine.generate(engine.request(prompt, seed=5, steps=4), on_step=stopping_at_1,
-                                                 should_stop=stop.is_set))  # fmt: skip
+    stopped = _in_thread(
+        lambda: engine.generate(engine.request(prompt, seed=5, steps=4), on_step=stopping_at_1, should_stop=stop.is_set)
+    )
     finished = _in_thread(lambda: generate(engine, other_prompt, **other_fields))
     for thread, _ in (first, stopped, finished):
         thread.join(PATIENCE_S)
@@ -301,8 +319,11 @@ def test_pictures_share_a_call_each_with_its_own_picture_mask_and_strength(mergi
         _within_one_level(_pixels(generate(engine, prompt, **f)), expected)
         assert engine.recent_runs[-1]["images_per_device"] == 1
     compiles, started = engine.compile_count, threading.Event()
-    first = _in_thread(lambda: engine.generate(engine.request("a lighthouse at dusk", seed=1, steps=4),
-                                               on_step=_while_busy(engine, started, 3)))  # fmt: skip
+    first = _in_thread(
+        lambda: engine.generate(
+            engine.request("a lighthouse at dusk", seed=1, steps=4), on_step=_while_busy(engine, started, 3)
+        )
+    )
     assert started.wait(PATIENCE_S)
     text = _in_thread(lambda: generate(engine, "a bowl of lemons", seed=5, steps=2))  # their 2 rows, no picture
     assert engine.merger.wait_for_waiting(1, PATIENCE_S)
@@ -350,8 +371,13 @@ def test_with_full_calls_a_lone_request_fills_a_call_of_n_and_gets_its_pixels_bi
     padded), so its pixels are those of the call without merging, bit for bit, however many share its call."""
     from pipeline.generator import Generator
 
-    engine = Generator.from_pretrained(str(tiny_dir), devices=jax.devices()[:BATCHED_DEVICES], merge_requests=True,
-                                       merge_full_calls=True, **BATCHED_SETTINGS)  # fmt: skip
+    engine = Generator.from_pretrained(
+        str(tiny_dir),
+        devices=jax.devices()[:BATCHED_DEVICES],
+        merge_requests=True,
+        merge_full_calls=True,
+        **BATCHED_SETTINGS,
+    )
     engine.warmup()
     assert list(engine.call_programs) == [2]
     prompt, fields = REQUESTS[1]
@@ -384,5 +410,6 @@ def test_an_engine_service_takes_the_requests_its_merged_calls_share(merging_eng
         for (_, outcome), (_, fields), pixels in zip(sent, REQUESTS, expected, strict=True):
             result = outcome["value"]
             assert result.seeds == [fields["seed"], fields["seed"] + 1]
-            np.testing.assert_array_equal(np.stack([np.asarray(image.convert("RGB")) for image in result.images]),
-                                          pixels)  # fmt: skip
+            np.testing.assert_array_equal(
+                np.stack([np.asarray(image.convert("RGB")) for image in result.images]), pixels
+            )

@@ -28,13 +28,17 @@ def test_plain_request_runs_the_plain_txt2img_programs(engine, monkeypatch):
     again = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=3))
     assert again == ran[1:]  # the same texts: their encoded outputs were kept
     long = programs_run(engine, lambda: generate(engine, LONG_PROMPT, seed=2))
-    assert long == ["encode cfg 3 windows", f"start {size}", *[f"step_full {size} cfg 3 windows"] * TEST_STEPS,
-                    f"decode {size}"]  # fmt: skip
+    assert long == [
+        "encode cfg 3 windows",
+        f"start {size}",
+        *[f"step_full {size} cfg 3 windows"] * TEST_STEPS,
+        f"decode {size}",
+    ]
     # a long negative prompt needs the N-window programs as much as a long prompt
     assert programs_run(engine, lambda: generate(engine, "a cat", negative_prompt=LONG_PROMPT))[0].endswith("windows")
     watched = programs_run(
         engine, lambda: engine.generate(engine.request("a cat", steps=4), on_preview=lambda *_: None)
-    )  # fmt: skip
+    )
     assert watched.count(f"preview {size}") == 1  # after step 2 of 4 (the last step's picture is the answer)
     assert engine.compile_count == before
 
@@ -47,8 +51,13 @@ def test_unguided_request_runs_the_guidance_free_steps(engine, monkeypatch):
     before = engine.compile_count
     images = []
     ran = programs_run(engine, lambda: images.extend(generate(engine, "a red fox", seed=3, guidance_scale=1.0).images))
-    assert ran == ["encode cfg", f"start {size}", "halve_text", *[f"step_full {size} no-cfg"] * TEST_STEPS,
-                   f"decode {size}"]  # fmt: skip
+    assert ran == [
+        "encode cfg",
+        f"start {size}",
+        "halve_text",
+        *[f"step_full {size} no-cfg"] * TEST_STEPS,
+        f"decode {size}",
+    ]
     assert engine.compile_count == before
 
 

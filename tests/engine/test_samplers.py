@@ -138,7 +138,7 @@ def test_plans_for_every_sampler_and_step_count():
 
 
 def test_trailing_spacing_runs_the_steps_asked_for_every_count():
-    """"trailing" timesteps are diffusers' np.arange ones, rounding included; where that arange lets in one more
+    """ "trailing" timesteps are diffusers' np.arange ones, rounding included; where that arange lets in one more
     timestep (-1: 61, 103, 121, 122 of 1000), the plan still has the steps asked, never a step outside training."""
     config = SamplerConfig(timestep_spacing="trailing")
     longer = []
@@ -228,9 +228,14 @@ def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     tokenizers = (tiny_pt.networks.tokenizer, tiny_pt.networks.tokenizer_2)
     negative = case["negative_prompt"]
     image = run_local(
-        Modules.of(tiny_pt.networks), tiny_pt.params, tokenize(tokenizers, case["prompt"])[0][None],
-        tokenize(tokenizers, negative or "")[0][None], np.array([negative is not None]),
-        np.array([case["guidance_scale"]], np.float32), latents, plan,
-    )[0].astype(np.int16)  # fmt: skip
+        Modules.of(tiny_pt.networks),
+        tiny_pt.params,
+        tokenize(tokenizers, case["prompt"])[0][None],
+        tokenize(tokenizers, negative or "")[0][None],
+        np.array([negative is not None]),
+        np.array([case["guidance_scale"]], np.float32),
+        latents,
+        plan,
+    )[0].astype(np.int16)
     assert np.abs(image - expected).max() <= 1, name
     assert np.mean(image != expected) < 0.02, name

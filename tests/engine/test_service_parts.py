@@ -24,9 +24,18 @@ RULES = RequestRules(sizes=((64, 64), (64, 128)), loras=("my-style", "other"))
 
 def test_a_page_request_comes_back_equal_at_the_engine_and_a_bare_one_gets_the_engines_defaults():
     picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 128, 3), dtype=np.uint8))
-    sent = parse_request("a cat <lora:my-style:0.5>", "blurry", "Cinematic", seed=7, size=(64, 128),
-                         loras=[["other", 0.7]], init_image=picture, rules=RULES,
-                         steps=9, strength=0.6)  # fmt: skip
+    sent = parse_request(
+        "a cat <lora:my-style:0.5>",
+        "blurry",
+        "Cinematic",
+        seed=7,
+        size=(64, 128),
+        loras=[["other", 0.7]],
+        init_image=picture,
+        rules=RULES,
+        steps=9,
+        strength=0.6,
+    )
     received = wire.request_from_wire(json.loads(json.dumps(sent.to_dict())), RULES)
     assert received == sent and received.picture().pixels.shape == (64, 128, 3)
     assert [name for name, *_ in received.loras] == ["my-style", "other"]  # the tag's and the list's, once each
@@ -34,14 +43,17 @@ def test_a_page_request_comes_back_equal_at_the_engine_and_a_bare_one_gets_the_e
     assert bare == parse_request("a cat", rules=RULES)
 
 
-@pytest.mark.parametrize(("body", "sentence"), [
-    ([], "The body must be a JSON object"),
-    ({"prompt": "a cat", "bogus": 1}, "Unknown request field 'bogus'"),
-    ({"prompt": ""}, "Please enter a prompt."),
-    ({"prompt": "a cat", "size": [32, 32]}, "64"),
-    ({"prompt": "a cat", "init_image": "not base64!"}, "init_image must be a base64-encoded PNG."),
-    ({"prompt": "a cat", "loras": [["third", 1.0]]}, "Unknown LoRA"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "sentence"),
+    [
+        ([], "The body must be a JSON object"),
+        ({"prompt": "a cat", "bogus": 1}, "Unknown request field 'bogus'"),
+        ({"prompt": ""}, "Please enter a prompt."),
+        ({"prompt": "a cat", "size": [32, 32]}, "64"),
+        ({"prompt": "a cat", "init_image": "not base64!"}, "init_image must be a base64-encoded PNG."),
+        ({"prompt": "a cat", "loras": [["third", 1.0]]}, "Unknown LoRA"),
+    ],
+)
 def test_bad_input_at_the_engines_edge_is_one_sentence(body, sentence):
     with pytest.raises(InvalidInput, match=re.escape(sentence)):
         wire.request_from_wire(body, RULES)
@@ -51,8 +63,15 @@ def test_results_and_previews_travel_with_their_pixels_and_parameters():
     class Result:
         images = [Image.fromarray(np.full((8, 8, 3), i * 40, np.uint8)) for i in range(2)]
         parameters = ["a cat\nSteps: 2, Seed: 1", "a cat\nSteps: 2, Seed: 2"]
-        seeds, prompt, negative_prompt, truncated, timings, steps, sampler = [1, 2], "a cat", "", "", {"total_s": .1}, \
-            2, "Euler"  # fmt: skip
+        seeds, prompt, negative_prompt, truncated, timings, steps, sampler = (
+            [1, 2],
+            "a cat",
+            "",
+            "",
+            {"total_s": 0.1},
+            2,
+            "Euler",
+        )
 
     event = json.loads(wire.result_line(Result()))
     back = wire.RemoteResult.of(event)
@@ -131,8 +150,9 @@ def test_a_request_with_no_engine_ready_is_told_what_it_waits_for_then_gets_one_
 
 
 def test_an_engine_lost_mid_request_is_said_without_its_address():
-    lost = EngineFailed("connection lost", "RemoteDisconnected('Remote end closed connection without response')",
-                        [88, 100])  # fmt: skip
+    lost = EngineFailed(
+        "connection lost", "RemoteDisconnected('Remote end closed connection without response')", [88, 100]
+    )
     assert "RemoteDisconnected" in str(lost)  # the log's detail
     assert ENGINE_LOST.format(why=lost.why, then=ONLY_ENGINE) == (
         "The engine stopped mid-request (connection lost at step 88 / 100) and no other engine is ready to run it "

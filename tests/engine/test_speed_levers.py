@@ -250,10 +250,15 @@ def test_a_server_without_levers_refuses_them_in_one_sentence():
 
 def _request(engine, case, **changes):
     fields = {
-        "negative_prompt": case["negative_prompt"] or "", "guidance_scale": case["guidance_scale"],
-        "seed": case["seed"], "steps": case["steps"], "sampler": SAMPLERS[case["sampler"]],
-        "cfg_end": case["cfg_end"], "deepcache": case["deepcache"], **changes,
-    }  # fmt: skip
+        "negative_prompt": case["negative_prompt"] or "",
+        "guidance_scale": case["guidance_scale"],
+        "seed": case["seed"],
+        "steps": case["steps"],
+        "sampler": SAMPLERS[case["sampler"]],
+        "cfg_end": case["cfg_end"],
+        "deepcache": case["deepcache"],
+        **changes,
+    }
     return engine.request(case["prompt"], **fields)
 
 
@@ -296,10 +301,17 @@ def test_zero_compiles_over_every_combination(feature_engine):
     before = feature_engine.compile_count
     seen = set()
     four = list(SAMPLER_NAMES)[:4]  # Euler, Euler a, DPM++ 2M (Karras): the others in test_a1111_samplers.py
-    for cfg_end, interval, sampler, lora, inputs in itertools.product((1.0, 0.5), (1, 2), four, loras,
-                                                                      pictures):  # fmt: skip
-        request = feature_engine.request("a red fox in fresh snow", seed=5, steps=4, sampler=sampler, cfg_end=cfg_end,
-                                         deepcache=interval, loras=lora, **inputs)  # fmt: skip
+    for cfg_end, interval, sampler, lora, inputs in itertools.product((1.0, 0.5), (1, 2), four, loras, pictures):
+        request = feature_engine.request(
+            "a red fox in fresh snow",
+            seed=5,
+            steps=4,
+            sampler=sampler,
+            cfg_end=cfg_end,
+            deepcache=interval,
+            loras=lora,
+            **inputs,
+        )
         result = feature_engine.generate(request)
         assert result.steps == (3 if inputs.get("strength") == 0.75 else 4)  # int(4 × 0.75) rows run
         seen.add(np.asarray(result.images[0]).tobytes())

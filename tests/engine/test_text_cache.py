@@ -40,22 +40,39 @@ def test_a_repeated_text_runs_no_text_program_and_gives_the_same_pixels(fresh, m
     again, ran = _run(fresh, "a stone bridge over a stream", **fields)
     assert ran == [] and np.array_equal(first, again)
     # What the text does not decide keeps the kept text: another seed, sampler, guidance and step count.
-    other, ran = _run(fresh, "a stone bridge over a stream", negative_prompt="blurry, low contrast", seed=5,
-                      sampler="Euler a", guidance_scale=9.0, steps=3)  # fmt: skip
+    other, ran = _run(
+        fresh,
+        "a stone bridge over a stream",
+        negative_prompt="blurry, low contrast",
+        seed=5,
+        sampler="Euler a",
+        guidance_scale=9.0,
+        steps=3,
+    )
     assert ran == [] and (fresh.text_cache.hits, fresh.text_cache.misses) == (2, 1)
     monkeypatch.setattr(fresh, "text_cache", TextCache(0))  # nothing kept: the same request encodes its text
-    uncached, ran = _run(fresh, "a stone bridge over a stream", negative_prompt="blurry, low contrast", seed=5,
-                         sampler="Euler a", guidance_scale=9.0, steps=3)  # fmt: skip
+    uncached, ran = _run(
+        fresh,
+        "a stone bridge over a stream",
+        negative_prompt="blurry, low contrast",
+        seed=5,
+        sampler="Euler a",
+        guidance_scale=9.0,
+        steps=3,
+    )
     assert ran == ["encode cfg"] and np.array_equal(other, uncached)
 
 
-@pytest.mark.parametrize("change", [
-    {"prompt": "a stone bridge over a river"},
-    {"negative_prompt": "blurry"},
-    {"negative_prompt": ""},  # no negative prompt: zero embeddings, not the empty text's
-    {"prompt": "a (stone:1.3) bridge over a stream"},  # emphasis: the same ids, other weights
-    {"clip_skip": 1},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"prompt": "a stone bridge over a river"},
+        {"negative_prompt": "blurry"},
+        {"negative_prompt": ""},  # no negative prompt: zero embeddings, not the empty text's
+        {"prompt": "a (stone:1.3) bridge over a stream"},  # emphasis: the same ids, other weights
+        {"clip_skip": 1},
+    ],
+)
 def test_what_the_text_programs_read_makes_another_entry(fresh, change):
     base = {"prompt": "a stone bridge over a stream", "negative_prompt": "blurry, low contrast", "seed": 8}
     _run(fresh, **base)
@@ -67,8 +84,13 @@ def test_what_the_text_programs_read_makes_another_entry(fresh, change):
 
 
 #: One prompt as is, with an embedding of tests/fixtures/embeddings, and with a LoRA at three weight pairs.
-PROMPTS = ["a lantern", "a lantern, zqxtoken", "a lantern <lora:kohya_sgm:0.8>", "a lantern <lora:kohya_sgm:0.8:0.5>",
-           "a lantern <lora:kohya_sgm:0.5:0.8>"]  # fmt: skip
+PROMPTS = [
+    "a lantern",
+    "a lantern, zqxtoken",
+    "a lantern <lora:kohya_sgm:0.8>",
+    "a lantern <lora:kohya_sgm:0.8:0.5>",
+    "a lantern <lora:kohya_sgm:0.5:0.8>",
+]
 
 
 def test_embeddings_and_lora_weights_are_part_of_the_text(feature_engine, monkeypatch):

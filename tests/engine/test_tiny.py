@@ -240,8 +240,16 @@ def test_reference_pipeline_runs_on_all_devices(fresh_tiny_dir, tmp_path):
     spec = {"mode": "checkpoint", "path": str(fresh_tiny_dir), "dtype": "float32"}
     with ReferenceWorker(spec) as worker:
         assert worker.devices == devices
-        answer = worker.call(prompt=FIFTEEN_WORD_PROMPT, negative_prompt="", seed=0, guidance_scale=7.5, steps=2,
-                             height=64, width=64, save=str(tmp_path / "images.npy"))  # fmt: skip
+        answer = worker.call(
+            prompt=FIFTEEN_WORD_PROMPT,
+            negative_prompt="",
+            seed=0,
+            guidance_scale=7.5,
+            steps=2,
+            height=64,
+            width=64,
+            save=str(tmp_path / "images.npy"),
+        )
     assert answer["images"] == devices and answer["wall_s"] > 0 and answer["cpu_s"] > 0
     images = np.load(tmp_path / "images.npy")  # the pipeline's float output, before PIL
     assert images.shape == (devices, 64, 64, 3)

@@ -151,14 +151,44 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     from pipeline.startup import start
 
     out = tmp_path / "precompiled"
-    command = [sys.executable, "-m", "pipeline", "precompile", "--topology", "cpu", "--model", str(tiny_dir),
-               "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--prompt-windows", "1",
-               "--no-previews", "--images-per-device", "2", "--merge-requests", "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "precompile",
+        "--topology",
+        "cpu",
+        "--model",
+        str(tiny_dir),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--dtype",
+        "float32",
+        "--prompt-windows",
+        "1",
+        "--no-previews",
+        "--images-per-device",
+        "2",
+        "--merge-requests",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    config = EngineConfig(model=str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
-                          compilation_cache=False, prompt_windows=1, previews=False, per_device_batch=2,
-                          merge_requests=True)  # fmt: skip
+    config = EngineConfig(
+        model=str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="float32",
+        compilation_cache=False,
+        prompt_windows=1,
+        previews=False,
+        per_device_batch=2,
+        merge_requests=True,
+    )
     started = start(config, ClusterOptions(), precompiled=str(out))
     generator = started.engine
     small = json.loads((call_size_directory(out, 1) / MANIFEST).read_text())
@@ -177,9 +207,17 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
     manifest["versions"]["jaxlib"] = "0.0.1"
     (out / MANIFEST).write_text(json.dumps(manifest))
-    other = Generator.from_pretrained(str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
-                                      dtype="float32", compilation_cache=False, prompt_windows=1, previews=False,
-                                      per_device_batch=2)  # fmt: skip
+    other = Generator.from_pretrained(
+        str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="float32",
+        compilation_cache=False,
+        prompt_windows=1,
+        previews=False,
+        per_device_batch=2,
+    )
     report = load_precompiled(other.programs, other.program_keys(), out)
     assert not report.loaded and all("jaxlib" in why for why in report.compile.values())
     keys = other.program_keys()
@@ -238,8 +276,10 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     try:
         plain = served_programs("tiny", "bfloat16", mesh, "splash", prompt_windows=1)
         table = served_programs("tiny", "bfloat16", mesh, "splash", prompt_windows=1, cross_attention_cache=True)
-        costs = {name: compiled_cost(programs.lower(step).compile()) for name, programs in
-                 (("plain", plain), ("table", table))}  # fmt: skip
+        costs = {
+            name: compiled_cost(programs.lower(step).compile())
+            for name, programs in (("plain", plain), ("table", table))
+        }
         made = compiled_cost(table.lower(ProgramKey("cross_kv", cfg=True)).compile())
     finally:
         configure_compilation_cache(cached)

@@ -109,8 +109,9 @@ def test_encode_in_tiles_shows_no_seam(tiny_vae, whole):
     pixels = np.round(whole).astype(np.uint8)[None]  # a picture: the whole decode
     keep = np.ones(pixels.shape[:3], bool)
     encoded = np.asarray(jax.jit(lambda p, x, k: vae.encode_local(modules, p, x, k))(params, pixels, keep))
-    tiled = np.asarray(jax.jit(lambda p, x, k: vae_tiles.encode_tiled_local(modules, p, x, k, TILE, OVERLAP))(
-        params, pixels, keep))  # fmt: skip
+    tiled = np.asarray(
+        jax.jit(lambda p, x, k: vae_tiles.encode_tiled_local(modules, p, x, k, TILE, OVERLAP))(params, pixels, keep)
+    )
     assert tiled.shape == encoded.shape == (1, 4, LATENT, LATENT)
     level = float(np.abs(encoded).max()) / 255  # a latent's "one level": its range over 255 steps
     assert_no_seam(tiled[0].transpose(1, 2, 0), encoded[0].transpose(1, 2, 0), 1, level)
@@ -134,10 +135,18 @@ def test_a_tiling_server_compiles_nothing_per_request(monkeypatch):
     monkeypatch.setattr(vae_tiles, "TILE", 8)
     monkeypatch.setattr(vae_tiles, "OVERLAP", 2)
     generator = Generator.from_pretrained(
-        str(TINY_PT), height=128, width=128, steps=2, dtype="float32", speed_levers=False, prompt_windows=1,
-        devices=jax.devices()[:FEATURE_DEVICES], vae_tile_above=64 * 64, previews=False,
+        str(TINY_PT),
+        height=128,
+        width=128,
+        steps=2,
+        dtype="float32",
+        speed_levers=False,
+        prompt_windows=1,
+        devices=jax.devices()[:FEATURE_DEVICES],
+        vae_tile_above=64 * 64,
+        previews=False,
         executable_cache=False,  # the patched tile is not in a stored executable's fingerprint: none is stored
-    )  # fmt: skip
+    )
     generator.warmup()
     assert generator.programs.tiled(ProgramKey("decode", 128, 128))
     assert generator.programs.tiled(ProgramKey("encode_image", 128, 128))

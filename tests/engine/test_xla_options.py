@@ -16,7 +16,9 @@ from pipeline.host.compiler_options import compiler_options, typed
 def test_values_are_typed_as_xla_takes_them():
     assert [typed(v) for v in ("true", "False", "0", "-3", "0.5", "fast")] == [True, False, 0, -3, 0.5, "fast"]
     assert compiler_options((("xla_gpu_enable_triton_gemm", "false"), ("xla_gpu_dot_merger_threshold_mb", "0"))) == {
-        "xla_gpu_enable_triton_gemm": False, "xla_gpu_dot_merger_threshold_mb": 0}  # fmt: skip
+        "xla_gpu_enable_triton_gemm": False,
+        "xla_gpu_dot_merger_threshold_mb": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -40,10 +42,20 @@ def test_every_served_program_is_compiled_with_the_options(tiny_dir, tmp_path):
     from pipeline.generator import Generator
 
     dump = tmp_path / "dump"
-    generator = Generator.load(EngineConfig(model=str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS,
-                                            dtype="float32", speed_levers=False, previews=False,
-                                            compilation_cache=False, executable_cache=False,
-                                            xla_options=(("xla_dump_to", str(dump)),)))  # fmt: skip
+    generator = Generator.load(
+        EngineConfig(
+            model=str(tiny_dir),
+            height=TEST_SIZE,
+            width=TEST_SIZE,
+            steps=TEST_STEPS,
+            dtype="float32",
+            speed_levers=False,
+            previews=False,
+            compilation_cache=False,
+            executable_cache=False,
+            xla_options=(("xla_dump_to", str(dump)),),
+        )
+    )
     generator.generate(generator.request("a lighthouse", seed=3))
     compiled = {key.label for key in generator.program_keys() if generator.programs.is_compiled(key)}
     assert {"encode cfg", f"step {TEST_SIZE}x{TEST_SIZE} cfg", f"decode {TEST_SIZE}x{TEST_SIZE}"} <= compiled

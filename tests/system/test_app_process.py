@@ -41,9 +41,21 @@ def _read_until(process: subprocess.Popen, marker: str, timeout: float) -> list[
 def app_command(tiny_dir, port: int) -> list[str]:
     """`engine`'s settings (8 devices, 64x64, 2 steps, float32, the app's defaults): see `cached_programs`."""
     return [
-        sys.executable, "app.py", "--model", str(tiny_dir), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
-        "--steps", str(TEST_STEPS), "--dtype", "float32", "--port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "app.py",
+        "--model",
+        str(tiny_dir),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        str(TEST_STEPS),
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+    ]
 
 
 @pytest.fixture
@@ -71,8 +83,15 @@ def test_app_process_starts_warm_and_stops_cleanly_on_signal_mid_request(tiny_di
     port = free_port()
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {**os.environ, "HF_TOKEN": SECRET, "HUGGING_FACE_HUB_TOKEN": SECRET, "PYTHONUNBUFFERED": "1",
-           "SDXL_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": "", "TMPDIR": str(temp)}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_TOKEN": SECRET,
+        "HUGGING_FACE_HUB_TOKEN": SECRET,
+        "PYTHONUNBUFFERED": "1",
+        "SDXL_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": "",
+        "TMPDIR": str(temp),
+    }
     env.pop("GRADIO_TEMP_DIR", None)
     command = app_command(tiny_dir, port)
     process = subprocess.Popen(command, cwd=image, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -177,8 +196,19 @@ def test_ctrl_c_during_start_up_is_one_line_at_once(tmp_path, moment):
     temp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # use_cpu_cores says its line
     env.update(TMPDIR=str(temp), PYTHONUNBUFFERED="1")
-    command = [sys.executable, "app.py", "--model", "tiny", "--sizes", "224x128", "--cpu-devices", "2",
-               "--no-compilation-cache", "--port", str(free_port())]  # fmt: skip
+    command = [
+        sys.executable,
+        "app.py",
+        "--model",
+        "tiny",
+        "--sizes",
+        "224x128",
+        "--cpu-devices",
+        "2",
+        "--no-compilation-cache",
+        "--port",
+        str(free_port()),
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -232,9 +262,7 @@ def test_no_network_fails_fast_with_the_download_command(tmp_path):
     output = (done.stdout + done.stderr).splitlines()
     errors = [line for line in output if line.startswith("app.py: error:")]
     assert len(errors) == 1
-    assert (
-        "hf download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 --include" in errors[0]
-    )
+    assert "hf download stabilityai/stable-diffusion-xl-base-1.0 --revision refs/pr/95 --include" in errors[0]
     assert not [line for line in output if "Retrying" in line or "Traceback" in line]
     messages = [line.split(": ", 1)[-1] for line in output]  # without the timestamp
     assert len(messages) == len(set(messages)), output  # every line once
@@ -264,8 +292,18 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
     from bench.cpu.startup import app_ready, programs_line
     from pipeline.host.programs import program_keys
 
-    args = ["--model", "tiny", "--sizes", ",".join(f"{w}x{h}" for h, w in UI_SIZES), "--steps", "2",
-            "--dtype", "float32", "--cpu-devices", "2"]  # fmt: skip
+    args = [
+        "--model",
+        "tiny",
+        "--sizes",
+        ",".join(f"{w}x{h}" for h, w in UI_SIZES),
+        "--steps",
+        "2",
+        "--dtype",
+        "float32",
+        "--cpu-devices",
+        "2",
+    ]
     cold = app_start(args, tmp_path / "cache", "cold", timeout_s=900)
     warm = app_start([*args, "--no-executable-cache"], tmp_path / "cache", "warm", timeout_s=900)
     ready, lines = app_ready(args, tmp_path / "cache", timeout_s=900)

@@ -23,12 +23,34 @@ def positive(value) -> bool:
 def bench_out(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
     command = [
-        sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
-        "--steps", str(TEST_STEPS), "--runs", "1", "--clients", "1,2", "--requests-per-client", "1",
-        "--recompile-requests", "5", "--startup-runs", "1", "--out", str(out),
-        "--only", "reference,startup,app,recompiles,flops,fewstep",
-        "--check", "1000",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench",
+        "--model",
+        "tiny",
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        str(TEST_STEPS),
+        "--runs",
+        "1",
+        "--clients",
+        "1,2",
+        "--requests-per-client",
+        "1",
+        "--recompile-requests",
+        "5",
+        "--startup-runs",
+        "1",
+        "--out",
+        str(out),
+        "--only",
+        "reference,startup,app,recompiles,flops,fewstep",
+        "--check",
+        "1000",
+    ]
     # The start-up part compiles every served program cold, in an app (3 sizes), in a process and from executables:
     # with the 1- and 3-window text programs that took 10 minutes and more on 2 cores at load 8-15 (600 s ran out).
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, check=False)
@@ -144,8 +166,24 @@ def test_bench_unet_smoke_on_cpu(tmp_path):
 def test_bench_accelerator_smoke_on_cpu(tmp_path):
     """The accelerator part's command at the tiny checkpoint's size: engine vs diffusers on the same weights, and the
     request kinds, each running its own programs (a request without guidance: the guidance-free step)."""
-    command = [sys.executable, "-m", "bench", "accelerator", "--model", "tiny", "--size", "64", "--steps", "2",
-               "--runs", "1", "--parts", "engine,requests", "--out", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "accelerator",
+        "--model",
+        "tiny",
+        "--size",
+        "64",
+        "--steps",
+        "2",
+        "--runs",
+        "1",
+        "--parts",
+        "engine,requests",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "accelerator.json").read_text())
@@ -171,9 +209,28 @@ def torch_python() -> str | None:
 def test_bench_accelerator_peer_torch_smoke_on_cpu(tmp_path):
     """`--peer torch`: diffusers' PyTorch pipeline on the tiny checkpoint's architectures, eager and compiled, each
     warmed up and timed beside the engine's same request, with the ratios and the worker's versions recorded."""
-    command = [sys.executable, "-m", "bench", "accelerator", "--model", "tiny", "--size", "64", "--steps", "2",
-               "--runs", "1", "--parts", "engine", "--peer", "torch", "--torch-python", torch_python(),
-               "--out", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "accelerator",
+        "--model",
+        "tiny",
+        "--size",
+        "64",
+        "--steps",
+        "2",
+        "--runs",
+        "1",
+        "--parts",
+        "engine",
+        "--peer",
+        "torch",
+        "--torch-python",
+        torch_python(),
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     peer = json.loads((tmp_path / "accelerator.json").read_text())["peer_torch"]
@@ -207,12 +264,15 @@ def test_torch_worker_imports_only_its_libraries_and_the_bench_never_imports_tor
     import ast
 
     tree = ast.parse((REPO / "bench" / "accelerator" / "torch_worker.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}  # fmt: skip
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported - sys.stdlib_module_names - {"__future__"} == {"torch", "diffusers", "transformers"}
-    code = ("import sys, bench.accelerator.end_to_end, bench.accelerator.torch_peer; "
-            "print(sorted(m for m in sys.modules if m == 'torch'))")
+    code = (
+        "import sys, bench.accelerator.end_to_end, bench.accelerator.torch_peer; "
+        "print(sorted(m for m in sys.modules if m == 'torch'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
@@ -253,10 +313,28 @@ def test_bench_step_profile_smoke_on_cpu(tmp_path):
     thunks summed by category into the JSON and the table, lever sets (an XLA option, an engine switch) timed beside
     the engine and one XLA refuses,
     and the throughput rows at 1 and 2 images per device."""
-    command = [sys.executable, "-m", "bench", "step-profile", "--model", "tiny", "--size", "64", "--calls", "2",
-               "--throughput", "1,2", "--runs", "1", "--request-runs", "2", "--out", str(tmp_path),
-               "--levers", "fast:xla_cpu_enable_fast_math=true;kv:cross_attention_cache;"
-               "refused:xla_no_such_option=1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "step-profile",
+        "--model",
+        "tiny",
+        "--size",
+        "64",
+        "--calls",
+        "2",
+        "--throughput",
+        "1,2",
+        "--runs",
+        "1",
+        "--request-runs",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--levers",
+        "fast:xla_cpu_enable_fast_math=true;kv:cross_attention_cache;refused:xla_no_such_option=1",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "step_profile.json").read_text())
@@ -302,12 +380,20 @@ def test_step_profile_reads_the_device_streams_and_sorts_kernels_by_name():
         ("loop_add_fusion_7", 200, "element-wise"),
         ("some_custom_kernel", 100, "other"),
     ]
-    more = [("loop_convert_fusion_2", "element-wise"), ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matrix products"),
-            ("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", "copies and layout"),
-            ("triton_softmax_fusion_4", "norms (reductions)"), ("MemcpyD2D", "copies and layout")]  # fmt: skip
+    more = [
+        ("loop_convert_fusion_2", "element-wise"),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matrix products"),
+        ("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", "copies and layout"),
+        ("triton_softmax_fusion_4", "norms (reductions)"),
+        ("MemcpyD2D", "copies and layout"),
+    ]
     assert [categorise(name) for name, _ in more] == [category for _, category in more]
-    events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 2, "/device:GPU:0"),
-              meta("thread_name", 2, "Stream #13(Compute)", 1), meta("thread_name", 2, "XLA Ops", 9)]  # fmt: skip
+    events = [
+        meta("process_name", 1, "/host:CPU"),
+        meta("process_name", 2, "/device:GPU:0"),
+        meta("thread_name", 2, "Stream #13(Compute)", 1),
+        meta("thread_name", 2, "XLA Ops", 9),
+    ]
     for _ in range(2):  # two steps
         events += [kernel(name, dur) for name, dur, _ in kernels]
         events += [kernel("fusion.3", 99999, tid=9), kernel("cuLaunchKernel", 99999, pid=1, hlo_op="fusion.3")]
@@ -350,10 +436,12 @@ def test_a_part_that_fails_is_recorded_and_the_next_parts_run():
     measured: dict[str, float] = {}
     lines: list[str] = []
     failed = run_parts(
-        [(name, lambda name=name: measured.update({name: plan_cost(name, steps=4, repeats=1)}))
-         for name in ("Euler", "No such sampler", "Heun")],
+        [
+            (name, lambda name=name: measured.update({name: plan_cost(name, steps=4, repeats=1)}))
+            for name in ("Euler", "No such sampler", "Heun")
+        ],
         say=lines.append,
-    )  # fmt: skip
+    )
     assert list(measured) == ["Euler", "Heun"] and all(ms > 0 for ms in measured.values())
     assert list(failed) == ["No such sampler"]
     error, at = failed["No such sampler"]["error"], failed["No such sampler"]["at"]
@@ -373,8 +461,20 @@ def test_bench_writes_its_results_with_the_failed_parts_and_exits_1(tmp_path):
     """An engine that does not load (no such checkpoint): recorded as "engine", the parts that need it as not run;
     results.json and results.md are written all the same; exit 1, and --check says its part measured nothing."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "bench", "--only", "reference,stop", "--model", str(tmp_path / "absent"),
-               "--runs", "1", "--check", "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--only",
+        "reference,stop",
+        "--model",
+        str(tmp_path / "absent"),
+        "--runs",
+        "1",
+        "--check",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -433,16 +533,24 @@ def test_bench_merging_part_measures_the_engines(tiny_dir):
     shape = ("height", "width", "steps", "dtype")
     args = argparse.Namespace(model=str(tiny_dir), **{name: BATCHED_SETTINGS[name] for name in shape})
     settings = {name: value for name, value in BATCHED_SETTINGS.items() if name not in (*shape, "per_device_batch")}
-    result = merged_serving(args, slots=IMAGES_PER_DEVICE, runs=1, say=lambda _line: None,
-                            settings={"devices": jax.devices()[:BATCHED_DEVICES], **settings})  # fmt: skip
+    result = merged_serving(
+        args,
+        slots=IMAGES_PER_DEVICE,
+        runs=1,
+        say=lambda _line: None,
+        settings={"devices": jax.devices()[:BATCHED_DEVICES], **settings},
+    )
     assert (result.slots, result.clients, result.requests_per_round, result.images_per_request) == (2, 4, 8, 2)
     assert result.alone_requests_per_s.median > 0 and result.merged_requests_per_s.median > 0
     assert result.alone_latency_s.n == result.merged_latency_s.n == 8
     # How many shared a call depends on timing; that they do is test_request_merging.py's (event-driven).
     assert 1 <= result.merged_requests_per_call <= 2 and result.compiles_during_runs == 0
     assert set(result.merged_calls_by_size) <= {1, 2} and sum(result.merged_calls_by_size.values()) >= 4
-    assert {name: stats.n for name, stats in result.lone_latency_s.items()} == {"alone": 3, "merged": 3,
-                                                                               "full calls": 3}  # fmt: skip
+    assert {name: stats.n for name, stats in result.lone_latency_s.items()} == {
+        "alone": 3,
+        "merged": 3,
+        "full calls": 3,
+    }
 
 
 @pytest.mark.long  # 100-step requests through a launched app: 9 min with the engine's start-up at load 15-20; the
@@ -471,11 +579,38 @@ def feature_results(tmp_path_factory) -> dict:
     """results.json of `python -m bench --only lora,img2img,levers,previews,history` at a tiny scale."""
     out = tmp_path_factory.mktemp("bench-features")
     command = [
-        sys.executable, "-m", "bench", "--model", "tiny", "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
-        "--steps", str(TEST_STEPS), "--runs", "1", "--only", ",".join(FEATURE_PARTS), "--lora-rounds", "1",
-        "--feature-steps", str(FEATURE_STEPS), "--preview-size", "256", "--history-adds", "1",
-        "--history-entries", "20", "--history-size", "128", "--history-calls", "2", "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench",
+        "--model",
+        "tiny",
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        str(TEST_STEPS),
+        "--runs",
+        "1",
+        "--only",
+        ",".join(FEATURE_PARTS),
+        "--lora-rounds",
+        "1",
+        "--feature-steps",
+        str(FEATURE_STEPS),
+        "--preview-size",
+        "256",
+        "--history-adds",
+        "1",
+        "--history-entries",
+        "20",
+        "--history-size",
+        "128",
+        "--history-calls",
+        "2",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -522,8 +657,13 @@ def test_bench_levers_part(feature_results):
     assert list(rows) == [(1.0, 1), (1.0, 2), (1.0, 3), (0.5, 1), (0.5, 2), (0.5, 3)]
     # speed_plan at 4 steps: guidance on ⌈0.5 × 4⌉ = 2 steps; the whole UNet on steps 0, 2 (N=2) and 0, 3 (N=3)
     assert [(row["guided_steps"], row["whole_unet_steps"]) for row in rows.values()] == [
-        (4, 4), (4, 2), (4, 2), (2, 4), (2, 2), (2, 2)
-    ]  # fmt: skip
+        (4, 4),
+        (4, 2),
+        (4, 2),
+        (2, 4),
+        (2, 2),
+        (2, 2),
+    ]
     assert all(timed_ok(row["request"], 1) for row in rows.values()) and rows[(1.0, 1)]["vs_default"] == 1
     assert levers["steps"] == FEATURE_STEPS and levers["compiles_while_timing"] == 0
     assert "CPU ratios are not TPU ratios" in levers["note"] and "## Speed levers" in feature_results["markdown"]
@@ -552,8 +692,11 @@ def test_bench_previews_v5e_steps_come_from_the_tpu_results():
 
     steps, source = v5e_steps()
     programs = json.loads(TPU_RESULTS.read_text())["programs"]
-    splash = {p["cfg"]: p["roofline_s"] * 1000 for p in programs
-              if (p["kind"], p["size"], p["attention"]) == ("step", "1024x1024", "splash")}  # fmt: skip
+    splash = {
+        p["cfg"]: p["roofline_s"] * 1000
+        for p in programs
+        if (p["kind"], p["size"], p["attention"]) == ("step", "1024x1024", "splash")
+    }
     assert list(steps.values()) == [splash[True], splash[False]] and "tpu.json" in source
     assert v5e_steps(TPU_RESULTS.with_name("absent.json"))[0] == {}
 
@@ -581,19 +724,36 @@ def test_bench_check_fails_over_its_threshold_and_names_the_parts():
     def call(engine_s: float, reference_s: float) -> EngineVsReference:
         engine, reference, ratio = Stats.of([engine_s]), Stats.of([reference_s]), engine_s / reference_s
         return EngineVsReference(
-            images_per_call=8, engine=engine, reference=reference, engine_images_per_s=8 / engine_s,
-            reference_images_per_s=8 / reference_s, ratio=ratio, target_ratio=0.9,
-            meets_target=False, engine_host=Stats.of([0.004]), reference_host=Stats.of([0.006]), reference_load_s=1.0,
-            reference_first_call_s=9.0, pair_ratios=Stats.of([ratio]), cpu_ratio=ratio,
-            engine_programs={"encode cfg": 0.02, "step_full 128x128 cfg": 0.5}, engine_programs_s=0.6,
-        )  # fmt: skip
+            images_per_call=8,
+            engine=engine,
+            reference=reference,
+            engine_images_per_s=8 / engine_s,
+            reference_images_per_s=8 / reference_s,
+            ratio=ratio,
+            target_ratio=0.9,
+            meets_target=False,
+            engine_host=Stats.of([0.004]),
+            reference_host=Stats.of([0.006]),
+            reference_load_s=1.0,
+            reference_first_call_s=9.0,
+            pair_ratios=Stats.of([ratio]),
+            cpu_ratio=ratio,
+            engine_programs={"encode cfg": 0.02, "step_full 128x128 cfg": 0.5},
+            engine_programs_s=0.6,
+        )
 
     assert check_ratio(call(0.2, 0.2), CHECK_RATIO) is None
     failure = check_ratio(call(0.3, 0.2), CHECK_RATIO)
     assert failure.startswith(f"engine / diffusers = 1.50 in CPU seconds > {CHECK_RATIO:g} (wall 1.50: engine 300 ms")
     assert "step_full 128x128 cfg 500.0" in failure
-    done = subprocess.run([sys.executable, "-m", "bench", "--only", "flops", "--check"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "flops", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2 and "--check guards the reference part" in done.stderr
 
 

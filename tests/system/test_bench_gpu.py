@@ -23,9 +23,30 @@ def bench_gpu(out: Path, *args: str, env: dict | None = None, timeout: float = 3
 def test_bench_gpu_smoke_on_cpu(tmp_path):
     """Both stages finish; the headline figures are the children's own, and the PyTorch peer (no torch in this
     python) is left out in one line while the Flax pipeline is compared."""
-    done = bench_gpu(tmp_path, "--model", "tiny", "--size", "64", "--steps", "2", "--runs", "1", "--throughput",
-                     "1,2", "--throughput-runs", "1", "--calls", "2", "--torch-python", sys.executable,
-                     "--request-runs", "1", "--budget-s", "1500", timeout=1800)  # fmt: skip
+    done = bench_gpu(
+        tmp_path,
+        "--model",
+        "tiny",
+        "--size",
+        "64",
+        "--steps",
+        "2",
+        "--runs",
+        "1",
+        "--throughput",
+        "1,2",
+        "--throughput-runs",
+        "1",
+        "--calls",
+        "2",
+        "--torch-python",
+        sys.executable,
+        "--request-runs",
+        "1",
+        "--budget-s",
+        "1500",
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len([line for line in done.stdout.splitlines() if "torch peer missing" in line]) == 1
     summary = json.loads((tmp_path / "gpu.json").read_text())
@@ -34,8 +55,11 @@ def test_bench_gpu_smoke_on_cpu(tmp_path):
     assert all(0 < stage["seconds"] <= stage["deadline_s"] for stage in summary["stages"])
     compared = json.loads((tmp_path / "accelerator.json").read_text())["engine_vs_diffusers"]
     figures = accelerator["figures"]
-    assert figures == {"engine_s": compared["engine"]["median"], "flax_pipeline_s": compared["reference"]["median"],
-                       "engine_over_flax": compared["ratio"]}  # fmt: skip
+    assert figures == {
+        "engine_s": compared["engine"]["median"],
+        "flax_pipeline_s": compared["reference"]["median"],
+        "engine_over_flax": compared["ratio"],
+    }
     assert all(value > 0 for value in figures.values())
     assert "cannot import torch" in accelerator["missing_figures"]["torch_compile_s"]
     steps = json.loads((tmp_path / "step_profile.json").read_text())
@@ -44,8 +68,7 @@ def test_bench_gpu_smoke_on_cpu(tmp_path):
     assert [row["images_per_device"] for row in rows] == [1, 2] and profile["missing_figures"] == {}
     assert [row["images_per_s"] for row in rows] == [row["images_per_s"] for row in steps["throughput"]]
     levers = profile["figures"]["levers"]  # the default sets: GPU options, on this CPU the same pixels
-    assert [row["name"] for row in levers] == ["base", "nomerge", "kvcache"] == [
-        row["name"] for row in steps["levers"]]  # fmt: skip
+    assert [row["name"] for row in levers] == ["base", "nomerge", "kvcache"] == [row["name"] for row in steps["levers"]]
     assert all(row["max_pixel_difference"] == 0 and row["over_base"] > 0 for row in levers[1:])
     table = (tmp_path / "gpu.md").read_text()
     assert "| accelerator | finished |" in table and "| step-profile | finished |" in table
@@ -98,10 +121,18 @@ def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
     assert stage.command[stage.command.index("--request-runs") + 1] == "3"
     [custom] = plan(parse_args(["--stages", "step-profile", "--levers", "", "--request-runs", "5"]), {})
     assert custom.command[custom.command.index("--levers") + 1] == ""
-    rows = [{"name": "base", "xla_options": [], "request_s": [0.84], "request_s_median": 0.84},
-            {"name": "nomerge", "xla_options": [["xla_gpu_dot_merger_threshold_mb", "0"]], "request_s": [0.80],
-             "request_s_median": 0.80, "over_base": 0.80 / 0.84, "max_pixel_difference": 10,
-             "pixels_differing_percent": 67.1}]  # fmt: skip
+    rows = [
+        {"name": "base", "xla_options": [], "request_s": [0.84], "request_s_median": 0.84},
+        {
+            "name": "nomerge",
+            "xla_options": [["xla_gpu_dot_merger_threshold_mb", "0"]],
+            "request_s": [0.80],
+            "request_s_median": 0.80,
+            "over_base": 0.80 / 0.84,
+            "max_pixel_difference": 10,
+            "pixels_differing_percent": 67.1,
+        },
+    ]
     outcome = {"status": "cut", "seconds": 200.0, "error": "killed at its deadline, 200 s"}
     figures, absent = headline(Stage("step-profile", [], "step_profile.json"), outcome, {"levers": rows}, [8], LEVERS)
     assert [row["name"] for row in figures["levers"]] == ["base", "nomerge"]
@@ -113,11 +144,14 @@ def test_the_step_profile_stage_times_the_levers_and_they_are_read_back():
 def test_lever_sets_are_parsed_or_refused_in_one_sentence():
     from bench.accelerator.step_profile import parse_levers
 
-    assert parse_levers("a:xla_x=1,xla_y=false; b:xla_z=2") == {"a": (("xla_x", "1"), ("xla_y", "false")),
-                                                                "b": (("xla_z", "2"),)}  # fmt: skip
+    assert parse_levers("a:xla_x=1,xla_y=false; b:xla_z=2") == {
+        "a": (("xla_x", "1"), ("xla_y", "false")),
+        "b": (("xla_z", "2"),),
+    }
     assert parse_levers("") == {}
     assert parse_levers("kv:cross_attention_cache,xla_x=1") == {
-        "kv": (("xla_x", "1"), ("cross_attention_cache", "true"))}
+        "kv": (("xla_x", "1"), ("cross_attention_cache", "true"))
+    }
     for bad in ("xla_x=1", "a:xla_x=1;a:xla_y=2", "base:xla_x=1", "a:", "a:xla_x"):
         with pytest.raises(ValueError) as refused:
             parse_levers(bad)
@@ -131,8 +165,10 @@ def test_a_stage_past_its_deadline_is_killed_with_its_workers_and_its_partial_js
 
     partial = {"engine_vs_diffusers": {"engine": {"median": 0.5}, "reference": {"median": 0.75}, "ratio": 2 / 3}}
     (tmp_path / "partial.json").write_text(json.dumps(partial))
-    script = (f"sleep 600 & echo $! > {tmp_path}/worker.pid; cp {tmp_path}/partial.json {tmp_path}/accelerator.json;"
-              " echo measured; wait")  # fmt: skip
+    script = (
+        f"sleep 600 & echo $! > {tmp_path}/worker.pid; cp {tmp_path}/partial.json {tmp_path}/accelerator.json;"
+        " echo measured; wait"
+    )
     outcome = run_stage(["sh", "-c", script], 5, tmp_path / "accelerator.log")
     assert outcome["status"] == "cut" and 5 <= outcome["seconds"] < 60 and "deadline, 5 s" in outcome["error"]
     worker = int((tmp_path / "worker.pid").read_text())
@@ -150,8 +186,10 @@ def test_a_tiny_budget_cuts_the_stage_and_no_earlier_figure_is_read_back(tmp_pat
     run is not read back as this run's."""
     out = tmp_path / "out"
     out.mkdir()
-    earlier = {"timing": {"back_to_back_ms": 12345.0}, "throughput": [{"images_per_device": 1, "images": 1,
-               "request_s_median": 1.0, "images_per_s": 1.0}]}  # fmt: skip
+    earlier = {
+        "timing": {"back_to_back_ms": 12345.0},
+        "throughput": [{"images_per_device": 1, "images": 1, "request_s_median": 1.0, "images_per_s": 1.0}],
+    }
     (out / "step_profile.json").write_text(json.dumps(earlier))
     done = bench_gpu(out, "--stages", "step-profile", "--model", "tiny", "--size", "64", "--budget-s", "5")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
@@ -189,8 +227,12 @@ def test_the_device_tarball_keeps_the_packages_and_leaves_out_scripts_and_byteco
     from bench.accelerator.device_site import pack
 
     site = tmp_path / "site"
-    for path in ("diffusers/__init__.py", "diffusers/__pycache__/x.pyc", "diffusers-0.39.0.dist-info/METADATA",
-                 "bin/diffusers-cli"):  # fmt: skip
+    for path in (
+        "diffusers/__init__.py",
+        "diffusers/__pycache__/x.pyc",
+        "diffusers-0.39.0.dist-info/METADATA",
+        "bin/diffusers-cli",
+    ):
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text("x")
     out = tmp_path / ".device" / "site.tar.xz"
@@ -198,13 +240,24 @@ def test_the_device_tarball_keeps_the_packages_and_leaves_out_scripts_and_byteco
     assert size == out.stat().st_size > 0 and sorted(p.name for p in out.parent.iterdir()) == ["site.tar.xz"]
     with tarfile.open(out) as archive:
         names = sorted(archive.getnames())
-    assert names == ["diffusers", "diffusers-0.39.0.dist-info", "diffusers-0.39.0.dist-info/METADATA",
-                     "diffusers/__init__.py"]  # fmt: skip
+    assert names == [
+        "diffusers",
+        "diffusers-0.39.0.dist-info",
+        "diffusers-0.39.0.dist-info/METADATA",
+        "diffusers/__init__.py",
+    ]
 
 
 def test_the_device_tarball_from_an_empty_folder_is_one_line(tmp_path):
-    command = [sys.executable, "-m", "bench.accelerator.device_site", "--wheels", str(tmp_path),
-               "--out", str(tmp_path / "t.xz")]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.accelerator.device_site",
+        "--wheels",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "t.xz"),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.strip() == f"device_site: no wheels in {tmp_path}"
 
@@ -215,12 +268,17 @@ def test_the_device_tarball_holds_the_pinned_packages(tmp_path):
     import tarfile
 
     command = [sys.executable, "-m", "bench.accelerator.device_site", "--out", str(tmp_path / "site.tar.xz")]
-    done = subprocess.run(command,
-                          cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     with tarfile.open(tmp_path / "site.tar.xz") as archive:
         top = {name.split("/")[0] for name in archive.getnames()}
-    for package in ("flax-0.12.12", "diffusers-0.39.0", "transformers-4.57.6", "huggingface_hub-0.36.2",
-                    "tokenizers-0.22.2", "importlib_metadata-10.2.0"):  # fmt: skip
+    for package in (
+        "flax-0.12.12",
+        "diffusers-0.39.0",
+        "transformers-4.57.6",
+        "huggingface_hub-0.36.2",
+        "tokenizers-0.22.2",
+        "importlib_metadata-10.2.0",
+    ):
         assert f"{package}.dist-info" in top, sorted(top)
     assert 3e6 < (tmp_path / "site.tar.xz").stat().st_size < 20e6

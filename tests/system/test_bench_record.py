@@ -34,8 +34,13 @@ def test_a_figure_changed_on_a_page_is_written_back_from_the_record():
     assert table in text and "**0.84 / 1.17 s (0.72)**" in table
     edited = text.replace("**0.84 / 1.17 s (0.72)**", "**0.80 / 1.17 s (0.68)**")
     assert edited != text and rewrite(edited, load_record()) == text
-    done = subprocess.run([sys.executable, "-m", "bench.report.readme_tables", "--check"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.report.readme_tables", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -44,16 +49,26 @@ def test_every_row_says_when_where_and_how_it_was_measured():
         for row in table["rows"]:
             assert row["machine"] and row["command"], key
             assert row["date"] is None or re.fullmatch(r"2026-\d\d-\d\d", row["date"]), (key, row["date"])
-    assert {path.stem for path in RECORD.glob("*.json")} == {"summary", "cpu", "accelerator", "tpu", "serving",
-                                                             "features"}  # fmt: skip
+    assert {path.stem for path in RECORD.glob("*.json")} == {
+        "summary",
+        "cpu",
+        "accelerator",
+        "tpu",
+        "serving",
+        "features",
+    }
 
 
 def test_the_readme_is_a_manual_and_the_top_level_is_small():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 300
-    for command in ("python -m bench --only reference --height 64 --width 64 --steps 2 --runs 9 --check",
-                    "python -m bench.reference_venv", "python -m bench gpu", "python -m bench tpu",
-                    "python -m bench.report.readme_tables"):  # fmt: skip
+    for command in (
+        "python -m bench --only reference --height 64 --width 64 --steps 2 --runs 9 --check",
+        "python -m bench.reference_venv",
+        "python -m bench gpu",
+        "python -m bench tpu",
+        "python -m bench.report.readme_tables",
+    ):
         assert command in text, command
     top = [entry.name for entry in (REPO / "bench").iterdir() if entry.name != "__pycache__"]
     assert len(top) <= 15, sorted(top)

@@ -48,18 +48,25 @@ def test_an_out_that_takes_no_files_is_refused_before_anything_loads(tmp_path, c
     a_file = tmp_path / "notes.txt"
     a_file.write_text("keep me")
     out = {"a file": a_file, "under a file": a_file / "images", "/proc": Path("/proc/nope/out")}[where]
-    argv = {"generate": ["generate", "--model", "tiny", "--prompt", "a cat", "--out", str(out)],
-            "precompile": ["precompile", "--topology", "cpu", "--model", "tiny", "--out", str(out)],
-            "make-tiny": ["make-tiny", str(out)]}[command]  # fmt: skip
-    code = (f"import sys; from pipeline.__main__ import main; rc = main({argv!r}); print('jax' in sys.modules); "
-            "sys.exit(rc)")
+    argv = {
+        "generate": ["generate", "--model", "tiny", "--prompt", "a cat", "--out", str(out)],
+        "precompile": ["precompile", "--topology", "cpu", "--model", "tiny", "--out", str(out)],
+        "make-tiny": ["make-tiny", str(out)],
+    }[command]
+    code = (
+        f"import sys; from pipeline.__main__ import main; rc = main({argv!r}); print('jax' in sys.modules); "
+        "sys.exit(rc)"
+    )
     done = run_python("-c", code)
     assert done.returncode == 2, done.stderr
     assert done.stdout.strip() == "False"  # nothing loaded, nothing compiled: JAX was never imported
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: ") and str(out) in line and "Traceback" not in done.stderr
-    expected = {"a file": "is a file; name a folder instead.", "under a file": f"{a_file} is a file; name a folder",
-                "/proc": "cannot be written: /proc takes no new files."}[where]  # fmt: skip
+    expected = {
+        "a file": "is a file; name a folder instead.",
+        "under a file": f"{a_file} is a file; name a folder",
+        "/proc": "cannot be written: /proc takes no new files.",
+    }[where]
     assert expected in line
     assert a_file.read_text() == "keep me"
 
@@ -111,10 +118,28 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
     user named it, never by the server's path (the checkpoint's cache folder)."""
     out = tmp_path / "out"
     done = run_python(
-        "-m", "pipeline", "generate", "--model", "tiny", "--prompt", "a lighthouse", "--negative-prompt", "blurry",
-        "--guidance-scale", "3.5", "--style", "Cinematic", "--seed", "77", "--dtype", "float32", "--out", str(out),
-        "--json", drop=("XLA_FLAGS",),
-    )  # fmt: skip
+        "-m",
+        "pipeline",
+        "generate",
+        "--model",
+        "tiny",
+        "--prompt",
+        "a lighthouse",
+        "--negative-prompt",
+        "blurry",
+        "--guidance-scale",
+        "3.5",
+        "--style",
+        "Cinematic",
+        "--seed",
+        "77",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--json",
+        drop=("XLA_FLAGS",),
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     cores = os.cpu_count()
@@ -149,8 +174,10 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         (["--prompt", "x", "--height", "100"], "error: Height must be a multiple of 32; got 100."),
         (["--prompt", "x", "--height", "100000"], "error: Height must be at most 4096; got 100000."),
         (["--prompt", "x", "--width", "100000"], "error: Width must be at most 4096; got 100000."),
-        (["--prompt", "x", "--seed", ""], "error: --seed is empty; give a whole number from 0 to 4294967295, or "
-                                          "--seed random."),
+        (
+            ["--prompt", "x", "--seed", ""],
+            "error: --seed is empty; give a whole number from 0 to 4294967295, or --seed random.",
+        ),
     ],
     ids=["empty", "blank", "unknown-style", "height-only", "huge-height", "huge-width", "empty-seed"],
 )
@@ -177,11 +204,13 @@ def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
     """pipeline/README.md's `Generator.from_pretrained` example, as a user runs it (no JAX_PLATFORMS, no XLA_FLAGS):
     no libtpu lines, and one image per CPU core, as the app and the CLI (it calls `use_cpu_cores` itself: importing
     `pipeline` changes nothing in the environment)."""
-    code = ("from pipeline.platform import use_cpu_cores\n"
-            "use_cpu_cores()\n"
-            "from pipeline import Generator\n"
-            f"gen = Generator.from_pretrained({str(tiny_dir)!r}, height=64, width=64, steps=2)\n"
-            "print(gen.num_images)")  # fmt: skip
+    code = (
+        "from pipeline.platform import use_cpu_cores\n"
+        "use_cpu_cores()\n"
+        "from pipeline import Generator\n"
+        f"gen = Generator.from_pretrained({str(tiny_dir)!r}, height=64, width=64, steps=2)\n"
+        "print(gen.num_images)"
+    )
     done = run_python("-c", code, drop=("JAX_PLATFORMS", "XLA_FLAGS"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(os.cpu_count())
@@ -189,8 +218,9 @@ def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
 
 
 def test_cli_absent_variant_is_bad_input_in_one_line(tmp_path):
-    done = run_cli("generate", "--model", str(PT_FIXTURE), "--variant", "bf16", "--prompt", "a cat",
-                   "--out", str(tmp_path / "out"))  # fmt: skip
+    done = run_cli(
+        "generate", "--model", str(PT_FIXTURE), "--variant", "bf16", "--prompt", "a cat", "--out", str(tmp_path / "out")
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: {PT_FIXTURE} has no 'bf16' variant weights (*.bf16.safetensors); variants there: fp16."
@@ -200,8 +230,9 @@ def test_cli_absent_variant_is_bad_input_in_one_line(tmp_path):
 def test_unet_from_the_hub_offline_is_one_line_with_the_right_command(tmp_path):
     started = time.perf_counter()
     env = {"HF_ENDPOINT": CLOSED, "HF_HOME": str(tmp_path / "hf")}
-    done = run_cli("generate", "--model", "tiny", "--unet", LIGHTNING, "--prompt", "a cat",
-                   "--out", str(tmp_path / "out"), env=env)  # fmt: skip
+    done = run_cli(
+        "generate", "--model", "tiny", "--unet", LIGHTNING, "--prompt", "a cat", "--out", str(tmp_path / "out"), env=env
+    )
     elapsed = time.perf_counter() - started
     assert done.returncode == 3, done.stderr
     (line,) = done.stderr.strip().splitlines()
@@ -220,10 +251,28 @@ def test_cli_generates_from_the_pytorch_fixture_and_exits_2_on_a_single_file(tmp
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "image-00003.png").write_bytes(b"an earlier run's image")
     done = run_cli(
-        "generate", "--model", str(PT_FIXTURE), "--variant", "fp16", "--prompt", "a tiny robot", "--steps", "2",
-        "--height", "64", "--width", "64", "--dtype", "float32", "--deepcache", "2", "--out", str(tmp_path / "out"),
-        "--json", env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
-    )  # fmt: skip
+        "generate",
+        "--model",
+        str(PT_FIXTURE),
+        "--variant",
+        "fp16",
+        "--prompt",
+        "a tiny robot",
+        "--steps",
+        "2",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--deepcache",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        env={"SDXL_JAX_CACHE": str(tmp_path / "cache")},
+    )
     assert done.returncode == 0, done.stderr
     images = [Path(p).name for p in json.loads(done.stdout)["images"]]
     assert images == [f"image-{n:05d}.png" for n in range(4, 12)] and "Traceback" not in done.stderr
@@ -245,17 +294,47 @@ def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp
         return np.stack([np.asarray(image) for image in result.images]).astype(np.int16)  # [B, H, W, 3]
 
     eight = Generator.from_pretrained(
-        str(tiny_dir), height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
-        sampler="euler_ancestral", timestep_spacing="trailing", prediction_type="v_prediction", cfg=False,
-        speed_levers=False, prompt_windows=1, previews=False,  # the programs the CLI runs for this request
-    )  # fmt: skip
+        str(tiny_dir),
+        height=TEST_SIZE,
+        width=TEST_SIZE,
+        steps=TEST_STEPS,
+        dtype="float32",
+        sampler="euler_ancestral",
+        timestep_spacing="trailing",
+        prediction_type="v_prediction",
+        cfg=False,
+        speed_levers=False,
+        prompt_windows=1,
+        previews=False,  # the programs the CLI runs for this request
+    )
     expected = generate(eight, PROMPT, seed=42)
     done = run_cli(
-        "generate", "--model", str(tiny_dir), "--preset", "turbo", "--prediction-type", "v_prediction",
-        "--steps", str(TEST_STEPS), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32",
-        "--prompt", PROMPT, "--seed", "42", "--guidance-scale", "7", "--out", str(tmp_path), "--json",
+        "generate",
+        "--model",
+        str(tiny_dir),
+        "--preset",
+        "turbo",
+        "--prediction-type",
+        "v_prediction",
+        "--steps",
+        str(TEST_STEPS),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--dtype",
+        "float32",
+        "--prompt",
+        PROMPT,
+        "--seed",
+        "42",
+        "--guidance-scale",
+        "7",
+        "--out",
+        str(tmp_path),
+        "--json",
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert "warning: no classifier-free guidance" in done.stderr
     summary = json.loads(done.stdout)

@@ -39,26 +39,68 @@ def process_env(devices: int = 4) -> dict:
 
 def cluster_args(port: int, process_id: int, *, heartbeat: float = 30, timeout: float = 240) -> list[str]:
     return [
-        "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(process_id),
-        "--heartbeat-timeout", str(heartbeat), "--cluster-timeout", str(timeout),
-    ]  # fmt: skip
+        "--coordinator-address",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        str(process_id),
+        "--heartbeat-timeout",
+        str(heartbeat),
+        "--cluster-timeout",
+        str(timeout),
+    ]
 
 
 def cli(tiny_dir: Path, out: Path, port: int, process_id: int, **cluster) -> list[str]:
     return [
-        sys.executable, "-m", "pipeline", "generate", "--model", str(tiny_dir), "--prompt", PROMPT,
-        "--negative-prompt", NEGATIVE, "--seed", str(SEED), "--guidance-scale", str(GUIDANCE),
-        "--steps", str(TEST_STEPS), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32",
-        "--out", str(out), "--json", *cluster_args(port, process_id, **cluster),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipeline",
+        "generate",
+        "--model",
+        str(tiny_dir),
+        "--prompt",
+        PROMPT,
+        "--negative-prompt",
+        NEGATIVE,
+        "--seed",
+        str(SEED),
+        "--guidance-scale",
+        str(GUIDANCE),
+        "--steps",
+        str(TEST_STEPS),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--json",
+        *cluster_args(port, process_id, **cluster),
+    ]
 
 
 def app_command(tiny_dir: Path, web_port: int, port: int, process_id: int, **cluster) -> list[str]:
     return [
-        sys.executable, "app.py", "--model", str(tiny_dir), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
-        "--steps", str(TEST_STEPS), "--dtype", "float32", "--port", str(web_port),
+        sys.executable,
+        "app.py",
+        "--model",
+        str(tiny_dir),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        str(TEST_STEPS),
+        "--dtype",
+        "float32",
+        "--port",
+        str(web_port),
         *cluster_args(port, process_id, **cluster),
-    ]  # fmt: skip
+    ]
 
 
 class Proc:
@@ -202,9 +244,12 @@ def test_a_follower_that_never_joins_makes_the_leader_exit_with_one_line(tiny_di
 
 @pytest.mark.parametrize(
     "args",
-    [["--coordinator-address", "127.0.0.1:1234"], ["--coordinator-address", "nohost", "--num-processes", "2",
-     "--process-id", "0"], ["--coordinator-address", "h:1", "--num-processes", "2", "--process-id", "2"]],
-)  # fmt: skip
+    [
+        ["--coordinator-address", "127.0.0.1:1234"],
+        ["--coordinator-address", "nohost", "--num-processes", "2", "--process-id", "0"],
+        ["--coordinator-address", "h:1", "--num-processes", "2", "--process-id", "2"],
+    ],
+)
 def test_inconsistent_cluster_flags_are_one_line(tiny_dir, tmp_path, args):
     command = [sys.executable, "-m", "pipeline", "generate", "--model", str(tiny_dir), "--prompt", "x", "--out"]
     done = subprocess.run([*command, str(tmp_path), *args], cwd=REPO, env=process_env(), capture_output=True, text=True)
@@ -218,12 +263,22 @@ def test_inconsistent_cluster_flags_are_one_line(tiny_dir, tmp_path, args):
 #: One request per feature, and all of them at once: what the leader sends its follower as data.
 FEATURE_REQUESTS = {
     "loras": {"prompt": f"{PROMPT} <lora:kohya_sgm:0.8>", "loras": [["peft", 0.5, 1.2]]},
-    "picture": {"init_image": FIXTURES / "image-input.png", "mask_image": FIXTURES / "image-mask.png",
-                "strength": 0.75, "steps": 4},
+    "picture": {
+        "init_image": FIXTURES / "image-input.png",
+        "mask_image": FIXTURES / "image-mask.png",
+        "strength": 0.75,
+        "steps": 4,
+    },
     "levers": {"cfg_end": 0.5, "deepcache": 2, "steps": 4, "sampler": "DPM++ 2M"},
-    "all": {"prompt": f"{PROMPT} <lora:locon:-0.6>", "init_image": FIXTURES / "image-input.png", "strength": 0.5,
-            "cfg_end": 0.5, "deepcache": 3, "steps": 6},
-}  # fmt: skip
+    "all": {
+        "prompt": f"{PROMPT} <lora:locon:-0.6>",
+        "init_image": FIXTURES / "image-input.png",
+        "strength": 0.5,
+        "cfg_end": 0.5,
+        "deepcache": 3,
+        "steps": 6,
+    },
+}
 
 
 #: The ControlNet request both processes run: a map, a weight and window, and a LoRA in the prompt.
@@ -238,10 +293,27 @@ def feature_settings(lora_dir: Path) -> list[str]:
     ControlNet (its step is the same program with or without the levers), one unit per request (the request sends
     one; two would compile twice the ControlNet step programs, about 80 s of each process's 150)."""
     return [
-        "--model", str(TINY_PT), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", "3",
-        "--dtype", "float32", "--lora-dir", str(lora_dir), "--embeddings-dir", str(FIXTURES / "embeddings"),
-        "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0]), "--controlnet-units", "1",
-    ]  # fmt: skip
+        "--model",
+        str(TINY_PT),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        "3",
+        "--dtype",
+        "float32",
+        "--lora-dir",
+        str(lora_dir),
+        "--embeddings-dir",
+        str(FIXTURES / "embeddings"),
+        "--prompt-windows",
+        "1",
+        "--controlnet",
+        str(CONTROLNETS[0]),
+        "--controlnet-units",
+        "1",
+    ]
 
 
 def one_process_images(engine, prompt: str, fields: dict, count: int) -> np.ndarray:
@@ -258,20 +330,36 @@ def one_process_images(engine, prompt: str, fields: dict, count: int) -> np.ndar
 DEVICES_PER_PROCESS = 2
 
 
-def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lora_dir, tmp_path, feature_engine,
-                                                                             control_engine, procs):  # fmt: skip
+def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(
+    lora_dir, tmp_path, feature_engine, control_engine, procs
+):
     """app.py leads and the CLI follows (either entry point may follow: same program, same flags), 2 devices each, as
     `feature_engine` is configured: each request reaches the follower whole (LoRA set, picture and mask as PNG bytes,
     levers, a ControlNet's map), both merge the same LoRAs, and the 4 images are one process's; a bad request stays
     on the leader; Stop ends a request at the same step on both; SIGTERM stops the follower too; nothing compiles
     after warm-up."""
     port, web_port = free_port(), free_port()
-    leader = Proc([sys.executable, "app.py", *feature_settings(lora_dir), "--port", str(web_port),
-                   *cluster_args(port, 0)], devices=DEVICES_PER_PROCESS)  # fmt: skip
+    leader = Proc(
+        [sys.executable, "app.py", *feature_settings(lora_dir), "--port", str(web_port), *cluster_args(port, 0)],
+        devices=DEVICES_PER_PROCESS,
+    )
     procs.append(leader)
-    follower = Proc([sys.executable, "-m", "pipeline", "generate", *feature_settings(lora_dir), "--prompt", PROMPT,
-                     "--out", str(tmp_path / "follower"), "--json", *cluster_args(port, 1)],
-                    devices=DEVICES_PER_PROCESS)  # fmt: skip
+    follower = Proc(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "generate",
+            *feature_settings(lora_dir),
+            "--prompt",
+            PROMPT,
+            "--out",
+            str(tmp_path / "follower"),
+            "--json",
+            *cluster_args(port, 1),
+        ],
+        devices=DEVICES_PER_PROCESS,
+    )
     procs.append(follower)
     assert leader.wait_for("Running on", timeout=1500), leader.output + follower.output  # both compile cold; busy CI
     images = 2 * DEVICES_PER_PROCESS
@@ -290,11 +378,22 @@ def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lor
         assert_same_pixels(got, one_process_images(feature_engine, prompt, rest, images))
     # A ControlNet with a LoRA in the prompt (issue 38): the map travels with the request; the step runs on both.
     unit = {**CONTROL_UNIT, "image": base64.b64encode(CONTROL_UNIT["image"].read_bytes()).decode()}
-    gallery, seed, _ = client.predict(CONTROL_PROMPT, NEGATIVE, "No style", GUIDANCE, SEED, False, steps=4,
-                                      controlnets=[unit], api_name="/generate_png")  # fmt: skip
+    gallery, seed, _ = client.predict(
+        CONTROL_PROMPT,
+        NEGATIVE,
+        "No style",
+        GUIDANCE,
+        SEED,
+        False,
+        steps=4,
+        controlnets=[unit],
+        api_name="/generate_png",
+    )
     control = {"steps": 4, "controlnets": [CONTROL_UNIT]}
-    assert_same_pixels(pixels_of([item["image"] for item in gallery]),
-                       one_process_images(control_engine, CONTROL_PROMPT, control, images))  # fmt: skip
+    assert_same_pixels(
+        pixels_of([item["image"] for item in gallery]),
+        one_process_images(control_engine, CONTROL_PROMPT, control, images),
+    )
     text = Image.open(gallery[0]["image"]).info["parameters"]
     assert 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in text, text
     expected = one_process_images(feature_engine, PROMPT, {}, images)
@@ -347,19 +446,51 @@ def test_app_on_two_processes_serves_every_feature_stops_and_ends_on_sigterm(lor
 def control_cli(out: Path, port: int, process_id: int, lora_dir: Path) -> list[str]:
     """The CLI as `control_engine` is configured (tiny-pt, 4 steps, no levers, one text window), one ControlNet."""
     return [
-        sys.executable, "-m", "pipeline", "generate", "--model", str(TINY_PT), "--prompt", CONTROL_PROMPT,
-        "--negative-prompt", NEGATIVE, "--seed", str(SEED), "--guidance-scale", str(GUIDANCE), "--steps", "4",
-        "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--dtype", "float32", "--no-speed-levers",
-        "--prompt-windows", "1", "--lora-dir", str(lora_dir), "--controlnet", str(CONTROLNETS[0]),
-        "--control-image", str(CONTROL_UNIT["image"]), "--control-weight", str(CONTROL_UNIT["weight"]),
-        "--control-end", str(CONTROL_UNIT["end"]), "--out", str(out), "--json", *cluster_args(port, process_id),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipeline",
+        "generate",
+        "--model",
+        str(TINY_PT),
+        "--prompt",
+        CONTROL_PROMPT,
+        "--negative-prompt",
+        NEGATIVE,
+        "--seed",
+        str(SEED),
+        "--guidance-scale",
+        str(GUIDANCE),
+        "--steps",
+        "4",
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--dtype",
+        "float32",
+        "--no-speed-levers",
+        "--prompt-windows",
+        "1",
+        "--lora-dir",
+        str(lora_dir),
+        "--controlnet",
+        str(CONTROLNETS[0]),
+        "--control-image",
+        str(CONTROL_UNIT["image"]),
+        "--control-weight",
+        str(CONTROL_UNIT["weight"]),
+        "--control-end",
+        str(CONTROL_UNIT["end"]),
+        "--out",
+        str(out),
+        "--json",
+        *cluster_args(port, process_id),
+    ]
 
 
 @pytest.mark.slow  # two processes that compile the ControlNet step (about 100 s on 2 cores)
 @pytest.mark.long  # the app test above runs a ControlNet request with a LoRA on two processes; here, the CLI's
-def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path,
-                                                                           procs):  # fmt: skip
+def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(control_engine, lora_dir, tmp_path, procs):
     """Two CLI processes of one device each against `control_engine` (one process, 2 devices): the control map
     reaches the follower with the request, both run the ControlNet step with the LoRA merged, nothing compiles after
     warm-up on either, and the 2 images are one process's."""
@@ -372,13 +503,21 @@ def test_a_controlnet_with_a_lora_on_two_processes_gives_the_images_of_one(contr
     summary = json.loads(leader.output[leader.output.index("{\n") : leader.output.rindex("}") + 1])
     assert summary["processes"] == 2 and summary["compiles_after_warmup"] == 0
     assert follower_summary(follower) == {"process": 1, "requests": 1, "compiles_after_warmup": 0}
-    request = control_engine.request(CONTROL_PROMPT, negative_prompt=NEGATIVE, seed=SEED, guidance_scale=GUIDANCE,
-                                     steps=4, controlnets=[CONTROL_UNIT])  # fmt: skip
+    request = control_engine.request(
+        CONTROL_PROMPT,
+        negative_prompt=NEGATIVE,
+        seed=SEED,
+        guidance_scale=GUIDANCE,
+        steps=4,
+        controlnets=[CONTROL_UNIT],
+    )
     result = control_engine.generate(request)
     expected = np.stack([np.asarray(image) for image in result.images])  # uint8 [2, 64, 64, 3]
     got = pixels_of(summary["images"])
     assert len(got) == FEATURE_DEVICES
     assert_same_pixels(got, expected)
-    assert 'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2' in Image.open(summary["images"][0]).info[
-        "parameters"]  # fmt: skip
+    assert (
+        'ControlNet 0: "Module: none, Model: controlnet-a, Weight: 1.2'
+        in Image.open(summary["images"][0]).info["parameters"]
+    )
     assert "Traceback" not in leader.output + follower.output

@@ -141,8 +141,12 @@ def test_selectors_select_their_pods():
     engines = services["sdxl-engine-headless"]["spec"]
     assert engines["clusterIP"] == "None"  # headless: its name resolves to every ready engine
     serving = [labels for labels in pods if engines["selector"].items() <= labels.items()]
-    workers = [t["metadata"]["labels"] for d in objects if d["kind"] == "LeaderWorkerSet"
-               for t in [d["spec"]["leaderWorkerTemplate"]["workerTemplate"]]]  # fmt: skip
+    workers = [
+        t["metadata"]["labels"]
+        for d in objects
+        if d["kind"] == "LeaderWorkerSet"
+        for t in [d["spec"]["leaderWorkerTemplate"]["workerTemplate"]]
+    ]
     assert len(serving) == 2 and workers and not any(engines["selector"].items() <= w.items() for w in workers)
 
 
@@ -213,8 +217,10 @@ def test_compose_runs_the_same_shape_on_one_machine():
     for page in ("page1", "page2"):
         environment = services[page]["environment"]
         assert environment["SDXL_ENGINES"] == "http://engine:8000"
-        assert environment["SDXL_DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in environment[
-            "SDXL_DATABASE_URL"]  # fmt: skip
+        assert (
+            environment["SDXL_DATABASE_URL"].startswith("postgresql://")
+            and "@postgres:5432/" in environment["SDXL_DATABASE_URL"]
+        )
     proxy = services["proxy"]["environment"]
     assert {proxy["SDXL_PAGE_1"], proxy["SDXL_PAGE_2"]} == {"page1:7860", "page2:7860"}
     config = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()

@@ -36,9 +36,16 @@ DOCKERFILE = ROOT / "Dockerfile"
 INDEX = os.environ.get("SDXL_TEST_INDEX", "https://pypi.org/simple")
 #: The platform the image runs on: CPython 3.11 on x86-64 Linux.
 WHEEL_TAGS = ("py3-none-any", "cp311-cp311-manylinux", "py3-none-manylinux")
-MARKER_ENV = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
-              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-              "implementation_name": "cpython", "platform_python_implementation": "CPython"}  # fmt: skip
+MARKER_ENV = {
+    "python_version": "3.11",
+    "python_full_version": "3.11.0",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -190,8 +197,15 @@ def test_the_image_files_start_the_app_and_the_cli(tmp_path):
     assert {"app.py", "requirements.txt"} <= set(copied)  # what is missing besides shows when the app starts
     assert not [p for p in copied if p.startswith(("tests/", "bench/")) or "__pycache__" in p]
     for command in (["app.py", "--help"], ["-m", "pipeline", "generate", "--help"]):
-        done = subprocess.run([sys.executable, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": ""}, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, *command],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": ""},
+            check=False,
+        )
         assert done.returncode == 0 and "usage:" in done.stdout, (command, done.stderr[-2000:])
 
 
@@ -211,8 +225,9 @@ def resolve(pip: list[str], plan: list[list[str]], report: pathlib.Path) -> dict
         env["PIP_CERT"] = os.environ["PIP_CERT"]
     command = [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *requirements]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    offline = re.search(r"NewConnectionError|Name or service not known|ConnectTimeout|Network is unreachable",
-                        done.stderr)  # fmt: skip
+    offline = re.search(
+        r"NewConnectionError|Name or service not known|ConnectTimeout|Network is unreachable", done.stderr
+    )
     if done.returncode != 0 and offline and not os.environ.get("CI"):  # in CI an unreachable PyPI is a failure
         pytest.skip(f"PyPI unreachable: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, f"{shlex.join(command)}\n{done.stderr[-3000:]}"
@@ -285,8 +300,9 @@ class _RangeFile(io.RawIOBase):
         count = min(len(buffer), self.size - self.pos)
         if count <= 0:
             return 0
-        reply = self.client.get(self.url, headers={"Range": f"bytes={self.pos}-{self.pos + count - 1}"},
-                                follow_redirects=True)  # fmt: skip
+        reply = self.client.get(
+            self.url, headers={"Range": f"bytes={self.pos}-{self.pos + count - 1}"}, follow_redirects=True
+        )
         assert reply.status_code == 206, f"{self.url}: the index does not serve byte ranges ({reply.status_code})"
         data = reply.content
         buffer[: len(data)] = data
@@ -303,8 +319,9 @@ class _Index:
         self.fetched = 0  # bytes of wheels read (metadata only)
 
     def files(self, name: str) -> list[dict]:
-        reply = self.client.get(f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"},
-                                follow_redirects=True)  # fmt: skip
+        reply = self.client.get(
+            f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}, follow_redirects=True
+        )
         reply.raise_for_status()
         return reply.json()["files"]
 

@@ -18,8 +18,17 @@ from pipeline.__main__ import main as cli
 PICTURE, MASK = FIXTURES / "image-input.png", FIXTURES / "image-mask.png"
 PROMPT = "a cozy cabin in a snowy forest <lora:locon:-0.5>"
 #: The request every feature at once (the CLI's flags; the engine's fields below).
-FIELDS = dict(negative_prompt="blurry", loras=[["kohya_sgm", "0.8"], ["peft", "0.5", "1.2"]], init_image=PICTURE,
-              mask_image=MASK, strength=0.75, cfg_end=0.5, deepcache=2, steps=4, sampler="DPM++ 2M")  # fmt: skip
+FIELDS = dict(
+    negative_prompt="blurry",
+    loras=[["kohya_sgm", "0.8"], ["peft", "0.5", "1.2"]],
+    init_image=PICTURE,
+    mask_image=MASK,
+    strength=0.75,
+    cfg_end=0.5,
+    deepcache=2,
+    steps=4,
+    sampler="DPM++ 2M",
+)
 
 
 def short_hash(name: str) -> str:
@@ -29,8 +38,20 @@ def short_hash(name: str) -> str:
 
 
 def engine_args(lora_dir: Path) -> list[str]:
-    return ["--model", str(TINY_PT), "--lora-dir", str(lora_dir), "--height", str(TEST_SIZE), "--width",
-            str(TEST_SIZE), "--steps", "3", "--dtype", "float32"]  # fmt: skip
+    return [
+        "--model",
+        str(TINY_PT),
+        "--lora-dir",
+        str(lora_dir),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        "3",
+        "--dtype",
+        "float32",
+    ]
 
 
 def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feature_engine, engine):
@@ -39,17 +60,44 @@ def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feat
     LoRA merge, where a process of its own device count compiled all 17 cold. Its 8 images are `feature_engine`'s
     (2 devices: 4 requests, each image with its own seed)."""
     done = run_cli(
-        "generate", *engine_args(lora_dir), "--prompt", PROMPT, "--negative-prompt", "blurry", "--seed", "7",
-        "--lora", "kohya_sgm:0.8", "--lora", "peft:0.5:1.2", "--init-image", str(PICTURE), "--mask-image", str(MASK),
-        "--strength", "0.75", "--cfg-end", "0.5", "--deepcache", "2", "--steps", "4", "--sampler", "DPM++ 2M",
-        "--out", str(tmp_path), "--json",
-    )  # fmt: skip
+        "generate",
+        *engine_args(lora_dir),
+        "--prompt",
+        PROMPT,
+        "--negative-prompt",
+        "blurry",
+        "--seed",
+        "7",
+        "--lora",
+        "kohya_sgm:0.8",
+        "--lora",
+        "peft:0.5:1.2",
+        "--init-image",
+        str(PICTURE),
+        "--mask-image",
+        str(MASK),
+        "--strength",
+        "0.75",
+        "--cfg-end",
+        "0.5",
+        "--deepcache",
+        "2",
+        "--steps",
+        "4",
+        "--sampler",
+        "DPM++ 2M",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["compiles_after_warmup"] == 0 and summary["seeds"] == list(range(7, 15))
     assert summary["programs"]["compiled"] <= 1, summary["programs"]  # the merge; the rest from `engine`'s
-    results = [feature_engine.generate(feature_engine.request(PROMPT, seed=seed, **FIELDS))
-               for seed in range(7, 15, feature_engine.device_count)]  # fmt: skip
+    results = [
+        feature_engine.generate(feature_engine.request(PROMPT, seed=seed, **FIELDS))
+        for seed in range(7, 15, feature_engine.device_count)
+    ]
     expected = results[0]
     got = [Image.open(path) for path in summary["images"]]
     for image, want in zip(got, [image for result in results for image in result.images], strict=True):
@@ -71,27 +119,50 @@ def test_every_feature_at_once_gives_the_engines_images(lora_dir, tmp_path, feat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--no-speed-levers", "--cfg-end", "0.5"],
-         "error: This server runs every step whole and guided (started with --no-speed-levers): cfg_end and "
-         "deepcache must be 1."),
-        (["--deepcache", "9"],
-         "error: deepcache must be a whole number from 1 (off) to 5 (the whole UNet every N steps); got 9."),
+        (
+            ["--no-speed-levers", "--cfg-end", "0.5"],
+            "error: This server runs every step whole and guided (started with --no-speed-levers): cfg_end and "
+            "deepcache must be 1.",
+        ),
+        (
+            ["--deepcache", "9"],
+            "error: deepcache must be a whole number from 1 (off) to 5 (the whole UNet every N steps); got 9.",
+        ),
         (["--mask", str(MASK)], "error: A mask needs an image to repaint; add the image or remove the mask."),
-        (["--init-image", str(PICTURE), "--strength", "0"],
-         "error: Strength must be a number above 0 and at most 1; got 0.0."),
-        (["--init-image", "/nowhere/cabin.png"],
-         "error: The image file '/nowhere/cabin.png' does not exist or is not a file."),  # as the user typed it
+        (
+            ["--init-image", str(PICTURE), "--strength", "0"],
+            "error: Strength must be a number above 0 and at most 1; got 0.0.",
+        ),
+        (
+            ["--init-image", "/nowhere/cabin.png"],
+            "error: The image file '/nowhere/cabin.png' does not exist or is not a file.",
+        ),  # as the user typed it
         (["--lora", "kohya_sgm:0.8"], "error: No LoRAs are offered (they come from --lora-dir DIR)."),
-        (["--lora-dir", "LORA_DIR", "--lora", "peft:abc"],
-         "error: The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'."),
-        (["--lora-dir", "LORA_DIR", "--lora", "nope"],
-         f"error: Unknown LoRA 'nope'; the LoRAs offered: {', '.join(sorted(LORA_NAMES))}."),  # not the refused ones
-        (["--lora-dir", "/nowhere/loras"],
-         "error: LoRA directory /nowhere/loras does not exist or is not a directory."),
+        (
+            ["--lora-dir", "LORA_DIR", "--lora", "peft:abc"],
+            "error: The weight of LoRA 'peft' must be a number from -10 to 10; got 'abc'.",
+        ),
+        (
+            ["--lora-dir", "LORA_DIR", "--lora", "nope"],
+            f"error: Unknown LoRA 'nope'; the LoRAs offered: {', '.join(sorted(LORA_NAMES))}.",
+        ),  # not the refused ones
+        (
+            ["--lora-dir", "/nowhere/loras"],
+            "error: LoRA directory /nowhere/loras does not exist or is not a directory.",
+        ),
     ],
-    ids=["no-levers", "deepcache", "mask-alone", "strength", "missing-image", "no-lora-dir", "weight", "unknown",
-         "missing-lora-dir"],
-)  # fmt: skip
+    ids=[
+        "no-levers",
+        "deepcache",
+        "mask-alone",
+        "strength",
+        "missing-image",
+        "no-lora-dir",
+        "weight",
+        "unknown",
+        "missing-lora-dir",
+    ],
+)
 def test_bad_values_are_one_line_before_the_model_loads(args, message, lora_dir, tmp_path, capsys):
     """Checked against the rules the flags give (RequestRules.of): nothing loads, nothing is written. Before loading,
     the directory's files are named as offered; a file it then refuses is named below."""
@@ -106,11 +177,14 @@ def test_bad_values_are_one_line_before_the_model_loads(args, message, lora_dir,
 def test_a_lora_refused_at_start_up_is_one_line_when_asked_for(lora_dir, tmp_path):
     """dora.safetensors is in --lora-dir but cannot be applied: the start-up names it, and a request for it is
     refused in one line (exit 2), not a traceback."""
-    done = run_cli("generate", *engine_args(lora_dir), "--prompt", "a cabin", "--lora", "dora:1", "--out",
-                   str(tmp_path))  # fmt: skip
+    done = run_cli(
+        "generate", *engine_args(lora_dir), "--prompt", "a cabin", "--lora", "dora:1", "--out", str(tmp_path)
+    )
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: LoRA 'dora' is not offered: dora.safetensors is a DoRA file (dora_scale weights), which "
-                      "this app does not apply (only LoRA and LoCon)."], done.stderr
+    assert errors == [
+        "error: LoRA 'dora' is not offered: dora.safetensors is a DoRA file (dora_scale weights), which "
+        "this app does not apply (only LoRA and LoCon)."
+    ], done.stderr
     assert "loading" not in done.stderr.lower() and "compile" not in done.stderr.lower()  # refused before the load
     assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.png"))

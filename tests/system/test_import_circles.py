@@ -55,16 +55,24 @@ def test_the_page_imports_no_jax():
     import subprocess
     import sys
 
-    code = ("import sys, web.page.layout, web.options, web.history.tab, web.apis, web.engines.remote; "
-            "print(sorted(m for m in sys.modules if m == 'jax'))")
+    code = (
+        "import sys, web.page.layout, web.options, web.history.tab, web.apis, web.engines.remote; "
+        "print(sorted(m for m in sys.modules if m == 'jax'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 #: What web/ may import of the engine: the request contract, the engine service's wire format and info, and the
 #: options (the engine's flags and the static settings they make, the service's own flags).
-PAGE_MAY_IMPORT = ("pipeline.contract", "pipeline.service.wire", "pipeline.service.info", "pipeline.options",
-                   "pipeline.config", "pipeline.service.command_line")  # fmt: skip
+PAGE_MAY_IMPORT = (
+    "pipeline.contract",
+    "pipeline.service.wire",
+    "pipeline.service.info",
+    "pipeline.options",
+    "pipeline.config",
+    "pipeline.service.command_line",
+)
 
 
 def test_the_page_imports_only_the_contract():
@@ -74,10 +82,12 @@ def test_the_page_imports_only_the_contract():
     assert "pipeline.contract.request" in graph["web.page.handlers"]  # the reader sees the page's imports
     reached = {
         (module, name)
-        for module, names in graph.items() if module.split(".")[0] == "web"
-        for name in names if name.split(".")[0] == "pipeline"
+        for module, names in graph.items()
+        if module.split(".")[0] == "web"
+        for name in names
+        if name.split(".")[0] == "pipeline"
         and not any(name == allowed or name.startswith(f"{allowed}.") for allowed in PAGE_MAY_IMPORT)
-    }  # fmt: skip
+    }
     assert not reached, "web/ imports the engine's insides: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
 
 
@@ -86,8 +96,13 @@ def test_the_engine_clients_stand_apart():
     no page, server or Gradio (a bench or a test drives them alone)."""
     graph = project_imports()
     assert "web.engines.pool" in graph["web.engines.remote"]
-    reached = {(m, n) for m, names in graph.items() if m.startswith("web.engines.") for n in names
-               if n.split(".")[0] == "web" and not n.startswith("web.engines")}  # fmt: skip
+    reached = {
+        (m, n)
+        for m, names in graph.items()
+        if m.startswith("web.engines.")
+        for n in names
+        if n.split(".")[0] == "web" and not n.startswith("web.engines")
+    }
     assert not reached, "web/engines/ imports: " + ", ".join(f"{m} -> {n}" for m, n in sorted(reached))
 
 
@@ -95,8 +110,13 @@ def test_the_contract_imports_nothing_else_of_the_engine():
     """pipeline/contract/ is the floor the engine and the page stand on: it imports only itself."""
     graph = project_imports()
     assert "pipeline.contract.fields" in graph["pipeline.contract.request"]
-    above = {(m, n) for m, names in graph.items() if m.startswith("pipeline.contract.") for n in names
-             if not n.startswith("pipeline.contract.")}  # fmt: skip
+    above = {
+        (m, n)
+        for m, names in graph.items()
+        if m.startswith("pipeline.contract.")
+        for n in names
+        if not n.startswith("pipeline.contract.")
+    }
     assert not above, "the contract imports: " + ", ".join(f"{m} -> {n}" for m, n in sorted(above))
 
 
@@ -109,7 +129,8 @@ def test_no_arrow_runs_back_up():
         if module.startswith("pipeline."):
             floor = ".".join(module.split(".")[:2])
             floors.setdefault(floor, set()).update(
-                ".".join(name.split(".")[:2]) for name in names if name.startswith("pipeline."))
+                ".".join(name.split(".")[:2]) for name in names if name.startswith("pipeline.")
+            )
             floors[floor].discard(floor)
     assert {"pipeline.contract", "pipeline.host", "pipeline.device", "pipeline.config"} <= set(floors)
     try:
@@ -124,8 +145,11 @@ def test_the_bench_reaches_the_engine_through_one_door():
     import bench.engine
 
     graph = project_imports()
-    reaching = {module: sorted(name for name in imported if name.split(".")[0] == "pipeline")
-                for module, imported in graph.items() if module.startswith("bench.")}  # fmt: skip
+    reaching = {
+        module: sorted(name for name in imported if name.split(".")[0] == "pipeline")
+        for module, imported in graph.items()
+        if module.startswith("bench.")
+    }
     assert reaching.pop("bench.engine") and len(reaching) >= 40
     assert {module: names for module, names in reaching.items() if names} == {}
     assert "bench.engine" in graph["bench.cpu.fused"] and "bench.engine" in graph["bench.__main__"]

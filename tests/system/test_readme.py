@@ -82,8 +82,12 @@ def test_the_first_screen_says_how_long_the_first_start_waits():
     on an accelerator, where the compiled programs stay, and how to offer the hires fix (`--hires-scales`)."""
     text = README.read_text(encoding="utf-8")
     first = text[: text.index("\n## Install")]
-    cold, warm = (int(figure) for figure in re.search(
-        r"First start on 2 CPU cores: (\d+) s\*\*.*?\*\*a restart: (\d+) s\*\*", first, re.S).groups())  # fmt: skip
+    cold, warm = (
+        int(figure)
+        for figure in re.search(
+            r"First start on 2 CPU cores: (\d+) s\*\*.*?\*\*a restart: (\d+) s\*\*", first, re.S
+        ).groups()
+    )
     assert cold > warm > 0
     run_page = RUN_PAGE.read_text(encoding="utf-8")
     assert f"**{cold} s** cold" in run_page and f"**{warm} s** warm" in run_page  # one measurement, said alike
@@ -111,8 +115,10 @@ def test_every_readme_command_parses(monkeypatch):
         engine_config(_generate_parser().parse_args(argv))
     text = _user_docs_text()
     # Offline examples: a UNet file from the fixture, the PyTorch fixture in the app, two processes on one machine.
-    assert any("--unet" in a and "tests/fixtures/tiny-pt/unet/diffusion_pytorch_model.fp16.safetensors" in a
-               for a in app_commands + cli_commands)  # fmt: skip
+    assert any(
+        "--unet" in a and "tests/fixtures/tiny-pt/unet/diffusion_pytorch_model.fp16.safetensors" in a
+        for a in app_commands + cli_commands
+    )
     assert any("tests/fixtures/tiny-pt" in argv for argv in app_commands)
     assert any("127.0.0.1:" in " ".join(argv) and "--process-id" in argv for argv in app_commands)
     assert "multiple of 8" not in text and "21.6 s" not in text
@@ -157,8 +163,15 @@ def test_the_options_page_lists_every_app_option_and_the_readme_is_a_front_door(
             assert option.env in rows[option.flag], option.flag
     assert len(text.splitlines()) <= README_MAX_LINES  # the manual lives in docs/, the record in bench/README.md
     assert (REPO / "bench" / "README.md").is_file() and "bench/README.md" in text
-    for section in ("## Install", "## What it does", "## Deploy", "## How it works", "## Tests", "## Licence",
-                    "## What this does not do"):  # fmt: skip
+    for section in (
+        "## Install",
+        "## What it does",
+        "## Deploy",
+        "## How it works",
+        "## Tests",
+        "## Licence",
+        "## What this does not do",
+    ):
         assert re.search(rf"^{section}", text, re.M), section
     for page in ("docs/run.md", "docs/api.md", "docs/deploy.md", "docs/options.md", "docs/architecture.md"):
         assert f"]({page}" in text, page  # the front door links each room

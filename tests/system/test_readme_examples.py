@@ -39,9 +39,11 @@ def blocks_of(page) -> list[str]:
 
 #: Blocks not run, by page and the start of their first line, with the reason: what they need that a test lacks.
 NOT_RUN = {
-    ("docs/apis.md", "# a sketch, not run by the tests (photo.png, mask.png: yours)"):
-        "an image edit of the reader's own photo.png and mask.png; the OpenAI edits run in tests/web/test_apis.py",
-}  # fmt: skip
+    (
+        "docs/apis.md",
+        "# a sketch, not run by the tests (photo.png, mask.png: yours)",
+    ): "an image edit of the reader's own photo.png and mask.png; the OpenAI edits run in tests/web/test_apis.py"
+}
 
 
 def excused(source: str, block: str) -> tuple[str, str] | None:
@@ -51,8 +53,12 @@ def excused(source: str, block: str) -> tuple[str, str] | None:
 
 def python_blocks() -> list[tuple[str, str]]:
     """(page, block) for every block of the README and docs/ that names its server."""
-    return [(page.relative_to(REPO).as_posix(), block) for page in DOCS for block in blocks_of(page)
-            if block.startswith(SERVER)]  # fmt: skip
+    return [
+        (page.relative_to(REPO).as_posix(), block)
+        for page in DOCS
+        for block in blocks_of(page)
+        if block.startswith(SERVER)
+    ]
 
 
 def test_every_python_block_is_run_or_excused():
@@ -61,7 +67,8 @@ def test_every_python_block_is_run_or_excused():
     every = [(page.relative_to(REPO).as_posix(), block) for page in DOCS for block in blocks_of(page)]
     for source, block in every:
         assert block.startswith(SERVER) or excused(source, block), (
-            f"a python block of {source} neither names its server nor is in NOT_RUN: {block[:200]}")  # fmt: skip
+            f"a python block of {source} neither names its server nor is in NOT_RUN: {block[:200]}"
+        )
     found = {excused(source, block) for source, block in every} - {None}
     assert found == set(NOT_RUN), f"NOT_RUN names blocks the docs no longer have: {set(NOT_RUN) - found}"
     for block in blocks_of(REPO / "README.md") + blocks_of(API_PAGE):
@@ -83,8 +90,9 @@ def app_server(argv: list[str]):
     args = parse_args([*argv, "--cpu-devices", "0"])  # the test process's 8 virtual devices stand for the machine's
     history = History.off()
     if not args.no_history:
-        history = History.for_server(args.data_dir or default_data_dir(), logins=bool(args.auth),
-                                     max_entries=args.history_max)  # fmt: skip
+        history = History.for_server(
+            args.data_dir or default_data_dir(), logins=bool(args.auth), max_entries=args.history_max
+        )
     _, engine = start_cluster_and_engine(args)
     page = build_page(engine, queue_size=args.queue_size, progress=not args.no_progress, history=history)
     try:

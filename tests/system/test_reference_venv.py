@@ -42,8 +42,10 @@ def test_venv_is_made_once_per_requirements_and_again_when_they_change(tmp_path,
     requirements.write_text("diffusers==0.39.0\n")
     venv = tmp_path / ".venv-reference"
     pythons: list = []
-    threads = [threading.Thread(target=lambda: pythons.append(reference_venv.ensure_venv(venv, requirements)))
-               for _ in range(3)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: pythons.append(reference_venv.ensure_venv(venv, requirements)))
+        for _ in range(3)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -115,8 +117,9 @@ def test_failed_install_leaves_no_marker(tmp_path, monkeypatch, fake_builds):
 
 def test_worker_imports_only_the_reference_libraries():
     tree = ast.parse((REPO / "bench" / "cpu" / "reference_worker.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}  # fmt: skip
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     libraries = imported - sys.stdlib_module_names - {"__future__"}
     assert libraries <= WORKER_LIBRARIES and {"jax", "diffusers"} <= libraries

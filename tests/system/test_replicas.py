@@ -37,8 +37,13 @@ def replicas(ui_engine, postgres, tmp_path_factory):
     with contextlib.ExitStack() as stack:
         pages = []
         for name in ("a", "b"):
-            history = History.for_server(tmp_path_factory.mktemp(f"data-{name}"), logins=True, max_entries=None,
-                                         database_url=database, image_store=images)  # fmt: skip
+            history = History.for_server(
+                tmp_path_factory.mktemp(f"data-{name}"),
+                logins=True,
+                max_entries=None,
+                database_url=database,
+                image_store=images,
+            )
             pages.append(stack.enter_context(served(ui_engine, auth=[USER], history=history)))
         yield pages
 
@@ -62,8 +67,9 @@ def _wait_until_both_up(url: str) -> None:
 
 
 def test_a_login_sticks_to_its_replica_and_history_is_shared(proxy, tmp_path):
-    first, second = (Client(proxy, auth=USER, verbose=False, download_files=str(tmp_path / name))
-                     for name in ("first", "second"))  # fmt: skip
+    first, second = (
+        Client(proxy, auth=USER, verbose=False, download_files=str(tmp_path / name)) for name in ("first", "second")
+    )
     # Each login landed on a replica and holds HAProxy's cookie naming it: two visitors, two replicas.
     assert {first.cookies["SDXL_PAGE"], second.cookies["SDXL_PAGE"]} == {"page1", "page2"}
     token = {name: value for name, value in first.cookies.items() if name != "SDXL_PAGE"}
@@ -80,8 +86,12 @@ def test_nginx_keeps_a_login_on_its_replica_too(replicas, tmp_path):
     with nginx(NGINX_CONFIG, addresses) as proxy:
         logins = {}  # replica (the login cookie's name, one per Gradio app) -> cookies of a login that landed there
         for route in range(64):
-            answer = httpx.post(f"{proxy}login", data=dict(zip(("username", "password"), USER, strict=True)),
-                                cookies={"sdxl_route": f"r{route}"}, timeout=60)  # fmt: skip
+            answer = httpx.post(
+                f"{proxy}login",
+                data=dict(zip(("username", "password"), USER, strict=True)),
+                cookies={"sdxl_route": f"r{route}"},
+                timeout=60,
+            )
             assert answer.status_code == 200 and answer.cookies["sdxl_route"] == f"r{route}"
             replica = min(name for name in answer.cookies if name.startswith("access-token"))
             logins.setdefault(replica, dict(answer.cookies))
@@ -92,9 +102,15 @@ def test_nginx_keeps_a_login_on_its_replica_too(replicas, tmp_path):
         assert [httpx.get(f"{proxy}config", cookies=mine).status_code for _ in range(4)] == [200] * 4
         elsewhere = {**mine, "sdxl_route": theirs["sdxl_route"]}  # this login, the other replica's route
         assert httpx.get(f"{proxy}config", cookies=elsewhere).status_code == 401
-        first, second = (Client(proxy, verbose=False, httpx_kwargs={"cookies": cookies, "timeout": 600},
-                                download_files=str(tmp_path / name))
-                         for name, cookies in (("first", mine), ("second", theirs)))  # fmt: skip
+        first, second = (
+            Client(
+                proxy,
+                verbose=False,
+                httpx_kwargs={"cookies": cookies, "timeout": 600},
+                download_files=str(tmp_path / name),
+            )
+            for name, cookies in (("first", mine), ("second", theirs))
+        )
         _made_on_one_replica_seen_on_the_other(proxy, first, second, "a windmill made behind nginx")
 
 
@@ -118,13 +134,25 @@ def _made_on_one_replica_seen_on_the_other(proxy: str, first: Client, second: Cl
     assert thumbnail.headers["content-type"] == "image/jpeg" and thumbnail.content[:3] == b"\xff\xd8\xff"
     assert httpx.get(listed[0]["images"][0], timeout=60).status_code == 404  # no login: nothing
 
+
 def test_the_app_takes_its_history_storage_from_the_options(tmp_path):
     """`python app.py --database-url` reaches the store before any model loads: an unreachable database is one
     line (its password hidden) and exit status 2."""
     socket_dir = tmp_path / "no-server-here"
-    result = run_python("app.py", "--model", "tiny", "--auth", "ann:pw", "--data-dir", str(tmp_path / "data"),
-                        env={"SDXL_DATABASE_URL": f"postgresql://sdxl:hunter2@/sdxl?host={socket_dir}",
-                             "SDXL_IMAGE_STORE": str(tmp_path / "images")}, timeout=300)  # fmt: skip
+    result = run_python(
+        "app.py",
+        "--model",
+        "tiny",
+        "--auth",
+        "ann:pw",
+        "--data-dir",
+        str(tmp_path / "data"),
+        env={
+            "SDXL_DATABASE_URL": f"postgresql://sdxl:hunter2@/sdxl?host={socket_dir}",
+            "SDXL_IMAGE_STORE": str(tmp_path / "images"),
+        },
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("app.py: error:")]
     assert len(lines) == 1 and "cannot open the history database" in lines[0], result.stderr

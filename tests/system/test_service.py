@@ -29,8 +29,21 @@ pytestmark = pytest.mark.slow  # three processes: two engines and a page
 TOKEN = "test-engine-token"
 #: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each, and a
 #: ControlNet: `control_engine`'s configuration, so that engine is the embedded reference of a ControlNet request.
-ENGINE_FLAGS = ["--sizes", "64x64", "--steps", "2", "--dtype", "float32", "--cpu-devices", "2", "--no-speed-levers",
-                "--prompt-windows", "1", "--controlnet", str(CONTROLNETS[0])]  # fmt: skip
+ENGINE_FLAGS = [
+    "--sizes",
+    "64x64",
+    "--steps",
+    "2",
+    "--dtype",
+    "float32",
+    "--cpu-devices",
+    "2",
+    "--no-speed-levers",
+    "--prompt-windows",
+    "1",
+    "--controlnet",
+    str(CONTROLNETS[0]),
+]
 #: Steps of a request long enough to act on mid-way (64², 2 devices: a few seconds).
 LONG_STEPS = 60
 START_S = 600
@@ -76,8 +89,11 @@ class Launched:
 class Engine(Launched):
     def __init__(self, model: pathlib.Path, log: pathlib.Path) -> None:
         self.port = free_port()
-        super().__init__([sys.executable, "-m", "pipeline", "serve", "--model", str(model), *ENGINE_FLAGS,
-                          "--port", str(self.port)], log, {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+        super().__init__(
+            [sys.executable, "-m", "pipeline", "serve", "--model", str(model), *ENGINE_FLAGS, "--port", str(self.port)],
+            log,
+            {"SDXL_ENGINE_TOKEN": TOKEN},
+        )
 
     @property
     def url(self) -> str:
@@ -118,9 +134,18 @@ def engines(tmp_path_factory):
 @pytest.fixture(scope="module")
 def page(engines, tmp_path_factory):
     port = free_port()
-    front = Launched([sys.executable, "app.py", "--port", str(port), "--no-history",
-                      *(arg for engine in engines for arg in ("--engine", engine.url))],
-                     tmp_path_factory.mktemp("page") / "page.log", {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+    front = Launched(
+        [
+            sys.executable,
+            "app.py",
+            "--port",
+            str(port),
+            "--no-history",
+            *(arg for engine in engines for arg in ("--engine", engine.url)),
+        ],
+        tmp_path_factory.mktemp("page") / "page.log",
+        {"SDXL_ENGINE_TOKEN": TOKEN},
+    )
     try:
         front.wait_for("Running on")
         front.url = f"http://127.0.0.1:{port}/"
@@ -137,8 +162,9 @@ def client(page):
 
 
 def generate(page, seed: int, steps: int = 2) -> tuple[list[np.ndarray], int, str]:
-    gallery, used, status = client(page).predict("a lighthouse", api_name="/generate", seed=seed,
-                                                 randomize_seed=False, steps=steps)  # fmt: skip
+    gallery, used, status = client(page).predict(
+        "a lighthouse", api_name="/generate", seed=seed, randomize_seed=False, steps=steps
+    )
     return [np.asarray(Image.open(item["image"]).convert("RGB")) for item in gallery], used, status
 
 
@@ -170,8 +196,12 @@ def test_the_token_and_the_endpoints(engines):
     assert info["sizes"] == [[64, 64]] and info["num_images"] == 2 and "Euler" in info["samplers"]
     assert info["request_schema"]["title"] == "Request" and str(REPO) not in json.dumps(info)
     metrics = engine.call("GET", "/metrics")[2].decode()
-    for name in ('sdxl_engine_requests_total{outcome="refused"}', "sdxl_engine_request_seconds_bucket",
-                 "sdxl_engine_busy 0", 'sdxl_engine_text_cache_total{result="miss"}'):  # fmt: skip
+    for name in (
+        'sdxl_engine_requests_total{outcome="refused"}',
+        "sdxl_engine_request_seconds_bucket",
+        "sdxl_engine_busy 0",
+        'sdxl_engine_text_cache_total{result="miss"}',
+    ):
         assert name in metrics
     status, _, body = engine.call("POST", "/v1/generate", {"prompt": "a cat", "steps": 1000})
     assert status == 400 and json.loads(body) == {"error": "Steps must be a whole number from 1 to 100; got 1000."}
@@ -181,8 +211,12 @@ def test_a_second_request_is_refused_at_once_and_a_closed_connection_stops_the_f
     engine = engines[1]
     stopped_before = engine.metric('sdxl_engine_requests_total{outcome="stopped"}')
     connection = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=120)
-    connection.request("POST", "/v1/generate", json.dumps({"prompt": "a cat", "steps": LONG_STEPS}).encode(),
-                       {"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    connection.request(
+        "POST",
+        "/v1/generate",
+        json.dumps({"prompt": "a cat", "steps": LONG_STEPS}).encode(),
+        {"Authorization": f"Bearer {TOKEN}"},
+    )
     response = connection.getresponse()
     assert response.status == 200 and json.loads(response.readline())["event"] == "step"
     started = time.monotonic()
@@ -258,8 +292,16 @@ def test_previews_a_picture_parameters_and_stop_through_the_page(page, engines, 
 
     picture = tmp_path / "start.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(picture)
-    job = client(page).submit("a lighthouse", api_name="/generate", seed=51, randomize_seed=False, steps=8,
-                              init_image=handle_file(str(picture)), strength=0.5, previews=True)  # fmt: skip
+    job = client(page).submit(
+        "a lighthouse",
+        api_name="/generate",
+        seed=51,
+        randomize_seed=False,
+        steps=8,
+        init_image=handle_file(str(picture)),
+        strength=0.5,
+        previews=True,
+    )
     gallery, seed, status = job.result(timeout=300)
     assert seed == 51 and "from a picture, strength 0.5" in status
     forming = [out[0][0]["caption"] for out in job.outputs()[:-1] if isinstance(out[0], list) and out[0]]
@@ -283,10 +325,18 @@ def test_a_controlnet_request_through_the_page_gives_the_embedded_engines_pixels
     """The page checks the unit (canny of the picture) and sends the finished map to an engine, which runs it as
     the embedded engine of the same configuration does: same pixels, A1111's ControlNet entry in `parameters`."""
     picture = FIXTURES / "image-input.png"
-    unit = {"name": "controlnet-a", "image": base64.b64encode(picture.read_bytes()).decode(), "weight": 0.9,
-            "start": 0.25, "preprocessor": "canny", "low": 60, "high": 140}  # fmt: skip
-    gallery, seed, _ = client(page).predict("a lighthouse", api_name="/generate_png", seed=61, randomize_seed=False,
-                                            steps=4, controlnets=[unit])  # fmt: skip
+    unit = {
+        "name": "controlnet-a",
+        "image": base64.b64encode(picture.read_bytes()).decode(),
+        "weight": 0.9,
+        "start": 0.25,
+        "preprocessor": "canny",
+        "low": 60,
+        "high": 140,
+    }
+    gallery, seed, _ = client(page).predict(
+        "a lighthouse", api_name="/generate_png", seed=61, randomize_seed=False, steps=4, controlnets=[unit]
+    )
     text = Image.open(gallery[0]["image"]).info["parameters"]
     assert 'ControlNet 0: "Module: canny, Model: controlnet-a, Weight: 0.9, Guidance Start: 0.25' in text, text
     before = control_engine.compile_count
@@ -315,18 +365,24 @@ def test_a_page_whose_only_engine_is_killed_says_why_at_once_then_says_it_waits(
     front = None
     try:
         port = free_port()
-        front = Launched([sys.executable, "app.py", "--port", str(port), "--no-history", "--engine", engine.url],
-                         tmp_path / "page.log", {"SDXL_ENGINE_TOKEN": TOKEN})  # fmt: skip
+        front = Launched(
+            [sys.executable, "app.py", "--port", str(port), "--no-history", "--engine", engine.url],
+            tmp_path / "page.log",
+            {"SDXL_ENGINE_TOKEN": TOKEN},
+        )
         front.wait_for("Running on")
         # no downloads: its view of the stream does not lag behind file transfers
         caller = Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
         finished, _, _ = caller.predict("a lighthouse", api_name="/generate", seed=71, randomize_seed=False, steps=2)
-        job = caller.submit("a lighthouse", api_name="/generate", seed=72, randomize_seed=False, steps=100,
-                            previews=True)  # the API's default is none: this test kills the engine while they show
+        job = caller.submit(
+            "a lighthouse", api_name="/generate", seed=72, randomize_seed=False, steps=100, previews=True
+        )  # the API's default is none: this test kills the engine while they show
 
         def forming() -> bool:
-            return any(isinstance(out[0], list) and out[0] and out[0][0]["caption"].startswith("step ")
-                       for out in job.outputs())  # fmt: skip
+            return any(
+                isinstance(out[0], list) and out[0] and out[0][0]["caption"].startswith("step ")
+                for out in job.outputs()
+            )
 
         deadline = time.monotonic() + 120
         while not forming():

@@ -32,10 +32,25 @@ def _run(folder, workers: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # the conftest's imports
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "--basetemp",
-         str(folder / "basetemp"), str(folder / "tests")],
-        cwd=folder, capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            workers,
+            "--basetemp",
+            str(folder / "basetemp"),
+            str(folder / "tests"),
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("workers", ["2", "0"])
@@ -51,5 +66,5 @@ def test_a_test_that_leaves_a_folder_in_tmpdir_fails_the_run(tmp_path, workers):
     done = _run(tmp_path, workers)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "2 passed" in done.stdout  # the tests passed; the check failed the run
-    report = done.stdout[done.stdout.index("left in TMPDIR"):]
+    report = done.stdout[done.stdout.index("left in TMPDIR") :]
     assert "Tests left 1 entry" in report and "deliberate-leak-" in report, report

@@ -10,16 +10,37 @@ from pipeline.contract.request import RequestRules
 from web.apis.a1111_fields import a1111_request
 from web.apis.guard import json_object
 
-UNIT = {"enabled": True, "image": "aGVsbG8=", "module": "canny", "model": "canny-tiny [abc123]", "weight": 0.8,
-        "guidance_start": 0.25, "guidance_end": 0.75, "threshold_a": 50, "threshold_b": 150}  # fmt: skip
-PAYLOAD = {"prompt": "a house", "alwayson_scripts": {"controlnet": {"args": [UNIT, {"enabled": False}]},
-                                                     "adetailer": {"args": []}}}  # fmt: skip
+UNIT = {
+    "enabled": True,
+    "image": "aGVsbG8=",
+    "module": "canny",
+    "model": "canny-tiny [abc123]",
+    "weight": 0.8,
+    "guidance_start": 0.25,
+    "guidance_end": 0.75,
+    "threshold_a": 50,
+    "threshold_b": 150,
+}
+PAYLOAD = {
+    "prompt": "a house",
+    "alwayson_scripts": {"controlnet": {"args": [UNIT, {"enabled": False}]}, "adetailer": {"args": []}},
+}
 
 
 def test_controlnet_units_are_run_where_the_server_offers_controlnets():
     asked = a1111_request(PAYLOAD, RequestRules(sizes=((64, 64),), controlnets=("canny-tiny",)), picture=False)
-    assert asked.given["controlnets"] == [{"name": "canny-tiny", "image": "aGVsbG8=", "weight": 0.8, "start": 0.25,
-                                           "end": 0.75, "preprocessor": "canny", "low": 50, "high": 150}]  # fmt: skip
+    assert asked.given["controlnets"] == [
+        {
+            "name": "canny-tiny",
+            "image": "aGVsbG8=",
+            "weight": 0.8,
+            "start": 0.25,
+            "end": 0.75,
+            "preprocessor": "canny",
+            "low": 50,
+            "high": 150,
+        }
+    ]
     assert asked.ignored_scripts == ("adetailer",)
 
 
@@ -55,8 +76,10 @@ def test_samplers_and_schedulers_not_offered_are_refused_in_the_tables_words():
     from pipeline.contract.fields import FIELD
 
     rules = RequestRules(sizes=((64, 64),))
-    for payload, row, value in (({"sampler_name": "Heun++"}, "sampler", "Heun++"),
-                                ({"scheduler": "lunar"}, "schedule_type", "lunar")):  # fmt: skip
+    for payload, row, value in (
+        ({"sampler_name": "Heun++"}, "sampler", "Heun++"),
+        ({"scheduler": "lunar"}, "schedule_type", "lunar"),
+    ):
         with pytest.raises(InvalidInput) as refused:
             a1111_request({"prompt": "x", **payload}, rules, picture=False)
         assert str(refused.value) == str(FIELD[row].refusal(value))
@@ -95,10 +118,16 @@ def test_upscaler_lists_are_what_the_servers_hires_fix_offers_in_a1111s_shapes()
     assert latent_upscale_items(hires) == [{"name": name} for name in LATENT_UPSCALERS]
     assert latent_upscale_items(hires)[:2] == [{"name": "Latent"}, {"name": "Latent (antialiased)"}]
     # an upscaler the engine adds (an ESRGAN file, by its name) is listed after A1111's own, with no path
-    extra = RequestRules(sizes=((64, 64),), hires_scales=(2.0,),
-                         hires_upscalers=(*hires.hires_upscalers, "4x-tiny-esrgan"))  # fmt: skip
-    assert upscaler_items(extra)[-1] == {"name": "4x-tiny-esrgan", "model_name": "4x-tiny-esrgan", "model_path": None,
-                                         "model_url": None, "scale": 4}  # fmt: skip
+    extra = RequestRules(
+        sizes=((64, 64),), hires_scales=(2.0,), hires_upscalers=(*hires.hires_upscalers, "4x-tiny-esrgan")
+    )
+    assert upscaler_items(extra)[-1] == {
+        "name": "4x-tiny-esrgan",
+        "model_name": "4x-tiny-esrgan",
+        "model_path": None,
+        "model_url": None,
+        "scale": 4,
+    }
     assert latent_upscale_items(extra) == latent_upscale_items(hires)
 
 
@@ -107,9 +136,20 @@ def test_a_remote_engines_upscalers_come_from_its_info():
     from web.engines.pool import EnginePool
     from web.engines.remote import RemoteEngines
 
-    info = {"model": "m", "steps": 3, "sizes": [[64, 64]], "guidance_scale": 5.0, "cfg": True, "levers": True,
-            "loras": [], "hires_scales": [2.0], "num_images": 2, "device_kind": "cpu", "device_summary": "2 × cpu",
-            "sampler_settings": {"label": "Euler", "timestep_spacing": "leading", "cfg": True}}  # fmt: skip
+    info = {
+        "model": "m",
+        "steps": 3,
+        "sizes": [[64, 64]],
+        "guidance_scale": 5.0,
+        "cfg": True,
+        "levers": True,
+        "loras": [],
+        "hires_scales": [2.0],
+        "num_images": 2,
+        "device_kind": "cpu",
+        "device_summary": "2 × cpu",
+        "sampler_settings": {"label": "Euler", "timestep_spacing": "leading", "cfg": True},
+    }
     older = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), info)  # nothing contacted
     assert [item["name"] for item in upscaler_items(older.rules)] == ["None", "Lanczos", "Nearest"]
     newer = RemoteEngines(EnginePool(["http://127.0.0.1:9"]), {**info, "hires_upscalers": ["Latent", "Lanczos", "x"]})

@@ -152,11 +152,33 @@ def test_api_parameters_are_named_with_defaults(client):
     params = info["named_endpoints"]["/generate"]["parameters"]
     names = [p["parameter_name"] for p in params]
     assert names == [
-        "prompt", "negative_prompt", "style", "guidance_scale", "seed", "randomize_seed", "aspect_ratio", "steps",
-        "sampler", "cfg_end", "deepcache", "loras", "init_image", "mask_image", "strength", "schedule_type",
-        "controlnets", "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "hires_scale",
-        "hires_steps", "hires_denoise", "hires_upscaler", "previews",
-    ]  # fmt: skip
+        "prompt",
+        "negative_prompt",
+        "style",
+        "guidance_scale",
+        "seed",
+        "randomize_seed",
+        "aspect_ratio",
+        "steps",
+        "sampler",
+        "cfg_end",
+        "deepcache",
+        "loras",
+        "init_image",
+        "mask_image",
+        "strength",
+        "schedule_type",
+        "controlnets",
+        "refiner_switch",
+        "aesthetic_score",
+        "negative_aesthetic_score",
+        "clip_skip",
+        "hires_scale",
+        "hires_steps",
+        "hires_denoise",
+        "hires_upscaler",
+        "previews",
+    ]
     assert [p["parameter_has_default"] for p in params] == [False] + [True] * 25
 
 

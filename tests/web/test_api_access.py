@@ -35,10 +35,15 @@ def test_keys_guard_openai_and_mcp_and_never_appear_in_the_identity():
         ApiAccess(keys=("secret-one",), host="0.0.0.0").a1111_caller(None, "1.2.3.4")
 
 
-@pytest.mark.parametrize(("access", "enabled"), [
-    (ApiAccess(host="127.0.0.1"), True), (ApiAccess(host="0.0.0.0"), False),
-    (ApiAccess(host="0.0.0.0", api=True), True),
-    (ApiAccess(host="0.0.0.0", logins=(("a", "b"),)), True), (ApiAccess(host="::1"), True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("access", "enabled"),
+    [
+        (ApiAccess(host="127.0.0.1"), True),
+        (ApiAccess(host="0.0.0.0"), False),
+        (ApiAccess(host="0.0.0.0", api=True), True),
+        (ApiAccess(host="0.0.0.0", logins=(("a", "b"),)), True),
+        (ApiAccess(host="::1"), True),
+    ],
+)
 def test_apis_are_off_on_a_reachable_host_without_logins_unless_asked(access, enabled):
     assert access.enabled is enabled

@@ -29,16 +29,19 @@ def test_a_reachable_page_without_logins_is_said_with_the_apis_off_and_how_to_tu
     assert "open on 10.1.2.3 without" in ApiAccess(host="10.1.2.3", keys=("k",)).startup_notes()[0][1]
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/sdapi/v1/txt2img"), ("GET", "/sdapi/v1/options"),
-                                              ("GET", "/sdapi/v1/no-such-endpoint")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/sdapi/v1/txt2img"), ("GET", "/sdapi/v1/options"), ("GET", "/sdapi/v1/no-such-endpoint")],
+)
 def test_a_switched_off_a1111_api_answers_one_sentence_in_its_shape(method, path):
     answer = TestClient(Starlette(routes=switched_off_routes())).request(method, path, json={"prompt": "x"})
     assert answer.status_code == OFF_STATUS == 403
     assert answer.json()["detail"] == APIS_OFF
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/images/generations"), ("POST", "/v1/images/edits"),
-                                              ("GET", "/v1/models")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/v1/images/generations"), ("POST", "/v1/images/edits"), ("GET", "/v1/models")]
+)
 def test_a_switched_off_openai_api_answers_one_sentence_in_its_shape(method, path):
     answer = TestClient(Starlette(routes=switched_off_routes())).request(method, path)
     assert answer.status_code == OFF_STATUS
@@ -67,8 +70,15 @@ def test_mcp_tools_are_named_as_their_endpoints():
 
 def file_record(path) -> dict:
     """A file as Gradio's API hands it over (its cache path and its /gradio_api/file= URL)."""
-    return {"path": str(path), "url": f"http://h:7860/gradio_api/file={path}", "size": None, "orig_name": path.name,
-            "mime_type": None, "is_stream": False, "meta": {"_type": "gradio.FileData"}}  # fmt: skip
+    return {
+        "path": str(path),
+        "url": f"http://h:7860/gradio_api/file={path}",
+        "size": None,
+        "orig_name": path.name,
+        "mime_type": None,
+        "is_stream": False,
+        "meta": {"_type": "gradio.FileData"},
+    }
 
 
 @pytest.mark.parametrize("shape", ["client", "stream"])

@@ -59,13 +59,20 @@ def leftovers(app) -> list:
 # ---- AUTOMATIC1111 ---------------------------------------------------------------------------------------------------
 
 
-def test_webuiapi_txt2img_equals_the_page_with_consecutive_seeds_and_no_compile(app, webui, feature_engine,
-                                                                                  tmp_path):  # fmt: skip
+def test_webuiapi_txt2img_equals_the_page_with_consecutive_seeds_and_no_compile(app, webui, feature_engine, tmp_path):
     from gradio_client import Client
 
     before = feature_engine.compile_count
-    result = webui.txt2img(prompt="a red kite <lora:peft:0.5>", negative_prompt="fog", seed=40, width=TEST_SIZE,
-                           height=TEST_SIZE, cfg_scale=4.0, batch_size=3, n_iter=1)  # fmt: skip
+    result = webui.txt2img(
+        prompt="a red kite <lora:peft:0.5>",
+        negative_prompt="fog",
+        seed=40,
+        width=TEST_SIZE,
+        height=TEST_SIZE,
+        cfg_scale=4.0,
+        batch_size=3,
+        n_iter=1,
+    )
     assert len(result.images) == 3  # 2 per engine call: two calls, the fourth image dropped
     assert result.info["all_seeds"] == [40, 41, 42] and result.info["seed"] == 40
     assert result.info["sd_model_name"] and result.info["steps"] == 3 and result.info["cfg_scale"] == 4.0
@@ -76,9 +83,14 @@ def test_webuiapi_txt2img_equals_the_page_with_consecutive_seeds_and_no_compile(
     assert result.parameters["prompt"] == "a red kite <lora:peft:0.5>"
     client = Client(app.local_url, verbose=False, download_files=str(tmp_path))
     gallery, seed, _status = client.predict(
-        prompt="a red kite <lora:peft:0.5>", negative_prompt="fog", seed=40, randomize_seed=False,
-        guidance_scale=4.0, sampler="Euler", api_name="/generate_png",
-    )  # fmt: skip
+        prompt="a red kite <lora:peft:0.5>",
+        negative_prompt="fog",
+        seed=40,
+        randomize_seed=False,
+        guidance_scale=4.0,
+        sampler="Euler",
+        api_name="/generate_png",
+    )
     assert seed == 40
     for ours, page in zip(result.images[:2], gallery, strict=True):
         assert np.array_equal(pixels(ours), pixels(Image.open(page["image"])))
@@ -88,8 +100,15 @@ def test_webuiapi_txt2img_equals_the_page_with_consecutive_seeds_and_no_compile(
 def test_webuiapi_img2img_with_a_mask(webui, app):
     picture = Image.open(FIXTURES / "image-input.png")
     mask = Image.open(FIXTURES / "image-mask.png")
-    result = webui.img2img(images=[picture], mask_image=mask, prompt="a garden", seed=3, width=TEST_SIZE,
-                           height=TEST_SIZE, denoising_strength=0.6)  # fmt: skip
+    result = webui.img2img(
+        images=[picture],
+        mask_image=mask,
+        prompt="a garden",
+        seed=3,
+        width=TEST_SIZE,
+        height=TEST_SIZE,
+        denoising_strength=0.6,
+    )
     assert len(result.images) == 1 and result.images[0].size == (TEST_SIZE, TEST_SIZE)
     assert "Denoising strength: 0.6" in result.info["infotexts"][0]
     assert leftovers(app) == []  # the request's pictures are gone with it
@@ -120,8 +139,9 @@ def test_progress_with_preview_and_interrupt_only_the_callers_own(webui, url):
 
     def long_request():  # 32 engine calls of 100 steps: long enough to watch, stopped long before its end
         try:
-            done["result"] = webui.txt2img(prompt="a long walk", seed=1, steps=100, width=TEST_SIZE,
-                                           height=TEST_SIZE, batch_size=2, n_iter=32)  # fmt: skip
+            done["result"] = webui.txt2img(
+                prompt="a long walk", seed=1, steps=100, width=TEST_SIZE, height=TEST_SIZE, batch_size=2, n_iter=32
+            )
         except Exception as exc:  # noqa: BLE001
             done["error"] = exc
 
@@ -158,16 +178,22 @@ BAD = [
     ({"prompt": ""}, "Please enter a prompt."),
     ({"prompt": "x", "init_images": ["%%%"]}, "not valid base64"),
     ({"prompt": "x", "init_images": [base64.b64encode(b"not a picture").decode()]}, "image"),
-    ({"prompt": "x", "init_images": [base64.b64encode(FIXTURES.joinpath("image-input.png").read_bytes()[:-400])
-                                     .decode()]}, "The image file is damaged or incomplete"),  # fmt: skip
+    (
+        {
+            "prompt": "x",
+            "init_images": [base64.b64encode(FIXTURES.joinpath("image-input.png").read_bytes()[:-400]).decode()],
+        },
+        "The image file is damaged or incomplete",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("payload", "sentence"), BAD)
 def test_bad_input_is_one_sentence_and_leaves_nothing(url, app, payload, sentence):
     endpoint = "img2img" if "init_images" in payload else "txt2img"
-    answer = requests.post(f"{url}/sdapi/v1/{endpoint}", json={**payload, "width": payload.get("width", 64),
-                                                               "height": 64}, timeout=120)  # fmt: skip
+    answer = requests.post(
+        f"{url}/sdapi/v1/{endpoint}", json={**payload, "width": payload.get("width", 64), "height": 64}, timeout=120
+    )
     assert 400 <= answer.status_code < 500, answer.text
     detail = answer.json()["detail"]
     assert sentence in detail and "\n" not in detail and "Traceback" not in answer.text
@@ -190,8 +216,7 @@ def test_a_full_queue_answers_503(url, app):
     queue = app.demo._queue
     size, queue.max_size = queue.max_size, 0
     try:
-        answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "width": 64, "height": 64},
-                               timeout=60)  # fmt: skip
+        answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "width": 64, "height": 64}, timeout=60)
     finally:
         queue.max_size = size
     assert answer.status_code == 503 and "busy" in answer.json()["detail"]
@@ -208,8 +233,7 @@ def test_png_info_reads_a_truncated_png_as_the_page_does(webui, url):
     assert answer.status_code == 200 and answer.json()["info"] == made.info["infotexts"][0]
     page_file = io.BytesIO(cut)
     assert read_infotext(page_file) == answer.json()["info"]  # what the page's PNG Info fills in from that file
-    refused = requests.post(f"{url}/sdapi/v1/png-info", json={"image": base64.b64encode(b"text").decode()},
-                            timeout=60)  # fmt: skip
+    refused = requests.post(f"{url}/sdapi/v1/png-info", json={"image": base64.b64encode(b"text").decode()}, timeout=60)
     from web.page.png_info import NOT_AN_IMAGE
 
     assert refused.status_code == 422 and refused.json()["detail"] == NOT_AN_IMAGE
@@ -274,9 +298,13 @@ def openai_client(url):
 
 
 def test_openai_generate_b64_and_url(openai_client, webui, feature_engine):
-    made = openai_client.images.generate(prompt="a red kite", size=SIZE, n=3, response_format="b64_json",
-                                         extra_body={"seed": 40, "guidance_scale": 4.0, "sampler": "Euler",
-                                                     "negative_prompt": "fog"})  # fmt: skip
+    made = openai_client.images.generate(
+        prompt="a red kite",
+        size=SIZE,
+        n=3,
+        response_format="b64_json",
+        extra_body={"seed": 40, "guidance_scale": 4.0, "sampler": "Euler", "negative_prompt": "fog"},
+    )
     assert len(made.data) == 3 and made.data[0].b64_json
     first = Image.open(io.BytesIO(base64.b64decode(made.data[0].b64_json)))
     assert "Seed: 40" in first.info["parameters"]
@@ -298,8 +326,13 @@ def test_openai_edit_with_a_mask(openai_client, app):
     buffer = io.BytesIO()
     mask.save(buffer, format="PNG")
     with open(FIXTURES / "image-input.png", "rb") as picture:
-        edited = openai_client.images.edit(image=picture, mask=("mask.png", buffer.getvalue(), "image/png"),
-                                           prompt="a pond", size=SIZE, response_format="b64_json")  # fmt: skip
+        edited = openai_client.images.edit(
+            image=picture,
+            mask=("mask.png", buffer.getvalue(), "image/png"),
+            prompt="a pond",
+            size=SIZE,
+            response_format="b64_json",
+        )
     assert Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))).size == (64, 64)
     assert leftovers(app) == []
 
@@ -330,8 +363,10 @@ def test_mcp_tools_are_named_as_the_api_and_answer_images_without_server_paths(u
 
     async def session_run():
         headers = {"Authorization": f"Bearer {KEYS[0]}"}
-        async with streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _), \
-                ClientSession(read, write) as session:  # fmt: skip
+        async with (
+            streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
             await session.initialize()
             tools = {tool.name: tool for tool in (await session.list_tools()).tools}
             fields = {"prompt": "a kite", "seed": 5, "randomize_seed": False}
@@ -431,11 +466,20 @@ def test_librechat_and_sillytavern_read_info_and_progress(url):
     assert (info["height"], info["width"]) == (64, 64) and isinstance(info["seed"], int)
     settings_line = info["infotexts"][0].split("\n").pop()
     assert settings_line.startswith("Steps: 22,") and "CFG scale: 4.5" in settings_line
-    answer = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "negative_prompt": "", "steps": 3,
-                                                            "sampler_index": "DPM++ 2M", "width": 64, "height": 64,
-                                                            "seed": -1, "alwayson_scripts": {"controlnet":
-                                                                                             {"args": []}}},
-                           timeout=300).json()  # fmt: skip
+    answer = requests.post(
+        f"{url}/sdapi/v1/txt2img",
+        json={
+            "prompt": "x",
+            "negative_prompt": "",
+            "steps": 3,
+            "sampler_index": "DPM++ 2M",
+            "width": 64,
+            "height": 64,
+            "seed": -1,
+            "alwayson_scripts": {"controlnet": {"args": []}},
+        },
+        timeout=300,
+    ).json()
     info = json.loads(answer["info"])
     assert answer["images"][0] and isinstance(info["seed"], int) and "Sampler: DPM++ 2M" in info["infotexts"][0]
     assert "controlnet" in info["comments"]["alwayson_scripts"]
@@ -444,14 +488,20 @@ def test_librechat_and_sillytavern_read_info_and_progress(url):
     assert requests.post(f"{url}/sdapi/v1/options", json={"sd_model_checkpoint": title}, timeout=30).ok
     progress = requests.get(f"{url}/sdapi/v1/progress", timeout=30).json()
     assert progress["progress"] == 0.0 and progress["state"]["job_count"] == 0  # SillyTavern's "model loaded"
-    for listing, key in (("upscalers", "name"), ("latent-upscale-modes", "name"), ("sd-vae", "model_name"),
-                         ("samplers", "name")):  # fmt: skip
+    for listing, key in (
+        ("upscalers", "name"),
+        ("latent-upscale-modes", "name"),
+        ("sd-vae", "model_name"),
+        ("samplers", "name"),
+    ):
         items = requests.get(f"{url}/sdapi/v1/{listing}", timeout=30).json()
         assert isinstance(items, list) and all(key in item for item in items), listing
     names = [item["name"] for item in requests.get(f"{url}/sdapi/v1/schedulers", timeout=30).json()]
-    scheduled = requests.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "sampler_name": "DPM++ 2M",
-                                                               "scheduler": "karras", "width": 64, "height": 64},
-                              timeout=300).json()  # fmt: skip
+    scheduled = requests.post(
+        f"{url}/sdapi/v1/txt2img",
+        json={"prompt": "x", "sampler_name": "DPM++ 2M", "scheduler": "karras", "width": 64, "height": 64},
+        timeout=300,
+    ).json()
     assert "karras" in names and "Karras" in json.loads(scheduled["info"])["infotexts"][0]
 
 

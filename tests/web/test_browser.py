@@ -178,8 +178,7 @@ def test_status_clears_and_examples_leave_randomize_on(app_page, browser, engine
     page.locator("#advanced").get_by_text("Advanced settings").click()  # the seed box and the checkbox
     box.fill("a watercolor fox")
     page.locator("#generate").click()
-    page.wait_for_function("document.querySelector('#status').innerText.includes('images in')",
-                           timeout=TIMEOUT_MS)  # fmt: skip
+    page.wait_for_function("document.querySelector('#status').innerText.includes('images in')", timeout=TIMEOUT_MS)
     box.fill("")
     page.locator("#generate").click()
     page.locator(".toast-body").get_by_text("Please enter a prompt.").wait_for(timeout=60_000)
@@ -196,8 +195,9 @@ def test_status_clears_and_examples_leave_randomize_on(app_page, browser, engine
         "(s) => document.querySelector('#status').innerText.includes('images in') && "
         "!document.querySelector('#status').innerText.includes('seed ' + s + '\\n') && "
         "document.querySelector('#seed input').value !== String(s)",
-        arg=EXAMPLE_SEED_START, timeout=TIMEOUT_MS,
-    )  # fmt: skip
+        arg=EXAMPLE_SEED_START,
+        timeout=TIMEOUT_MS,
+    )
     # Phone width: each caption is whole and under its image (not over it, cut), no blank band below.
     layout = page.evaluate(
         """() => { const items = [...document.querySelectorAll('#gallery .thumbnail-item')];

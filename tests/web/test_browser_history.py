@@ -17,8 +17,16 @@ from web.history.browser import (
     thumbnail_images,
 )
 
-SETTINGS = {"prompt": "a red fox", "negative_prompt": "", "seed": 7, "steps": 4, "sampler": "Euler",
-            "guidance_scale": 5.0, "width": 1024, "height": 768}  # fmt: skip
+SETTINGS = {
+    "prompt": "a red fox",
+    "negative_prompt": "",
+    "seed": 7,
+    "steps": 4,
+    "sampler": "Euler",
+    "guidance_scale": 5.0,
+    "width": 1024,
+    "height": 768,
+}
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +99,9 @@ def test_requests_finishing_close_together_are_both_kept(request_files):
 
     def finished(seed: int) -> Finished:
         result = SimpleNamespace(sampler="Euler", seeds=[seed], steps=4)
-        return Finished(parse_request("a red fox", seed=seed), result, SimpleNamespace(gallery=request_files[:1]),
-                        "tab-1", None)  # fmt: skip
+        return Finished(
+            parse_request("a red fox", seed=seed), result, SimpleNamespace(gallery=request_files[:1]), "tab-1", None
+        )
 
     history.keep(finished(1))
     history.keep(finished(2))  # answered before the first's follow-up ran

@@ -42,10 +42,16 @@ def client(page, tmp_path_factory):
 
 def test_controlnets_through_the_api(client, control_engine):
     before = control_engine.compile_count
-    unit = {"name": "controlnet-b", "image": base64.b64encode(PICTURE.read_bytes()).decode(), "weight": 0.9,
-            "start": 0.25, "preprocessor": "canny"}  # fmt: skip
-    gallery, _, _ = client.predict(prompt=PROMPT, seed=3, randomize_seed=False, controlnets=[unit],
-                                   api_name="/generate_png")  # fmt: skip
+    unit = {
+        "name": "controlnet-b",
+        "image": base64.b64encode(PICTURE.read_bytes()).decode(),
+        "weight": 0.9,
+        "start": 0.25,
+        "preprocessor": "canny",
+    }
+    gallery, _, _ = client.predict(
+        prompt=PROMPT, seed=3, randomize_seed=False, controlnets=[unit], api_name="/generate_png"
+    )
     text = read_parameters(gallery[0]["image"])
     assert 'ControlNet 0: "Module: canny, Model: controlnet-b, Weight: 0.9, Guidance Start: 0.25' in text
     request = control_engine.request(PROMPT, seed=3, controlnets=[{**unit, "image": PICTURE}])
@@ -53,8 +59,9 @@ def test_controlnets_through_the_api(client, control_engine):
     np.testing.assert_array_equal(np.asarray(Image.open(gallery[0]["image"]).convert("RGB")), expected)
     assert len(gallery) == FEATURE_DEVICES and control_engine.compile_count == before
     with pytest.raises(AppError, match="base64"):  # a path on the server is never read
-        client.predict(prompt=PROMPT, controlnets=[{"name": "controlnet-a", "image": str(PICTURE)}],
-                       api_name="/generate_png")  # fmt: skip
+        client.predict(
+            prompt=PROMPT, controlnets=[{"name": "controlnet-a", "image": str(PICTURE)}], api_name="/generate_png"
+        )
 
 
 @pytest.mark.browser
@@ -75,6 +82,7 @@ def test_the_panel_shows_the_map_before_generating(page, browser):
     tab.locator("#prompt textarea").fill(PROMPT)
     tab.locator("#generate").click()
     tab.wait_for_function("document.querySelectorAll('#gallery img').length === 2", timeout=TIMEOUT_MS)
-    tab.wait_for_function("document.querySelector('#status') && /ControlNet|seed/.test(document.body.innerText)",
-                          timeout=TIMEOUT_MS)  # fmt: skip
+    tab.wait_for_function(
+        "document.querySelector('#status') && /ControlNet|seed/.test(document.body.innerText)", timeout=TIMEOUT_MS
+    )
     tab.close()

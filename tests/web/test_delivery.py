@@ -82,16 +82,22 @@ def test_models_are_named_without_server_paths(tmp_path):
     spec = "ByteDance/SDXL-Lightning:sdxl_lightning_4step_unet.safetensors"
     assert parameters.unet_name(spec) == "sdxl_lightning_4step_unet.safetensors"
     text = parameters.describe(
-        prompt="a cat", negative_prompt="", seed=1, steps=4, guidance_scale=0, height=64, width=64,
-        model=str(local), unet=str(unet), dtype="float32",
-    )  # fmt: skip
+        prompt="a cat",
+        negative_prompt="",
+        seed=1,
+        steps=4,
+        guidance_scale=0,
+        height=64,
+        width=64,
+        model=str(local),
+        unet=str(unet),
+        dtype="float32",
+    )
     assert "Model: my-finetune, UNet: lightning_4step.safetensors, Dtype: float32" in text
     assert str(tmp_path) not in text
     texts = model_texts(str(local), on_cpu=False, unet=str(unet))
     assert texts["about"] == "Model: `my-finetune` · UNet: `lightning_4step.safetensors`"
-    assert model_texts(SDXL_BASE, on_cpu=False, unet=spec)["about"] == (
-        "UNet: `sdxl_lightning_4step_unet.safetensors`"
-    )
+    assert model_texts(SDXL_BASE, on_cpu=False, unet=spec)["about"] == ("UNet: `sdxl_lightning_4step_unet.safetensors`")
 
 
 def test_outbox_writes_jpegs_now_and_finds_each_png_by_name(tmp_path):
@@ -162,13 +168,17 @@ def test_concurrent_requests_get_their_own_images_progress_and_errors(ui_page, t
 
     sampler = threading.Thread(target=sample_running, daemon=True)
     sampler.start()
-    jobs = [clients[0].submit(prompt=f"{PROMPT} {seeds[0]}", seed=seeds[0], randomize_seed=False, steps=steps[0],
-                              api_name="/generate")]  # fmt: skip
+    jobs = [
+        clients[0].submit(
+            prompt=f"{PROMPT} {seeds[0]}", seed=seeds[0], randomize_seed=False, steps=steps[0], api_name="/generate"
+        )
+    ]
     while jobs[0].status().code != Status.PROGRESS:
         assert not jobs[0].done(), "the first request ended before it was seen running"
         time.sleep(0.005)
-    jobs.append(clients[1].submit(prompt=f"{PROMPT} {seeds[1]}", seed=seeds[1], randomize_seed=False,
-                                  api_name="/generate"))  # fmt: skip
+    jobs.append(
+        clients[1].submit(prompt=f"{PROMPT} {seeds[1]}", seed=seeds[1], randomize_seed=False, api_name="/generate")
+    )
     bad = clients[2].submit(prompt="   ", api_name="/generate")
     seen: dict[int, list[int]] = {0: [], 1: []}
     while not all(job.done() for job in jobs):

@@ -57,9 +57,13 @@ def test_loras_tags_and_field_through_the_api(client, feature_engine):
     before = feature_engine.compile_count
     prompt = f"{PROMPT} <lora:kohya_sgm:0.8>"
     gallery, seed, status = client.predict(
-        prompt=prompt, seed=7, randomize_seed=False, steps=3, loras=[["peft", 0.5, 1.2], ["", 1]],
+        prompt=prompt,
+        seed=7,
+        randomize_seed=False,
+        steps=3,
+        loras=[["peft", 0.5, 1.2], ["", 1]],
         api_name="/generate_png",
-    )  # fmt: skip
+    )
     assert seed == 7 and len(gallery) == FEATURE_DEVICES
     assert status.endswith("· seed 7 · LoRA kohya_sgm 0.8, peft 0.5/1.2"), status
     text = read_parameters(gallery[0]["image"])
@@ -75,8 +79,9 @@ def test_loras_tags_and_field_through_the_api(client, feature_engine):
 def test_picture_mask_and_strength_through_the_api(client, feature_engine):
     before = feature_engine.compile_count
     common = {"prompt": PROMPT, "seed": 7, "randomize_seed": False, "steps": 4, "api_name": "/generate_png"}
-    gallery, _, status = client.predict(init_image=handle_file(PICTURE), mask_image=handle_file(MASK), strength=0.6,
-                                        **common)  # fmt: skip
+    gallery, _, status = client.predict(
+        init_image=handle_file(PICTURE), mask_image=handle_file(MASK), strength=0.6, **common
+    )
     assert "· inpainted, strength 0.6" in status and "· 2 steps, Euler ·" in status, status  # int(4 × 0.6) = 2
     assert "Denoising strength: 0.6" in read_parameters(gallery[0]["image"])
     expected = in_python(feature_engine, seed=7, steps=4, init_image=PICTURE, mask_image=MASK, strength=0.6)
@@ -90,12 +95,14 @@ def test_picture_mask_and_strength_through_the_api(client, feature_engine):
 
 def test_speed_levers_through_the_api(client, feature_engine):
     before = feature_engine.compile_count
-    gallery, _, status = client.predict(prompt=PROMPT, seed=7, randomize_seed=False, steps=4, cfg_end=0.5,
-                                        deepcache=2, api_name="/generate_png")  # fmt: skip
+    gallery, _, status = client.predict(
+        prompt=PROMPT, seed=7, randomize_seed=False, steps=4, cfg_end=0.5, deepcache=2, api_name="/generate_png"
+    )
     assert status.endswith("· seed 7 · CFG end 0.5 · DeepCache 2"), status
     assert read_parameters(gallery[0]["image"]).endswith("CFG end: 0.5, DeepCache: 2")
-    np.testing.assert_array_equal(pixels_of(gallery), in_python(feature_engine, seed=7, steps=4, cfg_end=0.5,
-                                                                deepcache=2))  # fmt: skip
+    np.testing.assert_array_equal(
+        pixels_of(gallery), in_python(feature_engine, seed=7, steps=4, cfg_end=0.5, deepcache=2)
+    )
     assert feature_engine.compile_count == before
 
 
@@ -104,12 +111,18 @@ def test_zero_compiles_through_gradio_client_over_a_mix(client, feature_engine):
     before = feature_engine.compile_count
     mixes = [
         {"loras": [["locon", -0.7], ["kohya_diffusers", 1.1]], "cfg_end": 0.25, "deepcache": 3, "sampler": "Euler a"},
-        {"init_image": handle_file(PICTURE), "mask_image": handle_file(MASK), "strength": 1, "loras": [["peft", 1]],
-         "deepcache": 2, "sampler": "DPM++ 2M Karras"},
+        {
+            "init_image": handle_file(PICTURE),
+            "mask_image": handle_file(MASK),
+            "strength": 1,
+            "loras": [["peft", 1]],
+            "deepcache": 2,
+            "sampler": "DPM++ 2M Karras",
+        },
         {"init_image": handle_file(PICTURE), "strength": 0.5, "cfg_end": 0.5, "sampler": "DPM++ 2M", "clip_skip": 1},
         {"prompt": "a fox <lora:kohya_sgm:0.6:1.3>", "init_image": handle_file(PICTURE), "strength": 0.9},
         {},
-    ]  # fmt: skip
+    ]
     for mix in mixes:
         fields = {"prompt": PROMPT, "seed": 3, "randomize_seed": False, "steps": 4, **mix}
         gallery, _, status = client.predict(**fields, api_name="/generate")
@@ -144,9 +157,22 @@ def not_a_picture(tmp_path_factory):
         {"cfg_end": 0},
         {"deepcache": 9},
     ],
-    ids=["unknown-lora", "weight", "refused-file", "twice", "loras-not-a-list", "strength-0", "strength-1.5",
-         "no-step-left", "mask-alone", "image-not-a-picture", "mask-not-a-picture", "cfg-end-0", "deepcache-9"],
-)  # fmt: skip
+    ids=[
+        "unknown-lora",
+        "weight",
+        "refused-file",
+        "twice",
+        "loras-not-a-list",
+        "strength-0",
+        "strength-1.5",
+        "no-step-left",
+        "mask-alone",
+        "image-not-a-picture",
+        "mask-not-a-picture",
+        "cfg-end-0",
+        "deepcache-9",
+    ],
+)
 def test_bad_feature_values_are_one_sentence(client, feature_engine, not_a_picture, fields):
     local = {k: not_a_picture if v == "NOT_A_PICTURE" else v for k, v in fields.items()}
     with pytest.raises(InvalidInput) as info:
@@ -167,8 +193,17 @@ def test_bad_feature_values_are_one_sentence(client, feature_engine, not_a_pictu
 def test_page_offers_the_pickers_sliders_and_picture_controls(page, feature_engine):
     config = httpx.get(page.local_url.rstrip("/") + "/config").json()
     by_id = {c["props"].get("elem_id"): c for c in config["components"] if c["props"].get("elem_id")}
-    for elem_id in ("lora-picker", "cfg-end", "deepcache", "picture-settings", "init-image", "mask-editor",
-                    "strength", "vary-subtle", "vary-strong"):  # fmt: skip
+    for elem_id in (
+        "lora-picker",
+        "cfg-end",
+        "deepcache",
+        "picture-settings",
+        "init-image",
+        "mask-editor",
+        "strength",
+        "vary-subtle",
+        "vary-strong",
+    ):
         assert elem_id in by_id, elem_id
     for slot in range(1, 5):
         choices = [choice[1] for choice in by_id[f"lora-{slot}"]["props"]["choices"]]
@@ -206,14 +241,34 @@ def test_a_stroke_painted_in_the_editor_is_the_mask(page, feature_engine, tmp_pa
     editor = {"background": {"path": str(PICTURE)}, "layers": [{"path": str(layer)}], "composite": None}
     before = feature_engine.compile_count
     picked = {"path": str(PICTURE)}
-    gallery, seed, status = answer(generate(PROMPT, seed=7, randomize_seed=False, steps=4, init_image=picked,
-                                            strength=0.5, picture=editor, progress=lambda *a, **k: None))  # fmt: skip
+    gallery, seed, status = answer(
+        generate(
+            PROMPT,
+            seed=7,
+            randomize_seed=False,
+            steps=4,
+            init_image=picked,
+            strength=0.5,
+            picture=editor,
+            progress=lambda *a, **k: None,
+        )
+    )
     assert "· inpainted, strength 0.5" in status, status
     expected = in_python(feature_engine, seed=7, steps=4, init_image=PICTURE, mask_image=mask, strength=0.5)
     np.testing.assert_array_equal(np.stack([np.asarray(Image.open(p)) for p, _ in gallery]), expected)
     unpainted = {**editor, "layers": [{"path": str(empty)}]}
-    _, _, status = answer(generate(PROMPT, seed=7, randomize_seed=False, steps=4, init_image=picked,
-                                   strength=0.5, picture=unpainted, progress=lambda *a, **k: None))  # fmt: skip
+    _, _, status = answer(
+        generate(
+            PROMPT,
+            seed=7,
+            randomize_seed=False,
+            steps=4,
+            init_image=picked,
+            strength=0.5,
+            picture=unpainted,
+            progress=lambda *a, **k: None,
+        )
+    )
     assert "· from a picture, strength 0.5" in status, status
     assert feature_engine.compile_count == before
 
@@ -232,8 +287,9 @@ def test_vary_starts_from_the_selected_images_png(page, feature_engine):
     with pytest.raises(gr.Error) as error:
         handlers.keep_selected(None)
     assert error.value.message == 'Click an image of the gallery first, then "Use as picture".'
-    gallery, _, _ = answer(handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=3,
-                                               progress=lambda *a, **k: None))  # fmt: skip
+    gallery, _, _ = answer(
+        handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=3, progress=lambda *a, **k: None)
+    )
     chosen = gallery[1][0]
     handlers.shown.select("", Path(chosen).name)
     path, strength = handlers.vary(0.85)(None)
@@ -243,7 +299,14 @@ def test_vary_starts_from_the_selected_images_png(page, feature_engine):
         shown = np.asarray(png.convert("RGB"))
     np.testing.assert_array_equal(shown, in_python(feature_engine, seed=11, steps=3)[1])  # lossless: the very pixels
     # What Vary's generation sends: the States' picture and strength, no mask editor (its strokes are another's).
-    varied = handlers.endpoint()(PROMPT, seed=11, randomize_seed=False, steps=4, init_image=path, strength=strength,
-                                 progress=lambda *a, **k: None)  # fmt: skip
+    varied = handlers.endpoint()(
+        PROMPT,
+        seed=11,
+        randomize_seed=False,
+        steps=4,
+        init_image=path,
+        strength=strength,
+        progress=lambda *a, **k: None,
+    )
     _, _, status = answer(varied)
     assert status.endswith("· from a picture, strength 0.85"), status

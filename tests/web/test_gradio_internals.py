@@ -64,16 +64,28 @@ def http_request(toy: Toy, path: str = "/sdapi/v1/txt2img", cookie: str = ""):
     from starlette.requests import Request
 
     headers = [(b"host", b"h:7860"), *([(b"cookie", cookie.encode())] if cookie else [])]
-    return Request({"type": "http", "method": "POST", "path": path, "root_path": "", "headers": headers,
-                    "query_string": b"", "client": ("127.0.0.1", 1), "server": ("h", 7860), "scheme": "http",
-                    "app": toy.blocks.app})  # fmt: skip
+    return Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "root_path": "",
+            "headers": headers,
+            "query_string": b"",
+            "client": ("127.0.0.1", 1),
+            "server": ("h", 7860),
+            "scheme": "http",
+            "app": toy.blocks.app,
+        }
+    )
 
 
 def pushed(toy: Toy, session: str) -> str:
     """Push one call of "echo" for `session` as the HTTP APIs do; its event id."""
     queue = EventQueue(toy.blocks)
-    ok, event_id, state = asyncio.run(queue.push(session=session, event=toy.echo, data=["a kite"],
-                                                 request=http_request(toy), username=None))  # fmt: skip
+    ok, event_id, state = asyncio.run(
+        queue.push(session=session, event=toy.echo, data=["a kite"], request=http_request(toy), username=None)
+    )
     assert ok and state == "success", (ok, event_id, state)
     return event_id
 
@@ -165,7 +177,8 @@ def _(toy: Toy) -> None:
     queue = EventQueue(toy.blocks)
     next_message = queue.messages("streamed")
     toy.blocks._queue.pending_messages_per_session["streamed"].put_nowait(
-        ProcessCompletedMessage(output={"data": ["a kite"]}, success=True))
+        ProcessCompletedMessage(output={"data": ["a kite"]}, success=True)
+    )
 
     async def answer():
         while (message := await asyncio.wait_for(next_message(), 5)).kind == "other":  # the queue's estimations
@@ -212,8 +225,9 @@ def _(toy: Toy) -> None:
     gallery = {"data": [[["a.jpg", None]]]}
     assert internals.queue_message(streamed) == internals.QueueMessage("generating", True, gallery)
     refused = messages.ProcessCompletedMessage(output={"error": "No."}, success=False, title="Invalid input")
-    assert internals.queue_message(refused) == internals.QueueMessage("completed", False, {"error": "No."},
-                                                                      "Invalid input")  # fmt: skip
+    assert internals.queue_message(refused) == internals.QueueMessage(
+        "completed", False, {"error": "No."}, "Invalid input"
+    )
     assert internals.queue_message(messages.UnexpectedErrorMessage(message="boom")).kind == "failed"
 
 
@@ -226,7 +240,10 @@ def _(toy: Toy) -> None:
     join = {"fn_index": toy.echo, "data": ["a kite"], "session_hash": "protocol"}
     assert internals.queue_post({"type": "http", "method": "POST", "path": f"{API_PREFIX}/queue/join"}) == "/queue/join"
     assert (internals.called_event(join), internals.call_data(join), internals.body_session(join)) == (
-        toy.echo, ["a kite"], "protocol")  # fmt: skip
+        toy.echo,
+        ["a kite"],
+        "protocol",
+    )
     joined = client.post(f"{API_PREFIX}{internals.JOIN}", json=join)
     event_id = internals.joined_event_id(joined.content)
     assert joined.status_code == 200 and event_id, joined.text
@@ -326,7 +343,8 @@ def _(toy: Toy) -> None:
 
 def test_each_internal_relied_on_is_checked():
     assert set(CHECKS) == set(RELIED_ON), "checks and RELIED_ON differ: " + ", ".join(
-        sorted(set(CHECKS) ^ set(RELIED_ON)))  # fmt: skip
+        sorted(set(CHECKS) ^ set(RELIED_ON))
+    )
 
 
 @pytest.mark.parametrize("internal", RELIED_ON)
@@ -336,16 +354,35 @@ def test_gradio_still_has(internal: str, toy: Toy):
     try:
         CHECKS[internal](toy)
     except Exception as exc:  # any failure means the internal moved or changed shape
-        pytest.fail(f"Gradio {gradio.__version__} changed `{internal}`, which web/gradio_internals.py relies on: "
-                    f"{type(exc).__name__}: {exc}", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"Gradio {gradio.__version__} changed `{internal}`, which web/gradio_internals.py relies on: "
+            f"{type(exc).__name__}: {exc}",
+            pytrace=False,
+        )
 
 
 #: What only web/gradio_internals.py may name: Gradio's private modules, and the attributes and protocol keys it reads.
 PRIVATE_MODULES = ("gradio.", "gradio_client")
-PRIVATE_NAMES = {"_queue", "fns", "state_holder", "server_app", "set_server_app", "active_jobs",
-                 "pending_event_ids_session", "pending_messages_per_session", "clean_events", "mcp_server_obj",
-                 "postprocess_output_data", "cookie_id", "tokens", "get_blocks", "fn_index", "LocalContext",
-                 "PredictBodyInternal", "route_utils"}  # fmt: skip
+PRIVATE_NAMES = {
+    "_queue",
+    "fns",
+    "state_holder",
+    "server_app",
+    "set_server_app",
+    "active_jobs",
+    "pending_event_ids_session",
+    "pending_messages_per_session",
+    "clean_events",
+    "mcp_server_obj",
+    "postprocess_output_data",
+    "cookie_id",
+    "tokens",
+    "get_blocks",
+    "fn_index",
+    "LocalContext",
+    "PredictBodyInternal",
+    "route_utils",
+}
 
 
 def test_no_other_module_of_web_touches_gradio_internals():
@@ -356,8 +393,13 @@ def test_no_other_module_of_web_touches_gradio_internals():
             continue
         where = Path(path).relative_to(REPO)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []  # fmt: skip
+            modules = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             found += [f"{where}:{node.lineno} imports {name}" for name in modules if name.startswith(PRIVATE_MODULES)]
             if isinstance(node, ast.Attribute) and node.attr in PRIVATE_NAMES:
                 found.append(f"{where}:{node.lineno} reads .{node.attr}")

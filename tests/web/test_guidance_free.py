@@ -23,10 +23,23 @@ def lightning(tiny_dir):
     import app
     from web.options import parse_args
 
-    args = parse_args([
-        "--model", str(tiny_dir), "--preset", "lightning-4step", "--dtype", "float32",
-        "--height", str(TEST_SIZE), "--width", str(TEST_SIZE), "--steps", str(TEST_STEPS), "--no-progress",
-    ])  # fmt: skip
+    args = parse_args(
+        [
+            "--model",
+            str(tiny_dir),
+            "--preset",
+            "lightning-4step",
+            "--dtype",
+            "float32",
+            "--height",
+            str(TEST_SIZE),
+            "--width",
+            str(TEST_SIZE),
+            "--steps",
+            str(TEST_STEPS),
+            "--no-progress",
+        ]
+    )
     return app.start_cluster_and_engine(args)[1]  # (the cluster of one, the engine)
 
 

@@ -35,24 +35,35 @@ def _signed_in(url: str, user: str, password: str) -> httpx.Client:
 def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, tmp_path):
     data = tmp_path / "data"
     with _history_page(ui_engine, data) as page:
-        ann, bob = (Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0]))
-                    for user in USERS)  # fmt: skip
+        ann, bob = (
+            Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0])) for user in USERS
+        )
         ann.predict("a lighthouse", seed=3, randomize_seed=False, steps=3, api_name="/generate")
-        ann.predict("a windmill", "fog", seed=4, randomize_seed=False, steps=2, guidance_scale=6,
-                    api_name="/generate_png")  # fmt: skip
+        ann.predict(
+            "a windmill", "fog", seed=4, randomize_seed=False, steps=2, guidance_scale=6, api_name="/generate_png"
+        )
         bob.predict("a teapot", seed=9, randomize_seed=False, steps=2, api_name="/generate")
         mine, theirs = ann.predict(api_name="/history"), bob.predict(api_name="/history")
         assert [e["prompt"] for e in mine] == ["a windmill", "a lighthouse"]  # newest first
         assert [e["prompt"] for e in theirs] == ["a teapot"]
         newest = mine[0]
-        assert {k: newest[k] for k in ("negative_prompt", "seed", "steps", "sampler", "guidance_scale", "width",
-                                       "height")} == {"negative_prompt": "fog", "seed": 4, "steps": 2,  # fmt: skip
-                                                      "sampler": "Euler", "guidance_scale": 6.0, "width": 64,
-                                                      "height": 64}  # fmt: skip
+        assert {
+            k: newest[k] for k in ("negative_prompt", "seed", "steps", "sampler", "guidance_scale", "width", "height")
+        } == {
+            "negative_prompt": "fog",
+            "seed": 4,
+            "steps": 2,
+            "sampler": "Euler",
+            "guidance_scale": 6.0,
+            "width": 64,
+            "height": 64,
+        }
         assert newest["created"].endswith("Z") and len(newest["images"]) == ui_engine.num_images
         # The files: ann's own with her login; a 404 for bob and for nobody, alike for an id that does not exist.
-        with closing(_signed_in(page.local_url, *USERS[0])) as ann_http, \
-                closing(_signed_in(page.local_url, *USERS[1])) as bob_http:
+        with (
+            closing(_signed_in(page.local_url, *USERS[0])) as ann_http,
+            closing(_signed_in(page.local_url, *USERS[1])) as bob_http,
+        ):
             image = ann_http.get(newest["images"][0])
             assert image.status_code == 200 and image.content[:8] == b"\x89PNG\r\n\x1a\n"
             assert b"parameters" in image.content and b"a windmill" in image.content  # the PNG with its settings
@@ -66,8 +77,9 @@ def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, 
             assert ann_http.get(f"/gradio_api/file={data}/history.sqlite3").status_code in (403, 404)
     # A restart on the same folder: everything is still there, still per login.
     with _history_page(ui_engine, data) as page:
-        ann, bob = (Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0]))
-                    for user in USERS)  # fmt: skip
+        ann, bob = (
+            Client(page.local_url, auth=user, verbose=False, download_files=str(tmp_path / user[0])) for user in USERS
+        )
         assert [e["id"] for e in ann.predict(api_name="/history")] == [e["id"] for e in mine]
         assert [e["prompt"] for e in bob.predict(api_name="/history")] == ["a teapot"]
         with closing(_signed_in(page.local_url, *USERS[0])) as ann_http:
@@ -76,12 +88,14 @@ def test_history_per_login_across_a_restart_and_no_cross_user_access(ui_engine, 
 
 def test_the_cap_and_two_requests_finishing_together(ui_engine, tmp_path):
     with _history_page(ui_engine, tmp_path / "data", max_entries=3) as page:
-        clients = [Client(page.local_url, auth=USERS[0], verbose=False, download_files=str(tmp_path / str(i)))
-                   for i in range(2)]  # fmt: skip
+        clients = [
+            Client(page.local_url, auth=USERS[0], verbose=False, download_files=str(tmp_path / str(i)))
+            for i in range(2)
+        ]
         threads = [
             threading.Thread(target=client.predict, args=(f"a kite {i}",), kwargs={"steps": 2, "api_name": "/generate"})
             for i, client in enumerate(clients)
-        ]  # fmt: skip
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -123,14 +137,16 @@ def _generate(page, prompt: str, steps: int) -> None:
     set_steps(page, steps)
     page.locator("#prompt textarea").fill(prompt)
     page.locator("#generate").click()
-    page.wait_for_function(f"() => document.querySelector('#status').innerText.includes('{steps} steps')",
-                           timeout=TIMEOUT_MS)  # fmt: skip
+    page.wait_for_function(
+        f"() => document.querySelector('#status').innerText.includes('{steps} steps')", timeout=TIMEOUT_MS
+    )
 
 
 def _open_history(page, count: int) -> None:
     page.get_by_role("tab", name="History").click()
-    page.wait_for_function(f"() => document.querySelectorAll('#history-gallery img').length === {count}",
-                           timeout=TIMEOUT_MS)  # fmt: skip
+    page.wait_for_function(
+        f"() => document.querySelectorAll('#history-gallery img').length === {count}", timeout=TIMEOUT_MS
+    )
 
 
 @pytest.mark.browser
@@ -150,23 +166,25 @@ def test_history_tab_with_logins_use_and_delete(ui_engine, browser, tmp_path):
         _open_history(page, 2)
         loads = page.evaluate("""async () => Promise.all([...document.querySelectorAll('#history-gallery img')]
             .map(async (img) => { if (!img.complete) await new Promise((d) => { img.onload = img.onerror = d; });
-                                  return img.naturalWidth; }))""")  # fmt: skip
+                                  return img.naturalWidth; }))""")
         assert all(width > 0 for width in loads), loads  # the owner-only route serves this login's thumbnails
         page.locator("#history-gallery img").nth(1).click()  # the older: the kite
         page.locator("#history-details").get_by_text("a kite over the dunes").wait_for(timeout=TIMEOUT_MS)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "history-tab.png"), full_page=True)
         page.locator("#history-use").click()
-        page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
-                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'", timeout=TIMEOUT_MS
+        )
         assert page.locator("#steps input[type=number]").input_value() == "3"
         assert not page.locator("#randomize input").is_checked()  # the entry's seed is meant to be used
         _open_history(page, 2)
         page.locator("#history-gallery img").nth(0).click()
         page.locator("#history-details").get_by_text("a blue house").wait_for(timeout=TIMEOUT_MS)
         page.locator("#history-delete").click()
-        page.wait_for_function("() => document.querySelectorAll('#history-gallery img').length === 1",
-                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelectorAll('#history-gallery img').length === 1", timeout=TIMEOUT_MS
+        )
         page.locator("#history-delete-all").click()
         page.locator("#history-delete-all-yes").click()
         page.locator("#history-summary").get_by_text("Nothing yet").wait_for(timeout=TIMEOUT_MS)
@@ -184,8 +202,9 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         open_advanced(page)
         _generate(page, "a kite over the dunes", 3)
         _generate(page, "a blue house", 2)
-        page.wait_for_function("() => (localStorage.getItem('sdxl-jax-history') || '').length > 1000",
-                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "() => (localStorage.getItem('sdxl-jax-history') || '').length > 1000", timeout=TIMEOUT_MS
+        )
         stored = page.evaluate("() => localStorage.getItem('sdxl-jax-history')")
         # Encrypted with the server's key. The whole prompt, spaces and all: a 4-letter word alone turns up in a long
         # base64 ciphertext by chance (CI, 2026-12-06: "kite" inside the blob), a text with spaces never does.
@@ -202,8 +221,9 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         page.locator("#history-gallery img").nth(1).click()
         page.locator("#history-details").get_by_text("a kite over the dunes").wait_for(timeout=TIMEOUT_MS)
         page.locator("#history-use").click()
-        page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'",
-                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'", timeout=TIMEOUT_MS
+        )
         other_context.close()
         context.close()
 
@@ -221,8 +241,15 @@ def test_a_history_entry_shows_what_the_status_line_showed():
     from web.page.form import request_settings
 
     rules = RequestRules(sizes=((64, 64),), steps=8, levers=True)
-    request = parse_request("a cabin", init_image=FIXTURES / "image-input.png", mask_image=FIXTURES / "image-mask.png",
-                            strength=0.6, schedule_type="Karras", cfg_end=0.5, rules=rules)  # fmt: skip
+    request = parse_request(
+        "a cabin",
+        init_image=FIXTURES / "image-input.png",
+        mask_image=FIXTURES / "image-mask.png",
+        strength=0.6,
+        schedule_type="Karras",
+        cfg_end=0.5,
+        rules=rules,
+    )
     line = request.status_text()
     assert line == " · CFG end 0.5 · inpainted, strength 0.6 · schedule Karras"
     details = _details(request_settings(request, SimpleNamespace(sampler="Euler")), None)

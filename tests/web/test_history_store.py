@@ -24,8 +24,17 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def _settings(seed: int, **extra) -> dict:
-    return {"prompt": f"a red fox number {seed}", "negative_prompt": "blurry", "seed": seed, "steps": 4,
-            "sampler": "Euler", "guidance_scale": 5.0, "width": 64, "height": 64, **extra}  # fmt: skip
+    return {
+        "prompt": f"a red fox number {seed}",
+        "negative_prompt": "blurry",
+        "seed": seed,
+        "steps": 4,
+        "sampler": "Euler",
+        "guidance_scale": 5.0,
+        "width": 64,
+        "height": 64,
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -326,8 +335,10 @@ def test_an_earlier_versions_history_opens_as_it_is(tmp_path, request_files):
     with sqlite3.connect(tmp_path / DATABASE_NAME) as db:
         db.executescript(_EARLIER_SCHEMA)
         db.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("owner_key", key.hex())])
-        db.execute("INSERT INTO entries VALUES (41, ?, 1700000000.0, ?, ?, '[\"00.png\"]', '[\"00.thumb.jpg\"]')",
-                   (owner, folder.name, json.dumps(_settings(7))))  # fmt: skip
+        db.execute(
+            "INSERT INTO entries VALUES (41, ?, 1700000000.0, ?, ?, '[\"00.png\"]', '[\"00.thumb.jpg\"]')",
+            (owner, folder.name, json.dumps(_settings(7))),
+        )
     with HistoryStore(tmp_path) as store:
         assert [(e.id, e.settings["seed"]) for e in store.list("alice")] == [(41, 7)]
         assert store.file_of("alice", 41, 0).read_bytes() == request_files[1].read_bytes()
@@ -370,8 +381,10 @@ def test_bad_storage_urls_get_one_sentence(tmp_path):
 def test_replicas_share_one_history(postgres, tmp_path, request_files):
     """Two stores (two page replicas) on one PostgreSQL and one image folder: the same entries, whoever wrote them."""
     url, shared = postgres.new_database(), tmp_path / "shared"
-    with HistoryStore(tmp_path / "a", database_url=url, image_store=str(shared)) as a, \
-            HistoryStore(tmp_path / "b", database_url=url, image_store=str(shared)) as b:  # fmt: skip
+    with (
+        HistoryStore(tmp_path / "a", database_url=url, image_store=str(shared)) as a,
+        HistoryStore(tmp_path / "b", database_url=url, image_store=str(shared)) as b,
+    ):
         assert a.shared and "postgres" in a.where() and str(shared) in a.where()
         made_on_a = a.add("alice", _settings(1), request_files)
         assert [e.id for e in b.list("alice")] == [made_on_a]
@@ -405,8 +418,10 @@ def test_a_replica_killed_mid_write_loses_nothing(postgres, tmp_path, request_fi
             for index, source in enumerate(request_files):
                 assert store.file_of("alice", entry_id, index).read_bytes() == source.read_bytes()
         assert len(_files_on_disk(tmp_path)) >= len(listed)  # young leftovers stay: they may be another's
-        store.files.sweep({f"{p.parent.name}/{p.name}" for p in (tmp_path / "files").glob("*/*")
-                           if int(_row_of(store, p.name) or 0)}, grace_s=0)  # fmt: skip
+        store.files.sweep(
+            {f"{p.parent.name}/{p.name}" for p in (tmp_path / "files").glob("*/*") if int(_row_of(store, p.name) or 0)},
+            grace_s=0,
+        )
         assert len(_files_on_disk(tmp_path)) == len(listed)
 
 
@@ -430,7 +445,8 @@ def test_a_one_process_history_moves_to_the_replicas_storage(postgres, tmp_path,
     assert main(["--data-dir", str(tmp_path), "--database-url", url, "--image-store", images]) == 0
     with HistoryStore(tmp_path / "replica", database_url=url, image_store=images) as replica:
         assert [e.id for e in replica.list("alice")] == [ids[2], ids[0]] and [e.id for e in replica.list("bob")] == [
-            ids[1]]  # fmt: skip
+            ids[1]
+        ]
         assert replica.file_of("bob", ids[1], 1) == request_files[1].read_bytes()
         assert replica.add("bob", _settings(9), request_files) == ids[2] + 1
     assert main(["--data-dir", str(tmp_path), "--database-url", url, "--image-store", images]) == 1  # not empty

@@ -20,8 +20,9 @@ from web.page.layout import build_page
 @pytest.fixture(scope="module")
 def unwarmed():
     """A 1-device tiny generator, nothing compiled: the page only reads its configuration."""
-    return Generator.from_pretrained("tiny", height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32",
-                                     devices=jax.devices()[:1])  # fmt: skip
+    return Generator.from_pretrained(
+        "tiny", height=TEST_SIZE, width=TEST_SIZE, steps=TEST_STEPS, dtype="float32", devices=jax.devices()[:1]
+    )
 
 
 def load_triggered(config: dict) -> list[dict]:
@@ -31,8 +32,11 @@ def load_triggered(config: dict) -> list[dict]:
 
 @pytest.mark.parametrize("history", ["off", "browsers", "logins"])
 def test_no_event_runs_on_page_load(unwarmed, tmp_path, history):
-    made = {"off": History.off, "browsers": lambda: History.for_server(tmp_path, logins=False, max_entries=10),
-            "logins": lambda: History.for_server(tmp_path, logins=True, max_entries=10)}[history]()  # fmt: skip
+    made = {
+        "off": History.off,
+        "browsers": lambda: History.for_server(tmp_path, logins=False, max_entries=10),
+        "logins": lambda: History.for_server(tmp_path, logins=True, max_entries=10),
+    }[history]()
     page = build_page(unwarmed, history=made, logins=history == "logins")
     try:
         queued_events = attach_apis(page, ApiAccess(host="127.0.0.1"))  # the APIs on: their two hidden events

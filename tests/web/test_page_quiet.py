@@ -108,14 +108,19 @@ def test_no_error_toast_after_load_generate_stop_and_tab_switches(app_page, brow
     page.wait_for_function("() => /step \\d+ \\/ 100/.test(document.body.innerText)", timeout=TIMEOUT_MS)
     page.locator("#stop").click()
     page.locator("#status").get_by_text("Stopped at step").or_(
-        page.locator("#status").get_by_text(f"{LONG} steps")).wait_for(timeout=TIMEOUT_MS)  # fmt: skip
+        page.locator("#status").get_by_text(f"{LONG} steps")
+    ).wait_for(timeout=TIMEOUT_MS)
     requests.settle()
     assert bad_toasts(page) == [], "after Stop mid-request"
 
     for name in ("History", "Generate", "History", "Generate"):
         page.get_by_role("tab", name=name).click()
-        page.wait_for_function("(n) => [...document.querySelectorAll('[role=tab][aria-selected=true]')]"
-                               ".some((t) => t.innerText.trim() === n)", arg=name, timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "(n) => [...document.querySelectorAll('[role=tab][aria-selected=true]')]"
+            ".some((t) => t.innerText.trim() === n)",
+            arg=name,
+            timeout=TIMEOUT_MS,
+        )
         requests.settle()
         assert bad_toasts(page) == [], f"after switching to {name}"
     page.close()

@@ -29,8 +29,13 @@ def sliders():
         guidance = control(FIELD["guidance_scale"], GUIDANCE_DEFAULT)
         sent = gr.Textbox(elem_id="sent", interactive=True)  # also where the tests move the focus to
         gr.Button("Send", elem_id="send").click(lambda s, g: f"{s:g} {g:g}", [steps, guidance], sent)
-    blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                  js=PAGE_JS.read_text(encoding="utf-8"))  # as web/serving/server.py launches the page
+    blocks.launch(
+        server_port=free_port(),
+        prevent_thread_lock=True,
+        quiet=True,
+        ssr_mode=False,
+        js=PAGE_JS.read_text(encoding="utf-8"),
+    )  # as web/serving/server.py launches the page
     try:
         yield blocks
     finally:
@@ -50,8 +55,9 @@ def test_an_emptied_slider_box_goes_back_to_its_default_and_says_so(sliders, bro
             page.locator("#sent textarea").click()  # the box loses focus, as when the user goes on to Generate
         page.locator("#send").click()
         sent = f"{STEPS_DEFAULT} {GUIDANCE_DEFAULT:g}"
-        page.wait_for_function("v => document.querySelector('#sent textarea').value === v", arg=sent,
-                               timeout=TIMEOUT_MS)  # fmt: skip
+        page.wait_for_function(
+            "v => document.querySelector('#sent textarea').value === v", arg=sent, timeout=TIMEOUT_MS
+        )
         said = "Left empty: set back to the default, {}."
         assert page.locator("#steps .range-note").inner_text() == said.format(STEPS_DEFAULT)
         assert page.locator("#guidance .range-note").inner_text() == said.format(f"{GUIDANCE_DEFAULT:g}")
@@ -64,9 +70,14 @@ def test_an_emptied_slider_box_goes_back_to_its_default_and_says_so(sliders, bro
 
 
 #: Past generations as the History tab captions them: the longest seed, a long prompt, a short one.
-HISTORY = [{"prompt": "A serious capybara at work, wearing a suit, in an office full of paper, cinematic light",
-            "seed": 4294967295}, {"prompt": "a cat", "seed": 7},
-           {"prompt": "a lighthouse at dawn over a calm sea", "seed": 123456}]  # fmt: skip
+HISTORY = [
+    {
+        "prompt": "A serious capybara at work, wearing a suit, in an office full of paper, cinematic light",
+        "seed": 4294967295,
+    },
+    {"prompt": "a cat", "seed": 7},
+    {"prompt": "a lighthouse at dawn over a calm sea", "seed": 123456},
+]
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +91,9 @@ def history(tmp_path_factory):
         patch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
         with gr.Blocks() as blocks:
             history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
-        blocks.launch(server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
-                      css_paths=[CSS_PATH])  # fmt: skip
+        blocks.launch(
+            server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False, css_paths=[CSS_PATH]
+        )
         try:
             yield blocks
         finally:

@@ -12,14 +12,7 @@ from pipeline.contract import image_files as image_io
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.parameters import describe, parse_infotext
 from pipeline.contract.sampler_names import SAMPLER_NAMES
-from web.page.png_info import (
-    COMFY_ONLY,
-    NO_PARAMETERS,
-    NOT_AN_IMAGE,
-    form_values,
-    read_form_values,
-    read_infotext,
-)
+from web.page.png_info import COMFY_ONLY, NO_PARAMETERS, NOT_AN_IMAGE, form_values, read_form_values, read_infotext
 
 #: What A1111 1.10 writes for an SDXL txt2img with hires fix, two LoRAs and two embeddings (multi-line prompt).
 A1111_TEXT = (
@@ -91,8 +84,12 @@ def test_own_labels_with_v_prediction_spacing_and_unet(tmp_path):
     )
     values = read_form_values(path, SAMPLER_NAMES)
     assert values.sampler == "Euler a"  # the label's ", v-prediction" is the server's, not a separate pair
-    assert values.extra == {"Model": "my-sdxl", "UNet": "unet.safetensors", "Dtype": "bfloat16",
-                            "Timestep spacing": "trailing"}  # fmt: skip
+    assert values.extra == {
+        "Model": "my-sdxl",
+        "UNet": "unet.safetensors",
+        "Dtype": "bfloat16",
+        "Timestep spacing": "trailing",
+    }
 
 
 def test_a1111_png_every_pair_typed(tmp_path):
@@ -234,10 +231,31 @@ def png_info_page(ui_engine):
 
 def _values(page, updates) -> dict:
     """The form's updates as {field label: new value}, only the fields that change."""
-    labels = ["prompt", "negative", "style", "guidance", "seed", "randomize", "aspect", "steps", "sampler", "cfg_end",
-              "deepcache", *[f"lora{i}" for i in range(len(page.form.lora_rows))], "strength", "schedule_type",
-              "refiner_switch", "aesthetic_score", "negative_aesthetic_score", "clip_skip", "hires_scale",
-              "hires_steps", "hires_denoise", "hires_upscaler", "file"]  # fmt: skip
+    labels = [
+        "prompt",
+        "negative",
+        "style",
+        "guidance",
+        "seed",
+        "randomize",
+        "aspect",
+        "steps",
+        "sampler",
+        "cfg_end",
+        "deepcache",
+        *[f"lora{i}" for i in range(len(page.form.lora_rows))],
+        "strength",
+        "schedule_type",
+        "refiner_switch",
+        "aesthetic_score",
+        "negative_aesthetic_score",
+        "clip_skip",
+        "hires_scale",
+        "hires_steps",
+        "hires_denoise",
+        "hires_upscaler",
+        "file",
+    ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
 
 
@@ -246,16 +264,35 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
 
     client = Client(png_info_page.local_url, verbose=False, download_files=str(tmp_path))
     gallery, _, _ = client.predict(
-        "a paper lantern at night", "smoke", seed=77, randomize_seed=False, steps=3, sampler="DPM++ 2M Karras",
-        guidance_scale=6.5, aspect_ratio="224×128 (16:9)", api_name="/generate_png",
-    )  # fmt: skip
+        "a paper lantern at night",
+        "smoke",
+        seed=77,
+        randomize_seed=False,
+        steps=3,
+        sampler="DPM++ 2M Karras",
+        guidance_scale=6.5,
+        aspect_ratio="224×128 (16:9)",
+        api_name="/generate_png",
+    )
     values = _values(png_info_page, png_info_page.form.from_image(gallery[0]["image"]))
     pickers = {f"lora{i}": "" if i % 2 == 0 else 1 for i in range(len(png_info_page.form.lora_rows))}  # cleared
     assert values == {
-        "prompt": "a paper lantern at night", "negative": "smoke", "style": "No style", "guidance": 6.5, "seed": 77,
-        "randomize": False, "aspect": "224×128 (16:9)", "steps": 3, "sampler": "DPM++ 2M Karras", "cfg_end": 1.0,
-        "deepcache": 1, **pickers, "schedule_type": "Automatic", "clip_skip": 0, "file": None,
-    }  # fmt: skip
+        "prompt": "a paper lantern at night",
+        "negative": "smoke",
+        "style": "No style",
+        "guidance": 6.5,
+        "seed": 77,
+        "randomize": False,
+        "aspect": "224×128 (16:9)",
+        "steps": 3,
+        "sampler": "DPM++ 2M Karras",
+        "cfg_end": 1.0,
+        "deepcache": 1,
+        **pickers,
+        "schedule_type": "Automatic",
+        "clip_skip": 0,
+        "file": None,
+    }
 
 
 def test_a_styled_image_gives_back_its_style_and_the_users_words(png_info_page, tmp_path):
@@ -264,8 +301,9 @@ def test_a_styled_image_gives_back_its_style_and_the_users_words(png_info_page, 
     from gradio_client import Client
 
     client = Client(png_info_page.local_url, verbose=False, download_files=str(tmp_path))
-    gallery, _, _ = client.predict("a paper lantern", "smoke", style="Cinematic", seed=3, randomize_seed=False,
-                                   steps=2, api_name="/generate_png")  # fmt: skip
+    gallery, _, _ = client.predict(
+        "a paper lantern", "smoke", style="Cinematic", seed=3, randomize_seed=False, steps=2, api_name="/generate_png"
+    )
     written = image_io.read_parameters(gallery[0]["image"])
     assert written.startswith("cinematic still a paper lantern .") and "Style: Cinematic" in written
     values = _values(png_info_page, png_info_page.form.from_image(gallery[0]["image"]))
@@ -276,15 +314,22 @@ def test_a1111_and_comfyui_images_fill_what_is_offered_here(png_info_page, tmp_p
     a1111 = _values(png_info_page, png_info_page.form.from_image(_png(tmp_path / "a.png", {"parameters": A1111_TEXT})))
     assert a1111["prompt"].startswith("masterpiece, best quality") and "<lora:add_detail:0.6>" in a1111["prompt"]
     assert a1111["negative"].startswith("lowres") and a1111["negative"].endswith("badhandv4")
-    assert (a1111["steps"], a1111["sampler"], a1111["guidance"], a1111["seed"]) == (30, "DPM++ 2M Karras", 6.5,
-                                                                                    3141592653)  # fmt: skip
+    assert (a1111["steps"], a1111["sampler"], a1111["guidance"], a1111["seed"]) == (
+        30,
+        "DPM++ 2M Karras",
+        6.5,
+        3141592653,
+    )
     assert "aspect" not in a1111  # 832x1216 is not offered by this server
     # its Denoising strength is its hires fix's (Hires upscale: 1.5), not a picture's: this server has no hires fix
     assert "strength" not in a1111 and not any(label.startswith("hires") for label in a1111)
     comfy = _png(tmp_path / "c.png", {"prompt": json.dumps(COMFY_PROMPT), "parameters": COMFY_TEXT})
     values = _values(png_info_page, png_info_page.form.from_image(comfy))
     assert (values["prompt"], values["seed"], values["sampler"]) == (
-        "cinematic photo of a lighthouse in a storm", 42, "DPM++ 2M Karras")
+        "cinematic photo of a lighthouse in a storm",
+        42,
+        "DPM++ 2M Karras",
+    )
 
 
 def test_an_unknown_lora_in_the_prompt_is_said_when_filling(png_info_page, tmp_path, monkeypatch):
@@ -322,7 +367,8 @@ def test_dropping_an_image_on_the_page_fills_the_form(png_info_page, browser, tm
     open_advanced(page)
     # Dropped onto the page (not on an input): assets/page.js hands it to the "Use an image's settings" button.
     data = base64.b64encode(Path(path).read_bytes()).decode()
-    page.evaluate("""(data) => {
+    page.evaluate(
+        """(data) => {
         const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
         const transfer = new DataTransfer();
         transfer.items.add(new File([bytes], "a1111.png", { type: "image/png" }));
@@ -330,9 +376,12 @@ def test_dropping_an_image_on_the_page_fills_the_form(png_info_page, browser, tm
         for (const type of ["dragover", "drop"]) {
             target.dispatchEvent(new DragEvent(type, { dataTransfer: transfer, bubbles: true, cancelable: true }));
         }
-    }""", data)  # fmt: skip
-    page.wait_for_function("() => document.querySelector('#prompt textarea').value.startsWith('masterpiece')",
-                           timeout=TIMEOUT_MS)  # fmt: skip
+    }""",
+        data,
+    )
+    page.wait_for_function(
+        "() => document.querySelector('#prompt textarea').value.startsWith('masterpiece')", timeout=TIMEOUT_MS
+    )
     assert page.locator("#steps input[type=number]").input_value() == "30"
     assert page.locator("#seed input").input_value() == "3141592653"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

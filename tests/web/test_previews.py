@@ -35,8 +35,9 @@ def _captions(output) -> list[str]:
 
 
 def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
-    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=True,
-                           api_name="/generate")  # fmt: skip
+    job = ui_client.submit(
+        prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=True, api_name="/generate"
+    )
     gallery, seed, status = job.result()
     outputs = job.outputs()
     previews, answer = outputs[:-1], outputs[-1]
@@ -51,23 +52,26 @@ def test_generate_streams_previews_then_the_same_answer(ui_client, ui_engine):
     assert seed == 11 and "8 steps" in status and len(gallery) == ui_engine.num_images
     assert all(caption.startswith("seed ") for caption in _captions(answer))
     # Not a preview in the answer: the same request through /generate_png streams nothing before its PNGs.
-    job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8,
-                           api_name="/generate_png")  # fmt: skip
+    job = ui_client.submit(
+        prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, api_name="/generate_png"
+    )
     job.result()
     assert len(job.outputs()) == 1
 
 
 def test_an_api_caller_asks_for_no_previews_and_the_devices_run_none(ui_client, ui_engine):
     with ProgramTimer(ui_engine.programs) as timer:
-        job = ui_client.submit(prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=False,
-                               api_name="/generate")  # fmt: skip
+        job = ui_client.submit(
+            prompt="a lantern in the fog", seed=11, randomize_seed=False, steps=8, previews=False, api_name="/generate"
+        )
         gallery, seed, _ = job.result()
     assert len(job.outputs()) == 1 and seed == 11 and len(gallery) == ui_engine.num_images
     assert not [label for label in timer.labels if label.startswith("preview")] and timer.labels
 
 
-def test_a_caller_who_leaves_the_defaults_gets_no_previews_and_fetches_each_image_once(ui_client, ui_engine,
-                                                                                       monkeypatch):  # fmt: skip
+def test_a_caller_who_leaves_the_defaults_gets_no_previews_and_fetches_each_image_once(
+    ui_client, ui_engine, monkeypatch
+):
     """Previews are for eyes: the API's default is none (the page's Generate asks for them)."""
     fetched: list[str] = []
     endpoint = ui_client.endpoints[ui_client._infer_fn_index("/generate", None)]
@@ -76,8 +80,9 @@ def test_a_caller_who_leaves_the_defaults_gets_no_previews_and_fetches_each_imag
     info = ui_client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
     assert next(p for p in info if p["parameter_name"] == "previews")["parameter_default"] is False
     with ProgramTimer(ui_engine.programs) as timer:
-        job = ui_client.submit(prompt="a lantern in the fog", seed=13, randomize_seed=False, steps=8,
-                               api_name="/generate")  # fmt: skip
+        job = ui_client.submit(
+            prompt="a lantern in the fog", seed=13, randomize_seed=False, steps=8, api_name="/generate"
+        )
         gallery, seed, _ = job.result()
     assert len(job.outputs()) == 1 and seed == 13 and len(gallery) == ui_engine.num_images
     assert all(caption.startswith("seed ") for caption in _captions(job.outputs()[0]))
@@ -93,8 +98,9 @@ def test_without_previews_each_image_is_fetched_once_and_a_cancel_still_stops_it
         endpoint = ui_client.endpoints[ui_client._infer_fn_index(api_name, None)]
         fetch = endpoint._download_file
         monkeypatch.setattr(endpoint, "_download_file", lambda x, fetch=fetch: fetched.append(x["path"]) or fetch(x))
-    gallery, seed, status = ui_client.predict(prompt="a lantern in the fog", seed=12, randomize_seed=False, steps=4,
-                                              previews=False, api_name="/generate")  # fmt: skip
+    gallery, seed, status = ui_client.predict(
+        prompt="a lantern in the fog", seed=12, randomize_seed=False, steps=4, previews=False, api_name="/generate"
+    )
     assert seed == 12 and "4 steps" in status and len(gallery) == ui_engine.num_images
     assert len(fetched) == len(set(fetched)) == ui_engine.num_images
     fetched.clear()
@@ -136,8 +142,7 @@ def test_no_previews_server_streams_only_the_answer(tiny_dir, tmp_path):
 
     from pipeline.generator import Generator
 
-    generator = Generator.from_pretrained(str(tiny_dir), height=64, width=64, steps=4, dtype="float32",
-                                          previews=False)  # fmt: skip
+    generator = Generator.from_pretrained(str(tiny_dir), height=64, width=64, steps=4, dtype="float32", previews=False)
     generator.warmup()
     assert all(key.kind != "preview" for key in generator.program_keys())
     with served(generator) as page:
@@ -189,7 +194,8 @@ def test_the_page_shows_the_pictures_forming_and_a_stop_restores_the_last_images
         pytest.fail(f"Stop never reached a {LONG}-step request in 3 tries")
     assert "seed " in stopped.gallery_before  # a try that ran whole leaves its images: those are gone back to
     done = stopped.gallery_before
-    page.wait_for_function("() => !/step \\d+ \\/ 100/.test(document.querySelector('#gallery').innerText)",
-                           timeout=60_000)  # fmt: skip
+    page.wait_for_function(
+        "() => !/step \\d+ \\/ 100/.test(document.querySelector('#gallery').innerText)", timeout=60_000
+    )
     assert page.locator("#gallery").inner_text() == done  # the previous request's images and captions
     page.close()

@@ -66,8 +66,9 @@ def test_progress_stays_readable_between_previews(app_page):
     from gradio_client import Client
 
     client = Client(app_page.local_url, verbose=False, download_files=False)
-    job = client.submit(prompt="a lighthouse", steps=24, seed=5, randomize_seed=False, previews=True,
-                        api_name="/generate")  # fmt: skip
+    job = client.submit(
+        prompt="a lighthouse", steps=24, seed=5, randomize_seed=False, previews=True, api_name="/generate"
+    )
     polls: list[int | None] = []
     while not job.done():
         data = job.status().progress_data

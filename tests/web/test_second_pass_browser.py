@@ -65,12 +65,16 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         before = engine.compile_count
         tab.locator("#generate").click()
         # the answer, or an error toast at once (not a wait to the timeout)
-        tab.wait_for_function("(n) => document.querySelector('.toast-body') || "
-                              "document.querySelector('#status')?.innerText.includes(`${n} images in`)",
-                              arg=FEATURE_DEVICES, timeout=TIMEOUT_MS)  # fmt: skip
+        tab.wait_for_function(
+            "(n) => document.querySelector('.toast-body') || "
+            "document.querySelector('#status')?.innerText.includes(`${n} images in`)",
+            arg=FEATURE_DEVICES,
+            timeout=TIMEOUT_MS,
+        )
         assert tab.locator(".toast-body").count() == 0, tab.locator(".toast-body").all_inner_texts()
-        tab.wait_for_function(f"() => document.querySelectorAll('#gallery img').length === {FEATURE_DEVICES}",
-                              timeout=TIMEOUT_MS)  # fmt: skip
+        tab.wait_for_function(
+            f"() => document.querySelectorAll('#gallery img').length === {FEATURE_DEVICES}", timeout=TIMEOUT_MS
+        )
         assert tab.locator(".toast-body").count() == 0, tab.locator(".toast-body").all_inner_texts()
         run = engine.recent_runs[-1]
         side = hires_size((TEST_SIZE, TEST_SIZE), 2.0, engine.latent_multiple)[0]
@@ -84,8 +88,12 @@ def test_second_pass_section_reaches_the_engine(browser, app_page, refiner_hires
         assert engine.compile_count == before
         assert Image.open(shown).size == (side, side) == (128, 128)
         assert settings["Size"] == f"{TEST_SIZE}x{TEST_SIZE}"  # A1111 writes the first pass's size
-        assert (settings["Hires upscale"], settings["Hires upscaler"], settings["Hires steps"],
-                settings["Denoising strength"]) == ("2", "Lanczos", "2", "0.5"), settings  # fmt: skip
+        assert (
+            settings["Hires upscale"],
+            settings["Hires upscaler"],
+            settings["Hires steps"],
+            settings["Denoising strength"],
+        ) == ("2", "Lanczos", "2", "0.5"), settings
         assert (settings["Refiner"], settings["Refiner switch at"]) == ("tiny-refiner", "0.8"), settings
         assert not errors, errors
     finally:
@@ -100,9 +108,18 @@ def test_second_pass_through_gradio_client_compiles_nothing(app_page, refiner_hi
     client = page_client(app_page, tmp_path_factory)
     before = engine.compile_count
     for upscaler, switch in (("Latent (bicubic)", 1.0), ("Nearest", 0.8)):
-        gallery, seed, status = client.predict(prompt="a harbour at noon", seed=3, randomize_seed=False, steps=2,
-                                          hires_scale=2, hires_steps=2, hires_denoise=0.5, hires_upscaler=upscaler,
-                                          refiner_switch=switch, api_name="/generate_png")  # fmt: skip
+        gallery, seed, status = client.predict(
+            prompt="a harbour at noon",
+            seed=3,
+            randomize_seed=False,
+            steps=2,
+            hires_scale=2,
+            hires_steps=2,
+            hires_denoise=0.5,
+            hires_upscaler=upscaler,
+            refiner_switch=switch,
+            api_name="/generate_png",
+        )
         assert seed == 3 and len(gallery) == FEATURE_DEVICES
         picture = gallery[0]["image"]
         assert Image.open(picture).size == (128, 128)

@@ -10,15 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import (
-    GALLERY_LOADS,
-    LONG,
-    TIMEOUT_MS,
-    needs_chromium,
-    open_advanced,
-    set_steps,
-    stop_then_generate,
-)
+from conftest import GALLERY_LOADS, LONG, TIMEOUT_MS, needs_chromium, open_advanced, set_steps, stop_then_generate
 
 
 def test_cancel_through_the_client_stops_at_the_next_step_and_frees_the_queue(ui_page, ui_client, ui_engine):

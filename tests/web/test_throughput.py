@@ -90,8 +90,11 @@ def test_the_page_shows_every_image_of_a_call(app, tmp_path, calls):
 def test_a1111_batch_size_is_one_call_per_n_times_devices_images(url, calls, batch_size, n_iter, engine_calls):
     """batch_size × n_iter images: one engine call per 4 (N × devices), the last one's extra images dropped, seeds
     consecutive across calls."""
-    answer = httpx.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "a red kite", "seed": 40, "steps": TEST_STEPS,
-                                                         "batch_size": batch_size, "n_iter": n_iter}, timeout=600)
+    answer = httpx.post(
+        f"{url}/sdapi/v1/txt2img",
+        json={"prompt": "a red kite", "seed": 40, "steps": TEST_STEPS, "batch_size": batch_size, "n_iter": n_iter},
+        timeout=600,
+    )
     assert answer.status_code == 200, answer.text
     body = answer.json()
     count = batch_size * n_iter
@@ -101,8 +104,12 @@ def test_a1111_batch_size_is_one_call_per_n_times_devices_images(url, calls, bat
 
 
 def test_openai_n_is_one_call_per_n_times_devices_images(url, calls):
-    answer = httpx.post(f"{url}/v1/images/generations", headers={"Authorization": f"Bearer {KEY}"},
-                        json={"prompt": "a red kite", "n": 5, "seed": 90}, timeout=600)  # fmt: skip
+    answer = httpx.post(
+        f"{url}/v1/images/generations",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"prompt": "a red kite", "n": 5, "seed": 90},
+        timeout=600,
+    )
     assert answer.status_code == 200, answer.text
     pngs = [base64.b64decode(item["b64_json"]) for item in answer.json()["data"]]
     assert calls == [90, 90 + IMAGES] and seeds_of(pngs) == list(range(90, 95))
@@ -128,11 +135,35 @@ def test_the_cli_writes_n_times_devices_files(tiny_dir, tmp_path, batched_engine
     """`python -m pipeline generate --cpu-devices 2 --images-per-device 2`: four PNGs, seeds consecutive, nothing
     compiled after its warm-up, the pixels of the engine with the same settings (within 1 level)."""
     done = run_python(
-        "-m", "pipeline", "generate", "--model", str(tiny_dir), "--cpu-devices", str(BATCHED_DEVICES),
-        "--images-per-device", str(IMAGES_PER_DEVICE), "--height", str(TEST_SIZE), "--width", str(TEST_SIZE),
-        "--steps", str(TEST_STEPS), "--dtype", "float32", "--prompt-windows", "1", "--no-speed-levers",
-        "--prompt", "a tiny robot", "--seed", "77", "--out", str(tmp_path), "--json", drop=("XLA_FLAGS",),
-    )  # fmt: skip
+        "-m",
+        "pipeline",
+        "generate",
+        "--model",
+        str(tiny_dir),
+        "--cpu-devices",
+        str(BATCHED_DEVICES),
+        "--images-per-device",
+        str(IMAGES_PER_DEVICE),
+        "--height",
+        str(TEST_SIZE),
+        "--width",
+        str(TEST_SIZE),
+        "--steps",
+        str(TEST_STEPS),
+        "--dtype",
+        "float32",
+        "--prompt-windows",
+        "1",
+        "--no-speed-levers",
+        "--prompt",
+        "a tiny robot",
+        "--seed",
+        "77",
+        "--out",
+        str(tmp_path),
+        "--json",
+        drop=("XLA_FLAGS",),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["devices"] == f"{BATCHED_DEVICES} × cpu" and summary["seeds"] == list(range(77, 77 + IMAGES))

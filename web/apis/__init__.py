@@ -51,8 +51,10 @@ def attach_apis(page: Page, access: ApiAccess) -> dict:
     queued = QueuedGenerate.register(page)
     files = RequestFiles(page.files.root)
     served = ServedFiles(page.files.root)
-    routes = [*A1111Api(queued, access, files).router().routes,
-              *OpenAIImages(queued, access, files, served).router().routes]  # fmt: skip
+    routes = [
+        *A1111Api(queued, access, files).router().routes,
+        *OpenAIImages(queued, access, files, served).router().routes,
+    ]
     return {**settings, "routes": routes}
 
 
@@ -66,6 +68,8 @@ def switched_off_routes() -> list[Route]:
     async def openai(request: Request) -> JSONResponse:
         return openai_error(OFF_STATUS, APIS_OFF, REFUSED)
 
-    return [Route("/sdapi/v1/{rest:path}", a1111, methods=METHODS),
-            Route("/v1/images/{rest:path}", openai, methods=METHODS),
-            Route("/v1/models", openai, methods=METHODS)]  # fmt: skip
+    return [
+        Route("/sdapi/v1/{rest:path}", a1111, methods=METHODS),
+        Route("/v1/images/{rest:path}", openai, methods=METHODS),
+        Route("/v1/models", openai, methods=METHODS),
+    ]

@@ -43,34 +43,74 @@ logger = logging.getLogger("sdxl_jax.app")
 #: "served" (does what A1111 does), "stubbed" (answers A1111's shape for a server without that feature: an empty list,
 #: an accepted no-op), "missing" (404: a feature this server does not have).
 ENDPOINTS = {
-    "txt2img": "served", "img2img": "served", "png-info": "served", "progress": "served", "interrupt": "served",
-    "options": "served", "samplers": "served", "schedulers": "served", "sd-models": "served", "loras": "served",
-    "embeddings": "served", "prompt-styles": "served", "cmd-flags": "stubbed", "skip": "stubbed",
-    "upscalers": "served", "latent-upscale-modes": "served", "sd-vae": "stubbed", "sd-modules": "stubbed",
-    "hypernetworks": "stubbed", "face-restorers": "stubbed", "realesrgan-models": "stubbed", "scripts": "stubbed",
-    "script-info": "stubbed", "extensions": "stubbed", "refresh-checkpoints": "stubbed", "refresh-vae": "stubbed",
-    "refresh-loras": "stubbed", "refresh-embeddings": "stubbed", "memory": "missing",
-    "extra-single-image": "missing", "extra-batch-images": "missing", "interrogate": "missing",
-    "create/embedding": "missing", "create/hypernetwork": "missing", "train/embedding": "missing",
-    "train/hypernetwork": "missing", "unload-checkpoint": "missing", "reload-checkpoint": "missing",
-    "server-kill": "missing", "server-restart": "missing", "server-stop": "missing",
-}  # fmt: skip
+    "txt2img": "served",
+    "img2img": "served",
+    "png-info": "served",
+    "progress": "served",
+    "interrupt": "served",
+    "options": "served",
+    "samplers": "served",
+    "schedulers": "served",
+    "sd-models": "served",
+    "loras": "served",
+    "embeddings": "served",
+    "prompt-styles": "served",
+    "cmd-flags": "stubbed",
+    "skip": "stubbed",
+    "upscalers": "served",
+    "latent-upscale-modes": "served",
+    "sd-vae": "stubbed",
+    "sd-modules": "stubbed",
+    "hypernetworks": "stubbed",
+    "face-restorers": "stubbed",
+    "realesrgan-models": "stubbed",
+    "scripts": "stubbed",
+    "script-info": "stubbed",
+    "extensions": "stubbed",
+    "refresh-checkpoints": "stubbed",
+    "refresh-vae": "stubbed",
+    "refresh-loras": "stubbed",
+    "refresh-embeddings": "stubbed",
+    "memory": "missing",
+    "extra-single-image": "missing",
+    "extra-batch-images": "missing",
+    "interrogate": "missing",
+    "create/embedding": "missing",
+    "create/hypernetwork": "missing",
+    "train/embedding": "missing",
+    "train/hypernetwork": "missing",
+    "unload-checkpoint": "missing",
+    "reload-checkpoint": "missing",
+    "server-kill": "missing",
+    "server-restart": "missing",
+    "server-stop": "missing",
+}
 #: The stubs' answers (A1111's shapes for "none of these").
 STUBS: dict[str, tuple[str, Any]] = {
-    "cmd-flags": ("GET", {"api": True, "nowebui": False}), "skip": ("POST", {}), "sd-vae": ("GET", []),
+    "cmd-flags": ("GET", {"api": True, "nowebui": False}),
+    "skip": ("POST", {}),
+    "sd-vae": ("GET", []),
     "sd-modules": ("GET", []),
-    "hypernetworks": ("GET", []), "face-restorers": ("GET", []), "realesrgan-models": ("GET", []),
-    "scripts": ("GET", {"txt2img": [], "img2img": []}), "script-info": ("GET", []), "extensions": ("GET", []),
-    "refresh-checkpoints": ("POST", None), "refresh-vae": ("POST", None), "refresh-loras": ("POST", None),
+    "hypernetworks": ("GET", []),
+    "face-restorers": ("GET", []),
+    "realesrgan-models": ("GET", []),
+    "scripts": ("GET", {"txt2img": [], "img2img": []}),
+    "script-info": ("GET", []),
+    "extensions": ("GET", []),
+    "refresh-checkpoints": ("POST", None),
+    "refresh-vae": ("POST", None),
+    "refresh-loras": ("POST", None),
     "refresh-embeddings": ("POST", None),
-}  # fmt: skip
+}
 
 
 def offered_embeddings(engine: Engine) -> dict[str, dict]:
     """The textual inversions the engine offers, by name: the one place /sdapi/v1/embeddings reads."""
     names = engine.rules.embeddings
-    return {str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None,
-                        "vectors": None} for name in names}  # fmt: skip
+    return {
+        str(name): {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": None, "vectors": None}
+        for name in names
+    }
 
 
 #: The scale A1111 reports for an upscaler (its `UpscalerData` default: None, Lanczos, Nearest and ESRGAN files say 4).
@@ -82,9 +122,16 @@ def upscaler_items(rules: RequestRules) -> list[dict]:
     then any model the engine adds, by the name a request gives as `hr_upscaler`), in A1111's `UpscalerItem` shape.
     A model's `model_path` is null: a server path never reaches a caller. Without hires scales only "None"."""
     offered = [name for name in rules.hires_upscalers if name not in LATENT_UPSCALERS] if rules.hires_scales else []
-    return [{"name": name, "model_name": None if name in UPSCALERS or name == NO_UPSCALER else name,
-             "model_path": None, "model_url": None, "scale": A1111_UPSCALER_SCALE}
-            for name in (NO_UPSCALER, *offered)]  # fmt: skip
+    return [
+        {
+            "name": name,
+            "model_name": None if name in UPSCALERS or name == NO_UPSCALER else name,
+            "model_path": None,
+            "model_url": None,
+            "scale": A1111_UPSCALER_SCALE,
+        }
+        for name in (NO_UPSCALER, *offered)
+    ]
 
 
 def latent_upscale_items(rules: RequestRules) -> list[dict]:
@@ -109,15 +156,22 @@ class A1111Api:
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/sdapi/v1")
         routes = {
-            ("POST", "txt2img"): self.txt2img, ("POST", "img2img"): self.img2img,
-            ("POST", "png-info"): self.png_info, ("GET", "progress"): self.progress,
-            ("POST", "interrupt"): self.interrupt, ("GET", "options"): self.options,
-            ("POST", "options"): self.set_options, ("GET", "samplers"): self.samplers,
-            ("GET", "schedulers"): self.schedulers, ("GET", "sd-models"): self.sd_models,
-            ("GET", "loras"): self.loras, ("GET", "embeddings"): self.embeddings,
-            ("GET", "prompt-styles"): self.prompt_styles, ("GET", "upscalers"): self.upscalers,
+            ("POST", "txt2img"): self.txt2img,
+            ("POST", "img2img"): self.img2img,
+            ("POST", "png-info"): self.png_info,
+            ("GET", "progress"): self.progress,
+            ("POST", "interrupt"): self.interrupt,
+            ("GET", "options"): self.options,
+            ("POST", "options"): self.set_options,
+            ("GET", "samplers"): self.samplers,
+            ("GET", "schedulers"): self.schedulers,
+            ("GET", "sd-models"): self.sd_models,
+            ("GET", "loras"): self.loras,
+            ("GET", "embeddings"): self.embeddings,
+            ("GET", "prompt-styles"): self.prompt_styles,
+            ("GET", "upscalers"): self.upscalers,
             ("GET", "latent-upscale-modes"): self.latent_upscale_modes,
-        }  # fmt: skip
+        }
         for name, (method, answer) in STUBS.items():
             routes[(method, name)] = self._stub(answer)
         for (method, name), handler in routes.items():
@@ -150,12 +204,13 @@ class A1111Api:
             pictures["mask_image"] = inverted(mask) if payload.get("inpainting_mask_invert") else mask
         return await self._generate(request, caller, payload, asked, pictures)
 
-    async def _generate(self, request: Request, caller: str, payload: dict, asked: A1111Request,
-                        pictures: dict | None = None) -> JSONResponse:  # fmt: skip
+    async def _generate(
+        self, request: Request, caller: str, payload: dict, asked: A1111Request, pictures: dict | None = None
+    ) -> JSONResponse:
         """Run as many queued calls as `asked.count` images need (`num_images` each: --images-per-device on every
         device), seeds consecutive; the last call's extra images are dropped."""
         per_call = self.engine.num_images
-        user = caller[len("user:"):] if caller.startswith("user:") else None
+        user = caller[len("user:") :] if caller.startswith("user:") else None
         pngs: list[str] = []
         first_seed, status, started, interrupted = None, "", time.monotonic(), False
         with self.files.hold(pictures or {}) as held:
@@ -180,8 +235,15 @@ class A1111Api:
         images = encoded if payload.get("send_images", True) is not False else []
         return JSONResponse({"images": images, "parameters": echo_parameters(payload), "info": json.dumps(info)})
 
-    def _info(self, payload: dict, asked: A1111Request, seed: int | None, count: int, infotexts: list[str],
-              interrupted: str | None) -> dict:  # fmt: skip
+    def _info(
+        self,
+        payload: dict,
+        asked: A1111Request,
+        seed: int | None,
+        count: int,
+        infotexts: list[str],
+        interrupted: str | None,
+    ) -> dict:
         """A1111's `info` (Processed.js()): what the images were made with, read back from their own parameters."""
         settings = parse_infotext(infotexts[0]).settings if infotexts else {}
         height, width = self.rules.sizes[0]
@@ -190,23 +252,43 @@ class A1111Api:
         seeds = [(seed + i) % 2**32 for i in range(count)] if seed is not None else []
         prompt, negative = str(payload.get("prompt") or ""), str(payload.get("negative_prompt") or "")
         info = {
-            "prompt": prompt, "all_prompts": [prompt] * count, "negative_prompt": negative,
-            "all_negative_prompts": [negative] * count, "seed": seeds[0] if seeds else -1, "all_seeds": seeds,
-            "subseed": -1, "all_subseeds": [-1] * count, "subseed_strength": 0, "width": int(width),
-            "height": int(height), "sampler_name": settings.get("Sampler", asked.given.get("sampler")),
+            "prompt": prompt,
+            "all_prompts": [prompt] * count,
+            "negative_prompt": negative,
+            "all_negative_prompts": [negative] * count,
+            "seed": seeds[0] if seeds else -1,
+            "all_seeds": seeds,
+            "subseed": -1,
+            "all_subseeds": [-1] * count,
+            "subseed_strength": 0,
+            "width": int(width),
+            "height": int(height),
+            "sampler_name": settings.get("Sampler", asked.given.get("sampler")),
             "scheduler": asked.given.get("schedule_type", "Automatic"),
             "cfg_scale": float(settings.get("CFG scale", asked.given.get("guidance_scale", self.rules.guidance_scale))),
-            "steps": int(settings.get("Steps", asked.given.get("steps", self.rules.steps))), "batch_size": count,
-            "restore_faces": False, "sd_model_name": self.model, "sd_model_hash": None, "sd_vae_name": None,
-            "sd_vae_hash": None, "seed_resize_from_w": -1, "seed_resize_from_h": -1,
-            "denoising_strength": asked.given.get("strength"), "extra_generation_params": {},
-            "index_of_first_image": 0, "infotexts": infotexts, "styles": payload.get("styles") or [],
-            "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "clip_skip": 1, "is_using_inpainting_conditioning": False,
+            "steps": int(settings.get("Steps", asked.given.get("steps", self.rules.steps))),
+            "batch_size": count,
+            "restore_faces": False,
+            "sd_model_name": self.model,
+            "sd_model_hash": None,
+            "sd_vae_name": None,
+            "sd_vae_hash": None,
+            "seed_resize_from_w": -1,
+            "seed_resize_from_h": -1,
+            "denoising_strength": asked.given.get("strength"),
+            "extra_generation_params": {},
+            "index_of_first_image": 0,
+            "infotexts": infotexts,
+            "styles": payload.get("styles") or [],
+            "job_timestamp": time.strftime("%Y%m%d%H%M%S"),
+            "clip_skip": 1,
+            "is_using_inpainting_conditioning": False,
             "version": "sdxl-jax",
-        }  # fmt: skip
+        }
         if asked.ignored_scripts:
-            info["comments"] = {"alwayson_scripts": f"ignored (not run by this server): "
-                                                    f"{', '.join(asked.ignored_scripts)}"}  # fmt: skip
+            info["comments"] = {
+                "alwayson_scripts": f"ignored (not run by this server): {', '.join(asked.ignored_scripts)}"
+            }
         if interrupted is not None:
             info["comments"] = {**info.get("comments", {}), "interrupted": interrupted}
         return info
@@ -221,12 +303,19 @@ class A1111Api:
         image = None
         if current and current.preview and request.query_params.get("skip_current_image", "").lower() != "true":
             image = await asyncio.to_thread(preview_base64, current.preview)
-        state = {"skipped": False, "interrupted": False, "job": "txt2img" if current else "",
-                 "job_count": len(mine), "job_timestamp": "0", "job_no": 0,
-                 "sampling_step": current.step if current else 0,
-                 "sampling_steps": current.total if current else 0}  # fmt: skip
-        return JSONResponse({"progress": done, "eta_relative": 0.0, "state": state, "current_image": image,
-                             "textinfo": None})  # fmt: skip
+        state = {
+            "skipped": False,
+            "interrupted": False,
+            "job": "txt2img" if current else "",
+            "job_count": len(mine),
+            "job_timestamp": "0",
+            "job_no": 0,
+            "sampling_step": current.step if current else 0,
+            "sampling_steps": current.total if current else 0,
+        }
+        return JSONResponse(
+            {"progress": done, "eta_relative": 0.0, "state": state, "current_image": image, "textinfo": None}
+        )
 
     async def interrupt(self, request: Request, caller: str):
         self.queued.interrupt(caller)
@@ -235,11 +324,18 @@ class A1111Api:
     # ---- the server's facts ----------------------------------------------------------------------------------------
 
     async def options(self, request: Request, caller: str):
-        return JSONResponse({
-            "sd_model_checkpoint": self.model, "sd_checkpoint_hash": None, "sd_vae": "Automatic",
-            "samples_format": "png", "CLIP_stop_at_last_layers": 1, "eta_noise_seed_delta": 0,
-            "sd_lora": "None", "enable_pnginfo": True,
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "sd_model_checkpoint": self.model,
+                "sd_checkpoint_hash": None,
+                "sd_vae": "Automatic",
+                "samples_format": "png",
+                "CLIP_stop_at_last_layers": 1,
+                "eta_noise_seed_delta": 0,
+                "sd_lora": "None",
+                "enable_pnginfo": True,
+            }
+        )
 
     async def set_options(self, request: Request, caller: str):
         """Any dict is accepted (clients post the whole options back); nothing this server has is changed by it, and
@@ -257,20 +353,38 @@ class A1111Api:
         return JSONResponse(scheduler_items())
 
     async def sd_models(self, request: Request, caller: str):
-        return JSONResponse([{"title": self.model, "model_name": self.model, "hash": None, "sha256": None,
-                              "filename": self.model, "config": None}])  # fmt: skip
+        return JSONResponse(
+            [
+                {
+                    "title": self.model,
+                    "model_name": self.model,
+                    "hash": None,
+                    "sha256": None,
+                    "filename": self.model,
+                    "config": None,
+                }
+            ]
+        )
 
     async def loras(self, request: Request, caller: str):
-        return JSONResponse([{"name": name, "alias": name, "path": f"{name}.safetensors", "metadata": {}}
-                             for name in self.rules.loras])  # fmt: skip
+        return JSONResponse(
+            [{"name": name, "alias": name, "path": f"{name}.safetensors", "metadata": {}} for name in self.rules.loras]
+        )
 
     async def embeddings(self, request: Request, caller: str):
         return JSONResponse({"loaded": offered_embeddings(self.engine), "skipped": {}})
 
     async def prompt_styles(self, request: Request, caller: str):
-        return JSONResponse([{"name": name, "prompt": getattr(style, "prompt", ""),
-                              "negative_prompt": getattr(style, "negative_prompt", "")}
-                             for name, style in self.rules.styles.items()])  # fmt: skip
+        return JSONResponse(
+            [
+                {
+                    "name": name,
+                    "prompt": getattr(style, "prompt", ""),
+                    "negative_prompt": getattr(style, "negative_prompt", ""),
+                }
+                for name, style in self.rules.styles.items()
+            ]
+        )
 
     async def upscalers(self, request: Request, caller: str):
         return JSONResponse(upscaler_items(self.rules))

@@ -20,10 +20,30 @@ from pipeline.contract.request import RequestRules
 #: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
 MAX_IMAGES = 64
 #: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
-MAPPED = frozenset({"prompt", "negative_prompt", "seed", "steps", "cfg_scale", "sampler_name", "sampler_index",
-                    "scheduler", "width", "height", "batch_size", "n_iter", "denoising_strength", "styles",
-                    "refiner_checkpoint", "refiner_switch_at", "enable_hr", "hr_scale", "hr_second_pass_steps",
-                    "hr_upscaler"})
+MAPPED = frozenset(
+    {
+        "prompt",
+        "negative_prompt",
+        "seed",
+        "steps",
+        "cfg_scale",
+        "sampler_name",
+        "sampler_index",
+        "scheduler",
+        "width",
+        "height",
+        "batch_size",
+        "n_iter",
+        "denoising_strength",
+        "styles",
+        "refiner_checkpoint",
+        "refiner_switch_at",
+        "enable_hr",
+        "hr_scale",
+        "hr_second_pass_steps",
+        "hr_upscaler",
+    }
+)
 #: A1111's `hr_scale` when a payload enables the hires fix and names no scale (its API's default).
 A1111_HR_SCALE = 2.0
 #: A1111's own "no upscaler" (first in /upscalers): as `hr_upscaler` A1111 resizes the picture with PIL's Lanczos
@@ -60,8 +80,10 @@ def schedule_choices() -> tuple[str, ...]:
 def scheduler_items() -> list[dict]:
     """/sdapi/v1/schedulers: A1111's names (lower case, underscores) and labels of the schedules offered."""
     labels = schedule_choices()
-    return [{"name": scheduler_name(label), "label": label, "aliases": None, "default_rho": -1,
-             "need_inner_model": False} for label in labels]  # fmt: skip
+    return [
+        {"name": scheduler_name(label), "label": label, "aliases": None, "default_rho": -1, "need_inner_model": False}
+        for label in labels
+    ]
 
 
 def scheduler_name(label: str) -> str:
@@ -97,8 +119,13 @@ def whole(payload: dict, key: str, default: int, low: int, high: int) -> int:
     value = payload.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or int(value) != value or not low <= value <= high:  # fmt: skip
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or int(value) != value
+        or not low <= value <= high
+    ):
         raise InvalidInput(f"{key} must be a whole number from {low} to {high}; got {echo(value)}.")
     return int(value)
 
@@ -109,8 +136,10 @@ def offered_size(payload: dict, sizes) -> str:
     width, height = payload.get("width") or width, payload.get("height") or height
     if (height, width) not in [tuple(size) for size in sizes] or isinstance(width, bool) or isinstance(height, bool):
         offered = ", ".join(f"{w}x{h}" for h, w in sizes)
-        raise InvalidInput(f"Size {echo(width)}x{echo(height)} is not offered by this server (its programs are "
-                           f"compiled ahead); choose one of: {offered}.")  # fmt: skip
+        raise InvalidInput(
+            f"Size {echo(width)}x{echo(height)} is not offered by this server (its programs are "
+            f"compiled ahead); choose one of: {offered}."
+        )
     return f"{width}x{height}"
 
 
@@ -138,8 +167,9 @@ def a1111_refiner(payload: dict, rules: RequestRules) -> dict[str, Any]:
     for extension in (".safetensors", ".ckpt"):
         name = name[: -len(extension)] if name.lower().endswith(extension) else name
     if not rules.refiner:
-        raise InvalidInput(f"This server has no refiner (start it with --refiner); got refiner_checkpoint "
-                           f"{echo(wanted)}.")  # fmt: skip
+        raise InvalidInput(
+            f"This server has no refiner (start it with --refiner); got refiner_checkpoint {echo(wanted)}."
+        )
     if name.lower() != rules.refiner.lower():
         raise InvalidInput(f"Unknown refiner_checkpoint {echo(wanted)}; this server's refiner is {rules.refiner}.")
     switch = payload.get("refiner_switch_at")
@@ -154,8 +184,10 @@ def a1111_hires(payload: dict, *, picture: bool) -> dict[str, Any]:
     if picture or not payload.get("enable_hr"):
         return {}
     upscaler = payload.get("hr_upscaler") or FIELD["hires_upscaler"].default
-    hires = {"hires_scale": A1111_HR_SCALE if payload.get("hr_scale") is None else payload["hr_scale"],
-             "hires_upscaler": NO_UPSCALER_RESIZE if upscaler == NO_UPSCALER else upscaler}  # fmt: skip
+    hires = {
+        "hires_scale": A1111_HR_SCALE if payload.get("hr_scale") is None else payload["hr_scale"],
+        "hires_upscaler": NO_UPSCALER_RESIZE if upscaler == NO_UPSCALER else upscaler,
+    }
     if payload.get("hr_second_pass_steps") is not None:
         hires["hires_steps"] = payload["hr_second_pass_steps"]
     if payload.get("denoising_strength") is not None:
@@ -165,8 +197,10 @@ def a1111_hires(payload: dict, *, picture: bool) -> dict[str, Any]:
 
 def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
-    given: dict[str, Any] = {"prompt": payload.get("prompt", ""), "negative_prompt": payload.get("negative_prompt")
-                             or ""}  # fmt: skip
+    given: dict[str, Any] = {
+        "prompt": payload.get("prompt", ""),
+        "negative_prompt": payload.get("negative_prompt") or "",
+    }
     seed = payload.get("seed", -1)
     if seed is None or (isinstance(seed, int | float) and not isinstance(seed, bool) and seed == -1):
         given["randomize_seed"] = True
@@ -178,8 +212,11 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
     if picture and payload.get("denoising_strength") is not None:
         given["strength"] = payload["denoising_strength"]
     default_sampler = rules.sampler or sampler_choices()[0]
-    given.update(map_sampler(payload.get("sampler_name") or payload.get("sampler_index"), payload.get("scheduler"),
-                             default_sampler))  # fmt: skip
+    given.update(
+        map_sampler(
+            payload.get("sampler_name") or payload.get("sampler_index"), payload.get("scheduler"), default_sampler
+        )
+    )
     given["aspect_ratio"] = offered_size(payload, rules.sizes)
     style = a1111_style(payload.get("styles"), rules.styles)
     if style is not None:

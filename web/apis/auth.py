@@ -36,8 +36,13 @@ class ApiAccess:
 
     @classmethod
     def from_args(cls, args) -> ApiAccess:
-        return cls(logins=tuple(args.auth or ()), keys=tuple(args.api_key or ()), api=bool(args.api),
-                   mcp=bool(args.mcp), host=args.host)  # fmt: skip
+        return cls(
+            logins=tuple(args.auth or ()),
+            keys=tuple(args.api_key or ()),
+            api=bool(args.api),
+            mcp=bool(args.mcp),
+            host=args.host,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -49,9 +54,14 @@ class ApiAccess:
         notes = []
         if not self.logins and not loopback(self.host):
             where = "every interface" if self.host in ("0.0.0.0", "::", "") else self.host
-            notes.append((logging.WARNING, f"the page is open on {where} without a login: anyone who reaches this "
-                                           "port can generate; --auth USER:PASSWORD (SDXL_AUTH) or --auth-file asks "
-                                           "for one"))  # fmt: skip
+            notes.append(
+                (
+                    logging.WARNING,
+                    f"the page is open on {where} without a login: anyone who reaches this "
+                    "port can generate; --auth USER:PASSWORD (SDXL_AUTH) or --auth-file asks "
+                    "for one",
+                )
+            )
         if not self.enabled:
             notes.append((logging.INFO, APIS_OFF))
         return notes
@@ -89,13 +99,14 @@ class ApiAccess:
             return None
         for known, secret in self.logins:
             # both compared in constant time, every login tried: no timing says which part was wrong
-            if hmac.compare_digest(known.encode(), user.encode()) & hmac.compare_digest(secret.encode(),
-                                                                                         password.encode()):
+            if hmac.compare_digest(known.encode(), user.encode()) & hmac.compare_digest(
+                secret.encode(), password.encode()
+            ):
                 return known
         return None
 
     def _key(self, authorization: str | None) -> str | None:
-        """"key:<digest>" of a valid bearer key (never the key itself), else None."""
+        """ "key:<digest>" of a valid bearer key (never the key itself), else None."""
         scheme, _, value = (authorization or "").partition(" ")
         value = value.strip()
         if scheme.lower() != "bearer" or not value:
@@ -113,4 +124,3 @@ def loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-

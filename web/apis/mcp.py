@@ -115,8 +115,13 @@ class McpGate:
                 self.access.bearer_caller(authorization, "")
             except Refused as exc:
                 body = json.dumps({"detail": exc.message}).encode()
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return None
         return await self.app(scope, receive, send)

@@ -50,8 +50,11 @@ class OpenAIImages:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/v1")
-        for path, handler, method in (("/images/generations", self.generations, "POST"),
-                                      ("/images/edits", self.edits, "POST"), ("/models", self.models, "GET")):
+        for path, handler, method in (
+            ("/images/generations", self.generations, "POST"),
+            ("/images/edits", self.edits, "POST"),
+            ("/models", self.models, "GET"),
+        ):
             route = guarded(handler, self.access.bearer_caller, openai_error)  # a bearer key with --api-key/--auth
             router.add_api_route(path, route, methods=[method], include_in_schema=False)
         router.add_api_route("/images/files/{name}", self.file, methods=["GET"], include_in_schema=False)
@@ -101,10 +104,21 @@ class OpenAIImages:
             data = [{"url": f"{base}/v1/images/files/{self.served.publish(path)}"} for path in pngs]
         else:
             data = [{"b64_json": text} for text in await asyncio.to_thread(lambda: [png_base64(p) for p in pngs])]
-        height, width = self.rules.sizes[0] if not given.get("aspect_ratio") else \
-            tuple(int(part) for part in reversed(given["aspect_ratio"].split("x")))  # fmt: skip
-        return JSONResponse({"created": int(time.time()), "data": data, "model": self.model, "output_format": "png",
-                             "size": f"{width}x{height}", "seed": first_seed})  # fmt: skip
+        height, width = (
+            self.rules.sizes[0]
+            if not given.get("aspect_ratio")
+            else tuple(int(part) for part in reversed(given["aspect_ratio"].split("x")))
+        )
+        return JSONResponse(
+            {
+                "created": int(time.time()),
+                "data": data,
+                "model": self.model,
+                "output_format": "png",
+                "size": f"{width}x{height}",
+                "seed": first_seed,
+            }
+        )
 
     def _fields(self, payload: dict, picture: bool) -> tuple[dict, int, str]:
         """The handler's fields, the image count and the answer's format from an OpenAI payload."""
@@ -120,8 +134,9 @@ class OpenAIImages:
         offered = [f"{w}x{h}" for h, w in self.rules.sizes]
         if size not in (None, "", "auto"):
             if size not in offered:
-                raise InvalidInput(f"Size {echo(size)} is not offered by this server; choose one of: "
-                                   f"{', '.join(offered)}.")  # fmt: skip
+                raise InvalidInput(
+                    f"Size {echo(size)} is not offered by this server; choose one of: {', '.join(offered)}."
+                )
             given["aspect_ratio"] = size
         for row in PLAIN:  # this server's own fields (steps, guidance_scale, strength, ...): an extension
             if row.name in payload and (picture or row.name != "strength"):
@@ -133,8 +148,9 @@ class OpenAIImages:
         return given, n, response_format
 
     async def models(self, request: Request, caller: str):
-        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                         "owned_by": "sdxl-jax"}]})  # fmt: skip
+        return JSONResponse(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "sdxl-jax"}]}
+        )
 
     async def file(self, name: str):
         """A `url` answer's file: unguessable name, expires (404 after)."""

@@ -92,10 +92,17 @@ class QueuedGenerate:
                 # No triggers (an empty list): reached only by `run`'s queue push. `triggers=None` would mean "on
                 # page load and on any input's change", and every visit would queue two empty requests.
                 dependency = gr.on(
-                    triggers=[], fn=function, inputs=inputs, outputs=outputs, preprocess=False, postprocess=False,
-                    concurrency_limit=concurrency, concurrency_id="generate", api_visibility="private",
+                    triggers=[],
+                    fn=function,
+                    inputs=inputs,
+                    outputs=outputs,
+                    preprocess=False,
+                    postprocess=False,
+                    concurrency_limit=concurrency,
+                    concurrency_id="generate",
+                    api_visibility="private",
                     show_progress="hidden",
-                )  # fmt: skip
+                )
                 queued.events[name] = event_index(dependency)
         return queued
 
@@ -105,8 +112,9 @@ class QueuedGenerate:
         values = [given.get(row.name, defaults[row.name]) for row in FIELDS]
         return [*values, bool(given.get("previews", False)), None]
 
-    async def run(self, request, given: dict[str, Any], *, caller: str, username: str | None = None,
-                  image_format: str = "png") -> Outcome:  # fmt: skip
+    async def run(
+        self, request, given: dict[str, Any], *, caller: str, username: str | None = None, image_format: str = "png"
+    ) -> Outcome:
         """Queue one generation and wait for its end. Raises `Refused` (busy, bad input, failure)."""
         queue = EventQueue(self.page.demo)
         session = f"api-{secrets.token_hex(12)}"
@@ -114,8 +122,9 @@ class QueuedGenerate:
         running = Running(caller, session)
         self.running[session] = running
         try:
-            ok, detail, state = await queue.push(session=session, event=self.events[image_format], data=arguments,
-                                                 request=request, username=username)  # fmt: skip
+            ok, detail, state = await queue.push(
+                session=session, event=self.events[image_format], data=arguments, request=request, username=username
+            )
             if not ok:
                 if state == "queue_full":
                     raise Refused(503, "The server is busy: its queue is full; try again in a moment.")
@@ -192,4 +201,3 @@ def refusal(output: dict, title: str | None) -> Refused:
     if title in ("Server stopping", "No engine"):
         return Refused(503, message)
     return Refused(500, message)
-

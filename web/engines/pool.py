@@ -182,8 +182,13 @@ class EnginePool:
 
     # ---- one request -----------------------------------------------------------------------------------------------
 
-    def acquire(self, should_stop: Callable[[], bool], exclude: frozenset = frozenset(), give_up_s: float = 60.0,
-                on_wait: Callable[[int, int], None] | None = None) -> Endpoint | None:  # fmt: skip
+    def acquire(
+        self,
+        should_stop: Callable[[], bool],
+        exclude: frozenset = frozenset(),
+        give_up_s: float = 60.0,
+        on_wait: Callable[[int, int], None] | None = None,
+    ) -> Endpoint | None:
         """A free, ready engine not in `exclude`, marked busy; waits while every engine is busy. None when
         `should_stop()` turns true; NoEngine when none is ready (or none but `exclude`) for `give_up_s`. While it
         waits, `on_wait(ready, known)` is told the engines ready of those known, first and whenever that changes (the
@@ -193,8 +198,9 @@ class EnginePool:
             with self._changed:
                 now = time.monotonic()
                 usable = [e for e, ready in self._ready.items() if ready and e not in exclude]
-                free = [e for e in usable
-                        if self._busy.get(e, 0) < self.slots(e) and self._refused_until.get(e, 0) <= now]  # fmt: skip
+                free = [
+                    e for e in usable if self._busy.get(e, 0) < self.slots(e) and self._refused_until.get(e, 0) <= now
+                ]
                 if free:
                     chosen = min(free, key=lambda e: self._busy.get(e, 0))  # the least busy, the first of equals
                     self._busy[chosen] = self._busy.get(chosen, 0) + 1

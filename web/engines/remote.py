@@ -106,16 +106,27 @@ class RemoteEngines:
     def __init__(self, pool: EnginePool, info: dict) -> None:
         self.pool = pool
         self.info = info
-        self.config = RemoteConfig(model="tiny" if info.get("test_model") else info["model"], steps=info["steps"],
-                                   unet=info.get("unet"), preset=info.get("preset"))  # fmt: skip
+        self.config = RemoteConfig(
+            model="tiny" if info.get("test_model") else info["model"],
+            steps=info["steps"],
+            unet=info.get("unet"),
+            preset=info.get("preset"),
+        )
         self.rules = RequestRules(
-            sizes=tuple(tuple(size) for size in info["sizes"]), steps=info["steps"], sampler=info.get("sampler"),
-            guidance_scale=info["guidance_scale"], cfg=info["cfg"], levers=info["levers"], loras=tuple(info["loras"]),
+            sizes=tuple(tuple(size) for size in info["sizes"]),
+            steps=info["steps"],
+            sampler=info.get("sampler"),
+            guidance_scale=info["guidance_scale"],
+            cfg=info["cfg"],
+            levers=info["levers"],
+            loras=tuple(info["loras"]),
             default_loras=tuple(tuple(lora) for lora in info.get("default_loras", ())),
-            embeddings=tuple(info.get("embeddings", ())), controlnets=tuple(info.get("controlnets", ())),
-            refiner=info.get("refiner") or "", hires_scales=tuple(info.get("hires_scales") or ()),
+            embeddings=tuple(info.get("embeddings", ())),
+            controlnets=tuple(info.get("controlnets", ())),
+            refiner=info.get("refiner") or "",
+            hires_scales=tuple(info.get("hires_scales") or ()),
             hires_upscalers=tuple(info.get("hires_upscalers") or UPSCALERS),  # an older engine: the built-in ones
-        )  # fmt: skip
+        )
         self.sampler = RemoteSampler(**info["sampler_settings"])
         self.num_images = info["num_images"]
         self.unet_parameters = info.get("unet_parameters")  # the engine's model's size (None from an older engine)
@@ -143,8 +154,13 @@ class RemoteEngines:
         for other in others:
             if difference := disagreement(info, pool.infos[other]):
                 logger.warning("engine %s differs from %s: %s", other, first, difference)
-        logger.info("engines: %d ready of %s; %s, %d images per request", len(pool.ready), ", ".join(pool.urls),
-                    info["device_summary"], info["num_images"])  # fmt: skip
+        logger.info(
+            "engines: %d ready of %s; %s, %d images per request",
+            len(pool.ready),
+            ", ".join(pool.urls),
+            info["device_summary"],
+            info["num_images"],
+        )
         return cls(pool, info)
 
     def close(self) -> None:
@@ -152,9 +168,14 @@ class RemoteEngines:
 
     # ---- one request -----------------------------------------------------------------------------------------------
 
-    def generate(self, request: Request, on_step: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, on_preview=None,
-                 on_wait: Callable[[str], None] | None = None) -> RemoteResult:  # fmt: skip
+    def generate(
+        self,
+        request: Request,
+        on_step: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        on_preview=None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> RemoteResult:
         """Run `request` on a free engine; once more on another if that one fails; Stopped on Stop. `on_wait` is told
         what the request waits for while no engine is free ("waiting for an engine (0 of 2 ready)")."""
         should_stop = should_stop or (lambda: False)
@@ -163,8 +184,12 @@ class RemoteEngines:
         lost: EngineFailed | None = None  # the first engine's failure, once there was one
         while True:
             try:  # a re-run waits for a busy engine to free, never for one that is not ready: it answers at once
-                endpoint = self.pool.acquire(should_stop, exclude=frozenset(failed),
-                                             give_up_s=0.0 if failed else NO_ENGINE_WAIT_S, on_wait=report)  # fmt: skip
+                endpoint = self.pool.acquire(
+                    should_stop,
+                    exclude=frozenset(failed),
+                    give_up_s=0.0 if failed else NO_ENGINE_WAIT_S,
+                    on_wait=report,
+                )
             except NoEngine:
                 if lost is not None:
                     raise NoEngine(ENGINE_LOST.format(why=lost.why, then=ONLY_ENGINE)) from None
@@ -178,8 +203,14 @@ class RemoteEngines:
                 continue
             except EngineFailed as exc:
                 self.pool.release(endpoint, failed=True)
-                logger.warning("engine %s failed a request (seed %d, step %d / %d): %s", endpoint, request.seed,
-                               exc.done, exc.total, exc)  # fmt: skip
+                logger.warning(
+                    "engine %s failed a request (seed %d, step %d / %d): %s",
+                    endpoint,
+                    request.seed,
+                    exc.done,
+                    exc.total,
+                    exc,
+                )
                 if lost is not None:
                     raise NoEngine(ENGINE_LOST.format(why=exc.why, then=ALSO_FAILED)) from None
                 failed.add(endpoint)
@@ -207,8 +238,9 @@ class RemoteEngines:
             except OSError as exc:
                 raise EngineFailed("could not send the request", str(exc)) from None
             self._check_status(response)
-            watcher = threading.Thread(target=contextvars.copy_context().run,
-                                       args=(_watch, should_stop, stopped, sock), daemon=True)  # fmt: skip
+            watcher = threading.Thread(
+                target=contextvars.copy_context().run, args=(_watch, should_stop, stopped, sock), daemon=True
+            )
             watcher.start()
             try:
                 while raw := response.readline():

@@ -45,8 +45,12 @@ _ID = re.compile(r"[0-9a-f]{16}")
 SECRET_NAME = "browser-state-secret"
 
 
-def browser_entry(settings: Mapping, image_paths: Iterable[str | os.PathLike], created: float | None = None,
-                  entry_id: str | None = None) -> dict:  # fmt: skip
+def browser_entry(
+    settings: Mapping,
+    image_paths: Iterable[str | os.PathLike],
+    created: float | None = None,
+    entry_id: str | None = None,
+) -> dict:
     """One request as a browser keeps it: {"id", "created", "settings", "thumbnails": [data URLs]} (`entry_id`: the
     id it was given when it finished, else a new one)."""
     thumbnails = [_thumbnail_data_url(Path(path)) for path in image_paths]
@@ -169,10 +173,18 @@ def _scalar(value: object) -> bool:
 
 def _loras(value: object) -> bool:
     """The one list setting: [[name, weight, weight], ...] of at most 8 LoRAs."""
-    return isinstance(value, list) and len(value) <= 8 and all(
-        isinstance(item, list) and 1 <= len(item) <= 3 and isinstance(item[0], str) and len(item[0]) <= 256
-        and all(isinstance(w, int | float) and not isinstance(w, bool) for w in item[1:]) for item in value
-    )  # fmt: skip
+    return (
+        isinstance(value, list)
+        and len(value) <= 8
+        and all(
+            isinstance(item, list)
+            and 1 <= len(item) <= 3
+            and isinstance(item[0], str)
+            and len(item[0]) <= 256
+            and all(isinstance(w, int | float) and not isinstance(w, bool) for w in item[1:])
+            for item in value
+        )
+    )
 
 
 def _json_chars(entries: list[dict]) -> int:

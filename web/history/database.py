@@ -29,10 +29,7 @@ _SCHEMA_LOCK = 0x5D1A_4157
 
 METADATA = sa.MetaData()
 META = sa.Table(
-    "meta",
-    METADATA,
-    sa.Column("key", sa.Text, primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
+    "meta", METADATA, sa.Column("key", sa.Text, primary_key=True), sa.Column("value", sa.Text, nullable=False)
 )
 ENTRIES = sa.Table(
     "entries",
@@ -55,8 +52,10 @@ def database_url(data_dir: str | Path, url: str | None) -> str:
         return f"sqlite:///{Path(data_dir).expanduser().resolve() / DATABASE_NAME}"
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(f"--database-url must look like postgresql://USER:PASSWORD@HOST/DB or sqlite:///PATH; "
-                         f"got {url.split('@')[-1][:60]!r}")  # fmt: skip
+        raise ValueError(
+            f"--database-url must look like postgresql://USER:PASSWORD@HOST/DB or sqlite:///PATH; "
+            f"got {url.split('@')[-1][:60]!r}"
+        )
     if scheme in ("postgres", "postgresql"):
         return f"postgresql+psycopg://{rest}"
     if scheme in ("postgresql+psycopg", "sqlite"):

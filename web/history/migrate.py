@@ -48,8 +48,10 @@ def copy_history(data_dir: str | Path, target_url: str, target_images: str | Non
             if rows:
                 db.execute(sa.insert(ENTRIES), rows)
                 if not target.is_sqlite:  # the id sequence goes on after the copied ids
-                    db.execute(sa.text("SELECT setval(pg_get_serial_sequence('entries', 'id'), :last)"),
-                               {"last": rows[-1]["id"]})  # fmt: skip
+                    db.execute(
+                        sa.text("SELECT setval(pg_get_serial_sequence('entries', 'id'), :last)"),
+                        {"last": rows[-1]["id"]},
+                    )
         return len(rows)
     finally:
         for database in (source, target):

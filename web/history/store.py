@@ -205,9 +205,11 @@ class HistoryStore:
             pruned = []
             if self.max_entries is not None:
                 pruned = db.execute(
-                    sa.select(ENTRIES.c.id, ENTRIES.c.folder).where(ENTRIES.c.owner == owner)
-                    .order_by(ENTRIES.c.id.desc()).offset(self.max_entries)
-                ).all()  # fmt: skip
+                    sa.select(ENTRIES.c.id, ENTRIES.c.folder)
+                    .where(ENTRIES.c.owner == owner)
+                    .order_by(ENTRIES.c.id.desc())
+                    .offset(self.max_entries)
+                ).all()
                 if pruned:
                     db.execute(sa.delete(ENTRIES).where(ENTRIES.c.id.in_([p.id for p in pruned])))
         self._remove_folders(owner, [p.folder for p in pruned])

@@ -124,13 +124,17 @@ class History:
         """Logins: a store in `data_dir` (kept `max_entries` per user), or in the database and image store the URLs
         name (shared by page replicas); none: browsers keep their own."""
         if logins:
-            return ServerHistory(HistoryStore(data_dir, max_entries, database_url=database_url,
-                                              image_store=image_store))  # fmt: skip
+            return ServerHistory(
+                HistoryStore(data_dir, max_entries, database_url=database_url, image_store=image_store)
+            )
         try:
             secret = browser_secret(data_dir)
         except OSError as exc:  # the browsers' history still works; it just cannot outlive this run
-            logger.warning("history: cannot keep the browsers' key in %s (%s); their history lasts until a restart",
-                           data_dir, exc.strerror or exc)  # fmt: skip
+            logger.warning(
+                "history: cannot keep the browsers' key in %s (%s); their history lasts until a restart",
+                data_dir,
+                exc.strerror or exc,
+            )
             secret = None
         return BrowserHistory(secret)
 
@@ -172,7 +176,7 @@ class History:
         return _details(settings, created) if settings is not None else NOTHING_SELECTED
 
     def use(self, form: Form):
-        """"Use these settings": the selected entry's settings into the form, and the Generate tab shown."""
+        """ "Use these settings": the selected entry's settings into the form, and the Generate tab shown."""
 
         def use_settings(entries: Any = None, request: gr.Request = None):
             entry_id = self._selected.get(session_of(request))
@@ -225,8 +229,23 @@ class History:
             limit = gr.Number(value=100, precision=0, visible=False, label="limit")
             offset = gr.Number(value=0, precision=0, visible=False, label="offset")
             api = gr.Button(visible=False, elem_id="history-api")
-        return HistoryTab(tab, state, summary, gallery, details, use, delete, delete_all, confirm, really, keep,
-                          listing, limit, offset, api)  # fmt: skip
+        return HistoryTab(
+            tab,
+            state,
+            summary,
+            gallery,
+            details,
+            use,
+            delete,
+            delete_all,
+            confirm,
+            really,
+            keep,
+            listing,
+            limit,
+            offset,
+            api,
+        )
 
     def wire(self, ui: HistoryTab, form: Form, tabs: gr.Tabs, generated: list) -> None:
         """The tab's events, and /history; `generated`: the page's generation events."""
@@ -237,14 +256,22 @@ class History:
         ui.delete.click(self.delete, inputs=ui.state, outputs=[ui.state, ui.gallery, ui.summary, ui.details], **shown)
         ui.delete_all.click(lambda: gr.update(visible=True), outputs=ui.confirm, queue=False, api_visibility="private")
         ui.keep.click(lambda: gr.update(visible=False), outputs=ui.confirm, queue=False, api_visibility="private")
-        ui.really.click(self.delete_all, inputs=ui.state,
-                        outputs=[ui.state, ui.gallery, ui.summary, ui.details, ui.confirm], **shown)  # fmt: skip
+        ui.really.click(
+            self.delete_all,
+            inputs=ui.state,
+            outputs=[ui.state, ui.gallery, ui.summary, ui.details, ui.confirm],
+            **shown,
+        )
         self._wire_mode(ui, generated, shown)
         ui.api.click(
-            self._api(), inputs=[ui.limit, ui.offset], outputs=ui.listing, api_name="history",
+            self._api(),
+            inputs=[ui.limit, ui.offset],
+            outputs=ui.listing,
+            api_name="history",
             api_description="Your past generations as JSON, newest first (on a server with logins).",
-            concurrency_limit=4, concurrency_id="history",
-        )  # fmt: skip
+            concurrency_limit=4,
+            concurrency_id="history",
+        )
 
     # ---- what a storage mode gives -----------------------------------------------------------------------------------
 
@@ -310,8 +337,12 @@ class ServerHistory(History):
             pngs = [Path(future.result(timeout=PNG_WAIT_S)) for future in delivery.pngs]
             started = time.perf_counter()
             entry_id = self.store.add(user, settings, pngs, thumbnail_sources=list(delivery.gallery))
-            logger.info("history: kept entry %d (%d images) in %.0f ms", entry_id, len(pngs),
-                        (time.perf_counter() - started) * 1000)  # fmt: skip
+            logger.info(
+                "history: kept entry %d (%d images) in %.0f ms",
+                entry_id,
+                len(pngs),
+                (time.perf_counter() - started) * 1000,
+            )
             return entry_id
         except Exception:  # the request was answered; only its history entry is lost
             logger.exception("history: could not keep a finished request")
@@ -397,8 +428,12 @@ class BrowserHistory(History):
         if not finished.session:
             return
         settings = request_settings(finished.request, finished.result)
-        waiting = {"id": secrets.token_hex(8), "created": time.time(), "settings": settings,
-                   "images": list(finished.delivery.gallery)}  # fmt: skip
+        waiting = {
+            "id": secrets.token_hex(8),
+            "created": time.time(),
+            "settings": settings,
+            "images": list(finished.delivery.gallery),
+        }
         with self._lock:
             pending = self._waiting.setdefault(finished.session, [])
             pending[:] = [*pending, waiting][-WAITING_PER_SESSION:]
@@ -437,10 +472,8 @@ class BrowserHistory(History):
         """The browser keeps each generation's result once it is answered; the tab follows the browser's list (a
         request finishing while it is open shows up at once)."""
         for event in generated:
-            event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden",
-                          **shown)  # fmt: skip
-        ui.state.change(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], show_progress="hidden",
-                        **shown)  # fmt: skip
+            event.success(self.remember_in_browser, inputs=ui.state, outputs=ui.state, show_progress="hidden", **shown)
+        ui.state.change(self.show, inputs=ui.state, outputs=[ui.gallery, ui.summary], show_progress="hidden", **shown)
 
     def _api(self):
         return _refuse(IN_BROWSER)
@@ -489,9 +522,16 @@ def _whole(value: Any, name: str) -> int:
 def history_gallery(value=None) -> gr.Gallery:
     """The tab's thumbnails (laid out by assets/style.css: `#history-gallery`)."""
     return gr.Gallery(
-        value=value, label="Past generations", show_label=False, columns=6, height="auto", object_fit="cover",
-        allow_preview=False, interactive=False, elem_id="history-gallery",
-    )  # fmt: skip
+        value=value,
+        label="Past generations",
+        show_label=False,
+        columns=6,
+        height="auto",
+        object_fit="cover",
+        allow_preview=False,
+        interactive=False,
+        elem_id="history-gallery",
+    )
 
 
 def caption(settings: dict) -> str:

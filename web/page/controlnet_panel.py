@@ -27,9 +27,16 @@ def control_update(picture, name, module, low, high, weight, start, end):
     shown = preprocess(pixels, module, int(low), int(high))
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-    unit = {"name": name, "image": base64.b64encode(buffer.getvalue()).decode("ascii"), "weight": float(weight),
-            "start": float(start), "end": float(end), "preprocessor": module, "low": int(low),
-            "high": int(high)}  # fmt: skip
+    unit = {
+        "name": name,
+        "image": base64.b64encode(buffer.getvalue()).decode("ascii"),
+        "weight": float(weight),
+        "start": float(start),
+        "end": float(end),
+        "preprocessor": module,
+        "low": int(low),
+        "high": int(high),
+    }
     return shown, [unit]
 
 
@@ -38,19 +45,31 @@ def control_panel(rules: RequestRules) -> gr.JSON:
     offered = list(rules.controlnets)
     value = gr.JSON(value=[], visible=False, label="controlnets")
     # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
-    value.api_info = lambda: {"type": "array", "items": {"type": "object"}, "description": "[{name, image (base64 "
-                              "PNG), weight, start, end, preprocessor}, ...]"}  # fmt: skip
+    value.api_info = lambda: {
+        "type": "array",
+        "items": {"type": "object"},
+        "description": "[{name, image (base64 PNG), weight, start, end, preprocessor}, ...]",
+    }
     with gr.Accordion("ControlNet", open=False, visible=bool(offered), elem_id="controlnet-settings"):
         with gr.Row(equal_height=True):
-            picture = gr.Image(label="Control picture (upload or paste)", type="numpy", sources=["upload", "clipboard"],
-                               elem_id="control-image")  # fmt: skip
+            picture = gr.Image(
+                label="Control picture (upload or paste)",
+                type="numpy",
+                sources=["upload", "clipboard"],
+                elem_id="control-image",
+            )
             shown = gr.Image(label="What the ControlNet sees", interactive=False, elem_id="control-map")
         with gr.Row(equal_height=True):
-            name = gr.Dropdown(choices=offered, value=offered[0] if offered else None, label="ControlNet",
-                               elem_id="control-name")  # fmt: skip
-            module = gr.Dropdown(choices=list(PREPROCESSORS), value="canny", label="Preprocessor",
-                                 info="canny: the picture's edges; none: the picture is the map",
-                                 elem_id="control-module")  # fmt: skip
+            name = gr.Dropdown(
+                choices=offered, value=offered[0] if offered else None, label="ControlNet", elem_id="control-name"
+            )
+            module = gr.Dropdown(
+                choices=list(PREPROCESSORS),
+                value="canny",
+                label="Preprocessor",
+                info="canny: the picture's edges; none: the picture is the map",
+                elem_id="control-module",
+            )
             low = gr.Slider(1, 255, CANNY_LOW, step=1, label="Canny low threshold", elem_id="control-low")
             high = gr.Slider(1, 255, CANNY_HIGH, step=1, label="Canny high threshold", elem_id="control-high")
         with gr.Row(equal_height=True):

@@ -46,10 +46,13 @@ def request_settings(request: Request, result: EngineResult) -> dict:
     """A finished request's settings as JSON values (`SETTINGS_KEYS`): what the history keeps of it. The sampler is
     the one that ran; a field that counts with a picture only is None without one."""
     height, width = request.size
-    picture = None if request.init_image is None else "inpainting" if request.mask_image is not None else \
-        "image to image"  # fmt: skip
-    plain = {row.name: None if row.needs == "picture" and picture is None else _json(getattr(request, row.name))
-             for row in PLAIN}  # fmt: skip
+    picture = (
+        None if request.init_image is None else "inpainting" if request.mask_image is not None else "image to image"
+    )
+    plain = {
+        row.name: None if row.needs == "picture" and picture is None else _json(getattr(request, row.name))
+        for row in PLAIN
+    }
     return {
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt,
@@ -77,8 +80,12 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     A1111's basics are the parsed values' own; this app writes the table's other fields only when they are not at
     their default (and A1111 has none): absent means the default, except a picture's (absent: left as it is).
     """
-    settings: dict[str, Any] = {"prompt": values.prompt, "negative_prompt": values.negative_prompt, "style": None,
-                                "loras": []}  # fmt: skip
+    settings: dict[str, Any] = {
+        "prompt": values.prompt,
+        "negative_prompt": values.negative_prompt,
+        "style": None,
+        "loras": [],
+    }
     for key in ("seed", "width", "height"):
         if getattr(values, key) is not None:
             settings[key] = getattr(values, key)
@@ -92,8 +99,9 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
         if not row.label:
             continue
         value = getattr(values, row.name, None) if row.basic else values.extra.get(row.label)
-        if (row.needs == "hires" and not hires) or (row.needs == "picture" and hires and row.label == "Denoising "
-                                                                                             "strength"):
+        if (row.needs == "hires" and not hires) or (
+            row.needs == "picture" and hires and row.label == "Denoising strength"
+        ):
             value = None  # the hires fix off (its fields at their defaults), or the strength was the hires fix's
         if isinstance(value, str) and row.kind != "choice":
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
@@ -132,8 +140,11 @@ class Form:
         """One update per field of `fields` (gr.skip() where `settings` says nothing usable), and one sentence per
         setting that could not be used here (a size not offered, a LoRA this server does not have, ...)."""
         notes: list[str] = []
-        updates = {row.name: _fill_plain(row, settings.get(row.name), notes) for row in PLAIN
-                   if (row.needs != "refiner" or self.refiner) and (row.needs != "hires" or self.hires_scales)}
+        updates = {
+            row.name: _fill_plain(row, settings.get(row.name), notes)
+            for row in PLAIN
+            if (row.needs != "refiner" or self.refiner) and (row.needs != "hires" or self.hires_scales)
+        }
         for row in PLAIN:  # likewise the hires fix without hires scales
             if row.needs == "hires" and not self.hires_scales:
                 updates[row.name] = gr.skip()
@@ -143,15 +154,21 @@ class Form:
         if self.hires_scales and "value" in updates["hires_scale"] and scale not in (1.0, *self.hires_scales):
             updates["hires_scale"] = gr.skip()
             offered = ", ".join(f"{s:g}" for s in self.hires_scales)
-            notes.append(f"Hires upscale {scale:g} is not offered here (Upscale by: 1 or {offered}), so Upscale by "
-                         "was left as it is.")  # fmt: skip
+            notes.append(
+                f"Hires upscale {scale:g} is not offered here (Upscale by: 1 or {offered}), so Upscale by "
+                "was left as it is."
+            )
         for row in PLAIN:  # Generate would refuse a refiner's switch without one: say so now, keep the default
             if row.needs == "refiner" and not self.refiner:
                 updates[row.name] = gr.skip()
                 if row.name == "refiner_switch" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no refiner, so {row.label} {settings[row.name]:g} was left out.")
-        updates.update(prompt=_text(settings.get("prompt")), negative_prompt=_text(settings.get("negative_prompt")),
-                       style=self._style(settings, notes), aspect_ratio=self._size(settings, notes))  # fmt: skip
+        updates.update(
+            prompt=_text(settings.get("prompt")),
+            negative_prompt=_text(settings.get("negative_prompt")),
+            style=self._style(settings, notes),
+            aspect_ratio=self._size(settings, notes),
+        )
         seed = FIELD["seed"]
         updates["seed"] = _fill_plain(replace(seed, kind="int"), settings.get("seed"), notes)
         updates["randomize_seed"] = gr.update(value=False) if "value" in updates["seed"] else gr.skip()  # to be used
@@ -202,8 +219,9 @@ class Form:
         offered = {name.lower() for name in self.loras}
         for name in sorted({match.group(1).strip() for match in LORA_TAG.finditer(prompt)}):
             if name.lower() not in offered:  # Generate would refuse it: say it now, as for a sampler or a size
-                notes.append(f"The prompt's LoRA {name!r} is not offered here; remove its <lora:…> tag before "
-                             "Generate.")  # fmt: skip
+                notes.append(
+                    f"The prompt's LoRA {name!r} is not offered here; remove its <lora:…> tag before Generate."
+                )
         picked = []
         for item in settings.get("loras") or []:
             if not (isinstance(item, list | tuple) and len(item) >= 2 and isinstance(item[0], str)):
@@ -222,17 +240,32 @@ class Form:
         return rows
 
 
-
 def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
     """A plain field's control as the table says: a slider over its bounds (its typed numbers checked by
     assets/page.js: class "bounded"), or a dropdown of its choices."""
     shown = row.control
     info = shown.info.format(low=row.lowest, high=row.high) or None
     if row.kind == "choice":
-        return gr.Dropdown(choices=list(row.choices), value=value, label=shown.label, info=info,
-                           allow_custom_value=False, elem_id=shown.elem_id, **layout)  # fmt: skip
-    return gr.Slider(minimum=row.lowest, maximum=row.high, value=value, step=shown.step, label=shown.label, info=info,
-                     elem_id=shown.elem_id, elem_classes=["bounded"], **layout)  # fmt: skip
+        return gr.Dropdown(
+            choices=list(row.choices),
+            value=value,
+            label=shown.label,
+            info=info,
+            allow_custom_value=False,
+            elem_id=shown.elem_id,
+            **layout,
+        )
+    return gr.Slider(
+        minimum=row.lowest,
+        maximum=row.high,
+        value=value,
+        step=shown.step,
+        label=shown.label,
+        info=info,
+        elem_id=shown.elem_id,
+        elem_classes=["bounded"],
+        **layout,
+    )
 
 
 def _text(value: object):

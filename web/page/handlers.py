@@ -93,8 +93,9 @@ class Handlers:
 
     # ---- the endpoints ---------------------------------------------------------------------------------------------
 
-    def endpoint(self, image_format: str | None = None, *, streams: bool = True,
-                 labels: Mapping[str, str] | None = None):
+    def endpoint(
+        self, image_format: str | None = None, *, streams: bool = True, labels: Mapping[str, str] | None = None
+    ):
         """The function Gradio calls for /generate (JPEG gallery files; PNGs follow in the background) or, with
         `image_format="png"`, for /generate_png. Its parameters are the API's: the request fields' table
         (`pipeline.contract.fields.FIELDS`), with this server's defaults, then the page's own.
@@ -119,17 +120,30 @@ class Handlers:
                 if given["picture"] is not None and image is not None and mask is None:
                     mask = painted_mask(given["picture"])
                 checked = parse_request(
-                    given["prompt"], given["negative_prompt"], given["style"], seed=given["seed"],
-                    randomize_seed=given["randomize_seed"], size=given["aspect_ratio"], loras=given["loras"],
-                    init_image=image, mask_image=mask, controlnets=given["controlnets"], rules=rules,
+                    given["prompt"],
+                    given["negative_prompt"],
+                    given["style"],
+                    seed=given["seed"],
+                    randomize_seed=given["randomize_seed"],
+                    size=given["aspect_ratio"],
+                    loras=given["loras"],
+                    init_image=image,
+                    mask_image=mask,
+                    controlnets=given["controlnets"],
+                    rules=rules,
                     check_prompt=self.prompt_filter.check if self.prompt_filter else None,
                     **{row.name: given[row.name] for row in PLAIN},
-                )  # fmt: skip
+                )
             except InvalidInput as exc:
                 raise invalid(exc, labels) from None
-            yield from self.run(checked, session_of(request), given["progress"], image_format,
-                                user=getattr(request, "username", None),
-                                previews=streams and given["previews"] is not False)  # fmt: skip
+            yield from self.run(
+                checked,
+                session_of(request),
+                given["progress"],
+                image_format,
+                user=getattr(request, "username", None),
+                previews=streams and given["previews"] is not False,
+            )
 
         def answer(*args, **kwargs) -> tuple[Gallery, int, str]:
             messages = list(generate(*args, **kwargs))  # no previews: the answer alone (or a stopped request's)
@@ -149,16 +163,31 @@ class Handlers:
         cache = ExampleCache(self.files.root / "examples")
 
         def generate_example(
-            text, negative_text, style_name, scale, ratio,
-            request: gr.Request = None, progress=gr.Progress(),  # noqa: B008
-        ):  # fmt: skip
+            text,
+            negative_text,
+            style_name,
+            scale,
+            ratio,
+            request: gr.Request = None,
+            progress=gr.Progress(),  # noqa: B008
+        ):
             key = (text, negative_text, style_name, scale, ratio)
             if (kept := cache.get(key)) is not None:
                 yield kept
                 return
             answer = None
-            for answer in generate(text, negative_text, style_name, scale, seeds.get(text, first_seed), False, ratio,
-                                   previews=True, request=request, progress=progress):  # fmt: skip
+            for answer in generate(
+                text,
+                negative_text,
+                style_name,
+                scale,
+                seeds.get(text, first_seed),
+                False,
+                ratio,
+                previews=True,
+                request=request,
+                progress=progress,
+            ):
                 yield answer
             if answer is not None and isinstance(answer[1], int):  # finished (previews and a Stop skip the seed)
                 cache.keep(key, answer)
@@ -186,12 +215,13 @@ class Handlers:
             logger.exception("a background PNG failed")
             path = None
         if not path:
-            raise gr.Error(f"Click an image of the gallery first, then {then}.", title="No image selected",
-                           print_exception=False)  # fmt: skip
+            raise gr.Error(
+                f"Click an image of the gallery first, then {then}.", title="No image selected", print_exception=False
+            )
         return path
 
     def keep_selected(self, request: gr.Request = None) -> str:
-        """"Use as picture"'s first step: the selected result's PNG into a State (a refusal marks no input), which
+        """ "Use as picture"'s first step: the selected result's PNG into a State (a refusal marks no input), which
         `use_picture` then puts in place."""
         return self.selected_png(request, then='"Use as picture"')
 
@@ -208,7 +238,7 @@ class Handlers:
 
     @staticmethod
     def use_picture(path: str | None):
-        """"Use as picture" (A1111's "Send to img2img"), once `selected_png` found the picture: it goes into "Start
+        """ "Use as picture" (A1111's "Send to img2img"), once `selected_png` found the picture: it goes into "Start
         from a picture", the mask editor and the chip beside Generate, and every Generate starts from it until its ✕.
         Outputs: the picture, the mask editor, the chip, the chip's thumbnail."""
         return path, Handlers.paint_on(path), gr.update(visible=bool(path)), path
@@ -309,8 +339,9 @@ class Handlers:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _run(self, request: Request, session: str, progress, image_format: str | None, *, user: str | None,
-             previews: bool) -> Iterator[tuple]:  # fmt: skip
+    def _run(
+        self, request: Request, session: str, progress, image_format: str | None, *, user: str | None, previews: bool
+    ) -> Iterator[tuple]:
         """The engine's run, its previews streamed, then the stopped request's answer or the finished one's."""
         stop = self.stops.begin(session)
         closed = threading.Event()  # set when Gradio closes this generator (a cancel): the engine stops too
@@ -318,8 +349,14 @@ class Handlers:
         forming = LatestPreview() if image_format is None and previews else None
         reported: list[tuple[int, int]] = []  # the last step reported (a preview's message is followed by it again)
         on_step, on_wait = _reporters(progress, reported)
-        worker = self._start(request, session, on_step, on_wait, forming,
-                             lambda: closed.is_set() or stop() or self.shutting_down.is_set())  # fmt: skip
+        worker = self._start(
+            request,
+            session,
+            on_step,
+            on_wait,
+            forming,
+            lambda: closed.is_set() or stop() or self.shutting_down.is_set(),
+        )
         previewed = False  # whether the gallery now shows this request's previews
         failure = None  # the error the request answers, after its previews gave way
         try:
@@ -361,9 +398,15 @@ class Handlers:
         else:
             yield self._answer(request, result, session, user, image_format, started)
 
-    def _start(self, request: Request, session: str, on_step: Callable[[int, int], None],
-               on_wait: Callable[[str], None], forming: LatestPreview | None,
-               stopped: Callable[[], bool]) -> EngineRun:  # fmt: skip
+    def _start(
+        self,
+        request: Request,
+        session: str,
+        on_step: Callable[[int, int], None],
+        on_wait: Callable[[str], None],
+        forming: LatestPreview | None,
+        stopped: Callable[[], bool],
+    ) -> EngineRun:
         """The engine's call in its own thread (in a copy of this request's context): steps reported, stopped by
         Stop, a cancel, a closed page or the server stopping between steps, previews handed to `forming`, what it
         waits for reported (engines that wait for one)."""
@@ -373,13 +416,15 @@ class Handlers:
 
         return EngineRun(
             lambda: self.engine.generate(
-                request, on_step if self.progress else None, should_stop=should_stop,
+                request,
+                on_step if self.progress else None,
+                should_stop=should_stop,
                 **({"on_preview": forming.put} if forming is not None else {}),
                 **({"on_wait": on_wait} if self.engine_waits else {}),
             ),
             contextvars.copy_context(),
             on_done=forming.finish if forming is not None else None,
-        )  # fmt: skip
+        )
 
     def _previews(self, request: Request, done: int, total: int, pixels: np.ndarray) -> Gallery:
         """The gallery of the pictures forming: one small JPEG per image, captioned with the step and the pass's
@@ -393,13 +438,25 @@ class Handlers:
         """A stopped request's answer: the gallery goes back from the previews to the last images, if any, else
         keeps the last preview; the PNGs and the seed box keep the last images'."""
         before = self.shown.gallery(session)
-        note = " The images are still the previous request's." if before else \
-            " The pictures are its last preview." if previewed else ""  # fmt: skip
+        note = (
+            " The images are still the previous request's."
+            if before
+            else " The pictures are its last preview."
+            if previewed
+            else ""
+        )
         gallery = before if previewed and before else gr.skip()
         return gallery, gr.skip(), f"Stopped at step {stopped.done} / {stopped.total}.{note}"
 
-    def _answer(self, request: Request, result: EngineResult, session: str, user: str | None, image_format: str | None,
-                started: float) -> tuple:  # fmt: skip
+    def _answer(
+        self,
+        request: Request,
+        result: EngineResult,
+        session: str,
+        user: str | None,
+        image_format: str | None,
+        started: float,
+    ) -> tuple:
         """A finished request's answer: its files written (web/serving/outbox.py), the history told, the status line."""
         try:
             delivery = self.outbox.deliver(result.images, self.files.new_dir(), f"sdxl-{request.seed}", image_format)
@@ -418,9 +475,17 @@ class Handlers:
         logger.info(
             "generated %d images: seed %d, style %s, guidance %g, %d steps %s, engine %.2f s, %s files %.0f ms, "
             "in all %.2f s",
-            len(paths), request.seed, request.style, request.guidance_scale, result.steps, result.sampler, engine_s,
-            paths[0].suffix if paths else "no", delivery.host_s * 1000, elapsed,
-        )  # fmt: skip
+            len(paths),
+            request.seed,
+            request.style,
+            request.guidance_scale,
+            result.steps,
+            result.sampler,
+            engine_s,
+            paths[0].suffix if paths else "no",
+            delivery.host_s * 1000,
+            elapsed,
+        )
         status = status_line(len(paths), engine_s, request, result.steps, result.sampler, final)
         # Only an API caller can send them; gradio_client sends the page's defaults unasked, so only say it for others.
         if request.ignored:
@@ -564,8 +629,9 @@ def result_size(result: EngineResult, request: Request) -> tuple[int, int]:
     return (result.images[0].height, result.images[0].width) if result.images else request.size
 
 
-def status_line(count: int, seconds: float, request: Request, steps: int, sampler: str,
-                final: tuple[int, int] | None = None) -> str:  # fmt: skip
+def status_line(
+    count: int, seconds: float, request: Request, steps: int, sampler: str, final: tuple[int, int] | None = None
+) -> str:
     """e.g. "8 images in 2.3 s · 1024×1024 · 25 steps, Euler · seed 1234", then the request's other settings (the
     table's fields away from their default, its picture, its LoRAs). `steps`: all that ran; `final`: the images'
     (height, width). With the hires fix both passes are said: "256×256 (hires ×2 from 128×128) · 4 + 4 steps"."""
@@ -575,9 +641,12 @@ def status_line(count: int, seconds: float, request: Request, steps: int, sample
     levers = request.status_text()
     if request.loras:
         levers += " · LoRA " + ", ".join(
-            f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras)
-    return f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {size} · {steps_text} · " \
-        f"seed {request.seed}{levers}"  # fmt: skip
+            f"{name} {te:g}" if te == unet else f"{name} {te:g}/{unet:g}" for name, te, unet in request.loras
+        )
+    return (
+        f"{count} image{'s' if count != 1 else ''} in {seconds:.1f} s · {size} · {steps_text} · "
+        f"seed {request.seed}{levers}"
+    )
 
 
 def api_defaults(rules: RequestRules) -> dict[str, Any]:
@@ -593,32 +662,41 @@ def api_signature(rules: RequestRules) -> inspect.Signature:
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     defaults = api_defaults(rules)
     parameters = [
-        inspect.Parameter(row.name, keyword, default=inspect.Parameter.empty if row.name == "prompt" else
-                          defaults[row.name], annotation=row.api_type)  # fmt: skip
+        inspect.Parameter(
+            row.name,
+            keyword,
+            default=inspect.Parameter.empty if row.name == "prompt" else defaults[row.name],
+            annotation=row.api_type,
+        )
         for row in FIELDS
     ]
-    return inspect.Signature([
-        *parameters,
-        # True: the pictures forming streamed before the answer (the page asks for them; previews are for eyes)
-        inspect.Parameter("previews", keyword, default=False, annotation=bool),
-        inspect.Parameter("picture", keyword, default=None, annotation=dict | None),  # strokes painted on the picture
-        inspect.Parameter("request", keyword, default=None, annotation=gr.Request),
-        inspect.Parameter("progress", keyword, default=gr.Progress(), annotation=gr.Progress),
-    ])  # fmt: skip
+    return inspect.Signature(
+        [
+            *parameters,
+            # True: the pictures forming streamed before the answer (the page asks for them; previews are for eyes)
+            inspect.Parameter("previews", keyword, default=False, annotation=bool),
+            inspect.Parameter(
+                "picture", keyword, default=None, annotation=dict | None
+            ),  # strokes painted on the picture
+            inspect.Parameter("request", keyword, default=None, annotation=gr.Request),
+            inspect.Parameter("progress", keyword, default=gr.Progress(), annotation=gr.Progress),
+        ]
+    )
 
 
 #: The API's docstring (gradio_client's view_api): the endpoint, then one line per request field of the table.
-API_DOC = "\n".join([
-    "Generate one image per accelerator core (N with the server's --images-per-device N), seeds consecutive.",
-    "",
-    "Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from "
-    "/generate_png), the seed used and a status line. With previews=True, /generate first streams the images forming "
-    "every 2 steps (small previews; the seed and status unchanged), unless the server runs with --no-previews. Stop, "
-    "`job.cancel()` or a closed page end the request at the next denoising step.",
-    "",
-    "Parameters:",
-    *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
-    "    previews: True = the pictures forming streamed before the answer (the client fetches every preview's files); "
-    "default False: no preview program run, the answer alone (each file fetched once)",
-])  # fmt: skip
-
+API_DOC = "\n".join(
+    [
+        "Generate one image per accelerator core (N with the server's --images-per-device N), seeds consecutive.",
+        "",
+        "Returns the images (JPEG files with `parameters` in EXIF UserComment; PNGs with a `parameters` chunk from "
+        "/generate_png), the seed used and a status line. With previews=True, /generate first streams the images "
+        "forming every 2 steps (small previews; the seed and status unchanged), unless the server runs with "
+        "--no-previews. Stop, `job.cancel()` or a closed page end the request at the next denoising step.",
+        "",
+        "Parameters:",
+        *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
+        "    previews: True = the pictures forming streamed before the answer (the client fetches every preview's "
+        "files); default False: no preview program run, the answer alone (each file fetched once)",
+    ]
+)

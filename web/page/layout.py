@@ -60,6 +60,8 @@ def generate_concurrency(engine) -> int:
     services: two per engine; a merging engine: twice --images-per-device), else GENERATE_CONCURRENCY. Every event of
     the group must take it: Gradio keeps a group's lowest limit."""
     return getattr(engine, "concurrency", GENERATE_CONCURRENCY)
+
+
 #: Seed of example i (fixed, so a cached example shows what its inputs really produce; "Randomize seed" is left as
 #: the visitor set it, so the next prompt gets a fresh seed).
 EXAMPLE_SEED_START = 1
@@ -87,8 +89,12 @@ class Page:
         """Start serving (settings: web/serving/server.launch's keywords; `middleware` joins the page's own)."""
         from ..serving.server import launch
 
-        middleware = [self.handlers.early_cancels.middleware(), self.handlers.twin_routing.middleware(),
-                      *self.history.middleware(), *settings.pop("middleware", ())]  # fmt: skip
+        middleware = [
+            self.handlers.early_cancels.middleware(),
+            self.handlers.twin_routing.middleware(),
+            *self.history.middleware(),
+            *settings.pop("middleware", ()),
+        ]
         launch(self.demo, middleware=middleware, **settings)
         return self
 
@@ -147,10 +153,21 @@ def build_page(
     outbox = Outbox()
     history = history or History.off()
     history.files = files
-    handlers = Handlers(engine, rules, files=files, outbox=outbox, prompt_filter=prompt_filter, progress=progress,
-                        on_finished=history.keep)  # fmt: skip
-    texts = model_texts(engine.config.model, on_cpu=str(engine.device_kind).lower() == "cpu", unet=engine.config.unet,
-                        unet_parameters=getattr(engine, "unet_parameters", None))  # fmt: skip
+    handlers = Handlers(
+        engine,
+        rules,
+        files=files,
+        outbox=outbox,
+        prompt_filter=prompt_filter,
+        progress=progress,
+        on_finished=history.keep,
+    )
+    texts = model_texts(
+        engine.config.model,
+        on_cpu=str(engine.device_kind).lower() == "cpu",
+        unet=engine.config.unet,
+        unet_parameters=getattr(engine, "unet_parameters", None),
+    )
 
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         history_state = history.state()  # the visitor's entries when their browser keeps them
@@ -171,18 +188,32 @@ def build_page(
 
         # ---- events ----
         form = Form(  # the fields that settings fill back: History's "Use these settings", an image's parameters
-            controls={"prompt": top.prompt, **{name: component for name, component in fields.controls.items()
-                                               if name not in ("loras", "init_image", "mask_image", "controlnets")}},
-            lora_rows=fields.lora_rows, styles=tuple(rules.styles), sizes=tuple(rules.sizes), loras=tuple(rules.loras),
-            refiner=getattr(rules, "refiner", ""), hires_scales=tuple(getattr(rules, "hires_scales", ())),
-        )  # fmt: skip
+            controls={
+                "prompt": top.prompt,
+                **{
+                    name: component
+                    for name, component in fields.controls.items()
+                    if name not in ("loras", "init_image", "mask_image", "controlnets")
+                },
+            },
+            lora_rows=fields.lora_rows,
+            styles=tuple(rules.styles),
+            sizes=tuple(rules.sizes),
+            loras=tuple(rules.loras),
+            refiner=getattr(rules, "refiner", ""),
+            hires_scales=tuple(getattr(rules, "hires_scales", ())),
+        )
         concurrency = generate_concurrency(engine)
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
         wire_examples(handlers, rules, examples, buttons, top, shown, fields, concurrency)
         # PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared).
-        shown.settings_image.upload(form.from_image, inputs=shown.settings_image,
-                                    outputs=[*form.fields, shown.settings_image], api_visibility="private",
-                                    show_progress="hidden")  # fmt: skip
+        shown.settings_image.upload(
+            form.from_image,
+            inputs=shown.settings_image,
+            outputs=[*form.fields, shown.settings_image],
+            api_visibility="private",
+            show_progress="hidden",
+        )
         if history_tab is not None:
             history.wire(history_tab, form, tabs, generated=generated)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
@@ -229,11 +260,23 @@ def prompt_row() -> PromptRow:
             min_width=240,
             elem_id="prompt",
         )
-        with gr.Column(scale=0, min_width=0, visible=False, elem_id="picture-chip") as chip, \
-                gr.Row(equal_height=True, elem_id="picture-chip-row"):  # fmt: skip
-            chip_image = gr.Image(label="Generate starts from this picture", show_label=False, type="filepath",
-                                  interactive=False, container=False, buttons=[], height=48, width=48, min_width=0,
-                                  scale=0, elem_id="picture-chip-image")  # fmt: skip
+        with (
+            gr.Column(scale=0, min_width=0, visible=False, elem_id="picture-chip") as chip,
+            gr.Row(equal_height=True, elem_id="picture-chip-row"),
+        ):
+            chip_image = gr.Image(
+                label="Generate starts from this picture",
+                show_label=False,
+                type="filepath",
+                interactive=False,
+                container=False,
+                buttons=[],
+                height=48,
+                width=48,
+                min_width=0,
+                scale=0,
+                elem_id="picture-chip-image",
+            )
             drop = gr.Button("✕", size="sm", variant="secondary", scale=0, min_width=0, elem_id="drop-picture")
         run = gr.Button("Generate", variant="primary", scale=0, min_width=130, elem_id="generate")
         # Grey while idle, red while this tab's request runs (assets/style.css)
@@ -276,15 +319,20 @@ def results(num_images: int) -> Results:
         vary = tuple(
             (gr.Button(f"Vary ({name})", size="sm", variant="secondary", elem_id=f"vary-{name}"), amount)
             for name, amount in (("subtle", 0.5), ("strong", 0.85))
-        )  # fmt: skip
+        )
         # A1111's "Send to img2img": the clicked result as the picture every Generate starts from, until its ✕.
         use = gr.Button("Use as picture", size="sm", variant="secondary", elem_id="use-picture")
         # PNG Info: an image's parameters fill the form (also an image dropped anywhere on the page outside the
         # picture inputs: assets/page.js).
         settings_image = gr.UploadButton(
-            "Use an image's settings", file_count="single", type="filepath", size="sm",
-            file_types=[".png", ".jpg", ".jpeg", ".webp"], variant="secondary", elem_id="settings-image",
-        )  # fmt: skip
+            "Use an image's settings",
+            file_count="single",
+            type="filepath",
+            size="sm",
+            file_types=[".png", ".jpg", ".jpeg", ".webp"],
+            variant="secondary",
+            elem_id="settings-image",
+        )
     status = gr.Markdown("", label="status", elem_id="status")  # the label names the API's third output
     api_button = gr.Button(visible=False, elem_id="generate-api")  # /generate (files as inputs)
     png_api = gr.Button(visible=False, elem_id="generate-png")  # only /generate_png uses it
@@ -324,8 +372,9 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     picker and the picture to start from."""
     controls: dict[str, Any] = {}
     with gr.Row():
-        controls["style"] = gr.Dropdown(choices=list(rules.styles), value=DEFAULT_STYLE, label="Style",
-                                        allow_custom_value=False)  # fmt: skip
+        controls["style"] = gr.Dropdown(
+            choices=list(rules.styles), value=DEFAULT_STYLE, label="Style", allow_custom_value=False
+        )
         controls.update(table_controls("style", rules))
     controls["negative_prompt"] = gr.Textbox(
         value="",  # an initial value makes the API parameter optional
@@ -338,33 +387,52 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     )
     seed = FIELD["seed"]
     with gr.Row(equal_height=True):
-        controls["seed"] = gr.Number(label="Seed", value=seed.default, precision=0, minimum=seed.low,
-                                     maximum=seed.high, step=1, elem_id="seed")  # fmt: skip
+        controls["seed"] = gr.Number(
+            label="Seed", value=seed.default, precision=0, minimum=seed.low, maximum=seed.high, step=1, elem_id="seed"
+        )
         controls["randomize_seed"] = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
     size_labels = [size_label(h, w) for h, w in rules.sizes]
-    controls["aspect_ratio"] = gr.Dropdown(choices=size_labels, value=size_labels[0], label="Aspect ratio",
-                                           info="Width×height; every size is precompiled", allow_custom_value=False,
-                                           elem_id="aspect")  # fmt: skip
+    controls["aspect_ratio"] = gr.Dropdown(
+        choices=size_labels,
+        value=size_labels[0],
+        label="Aspect ratio",
+        info="Width×height; every size is precompiled",
+        allow_custom_value=False,
+        elem_id="aspect",
+    )
     with gr.Row(equal_height=True):
         controls.update(table_controls("sampling", rules))
     with gr.Row(equal_height=True, visible=rules.levers):
         controls.update(table_controls("levers", rules))
     lora_rows = lora_picker(rules)
     embeddings = tuple(getattr(rules, "embeddings", ()))  # --embeddings-dir: a name in a prompt puts its vectors
-    gr.Markdown("Embeddings (write the name in a prompt or negative prompt): "
-                + ", ".join(f"`{name}`" for name in embeddings), visible=bool(embeddings), elem_id="embeddings")
+    gr.Markdown(
+        "Embeddings (write the name in a prompt or negative prompt): " + ", ".join(f"`{name}`" for name in embeddings),
+        visible=bool(embeddings),
+        elem_id="embeddings",
+    )
     controls["loras"] = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
     # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
-    controls["loras"].api_info = lambda: {"type": "array", "items": {"type": "array", "items": {"anyOf": [
-        {"type": "string"}, {"type": "number"}]}}, "description": "[[name, weight], ...]"}  # fmt: skip
+    controls["loras"].api_info = lambda: {
+        "type": "array",
+        "items": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}},
+        "description": "[[name, weight], ...]",
+    }
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):
-            controls["init_image"] = gr.Image(label="Picture (upload or paste)", type="filepath",
-                                              sources=["upload", "clipboard"], elem_id="init-image")  # fmt: skip
+            controls["init_image"] = gr.Image(
+                label="Picture (upload or paste)",
+                type="filepath",
+                sources=["upload", "clipboard"],
+                elem_id="init-image",
+            )
             picture = gr.ImageMask(  # the picture again, to paint the mask on
-                label="Paint over what to redraw (nothing painted: all of it)", type="filepath", sources=[],
-                layers=False, elem_id="mask-editor",
-            )  # fmt: skip
+                label="Paint over what to redraw (nothing painted: all of it)",
+                type="filepath",
+                sources=[],
+                layers=False,
+                elem_id="mask-editor",
+            )
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
     controls["controlnets"] = control_panel(rules)
@@ -383,8 +451,10 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
 
 
 #: What the "Second pass" section says on a server without hires scales: how to offer them.
-NO_HIRES = ("This server has no hires fix: its sizes are compiled at start-up, so it is started with them, e.g. "
-            "`--hires-scales 1.5,2`.")
+NO_HIRES = (
+    "This server has no hires fix: its sizes are compiled at start-up, so it is started with them, e.g. "
+    "`--hires-scales 1.5,2`."
+)
 
 
 def hires_panel(rules: RequestRules) -> dict[str, Any]:
@@ -392,9 +462,13 @@ def hires_panel(rules: RequestRules) -> dict[str, Any]:
     other would be refused); without any, it says how to offer them (`NO_HIRES`) and the other controls are hidden."""
     scales = tuple(getattr(rules, "hires_scales", ()))
     with gr.Accordion("Second pass", open=False, elem_id="hires-settings"):
-        gr.Markdown("Hires fix: the picture drawn, upscaled and redrawn. Upscale by 1 (off) or "
-                    + ", ".join(f"{scale:g}" for scale in scales) if scales else NO_HIRES,
-                    elem_id="hires-scales")  # fmt: skip
+        gr.Markdown(
+            "Hires fix: the picture drawn, upscaled and redrawn. Upscale by 1 (off) or "
+            + ", ".join(f"{scale:g}" for scale in scales)
+            if scales
+            else NO_HIRES,
+            elem_id="hires-scales",
+        )
         with gr.Row(equal_height=True):
             return table_controls("hires", rules)
 
@@ -405,8 +479,15 @@ def hires_scale_control(row: Field, scales: Sequence[float], **layout) -> gr.Rad
     shown = row.control
     choices = [("Off", row.default), *((f"×{scale:g}", float(scale)) for scale in scales)]
     info = shown.info if scales else "Off: this server compiled no hires scales (start it with --hires-scales 1.5,2)"
-    radio = gr.Radio(choices=choices, value=row.default, label=shown.label, info=info, interactive=bool(scales),
-                     elem_id=shown.elem_id, **layout)  # fmt: skip
+    radio = gr.Radio(
+        choices=choices,
+        value=row.default,
+        label=shown.label,
+        info=info,
+        interactive=bool(scales),
+        elem_id=shown.elem_id,
+        **layout,
+    )
     # a number, as the API takes it (Gradio describes a radio's values as strings)
     radio.api_info = lambda: {"type": "number", "enum": [value for _, value in choices], "description": row.help}
     return radio
@@ -421,13 +502,17 @@ def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str,
     for row in PLAIN:
         if not (row.control and row.control.group == group and (not only or row.name == only)):
             continue
-        visible = (rules.cfg or row.without_cfg is None) and (row.needs != "refiner" or bool(getattr(rules, "refiner",
-                  ""))) and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))  # fmt: skip
+        visible = (
+            (rules.cfg or row.without_cfg is None)
+            and (row.needs != "refiner" or bool(getattr(rules, "refiner", "")))
+            and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))
+        )
         if row.name == "hires_scale":
             controls[row.name] = hires_scale_control(row, scales, visible=visible)
         else:
-            controls[row.name] = control(offered_row(row, rules), getattr(rules, row.rule) if row.rule else
-                                         row.default, visible=visible)  # fmt: skip
+            controls[row.name] = control(
+                offered_row(row, rules), getattr(rules, row.rule) if row.rule else row.default, visible=visible
+            )
     return controls
 
 
@@ -438,14 +523,27 @@ def lora_picker(rules: RequestRules) -> tuple:
         gr.Markdown(f"LoRA: up to {MAX_LORAS} at once (or `<lora:NAME:WEIGHT>` in the prompt)")
         for slot in range(MAX_LORAS):
             with gr.Row(equal_height=True):
-                rows.append(gr.Dropdown(
-                    choices=[("none", "")] + [(name, name) for name in rules.loras], value="",
-                    label=f"LoRA {slot + 1}", show_label=False, scale=3, elem_id=f"lora-{slot + 1}",
-                ))  # fmt: skip
-                rows.append(gr.Slider(
-                    minimum=-2, maximum=2, value=1, step=0.05, label="Weight", scale=2,
-                    elem_id=f"lora-weight-{slot + 1}",
-                ))  # fmt: skip
+                rows.append(
+                    gr.Dropdown(
+                        choices=[("none", "")] + [(name, name) for name in rules.loras],
+                        value="",
+                        label=f"LoRA {slot + 1}",
+                        show_label=False,
+                        scale=3,
+                        elem_id=f"lora-{slot + 1}",
+                    )
+                )
+                rows.append(
+                    gr.Slider(
+                        minimum=-2,
+                        maximum=2,
+                        value=1,
+                        step=0.05,
+                        label="Weight",
+                        scale=2,
+                        elem_id=f"lora-weight-{slot + 1}",
+                    )
+                )
     return tuple(rows)
 
 
@@ -467,8 +565,14 @@ def page_labels(top: PromptRow, fields: Fields) -> dict[str, str]:
     return {name: component.label for name, component in controls.items() if getattr(component, "label", None)}
 
 
-def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown: Results, fields: Fields,
-                  concurrency: int = GENERATE_CONCURRENCY) -> list:  # fmt: skip
+def wire_generate(
+    handlers: Handlers,
+    rules: RequestRules,
+    top: PromptRow,
+    shown: Results,
+    fields: Fields,
+    concurrency: int = GENERATE_CONCURRENCY,
+) -> list:
     """Generate (button, Enter, Vary), the API's /generate and /generate_png, Stop, the PNG follow-up, the picture
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
     inputs = fields.inputs(top.prompt)  # the API's parameters
@@ -476,8 +580,13 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
     labels = page_labels(top, fields)  # the page's events' refusals name a field by its label, the API's by its name
     # A new request clears the last one's status line at once (in the browser), so a refused request never leaves
     # an older request's "8 images in ..." under its error.
-    gr.on(triggers=[top.run.click, top.prompt.submit, top.run_painted.click], fn=None, js="() => ''",
-          outputs=[shown.status], api_visibility="private")  # fmt: skip
+    gr.on(
+        triggers=[top.run.click, top.prompt.submit, top.run_painted.click],
+        fn=None,
+        js="() => ''",
+        outputs=[shown.status],
+        api_visibility="private",
+    )
     generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
         "fn": handlers.endpoint(),
         "outputs": answer,
@@ -488,14 +597,23 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
         "concurrency_id": "generate",
     }
     page_generating = {  # the page's own: previews; one "step k / N" bar and error badge; its labels in refusals
-        **generating, "fn": handlers.endpoint(labels=labels), "inputs": fields.page_inputs(top.prompt),
+        **generating,
+        "fn": handlers.endpoint(labels=labels),
+        "inputs": fields.page_inputs(top.prompt),
         "api_name": "page_generate",
-        "api_visibility": "private", "show_progress": "full", "show_progress_on": [shown.gallery],
-    }  # fmt: skip
+        "api_visibility": "private",
+        "show_progress": "full",
+        "show_progress_on": [shown.gallery],
+    }
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
     # Once strokes are painted (assets/page.js), Generate and Enter press this instead: the mask editor too.
-    painted = top.run_painted.click(**{**page_generating, "inputs": fields.page_inputs(top.prompt, painted=True),
-                                       "api_name": "page_generate_painted"})  # fmt: skip
+    painted = top.run_painted.click(
+        **{
+            **page_generating,
+            "inputs": fields.page_inputs(top.prompt, painted=True),
+            "api_name": "page_generate_painted",
+        }
+    )
     streaming = shown.api_button.click(
         inputs=inputs,
         api_name="generate",
@@ -505,42 +623,91 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
     )
     # /generate with previews=False streams nothing before its answer: a plain function answers it, so a client
     # fetches the images once (web/serving/twin_routing.py). On the same hidden button, which nothing clicks.
-    whole = shown.api_button.click(inputs=inputs, api_name="generate_whole", api_visibility="private",
-                                   **{**generating, "fn": handlers.endpoint(streams=False)})  # fmt: skip
+    whole = shown.api_button.click(
+        inputs=inputs,
+        api_name="generate_whole",
+        api_visibility="private",
+        **{**generating, "fn": handlers.endpoint(streams=False)},
+    )
     handlers.twin_routing.add(Twin(event_index(streaming), event_index(whole), inputs.index(fields.previews)))
     init_image, strength = fields.controls["init_image"], fields.controls["strength"]
     # The picture in use, everywhere it shows: the input, the mask editor (its background; strokes start afresh) and
     # the chip beside Generate.
     in_use = [init_image, fields.picture, top.chip, top.chip_image]
-    init_image.change(fn=handlers.picture_uploaded, inputs=init_image, outputs=in_use, preprocess=False,
-                      api_name="picture_uploaded", api_visibility="private")  # fmt: skip
-    top.drop.click(handlers.drop_picture, inputs=None, outputs=in_use, queue=False, api_name="drop_picture",
-                   api_visibility="private")  # fmt: skip
+    init_image.change(
+        fn=handlers.picture_uploaded,
+        inputs=init_image,
+        outputs=in_use,
+        preprocess=False,
+        api_name="picture_uploaded",
+        api_visibility="private",
+    )
+    top.drop.click(
+        handlers.drop_picture,
+        inputs=None,
+        outputs=in_use,
+        queue=False,
+        api_name="drop_picture",
+        api_visibility="private",
+    )
     shown.gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
     # Vary and "Use as picture" first find the clicked result's PNG into a State, so a refusal (nothing clicked)
     # marks no input with an error badge or a spinner and changes none; what they start follows on success.
     picked, vary_strength = gr.State(None), gr.State(None)
-    shown.use.click(handlers.keep_selected, inputs=None, outputs=picked, api_name="use_picture_pick",
-                    api_visibility="private", show_progress="hidden").success(
-        handlers.use_picture, inputs=picked, outputs=in_use, queue=False, api_name="use_picture",
-        api_visibility="private")  # fmt: skip
+    shown.use.click(
+        handlers.keep_selected,
+        inputs=None,
+        outputs=picked,
+        api_name="use_picture_pick",
+        api_visibility="private",
+        show_progress="hidden",
+    ).success(
+        handlers.use_picture,
+        inputs=picked,
+        outputs=in_use,
+        queue=False,
+        api_name="use_picture",
+        api_visibility="private",
+    )
     # Vary is one-shot: its generation takes the PNG and strength from the States in place of the picture's inputs,
     # which keep what they held (the next Generate starts from the chip's picture, or from the prompt alone).
-    vary_inputs = [picked if item is init_image else vary_strength if item is strength else item
-                   for item in fields.page_inputs(top.prompt)]  # fmt: skip
+    vary_inputs = [
+        picked if item is init_image else vary_strength if item is strength else item
+        for item in fields.page_inputs(top.prompt)
+    ]
     varied = []
     for button, amount in shown.vary:
         name = button.elem_id.replace("-", "_")  # vary_subtle, vary_strong
-        varied.append(button.click(handlers.vary(amount), inputs=None, outputs=[picked, vary_strength],
-                                   api_name=f"{name}_pick", api_visibility="private", show_progress="hidden")
-                      .success(**{**page_generating, "inputs": vary_inputs, "api_name": f"page_{name}"}))
+        varied.append(
+            button.click(
+                handlers.vary(amount),
+                inputs=None,
+                outputs=[picked, vary_strength],
+                api_name=f"{name}_pick",
+                api_visibility="private",
+                show_progress="hidden",
+            ).success(**{**page_generating, "inputs": vary_inputs, "api_name": f"page_{name}"})
+        )
     # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the background;
     # matched by file name, so no path a browser sends is ever opened).
     for answered in (generated, painted, *varied):
-        answered.success(fn=handlers.pngs, inputs=None, outputs=shown.pngs, api_visibility="private",
-                         show_progress="hidden", concurrency_limit=4, concurrency_id="pngs")  # fmt: skip
-    gr.on(triggers=[row.change for row in fields.lora_rows], fn=handlers.picked_loras, inputs=list(fields.lora_rows),
-          outputs=fields.controls["loras"], queue=False, api_visibility="private")  # fmt: skip
+        answered.success(
+            fn=handlers.pngs,
+            inputs=None,
+            outputs=shown.pngs,
+            api_visibility="private",
+            show_progress="hidden",
+            concurrency_limit=4,
+            concurrency_id="pngs",
+        )
+    gr.on(
+        triggers=[row.change for row in fields.lora_rows],
+        fn=handlers.picked_loras,
+        inputs=list(fields.lora_rows),
+        outputs=fields.controls["loras"],
+        queue=False,
+        api_visibility="private",
+    )
     # Not queued: it must run while this session's generation holds the queue.
     top.stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
     shown.png_api.click(
@@ -557,13 +724,23 @@ def wire_generate(handlers: Handlers, rules: RequestRules, top: PromptRow, shown
     return [generated, painted, *varied]
 
 
-def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[str], buttons: list, top: PromptRow,
-                  shown: Results, fields: Fields, concurrency: int = GENERATE_CONCURRENCY) -> None:  # fmt: skip
+def wire_examples(
+    handlers: Handlers,
+    rules: RequestRules,
+    examples: Sequence[str],
+    buttons: list,
+    top: PromptRow,
+    shown: Results,
+    fields: Fields,
+    concurrency: int = GENERATE_CONCURRENCY,
+) -> None:
     """An example (web/page/examples.py): its settings into the form, then its images (kept after its first click) with
     the PNG list of the last request hidden (it no longer matches them). Its seed is fixed: its kept images are
     honest."""
-    example_fields = [top.prompt, *(fields.controls[name] for name in ("negative_prompt", "style", "guidance_scale",
-                                                                        "aspect_ratio"))]  # fmt: skip
+    example_fields = [
+        top.prompt,
+        *(fields.controls[name] for name in ("negative_prompt", "style", "guidance_scale", "aspect_ratio")),
+    ]
     example_seeds = {text: EXAMPLE_SEED_START + i for i, text in enumerate(examples)}
     run_example = handlers.example(example_seeds, EXAMPLE_SEED_START, page_labels(top, fields))
     first_size = size_label(*rules.sizes[0])
@@ -573,12 +750,21 @@ def wire_examples(handlers: Handlers, rules: RequestRules, examples: Sequence[st
 
     for text, button in zip(examples, buttons, strict=True):
         button.click(
-            fn=example_settings(text), inputs=None, outputs=example_fields, queue=False, api_visibility="private",
+            fn=example_settings(text), inputs=None, outputs=example_fields, queue=False, api_visibility="private"
         ).then(
-            fn=lambda: gr.update(value=None, visible=False), inputs=None, outputs=shown.pngs, queue=False,
+            fn=lambda: gr.update(value=None, visible=False),
+            inputs=None,
+            outputs=shown.pngs,
+            queue=False,
             api_visibility="private",
         ).then(
-            fn=run_example, inputs=example_fields, outputs=[shown.gallery, fields.controls["seed"], shown.status],
-            preprocess=False, concurrency_limit=concurrency, concurrency_id="generate", show_progress="full",
-            show_progress_on=[shown.gallery], api_visibility="private",
-        )  # fmt: skip
+            fn=run_example,
+            inputs=example_fields,
+            outputs=[shown.gallery, fields.controls["seed"], shown.status],
+            preprocess=False,
+            concurrency_limit=concurrency,
+            concurrency_id="generate",
+            show_progress="full",
+            show_progress_on=[shown.gallery],
+            api_visibility="private",
+        )

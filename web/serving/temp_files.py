@@ -76,7 +76,6 @@ class ProcessFolder:
                 else:
                     os.environ[name] = value
 
-
     @classmethod
     def remove_all(cls) -> None:
         """Remove the process folder whatever is open (start-up stopped; the process is leaving)."""

@@ -79,28 +79,45 @@ class SDXLControlNet(nn.Module):
             last = i == len(channels) - 1
             if block_type == "CrossAttnDownBlock2D":
                 block = CrossAttnDownBlock2D(
-                    in_channels=input_channel, out_channels=output_channel, num_layers=self.layers_per_block,
-                    transformer_layers_per_block=depths[i], num_attention_heads=heads[i], add_downsample=not last,
-                    use_linear_projection=self.use_linear_projection, dtype=self.dtype,
-                )  # fmt: skip
+                    in_channels=input_channel,
+                    out_channels=output_channel,
+                    num_layers=self.layers_per_block,
+                    transformer_layers_per_block=depths[i],
+                    num_attention_heads=heads[i],
+                    add_downsample=not last,
+                    use_linear_projection=self.use_linear_projection,
+                    dtype=self.dtype,
+                )
             else:
                 block = DownBlock2D(
-                    in_channels=input_channel, out_channels=output_channel, num_layers=self.layers_per_block,
-                    add_downsample=not last, dtype=self.dtype,
-                )  # fmt: skip
+                    in_channels=input_channel,
+                    out_channels=output_channel,
+                    num_layers=self.layers_per_block,
+                    add_downsample=not last,
+                    dtype=self.dtype,
+                )
             down_blocks.append(block)
             zero_convs += [self._zero_conv(output_channel) for _ in range(self.layers_per_block + (not last))]
         self.down_blocks = down_blocks
         self.controlnet_down_blocks = zero_convs
         self.mid_block = UNetMidBlock2DCrossAttn(
-            in_channels=channels[-1], num_attention_heads=heads[-1], transformer_layers_per_block=depths[-1],
-            use_linear_projection=self.use_linear_projection, dtype=self.dtype,
-        )  # fmt: skip
+            in_channels=channels[-1],
+            num_attention_heads=heads[-1],
+            transformer_layers_per_block=depths[-1],
+            use_linear_projection=self.use_linear_projection,
+            dtype=self.dtype,
+        )
         self.controlnet_mid_block = self._zero_conv(channels[-1])
 
     def _zero_conv(self, channels: int) -> layers.Conv:
-        return layers.Conv(channels, kernel_size=(1, 1), padding="VALID", kernel_init=nn.initializers.zeros_init(),
-                       bias_init=nn.initializers.zeros_init(), dtype=self.dtype)  # fmt: skip
+        return layers.Conv(
+            channels,
+            kernel_size=(1, 1),
+            padding="VALID",
+            kernel_init=nn.initializers.zeros_init(),
+            bias_init=nn.initializers.zeros_init(),
+            dtype=self.dtype,
+        )
 
     def __call__(self, sample, timesteps, encoder_hidden_states, text_embeds, time_ids, control):
         """sample [b, 4, h, w], timesteps [b], encoder_hidden_states [b, L, D], text_embeds [b, P], time_ids [b, 6],

@@ -30,9 +30,13 @@ class ControlNetConditioningEmbedding(nn.Module):
             blocks.append(layers.Conv(channel_out, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), dtype=self.dtype))
         self.blocks = blocks
         self.conv_out = layers.Conv(
-            self.conditioning_embedding_channels, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
-            kernel_init=nn.initializers.zeros_init(), bias_init=nn.initializers.zeros_init(),
-        )  # fmt: skip
+            self.conditioning_embedding_channels,
+            (3, 3),
+            padding=((1, 1), (1, 1)),
+            dtype=self.dtype,
+            kernel_init=nn.initializers.zeros_init(),
+            bias_init=nn.initializers.zeros_init(),
+        )
 
     def __call__(self, conditioning):
         embedding = nn.silu(self.conv_in(conditioning))

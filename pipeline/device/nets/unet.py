@@ -122,35 +122,54 @@ class UNet2DConditionModel(nn.Module):
         down_blocks, output_channel = [], channels[0]
         for i, block_type in enumerate(config.down_block_types):
             input_channel, output_channel = output_channel, channels[i]
-            common = dict(in_channels=input_channel, out_channels=output_channel, num_layers=config.layers_per_block,
-                          add_downsample=i < len(channels) - 1, dtype=self.dtype)  # fmt: skip
+            common = dict(
+                in_channels=input_channel,
+                out_channels=output_channel,
+                num_layers=config.layers_per_block,
+                add_downsample=i < len(channels) - 1,
+                dtype=self.dtype,
+            )
             if block_type == "CrossAttnDownBlock2D":
-                down_blocks.append(CrossAttnDownBlock2D(
-                    **common, num_attention_heads=heads[i], transformer_layers_per_block=depths[i],
-                    use_linear_projection=config.use_linear_projection,
-                ))  # fmt: skip
+                down_blocks.append(
+                    CrossAttnDownBlock2D(
+                        **common,
+                        num_attention_heads=heads[i],
+                        transformer_layers_per_block=depths[i],
+                        use_linear_projection=config.use_linear_projection,
+                    )
+                )
             else:
                 down_blocks.append(DownBlock2D(**common))
         self.down_blocks = down_blocks
         self.mid_block = UNetMidBlock2DCrossAttn(
-            in_channels=channels[-1], num_attention_heads=heads[-1], transformer_layers_per_block=depths[-1],
-            use_linear_projection=config.use_linear_projection, dtype=self.dtype,
-        )  # fmt: skip
+            in_channels=channels[-1],
+            num_attention_heads=heads[-1],
+            transformer_layers_per_block=depths[-1],
+            use_linear_projection=config.use_linear_projection,
+            dtype=self.dtype,
+        )
 
         up_blocks, reversed_channels = [], list(reversed(channels))
         output_channel = reversed_channels[0]
         for i, block_type in enumerate(config.up_block_types):
             previous, output_channel = output_channel, reversed_channels[i]
             common = dict(
-                in_channels=reversed_channels[min(i + 1, len(channels) - 1)], out_channels=output_channel,
-                prev_output_channel=previous, num_layers=config.layers_per_block + 1,
-                add_upsample=i < len(channels) - 1, dtype=self.dtype,
-            )  # fmt: skip
+                in_channels=reversed_channels[min(i + 1, len(channels) - 1)],
+                out_channels=output_channel,
+                prev_output_channel=previous,
+                num_layers=config.layers_per_block + 1,
+                add_upsample=i < len(channels) - 1,
+                dtype=self.dtype,
+            )
             if block_type == "CrossAttnUpBlock2D":
-                up_blocks.append(CrossAttnUpBlock2D(
-                    **common, num_attention_heads=heads[::-1][i], transformer_layers_per_block=depths[::-1][i],
-                    use_linear_projection=config.use_linear_projection,
-                ))  # fmt: skip
+                up_blocks.append(
+                    CrossAttnUpBlock2D(
+                        **common,
+                        num_attention_heads=heads[::-1][i],
+                        transformer_layers_per_block=depths[::-1][i],
+                        use_linear_projection=config.use_linear_projection,
+                    )
+                )
             else:
                 up_blocks.append(UpBlock2D(**common))
         self.up_blocks = up_blocks
@@ -160,9 +179,15 @@ class UNet2DConditionModel(nn.Module):
         )
 
     def __call__(
-        self, sample, timesteps, encoder_hidden_states, added_cond_kwargs=None, down_block_additional_residuals=None,
-        mid_block_additional_residual=None, return_dict: bool = True,
-    ):  # fmt: skip
+        self,
+        sample,
+        timesteps,
+        encoder_hidden_states,
+        added_cond_kwargs=None,
+        down_block_additional_residuals=None,
+        mid_block_additional_residual=None,
+        return_dict: bool = True,
+    ):
         """sample [B, C, h, w] (NCHW, as diffusers), timesteps [B] (or a number), encoder_hidden_states [B, L, D],
         added_cond_kwargs {"text_embeds": [B, P], "time_ids": [B, 6 or 5]}; a ControlNet's residuals (NHWC) are
         added to the skips and to the middle block's output. -> `UNetOutput` (or a 1-tuple) with [B, C', h, w]."""
@@ -187,8 +212,9 @@ class UNet2DConditionModel(nn.Module):
         for block in self.up_blocks:
             taken, skips = skips[-per_block:], skips[:-per_block]
             if isinstance(block, CrossAttnUpBlock2D):
-                sample = block(sample, res_hidden_states_tuple=taken, temb=emb,
-                               encoder_hidden_states=encoder_hidden_states)  # fmt: skip
+                sample = block(
+                    sample, res_hidden_states_tuple=taken, temb=emb, encoder_hidden_states=encoder_hidden_states
+                )
             else:
                 sample = block(sample, res_hidden_states_tuple=taken, temb=emb)
         sample = self.conv_out(nn.silu(self.conv_norm_out(sample)))
@@ -203,8 +229,10 @@ class UNet2DConditionModel(nn.Module):
             for transformer in getattr(block, "attentions", ()):
                 for layer in transformer.transformer_blocks:
                     attention = layer.attn2
-                    table["/".join(attention.path)] = (attention.key(encoder_hidden_states),
-                                                       attention.value(encoder_hidden_states))  # fmt: skip
+                    table["/".join(attention.path)] = (
+                        attention.key(encoder_hidden_states),
+                        attention.value(encoder_hidden_states),
+                    )
         return table
 
     def init_weights(self, rng) -> dict:

@@ -19,9 +19,13 @@ from .transformer import Transformer2DModel
 def _transformer(block, channels: int) -> Transformer2DModel:
     """The spatial transformer a block puts after each resnet: `num_attention_heads` heads over `channels`."""
     return Transformer2DModel(
-        in_channels=channels, n_heads=block.num_attention_heads, d_head=channels // block.num_attention_heads,
-        depth=block.transformer_layers_per_block, use_linear_projection=block.use_linear_projection, dtype=block.dtype,
-    )  # fmt: skip
+        in_channels=channels,
+        n_heads=block.num_attention_heads,
+        d_head=channels // block.num_attention_heads,
+        depth=block.transformer_layers_per_block,
+        use_linear_projection=block.use_linear_projection,
+        dtype=block.dtype,
+    )
 
 
 class DownBlock2D(nn.Module):
