@@ -1,8 +1,8 @@
 """SDXL on JAX, the engine: load once, replicate over every device, compile once, one image per device per request.
 
     request (contract/request.py: every field, checked once where it enters)
-      -> generator.py: tokens (host/tokens.py) -> device arrays (device/sharding.py)
-      -> host/loop.py: the compiled programs (host/programs.py over device/*) step by step
+      -> generator.py: tokens (host/planning/tokens.py) -> device arrays (device/sharding.py)
+      -> host/loop.py: the compiled programs (host/compiling/programs.py over device/*) step by step
       -> pixels -> images with their parameters (contract/parameters.py)
 
 Folders by role: `contract/` (the request and its rules, no JAX: what the page uses), `checkpoint/` (files ->

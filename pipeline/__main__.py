@@ -133,7 +133,7 @@ def _hires_scales(args: argparse.Namespace) -> tuple[float, ...]:
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:
     from .cluster.join_options import options_from_args
-    from .host.compile_cache import CompileCounter
+    from .host.compiling.compile_cache import CompileCounter
     from .startup import start
 
     if request.ignored:

@@ -78,7 +78,9 @@ class EngineConfig:
     lora_dir: str | None = None  # static: every *.safetensors LoRA in it is offered (the merge program's layout)
     embeddings_dir: str | None = None  # every SDXL *.safetensors textual-inversion embedding in it is offered
     upscaler_dir: str | None = None  # every ESRGAN (RRDBNet) .safetensors/.pth in it is a hires upscaler, by stem
-    emphasis: str = "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/emphasis.py)
+    emphasis: str = (
+        "original"  # static: A1111's emphasis mode: "original", "no-norm" or "off" (host/planning/emphasis.py)
+    )
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     controlnet_units: int = MAX_CONTROLNETS  # static: ControlNets a request may use at once (each count compiles)
     refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
@@ -97,7 +99,7 @@ class EngineConfig:
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
     xla_options: tuple[tuple[str, str], ...] = ()  # static: XLA compiler options of every served program (NAME, VALUE)
-    speed_levers: bool = True  # static: compile what the per-request speed levers run (host/programs.py)
+    speed_levers: bool = True  # static: compile what the per-request speed levers run (host/compiling/programs.py)
     cross_attention_cache: bool = False  # static: the text's cross-attention keys and values once per request
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)

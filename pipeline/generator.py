@@ -6,8 +6,8 @@
     result.images                                 # one PIL image per device x per-device batch
 
 Static settings (offered sizes, per-device batch, dtype, device count, CFG on/off, attention) select the compiled
-programs (`host/programs.py`), built ahead of time with `jit(...).lower(...).compile()`. Everything a request sets
-is an argument: the host loop (`host/loop.py`) runs one compiled step per denoising step, so no request can trigger
+programs (`host/compiling/programs.py`), built ahead of time with `jit(...).lower(...).compile()`. Everything a request
+sets is an argument: the host loop (`host/loop.py`) runs one compiled step per denoising step, so no request can trigger
 a compilation. This module wires the chain: request -> tokens -> device arrays -> loop -> pixels -> images.
 """
 
@@ -45,19 +45,19 @@ from .device.modules import Modules
 from .device.quantize import quantize_unet_params, quantized_unet
 from .device.sharding import data_mesh, replicate_tree, to_host
 from .host import loop
-from .host.compile_cache import CompileCounter, configure_compilation_cache
-from .host.compiler_options import check as check_compiler_options
-from .host.controlnet_plan import ServedControlNets, control_inputs
-from .host.executable_store import StartupPrograms, build_served
+from .host.compiling.compile_cache import CompileCounter, configure_compilation_cache
+from .host.compiling.compiler_options import check as check_compiler_options
+from .host.compiling.executable_store import StartupPrograms, build_served
+from .host.compiling.programs import ProgramKey, ServedPrograms, program_keys
 from .host.loop import Gate, Listener, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.placement import Placement
-from .host.plan import SamplerConfig, stacked
-from .host.programs import ProgramKey, ServedPrograms, program_keys
-from .host.run_plan import RunContext, RunPlan, plan_run
+from .host.planning.controlnet_plan import ServedControlNets, control_inputs
+from .host.planning.run_plan import RunContext, RunPlan, plan_run
+from .host.planning.sampler_plan import SamplerConfig, stacked
+from .host.planning.tokens import PromptReader
 from .host.text_cache import TextCache
-from .host.tokens import PromptReader
 from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
 
 logger = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class Generator:
 
     What it keeps: `rules` (what a request may ask for, `parse_request`), `programs` (N images per device; with
     --merge-requests `call_programs`, each call size's), the offered `loras`, `controlnets`, `upscalers`, `refiner`
-    and `embedding_files`, `context` (what `host/run_plan.plan_run` reads), `placement` (host rows -> devices),
+    and `embedding_files`, `context` (what `host/planning/run_plan.plan_run` reads), `placement` (host rows -> devices),
     `text_cache`, `merger` and `recent_runs` (the last calls' outcomes, newest last: what Stop's tests read).
     """
 
@@ -350,7 +350,7 @@ class Generator:
         )
 
     def _run_context(self) -> RunContext:
-        """What planning a request reads of this engine (`host/run_plan.py`)."""
+        """What planning a request reads of this engine (`host/planning/run_plan.py`)."""
         config = self.config
         return RunContext(
             sampler=self.sampler,
@@ -488,7 +488,7 @@ class Generator:
         return parse_request(prompt, rules=self.rules, **fields)
 
     def plan(self, request: Request) -> RunPlan:
-        """What `generate` would run for `request` (`host/run_plan.plan_run`): host data only, nothing runs."""
+        """What `generate` would run for `request` (`host/planning/run_plan.plan_run`): host data only, nothing runs."""
         return plan_run(request, self.context)
 
     def generate(

@@ -29,17 +29,17 @@ from .generator import (
     served_params,
     with_refiner,
 )
-from .host.aot import call_size_directory, save_precompiled, topology_devices
-from .host.compile_cache import configure_compilation_cache
-from .host.controlnet_plan import ServedControlNets
-from .host.programs import program_keys
+from .host.compiling.aot import call_size_directory, save_precompiled, topology_devices
+from .host.compiling.compile_cache import configure_compilation_cache
+from .host.compiling.programs import program_keys
+from .host.planning.controlnet_plan import ServedControlNets
 
 logger = logging.getLogger(__name__)
 
 
 def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress=logger.info) -> dict:
     """Compile every program of a server with `config` for `topology`'s devices into `out`; the manifest."""
-    configure_compilation_cache(False)  # every executable compiled here (see host/aot.save_precompiled)
+    configure_compilation_cache(False)  # every executable compiled here (see host/compiling/aot.save_precompiled)
     devices = topology_devices(topology)
     config = for_platform(config, devices[0].platform)
     loaded = load_model(

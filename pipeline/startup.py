@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # neither is imported at run time before `start` (both import
     from .cluster.join_options import ClusterOptions
     from .cluster.protocol import Cluster
     from .generator import Generator
-    from .host.aot import LoadReport
+    from .host.compiling.aot import LoadReport
 
 logger = logging.getLogger("sdxl_jax.startup")
 
@@ -146,8 +146,8 @@ def _load_and_warm(
     if on_loaded is not None:
         on_loaded(generator)
     report = None
-    if precompiled:  # one line (host/aot.py logs it): which programs were loaded, which are compiled and why
-        from .host.aot import call_size_directory, load_precompiled
+    if precompiled:  # one line (host/compiling/aot.py logs it): which programs were loaded, which are compiled and why
+        from .host.compiling.aot import call_size_directory, load_precompiled
 
         report = load_precompiled(generator.programs, generator.program_keys(), precompiled)
         for n, programs in generator.call_programs.items():  # --merge-requests: the smaller calls', in their folders

@@ -16,7 +16,8 @@ engine does):
   that, stock DeepCache fails at the first guidance-free shallow step (its cached features have the CFG batch):
   the script checks that it does fail, so the fixture documents a real gap rather than a guess.
 Per case the manifest also records what PyTorch actually ran at each step: the UNet's batch (2 = CFG) and whether
-the whole UNet ran (DeepCache's down block 0 executed), for the host plan (`pipeline/host/speed_plan.py`) to match.
+the whole UNet ran (DeepCache's down block 0 executed), for the host plan (`pipeline/host/planning/speed_plan.py`) to
+match.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def scheduler_for(config, sampler: str):
 
 
 def guided_steps(steps: int, cfg_end: float) -> int:
-    from pipeline.host.speed_plan import guided_steps as host_guided_steps
+    from pipeline.host.planning.speed_plan import guided_steps as host_guided_steps
 
     return host_guided_steps(steps, cfg_end)
 

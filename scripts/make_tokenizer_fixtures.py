@@ -9,7 +9,7 @@ Runs in the reference venv (transformers 4.57.6, no ftfy, as diffusers' pipeline
 For both tokenizers of tests/fixtures/tiny-pt (CLIP-L's pads with its end token, CLIP-G's with "!", an added token
 of its own): hand-picked prompts (case, accents, CJK, control and zero-width characters, special tokens written out,
 "!" runs, numbers, contractions, emoji, long text) and 300 random strings drawn with a fixed seed from a pool of such
-characters; for each, the ids without special tokens, as `host/tokens.py` asks for them.
+characters; for each, the ids without special tokens, as `host/planning/tokens.py` asks for them.
 """
 
 from __future__ import annotations

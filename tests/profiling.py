@@ -4,7 +4,7 @@ engine build shows in the setup of the first test that asks for it. `python -m t
 totals per file, the dearest tests and the compile seconds (issue 68: profile before cutting).
 
 Compilations are counted in the test process only (a test's subprocesses compile on their own), from JAX's own
-monitoring events, as pipeline.host.compile_cache.CompileCounter counts them."""
+monitoring events, as pipeline.host.compiling.compile_cache.CompileCounter counts them."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from pipeline.contract.image_inputs import ImageSource, fit, open_image, to_rgb
-from pipeline.host.plan import HISTORY, Plan
+from pipeline.host.planning.sampler_plan import HISTORY, Plan
 
 #: run_local's jitted programs by (model, cfg, prediction type); the model is kept so its id stays its own.
 _JITTED: dict = {}

@@ -17,8 +17,8 @@ a cuDNN convolution that XLA names `fusion` lands in the category of whatever it
 listed by name so a reader can check the rules against what ran.
 
 Then, with `--levers`, the same 25-step CFG request on a fresh engine and on an engine per set of XLA options
-(`--xla-option`, host/compiler_options.py) and engine switches (`ENGINE_LEVERS`: `--cross-attention-cache`) over the
-same weights, timed in interleaved rounds: seconds per request,
+(`--xla-option`, host/compiling/compiler_options.py) and engine switches (`ENGINE_LEVERS`: `--cross-attention-cache`)
+over the same weights, timed in interleaved rounds: seconds per request,
 the ratio, and the pixels' distance from the engine's without them. Then, with `--throughput`, MLPerf's request
 per images-per-device value.
 

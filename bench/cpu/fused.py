@@ -59,9 +59,9 @@ def denoise(
 ):
     """Euler (or Euler-ancestral) sampling with classifier-free guidance: float32 latents [b, 4, h, w] -> denoised.
 
-    The timestep/sigma table is computed on the host (host/plan.py) and baked in as constants; `seeds` uint32 [b]
-    give each image its own ancestral noise. The served engine runs one step per program instead (`step_local`);
-    this fused loop stays for the benchmark.
+    The timestep/sigma table is computed on the host (host/planning/sampler_plan.py) and baked in as constants; `seeds`
+    uint32 [b] give each image its own ancestral noise. The served engine runs one step per program instead
+    (`step_local`); this fused loop stays for the benchmark.
     """
     schedule = sampler.schedule(steps)
     timesteps, sigmas = jnp.asarray(schedule.timesteps), jnp.asarray(schedule.sigmas)  # [steps], [steps + 1]

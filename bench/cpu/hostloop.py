@@ -411,7 +411,7 @@ def app_start(args: list[str], cache_dir: Path, cache: str, timeout_s: float = 1
 
 
 def _is_served(name: str) -> bool:
-    """The served programs are named sdxl_<kind> (host/programs.py: sdxl_encode, sdxl_step_full, ...)."""
+    """The served programs are named sdxl_<kind> (host/compiling/programs.py: sdxl_encode, sdxl_step_full, ...)."""
     return any(f"sdxl_{kind}" in name for kind in KINDS)
 
 

@@ -17,7 +17,7 @@ import jax
 
 
 class ProgramTimer:
-    """Wraps `programs.compile` (pipeline/host/programs.ServedPrograms) for the duration of a `with` block."""
+    """Wraps `programs.compile` (pipeline/host/compiling/programs.ServedPrograms) for the duration of a `with` block."""
 
     def __init__(self, programs, *, block: bool = False):
         self.programs = programs

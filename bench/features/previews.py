@@ -7,8 +7,8 @@
 listener, as the page's engine thread has) and of a second engine loaded with `previews=False`, same size and steps.
 
 (b) needs no model: on 8 devices (the bench's CPU split) the preview program (`pipeline.device.preview.
-latents_to_rgb` under jit(shard_map), as `host/programs.py` builds `preview[size]`) runs on batch-split float32
-latents [8, 4, side/8, side/8] (smooth colour fields with fine grain, new ones each time), and the two threads'
+latents_to_rgb` under jit(shard_map), as `host/compiling/programs.py` builds `preview[size]`) runs on batch-split
+float32 latents [8, 4, side/8, side/8] (smooth colour fields with fine grain, new ones each time), and the two threads'
 work per preview is timed apart:
 
 - the loop thread (`host/loop.py`): dispatching the program and `copy_to_host_async` right after the step that

@@ -3,9 +3,9 @@
     python -m bench.features.prompts             # tiny-pt with the embedding fixtures, 64x64, 2 steps (minutes)
     python -m bench.features.prompts --repeats 200
 
-Host: the prompt and negative prompt read into token ids and weights (`host/tokens.PromptReader`), the request's
-embedding tables built, against today's plain `tokenize` of the same texts; and the embedding tables placed on the
-devices. Engine: requests mixing plain, weighted, BREAK and embedding prompts through the served programs, with the
+Host: the prompt and negative prompt read into token ids and weights (`host/planning/tokens.PromptReader`), the
+request's embedding tables built, against today's plain `tokenize` of the same texts; and the embedding tables placed on
+the devices. Engine: requests mixing plain, weighted, BREAK and embedding prompts through the served programs, with the
 programs XLA built during them counted (the goal: 0). The tokenizers are the checkpoint's (tiny-pt's CLIP BPE; the
 SDXL ones are larger vocabularies with the same algorithm).
 """

@@ -1,7 +1,7 @@
 """What a compiled program costs (XLA's memory and cost analyses) and the hardware it is measured against: the
 bench's (`python -m bench tpu`, the FLOP counts) and the TPU tests', not the server's.
 
-    compiled = programs.lower(key).compile()   # e.g. for a TPU topology on this CPU host (pipeline/host/aot.py)
+    compiled = programs.lower(key).compile()  # e.g. a TPU topology on this host (pipeline/host/compiling/aot.py)
     cost = compiled_cost(compiled)             # HBM per chip, FLOPs and bytes of the compiled program
 """
 

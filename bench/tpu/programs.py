@@ -25,9 +25,9 @@ Every kind a server runs can be compiled: `step` (a server with --no-speed-lever
 `halve_text` and `halve_feature` (where guidance ends), `preview`, `encode`, `start`, `decode`, `merge`. Rows carry
 `prompt_windows` (the programs that read the prompt: --prompt-windows, 3 by default as the server's) and `quantize`
 (the UNet's programs: --quantize int8 as `pipeline/device/quantize.py` serves it). The predicted requests follow
-the host loop's speed plan (host/speed_plan.py): exact 25 steps, cfg_end 0.5, DeepCache 3, both, Lightning-4, and
-MLPerf's 20-step CFG request, whose images/s per chip stand beside Google's MLPerf Inference v4.1 v5e figure (0.438).
-An int8 row's roofline keeps its FLOPs at the bf16 peak; the int8 peak (393 TOPS on v5e) gives a second, lower
+the host loop's speed plan (host/planning/speed_plan.py): exact 25 steps, cfg_end 0.5, DeepCache 3, both, Lightning-4,
+and MLPerf's 20-step CFG request, whose images/s per chip stand beside Google's MLPerf Inference v4.1 v5e figure
+(0.438). An int8 row's roofline keeps its FLOPs at the bf16 peak; the int8 peak (393 TOPS on v5e) gives a second, lower
 bound, since the cost analysis does not say which FLOPs ran int8.
 
 Results go to --out/tpu.json (merged with the rows already there, so programs compiled by separate runs add up) and
@@ -495,9 +495,9 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
     """Predicted device seconds per request on `topology` at `size` from the programs' rooflines (a lower bound:
     device only, no host, no dispatch gaps), per attention core, --quantize and prompt windows compiled.
 
-    Each request runs the programs its speed plan names (host/speed_plan.py, as the host loop runs them): encode,
-    start, per step the whole-UNet (`step_full`, or `step` where only that was compiled) or the shallow step, CFG
-    or not, the halving programs where guidance ends, decode."""
+    Each request runs the programs its speed plan names (host/planning/speed_plan.py, as the host loop runs them):
+    encode, start, per step the whole-UNet (`step_full`, or `step` where only that was compiled) or the shallow step,
+    CFG or not, the halving programs where guidance ends, decode."""
     from ..engine import speed_plan
 
     def find(kind, cfg, attention, quantize, windows, at=size):

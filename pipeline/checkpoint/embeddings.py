@@ -2,8 +2,8 @@
 
 An SDXL embedding is a `.safetensors` file with `clip_l` [n, 768] (the first encoder's input vectors) and `clip_g`
 [n, 1280] (the second's), as A1111 and diffusers' `load_textual_inversion` read it; its name is the file's stem,
-and that name in a prompt puts its n vectors there (`host/tokens.py`). The vectors are data for the encode program
-(a per-request table, `device/text.py`): an embedding never recompiles anything. A file that is not an SDXL
+and that name in a prompt puts its n vectors there (`host/planning/tokens.py`). The vectors are data for the encode
+program (a per-request table, `device/text.py`): an embedding never recompiles anything. A file that is not an SDXL
 embedding for this checkpoint (an SD 1.5 one, a broken one) is refused in one logged line; the others are offered.
 """
 

@@ -3,7 +3,8 @@
 The modules (`device/nets/`) are stateless: the weights travel apart as the loader's `params`. Their parameter trees
 are those of diffusers' and transformers' Flax classes, so the checkpoint's files (Flax msgpack or converted PyTorch
 safetensors) fit them as they are. The tokenizers are CLIP's BPE (`clip_tokenizer.py`, the project's own, pure
-Python); the scheduler is its config only: the engine's samplers compute their own schedules from it (`host/plan.py`).
+Python); the scheduler is its config only: the engine's samplers compute their own schedules from it
+(`host/planning/sampler_plan.py`).
 """
 
 from __future__ import annotations

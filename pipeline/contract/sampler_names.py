@@ -3,7 +3,7 @@ presets and the engine's sampler plans share.
 
 A1111 (1.9 and later), Forge and ComfyUI pick a sampler and a schedule type apart ("DPM++ 2M" + "Karras"); A1111's
 older combined names ("DPM++ 2M Karras") are still taken. Each name maps to the diffusers PyTorch scheduler A1111's
-names map to (`host/plan.py` computes it); a schedule type is a scheduler option: `use_karras_sigmas`,
+names map to (`host/planning/sampler_plan.py` computes it); a schedule type is a scheduler option: `use_karras_sigmas`,
 `use_exponential_sigmas`, or `timestep_spacing="trailing"` (SGM Uniform); "Automatic" keeps the checkpoint's own.
 Kept free of JAX and numpy (the page and the presets import it).
 """

@@ -3,8 +3,8 @@
 Each transformer layer of the UNet (70 in SDXL's) projects the text [cb, K*77, 2048] to keys and values with its
 own `to_k` and `to_v` at every step, though neither the text nor those kernels change during a request: 140 small
 products per SDXL step that read 0.68 GB of kernels (bf16), and on a GPU XLA's dot merger also concatenates their
-kernels again every step. With `--cross-attention-cache` the `cross_kv` program (host/programs.py) makes them once,
-after the text is encoded (and again for the conditional half when guidance ends), and each step's UNet reads them
+kernels again every step. With `--cross-attention-cache` the `cross_kv` program (host/compiling/programs.py) makes them
+once, after the text is encoded (and again for the conditional half when guidance ends), and each step's UNet reads them
 from the table (`attention.text_keys_values`). The products are the same layers on the same inputs, so the pixels
 are the same; the step only loses work.
 

@@ -31,7 +31,7 @@ for a full one.
 
 The served step bodies (`step_full_local`, `step_shallow_local`) are `denoise.step_local` with these calls; the
 feature is one more batch-split argument/result. `conditional_half_local` keeps the conditional half of what a
-CFG step made ([2b] -> [b]) for the steps after `cfg_end` switches guidance off (see `host/speed_plan.py`).
+CFG step made ([2b] -> [b]) for the steps after `cfg_end` switches guidance off (see `host/planning/speed_plan.py`).
 """
 
 from __future__ import annotations

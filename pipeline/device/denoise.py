@@ -65,9 +65,9 @@ def step_local(
     [b, 4, h, w], previous (the history, `sampler_update.history_update`) float32 [b, 4, 4, h, w], hidden
     [cb, K*77, D], pooled [cb, P], key_lengths int32 [cb] (the text keys each row attends to), guidance [b],
     seeds uint32 [b], `image` (see `unet_step`); coefficients float32 [b, 13] (each image's row of its
-    `host/plan.Plan`: a merged call's requests may run different samplers; [13]: one for all), blend_sigma float32
-    [b] (or []) and index int32 [], the row's number, the same on every device (c = 2 with classifier-free guidance,
-    else 1).
+    `host/planning/sampler_plan.Plan`: a merged call's requests may run different samplers; [13]: one for all),
+    blend_sigma float32 [b] (or []) and index int32 [], the row's number, the same on every device (c = 2 with
+    classifier-free guidance, else 1).
     """
 
     def plain(sample, timesteps, added):

@@ -5,8 +5,8 @@ grid (ComfyUI's "Latent2RGB" preview: the factors of `comfy/latent_formats.py`, 
 `latent_preview.py`'s `Latent2RGBPreviewer` and `preview_to_image`, Comfy-Org/ComfyUI). They apply to latents in the
 UNet's scale (the VAE's latents times its scaling factor), which is the scale of the D that `step_local` returns.
 
-    the `preview[size]` program (host/programs.py): float32 [B, 4, h, w] -> uint8 [B, h, w, 3] on the devices, so
-    only h*w*3 bytes per image come back (49 KB at 1024²)
+    the `preview[size]` program (host/compiling/programs.py): float32 [B, 4, h, w] -> uint8 [B, h, w, 3] on the devices,
+    so only h*w*3 bytes per image come back (49 KB at 1024²)
 
 `latents_to_rgb_numpy` is the same maths on the host, as a reference (and for hosts that already hold the latents).
 Each image is shown at latent resolution (1/8 of the final size per side) unless `scale` repeats its pixels; the

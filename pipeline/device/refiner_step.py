@@ -5,7 +5,7 @@ hidden states (no encoder 1) and its pooled projection; an empty negative prompt
 refiner's model_index.json zeroes it (`force_zeros_for_empty_prompt`, False for refiner 1.0); the UNet's time ids
 are (original size, crop top-left, aesthetic score): (h, w, 0, 0, a), the negative half with the negative score.
 The step is `denoise.unet_step` around the refiner's UNet, so every sampler's update and the picture's blend are
-the base's, and the refiner continues the base's latents on the same schedule (host/refiner_plan.py).
+the base's, and the refiner continues the base's latents on the same schedule (host/planning/refiner_plan.py).
 """
 
 from __future__ import annotations

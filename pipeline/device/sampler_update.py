@@ -1,8 +1,9 @@
 """The sampler's update on the device, traced in float32: one step of any sampler from its plan row.
 
-The host computes each sampler as per-step coefficients (`host/plan.py`, `host/solvers.py`); the step program applies
-them here: x' = a·x + b·D + c·D_prev + d·noise, with D the denoised prediction, plus the multistep samplers' older
-history (`history_update`). Guidance follows diffusers: g <= 1 means the conditional prediction alone.
+The host computes each sampler as per-step coefficients (`host/planning/sampler_plan.py`, `host/planning/solvers.py`);
+the step program applies them here: x' = a·x + b·D + c·D_prev + d·noise, with D the denoised prediction, plus the
+multistep samplers' older history (`history_update`). Guidance follows diffusers: g <= 1 means the conditional
+prediction alone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 #: The plan row's columns of DDIM's and LCM's clip_sample range (0: no clipping) and of the unclipped D's weight
-#: (`host/plan.COEFFICIENTS`).
+#: (`host/planning/sampler_plan.COEFFICIENTS`).
 CLIP, UNCLIPPED = 11, 12
 #: Stream id folded into an image's key for its ancestral noise (its initial noise uses the key itself).
 ANCESTRAL_STREAM = 1

@@ -1,6 +1,6 @@
 """Both CLIP text encoders on the device: token ids -> the embeddings SDXL's UNet is conditioned on.
 
-The token ids come from the host (`host/tokens.py`) as `[B, 2, K*77]` int32 (encoder 1, encoder 2; K windows of
+The token ids come from the host (`host/planning/tokens.py`) as `[B, 2, K*77]` int32 (encoder 1, encoder 2; K windows of
 77), so the encode program has one input shape whatever the prompt. The prompt and the negative prompt are encoded
 in one batch; an empty negative prompt is a traced flag (zero embeddings, as SDXL's reference does for
 `neg_prompt_ids=None`), not another program.
@@ -24,7 +24,7 @@ from .nets.clip import CLIPTextEmbeddings
 
 #: CLIP's window of token ids (the begin and end tokens included).
 WINDOW = 77
-#: Token ids at or above this are rows of the request's embedding table (host/tokens.py EXTRA_BASE).
+#: Token ids at or above this are rows of the request's embedding table (host/planning/tokens.py EXTRA_BASE).
 EXTRA_BASE = 1 << 24
 
 

@@ -25,9 +25,9 @@ import numpy as np
 
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
-from .plan import COEFFICIENTS, Plan
-from .programs import ProgramKey, ServedPrograms, windows_key
-from .speed_plan import SpeedPlan, speed_plan
+from .compiling.programs import ProgramKey, ServedPrograms, windows_key
+from .planning.sampler_plan import COEFFICIENTS, Plan
+from .planning.speed_plan import SpeedPlan, speed_plan
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class ControlInputs:
 
 @dataclass(frozen=True)
 class RefinerInputs:
-    """One request's refiner stage (host/refiner_plan.py): where it takes over and its aesthetic scores."""
+    """One request's refiner stage (host/planning/refiner_plan.py): where it takes over and its aesthetic scores."""
 
     switch_row: int  # plan rows from this one run the refiner's step
     aesthetic: jax.Array  # float32 [2] (replicated): the negative prompt's and the prompt's aesthetic score
@@ -105,7 +105,7 @@ class RefinerInputs:
 
 @dataclass(frozen=True)
 class HiresInputs:
-    """One request's hires fix (host/hires_plan.py): its second pass's size, rows, speed plan and inputs."""
+    """One request's hires fix (host/planning/hires_plan.py): its second pass's size, rows, speed plan and inputs."""
 
     size: tuple[int, int]  # (height, width) of the second pass
     upscaler: str  # A1111's name: a latent upscaler (the `upscale` program) or a pixel one (`resize`)
@@ -150,7 +150,8 @@ class Stage:
 
     def per_image(self, values, shape: tuple[int, ...] = ()) -> jax.Array:
         """float32 `values` of each image on the devices, [B, *shape] split over the batch: a plan's row [13] or
-        sigma [] is every image's; a stacked plan's (`host/plan.stacked`) [B, 13] or [B] each image its own."""
+        sigma [] is every image's; a stacked plan's (`host/planning/sampler_plan.stacked`) [B, 13] or [B] each image its
+        own."""
         rows = np.broadcast_to(np.asarray(values, np.float32), (self.programs.batch, *shape))
         return self.split(rows)
 
@@ -204,11 +205,11 @@ def run(
     programs (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without
     runs `step`. `put` places a small host array on every device (replicated; on several processes each passes the
     same); `split` places per-image arrays [B, ...] split over the batch: each image's plan row and sigmas (`plan`
-    may be `host/plan.stacked`'s, one plan per block of images: a merged call's requests, each on its sampler).
-    The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it (`programs.program_keys`).
-    `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call), `first_dispatch_at`
-    (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop decided) and
-    `freed_at` (the last queued step done);
+    may be `host/planning/sampler_plan.stacked`'s, one plan per block of images: a merged call's requests, each on its
+    sampler). The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it
+    (`programs.program_keys`). `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call),
+    `first_dispatch_at` (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop
+    decided) and `freed_at` (the last queued step done);
     and `first_step_s` (started -> first step ready). `picture`: a request's picture (its plan is then the rows that
     run, `image_plan.py`); `blank` stands in for it without one. `on_preview` gets every PREVIEW_EVERY-th step's
     predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step

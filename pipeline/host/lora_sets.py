@@ -31,7 +31,7 @@ from ..device.lora import (
     slot_weights,
     with_leaves,
 )
-from .programs import ProgramKey, ServedPrograms
+from .compiling.programs import ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from PIL import Image
 from ..contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS
 from ..device.denoise import LATENT_CHANNELS
 from ..device.sharding import batch_sharded, global_batch, replicated, to_host
-from .hires_plan import hires_seeds
+from .compiling.programs import ProgramKey, ServedPrograms
 from .loop import Blank, HiresInputs, PictureInputs, RefinerInputs, RequestInputs
-from .plan import HISTORY
-from .programs import ProgramKey, ServedPrograms
-from .run_plan import Conditioning, PictureRows, SecondPass
-from .tokens import ExtraRows, extra_capacity
+from .planning.hires_plan import hires_seeds
+from .planning.run_plan import Conditioning, PictureRows, SecondPass
+from .planning.sampler_plan import HISTORY
+from .planning.tokens import ExtraRows, extra_capacity
 from .upscale_tiles import TiledUpscaler
 
 

@@ -1,6 +1,6 @@
-"""A1111's samplers and schedule types (pipeline/contract/sampler_names.py, pipeline/host/solvers.py): schedules, whole
-runs and images equal diffusers' PyTorch schedulers and pipeline (tests/fixtures/a1111-samplers.*, made by
-scripts/make_a1111_sampler_fixtures.py), a combination that makes no sense is one sentence, and no sampler, schedule
+"""A1111's samplers and schedule types (pipeline/contract/sampler_names.py, pipeline/host/planning/solvers.py):
+schedules, whole runs and images equal diffusers' PyTorch schedulers and pipeline (tests/fixtures/a1111-samplers.*, made
+by scripts/make_a1111_sampler_fixtures.py), a combination that makes no sense is one sentence, and no sampler, schedule
 type or step count compiles anything."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from conftest import FIXTURES, generate
 
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.sampler_names import SAMPLER_NAMES, SCHEDULE_TYPES, SCHEDULES_OF, resolve
-from pipeline.host.image_plan import image_plan
-from pipeline.host.plan import HISTORY, SamplerConfig
+from pipeline.host.planning.image_plan import image_plan
+from pipeline.host.planning.sampler_plan import HISTORY, SamplerConfig
 
 PYTORCH = json.loads((FIXTURES / "a1111-samplers.json").read_text())
 #: Samplers whose PyTorch sample is x / sqrt(sigma^2 + 1) of the engine's (variance preserving).
@@ -107,7 +107,7 @@ def test_images_equal_pytorch_pipeline(tiny_pt):
     from reference import run_local
 
     from pipeline.device.modules import Modules
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.tokens import tokenize
 
     arrays = np.load(FIXTURES / "a1111-samplers.npz")
     latents = np.load(FIXTURES / "tiny-pt-expected.npz")["latents"]  # [1, 4, 8, 8]

@@ -158,7 +158,7 @@ def same_engine(engine, attention_kind, *, warm: bool = True) -> Generator:
 
 def test_engine_auto_is_xla_on_cpu_without_another_compilation(engine):
     """The session engine runs the default, auto; an xla engine is the same program, served by the cache."""
-    from pipeline.host.compile_cache import CompileCounter
+    from pipeline.host.compiling.compile_cache import CompileCounter
 
     assert engine.config.attention == "xla"
     hits = CompileCounter.cache_hits()

@@ -48,8 +48,8 @@ def run_case(tiny_pt, case) -> np.ndarray:
 
     from pipeline.device.modules import Modules
     from pipeline.generator import text_widths
-    from pipeline.host.plan import SamplerConfig
-    from pipeline.host.tokens import ExtraRows, PromptReader, extra_capacity
+    from pipeline.host.planning.sampler_plan import SamplerConfig
+    from pipeline.host.planning.tokens import ExtraRows, PromptReader, extra_capacity
 
     networks = tiny_pt.networks
     reader, extra = PromptReader((networks.tokenizer, networks.tokenizer_2), "original", {}), ExtraRows()

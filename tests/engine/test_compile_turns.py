@@ -1,6 +1,6 @@
-"""Compile turns (pipeline/host/compile_turns.py): one lock per program on this host, named by what the program is
-compiled from, held around its compile; a process that finds it taken waits, then reads the cache entry. The two
-engine services of tests/system/test_service.py start at once and compile each program once between them."""
+"""Compile turns (pipeline/host/compiling/compile_turns.py): one lock per program on this host, named by what the
+program is compiled from, held around its compile; a process that finds it taken waits, then reads the cache entry. The
+two engine services of tests/system/test_service.py start at once and compile each program once between them."""
 
 import subprocess
 import sys
@@ -9,8 +9,8 @@ from conftest import REPO
 
 
 def test_a_turn_is_one_program_on_these_devices_with_these_flags(engine, monkeypatch):
-    from pipeline.host.compile_turns import turn_path
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.compile_turns import turn_path
+    from pipeline.host.compiling.programs import ProgramKey
 
     step = ProgramKey("step_full", *engine.sizes[0], True)
     decode = ProgramKey("decode", *engine.sizes[0])
@@ -25,8 +25,8 @@ def test_a_turn_is_one_program_on_these_devices_with_these_flags(engine, monkeyp
 def test_no_turn_without_the_persistent_cache(engine):
     import jax
 
-    from pipeline.host.compile_turns import compile_turn, turn_path
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.compile_turns import compile_turn, turn_path
+    from pipeline.host.compiling.programs import ProgramKey
 
     key = ProgramKey("decode", *engine.sizes[0])
     cached = jax.config.jax_enable_compilation_cache
@@ -40,8 +40,8 @@ def test_no_turn_without_the_persistent_cache(engine):
 
 
 def test_a_process_holding_the_turn_makes_the_next_one_wait(engine):
-    from pipeline.host.compile_turns import compile_turn, turn_path
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.compile_turns import compile_turn, turn_path
+    from pipeline.host.compiling.programs import ProgramKey
 
     key = ProgramKey("decode", *engine.sizes[0])
     path = turn_path(engine.programs, key)
@@ -68,7 +68,7 @@ def test_a_process_holding_the_turn_makes_the_next_one_wait(engine):
 
 
 def test_the_start_up_line_says_how_long_a_program_waited():
-    from pipeline.host.executable_store import CACHED, ProgramBuild, StartupPrograms
+    from pipeline.host.compiling.executable_store import CACHED, ProgramBuild, StartupPrograms
 
     label = "decode 64x64"
     build = ProgramBuild(label, CACHED, trace_s=0.4, compile_s=0.1, wait_s=12.3)

@@ -214,7 +214,7 @@ def test_controlnet_units_one_takes_one_unit_and_compiles_one_unit_combinations(
                 parse_request(**request_arguments(args), rules=rules)
     from pipeline.checkpoint.controlnet_loading import load_controlnets
     from pipeline.checkpoint.loading import load_model
-    from pipeline.host.controlnet_plan import ServedControlNets
+    from pipeline.host.planning.controlnet_plan import ServedControlNets
 
     loaded = load_model(str(TINY_PT), dtype="float32")
     nets = load_controlnets([str(FIXTURES / "controlnet-a"), str(FIXTURES / "controlnet-b")], "float32")

@@ -82,8 +82,8 @@ def test_engine_matches_pytorch_pipeline_images(converted):
     from reference import run_local
 
     from pipeline.device.modules import Modules
-    from pipeline.host.plan import SamplerConfig
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.sampler_plan import SamplerConfig
+    from pipeline.host.planning.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")

@@ -20,7 +20,7 @@ from bench.cpu.program_times import ProgramTimer
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
 from pipeline.device import attention
-from pipeline.host.programs import ProgramKey, program_keys
+from pipeline.host.compiling.programs import ProgramKey, program_keys
 from pipeline.host.text_cache import TextCache
 
 #: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.

@@ -159,7 +159,7 @@ def test_tiles_blend_to_the_whole_pictures_output():
 def test_one_program_for_every_picture_size():
     """After `compile()`, pictures smaller than a tile (mirrored out), uneven and larger than one tile compile
     nothing; the uint8 output has scale × the input's sides."""
-    from pipeline.host.compile_cache import CompileCounter
+    from pipeline.host.compiling.compile_cache import CompileCounter
     from pipeline.host.upscale_tiles import TiledUpscaler
 
     weights = load_upscaler(ESRGAN / "tiny-x2.pth")  # pixel-unshuffle 2: tiles must be even, pictures need not be

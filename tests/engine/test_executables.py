@@ -1,7 +1,7 @@
-"""This host's executable store (pipeline/host/executable_store.py): a restart loads every served program whole (nothing
-traced, lowered or compiled) and makes the same pixels; a start with JAX's cache warm and no store yet stores what the
-cache served without compiling it again; a broken file is named in one line and that program compiled and stored
-again; entries of other program sources are dropped.
+"""This host's executable store (pipeline/host/compiling/executable_store.py): a restart loads every served program
+whole (nothing traced, lowered or compiled) and makes the same pixels; a start with JAX's cache warm and no store yet
+stores what the cache served without compiling it again; a broken file is named in one line and that program compiled
+and stored again; entries of other program sources are dropped.
 
 The first start is the session's `engine` (its warm-up stored its executables, or loaded them from an earlier run);
 the others are fresh engines with the same settings, as a restarted server is. Real checkpoint, real JAX."""
@@ -50,8 +50,8 @@ def test_a_restart_loads_every_program_and_makes_the_same_pixels(engine, tiny_di
 def test_each_number_of_images_per_device_has_its_own_store(engine):
     """Servers on one host with the same devices but another --images-per-device keep their executables apart: one
     store would drop the other's at every start (the bench's merging part starts both kinds in one process)."""
-    from pipeline.host.executable_store import store_directory
-    from pipeline.host.programs import ServedPrograms
+    from pipeline.host.compiling.executable_store import store_directory
+    from pipeline.host.compiling.programs import ServedPrograms
 
     two = ServedPrograms(engine.programs.modules, engine._params, engine.mesh, per_device_batch=2)  # nothing compiled
     assert store_directory(engine.programs).name.startswith("cpu-8x1-")
@@ -61,7 +61,7 @@ def test_each_number_of_images_per_device_has_its_own_store(engine):
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """A compilation cache folder of this test's own (JAX's cache empty), set back to the session's afterwards."""
-    from pipeline.host.compile_cache import configure_compilation_cache
+    from pipeline.host.compiling.compile_cache import configure_compilation_cache
 
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
     try:
@@ -72,9 +72,9 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_a_broken_executable_is_named_compiled_and_stored_again(engine, tiny_dir, own_cache, caplog):
-    from pipeline.host.aot import fingerprint
-    from pipeline.host.executable_store import store_directory
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.aot import fingerprint
+    from pipeline.host.compiling.executable_store import store_directory
+    from pipeline.host.compiling.programs import ProgramKey
 
     store = store_directory(engine.programs)  # the same devices and versions, under this test's cache folder
     shutil.copytree(engine.startup_programs.directory, store)
@@ -132,7 +132,7 @@ def test_the_networks_code_is_in_every_programs_sources():
     files is one of the sources a stored executable was compiled from, so changed network code is never loaded stale."""
     from pathlib import Path
 
-    from pipeline.host.aot import PROGRAM_SOURCES
+    from pipeline.host.compiling.aot import PROGRAM_SOURCES
 
     pipeline_dir = Path(__file__).resolve().parents[2] / "pipeline"
     covered = {path for pattern in PROGRAM_SOURCES for path in pipeline_dir.glob(pattern)}

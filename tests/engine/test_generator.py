@@ -184,8 +184,8 @@ def test_engine_guidance_0_and_1_give_one_image_5_guides(engine):
 
 
 def test_the_run_plan_decides_the_whole_run_before_anything_runs(engine):
-    """`engine.plan` (host/run_plan.py) is host data: making it compiles and runs nothing, and it says what the run
-    will do: rows, guidance, seeds, the images returned and their `parameters`, and that it runs alone."""
+    """`engine.plan` (host/planning/run_plan.py) is host data: making it compiles and runs nothing, and it says what the
+    run will do: rows, guidance, seeds, the images returned and their `parameters`, and that it runs alone."""
     compiles, runs = engine.compile_count, len(engine.recent_runs)
     run = engine.plan(engine.request(PROMPT, negative_prompt="blurry", seed=7, steps=3, sampler="DPM++ 2M"))
     assert engine.compile_count == compiles and len(engine.recent_runs) == runs

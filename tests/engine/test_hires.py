@@ -22,8 +22,8 @@ from pipeline.contract.hires import LATENT_UPSCALERS, UPSCALERS, hires_size, par
 from pipeline.contract.request import RequestRules, parse_request
 from pipeline.contract.stopping import Stopped
 from pipeline.device.upscale import upscale_local
-from pipeline.host.hires_plan import HIRES_SEED_MASK, hires_plan
-from pipeline.host.plan import SamplerConfig
+from pipeline.host.planning.hires_plan import HIRES_SEED_MASK, hires_plan
+from pipeline.host.planning.sampler_plan import SamplerConfig
 from web.page.png_info import form_values, parse_infotext
 
 SCALES = (1.5, 2.0)

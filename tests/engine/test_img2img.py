@@ -1,6 +1,6 @@
 """Image to image and inpainting (issue 28) equal diffusers' PyTorch pipelines: the truncated plan
-(pipeline/host/image_plan.py), the VAE's posterior mean and the start latents (pipeline/device/vae.py, denoise.py),
-and the engine's pictures for every fixture case, 4- and 9-channel UNets alike.
+(pipeline/host/planning/image_plan.py), the VAE's posterior mean and the start latents (pipeline/device/vae.py,
+denoise.py), and the engine's pictures for every fixture case, 4- and 9-channel UNets alike.
 
 The fixtures (scripts/make_image_fixtures.py) are diffusers' `StableDiffusionXLImg2ImgPipeline` and
 `StableDiffusionXLInpaintPipeline` on tests/fixtures/tiny-pt (and a 9-channel inpainting UNet,
@@ -23,8 +23,8 @@ from pipeline.contract.image_inputs import prepare_mask, steps_to_run
 from pipeline.contract.request import parse_request
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device.denoise import initial_latents, start_local
-from pipeline.host.image_plan import image_plan
-from pipeline.host.plan import COEFFICIENTS, SamplerConfig
+from pipeline.host.planning.image_plan import image_plan
+from pipeline.host.planning.sampler_plan import COEFFICIENTS, SamplerConfig
 
 MANIFEST = json.loads((FIXTURES / "image-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "image-expected.npz")

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.checkpoint.lora import LoraFile, LoraLayer
 from pipeline.device.lora import MergeLayout, MergeProgram, empty_slot, pack, slot_weights
-from pipeline.host.compile_cache import CompileCounter
+from pipeline.host.compiling.compile_cache import CompileCounter
 
 # ---- the merge alone, on made-up kernels --------------------------------------------------------------------------
 

@@ -236,13 +236,13 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
 
     A host whose outputs are committed (`HERE`, written by the same command: `--here
     tests/fixtures/networks-here/host-<signature>-float32.npz float32`, the signature of
-    pipeline.host.compile_cache.host_cpu_signature) reads them instead: the script took a minute and a half of a
-    2-core CI run."""
+    pipeline.host.compiling.compile_cache.host_cpu_signature) reads them instead: the script took a minute and a half of
+    a 2-core CI run."""
     import subprocess
     import tempfile
 
     from bench.reference_venv import reference_python
-    from pipeline.host.compile_cache import host_cpu_signature
+    from pipeline.host.compiling.compile_cache import host_cpu_signature
     from tests.conftest import REPO
 
     committed = HERE / f"host-{host_cpu_signature()}-{dtype_name}.npz"

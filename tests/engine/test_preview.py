@@ -62,7 +62,7 @@ def test_numpy_reference_refuses_other_shapes():
 def test_engine_reports_previews_every_two_steps_without_changing_the_images(engine):
     """The served loop: a preview after steps 2, 4, 6 of 8 (not after the last: the answer comes next), one per
     image at latent size; the images are the same as without a listener, and nothing compiles."""
-    from pipeline.host.compile_cache import CompileCounter
+    from pipeline.host.compiling.compile_cache import CompileCounter
 
     request = engine.request("a lighthouse at dusk", seed=7, steps=8)
     seen = []

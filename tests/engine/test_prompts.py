@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, generate
 
-from pipeline.host.emphasis import parse_emphasis
-from pipeline.host.tokens import CHUNK, EXTRA_BASE, ExtraRows, PromptReader, extra_capacity, tokenize
+from pipeline.host.planning.emphasis import parse_emphasis
+from pipeline.host.planning.tokens import CHUNK, EXTRA_BASE, ExtraRows, PromptReader, extra_capacity, tokenize
 
 MANIFEST = json.loads((FIXTURES / "prompts-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "prompts-expected.npz")
@@ -184,7 +184,7 @@ def run_reader(tiny_pt, reader, prompt, negative, windows):
 
     from pipeline.device.modules import Modules
     from pipeline.generator import text_widths
-    from pipeline.host.plan import SamplerConfig
+    from pipeline.host.planning.sampler_plan import SamplerConfig
 
     extra = ExtraRows()
     text, neg = reader.read(prompt, windows, extra), reader.read(negative, windows, extra)

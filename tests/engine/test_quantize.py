@@ -41,7 +41,7 @@ def int8_engine(tiny_dir):
 
 
 def test_int8_weights_are_placed_and_run_int8(int8_engine):
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.programs import ProgramKey
 
     leaves = jax.tree_util.tree_leaves(int8_engine._params["unet"])
     int8_bytes = sum(leaf.nbytes for leaf in leaves if leaf.dtype == np.int8)

@@ -160,9 +160,9 @@ def test_a_picture_request_runs_the_refiner_too(refiner_engine):
 
 
 def test_the_switch_is_diffusers_denoising_end_and_the_refiner_restarts_a_multistep_history():
-    from pipeline.host.plan import SamplerConfig
-    from pipeline.host.programs import ProgramKey, program_keys
-    from pipeline.host.refiner_plan import base_steps, refiner_plan
+    from pipeline.host.compiling.programs import ProgramKey, program_keys
+    from pipeline.host.planning.refiner_plan import base_steps, refiner_plan
+    from pipeline.host.planning.sampler_plan import SamplerConfig
 
     config = SamplerConfig()  # SDXL base's: Euler, leading, steps_offset 1
     for case in CASES.values():  # the fixture's own record of diffusers' cut

@@ -6,7 +6,7 @@ import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
 
 from bench.cpu.program_times import ProgramTimer
-from pipeline.host import run_plan
+from pipeline.host.planning import run_plan
 from pipeline.host.text_cache import TextCache
 
 LONG_PROMPT = " ".join(f"word{i}" for i in range(100))  # 100 tokens: two windows

@@ -1,6 +1,6 @@
-"""Samplers (pipeline/host/plan.py, pipeline/device/sampler_update.py): schedules and steps equal diffusers'
-PyTorch schedulers, and images through the served step program's body equal PyTorch's pipeline, guidance as diffusers
-means it."""
+"""Samplers (pipeline/host/planning/sampler_plan.py, pipeline/device/sampler_update.py): schedules and steps equal
+diffusers' PyTorch schedulers, and images through the served step program's body equal PyTorch's pipeline, guidance as
+diffusers means it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bench.cpu.fused import ancestral_step, euler_step
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device.sampler_update import scale_model_input
-from pipeline.host.plan import COEFFICIENTS, SamplerConfig, trailing_timesteps
+from pipeline.host.planning.sampler_plan import COEFFICIENTS, SamplerConfig, trailing_timesteps
 
 PYTORCH = json.loads((FIXTURES / "sampler_schedules.json").read_text())
 
@@ -171,7 +171,7 @@ def test_trailing_and_guidance_0_and_1_equal_pytorch_pipeline(tiny_pt):
     from reference import run_local
 
     from pipeline.device.modules import Modules
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     arrays = np.load(FIXTURES / "tiny-pt-expected.npz")
@@ -216,7 +216,7 @@ def test_dpm_images_equal_pytorch_pipeline(tiny_pt, name):
     from reference import run_local
 
     from pipeline.device.modules import Modules
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.tokens import tokenize
 
     manifest = json.loads((FIXTURES / "tiny-pt-expected.json").read_text())
     case = next(c for c in manifest["cases"] if c["name"] == name)

@@ -1,5 +1,5 @@
 """The per-request speed levers (issue 29): DeepCache's whole and shallow UNet calls (pipeline/device/deepcache.py),
-the per-step plan of cfg_end + deepcache (pipeline/host/speed_plan.py), and the engine's pictures with them.
+the per-step plan of cfg_end + deepcache (pipeline/host/planning/speed_plan.py), and the engine's pictures with them.
 
 The references (tests/fixtures/speed-expected.*) are diffusers' PyTorch SDXL pipeline with the documented dynamic-CFG
 callback and the `deepcache` package's DeepCacheSDHelper (scripts/make_speed_fixtures.py), with the engine's noise.
@@ -23,7 +23,7 @@ from pipeline.contract.fields import FIELD
 from pipeline.contract.request import RequestRules, parse_request
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.device import deepcache
-from pipeline.host.speed_plan import guided_steps, speed_plan
+from pipeline.host.planning.speed_plan import guided_steps, speed_plan
 
 MANIFEST = json.loads((FIXTURES / "speed-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "speed-expected.npz")

@@ -124,7 +124,7 @@ def test_geometry_copies_sdxl(fresh_tiny_dir, read_back, networks):
 
 
 def test_tokenizer_round_trip_and_window(read_back, networks):
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.tokens import tokenize
 
     prompt = "a portrait of a wizard playing a xylophone in anime style"  # "xylophone" is not in the corpus
     for name in ("tokenizer", "tokenizer_2"):
@@ -143,12 +143,12 @@ def test_tokenizer_round_trip_and_window(read_back, networks):
     with np.load(FIXTURES / "flax-pipeline-expected.npz") as arrays:
         ids = arrays["prepare_inputs_ids"]
     assert ids.shape == (1, 2, 77)
-    # The engine's first window is exactly diffusers' prepare_inputs (pipeline/host/tokens.py).
+    # The engine's first window is exactly diffusers' prepare_inputs (pipeline/host/planning/tokens.py).
     np.testing.assert_array_equal(tokenize(tokenizers, FIFTEEN_WORD_PROMPT)[0], ids[0])
 
 
 def test_hundred_word_prompt_overflows_77_tokens(read_back, networks):
-    from pipeline.host.tokens import tokenize
+    from pipeline.host.planning.tokens import tokenize
 
     words = (FIFTEEN_WORD_PROMPT.split() * 7)[:100]
     assert read_back["tokenizers"]["tokenizer"]["hundred_words_tokens"] > 77

@@ -43,8 +43,8 @@ def tpu_programs():
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process (a bench) may hold libtpu
     from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.host.compile_cache import configure_compilation_cache
+    from pipeline.host.compiling.aot import topology_devices
+    from pipeline.host.compiling.compile_cache import configure_compilation_cache
 
     devices = topology_devices(TOPOLOGY)
     assert len(devices) == 4 and devices[0].device_kind == "TPU v5 lite"
@@ -58,7 +58,7 @@ def tpu_programs():
 @needs_libtpu
 def test_served_programs_compile_for_tpu_v5e(tpu_programs):
     from bench.tpu.programs import compile_one
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.programs import ProgramKey
 
     rows = []
     for core, key in (
@@ -91,9 +91,9 @@ def test_lora_merge_program_compiles_for_tpu_v5e():
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from bench.tpu.programs import compile_one, layout_fields, lora_budget, merge_layout, served_programs
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.host.compile_cache import configure_compilation_cache
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.aot import topology_devices
+    from pipeline.host.compiling.compile_cache import configure_compilation_cache
+    from pipeline.host.compiling.programs import ProgramKey
 
     layout = merge_layout("tiny", "bfloat16", rank=8)
     components = {leaf[0] for leaf in layout.leaves}
@@ -115,7 +115,7 @@ def test_lora_merge_program_compiles_for_tpu_v5e():
 
 @needs_libtpu
 def test_splash_kernel_is_in_the_tpu_program(tpu_programs):
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.programs import ProgramKey
 
     text = tpu_programs["splash"].lower(ProgramKey("step", *SPLASH_SIZE, False)).as_text()
     assert "tpu_custom_call" in text  # the Mosaic kernel, not an xla fallback
@@ -147,7 +147,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     from pipeline.cluster.join_options import ClusterOptions
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator
-    from pipeline.host.aot import MANIFEST, call_size_directory, load_precompiled
+    from pipeline.host.compiling.aot import MANIFEST, call_size_directory, load_precompiled
     from pipeline.startup import start
 
     out = tmp_path / "precompiled"
@@ -232,9 +232,9 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
     from bench.tpu.cost import compiled_cost
     from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.host.compile_cache import configure_compilation_cache
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.aot import topology_devices
+    from pipeline.host.compiling.compile_cache import configure_compilation_cache
+    from pipeline.host.compiling.programs import ProgramKey
 
     mesh = data_mesh(topology_devices(TOPOLOGY))
     key = ProgramKey("step_full", TEST_SIZE, TEST_SIZE, True)
@@ -265,9 +265,9 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     from bench.tpu.cost import compiled_cost
     from bench.tpu.programs import served_programs
     from pipeline.device.sharding import data_mesh
-    from pipeline.host.aot import topology_devices
-    from pipeline.host.compile_cache import configure_compilation_cache
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.aot import topology_devices
+    from pipeline.host.compiling.compile_cache import configure_compilation_cache
+    from pipeline.host.compiling.programs import ProgramKey
 
     mesh = data_mesh(topology_devices(TOPOLOGY))
     step = ProgramKey("step", *SPLASH_SIZE, True)

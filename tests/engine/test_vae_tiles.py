@@ -130,7 +130,7 @@ def test_a_tiling_server_compiles_nothing_per_request(monkeypatch):
     """128² px above --vae-tile-above 64²: its decode and picture encode are tiled (8² latent tiles, 3 x 3 at 16²
     latents) and a text-to-image and an image-to-image request compile nothing."""
     from pipeline.generator import Generator
-    from pipeline.host.programs import ProgramKey
+    from pipeline.host.compiling.programs import ProgramKey
 
     monkeypatch.setattr(vae_tiles, "TILE", 8)
     monkeypatch.setattr(vae_tiles, "OVERLAP", 2)

@@ -1,5 +1,5 @@
 """`--xla-option NAME=VALUE`: XLA compiler options handed to every served program's compile, checked at start-up
-in one sentence, and part of each program's fingerprint (host/compiler_options.py)."""
+in one sentence, and part of each program's fingerprint (host/compiling/compiler_options.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import TEST_SIZE, TEST_STEPS
 
 from pipeline.config import EngineConfig
 from pipeline.contract.errors import InvalidInput
-from pipeline.host.compiler_options import compiler_options, typed
+from pipeline.host.compiling.compiler_options import compiler_options, typed
 
 
 def test_values_are_typed_as_xla_takes_them():
@@ -65,7 +65,7 @@ def test_every_served_program_is_compiled_with_the_options(tiny_dir, tmp_path):
 
 def test_the_options_are_part_of_every_programs_fingerprint(engine):
     """A store or precompiled directory never hands a program compiled with other options to this server."""
-    from pipeline.host.aot import fingerprint
+    from pipeline.host.compiling.aot import fingerprint
 
     tuned = copy.copy(engine.programs)
     tuned.xla_options = (("xla_gpu_dot_merger_threshold_mb", "0"),)

@@ -290,7 +290,7 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
     every program is loaded whole, nothing traced, and the log says so."""
     from bench.cpu.hostloop import app_start
     from bench.cpu.startup import app_ready, programs_line
-    from pipeline.host.programs import program_keys
+    from pipeline.host.compiling.programs import program_keys
 
     args = [
         "--model",
@@ -309,7 +309,8 @@ def test_restart_takes_every_served_program_from_the_cache_or_whole_from_the_exe
     ready, lines = app_ready(args, tmp_path / "cache", timeout_s=900)
     served = len(program_keys(UI_SIZES, cfg=True, levers=True, previews=True, windows=3))  # a default server's
     # A cold start compiles each served program; one whose HLO another already gave JAX's cache is compiled once
-    # more past the cache, to be stored whole (pipeline/host/executable_store.py): more compile lines, never fewer.
+    # more past the cache, to be stored whole (pipeline/host/compiling/executable_store.py): more compile lines, never
+    # fewer.
     assert warm.served_programs == served <= cold.served_programs
     assert cold.not_cached == 0 and cold.served_hits <= cold.served_programs - served  # each hit: built again
     assert warm.served_hits == warm.served_programs and warm.not_cached == 0

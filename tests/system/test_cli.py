@@ -157,7 +157,7 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
     assert "Model: tiny," in text and str(tiny_dir) not in text  # named, never the server's path
     # Only what its request runs: no previews, no levers' programs (a request that sets a lever compiles them:
     # tests/system/test_features_cli.py).
-    from pipeline.host.programs import program_keys
+    from pipeline.host.compiling.programs import program_keys
 
     programs = summary["programs"]
     plain = program_keys([(128, 128)], cfg=True, levers=False, previews=False, windows=3)

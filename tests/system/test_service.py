@@ -121,7 +121,7 @@ def engines(tmp_path_factory):
     started = []
     try:
         # Both at once, as a page's engines on one host start: each program is compiled by one of them, the other
-        # waits for it and reads it from the compilation cache (pipeline/host/compile_turns.py).
+        # waits for it and reads it from the compilation cache (pipeline/host/compiling/compile_turns.py).
         started += [Engine(TINY_PT, logs / f"engine{i}.log") for i in range(2)]
         for engine in started:
             engine.wait_for("Serving the engine on")

@@ -181,7 +181,7 @@ def test_the_cli_writes_n_times_devices_files(tiny_dir, tmp_path, batched_engine
 def test_programs_precompiled_for_another_n_are_compiled_with_one_reason(batched_engine, tmp_path):
     """A server at N = 2 given a directory precompiled for N = 1 loads none of it and says why in its one line;
     at the same N the directory is read as usual (here it holds no program)."""
-    from pipeline.host.aot import MANIFEST, NOT_IN_MANIFEST, load_precompiled, manifest_header, write_manifest
+    from pipeline.host.compiling.aot import MANIFEST, NOT_IN_MANIFEST, load_precompiled, manifest_header, write_manifest
 
     programs, keys = batched_engine.programs, batched_engine.program_keys()
     header = manifest_header(programs, topology="cpu", settings={})

@@ -5,7 +5,7 @@
 
 The plan is diffusers' `__call__` in data, in the order the run meets it:
 
-1. **first pass** (`FirstPass`): the size, the sampler's rows (`plan.py`; with a picture the rows that run,
+1. **first pass** (`FirstPass`): the size, the sampler's rows (`sampler_plan.py`; with a picture the rows that run,
    `image_plan.py`; with the refiner the base's rows to the switch and then the refiner's, `refiner_plan.py`),
    guidance on or off, and per step guided or not, whole UNet or shallow (`speed_plan.py`);
 2. **conditioning** (`Conditioning`): both texts as token ids and emphasis weights with the embeddings they name
@@ -31,20 +31,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract.controlnet_units import ControlUnit
-from ..contract.errors import InvalidInput
-from ..contract.image_inputs import latent_mask
-from ..contract.parameters import describe, text_settings, written_settings
-from ..contract.request import Picture, Request, RequestRules
-from ..contract.sampler_names import sampler_label
-from ..contract.styles import PLACEHOLDER
+from ...contract.controlnet_units import ControlUnit
+from ...contract.errors import InvalidInput
+from ...contract.image_inputs import latent_mask
+from ...contract.parameters import describe, text_settings, written_settings
+from ...contract.request import Picture, Request, RequestRules
+from ...contract.sampler_names import sampler_label
+from ...contract.styles import PLACEHOLDER
+from ..text_cache import text_key
 from .emphasis import has_emphasis
 from .hires_plan import HiresPlan, hires_plan
 from .image_plan import image_plan
-from .plan import Plan, SamplerConfig
 from .refiner_plan import refiner_plan
+from .sampler_plan import Plan, SamplerConfig
 from .speed_plan import SpeedPlan, speed_plan
-from .text_cache import text_key
 from .tokens import ExtraRows, PromptReader, dropped_text, summarize_dropped
 
 SEED_MODULUS = 2**32

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract.errors import InvalidInput
-from ..contract.sampler_names import (
+from ...contract.errors import InvalidInput
+from ...contract.sampler_names import (
     AUTOMATIC,
     PREDICTION_TYPES,
     SAMPLERS,

@@ -46,26 +46,26 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from ..contract.hires import LATENT_UPSCALERS
-from ..device import attention as attention_core
-from ..device.controlnet_step import step_control_local
-from ..device.cross_kv import CROSS_KV, cross_kv_local
-from ..device.deepcache import conditional_half_local, step_full_local, step_shallow_local
-from ..device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
-from ..device.lora import COMPONENTS as LORA_COMPONENTS
-from ..device.lora import MergeLayout, get_leaves, merge_donating
-from ..device.modules import Modules
-from ..device.preview import latents_to_rgb
-from ..device.refiner_step import refiner_encode_local, refiner_step_local
-from ..device.sharding import DATA_AXIS, batch_sharded, replicated
-from ..device.text import encode_local
-from ..device.upscale import upscale_local
-from ..device.vae import decode_local
-from ..device.vae import encode_local as vae_encode_local
-from ..device.vae_tiles import decode_tiled_local, encode_tiled_local
+from ...contract.hires import LATENT_UPSCALERS
+from ...device import attention as attention_core
+from ...device.controlnet_step import step_control_local
+from ...device.cross_kv import CROSS_KV, cross_kv_local
+from ...device.deepcache import conditional_half_local, step_full_local, step_shallow_local
+from ...device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
+from ...device.lora import COMPONENTS as LORA_COMPONENTS
+from ...device.lora import MergeLayout, get_leaves, merge_donating
+from ...device.modules import Modules
+from ...device.preview import latents_to_rgb
+from ...device.refiner_step import refiner_encode_local, refiner_step_local
+from ...device.sharding import DATA_AXIS, batch_sharded, replicated
+from ...device.text import encode_local
+from ...device.upscale import upscale_local
+from ...device.vae import decode_local
+from ...device.vae import encode_local as vae_encode_local
+from ...device.vae_tiles import decode_tiled_local, encode_tiled_local
+from ..planning.sampler_plan import COEFFICIENTS, HISTORY
+from ..planning.tokens import extra_capacity
 from .compiler_options import compiler_options
-from .plan import COEFFICIENTS, HISTORY
-from .tokens import extra_capacity
 
 #: The program kinds, in the order a request runs them.
 KINDS = (
@@ -256,11 +256,15 @@ class ServedPrograms:
         self.prompt_windows = prompt_windows  # static: the most 77-token windows a prompt is read in (N)
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
-        self.emphasis = emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/emphasis.py)
+        self.emphasis = (
+            emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/planning/emphasis.py)
+        )
         self.cfg = cfg  # static: the server guides (the refiner's text is encoded with its unconditional half)
         self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
         self.vae_tile_above = vae_tile_above  # static: images of more pixels are decoded and encoded in tiles
-        self.xla_options = tuple(xla_options)  # static: XLA compiler options of every program (host/compiler_options)
+        self.xla_options = tuple(
+            xla_options
+        )  # static: XLA compiler options of every program (host/compiling/compiler_options)
         self.cross_attention_cache = cross_attention_cache  # static: the base's steps read the text's keys and values
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
@@ -527,7 +531,7 @@ class ServedPrograms:
 
 def _abstract_controlnet(module, mesh):
     """A ControlNet architecture's weights as replicated shapes in its computation dtype."""
-    from ..device.nets.controlnet import shape_params
+    from ...device.nets.controlnet import shape_params
 
     return jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, module.dtype, sharding=replicated(mesh)), shape_params(module)

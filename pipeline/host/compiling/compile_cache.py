@@ -17,7 +17,7 @@ import jax
 from jax._src.dispatch import BACKEND_COMPILE_EVENT  # the event name JAX records for every XLA compilation
 from jax.experimental.compilation_cache import compilation_cache
 
-from ..checkpoint.cache import default_cache_root
+from ...checkpoint.cache import default_cache_root
 
 CACHE_HITS_EVENT = "/jax/compilation_cache/cache_hits"
 

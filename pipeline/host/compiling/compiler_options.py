@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..contract.errors import InvalidInput
+from ...contract.errors import InvalidInput
 
 
 def typed(value: str) -> bool | int | float | str:

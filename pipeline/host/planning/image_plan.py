@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import Plan
+from .sampler_plan import Plan
 
 
 @dataclass(frozen=True)

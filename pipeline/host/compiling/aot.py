@@ -87,7 +87,7 @@ def build_environment() -> dict:
 #: The sources that define what the served programs compute: an executable built from other code is not loaded.
 #: The networks (`device/nets/`) are the project's code too, so every file there counts (no library version does).
 PROGRAM_SOURCES = (
-    "host/programs.py",
+    "host/compiling/programs.py",
     "device/denoise.py",
     "device/deepcache.py",
     "device/lora.py",
@@ -193,7 +193,7 @@ def _config_text(module) -> str:
 
 def _file_name(key: ProgramKey, program_fingerprint: str) -> str:
     """One file per program version: several versions of one label (other models, sizes or settings) can share a
-    directory (the executable store, host/executable_store.py)."""
+    directory (the executable store, host/compiling/executable_store.py)."""
     return f"{key.label.replace(' ', '_')}-{program_fingerprint}.jaxexe"
 
 
@@ -205,7 +205,7 @@ def serialized_entry(
     executable_bytes: bytes | None = None,
 ) -> dict:
     """Write `compiled` (`key`'s program) into `directory` as one file; its manifest entry. `executable_bytes`: its
-    executable as JAX's persistent cache holds it, for one the cache served (host/cache_reads.py).
+    executable as JAX's persistent cache holds it, for one the cache served (host/compiling/cache_reads.py).
 
     The file is written under a temporary name and renamed, so a reader (another process starting) never sees half
     of it. Raises what serialization raises (a program holding a host callback or a constant cannot be written).

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..contract.controlnet_units import MAX_CONTROLNETS, ControlUnit, step_scales
-from ..device.sharding import global_batch, replicate_tree
-from .loop import ControlInputs
+from ...contract.controlnet_units import MAX_CONTROLNETS, ControlUnit, step_scales
+from ...device.sharding import global_batch, replicate_tree
+from ..loop import ControlInputs
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The bytes behind a hit of JAX's persistent compilation cache, so that a program the cache served is stored whole
-(host/executable_store.py) without being compiled again.
+(host/compiling/executable_store.py) without being compiled again.
 
 XLA:CPU serializes an executable it loaded from the persistent cache without its kernels: the copy loads, then fails
 when it runs ("Function ... not found"). The cache entry itself holds the executable as it was serialized right after

@@ -14,8 +14,8 @@ and reads both, so `--precompiled` can even point at it.
 
 A program the persistent cache served is stored from the bytes of its cache entry, not compiled again: XLA:CPU
 writes an executable it loaded from the cache without its kernels ("Function ... not found" when the copy runs),
-while the entry holds it as serialized right after its compile (host/cache_reads.py; no TPU or GPU here to show
-whether they differ, so every platform does it). So a start with a warm cache and no executables yet (a first start
+while the entry holds it as serialized right after its compile (host/compiling/cache_reads.py; no TPU or GPU here to
+show whether they differ, so every platform does it). So a start with a warm cache and no executables yet (a first start
 after an upgrade) compiles nothing, and a cold start fills both from one compile. A program whose serialization
 fails (a host callback, a closed-over constant) is compiled at every start, as JAX's cache would; an unreadable
 file is named in one line and compiled; executables of other code are dropped when the store is next written. Not

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .image_plan import image_plan
-from .plan import Plan
+from .sampler_plan import Plan
 
 #: refiner_switch of a request that runs no refiner (A1111's "Switch at" 1).
 OFF = 1.0

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract.hires import second_pass_steps
+from ...contract.hires import second_pass_steps
 from .image_plan import image_plan
-from .plan import Plan
+from .sampler_plan import Plan
 
 #: What an image's seed is XORed with for its second pass's noise (and Euler a's): fresh, a bijection, per image.
 HIRES_SEED_MASK = 0x48495245  # "HIRE"
