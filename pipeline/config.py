@@ -355,28 +355,16 @@ def _static_settings(get) -> dict:
     }
 
 
-#: The environment variable of --controlnet: comma-separated specs (the flag, repeated, wins).
-CONTROLNET_ENV = "SDXL_CONTROLNET"
+def controlnet_specs(values) -> tuple[str, ...]:
+    """--controlnet's values (PATH, REPO or NAME=PATH; the flags, else SDXL_CONTROLNET's, read by the options
+    table), stripped."""
+    return tuple(value.strip() for value in values or () if value.strip())
 
 
-def controlnet_specs(flags) -> tuple[str, ...]:
-    """--controlnet values (PATH, REPO or NAME=PATH), else SDXL_CONTROLNET's comma-separated ones."""
-    import os
-
-    values = list(flags or ()) or os.environ.get(CONTROLNET_ENV, "").split(",")
-    return tuple(value.strip() for value in values if value.strip())
-
-
-#: The environment variable of --xla-option: comma-separated NAME=VALUE pairs (the flag, repeated, wins).
-XLA_OPTIONS_ENV = "SDXL_XLA_OPTIONS"
-
-
-def xla_option_pairs(flags) -> tuple[tuple[str, str], ...]:
-    """--xla-option values (NAME=VALUE), else SDXL_XLA_OPTIONS' comma-separated ones, as (name, value) pairs in the
-    order given (a name given twice keeps its last value); one sentence for a value without "="."""
-    import os
-
-    texts = [text.strip() for text in (list(flags or ()) or os.environ.get(XLA_OPTIONS_ENV, "").split(","))]
+def xla_option_pairs(values) -> tuple[tuple[str, str], ...]:
+    """--xla-option's values (NAME=VALUE; the flags, else SDXL_XLA_OPTIONS', read by the options table) as (name,
+    value) pairs in the order given (a name given twice keeps its last value); one sentence for one without "="."""
+    texts = [text.strip() for text in values or ()]
     pairs: dict[str, str] = {}
     for text in filter(None, texts):
         name, equals, value = text.partition("=")
