@@ -32,7 +32,7 @@ from .contract.errors import CheckpointError, InvalidInput, ModelLoadError  # no
 from .contract.fields import FIELD, FIELDS, resolve_seed  # noqa: E402
 from .contract.image_inputs import GivenPath  # noqa: E402
 from .contract.request import LORA_TAG, Request, RequestRules, parse_request  # noqa: E402
-from .options import APP, CLI, PRECOMPILE, Parser, add_options, check_env_choices, request_option  # noqa: E402
+from .options import CLI, MAKE_TINY, PRECOMPILE, SERVE, Parser, add_options, check_env_choices, request_option  # noqa: E402
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
 from .service.command_line import build_serve_parser  # noqa: E402
 from .startup import check, check_embeddings, check_model, screen_loras  # noqa: E402
@@ -47,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     tiny = commands.add_parser("make-tiny", help="write a tiny random-weight SDXL-shaped checkpoint")
-    tiny.add_argument("directory")
-    tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
+    add_options(tiny, MAKE_TINY)
 
     gen = commands.add_parser(
         "generate",
@@ -62,14 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile the served programs for a topology into a directory",
         description="The app's engine options, read as the app reads them; the programs go to --out.",
     )
-    pre.add_argument(
-        "--topology",
-        default="v5e:2x2",
-        help="TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU "
-        "devices (default v5e:2x2)",
-    )
-    pre.add_argument("--out", required=True, help="directory for the executables and manifest.json")
-    add_options(pre, PRECOMPILE)
+    add_options(pre, PRECOMPILE)  # its --topology and --out too
     build_serve_parser(commands)
     return parser
 
@@ -254,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "precompile", "serve"):
-        check_env_choices(parser, args, {"generate": CLI, "precompile": PRECOMPILE, "serve": APP}[args.command])
+        check_env_choices(parser, args, {"generate": CLI, "precompile": PRECOMPILE, "serve": SERVE}[args.command])
     if args.command == "serve":
         logging.getLogger().setLevel(logging.INFO)  # its phases and its address, as the app logs them
     if args.command in ("generate", "serve") or (args.command == "precompile" and args.topology == "cpu"):

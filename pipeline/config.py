@@ -38,9 +38,10 @@ SDXL_BASE_FLAX_REVISION = "refs/pr/95"
 TINY_MODEL = "tiny"
 
 #: Shape each model starts with when the user gives no --height/--width/--steps: (height, width, steps).
-#: The tiny model's is small enough to start in seconds on a laptop CPU; every other model gets SDXL's own.
+#: The tiny model's is small enough to start in seconds on a laptop CPU; every other model gets SDXL's own: 1024²
+#: and the steps a request gets by default (the field's, `fields.FIELDS`).
 SHAPE_DEFAULTS = {TINY_MODEL: (128, 128, 4)}
-SDXL_SHAPE = (1024, 1024, 25)
+SDXL_SHAPE = (1024, 1024, FIELD["steps"].default)
 
 #: Dtypes the engine can run its networks in.
 DTYPES = ("bfloat16", "float32")
@@ -84,13 +85,13 @@ class EngineConfig:
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     controlnet_units: int = MAX_CONTROLNETS  # static: ControlNets a request may use at once (each count compiles)
     refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
-    height: int = 1024  # static: the default size's height in pixels, a multiple of 32
-    width: int = 1024  # static: the default size's width in pixels, a multiple of 32
+    height: int = SDXL_SHAPE[0]  # static: the default size's height in pixels, a multiple of 32
+    width: int = SDXL_SHAPE[1]  # static: the default size's width in pixels, a multiple of 32
     sizes: tuple[tuple[int, int], ...] = ()  # static: every offered (height, width), each compiled; () = height×width
     hires_scales: tuple[float, ...] = ()  # static: the hires fix's scales; each offered size × each is compiled
     vae_tile_above: int = 1024 * 1024  # static: images of more pixels are decoded and encoded in tiles (vae_tiles)
-    steps: int = 25  # denoising steps of a request that names none (each request may ask for 1..100)
-    guidance_scale: float = 5.0  # guidance of a request that names none (a preset's own)
+    steps: int = SDXL_SHAPE[2]  # denoising steps of a request that names none (each request may ask for 1..100)
+    guidance_scale: float = FIELD["guidance_scale"].default  # guidance of a request that names none (a preset's own)
     dtype: str | None = None  # static: weights' and activations' dtype; None = bfloat16 on TPU/GPU, float32 on CPU
     per_device_batch: int = 1  # static: images per device per call (--images-per-device)
     merge_requests: bool = False  # queued requests share a call, one image per device each (host/merging.py)
@@ -272,6 +273,30 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     the model's one size for the others. Raises InvalidInput with one sentence.
     """
     get = vars(args).get
+    if get("sizes") and (get("height") is not None or get("width") is not None):
+        raise InvalidInput(
+            "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
+            "lists every offered size, the first the default; --height/--width alone offer that one size"
+        )
+    model, settings = _chosen_settings(get)
+    sizes = _offered_sizes(args, model, settings)
+    height, width, steps = shape_defaults(model)
+    settings = {"height": height, "width": width, "steps": steps, **settings}
+    if sizes:
+        settings["height"], settings["width"] = sizes[0]
+    if settings.get("default_lora") and not _has_lora(get("lora_dir"), settings["default_lora"]):
+        logger.warning(
+            LORA_TO_FETCH.get(settings["default_lora"], "preset %s: its LoRA %s is not in --lora-dir"),
+            settings.get("preset"),
+            settings["default_lora"],
+        )
+        settings.pop("default_lora")
+    return EngineConfig(model=model, sizes=sizes, **_static_settings(get), **settings)
+
+
+def _chosen_settings(get) -> tuple[str, dict]:
+    """The model and the settings the flags name (a request's defaults, the sampler's, the UNet file), else the
+    preset's; the settings neither names are left out (the model's defaults then apply)."""
     explicit = {
         "height": get("height"),
         "width": get("width"),
@@ -285,86 +310,61 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         "unet": get("unet"),
         "variant": get("variant"),
     }
-    if get("sizes") and (explicit["height"] is not None or explicit["width"] is not None):
-        raise InvalidInput(
-            "--sizes and --height/--width do not go together (SDXL_SIZES, SDXL_HEIGHT, SDXL_WIDTH too): --sizes "
-            "lists every offered size, the first the default; --height/--width alone offer that one size"
-        )
     model = get("model")
-    settings = preset_settings(get_preset(get("preset")), model=model, **explicit) if get("preset") else dict(explicit)
+    settings = preset_settings(get_preset(get("preset")), model=model, **explicit) if get("preset") else explicit
     settings = {key: value for key, value in settings.items() if value is not None}
-    model = settings.pop("model", None) or model or SDXL_BASE
-    height, width, steps = shape_defaults(model)
-    own_size = (settings.get("height"), settings.get("width"))  # flags', else a preset's own size
-    one_size = (
-        get("height") is not None or get("width") is not None or (None not in own_size and own_size != (height, width))
-    )
-    settings.setdefault("height", height)
-    settings.setdefault("width", width)
-    settings.setdefault("steps", steps)
+    return settings.pop("model", None) or model or SDXL_BASE, settings
+
+
+def _offered_sizes(args: argparse.Namespace, model: str, chosen: dict) -> tuple[tuple[int, int], ...]:
+    """`--sizes`; else the default three for a program that takes `--sizes` and was given no one size (by
+    `--height/--width`, or a preset's own size); else () (the one size, height × width)."""
+    get = vars(args).get
     tiny = model.strip() == TINY_MODEL
-    sizes: tuple = ()
     if get("sizes"):
-        sizes = tuple(parse_sizes(get("sizes"), tiny=tiny))
-    elif "sizes" in vars(args) and not one_size:  # the program offers several sizes: the default three
-        sizes = tuple(default_sizes(tiny=tiny))
-    if sizes:
-        settings["height"], settings["width"] = sizes[0]
-    if settings.get("default_lora") and not _has_lora(get("lora_dir"), settings["default_lora"]):
-        logger.warning(
-            LORA_TO_FETCH.get(settings["default_lora"], "preset %s: its LoRA %s is not in --lora-dir"),
-            settings.get("preset"),
-            settings["default_lora"],
-        )
-        settings.pop("default_lora")
-    return EngineConfig(
-        model=model,
-        revision=get("revision"),
-        lora_dir=get("lora_dir"),
-        embeddings_dir=get("embeddings_dir"),
-        upscaler_dir=get("upscaler_dir"),
-        controlnets=controlnet_specs(get("controlnet")),
-        refiner=get("refiner") or None,
-        sizes=sizes,
-        hires_scales=parse_hires_scales(get("hires_scales")),
-        dtype=get("dtype"),
-        speed_levers=not get("no_speed_levers"),
-        cross_attention_cache=bool(get("cross_attention_cache")),
-        merge_requests=bool(get("merge_requests")),
-        merge_full_calls=bool(get("merge_full_calls")),
-        previews=not get("no_previews"),
-        **{
-            name: value for name in GIVEN_OR_DEFAULT if (value := get(OPTION_OF.get(name, name))) is not None
-        },  # else EngineConfig's default
-        xla_options=xla_option_pairs(get("xla_option")),
-        compilation_cache=not get("no_compilation_cache"),
-        executable_cache=not get("no_executable_cache"),
-        **settings,
+        return tuple(parse_sizes(get("sizes"), tiny=tiny))
+    own_size = (chosen.get("height"), chosen.get("width"))  # flags', else a preset's own size
+    one_size = (
+        get("height") is not None
+        or get("width") is not None
+        or (None not in own_size and own_size != shape_defaults(model)[:2])
     )
+    return tuple(default_sizes(tiny=tiny)) if "sizes" in vars(args) and not one_size else ()
 
 
-#: The environment variable of --controlnet: comma-separated specs (the flag, repeated, wins).
-CONTROLNET_ENV = "SDXL_CONTROLNET"
+def _static_settings(get) -> dict:
+    """What the engine loads and compiles, as the flags set it (an unset one: `EngineConfig`'s default)."""
+    return {
+        "revision": get("revision"),
+        "lora_dir": get("lora_dir"),
+        "embeddings_dir": get("embeddings_dir"),
+        "upscaler_dir": get("upscaler_dir"),
+        "controlnets": controlnet_specs(get("controlnet")),
+        "refiner": get("refiner") or None,
+        "hires_scales": parse_hires_scales(get("hires_scales")),
+        "dtype": get("dtype"),
+        "speed_levers": not get("no_speed_levers"),
+        "cross_attention_cache": bool(get("cross_attention_cache")),
+        "merge_requests": bool(get("merge_requests")),
+        "merge_full_calls": bool(get("merge_full_calls")),
+        "previews": not get("no_previews"),
+        "xla_options": xla_option_pairs(get("xla_option")),
+        "compilation_cache": not get("no_compilation_cache"),
+        "executable_cache": not get("no_executable_cache"),
+        **{name: value for name in GIVEN_OR_DEFAULT if (value := get(OPTION_OF.get(name, name))) is not None},
+    }
 
 
-def controlnet_specs(flags) -> tuple[str, ...]:
-    """--controlnet values (PATH, REPO or NAME=PATH), else SDXL_CONTROLNET's comma-separated ones."""
-    import os
-
-    values = list(flags or ()) or os.environ.get(CONTROLNET_ENV, "").split(",")
-    return tuple(value.strip() for value in values if value.strip())
+def controlnet_specs(values) -> tuple[str, ...]:
+    """--controlnet's values (PATH, REPO or NAME=PATH; the flags, else SDXL_CONTROLNET's, read by the options
+    table), stripped."""
+    return tuple(value.strip() for value in values or () if value.strip())
 
 
-#: The environment variable of --xla-option: comma-separated NAME=VALUE pairs (the flag, repeated, wins).
-XLA_OPTIONS_ENV = "SDXL_XLA_OPTIONS"
-
-
-def xla_option_pairs(flags) -> tuple[tuple[str, str], ...]:
-    """--xla-option values (NAME=VALUE), else SDXL_XLA_OPTIONS' comma-separated ones, as (name, value) pairs in the
-    order given (a name given twice keeps its last value); one sentence for a value without "="."""
-    import os
-
-    texts = [text.strip() for text in (list(flags or ()) or os.environ.get(XLA_OPTIONS_ENV, "").split(","))]
+def xla_option_pairs(values) -> tuple[tuple[str, str], ...]:
+    """--xla-option's values (NAME=VALUE; the flags, else SDXL_XLA_OPTIONS', read by the options table) as (name,
+    value) pairs in the order given (a name given twice keeps its last value); one sentence for one without "="."""
+    texts = [text.strip() for text in values or ()]
     pairs: dict[str, str] = {}
     for text in filter(None, texts):
         name, equals, value = text.partition("=")

@@ -2,9 +2,11 @@
 take it and whether changing it compiles other programs.
 
 The app (`app.py`, which adds the server's own options from `web/options.py`), `python -m pipeline generate`,
-`python -m pipeline precompile` and `python -m bench` build their parsers from these tables, and docs/options.md's
-table is printed from them (`python -m web.options`), so the next option is one line here. The environment
-variable is read by whichever program takes the option; the flag wins. Kept free of JAX.
+`... precompile`, `... make-tiny`, `... serve` (its own in `service/command_line.py`) and `python -m bench` build
+their parsers from these tables, and docs/options.md's table is printed from them (`python -m web.options`), so the
+next option is one line here. The environment variable is read here, when a parser is built, for whichever program
+takes the option; the flag wins. An option that sets an engine setting takes its default from `EngineConfig` (or
+the request field's, `fields.FIELDS`), the one place it is declared. Kept free of JAX.
 """
 
 from __future__ import annotations
@@ -14,22 +16,44 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import DTYPES, EMPHASIS_MODES, MAX_PROMPT_WINDOWS, MAX_TEXT_CACHE, QUANTIZE_MODES, SDXL_BASE, EngineConfig
+from .cluster.join_options import ClusterOptions
+from .config import (
+    DTYPES,
+    EMPHASIS_MODES,
+    MAX_PROMPT_WINDOWS,
+    MAX_TEXT_CACHE,
+    QUANTIZE_MODES,
+    SDXL_BASE,
+    SDXL_BASE_FLAX_REVISION,
+    SDXL_SHAPE,
+    SHAPE_DEFAULTS,
+    TINY_MODEL,
+    EngineConfig,
+)
 from .contract.controlnet_units import MAX_CONTROLNETS
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD, FIELDS, Field
 from .contract.presets import PRESET_NAMES
 from .contract.request import MAX_LORAS
 from .contract.sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
+from .contract.sizes import default_sizes
 from .device.cores import ATTENTIONS
 
-#: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench.
-APP, CLI, PRECOMPILE, BENCH = "app", "cli", "precompile", "bench"
+#: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench,
+#: `... serve` (the engine service: the app's engine options and its own) and `... make-tiny`.
+APP, CLI, PRECOMPILE, BENCH, SERVE, MAKE_TINY = "app", "cli", "precompile", "bench", "serve", "make-tiny"
 BOTH = frozenset({APP, CLI})
 #: Options that shape the compiled programs, taken by every program that loads the model.
 ENGINE = frozenset({APP, CLI, PRECOMPILE, BENCH})
-#: The names docs/options.md's table uses for the programs.
-PROGRAM_NAMES = {APP: "app", CLI: "CLI", PRECOMPILE: "precompile", BENCH: "bench"}
+#: The names docs/options.md's table uses for the programs, in its order (another program goes by its own name).
+PROGRAM_NAMES = {
+    APP: "app",
+    SERVE: "serve",
+    CLI: "CLI",
+    PRECOMPILE: "precompile",
+    BENCH: "bench",
+    MAKE_TINY: "make-tiny",
+}
 #: Truthy spellings of a switch's environment variable (SDXL_NO_CFG=1).
 TRUE_WORDS = ("1", "true", "yes", "on")
 #: The multi-host group's title in --help.
@@ -82,7 +106,7 @@ sampler_argument.__name__ = "sampler"
 class Option:
     """One option: its flag, where it applies, and how it is read."""
 
-    flag: str  # the long flag, e.g. "--model"; the argparse dest is its name with "_" for "-"
+    flag: str  # the long flag, e.g. "--model" (a name without "-": a positional); the dest is it with "_" for "-"
     help: str  # one line for --help and the README; the env variable and default are appended
     env: str | None = None  # environment variable read when the flag is absent (None: flag only)
     type: Callable[[str], object] | None = None  # argparse type (None: the text as given)
@@ -90,12 +114,12 @@ class Option:
     default_text: str = ""  # what --help says about a default resolved later, e.g. "1024, 128 for tiny"
     choices: tuple[str, ...] = ()  # allowed values (checked for the env variable too)
     kind: str = "value"  # "value", "switch" (store_true; env: 1/true/yes) or "append" (repeatable)
+    env_list: bool = False  # "append": the environment variable holds a comma-separated list (False: one value)
     programs: frozenset[str] = BOTH  # which programs take it: APP, CLI, PRECOMPILE, BENCH
     recompiles: bool = False  # True: another value compiles other programs (at start-up; a request never does)
     metavar: str | None = None  # placeholder in --help
     required: bool = False  # the CLI's --prompt and --out
     group: str = ""  # an argparse group title ("" = the main list)
-    env_text: str = ""  # overrides the "[ENV; default ...]" note when the env variable is read specially
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken (the flag is the one documented)
     env_aliases: tuple[str, ...] = ()  # older names of the environment variable, read when `env` is unset
 
@@ -103,16 +127,26 @@ class Option:
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
+    @property
+    def positional(self) -> bool:
+        """A name without "-" (make-tiny's folder): given without a flag, always required."""
+        return not self.flag.startswith("-")
+
     def note(self, default: object = None) -> str:
         """The bracketed note --help appends: env variable and default (`default`: a program's own, if given)."""
-        if self.env_text:
-            return f" [{self.env_text}]"
+        if self.kind == "append":  # no default: the flags, else the environment variable's values
+            return f" [{self.env}: {self.env_values_text}]" if self.env else ""
         value = self.default if default is None else default
         default = (self.default_text if default is None else "") or ("" if _unset(value) else str(value))
         env = " or ".join((self.env, *self.env_aliases)) if self.env else ""
         parts = [env] + ([f"default {default}"] if default else [])
         text = "; ".join(p for p in parts if p)
         return f" [{text}]" if text else ""
+
+    @property
+    def env_values_text(self) -> str:
+        """What a repeatable option's environment variable holds: "comma-separated", "one USER:PASSWORD"."""
+        return "comma-separated" if self.env_list else f"one {self.metavar or 'value'}"
 
 
 port_number = _bounded_int(1, 65535)
@@ -121,10 +155,15 @@ at_least_one = _bounded_int(1)
 non_negative = _bounded_int(0)
 
 
-def config_default(name: str):
-    """The engine's own default for setting `name` (its `EngineConfig` field): an option that sets an engine setting
-    takes its default from there, so the default is declared once."""
-    return EngineConfig.__dataclass_fields__[name].default
+def config_default(name: str, settings: type = EngineConfig):
+    """The engine's own default for setting `name` (its `EngineConfig` field, or the field of another `settings`
+    dataclass): an option that sets a setting takes its default from there, so the default is declared once."""
+    return settings.__dataclass_fields__[name].default
+
+
+def _shape_text(index: int) -> str:
+    """--height's, --width's or --steps' default as --help says it: "1024, 128 for tiny" (config.shape_defaults)."""
+    return f"{SDXL_SHAPE[index]}, {SHAPE_DEFAULTS[TINY_MODEL][index]} for {TINY_MODEL}"
 
 
 def _number_or_text(value) -> str:
@@ -229,7 +268,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--revision",
         "Hub revision (branch, tag or commit)",
-        default_text="refs/pr/95 for SDXL base",
+        default_text=f"{SDXL_BASE_FLAX_REVISION} for SDXL base",
         programs=frozenset({CLI, PRECOMPILE}),
         recompiles=True,
     ),
@@ -296,7 +335,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH_OR_REPO",
         programs=frozenset({APP, CLI, PRECOMPILE}),
         recompiles=True,
-        env_text="SDXL_CONTROLNET: comma-separated",
+        env_list=True,
     ),
     Option(
         "--controlnet-units",
@@ -357,7 +396,7 @@ OPTIONS: tuple[Option, ...] = (
         "image height in pixels, a multiple of 32",
         "SDXL_HEIGHT",
         int,
-        default_text="1024, 128 for tiny",
+        default_text=_shape_text(0),
         programs=ENGINE,
         recompiles=True,
     ),
@@ -366,7 +405,7 @@ OPTIONS: tuple[Option, ...] = (
         "image width in pixels, a multiple of 32",
         "SDXL_WIDTH",
         int,
-        default_text="1024, 128 for tiny",
+        default_text=_shape_text(1),
         programs=ENGINE,
         recompiles=True,
     ),
@@ -376,8 +415,8 @@ OPTIONS: tuple[Option, ...] = (
         "'sdxl' = SDXL's 9 trained sizes; not with --height/--width",
         "SDXL_SIZES",
         metavar="WxH,WxH,...",
-        default_text="1024x1024,1344x768,768x1344 (the same ratios at ~128 px for tiny; --height/--width: that "
-        "one size)",
+        default_text=",".join(f"{width}x{height}" for height, width in default_sizes())
+        + " (the same ratios at ~128 px for tiny; --height/--width: that one size)",
         programs=frozenset({APP, PRECOMPILE}),
         recompiles=True,
     ),
@@ -398,7 +437,7 @@ OPTIONS: tuple[Option, ...] = (
         "docs/features.md#hires-fix-second-pass)",
         "SDXL_VAE_TILE_ABOVE",
         int,
-        1024 * 1024,
+        config_default("vae_tile_above"),
         programs=frozenset({APP, PRECOMPILE}),
         recompiles=True,
     ),
@@ -408,7 +447,7 @@ OPTIONS: tuple[Option, ...] = (
         f"{FIELD['steps'].values_text}; no recompile)",
         "SDXL_STEPS",
         _STEPS,
-        default_text="25, 4 for tiny",
+        default_text=_shape_text(2),
         programs=ENGINE,
     ),
     Option(
@@ -423,8 +462,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--images-per-device",
         "images each device makes per request (throughput mode): N × devices images, "
-        "seeds consecutive, in one call compiled for N at start-up; --per-device-batch (SDXL_PER_DEVICE_BATCH) is "
-        "an alias of --images-per-device",
+        "seeds consecutive, in one call compiled for N at start-up",
         "SDXL_IMAGES_PER_DEVICE",
         at_least_one,
         config_default("per_device_batch"),
@@ -489,7 +527,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME=VALUE",
         programs=frozenset({APP, CLI, PRECOMPILE}),
         recompiles=True,
-        env_text="SDXL_XLA_OPTIONS: comma-separated",
+        env_list=True,
     ),
     Option(
         "--prompt-windows",
@@ -610,6 +648,21 @@ OPTIONS: tuple[Option, ...] = (
     *CONTROL_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
+    # -- precompile's own (the executables for a topology)
+    Option(
+        "--topology",
+        "TPU topology (v5e:2x2, v6e:2x2, ...; needs libtpu, not a TPU) or 'cpu' = this host's CPU devices",
+        default="v5e:2x2",
+        programs=frozenset({PRECOMPILE}),
+    ),
+    Option("--out", "directory for the executables and manifest.json", required=True, programs=frozenset({PRECOMPILE})),
+    # -- make-tiny's own (the tiny random-weight checkpoint)
+    Option(
+        "directory",
+        "the folder the checkpoint is written to (an existing one is replaced)",
+        programs=frozenset({MAKE_TINY}),
+    ),
+    Option("--seed", "weight initialisation seed", type=int, default=0, programs=frozenset({MAKE_TINY})),
     # -- several processes
     Option(
         "--distributed",
@@ -639,7 +692,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds for all processes to join, and per request",
         "SDXL_CLUSTER_TIMEOUT",
         positive_float,
-        300.0,
+        config_default("timeout_s", ClusterOptions),
         group=CLUSTER_GROUP,
     ),
     Option(
@@ -647,15 +700,46 @@ OPTIONS: tuple[Option, ...] = (
         "seconds of silence after which a process is taken for dead",
         "SDXL_HEARTBEAT_TIMEOUT",
         positive_float,
-        30.0,
+        config_default("heartbeat_s", ClusterOptions),
         group=CLUSTER_GROUP,
     ),
 )
 
 
+def programs_of(option: Option) -> frozenset[str]:
+    """The programs that take `option`: those it names, and SERVE wherever the app takes one of the engine's (this
+    table's) options: the engine service is the app's engine without the page."""
+    engine_option = any(option is row for row in OPTIONS)
+    return option.programs | {SERVE} if engine_option and APP in option.programs else option.programs
+
+
 def options_for(program: str, table: tuple[Option, ...] = OPTIONS) -> list[Option]:
-    """The options of `table` that `program` (APP, CLI, PRECOMPILE or BENCH) takes, in table order."""
-    return [option for option in table if program in option.programs]
+    """The options of `table` that `program` (APP, CLI, PRECOMPILE, BENCH, SERVE, MAKE_TINY) takes, in table
+    order."""
+    return [option for option in table if program in programs_of(option)]
+
+
+def env_values(option: Option) -> list[str]:
+    """A repeatable option's values from its environment variable: one value, or a comma-separated list
+    (`env_list`, each value stripped, empty ones dropped); [] when it is unset or empty."""
+    text = env_value(option)
+    if text is None:
+        return []
+    return [value.strip() for value in text.split(",") if value.strip()] if option.env_list else [text]
+
+
+class _FromEnvironment(list):
+    """A repeatable option's values as its environment variable gave them: the first flag replaces them."""
+
+
+class _AppendOverEnvironment(argparse.Action):
+    """argparse's "append", except that the first flag replaces the environment variable's values (the flag wins)
+    instead of adding to them."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102 - argparse's own hook
+        given = getattr(namespace, self.dest, None)
+        kept = [] if given is None or isinstance(given, _FromEnvironment) else list(given)
+        setattr(namespace, self.dest, [*kept, values])
 
 
 def env_value(option: Option) -> str | None:
@@ -687,14 +771,22 @@ def add_options(
         if option.group not in groups:
             groups[option.group] = parser.add_argument_group(option.group)
         add = groups[option.group].add_argument
-        env = env_value(option) if option.kind != "append" else None  # --auth reads SDXL_AUTH itself
+        env = env_value(option) if option.kind != "append" else None
         default = defaults.get(option.dest, option.default)
         help_text = option.help + option.note(default)
         if option.kind == "switch":
             value = env.strip().lower() in TRUE_WORDS if env is not None else bool(default)
             add(option.flag, *option.aliases, action="store_true", default=value, help=help_text)
         elif option.kind == "append":
-            add(option.flag, *option.aliases, action="append", default=[], metavar=option.metavar, help=help_text)
+            values = _FromEnvironment(env_values(option))
+            add(
+                option.flag,
+                *option.aliases,
+                action=_AppendOverEnvironment,
+                default=values,
+                metavar=option.metavar,
+                help=help_text,
+            )
         else:
             kwargs: dict = {"default": env if env is not None else default, "help": help_text}
             if option.type is not None:
@@ -750,9 +842,13 @@ def markdown_table(table: tuple[Option, ...]) -> str:
     ]
     for option in table:
         flag = option.flag + (f" {option.metavar}" if option.metavar else "")
-        env = f"`{option.env}`" + (" (one pair)" if option.kind == "append" else "") if option.env else ""
+        env = (
+            f"`{option.env}`" + (f" ({option.env_values_text})" if option.kind == "append" else "")
+            if option.env
+            else ""
+        )
         env += "".join(f" (or `{name}`)" for name in option.env_aliases)
-        if option.required:
+        if option.required or option.positional:
             default = "required"
         elif option.default_text:
             default = option.default_text
@@ -764,7 +860,11 @@ def markdown_table(table: tuple[Option, ...]) -> str:
                 if isinstance(option.default, float)
                 else f"`{option.default}`"
             )
-        programs = ", ".join(name for program, name in PROGRAM_NAMES.items() if program in option.programs)
+        taken = programs_of(option)
+        programs = ", ".join(
+            [name for program, name in PROGRAM_NAMES.items() if program in taken]
+            + sorted(program for program in taken if program not in PROGRAM_NAMES)
+        )
         recompiles = "yes" if option.recompiles else ""
         unnamed = [alias for alias in option.aliases if alias not in option.help]  # the help may say it already
         meaning = option.help + (f" (also {', '.join(f'`{a}`' for a in unnamed)})" if unnamed else "")

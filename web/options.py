@@ -1,13 +1,13 @@
-"""The web server's own options (the app takes these beside the engine's, `pipeline/options.py`), declared once,
-and the app's command line read from both.
+"""The web server's own options (the app takes these beside the engine's, `pipeline/options.py`, and the engine
+service's token, `pipeline/service/command_line.py`) and those of `python -m web.history.migrate`, declared once,
+and the app's command line read from them.
 
-    python -m web.options          # prints docs/options.md's table of every option, engine and server
+    python -m web.options          # prints docs/options.md's table of every option: engine, service, server, tools
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 from collections.abc import Sequence
 
@@ -24,10 +24,12 @@ from pipeline.options import (
     markdown_table,
     port_number,
 )
-from pipeline.service.command_line import ENGINE_TOKEN
+from pipeline.service.command_line import SERVICE_OPTIONS
 
 from .engines.pool import parse_engine_url
 
+#: Where the page listens by default (also `web/serving/server.launch`'s, for Python callers).
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860
 #: Requests that may wait in the app's queue by default.
 DEFAULT_QUEUE_SIZE = 20
 #: Entries one user keeps by default (`--history-max`, web/history/store.py); adding one more removes the oldest with
@@ -35,6 +37,8 @@ DEFAULT_QUEUE_SIZE = 20
 #: (SQLAlchemy, 1 s).
 DEFAULT_MAX_ENTRIES = 500
 _APP = frozenset({APP})
+#: `python -m web.history.migrate`: a one-process history moved to the storage page replicas share.
+MIGRATE = "migrate"
 
 #: The server's options. Order is the order of --help, after the engine's.
 SERVER_OPTIONS: tuple[Option, ...] = (
@@ -49,7 +53,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "--host",
         "interface to bind; 0.0.0.0 to accept remote connections",
         "GRADIO_SERVER_NAME",
-        default="127.0.0.1",
+        default=DEFAULT_HOST,
         programs=_APP,
     ),
     Option(
@@ -57,7 +61,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "port to listen on (checked before the model loads)",
         "GRADIO_SERVER_PORT",
         port_number,
-        7860,
+        DEFAULT_PORT,
         programs=_APP,
     ),
     Option(
@@ -82,7 +86,6 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         kind="append",
         metavar="USER:PASSWORD",
         programs=_APP,
-        env_text="SDXL_AUTH: one USER:PASSWORD",
     ),
     Option(
         "--auth-file",
@@ -143,9 +146,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         kind="append",
         metavar="URL",
         programs=_APP,
-        env_text="SDXL_ENGINES: URLs separated by commas",
+        env_list=True,
     ),
-    ENGINE_TOKEN,
     Option(
         "--api",
         "serve the A1111 (/sdapi/v1) and OpenAI (/v1/images) APIs on a reachable --host without "
@@ -161,7 +163,6 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         kind="append",
         metavar="KEY",
         programs=_APP,
-        env_text="SDXL_API_KEY: one KEY",
     ),
     Option(
         "--mcp",
@@ -173,8 +174,25 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+#: `python -m web.history.migrate`'s: the history to copy and where it goes (the page's flags, another meaning).
+MIGRATE_OPTIONS: tuple[Option, ...] = (
+    Option("--data-dir", "the data directory of the history to copy", required=True, programs=frozenset({MIGRATE})),
+    Option(
+        "--database-url",
+        "postgresql://USER:PASSWORD@HOST/DB (no entries yet)",
+        required=True,
+        programs=frozenset({MIGRATE}),
+    ),
+    Option(
+        "--image-store",
+        "where the replicas keep the images",
+        default_text="--data-dir itself",
+        programs=frozenset({MIGRATE}),
+    ),
+)
+
 #: Every option of every program: the app's parser and docs/options.md's table come from it.
-ALL_OPTIONS: tuple[Option, ...] = OPTIONS + SERVER_OPTIONS
+ALL_OPTIONS: tuple[Option, ...] = OPTIONS + SERVER_OPTIONS + SERVICE_OPTIONS + MIGRATE_OPTIONS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -189,15 +207,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_env_choices(parser, args, APP, ALL_OPTIONS)
     try:
-        args.auth = read_auth(args.auth or [os.environ.get("SDXL_AUTH")], args.auth_file)
+        args.auth = read_auth(args.auth, args.auth_file)  # the flags, else SDXL_AUTH (`add_options` read it)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    args.engine = args.engine or [url for url in os.environ.get("SDXL_ENGINES", "").split(",") if url.strip()]
     try:
         args.engine = [parse_engine_url(url)[0] for url in args.engine]
     except ValueError as exc:
         parser.error(str(exc))
-    args.api_key = [key for key in (args.api_key or [os.environ.get("SDXL_API_KEY")]) if key]
+    args.api_key = [key for key in args.api_key if key]
     if any(not key.strip() or any(ord(char) < 33 for char in key) for key in args.api_key):
         parser.error("--api-key: a key must be printable text without spaces")
     try:

@@ -30,6 +30,8 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .cache import default_cache_root
+
 __all__ = ["GEOMETRY", "TINY_CHECKPOINT_NAME", "TinyGeometry", "make_tiny", "tiny_checkpoint", "train_bpe"]
 
 # Subfolder of the cache directory; bump the suffix whenever the geometry or the corpus changes.
@@ -492,21 +494,13 @@ def make_tiny(directory: str | os.PathLike, *, seed: int = 0, geometry: TinyGeom
     return target
 
 
-def default_cache_dir() -> pathlib.Path:
-    """$SDXL_JAX_CACHE, else $XDG_CACHE_HOME/sdxl-jax, else ~/.cache/sdxl-jax."""
-    if explicit := os.environ.get("SDXL_JAX_CACHE"):
-        return pathlib.Path(explicit)
-    xdg_cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(xdg_cache) / "sdxl-jax"
-
-
 def tiny_checkpoint(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """Path of the cached tiny checkpoint (seed 0), building it on first use.
 
     Safe when several processes call it at once: each builds into its own temporary directory and renames it into
     place; whoever loses the race discards its copy and uses the winner's.
     """
-    target = (pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()) / TINY_CHECKPOINT_NAME
+    target = (pathlib.Path(cache_dir) if cache_dir is not None else default_cache_root()) / TINY_CHECKPOINT_NAME
     target = target.absolute()
     if _is_complete(target):
         return target

@@ -176,7 +176,8 @@ def check_size(value: object, sizes: Sequence[Size]) -> Size:
 
 @dataclass(frozen=True)
 class Control:
-    """How the page shows a field: a slider for a number, a dropdown for a choice (gradio's keywords)."""
+    """How the page shows a field: a slider for a number, a dropdown for a choice (gradio's keywords). Plain data,
+    no Gradio: the page (web/page/form.py, layout.py) builds the control from it; nothing in the engine reads it."""
 
     label: str  # the control's label
     info: str = ""  # the line under it ({low} and {high}: the field's bounds)
@@ -219,18 +220,11 @@ class Field:
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
     api_type: Any = None  # the API parameter's annotation
-    control: Control | None = None  # how the page shows a plain field (None: not by the table)
+    control: Control | None = None  # how the page shows a plain field (None: not by the table); page only
 
     @property
     def plain(self) -> bool:
         return self.kind in ("int", "float", "choice")
-
-    @property
-    def lowest(self) -> float | None:
-        """The lowest value a control offers (a step above an excluded bound)."""
-        if self.low is None:
-            return None
-        return self.low + (self.control.step if self.above and self.control else 0)
 
     @property
     def values_text(self) -> str:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 
-#: The environment variable the token is read from when --engine-token is not given.
+#: The environment variable the token is read from when --engine-token is not given (its row: command_line.py).
 TOKEN_ENV = "SDXL_ENGINE_TOKEN"
 #: Paths served without a token.
 OPEN_PATHS = frozenset({"/healthz"})
@@ -44,7 +43,6 @@ def authorized(header: str | None, token: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-def token_from(flag: str | None) -> str | None:
-    """The token: the flag, else the environment variable; None when neither is set or it is empty."""
-    token = flag if flag is not None else os.environ.get(TOKEN_ENV)
-    return token.strip() or None if token else None
+def token_from(given: str | None) -> str | None:
+    """The token --engine-token gave (the flag, else TOKEN_ENV, read by the options table); None when empty."""
+    return given.strip() or None if given else None

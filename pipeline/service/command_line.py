@@ -1,19 +1,18 @@
 """`python -m pipeline serve`'s command line: the app's engine options (pipeline/options.py, read as the app reads
-them) plus where the service listens and its token. Kept free of JAX."""
+them: `options.programs_of`) plus where the service listens and its token, declared here in the same style and
+printed in docs/options.md's table with the others. Kept free of JAX."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..options import APP, Option, Parser, add_options, port_number
+from ..options import APP, OPTIONS, SERVE, Option, Parser, add_options, port_number
 from .auth import TOKEN_ENV
 
-#: The program name `serve` takes options under (its own rows; the engine's are the app's).
-SERVE = "serve"
 #: The engine service's port when none is given.
 DEFAULT_PORT = 7870
 
-#: The token is taken by the service and by the page in front (web/options.py lists it among the app's options).
+#: The token is taken by the service and by the page in front (web/options.py's ALL_OPTIONS holds this table).
 ENGINE_TOKEN = Option(
     "--engine-token",
     "bearer token every engine endpoint but /healthz requires (the page sends "
@@ -45,8 +44,7 @@ SERVICE_OPTIONS: tuple[Option, ...] = (
 
 def add_service_options(parser: argparse.ArgumentParser) -> None:
     """The serve subcommand's options: the app's engine options, then the service's own."""
-    add_options(parser, APP)
-    add_options(parser, SERVE, SERVICE_OPTIONS)
+    add_options(parser, SERVE, OPTIONS + SERVICE_OPTIONS)
 
 
 def build_serve_parser(commands) -> Parser:

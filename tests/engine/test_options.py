@@ -1,7 +1,7 @@
 """Every option declared once (pipeline/options.py, the server's in web/options.py): the app's, the CLI's, the
-precompile's and the bench's parsers come from the tables, environment variables fill what flags leave out (the flag
-wins), errors are one line, and `engine_config` resolves what the engine loads: flags, else the preset's settings,
-else the model's defaults."""
+precompile's, make-tiny's, the engine service's and the bench's parsers come from the tables, environment variables fill
+what flags leave out (the flag wins), errors are one line, and `engine_config` resolves what the engine loads: flags,
+else the preset's settings, else the model's defaults."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from web.options import ALL_OPTIONS, parse_args, read_auth
 
 
 def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {action.option_strings[0]: action for action in parser._actions if action.option_strings}
+    """The parser's actions by flag (a positional by its name)."""
+    return {(action.option_strings or [action.dest])[0]: action for action in parser._actions}
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -49,17 +50,17 @@ def test_every_parser_comes_from_the_options_table(monkeypatch):
         options.CLI: _flags(_generate_parser()),
         options.PRECOMPILE: _flags(_subparser("precompile")),
         options.BENCH: _flags(bench_parser()),
+        options.SERVE: _flags(_subparser("serve")),
+        options.MAKE_TINY: _flags(_subparser("make-tiny")),
     }
-    for option in ALL_OPTIONS:
-        for program in (options.APP, options.CLI):
-            assert (option.flag in parsers[program]) == (program in option.programs), (program, option.flag)
-        for program in (options.PRECOMPILE, options.BENCH):  # these also have flags of their own (--out, --runs ...)
-            action = parsers[program].get(option.flag)
+    for option in ALL_OPTIONS:  # a flag two programs spell alike (--out, --host) is a row each: told by its help
+        for program, actions in parsers.items():
+            action = actions.get(option.flag)
             from_table = action is not None and action.help.startswith(option.help)
-            assert from_table == (program in option.programs), (program, option.flag)
-        if option.env and option.kind != "append":
-            taken = next(flags[option.flag] for flags in parsers.values() if option.flag in flags)
-            assert option.env in taken.help, option.flag
+            assert from_table == (program in options.programs_of(option)), (program, option.flag)
+        taker = next((program for program in parsers if program in options.programs_of(option)), None)
+        if option.env and taker:
+            assert option.env in parsers[taker][option.flag].help, option.flag
     # The next option is one line of the table, and both programs take it: the app reads web/options.py's ALL_OPTIONS,
     # the CLI add_options' own table (pipeline/options.py's OPTIONS, its default argument).
     extra = options.Option("--frobnicate", "a new knob", "SDXL_FROBNICATE", int, 3)
@@ -183,9 +184,11 @@ def test_images_per_device_and_its_older_names(monkeypatch, capsys):
     monkeypatch.setenv("SDXL_IMAGES_PER_DEVICE", "3")
     assert parse_args(["--model", "tiny"]).config.per_device_batch == 3
     assert parse_args(["--model", "tiny", "--images-per-device", "1"]).config.per_device_batch == 1  # the flag wins
-    help_text = _flags(app_parser())["--images-per-device"].help
-    assert "--per-device-batch (SDXL_PER_DEVICE_BATCH) is an alias of --images-per-device" in help_text
-    assert "[SDXL_IMAGES_PER_DEVICE or SDXL_PER_DEVICE_BATCH; default 1]" in help_text
+    action = _flags(app_parser())["--images-per-device"]  # --help names the older spellings from the row itself
+    assert action.option_strings == ["--images-per-device", "--per-device-batch"]
+    assert "[SDXL_IMAGES_PER_DEVICE or SDXL_PER_DEVICE_BATCH; default 1]" in action.help
+    row = next(line for line in options.markdown_table(ALL_OPTIONS).splitlines() if "--images-per-device" in line)
+    assert "(or `SDXL_PER_DEVICE_BATCH`)" in row and "(also `--per-device-batch`)" in row
     with pytest.raises(SystemExit) as info:
         parse_args(["--model", "tiny", "--images-per-device", "0"])
     err = capsys.readouterr().err

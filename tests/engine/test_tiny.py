@@ -219,12 +219,15 @@ def test_tiny_checkpoint_cache_builds_once_and_survives_races(tmp_path, monkeypa
     assert (expected / tiny.COMPLETE_MARKER).is_file()
 
 
-def test_default_cache_dir_follows_environment(monkeypatch, tmp_path):
+def test_tiny_checkpoint_lives_in_the_cache_root(monkeypatch, tmp_path):
+    """The tiny checkpoint sits in the project's one cache root (checkpoint/cache.py: $SDXL_JAX_CACHE, else
+    $XDG_CACHE_HOME/sdxl-jax), the converted weights' and compiled programs' too."""
+    monkeypatch.setattr(tiny, "_is_complete", lambda directory: True)  # as if built: where it is is the point
     monkeypatch.delenv("SDXL_JAX_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert tiny.default_cache_dir() == tmp_path / "sdxl-jax"
+    assert tiny.tiny_checkpoint() == tmp_path / "sdxl-jax" / tiny.TINY_CHECKPOINT_NAME
     monkeypatch.setenv("SDXL_JAX_CACHE", str(tmp_path / "explicit"))
-    assert tiny.default_cache_dir() == tmp_path / "explicit"
+    assert tiny.tiny_checkpoint().parent == tmp_path / "explicit"
 
 
 @pytest.mark.long  # 80 s of pmap compiles; CI's bench guard runs the same pipeline (`bench --only reference`)

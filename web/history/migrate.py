@@ -18,6 +18,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from pipeline.options import add_options
+
+from ..options import MIGRATE, MIGRATE_OPTIONS
 from .database import ENTRIES, META, HistoryDatabase, database_url
 from .image_store import LocalImageStore, image_store
 from .store import take_lock
@@ -72,9 +75,7 @@ def _copy_files(source: LocalImageStore, target, rows: list[dict]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m web.history.migrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", required=True, help="the data directory of the history to copy")
-    parser.add_argument("--database-url", required=True, help="postgresql://USER:PASSWORD@HOST/DB (no entries yet)")
-    parser.add_argument("--image-store", help="where the replicas keep the images (default: --data-dir itself)")
+    add_options(parser, MIGRATE, MIGRATE_OPTIONS)
     args = parser.parse_args(argv)
     try:
         count = copy_history(args.data_dir, args.database_url, args.image_store)

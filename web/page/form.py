@@ -240,11 +240,19 @@ class Form:
         return rows
 
 
+def lowest(row: Field) -> float | None:
+    """The lowest value a number's control offers: its low bound, or a slider step above it when it is excluded
+    (None for a choice)."""
+    if row.low is None:
+        return None
+    return row.low + (row.control.step if row.above and row.control else 0)
+
+
 def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
     """A plain field's control as the table says: a slider over its bounds (its typed numbers checked by
     assets/page.js: class "bounded"), or a dropdown of its choices."""
     shown = row.control
-    info = shown.info.format(low=row.lowest, high=row.high) or None
+    info = shown.info.format(low=lowest(row), high=row.high) or None
     if row.kind == "choice":
         return gr.Dropdown(
             choices=list(row.choices),
@@ -256,7 +264,7 @@ def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
             **layout,
         )
     return gr.Slider(
-        minimum=row.lowest,
+        minimum=lowest(row),
         maximum=row.high,
         value=value,
         step=shown.step,
@@ -280,8 +288,8 @@ def _fill_plain(row: Field, value: object, notes: list[str]):
         return gr.update(value=value) if value in row.choices else gr.skip()
     if isinstance(value, bool) or not isinstance(value, int | float):
         return gr.skip()
-    if not row.lowest <= value <= row.high:
+    if not lowest(row) <= value <= row.high:
         called = row.control.label if row.control else row.name.replace("_", " ").capitalize()  # as the page says it
-        notes.append(f"{called} {value:g} is outside {row.lowest:g} to {row.high:g}, so it was left as it is.")
+        notes.append(f"{called} {value:g} is outside {lowest(row):g} to {row.high:g}, so it was left as it is.")
         return gr.skip()
     return gr.update(value=int(value) if row.kind == "int" else float(value))

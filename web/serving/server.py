@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import gradio as gr
 
+from ..options import DEFAULT_HOST, DEFAULT_PORT
 from ..page.texts import CSS_PATH, PAGE_JS, TITLE
 
 logger = logging.getLogger("sdxl_jax.app")
@@ -30,8 +31,8 @@ def theme() -> gr.themes.Base:
 def launch(
     demo: gr.Blocks,
     *,
-    host: str = "127.0.0.1",
-    port: int = 7860,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     share: bool = False,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
