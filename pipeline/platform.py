@@ -20,7 +20,7 @@ TPU_DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 
 def quiet_start() -> None:
     """Each line once: huggingface_hub's logger has its own handler and also propagates to the root logger's."""
-    from huggingface_hub.utils import logging as hub_logging
+    from huggingface_hub.utils import logging as hub_logging  # heavy: 60 ms; this module must stay light
 
     hub_logging.disable_propagation()
 

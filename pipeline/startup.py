@@ -10,7 +10,11 @@
 `--embeddings-dir` then fails in one line within a second or two, where loading found it only after JAX (and, in the
 app, Gradio) had been imported: 10-30 s. `start` joins the cluster first (JAX waits until it joined), then loads,
 installs `--precompiled` executables, compiles and warms up, logging each phase with its time: no caller ever waits
-for a compile after it. This module imports no JAX itself: `start` imports the engine when it is called.
+for a compile after it.
+
+Imported inside functions: the engine (`generator`, `cluster`, `host`; heavy: JAX, which `start` imports after the
+CPU device count is set) and the checkpoint readers (`checkpoint`; heavy: ml_dtypes, 0.6 s, which `python -m
+pipeline --help` and a bad flag do not wait for). This module imports no JAX itself.
 """
 
 from __future__ import annotations

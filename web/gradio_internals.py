@@ -8,8 +8,8 @@ checks each against the installed Gradio (names, signatures, fields), so a relea
 naming it, before a page does. No other module of web/ imports Gradio's private modules or reads a Blocks' private
 attributes (the same test reads them for it).
 
-Nothing here imports Gradio at import time: `web.serving.temp_files` uses it before Gradio may be imported (Gradio
-reads GRADIO_TEMP_DIR at its import).
+Imported inside functions: gradio, gradio_client, fastapi and starlette (heavy: Gradio, 4 s; `web.serving.temp_files`
+imports this module before Gradio may be imported, and Gradio reads GRADIO_TEMP_DIR at its import).
 """
 
 from __future__ import annotations

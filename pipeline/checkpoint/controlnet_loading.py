@@ -1,7 +1,7 @@
 """SDXL ControlNets in diffusers' layout (`config.json` + safetensors, fp16 variants) -> Flax parameters, no torch.
 
 `diffusers/controlnet-*-sdxl-1.0(-mid|-small)`, `xinsir/controlnet-*-sdxl-1.0` and `thibaud/controlnet-openpose-
-sdxl-1.0` ship this layout. The config builds `device/controlnet.SDXLControlNet`; `convert.load_converted` reads
+sdxl-1.0` ship this layout. The config builds `device/nets/controlnet.SDXLControlNet`; `convert.load_converted` reads
 each tensor with diffusers' own PyTorch -> Flax renames and checks it against the module's traced shapes, so every
 weight is accounted for: a tensor with no place, or a parameter no tensor fills, is an error naming it. A ControlNet
 for another model (SD 1.5: no `text_time` add-embedding, 768-wide text) is refused in one sentence.
@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
+from flax.traverse_util import flatten_dict
 
 from ..contract.errors import CheckpointError
+from ..device.nets.controlnet import SDXLControlNet
 from . import convert
 from .hub import folder_or_snapshot
 
@@ -60,8 +63,6 @@ class ControlNetWeights:
 
     @property
     def parameter_count(self) -> int:
-        from flax.traverse_util import flatten_dict
-
         return sum(int(np.prod(leaf.shape)) for leaf in flatten_dict(self.params).values())
 
 
@@ -79,10 +80,6 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def controlnet_module(config: dict, dtype: str):
     """`SDXLControlNet` for a diffusers ControlNet config; CheckpointError when it is no SDXL ControlNet."""
-    import jax.numpy as jnp
-
-    from ..device.nets.controlnet import SDXLControlNet
-
     if config.get("addition_embed_type") != "text_time":
         raise CheckpointError(
             f"it is not an SDXL ControlNet (addition_embed_type {config.get('addition_embed_type')!r}, "
@@ -153,8 +150,6 @@ def load_controlnet(spec: str, dtype: str, *, variant: str | None = None, use_ca
 
 
 def _leaves(tree):
-    from flax.traverse_util import flatten_dict
-
     return flatten_dict(tree).values()
 
 

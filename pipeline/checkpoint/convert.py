@@ -11,6 +11,9 @@ converted model plus one tensor.
 Converted, cast weights are cached (`<cache root>/converted/<key>/`, key = source files' path, size and mtime +
 dtype + config + CONVERTER_VERSION) in one safetensors file per component with a manifest written last; an entry
 whose manifest, sizes or checksums do not match is rebuilt, never loaded.
+
+Imported inside functions: jax and flax (heavy: `loading.resolve_model` calls `check_single_file` before the CPU
+device count is set and JAX starts).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
+from safetensors.numpy import save_file
 
 from ..contract.errors import CheckpointError
 from .cache import default_cache_root
@@ -364,7 +368,6 @@ def read_cache(entry: Path) -> dict | None:
 def write_cache(entry: Path, params: dict) -> None:
     """Write into a temporary directory beside `entry`, manifest last, then rename it into place (atomic)."""
     from flax.traverse_util import flatten_dict
-    from safetensors.numpy import save_file
 
     flat = {"/".join(key): value for key, value in flatten_dict(params).items()}
     entry.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
 
 from ..contract.errors import CheckpointError
 
@@ -51,9 +53,6 @@ class Embedding:
 
 def load_embedding(path: Path, widths: tuple[int, int]) -> Embedding:
     """`path` read as an SDXL embedding whose vectors fit encoders of `widths` (D1, D2), or one refusal."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:

@@ -11,6 +11,12 @@ import shlex
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from huggingface_hub import constants, get_session, hf_hub_download, snapshot_download
+from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+from ..config import SDXL_BASE_FLAX_REVISION
+from ..contract.errors import CheckpointError, ModelLoadError
+
 logger = logging.getLogger(__name__)
 
 #: Seconds to wait for the Hub endpoint to answer before treating it as unreachable.
@@ -23,8 +29,6 @@ FLAX_ONLY_PATTERNS = ("model_index.json", "*/*.json", "*/*.txt", "*/*.msgpack")
 
 def download_command(repo_id: str, revision: str | None) -> str:
     """The shell command that puts what the loader needs into the Hugging Face cache (HF_HOME)."""
-    from ..config import SDXL_BASE_FLAX_REVISION
-
     words = ["hf", "download", repo_id]
     if revision:
         words += ["--revision", revision]
@@ -34,8 +38,6 @@ def download_command(repo_id: str, revision: str | None) -> str:
 
 def hub_reachable(endpoint: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """One HEAD request to the Hub endpoint (HF_ENDPOINT, proxies honoured); any HTTP answer means reachable."""
-    from huggingface_hub import constants, get_session
-
     endpoint = endpoint or constants.ENDPOINT
     try:
         get_session().head(endpoint, timeout=timeout)  # an httpx client: redirects not followed
@@ -52,11 +54,6 @@ def source_when_offline(
 
     With HF_HUB_OFFLINE set the user chose offline mode: diffusers reads the cache itself, nothing is probed.
     """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    from ..contract.errors import ModelLoadError
-
     if constants.HF_HUB_OFFLINE or hub_reachable(endpoint):
         return repo_id
     try:
@@ -75,11 +72,6 @@ def source_when_offline(
 def hub_file(repo_id: str, filename: str, *, endpoint: str | None = None, cache_dir: str | None = None) -> str:
     """One file of a Hub repository (`--unet REPO:FILE`): downloaded, or the cached copy when the Hub is unreachable
     (the same short probe as for --model); else ModelLoadError with the command that fetches it."""
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
-
-    from ..contract.errors import ModelLoadError
-
     offline = constants.HF_HUB_OFFLINE or not hub_reachable(endpoint)
     command = shlex.join(["hf", "download", repo_id, filename])
     try:
@@ -112,10 +104,6 @@ def folder_or_snapshot(source: str, patterns: tuple[str, ...], layout: str) -> P
     """A second network's source (--controlnet, --refiner): a folder as is; a Hub id through the local Hugging Face
     cache, downloaded (only `patterns`) when the Hub answers; else CheckpointError with the command that fetches it.
     `layout` names what the folder should hold, for the sentence a path that is neither gets."""
-    from huggingface_hub import snapshot_download
-
-    from ..contract.errors import CheckpointError
-
     path = Path(source).expanduser()
     if path.is_dir():
         return path

@@ -5,11 +5,15 @@ project's own modules from the config.json files (`networks.py`), then each comp
 msgpack file (`flax.serialization.msgpack_restore`, as diffusers and transformers read them), else from its PyTorch
 safetensors converted without torch (`convert.py`). Weights are cast to the requested dtype on the host (no device
 compile per tensor).
+
+Imported inside functions: jax and flax (heavy: `startup.check` calls `resolve_model` before the CPU device count is
+set and JAX starts), huggingface_hub and `.hub` (heavy: 0.3 s, for a Hub id only).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import json
 import logging
@@ -24,7 +28,9 @@ import numpy as np
 
 from ..config import SDXL_BASE, SDXL_BASE_FLAX_REVISION, TINY_MODEL
 from ..contract.errors import CheckpointError, ModelLoadError
+from .convert import check_single_file, load_converted, pytorch_weight_files, weight_patterns, weight_variants
 from .networks import FLAX_WEIGHTS, Networks, build_networks
+from .tiny import tiny_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +66,6 @@ def resolve_model(model: str, variant: str | None = None) -> str:
         raise CheckpointError("No model given: pass a Hub id, a local directory in diffusers' Flax layout, or 'tiny'.")
     model = model.strip()
     if model == TINY_MODEL:
-        from .tiny import tiny_checkpoint
-
         return str(tiny_checkpoint())
     path = Path(model).expanduser()
     if path.is_dir():
@@ -69,8 +73,6 @@ def resolve_model(model: str, variant: str | None = None) -> str:
         return str(path)
     if path.exists():
         if path.suffix in (".safetensors", ".ckpt"):
-            from .convert import check_single_file
-
             check_single_file(path)
         raise CheckpointError(
             f"Model path {model} is a file; pass the checkpoint directory (the one with model_index.json)."
@@ -104,8 +106,6 @@ def check_sdxl_directory(path: Path, variant: str | None = None) -> None:
             + (f" and lacks {', '.join(missing)}" if missing else "")
             + "); pass SDXL base or another SDXL checkpoint in diffusers' layout."
         )
-    from .convert import pytorch_weight_files, weight_variants
-
     needs_pytorch = [name for name, file in FLAX_WEIGHTS.items() if not (path / name / file).is_file()]
     present = sorted({v for name in needs_pytorch for v in weight_variants(path / name, name)})
     if variant and needs_pytorch and variant not in present:  # bad input (CLI exit status 2), like unmappable files
@@ -236,12 +236,8 @@ def download_checkpoint(repo_id: str, *, revision: str | None, variant: str | No
     Offline (or no route to the Hub) whatever is in the local Hub cache is used; nothing cached raises
     huggingface_hub's LocalEntryNotFoundError, which load_model turns into its one-line "Could not download".
     """
-    import fnmatch
-
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
-    from .convert import weight_patterns
 
     metadata = ["model_index.json", "*/*.json", "*/*.txt"]
     try:
@@ -335,8 +331,6 @@ def _component_weights(
 ) -> tuple[dict, str]:
     """One component's weights and where they came from: its Flax file, else its PyTorch safetensors (or the UNet
     file `unet`) converted without torch, cached."""
-    from .convert import load_converted, pytorch_weight_files
-
     flax_file = directory / name / FLAX_WEIGHTS[name]
     if name == "unet" and unet:
         files = [resolve_unet_file(unet)]

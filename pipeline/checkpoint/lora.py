@@ -39,6 +39,7 @@ from typing import Any
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: safetensors needs it to read bf16 tensors)
 import numpy as np
+from safetensors import safe_open
 
 from ..contract.errors import CheckpointError
 
@@ -625,8 +626,6 @@ def _peft_scale(path: Path, module: str, component: str, rank: int, alphas: Mapp
 
 
 def _read_layers(path, header, kind, modules, leaves, targets, alphas) -> dict[LeafPath, LoraLayer]:
-    from safetensors import safe_open
-
     layers: dict[LeafPath, LoraLayer] = {}
     for roles in modules.values():
         for role in ("down", "up", "alpha"):

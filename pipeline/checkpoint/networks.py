@@ -5,6 +5,9 @@ are those of diffusers' and transformers' Flax classes, so the checkpoint's file
 safetensors) fit them as they are. The tokenizers are CLIP's BPE (`clip_tokenizer.py`, the project's own, pure
 Python); the scheduler is its config only: the engine's samplers compute their own schedules from it
 (`host/planning/sampler_plan.py`).
+
+Imported inside `build_networks`: jax and the networks (`..device.nets`; heavy: `loading.py` imports this module
+before the CPU device count is set and JAX starts), and the `clip_tokenizer` (heavy: its regex, 35 ms).
 """
 
 from __future__ import annotations

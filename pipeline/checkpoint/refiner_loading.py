@@ -21,10 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
+
 from ..contract.errors import CheckpointError
 from ..contract.request import refiner_name
+from ..device.nets.clip import CLIPTextConfig, CLIPTextModelWithProjection
+from ..device.nets.unet import UNet2DConditionModel, UNetConfig
 from . import convert
+from .clip_tokenizer import ClipTokenizer
 from .hub import folder_or_snapshot
+from .loading import _flax_weights, cast_params
 from .networks import FLAX_WEIGHTS, read_config
 
 logger = logging.getLogger(__name__)
@@ -81,8 +87,6 @@ def _sha256(path: Path) -> str:
 
 
 def _component(directory: Path, name: str, module, files: list[Path], dtype: str, use_cache: bool) -> dict:
-    from .loading import _flax_weights
-
     if files[0].suffix == ".msgpack":
         return _flax_weights(files[0], module)
     prefix = "" if name.startswith("text_encoder") else None  # transformers' empty base-model prefix
@@ -99,12 +103,6 @@ def _component(directory: Path, name: str, module, files: list[Path], dtype: str
 
 def refiner_modules(directory: Path, dtype: str, base_networks):
     """The refiner's UNet and CLIP-G modules from its configs, checked to be a refiner for this base."""
-    import jax.numpy as jnp
-
-    from ..device.nets.clip import CLIPTextConfig, CLIPTextModelWithProjection
-    from ..device.nets.unet import UNet2DConditionModel, UNetConfig
-    from .clip_tokenizer import ClipTokenizer
-
     try:
         unet_config = UNetConfig.from_dict(read_config(directory, "unet"))
         text_config = CLIPTextConfig.from_dict(read_config(directory, "text_encoder_2"))
@@ -142,8 +140,6 @@ def load_refiner(
 ) -> RefinerWeights:
     """`--refiner` -> RefinerWeights for the loaded base `base` (`loading.LoadedModel`); CheckpointError in one
     sentence naming it when it cannot be (the server then does not start: the user asked for it)."""
-    from .loading import cast_params
-
     started = time.perf_counter()
     try:
         directory = folder_or_snapshot(source, REFINER_PATTERNS, "model_index.json, unet/, text_encoder_2/")

@@ -24,10 +24,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
+from safetensors.numpy import load_file
 
 from ..contract.errors import InvalidInput
+from ..device.nets.rrdbnet import RRDBNet
 
 #: The file kinds an upscaler may be.
 SUFFIXES = (".safetensors", ".pth")
@@ -145,8 +150,6 @@ def read_pth(path: Path) -> dict:
 def read_tensors(path: Path) -> dict[str, np.ndarray]:
     """{name: array} from a `.safetensors` or `.pth` upscaler file, unwrapped from `params_ema`/`params`."""
     if path.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-
         try:
             return load_file(str(path))
         except Exception as error:
@@ -189,8 +192,6 @@ def new_layout(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def rrdbnet_for(tensors: dict[str, np.ndarray]):
     """The RRDBNet whose shapes basicsr-named `tensors` have."""
-    from ..device.nets.rrdbnet import RRDBNet
-
     first, last = tensors["conv_first.weight"], tensors.get("conv_last.weight")
     unshuffle = math.isqrt(first.shape[1] // 3) if first.ndim == 4 and first.shape[1] % 3 == 0 else 0
     if unshuffle not in (1, 2, 4) or 3 * unshuffle**2 != first.shape[1]:
@@ -208,10 +209,6 @@ def rrdbnet_for(tensors: dict[str, np.ndarray]):
 def convert(tensors: dict[str, np.ndarray]) -> tuple[object, dict]:
     """(module, params): basicsr-named torch tensors as the module's Flax tree (kernels [kh, kw, in, out]),
     each checked against the module's shapes."""
-    import jax
-    import jax.numpy as jnp
-    from flax.traverse_util import flatten_dict, unflatten_dict
-
     module = rrdbnet_for(tensors)
     size = 4 * module.unshuffle
     shapes = flatten_dict(jax.eval_shape(module.init, jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))["params"])

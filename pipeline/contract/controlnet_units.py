@@ -57,7 +57,7 @@ class ControlUnit:
 
 def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
     """OpenCV's Canny edges of an RGB picture as a white-on-black RGB map: uint8 [H, W, 3]."""
-    import cv2
+    import cv2  # optional: canny only; the engine's packages alone (pipeline/installed.py) lack it
 
     edges = cv2.Canny(np.ascontiguousarray(pixels), low, high)  # [H, W] 0/255
     return np.repeat(edges[:, :, None], 3, axis=2)

@@ -39,10 +39,12 @@ import functools
 import logging
 import threading
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from .cores import ATTENTIONS
+from .nets.attention import Attention
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +156,7 @@ def splash_supported(q_shape, k_shape) -> bool:
 @functools.lru_cache(maxsize=64)
 def _splash_kernel(heads: int, q_len: int, kv_len: int, block_q: int, block_kv: int, interpret: bool):
     """A forward-only splash kernel over `heads` full (unmasked) heads; its mask metadata built once, concretely."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy: Pallas' TPU kernels
 
     mask = splash.MultiHeadMask([splash.FullMask((q_len, kv_len)) for _ in range(heads)])
     blocks = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
@@ -190,7 +192,7 @@ def splash_attention(q, k, v, scale: float, *, interpret: bool = False, block: i
     tile = block or splash_block(length)
     kernel = _splash_kernel(heads, length, length, tile, tile, interpret)
     if length > q_len:  # padded tokens form their own segment: real queries never see them, nor they real keys
-        from jax.experimental.pallas.ops.tpu import splash_attention as splash
+        from jax.experimental.pallas.ops.tpu import splash_attention as splash  # heavy: Pallas' TPU kernels
 
         ids = (jnp.arange(length) >= q_len).astype(jnp.int32)
         kernel = functools.partial(kernel, segment_ids=splash.SegmentIds(q=ids, kv=ids))
@@ -214,8 +216,6 @@ def attend(q, k, v, scale: float, kind: str, *, interpret: bool = False):
 def attention_classes() -> tuple:
     """The modules whose core the hook swaps: the project's `nets.attention.Attention` (the UNet's and the
     ControlNet's), whose projections are `query`, `key`, `value` and `proj_attn`."""
-    from .nets.attention import Attention
-
     return (Attention,)
 
 
@@ -292,8 +292,6 @@ def attention_hook(kind: str, *, interpret: bool = False):
     if kind == "diffusers":
         yield
         return
-    import flax.linen as nn
-
     classes = attention_classes()
 
     def interceptor(next_fun, args, kwargs, context):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 from . import attention
@@ -110,8 +111,6 @@ def unet_full(unet, params, sample, timesteps, encoder_hidden_states, added_cond
             kept.append(result)
         return result
 
-    import flax.linen as nn
-
     with nn.intercept_methods(keep_feature):
         noise = unet.apply(
             {"params": params},
@@ -152,8 +151,6 @@ def unet_shallow(unet, params, sample, timesteps, encoder_hidden_states, added_c
         if name == where.last_up_block:
             return _last_layer(where, context, _arguments(context, args, kwargs), feature, skip["conv_in"])
         return next_fun(*args, **kwargs)
-
-    import flax.linen as nn
 
     with nn.intercept_methods(shallow):
         return unet.apply(

@@ -15,6 +15,9 @@ touched. NVIDIA's MLPerf SDXL entries quantize the same layers (INT8 SmoothQuant
 qwix (google/qwix) intercepts `jax.lax.dot_general` / `conv_general_dilated` inside the module's `__call__`, so
 the UNet (`nets/unet.py`) is used as written, with DeepCache's and the attention core's method interceptors on top.
 Quality on real SDXL weights is unmeasured here (MLPerf's FID / CLIP-score bounds are the test a TPU run needs).
+
+Imported inside functions: qwix (optional: only `--quantize int8` needs it, and a machine with the engine's
+packages alone has none (pipeline/installed.py's ENGINE); 2 s to import).
 """
 
 from __future__ import annotations

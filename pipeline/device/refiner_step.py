@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 from .denoise import unet_step
@@ -38,8 +39,6 @@ def refiner_encode_local(
     [cb, K*77, D2], pooled [cb, P], key lengths [cb] int32; the unconditional half first (c = 2) or the prompt
     alone (static `cfg=False`). Emphasis weights and embedding vectors ([E, D2]) as `text.encode_local` uses them.
     Static `zero_empty_negative`: an empty negative prompt gives zero embeddings (else it is encoded as "")."""
-    import flax.linen as nn
-
     both_ids = jnp.concatenate([negative_ids, prompt_ids], axis=0) if cfg else prompt_ids  # [cb, 2, K*77]
     both_weights = jnp.concatenate([negative_weights, prompt_weights], axis=0) if cfg else prompt_weights
     rows, length = both_ids.shape[0], both_ids.shape[-1]

@@ -11,7 +11,11 @@ import sys
 import threading
 import time
 
+from ..cluster.join_options import options_from_args
+from ..config import engine_config
+from ..startup import start
 from .auth import listen_problem, token_from
+from .info import engine_info
 from .server import EngineService, make_server
 
 logger = logging.getLogger("sdxl_jax.service")
@@ -22,10 +26,6 @@ STOP_GRACE_S = 5.0
 
 def serve(args: argparse.Namespace) -> int:
     """Run the engine service as `args` (the serve subcommand's options) ask; the process's exit status."""
-    from ..cluster.join_options import options_from_args
-    from ..config import engine_config
-    from ..startup import start
-
     config = engine_config(args)
     token = token_from(args.engine_token)
     serves = args.process_id in (None, 0)  # process 0 (or the only one) serves; the others follow
@@ -53,8 +53,6 @@ def serve(args: argparse.Namespace) -> int:
             return cluster.follow(generator)
         finally:
             _stop(service, server)
-    from .info import engine_info
-
     service.ready(cluster.lead(generator), engine_info(generator, cluster.process_count))
     logger.info(
         "engine ready: %s, %d images per request; serving on http://%s:%d/",

@@ -45,7 +45,7 @@ def mcp_content(data: Any, root_url: str = "") -> list:
     """A tool's outputs as MCP content: each image (a Gradio file record, or a gallery item of one) as base64 image
     content then its caption, every other output as text (JSON unless it is text). Takes Gradio's two shapes: the
     outputs' list, or a list holding the client's tuple of them. No path or file URL is said."""
-    from mcp import types
+    from mcp import types  # optional: gradio's [mcp] extra, for --mcp only
 
     content: list = []
 

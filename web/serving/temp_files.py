@@ -87,7 +87,7 @@ class ProcessFolder:
 def _remove_gradio_leftover() -> None:
     """Gradio makes an empty `vibe_edit_history` folder in the temporary directory it read at import (before
     ProcessFolder points it here) for every app it builds; removed with its `gradio` parent, each only if empty."""
-    from ..gradio_internals import import_time_temp_dir
+    from ..gradio_internals import import_time_temp_dir  # heavy: 30 ms (dataclasses) on app.py's first import
 
     folder = pathlib.Path(import_time_temp_dir()) / "vibe_edit_history"
     for empty in (folder, folder.parent):

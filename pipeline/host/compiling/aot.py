@@ -31,7 +31,10 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+from jax.experimental import topologies
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
+from .cache_reads import serialize_with_bytes
 from .programs import KINDS, WEIGHTS, ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
@@ -48,8 +51,6 @@ def topology_devices(name: str) -> list:
     chips."""
     if name == LOCAL_CPU:
         return jax.devices("cpu")
-    from jax.experimental import topologies
-
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
     except Exception as exc:  # no libtpu, or a name it does not know: one clear line
@@ -210,10 +211,6 @@ def serialized_entry(
     The file is written under a temporary name and renamed, so a reader (another process starting) never sees half
     of it. Raises what serialization raises (a program holding a host callback or a constant cannot be written).
     """
-    from jax.experimental.serialize_executable import serialize
-
-    from .cache_reads import serialize_with_bytes
-
     program_fingerprint = fingerprint(programs, key)
     payload = serialize(compiled) if executable_bytes is None else serialize_with_bytes(compiled, executable_bytes)
     blob = pickle.dumps(payload)  # (executable bytes, argument tree, result tree)
@@ -360,8 +357,6 @@ def load_precompiled(
     Nothing raises for a mismatch: such programs are left for the usual compilation, and the report (logged as one
     line, named `what`) says why.
     """
-    from jax.experimental.serialize_executable import deserialize_and_load
-
     started = time.perf_counter()
     directory = Path(directory)
     report = LoadReport()
