@@ -229,6 +229,33 @@ def build_programs(
     )
 
 
+def served_program_keys(
+    config: EngineConfig,
+    cfg: bool,
+    multiple: int,
+    *,
+    lora: bool = False,
+    control_sets: tuple[tuple[int, ...], ...] = (),
+    refiner: bool = False,
+) -> list[ProgramKey]:
+    """Every program a server with `config` serves (`program_keys`): the offered sizes and their hires sizes
+    (`multiple`: `latent_multiple`), the levers, previews, text windows and cross-attention cache as `config` says;
+    the LoRA merge, the ControlNets' `control_sets` and the refiner's as it loaded them. The generator and
+    `precompile` both list them here."""
+    return program_keys(
+        list(config.offered_sizes),
+        cfg,
+        config.speed_levers,
+        lora=lora,
+        previews=config.previews,
+        windows=config.prompt_windows,
+        control_sets=control_sets,
+        refiner=refiner,
+        hires=hires_pairs(config, multiple),
+        cross_kv=config.cross_attention_cache,
+    )
+
+
 def merged_program_keys(config: EngineConfig, cfg: bool) -> list[ProgramKey]:
     """The programs of a --merge-requests call smaller than N: text to image, image to image and inpainting on the
     base alone (no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and `precompile` both
@@ -418,17 +445,9 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(
-            self.sizes,
-            self.sampler.cfg,
-            self.config.speed_levers,
-            lora=self.loras is not None,
-            previews=self.config.previews,
-            windows=self.config.prompt_windows,
-            control_sets=self.controlnets.sets,
-            refiner=self.refiner is not None,
-            hires=hires_pairs(self.config, self.latent_multiple),
-            cross_kv=self.config.cross_attention_cache,
+        lora, control_sets, refined = self.loras is not None, self.controlnets.sets, self.refiner is not None
+        return served_program_keys(
+            self.config, self.sampler.cfg, self.latent_multiple, lora=lora, control_sets=control_sets, refiner=refined
         )
 
     def merged_program_keys(self) -> list[ProgramKey]:
