@@ -56,25 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up checks
     with StartupGuard("app.py", cleanup=ProcessFolder.remove_all) as guard:  # before Gradio or JAX is imported
-        from pipeline.platform import quiet_start, use_cpu_cores
         from web.options import parse_args
 
         args = parse_args(argv)
+        if problem := model_problem(args):
+            print(f"app.py: error: {problem}", file=sys.stderr)
+            return 2
         from pipeline.contract.errors import InvalidInput, ModelLoadError  # neither imports JAX
-        from pipeline.startup import check
-
-        if not args.engine:  # in front of engines this process runs no JAX: no devices to split (nor to log)
-            use_cpu_cores(args.cpu_devices)  # before anything imports JAX
-            try:  # a wrong --model, --lora-dir or --embeddings-dir: said in a moment, before Gradio and JAX
-                check(args.config)
-            except (OSError, ModelLoadError, InvalidInput) as exc:
-                print(f"app.py: error: {exc}", file=sys.stderr)
-                return 2
         from pipeline.contract.styles import StyleFileError, load_examples
-        from web.apis import ApiAccess, attach_apis
-        from web.history.store import HistoryLocked, default_data_dir
+        from pipeline.platform import quiet_start
+        from web.history.store import HistoryLocked
         from web.history.tab import History
-        from web.page.layout import build_page
         from web.page.prompt_filter import PromptFilter
         from web.serving.server import port_problem, serve_until_signal
 
@@ -88,37 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             prompt_filter = PromptFilter.from_file(args.prompt_filter) if args.prompt_filter else None
             if serves and not args.no_history:  # opened first: a data folder in use or unwritable fails at once
-                history = History.for_server(
-                    args.data_dir or default_data_dir(),
-                    logins=bool(args.auth),
-                    max_entries=args.history_max,
-                    database_url=args.database_url,
-                    image_store=args.image_store,
-                )
+                history = open_history(args)
             examples = load_examples()
             cluster, generator = guard.run(lambda: start_cluster_and_engine(args))
         except (OSError, StyleFileError, ModelLoadError, InvalidInput, HistoryLocked) as exc:
             history.close()
             print(f"app.py: error: {exc}", file=sys.stderr)
             return 2
-        if prompt_filter is not None:
-            logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
-        if history.store is not None:
-            logger.info("history: kept per login in %s (up to %d each)", history.store.where(), args.history_max)
+        log_page_options(args, prompt_filter, history)
         if cluster is not None and not cluster.is_leader:
             return cluster.follow(generator)  # runs what process 0 is asked, until process 0 stops
         started = time.perf_counter()
         engine = cluster.lead(generator) if cluster is not None else generator
-        page = build_page(
-            engine,
-            examples=examples,
-            prompt_filter=prompt_filter,
-            queue_size=args.queue_size,
-            progress=not args.no_progress,
-            history=history,
-            logins=bool(args.auth),
-        )
-        apis = attach_apis(page, ApiAccess.from_args(args))  # A1111, OpenAI Images, MCP: through the page's queue
+        page, apis = page_with_apis(args, engine, examples, prompt_filter, history)
     try:
         return serve_until_signal(
             page, host=args.host, port=args.port, share=args.share, auth=args.auth, started=started, **apis
@@ -129,6 +103,65 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.stop()  # STOP to the followers (a no-op on one process)
         else:
             generator.close()  # the engine services' prober
+
+
+def model_problem(args) -> str | None:
+    """What is wrong with --model, --lora-dir or --embeddings-dir, said in a moment, before Gradio and JAX are
+    imported; None when nothing is, or when this process runs no engine (--engine: in front of engine services, no
+    devices to split nor to log). The CPU is split into devices first: before anything imports JAX."""
+    if args.engine:
+        return None
+    from pipeline.contract.errors import InvalidInput, ModelLoadError  # neither imports JAX
+    from pipeline.platform import use_cpu_cores
+    from pipeline.startup import check
+
+    use_cpu_cores(args.cpu_devices)  # before anything imports JAX
+    try:
+        check(args.config)
+    except (OSError, ModelLoadError, InvalidInput) as exc:
+        return str(exc)
+    return None
+
+
+def open_history(args):
+    """The server's history (web/history/tab.py), opened before the engine loads: a data folder in use or
+    unwritable fails at once."""
+    from web.history.store import default_data_dir
+    from web.history.tab import History
+
+    return History.for_server(
+        args.data_dir or default_data_dir(),
+        logins=bool(args.auth),
+        max_entries=args.history_max,
+        database_url=args.database_url,
+        image_store=args.image_store,
+    )
+
+
+def log_page_options(args, prompt_filter, history) -> None:
+    """One line each for the prompt filter and the history, when the server has them."""
+    if prompt_filter is not None:
+        logger.info("prompt filter: %d blocked words or phrases from %s", len(prompt_filter), args.prompt_filter)
+    if history.store is not None:
+        logger.info("history: kept per login in %s (up to %d each)", history.store.where(), args.history_max)
+
+
+def page_with_apis(args, engine, examples, prompt_filter, history):
+    """The page around the ready engine, and the APIs beside it (A1111, OpenAI Images, MCP: through the page's
+    queue): (page, the APIs' settings for `serve_until_signal`)."""
+    from web.apis import ApiAccess, attach_apis
+    from web.page.layout import build_page
+
+    page = build_page(
+        engine,
+        examples=examples,
+        prompt_filter=prompt_filter,
+        queue_size=args.queue_size,
+        progress=not args.no_progress,
+        history=history,
+        logins=bool(args.auth),
+    )
+    return page, attach_apis(page, ApiAccess.from_args(args))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from .device.sharding import data_mesh, replicate_tree, to_host
 from .host import loop
 from .host.compiling.compile_cache import CompileCounter, configure_compilation_cache
 from .host.compiling.compiler_options import check as check_compiler_options
-from .host.compiling.executable_store import StartupPrograms, build_served
+from .host.compiling.executable_store import StartupPrograms
 from .host.compiling.programs import ProgramKey, ServedPrograms, program_keys
 from .host.loop import Gate, Listener, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
@@ -55,10 +55,12 @@ from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.placement import Placement
 from .host.planning.controlnet_plan import ServedControlNets, control_inputs
 from .host.planning.run_plan import RunContext, RunPlan, plan_run
-from .host.planning.sampler_plan import SamplerConfig, stacked
+from .host.planning.sampler_plan import SamplerConfig
 from .host.planning.tokens import PromptReader
 from .host.text_cache import TextCache
 from .host.upscale_tiles import OVERLAP, TILE, TILE_BATCH, TiledUpscaler, tile_starts
+from .merged_calls import merged_run, ticket_of
+from .warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,27 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)  # total_s, host_s, device_s, first_step_s
     steps: int = 0  # denoising steps this call ran
     sampler: str = ""  # the sampler it ran, by A1111's name (e.g. "DPM++ 2M Karras")
+
+    @classmethod
+    def of(
+        cls, run: RunPlan, pixels: np.ndarray, total_s: float, device_s: float, first_step_s: float
+    ) -> GenerationResult:
+        """What `run` made of its call's `pixels` (uint8 [B, H, W, 3] on this host): the images it returns, each
+        with its `parameters` text, their seeds, what the call ran, and its seconds: in all (`total_s`), on the
+        devices, on the host (the rest), to the first step's result."""
+        output, request = run.output, run.request
+        timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s, "first_step_s": first_step_s}
+        return cls(
+            images=image_io.to_pil(pixels[: output.returned], list(output.parameters)),
+            seeds=list(output.seeds[: output.returned]),
+            prompt=request.styled_prompt,
+            negative_prompt=request.styled_negative_prompt,
+            truncated=output.truncated,
+            parameters=list(output.parameters),
+            timings=timings,
+            steps=run.steps,
+            sampler=run.first.plan.label,
+        )
 
     def save_pngs(self, directory: str | Path, stem: str = "image") -> list[Path]:
         """Write the images as `<stem>-00000.png`, ... with their `parameters` text chunks, numbered on from the
@@ -229,6 +252,33 @@ def build_programs(
     )
 
 
+def served_program_keys(
+    config: EngineConfig,
+    cfg: bool,
+    multiple: int,
+    *,
+    lora: bool = False,
+    control_sets: tuple[tuple[int, ...], ...] = (),
+    refiner: bool = False,
+) -> list[ProgramKey]:
+    """Every program a server with `config` serves (`program_keys`): the offered sizes and their hires sizes
+    (`multiple`: `latent_multiple`), the levers, previews, text windows and cross-attention cache as `config` says;
+    the LoRA merge, the ControlNets' `control_sets` and the refiner's as it loaded them. The generator and
+    `precompile` both list them here."""
+    return program_keys(
+        list(config.offered_sizes),
+        cfg,
+        config.speed_levers,
+        lora=lora,
+        previews=config.previews,
+        windows=config.prompt_windows,
+        control_sets=control_sets,
+        refiner=refiner,
+        hires=hires_pairs(config, multiple),
+        cross_kv=config.cross_attention_cache,
+    )
+
+
 def merged_program_keys(config: EngineConfig, cfg: bool) -> list[ProgramKey]:
     """The programs of a --merge-requests call smaller than N: text to image, image to image and inpainting on the
     base alone (no ControlNets, hires fix or refiner; the LoRA merge is N's). The generator and `precompile` both
@@ -269,6 +319,55 @@ def place_weights(loaded: LoadedModel, config: EngineConfig, refiner: RefinerWei
     served = with_refiner(served_params(loaded, config), refiner)  # --quantize int8: the UNet's int8 kernels
     params = jax.block_until_ready(replicate_tree(served, mesh))
     return params, {"load_s": loaded.load_s, "cast_s": loaded.cast_s, "replicate_s": time.perf_counter() - started}
+
+
+def load_checkpoints(config: EngineConfig) -> tuple[LoadedModel, list, RefinerWeights | None]:
+    """The checkpoints `config` names, read from disk or the Hub (PyTorch files converted, once with the conversion
+    cache): the model, its --controlnet ControlNets and its --refiner."""
+    loaded = load_model(
+        config.model,
+        dtype=config.dtype,
+        revision=config.revision,
+        variant=config.variant,
+        unet=config.unet,
+        conversion_cache=config.conversion_cache,
+    )
+    nets = (
+        load_controlnets(config.controlnets, config.dtype, variant=config.variant, use_cache=config.conversion_cache)
+        if config.controlnets
+        else []
+    )
+    refiner = (
+        load_refiner(
+            config.refiner, loaded, dtype=config.dtype, variant=config.variant, use_cache=config.conversion_cache
+        )
+        if config.refiner
+        else None
+    )
+    return loaded, nets, refiner
+
+
+def request_rules(
+    config: EngineConfig,
+    sampler: SamplerConfig,
+    loras: list[LoraFile],
+    embeddings: tuple[str, ...],
+    controlnets: ServedControlNets,
+    refiner: RefinerWeights | None,
+    upscalers: dict[str, TiledUpscaler],
+) -> RequestRules:
+    """What a request may ask for on a server with these parts and what it gets when it names nothing
+    (`parse_request`)."""
+    return dataclasses.replace(
+        RequestRules.of(config),
+        sampler=sampler_label(sampler.sampler),
+        cfg=sampler.cfg,
+        loras=tuple(lora.name for lora in loras),
+        embeddings=embeddings,
+        controlnets=controlnets.names,
+        refiner=refiner.name if refiner is not None else "",
+        hires_upscalers=(*UPSCALERS, *upscalers),
+    )
 
 
 class Generator:
@@ -325,29 +424,18 @@ class Generator:
             if files
             else None
         )
-        self.rules = self._rules(files)
+        self.rules = request_rules(
+            config, self.sampler, files, tuple(self.prompts.embeddings), self.controlnets, refiner, self.upscalers
+        )
         self.context = self._run_context()
         self._device_lock = threading.Lock()  # one call on the devices at a time
-        self.merger = CallMerger(config.merge_call_sizes, self._run_group) if config.merge_requests else None
+        self.merger = CallMerger(config.merge_call_sizes, self.run_group) if config.merge_requests else None
         self.requests_at_once = 2 * config.per_device_batch if config.merge_requests else 1  # a call's N and the next's
         self.concurrency = max(REQUESTS_AT_ONCE, self.requests_at_once)  # the page's generate event at once
         self.text_cache = TextCache(config.text_cache)
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
         self.startup_programs: StartupPrograms | None = None  # how `warmup` got each program
-
-    def _rules(self, loras: list[LoraFile]) -> RequestRules:
-        """What a request may ask for on this server and what it gets when it names nothing (`parse_request`)."""
-        return dataclasses.replace(
-            RequestRules.of(self.config),
-            sampler=sampler_label(self.sampler.sampler),
-            cfg=self.sampler.cfg,
-            loras=tuple(lora.name for lora in loras),
-            embeddings=tuple(self.prompts.embeddings),
-            controlnets=self.controlnets.names,
-            refiner=self.refiner.name if self.refiner is not None else "",
-            hires_upscalers=(*UPSCALERS, *self.upscalers),
-        )
 
     def _run_context(self) -> RunContext:
         """What planning a request reads of this engine (`host/planning/run_plan.py`)."""
@@ -380,29 +468,8 @@ class Generator:
         """
         config = prepare(config, devices)
         SamplerConfig().with_overrides(**config.sampler_overrides())  # bad sampler settings fail before loading
-        loaded = load_model(
-            config.model,
-            dtype=config.dtype,
-            revision=config.revision,
-            variant=config.variant,
-            unet=config.unet,
-            conversion_cache=config.conversion_cache,
-        )
-        nets = (
-            load_controlnets(
-                config.controlnets, config.dtype, variant=config.variant, use_cache=config.conversion_cache
-            )
-            if config.controlnets
-            else []
-        )
-        refiner = (
-            load_refiner(
-                config.refiner, loaded, dtype=config.dtype, variant=config.variant, use_cache=config.conversion_cache
-            )
-            if config.refiner
-            else None
-        )
-        return cls(loaded, config, devices, nets, refiner)
+        loaded, controlnets, refiner = load_checkpoints(config)
+        return cls(loaded, config, devices, controlnets, refiner)
 
     @classmethod
     def from_pretrained(cls, model: str = SDXL_BASE, *, devices: list | None = None, **settings) -> Generator:
@@ -418,17 +485,9 @@ class Generator:
 
     def program_keys(self) -> list[ProgramKey]:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
-        return program_keys(
-            self.sizes,
-            self.sampler.cfg,
-            self.config.speed_levers,
-            lora=self.loras is not None,
-            previews=self.config.previews,
-            windows=self.config.prompt_windows,
-            control_sets=self.controlnets.sets,
-            refiner=self.refiner is not None,
-            hires=hires_pairs(self.config, self.latent_multiple),
-            cross_kv=self.config.cross_attention_cache,
+        lora, control_sets, refined = self.loras is not None, self.controlnets.sets, self.refiner is not None
+        return served_program_keys(
+            self.config, self.sampler.cfg, self.latent_multiple, lora=lora, control_sets=control_sets, refiner=refined
         )
 
     def merged_program_keys(self) -> list[ProgramKey]:
@@ -452,34 +511,8 @@ class Generator:
         return CompileCounter.compiles() - self._compiles_at_start
 
     def warmup(self) -> dict[str, float]:
-        """Build every served program (loaded from this host's executables, or traced, lowered and compiled), then
-        run each offered size once; compile_s (all of the programs' phase) and first_run_s are totals, with the
-        programs' phases apart (`host/executables.StartupPrograms.timings`)."""
-        started = time.perf_counter()
-        store = self.config.compilation_cache and self.config.executable_cache
-        self.startup_programs = build_served(self.programs, self.program_keys(), store=store)
-        for programs in self.call_programs.values():  # --merge-requests: the smaller calls' programs
-            if programs is not self.programs:
-                self.startup_programs = self.startup_programs.joined(
-                    build_served(programs, self.merged_program_keys(), store=store)
-                )
-        logger.info("%s", self.startup_programs.summary())
-        for upscaler in self.upscalers.values():  # each ESRGAN model's one tile program
-            upscaler.compile()
-        if self.loras is not None:
-            self.loras.prepare()
-        timings = {"compile_s": time.perf_counter() - started, **self.startup_programs.timings(), "first_run_s": 0.0}
-        for height, width in self.sizes:
-            started = time.perf_counter()
-            self.generate(self.request("warm-up", size=(height, width)))
-            for n in list(self.call_programs)[1:] if self.merger is not None else ():  # the other call sizes, once
-                run = self.plan(self.request("warm-up", size=(height, width)))
-                if run.merge_key is not None:  # (a default refiner switch does not merge: its programs are N's)
-                    self._run_group([self._ticket(run) for _ in range(n)])
-            first_run_s = time.perf_counter() - started
-            timings["first_run_s"] += first_run_s
-            logger.info("first run %d×%d, %d steps: %.2f s", width, height, self.config.steps, first_run_s)
-        return timings
+        """Build every served program, then run each offered size once: the phases' seconds (`warmup.warm_up`)."""
+        return warm_up(self)
 
     # ---- one request ---------------------------------------------------------------------------------------------
 
@@ -511,44 +544,21 @@ class Generator:
         run = self.plan(request)
         timings: dict[str, float] = {}
         if run.merge_key is not None:  # --merge-requests: it waits for a shared call's block
-            pixels, device_s = self.merger.submit(self._ticket(run, on_step, should_stop, on_preview))
+            pixels, device_s = self.merger.submit(ticket_of(run, on_step, should_stop, on_preview))
         else:
             pixels, device_s = self._run(run, loop.Watchers(on_preview, on_step, should_stop, gate), timings)
-        output = run.output
-        images = image_io.to_pil(pixels[: output.returned], list(output.parameters))
         total_s = time.perf_counter() - started
-        timings = {
-            "total_s": total_s,
-            "device_s": device_s,
-            "host_s": total_s - device_s,
-            "first_step_s": timings.get("first_step_s", 0.0),
-        }
-        return GenerationResult(
-            images=images,
-            seeds=list(output.seeds[: output.returned]),
-            prompt=request.styled_prompt,
-            negative_prompt=request.styled_negative_prompt,
-            truncated=output.truncated,
-            parameters=list(output.parameters),
-            timings=timings,
-            steps=run.steps,
-            sampler=run.first.plan.label,
-        )
+        return GenerationResult.of(run, pixels, total_s, device_s, timings.get("first_step_s", 0.0))
 
     def _run(self, run: RunPlan, watchers: loop.Watchers, timings: dict) -> tuple[np.ndarray, float]:
         """A request alone on the devices: uint8 pixels [B, H, W, 3] on this host and the seconds the devices were
         held."""
         first, conditioning, placement = run.first, run.conditioning, self.placement
-        height, width = first.size
         picture = placement.pictures([first.picture], self.images_per_call) if first.picture is not None else None
         with self._device_lock:
             on_device = time.perf_counter()
-            hires = (
-                None
-                if run.second is None
-                else placement.hires(
-                    run.second, run.output.seeds, self.programs, self._params, conditioning.aesthetic, self.upscalers
-                )
+            hires = placement.hires(
+                run.second, run.output.seeds, self.programs, self._params, conditioning.aesthetic, self.upscalers
             )
             control = control_inputs(
                 self.controlnets,
@@ -568,36 +578,13 @@ class Generator:
                 control=control,
                 # Only a request someone watches runs the preview program (compiled or not, the others run the
                 # plain txt2img programs); on several processes the leader tells each follower to run it too.
-                on_preview=watchers.on_preview if self.config.previews else None,
-                on_step=watchers.on_step,
-                should_stop=watchers.should_stop,
-                gate=watchers.gate,
+                watchers=watchers if self.config.previews else dataclasses.replace(watchers, on_preview=None),
                 hires=hires,
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
             )
             return pixels, time.perf_counter() - on_device
 
-    def _ticket(
-        self,
-        run: RunPlan,
-        on_step: Listener | None = None,
-        should_stop: StopCheck | None = None,
-        on_preview: PreviewListener | None = None,
-    ) -> Ticket:
-        """A mergeable request's ticket for the merger: its rows (one per device: seeds seed, seed + 1, ...), key and
-        listeners, and its plan (what `_run_group` reads of it)."""
-        return Ticket(
-            run.merge_key,
-            run.conditioning.rows,
-            len(run.first.speed.schedule),
-            run.request,
-            on_step,
-            should_stop,
-            on_preview,
-            extra=run,
-        )
-
-    def _run_group(self, tickets: list[Ticket]) -> None:
+    def run_group(self, tickets: list[Ticket]) -> None:
         """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets
         (the merger takes exactly one size's worth; any blocks left are padded with the first's): each ticket's rows
         and plan in its block of the batch, the loop over the stacked plans, each ticket answered with its block. The
@@ -605,32 +592,28 @@ class Generator:
         block, slots = self.num_images, min(n for n in self.call_programs if n >= len(tickets))
         programs, padded = self.call_programs[slots], tickets + [tickets[0]] * (slots - len(tickets))
         runs: list[RunPlan] = [ticket.extra for ticket in padded]
-        first = runs[0]  # what the key makes the same for every ticket: size, speed, K, embeddings, clip skip
-        rows = tuple(np.concatenate(parts) for parts in zip(*(t.rows for t in padded), strict=True))  # [B, ...]
-        plan = stacked([run.first.plan for run in runs], block)  # each block its own sampler's rows
+        merged, rows = merged_run(runs, block)  # the first's run, each block with its own sampler's rows
         pictures = [run.first.picture for run in runs]  # the key: every ticket has one, or none has
-        picture = self.placement.pictures(pictures, block) if first.first.picture is not None else None
-        watchers = GroupWatchers(tickets, block)
+        picture = self.placement.pictures(pictures, block) if merged.first.picture is not None else None
+        group = GroupWatchers(tickets, block)
         text_keys = {run.conditioning.text_key for run in runs}  # kept per call size: its outputs are whole batches
-        merged = dataclasses.replace(first, first=dataclasses.replace(first.first, plan=plan))
+        previews = self.config.previews and group.previews
         with self._device_lock:
             on_device = time.perf_counter()
             try:
                 pixels = self._on_devices(
                     programs,
                     merged,
-                    self.placement.request_inputs(rows, first.conditioning),
+                    self.placement.request_inputs(rows, merged.conditioning),
                     (programs.batch, *text_keys) if len(text_keys) == 1 else None,
-                    {"steps": plan.steps, "requests": len(tickets), "images_per_device": slots},
+                    {"steps": merged.first.plan.steps, "requests": len(tickets), "images_per_device": slots},
                     {},
                     picture=picture,
-                    on_step=watchers.on_step,
-                    gate=watchers.gate,
-                    on_preview=watchers.on_preview if self.config.previews and watchers.previews else None,
+                    watchers=loop.Watchers(group.on_preview if previews else None, group.on_step, None, group.gate),
                 )
             except Stopped:  # every request in the call stopped (each already answered)
                 return
-            watchers.answer(pixels, time.perf_counter() - on_device)
+            group.answer(pixels, time.perf_counter() - on_device)
 
     def _on_devices(
         self,

@@ -21,18 +21,18 @@ from .device.sharding import data_mesh
 from .generator import (
     build_programs,
     for_platform,
-    hires_pairs,
     latent_multiple,
     merged_program_keys,
     read_loras,
     sampler_of,
     served_params,
+    served_program_keys,
     with_refiner,
 )
 from .host.compiling.aot import call_size_directory, save_precompiled, topology_devices
 from .host.compiling.compile_cache import configure_compilation_cache
-from .host.compiling.programs import program_keys
 from .host.planning.controlnet_plan import ServedControlNets
+from .host.planning.sampler_plan import SamplerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -57,34 +57,14 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     programs = build_programs(
         loaded, config, programs_params, data_mesh(devices), sampler, layout, controlnets.archs, refiner
     )
-    sizes = list(config.offered_sizes)
-    keys = program_keys(
-        sizes,
-        sampler.cfg,
-        config.speed_levers,
-        lora=layout is not None,
-        previews=config.previews,
-        windows=config.prompt_windows,
-        control_sets=controlnets.sets,
-        refiner=refiner is not None,
-        hires=hires_pairs(config, latent_multiple(Modules.of(loaded.networks))),
-        cross_kv=config.cross_attention_cache,
-    )
+    multiple = latent_multiple(Modules.of(loaded.networks))
+    lora, control_sets, refined = layout is not None, controlnets.sets, refiner is not None
+    keys = served_program_keys(config, sampler.cfg, multiple, lora=lora, control_sets=control_sets, refiner=refined)
     progress(
         f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
         f"{config.dtype}, {config.attention} attention, {programs.batch} images per call"
     )
-    settings = {
-        "model": config.model,
-        "sizes": [list(s) for s in sizes],
-        "dtype": config.dtype,
-        "per_device_batch": config.per_device_batch,
-        "attention": config.attention,
-        "cfg": sampler.cfg,
-        "prediction_type": sampler.prediction_type,
-        "xla_options": [list(pair) for pair in config.xla_options],
-        "cross_attention_cache": config.cross_attention_cache,
-    }
+    settings = manifest_settings(config, sampler)
     manifest = save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)
     for n in config.merge_call_sizes[:-1]:  # --merge-requests: the smaller calls' text-to-image programs
         smaller = build_programs(
@@ -101,3 +81,19 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
             progress=progress,
         )
     return manifest
+
+
+def manifest_settings(config: EngineConfig, sampler: SamplerConfig) -> dict:
+    """What the manifest says the server was asked for (informational: each program's own entry is what a server
+    loading it checks)."""
+    return {
+        "model": config.model,
+        "sizes": [list(s) for s in config.offered_sizes],
+        "dtype": config.dtype,
+        "per_device_batch": config.per_device_batch,
+        "attention": config.attention,
+        "cfg": sampler.cfg,
+        "prediction_type": sampler.prediction_type,
+        "xla_options": [list(pair) for pair in config.xla_options],
+        "cross_attention_cache": config.cross_attention_cache,
+    }

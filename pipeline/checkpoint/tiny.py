@@ -354,6 +354,17 @@ def _write_tokenizer(
 def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
     """Each component's config.json (scheduler: scheduler_config.json) at the tiny widths, with the fields and
     values diffusers' and transformers' `save_pretrained` wrote for their Flax classes (LAYOUT_VERSIONS')."""
+    return {
+        **_text_configs(geometry, vocab),
+        "unet": _unet_config(geometry),
+        "vae": _vae_config(geometry),
+        "scheduler": _scheduler_config(),
+    }
+
+
+def _text_configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
+    """The two CLIP text encoders' config.json, as transformers wrote them: CLIP-L's and CLIP-G's (with its
+    projection), sharing the vocabulary and the special tokens."""
     text_common = {
         "attention_dropout": 0.0,
         "bos_token_id": vocab[START_TOKEN],
@@ -367,7 +378,6 @@ def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
         "transformers_version": LAYOUT_VERSIONS["transformers"],
         "vocab_size": len(vocab),
     }
-    blocks = len(geometry.vae_block_out_channels)
     return {
         "text_encoder": {
             **text_common,
@@ -389,54 +399,67 @@ def _configs(geometry: TinyGeometry, vocab: dict) -> dict[str, dict]:
             "num_hidden_layers": geometry.text_2_layers,
             "projection_dim": geometry.text_2_projection_dim,
         },
-        "unet": {
-            "_class_name": "FlaxUNet2DConditionModel",
-            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
-            "addition_embed_type": "text_time",
-            "addition_embed_type_num_heads": 64,
-            "addition_time_embed_dim": geometry.addition_time_embed_dim,
-            "attention_head_dim": list(geometry.unet_attention_heads),
-            "block_out_channels": list(geometry.unet_block_out_channels),
-            "cross_attention_dim": geometry.cross_attention_dim,
-            "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-            "dropout": 0.0,
-            "flip_sin_to_cos": True,
-            "freq_shift": 0,
-            "in_channels": geometry.vae_latent_channels,
-            "layers_per_block": geometry.unet_layers_per_block,
-            "mid_block_type": "UNetMidBlock2DCrossAttn",
-            "num_attention_heads": None,
-            "only_cross_attention": False,
-            "out_channels": geometry.vae_latent_channels,
-            "projection_class_embeddings_input_dim": geometry.projection_class_embeddings_input_dim,
-            "sample_size": geometry.unet_sample_size,
-            "split_head_dim": False,
-            "transformer_layers_per_block": list(geometry.unet_transformer_layers_per_block),
-            "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-            "use_linear_projection": True,
-            "use_memory_efficient_attention": False,
-        },
-        "vae": {
-            "_class_name": "FlaxAutoencoderKL",
-            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
-            "act_fn": "silu",
-            "block_out_channels": list(geometry.vae_block_out_channels),
-            "down_block_types": ["DownEncoderBlock2D"] * blocks,
-            "in_channels": 3,
-            "latent_channels": geometry.vae_latent_channels,
-            "layers_per_block": geometry.vae_layers_per_block,
-            "norm_num_groups": geometry.vae_norm_num_groups,
-            "out_channels": 3,
-            "sample_size": geometry.unet_sample_size * geometry.vae_scale_factor,
-            "scaling_factor": geometry.vae_scaling_factor,
-            "up_block_types": ["UpDecoderBlock2D"] * blocks,
-        },
-        "scheduler": {
-            "_class_name": "FlaxEulerDiscreteScheduler",
-            "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
-            **SCHEDULER_CONFIG,
-            "trained_betas": None,
-        },
+    }
+
+
+def _unet_config(geometry: TinyGeometry) -> dict:
+    """The UNet's config.json, as diffusers wrote it for its Flax UNet: SDXL's blocks at the tiny widths."""
+    return {
+        "_class_name": "FlaxUNet2DConditionModel",
+        "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+        "addition_embed_type": "text_time",
+        "addition_embed_type_num_heads": 64,
+        "addition_time_embed_dim": geometry.addition_time_embed_dim,
+        "attention_head_dim": list(geometry.unet_attention_heads),
+        "block_out_channels": list(geometry.unet_block_out_channels),
+        "cross_attention_dim": geometry.cross_attention_dim,
+        "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+        "dropout": 0.0,
+        "flip_sin_to_cos": True,
+        "freq_shift": 0,
+        "in_channels": geometry.vae_latent_channels,
+        "layers_per_block": geometry.unet_layers_per_block,
+        "mid_block_type": "UNetMidBlock2DCrossAttn",
+        "num_attention_heads": None,
+        "only_cross_attention": False,
+        "out_channels": geometry.vae_latent_channels,
+        "projection_class_embeddings_input_dim": geometry.projection_class_embeddings_input_dim,
+        "sample_size": geometry.unet_sample_size,
+        "split_head_dim": False,
+        "transformer_layers_per_block": list(geometry.unet_transformer_layers_per_block),
+        "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+        "use_linear_projection": True,
+        "use_memory_efficient_attention": False,
+    }
+
+
+def _vae_config(geometry: TinyGeometry) -> dict:
+    """The VAE's config.json, as diffusers wrote it for its Flax AutoencoderKL."""
+    blocks = len(geometry.vae_block_out_channels)
+    return {
+        "_class_name": "FlaxAutoencoderKL",
+        "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+        "act_fn": "silu",
+        "block_out_channels": list(geometry.vae_block_out_channels),
+        "down_block_types": ["DownEncoderBlock2D"] * blocks,
+        "in_channels": 3,
+        "latent_channels": geometry.vae_latent_channels,
+        "layers_per_block": geometry.vae_layers_per_block,
+        "norm_num_groups": geometry.vae_norm_num_groups,
+        "out_channels": 3,
+        "sample_size": geometry.unet_sample_size * geometry.vae_scale_factor,
+        "scaling_factor": geometry.vae_scaling_factor,
+        "up_block_types": ["UpDecoderBlock2D"] * blocks,
+    }
+
+
+def _scheduler_config() -> dict:
+    """scheduler_config.json: SDXL's Euler scheduler settings (SCHEDULER_CONFIG), as diffusers wrote them."""
+    return {
+        "_class_name": "FlaxEulerDiscreteScheduler",
+        "_diffusers_version": LAYOUT_VERSIONS["diffusers"],
+        **SCHEDULER_CONFIG,
+        "trained_betas": None,
     }
 
 

@@ -272,25 +272,7 @@ def request_schema() -> dict:
         "written_prompt": text,
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
-        "controlnets": {
-            "type": "array",
-            "maxItems": MAX_CONTROLNETS,
-            "description": FIELD["controlnets"].help,
-            "items": {
-                "type": "object",
-                "required": ["name", "image"],
-                "properties": {
-                    "name": text,
-                    "image": picture,
-                    "weight": {"type": "number", "minimum": 0, "maximum": 2},
-                    "start": {"type": "number"},
-                    "end": {"type": "number"},
-                    "module": {"enum": list(PREPROCESSORS)},
-                    "low": {"type": "integer"},
-                    "high": {"type": "integer"},
-                },
-            },
-        },
+        "controlnets": _controlnets_schema(text, picture),
     }
     for row in PLAIN:
         properties[row.name] = row.schema()
@@ -303,6 +285,30 @@ def request_schema() -> dict:
         "properties": {name: properties[name] for name in names},
         "required": ["prompt"],
         "additionalProperties": False,
+    }
+
+
+def _controlnets_schema(text: dict, picture: dict) -> dict:
+    """The schema of the request's `controlnets`: up to MAX_CONTROLNETS units, each a served ControlNet's name, its
+    control image (a PNG) and how it acts (controlnet_units.py)."""
+    return {
+        "type": "array",
+        "maxItems": MAX_CONTROLNETS,
+        "description": FIELD["controlnets"].help,
+        "items": {
+            "type": "object",
+            "required": ["name", "image"],
+            "properties": {
+                "name": text,
+                "image": picture,
+                "weight": {"type": "number", "minimum": 0, "maximum": 2},
+                "start": {"type": "number"},
+                "end": {"type": "number"},
+                "module": {"enum": list(PREPROCESSORS)},
+                "low": {"type": "integer"},
+                "high": {"type": "integer"},
+            },
+        },
     }
 
 
@@ -338,41 +344,17 @@ def parse_request(
     unknown = set(plain) - {row.name for row in PLAIN}
     if unknown:
         raise TypeError(f"parse_request() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    text = clean_text(prompt, field="prompt")
-    if not text:
-        raise InvalidInput("Please enter a prompt.")
-    negative = clean_text(negative_prompt, field="negative prompt")
-    style_name = check_style(style, rules.styles)
-    if check_prompt is not None:
-        check_prompt(text)
+    text, negative, style_name = _prompts(prompt, negative_prompt, style, rules, check_prompt)
     given = {**plain, "guidance_scale": guidance_scale}
     values = _plain_values(given, rules)
     resolved_seed = resolve_seed(seed, randomize=bool(randomize_seed))
     height, width = _size(size, rules.sizes)
-    _check_levers(values, rules)
-    _check_refiner(values, rules)
-    _check_hires(values, rules, init_image is not None or bool(controlnets))
-    _check_sampler(values, init_image is not None)
-    ignored = () if rules.cfg else _ignored(given, values, negative, rules)
-    if not rules.cfg:  # the guidance-free program reads none of them
-        negative = ""
-        values.update({row.name: row.without_cfg for row in PLAIN if row.without_cfg is not None})
+    _check_together(values, rules, picture=init_image is not None, control=bool(controlnets))
+    values, negative, ignored = _without_cfg(given, values, negative, rules)
     chosen = _loras(text, loras, rules.loras) or rules.default_loras
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width, steps=values["steps"])
-    units = parse_controls(controlnets, rules.controlnets, height, width, most=rules.controlnet_units)
-    if units and values.get("deepcache", 1) != 1:
-        raise _naming(
-            "DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",
-            "deepcache",
-            "controlnets",
-        )
-    template = rules.styles[style_name]
-    styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
-    if not rules.cfg:
-        styled_negative = ""
-    tagged = {name.lower() for name, *_ in _tags(text)}
-    written = " ".join([styled, *(_tag(choice) for choice in chosen if choice[0].lower() not in tagged)])
+    units = _controls(controlnets, rules, (height, width), values)
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -383,11 +365,75 @@ def parse_request(
         controlnets=units,
         **values,
         **_picture_fields(pictures),
-        styled_prompt=" ".join(LORA_TAG.sub(" ", styled).split()),
-        styled_negative_prompt=" ".join(styled_negative.split()),
-        written_prompt=" ".join(written.split()),
+        **_written_prompts(rules, style_name, text, negative, chosen),
         ignored=ignored,
     )
+
+
+def _prompts(
+    prompt: object, negative_prompt: object, style: object, rules: RequestRules, check_prompt: Callable | None
+) -> tuple[str, str, str]:
+    """(the prompt, the negative prompt, the style's name), each checked; the prompt must say something, and a
+    server's own policy (`check_prompt`) sees it cleaned, alone."""
+    text = clean_text(prompt, field="prompt")
+    if not text:
+        raise InvalidInput("Please enter a prompt.")
+    negative = clean_text(negative_prompt, field="negative prompt")
+    style_name = check_style(style, rules.styles)
+    if check_prompt is not None:
+        check_prompt(text)
+    return text, negative, style_name
+
+
+def _check_together(values: Mapping[str, object], rules: RequestRules, *, picture: bool, control: bool) -> None:
+    """The fields that depend on one another or on the server: the speed levers, the refiner, the hires fix (text
+    to image only), the sampler (with the steps and a picture)."""
+    _check_levers(values, rules)
+    _check_refiner(values, rules)
+    _check_hires(values, rules, picture or control)
+    _check_sampler(values, picture)
+
+
+def _without_cfg(
+    given: Mapping[str, object], values: dict, negative: str, rules: RequestRules
+) -> tuple[dict, str, tuple[str, ...]]:
+    """(values, negative prompt, ignored fields) as a server without CFG runs them: the guided fields at what the
+    guidance-free program reads, no negative prompt, and the fields the caller set that it ignores (`_ignored`). A
+    server with CFG: as given, nothing ignored."""
+    if rules.cfg:
+        return values, negative, ()
+    ignored = _ignored(given, values, negative, rules)
+    guidance_free = {row.name: row.without_cfg for row in PLAIN if row.without_cfg is not None}
+    return {**values, **guidance_free}, "", ignored
+
+
+def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], values: Mapping[str, object]) -> tuple:
+    """The request's ControlNet units (controlnet_units.py), fitted to `size`; none with DeepCache, whose shallow
+    steps skip the blocks the residuals go to."""
+    units = parse_controls(controlnets, rules.controlnets, *size, most=rules.controlnet_units)
+    if units and values.get("deepcache", 1) != 1:
+        raise _naming(
+            "DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",
+            "deepcache",
+            "controlnets",
+        )
+    return units
+
+
+def _written_prompts(rules: RequestRules, style_name: str, text: str, negative: str, chosen: tuple) -> dict[str, str]:
+    """The Request's prompts as the encoders read them (the style applied, LoRA tags out; no negative without CFG)
+    and as the `parameters` text writes the prompt (with a tag for each chosen LoRA it lacks)."""
+    template = rules.styles[style_name]
+    styled, styled_negative = apply_style(template, text, negative) if isinstance(template, Style) else (text, negative)
+    if not rules.cfg:
+        styled_negative = ""
+    tagged = {name.lower() for name, *_ in _tags(text)}
+    written = " ".join([styled, *(_tag(choice) for choice in chosen if choice[0].lower() not in tagged)])
+    return {
+        "styled_prompt": " ".join(LORA_TAG.sub(" ", styled).split()),
+        "styled_negative_prompt": " ".join(styled_negative.split()),
+        "written_prompt": " ".join(written.split()),
+    }
 
 
 def _plain_values(given: Mapping[str, object], rules: RequestRules) -> dict:

@@ -74,6 +74,29 @@ def step_control_local(
     per unit), `nets` (static) the architecture (`modules.controlnets` index) of each unit."""
     controlnets = tuple(modules.controlnets[i] for i in nets)
     maps = tuple(jnp.concatenate([c, c]) if cfg else c for c in controls)  # [cb, 3, H, W]: both halves see it
+    return unet_step(
+        controlled_unet(modules, params, controlnets, scales, hidden, maps),
+        modules,
+        latents,
+        previous,
+        hidden,
+        pooled,
+        key_lengths,
+        guidance,
+        seeds,
+        coefficients,
+        index,
+        image,
+        blend_sigma,
+        cfg=cfg,
+        prediction_type=prediction_type,
+    )
+
+
+def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps):
+    """The UNet call of a step with ControlNets (`unet_step`'s `call`): the units' scaled residuals
+    (`control_residuals`), made from the same input, text and time embedding, added to the UNet's skips and middle
+    block. `maps`: each unit's [cb, 3, H, W], both guidance halves'."""
 
     def call(sample, timesteps, added):
         down, mid = control_residuals(
@@ -92,20 +115,4 @@ def step_control_local(
                 ).sample,
             )
 
-    return unet_step(
-        call,
-        modules,
-        latents,
-        previous,
-        hidden,
-        pooled,
-        key_lengths,
-        guidance,
-        seeds,
-        coefficients,
-        index,
-        image,
-        blend_sigma,
-        cfg=cfg,
-        prediction_type=prediction_type,
-    )
+    return call

@@ -188,79 +188,76 @@ def run(
     picture: PictureInputs | None = None,
     control: ControlInputs | None = None,
     speed: SpeedPlan | None = None,
-    on_preview: PreviewListener | None = None,
-    on_step: Listener | None = None,
-    should_stop: StopCheck | None = None,
-    gate: Gate | None = None,
+    watchers: Watchers | None = None,
     timings: dict | None = None,
     refiner: RefinerInputs | None = None,
     hires: HiresInputs | None = None,
     kept: dict | None = None,
 ) -> jax.Array:
-    """Encode, sample the plan's rows (`plan.rows` UNet calls: `plan.steps` steps, two per step for Heun), decode:
-    uint8 [B, H, W, 3] on the devices. Raises `Stopped`.
+    """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
+    `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
+    [B, H, W, 3] on the devices. Raises `Stopped`.
 
-    `speed` (per-request `cfg_end` and `deepcache`, `speed_plan.py`, over the plan's rows; None: neither) picks each
-    row's program: with guidance or without, the whole UNet or the shallow one. A server compiled with those
-    programs (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without
-    runs `step`. `put` places a small host array on every device (replicated; on several processes each passes the
-    same); `split` places per-image arrays [B, ...] split over the batch: each image's plan row and sigmas (`plan`
-    may be `host/planning/sampler_plan.stacked`'s, one plan per block of images: a merged call's requests, each on its
+    `put` places a small host array on every device (replicated; on several processes each passes the same);
+    `split` places per-image arrays [B, ...] split over the batch: each image's plan row and sigmas (`plan` may be
+    `host/planning/sampler_plan.stacked`'s, one plan per block of images: a merged call's requests, each on its
     sampler). The text's K windows (`inputs.prompt_ids`' length) pick the programs that read it
     (`programs.program_keys`). `timings`, when given, receives `time.perf_counter()` moments: `started_at` (this call),
     `first_dispatch_at` (step 0 queued), `first_step_at` (its result ready) and, when stopped, `stop_seen_at` (the stop
-    decided) and `freed_at` (the last queued step done);
-    and `first_step_s` (started -> first step ready). `picture`: a request's picture (its plan is then the rows that
-    run, `image_plan.py`); `blank` stands in for it without one. `on_preview` gets every PREVIEW_EVERY-th step's
-    predicted picture (the `preview` program: the step's D through SDXL's latent-to-RGB projection), when the step
-    is done, before the next one's wait: only uint8 at latent size comes back, copied while the devices go on.
-    `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`, the others
-    (no ControlNet, or outside every unit's window) the plain step. `refiner`: rows from its `switch_row` on run
-    the refiner's step on its own text (encoded with the prompt's), whole and with the row's guidance mode.
-    `hires`: the hires fix: the picture upscaled and redrawn at its size (`second_pass`); progress, previews and
-    Stop count both passes' steps as one request's. With the refiner too, its rows are the second pass's
+    decided) and `freed_at` (the last queued step done); and `first_step_s` (started -> first step ready).
+    `watchers`: the request's progress, previews and Stop (`Watchers`; None: nobody watches). `picture`, `blank`,
+    `control`, `speed` and `refiner` are the first pass's (`first_pass`). Progress, previews and Stop count both
+    passes' steps as one request's; with the refiner and the hires fix, the refiner's rows are the second pass's
     (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     """
-    height, width = size
-    stage = Stage(
-        programs,
-        params,
-        height,
-        width,
-        windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens),
-        put,
-        split,
-        timings,
-        kept,
-    )
+    text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
     refiner_text = encode_text(stage, inputs, cfg, "refiner_encode") if refined else None
-    latents, image = start_latents(stage, inputs, plan, blank, picture)
     speed = speed or speed_plan(plan.rows, cfg=cfg)
-    watchers = Watchers(on_preview, on_step, should_stop, gate)
+    watchers = watchers or Watchers()
     total = len(speed.schedule) + (len(hires.speed.schedule) if hires is not None else 0)
-    latents = denoise(
-        stage,
-        inputs,
-        plan,
-        speed,
-        text,
-        latents,
-        image,
-        blank.history,
-        watchers,
-        control,
-        (refiner, refiner_text) if refiner is not None else None,
-        total=total,
-    )
+    refining = (refiner, refiner_text) if refiner is not None else None
+    latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining)
     if hires is not None:
         stage, latents = second_pass(
             stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text
         )
     return stage.compile("decode")(stage.weights("decode"), latents)
+
+
+def first_pass(
+    stage: Stage,
+    inputs: RequestInputs,
+    plan: Plan,
+    speed: SpeedPlan,
+    text: tuple,
+    blank: Blank,
+    watchers: Watchers,
+    total: int,
+    picture: PictureInputs | None = None,
+    control: ControlInputs | None = None,
+    refiner: tuple[RefinerInputs, tuple] | None = None,
+) -> jax.Array:
+    """The request's start latents, denoised through the plan's rows: the final latents [B, 4, h, w] (`total`: the
+    request's steps in all, with a second pass's).
+
+    `picture`: a request's picture (its plan is then the rows that run, `image_plan.py`); `blank` stands in for it
+    without one. `speed` (per-request `cfg_end` and `deepcache`, `speed_plan.py`, over the plan's rows) picks each
+    row's program: with guidance or without, the whole UNet or the shallow one. A server compiled with those
+    programs (`programs.levers`) runs its whole-UNet steps as `step_full`, keeping DeepCache's feature; one without
+    runs `step`. `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`,
+    the others (no ControlNet, or outside every unit's window) the plain step. `refiner`: its inputs and its own
+    text (encoded with the prompt's): rows from its `switch_row` on run the refiner's step, whole and with the row's
+    guidance mode.
+    """
+    latents, image = start_latents(stage, inputs, plan, blank, picture)
+    return denoise(
+        stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control, refiner, total=total
+    )
 
 
 def second_pass(
@@ -344,12 +341,18 @@ def start_latents(stage: Stage, inputs: RequestInputs, plan: Plan, blank: Blank,
 
 @dataclass(frozen=True)
 class Watchers:
-    """The host's listeners and stop checks of one request (each may be None)."""
+    """The host's listeners and stop checks of one request (each may be None).
 
-    on_preview: PreviewListener | None
-    on_step: Listener | None
-    should_stop: StopCheck | None
-    gate: Gate | None
+    `on_step(done, total)` as each step's result is ready; `should_stop()` before each step (`gate`: several
+    processes' one decision). `on_preview` gets every PREVIEW_EVERY-th step's predicted picture (the `preview`
+    program: the step's D through SDXL's latent-to-RGB projection), when the step is done, before the next one's
+    wait: only uint8 at latent size comes back, copied while the devices go on.
+    """
+
+    on_preview: PreviewListener | None = None
+    on_step: Listener | None = None
+    should_stop: StopCheck | None = None
+    gate: Gate | None = None
 
     def stop_now(self, position: int) -> bool:
         wants_stop = bool(self.should_stop and self.should_stop())

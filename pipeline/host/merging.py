@@ -38,14 +38,14 @@ logger = logging.getLogger(__name__)
 class Ticket:
     """One request waiting for, or in, a merged call: what it needs of the call and, once answered, its outcome."""
 
-    key: Hashable  # what the requests of one call share (`Generator._merge_key`)
-    rows: tuple[np.ndarray, ...]  # the request's per-image host arrays, [D, ...] each (`Generator._host_rows`)
+    key: Hashable  # what the requests of one call share (`RunPlan.merge_key`)
+    rows: tuple[np.ndarray, ...]  # the request's per-image host arrays, [D, ...] each (`Conditioning.rows`)
     total: int  # the request's steps (what its progress counts to)
     request: Any = None  # the request itself (the group's runner reads its shared settings from the first one)
     on_step: Callable[[int, int], None] | None = None
     should_stop: Callable[[], bool] | None = None
     on_preview: Callable[[int, int, np.ndarray], None] | None = None
-    extra: Any = None  # the runner's own (the generator's `MergedPart`: its plan, text windows, text-cache key)
+    extra: Any = None  # the runner's own (the generator's: the request's `RunPlan`, pipeline/merged_calls.py)
     _answered: threading.Event = field(default_factory=threading.Event)
     _outcome: tuple[Any, float] | None = None
     _error: BaseException | None = None

@@ -103,14 +103,17 @@ class Placement:
 
     def hires(
         self,
-        second: SecondPass,
+        second: SecondPass | None,
         seeds: tuple[int, ...],
         programs: ServedPrograms,
         params,
         aesthetic: tuple[float, float],
         upscalers: dict[str, TiledUpscaler],
-    ) -> HiresInputs:
-        """The second pass's inputs on the devices: its seeds, its size's stand-ins, a pixel upscaler's resize."""
+    ) -> HiresInputs | None:
+        """The second pass's inputs on the devices: its seeds, its size's stand-ins, a pixel upscaler's resize (None
+        without a second pass)."""
+        if second is None:
+            return None
         hires = second.hires
         height, width = hires.size
         keep, seed_array = global_batch(

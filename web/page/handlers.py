@@ -108,32 +108,14 @@ class Handlers:
         `labels`: the page's events' (field -> its control's label), so a refusal names a field as the page shows it
         ("Upscale by 3 ..."); the API's endpoints have none and name it as their callers pass it ("hires_scale 3 ...").
         """
-        rules = self.rules
-        signature = api_signature(rules)
+        signature = api_signature(self.rules)
 
         def generate(*args, **kwargs) -> Iterator[tuple[Gallery, int, str]]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             given, request = bound.arguments, bound.arguments["request"]
             try:
-                image, mask = file_path(given["init_image"]), file_path(given["mask_image"])
-                if given["picture"] is not None and image is not None and mask is None:
-                    mask = painted_mask(given["picture"])
-                checked = parse_request(
-                    given["prompt"],
-                    given["negative_prompt"],
-                    given["style"],
-                    seed=given["seed"],
-                    randomize_seed=given["randomize_seed"],
-                    size=given["aspect_ratio"],
-                    loras=given["loras"],
-                    init_image=image,
-                    mask_image=mask,
-                    controlnets=given["controlnets"],
-                    rules=rules,
-                    check_prompt=self.prompt_filter.check if self.prompt_filter else None,
-                    **{row.name: given[row.name] for row in PLAIN},
-                )
+                checked = self.request_of(given)
             except InvalidInput as exc:
                 raise invalid(exc, labels) from None
             yield from self.run(
@@ -154,6 +136,29 @@ class Handlers:
         function.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
         function.__doc__ = API_DOC
         return function
+
+    def request_of(self, given: Mapping[str, object]) -> Request:
+        """The request the endpoint's arguments `given` (by the API's names) ask for, every field checked once
+        (`parse_request`): the uploaded files by their paths; the mask, when none was uploaded, the strokes painted
+        in the editor over the picture. Raises InvalidInput."""
+        image, mask = file_path(given["init_image"]), file_path(given["mask_image"])
+        if given["picture"] is not None and image is not None and mask is None:
+            mask = painted_mask(given["picture"])
+        return parse_request(
+            given["prompt"],
+            given["negative_prompt"],
+            given["style"],
+            seed=given["seed"],
+            randomize_seed=given["randomize_seed"],
+            size=given["aspect_ratio"],
+            loras=given["loras"],
+            init_image=image,
+            mask_image=mask,
+            controlnets=given["controlnets"],
+            rules=self.rules,
+            check_prompt=self.prompt_filter.check if self.prompt_filter else None,
+            **{row.name: given[row.name] for row in PLAIN},
+        )
 
     def example(self, seeds: dict[str, int], first_seed: int, labels: Mapping[str, str] | None = None):
         """The examples' function: an example's fixed seed (shown in the seed box), the server's steps and sampler;

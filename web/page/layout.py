@@ -162,62 +162,91 @@ def build_page(
         progress=progress,
         on_finished=history.keep,
     )
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
+        sections = page_sections(engine, rules, examples, history, logins)
+        # ---- events ----
+        form = settings_form(sections, rules)
+        concurrency = generate_concurrency(engine)
+        top, shown, fields = sections.top, sections.shown, sections.fields
+        generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
+        wire_examples(handlers, rules, examples, sections.buttons, top, shown, fields, concurrency)
+        wire_settings_image(shown, form)
+        if sections.history_tab is not None:
+            history.wire(sections.history_tab, form, sections.tabs, generated=generated)
+    demo.queue(max_size=queue_size, default_concurrency_limit=1)
+    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history, form=form)
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The page's parts that its events wire."""
+
+    top: PromptRow  # the prompt, the picture in use, Generate and Stop
+    shown: Results  # the gallery and what acts on it
+    fields: Fields  # the advanced settings
+    buttons: list  # the examples
+    tabs: gr.Tabs  # Generate, and the history's when there is one
+    history_tab: Any  # the history's parts (None without a history)
+
+
+def page_sections(
+    engine: Engine, rules: RequestRules, examples: Sequence[str], history: History, logins: bool
+) -> Sections:
+    """The page's layout, top to bottom: the header, the Generate tab (prompt, results, advanced settings,
+    examples), the history's tab and the footer."""
     texts = model_texts(
         engine.config.model,
         on_cpu=str(engine.device_kind).lower() == "cpu",
         unet=engine.config.unet,
         unet_parameters=getattr(engine, "unet_parameters", None),
     )
+    history_state = history.state()  # the visitor's entries when their browser keeps them
+    with gr.Column(elem_id="app"):
+        gr.Markdown(header_text(engine, texts), elem_id="header")
+        if logins:  # Gradio's own route: forgets the login, back to its login form (relative: works under a proxy)
+            gr.Button("Log out", link="logout", size="sm", variant="secondary", scale=0, elem_id="logout")
+        # Without a history the page has one tab: its tab bar is hidden (assets/style.css).
+        with gr.Tabs(elem_id="tabs", elem_classes=[] if history.enabled else ["one-tab"]) as tabs:
+            with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
+                top = prompt_row()
+                shown = results(engine.num_images)
+                with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
+                    fields = advanced_settings(rules, engine)
+                buttons = example_buttons(examples)
+            history_tab = history.layout(history_state)  # None when the server keeps no history
+        gr.Markdown(footer_text(engine.config, texts), elem_id="footer")
+    return Sections(top, shown, fields, buttons, tabs, history_tab)
 
-    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
-        history_state = history.state()  # the visitor's entries when their browser keeps them
-        with gr.Column(elem_id="app"):
-            gr.Markdown(header_text(engine, texts), elem_id="header")
-            if logins:  # Gradio's own route: forgets the login, back to its login form (relative: works under a proxy)
-                gr.Button("Log out", link="logout", size="sm", variant="secondary", scale=0, elem_id="logout")
-            # Without a history the page has one tab: its tab bar is hidden (assets/style.css).
-            with gr.Tabs(elem_id="tabs", elem_classes=[] if history.enabled else ["one-tab"]) as tabs:
-                with gr.Tab("Generate", id="generate", elem_id="generate-tab"):
-                    top = prompt_row()
-                    shown = results(engine.num_images)
-                    with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
-                        fields = advanced_settings(rules, engine)
-                    buttons = example_buttons(examples)
-                history_tab = history.layout(history_state)  # None when the server keeps no history
-            gr.Markdown(footer_text(engine.config, texts), elem_id="footer")
 
-        # ---- events ----
-        form = Form(  # the fields that settings fill back: History's "Use these settings", an image's parameters
-            controls={
-                "prompt": top.prompt,
-                **{
-                    name: component
-                    for name, component in fields.controls.items()
-                    if name not in ("loras", "init_image", "mask_image", "controlnets")
-                },
+def settings_form(sections: Sections, rules: RequestRules) -> Form:
+    """The fields that settings fill back: History's "Use these settings", an image's parameters (PNG Info)."""
+    return Form(
+        controls={
+            "prompt": sections.top.prompt,
+            **{
+                name: component
+                for name, component in sections.fields.controls.items()
+                if name not in ("loras", "init_image", "mask_image", "controlnets")
             },
-            lora_rows=fields.lora_rows,
-            styles=tuple(rules.styles),
-            sizes=tuple(rules.sizes),
-            loras=tuple(rules.loras),
-            refiner=getattr(rules, "refiner", ""),
-            hires_scales=tuple(getattr(rules, "hires_scales", ())),
-        )
-        concurrency = generate_concurrency(engine)
-        generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
-        wire_examples(handlers, rules, examples, buttons, top, shown, fields, concurrency)
-        # PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared).
-        shown.settings_image.upload(
-            form.from_image,
-            inputs=shown.settings_image,
-            outputs=[*form.fields, shown.settings_image],
-            api_visibility="private",
-            show_progress="hidden",
-        )
-        if history_tab is not None:
-            history.wire(history_tab, form, tabs, generated=generated)
-    demo.queue(max_size=queue_size, default_concurrency_limit=1)
-    return Page(demo=demo, handlers=handlers, files=files, outbox=outbox, history=history, form=form)
+        },
+        lora_rows=sections.fields.lora_rows,
+        styles=tuple(rules.styles),
+        sizes=tuple(rules.sizes),
+        loras=tuple(rules.loras),
+        refiner=getattr(rules, "refiner", ""),
+        hires_scales=tuple(getattr(rules, "hires_scales", ())),
+    )
+
+
+def wire_settings_image(shown: Results, form: Form) -> None:
+    """PNG Info: a dropped image's parameters fill the form (the file is read once, then cleared)."""
+    shown.settings_image.upload(
+        form.from_image,
+        inputs=shown.settings_image,
+        outputs=[*form.fields, shown.settings_image],
+        api_visibility="private",
+        show_progress="hidden",
+    )
 
 
 def footer_text(config: EngineSettings, texts: dict[str, str]) -> str:
@@ -370,6 +399,31 @@ class Fields:
 def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     """Every request field's control but the prompt: the table's plain fields, the style, seed, size, the LoRA
     picker and the picture to start from."""
+    controls: dict[str, Any] = {**style_settings(rules), **seed_and_size(rules)}
+    with gr.Row(equal_height=True):
+        controls.update(table_controls("sampling", rules))
+    with gr.Row(equal_height=True, visible=rules.levers):
+        controls.update(table_controls("levers", rules))
+    lora_rows, controls["loras"] = lora_settings(rules)
+    picture_controls, picture = picture_settings(rules)
+    controls.update(picture_controls)
+    controls["controlnets"] = control_panel(rules)
+    controls.update(hires_panel(rules))
+    # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
+    # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
+    previews = gr.Checkbox(value=False, visible=False, label="previews")
+    page_previews = gr.Checkbox(value=True, visible=False, label="page previews")
+    for row in PLAIN:  # a field of a group the layout above does not place: a row of its own
+        if row.name not in controls:
+            with gr.Row(equal_height=True):
+                controls.update(table_controls(row.control.group, rules, only=row.name))
+    if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
+        gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
+    return Fields(controls, lora_rows, picture, previews, page_previews)
+
+
+def style_settings(rules: RequestRules) -> dict[str, Any]:
+    """The style (with the table's fields of its row) and the negative prompt (hidden without CFG)."""
     controls: dict[str, Any] = {}
     with gr.Row():
         controls["style"] = gr.Dropdown(
@@ -385,6 +439,12 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
         max_lines=3,
         visible=rules.cfg,
     )
+    return controls
+
+
+def seed_and_size(rules: RequestRules) -> dict[str, Any]:
+    """The seed and "Randomize seed", then the aspect ratio: one of the server's compiled sizes."""
+    controls: dict[str, Any] = {}
     seed = FIELD["seed"]
     with gr.Row(equal_height=True):
         controls["seed"] = gr.Number(
@@ -400,10 +460,12 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
         allow_custom_value=False,
         elem_id="aspect",
     )
-    with gr.Row(equal_height=True):
-        controls.update(table_controls("sampling", rules))
-    with gr.Row(equal_height=True, visible=rules.levers):
-        controls.update(table_controls("levers", rules))
+    return controls
+
+
+def lora_settings(rules: RequestRules) -> tuple[tuple, gr.JSON]:
+    """The LoRA picker's rows, the offered embeddings' names, and the hidden `loras` control the picker fills (the
+    API's `loras`)."""
     lora_rows = lora_picker(rules)
     embeddings = tuple(getattr(rules, "embeddings", ()))  # --embeddings-dir: a name in a prompt puts its vectors
     gr.Markdown(
@@ -411,13 +473,20 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
         visible=bool(embeddings),
         elem_id="embeddings",
     )
-    controls["loras"] = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
+    loras = gr.JSON(value=[], visible=False, label="loras")  # the picker as the API's `loras`
     # described as a list: a schema-checking client (MCP's) rejects the "any type" a JSON component says it takes
-    controls["loras"].api_info = lambda: {
+    loras.api_info = lambda: {
         "type": "array",
         "items": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}},
         "description": "[[name, weight], ...]",
     }
+    return lora_rows, loras
+
+
+def picture_settings(rules: RequestRules) -> tuple[dict[str, Any], gr.ImageMask]:
+    """The "Start from a picture" section: the picture, the mask editor over it and the table's picture fields; then
+    the API's hidden mask file. Returns the controls and the mask editor."""
+    controls: dict[str, Any] = {}
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):
             controls["init_image"] = gr.Image(
@@ -435,19 +504,7 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
             )
         controls.update(table_controls("picture", rules))
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
-    controls["controlnets"] = control_panel(rules)
-    controls.update(hires_panel(rules))
-    # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
-    # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
-    previews = gr.Checkbox(value=False, visible=False, label="previews")
-    page_previews = gr.Checkbox(value=True, visible=False, label="page previews")
-    for row in PLAIN:  # a field of a group the layout above does not place: a row of its own
-        if row.name not in controls:
-            with gr.Row(equal_height=True):
-                controls.update(table_controls(row.control.group, rules, only=row.name))
-    if summary := sampler_summary(engine):  # fixed at start-up; jargon, so not in the header
-        gr.Markdown(f"Server defaults: {summary} · {engine.config.steps} steps", elem_id="server-settings")
-    return Fields(controls, lora_rows, picture, previews, page_previews)
+    return controls, picture
 
 
 #: What the "Second pass" section says on a server without hires scales: how to offer them.
@@ -577,7 +634,46 @@ def wire_generate(
     into the mask editor and the LoRA picker into `loras`. Returns the events that end in a generation."""
     inputs = fields.inputs(top.prompt)  # the API's parameters
     answer = [shown.gallery, fields.controls["seed"], shown.status]
-    labels = page_labels(top, fields)  # the page's events' refusals name a field by its label, the API's by its name
+    generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
+        "fn": handlers.endpoint(),
+        "outputs": answer,
+        # Raw payloads go straight to pipeline.contract.request, so the API and the page get the same messages
+        # (Gradio's own checks would answer out-of-range values and unknown styles in its own words).
+        "preprocess": False,
+        "concurrency_limit": concurrency,
+        "concurrency_id": "generate",
+    }
+    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge; its labels in refusals
+        **generating,
+        "fn": handlers.endpoint(labels=page_labels(top, fields)),  # the API's refusals name a field as it is passed
+        "inputs": fields.page_inputs(top.prompt),
+        "api_name": "page_generate",
+        "api_visibility": "private",
+        "show_progress": "full",
+        "show_progress_on": [shown.gallery],
+    }
+    generated, painted = wire_page_generate(top, shown, fields, page_generating)
+    wire_api_generate(handlers, rules, shown, fields, inputs, generating)
+    picked = wire_picture_in_use(handlers, top, shown, fields)
+    varied = wire_vary(handlers, top, shown, fields, picked, page_generating)
+    wire_png_follow_up(handlers, shown, [generated, painted, *varied])
+    gr.on(
+        triggers=[row.change for row in fields.lora_rows],
+        fn=handlers.picked_loras,
+        inputs=list(fields.lora_rows),
+        outputs=fields.controls["loras"],
+        queue=False,
+        api_visibility="private",
+    )
+    # Not queued: it must run while this session's generation holds the queue.
+    top.stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+    wire_png_api(handlers, shown, inputs, answer, concurrency)
+    return [generated, painted, *varied]
+
+
+def wire_page_generate(top: PromptRow, shown: Results, fields: Fields, page_generating: dict) -> tuple:
+    """The page's Generate: the button and Enter, or (once strokes are painted) its hidden twin that sends the mask
+    editor too. Returns both events."""
     # A new request clears the last one's status line at once (in the browser), so a refused request never leaves
     # an older request's "8 images in ..." under its error.
     gr.on(
@@ -587,24 +683,6 @@ def wire_generate(
         outputs=[shown.status],
         api_visibility="private",
     )
-    generating = {  # the page's Generate and the API's /generate run one function, in one concurrency group
-        "fn": handlers.endpoint(),
-        "outputs": answer,
-        # Raw payloads go straight to pipeline.contract.request, so the API and the page get the same messages (Gradio's
-        # own checks would answer out-of-range values and unknown styles in its own words).
-        "preprocess": False,
-        "concurrency_limit": concurrency,
-        "concurrency_id": "generate",
-    }
-    page_generating = {  # the page's own: previews; one "step k / N" bar and error badge; its labels in refusals
-        **generating,
-        "fn": handlers.endpoint(labels=labels),
-        "inputs": fields.page_inputs(top.prompt),
-        "api_name": "page_generate",
-        "api_visibility": "private",
-        "show_progress": "full",
-        "show_progress_on": [shown.gallery],
-    }
     generated = gr.on(triggers=[top.run.click, top.prompt.submit], **page_generating)
     # Once strokes are painted (assets/page.js), Generate and Enter press this instead: the mask editor too.
     painted = top.run_painted.click(
@@ -614,6 +692,13 @@ def wire_generate(
             "api_name": "page_generate_painted",
         }
     )
+    return generated, painted
+
+
+def wire_api_generate(
+    handlers: Handlers, rules: RequestRules, shown: Results, fields: Fields, inputs: list, generating: dict
+) -> None:
+    """The API's /generate, on a hidden button, and its plain twin for callers that want no previews."""
     streaming = shown.api_button.click(
         inputs=inputs,
         api_name="generate",
@@ -630,7 +715,12 @@ def wire_generate(
         **{**generating, "fn": handlers.endpoint(streams=False)},
     )
     handlers.twin_routing.add(Twin(event_index(streaming), event_index(whole), inputs.index(fields.previews)))
-    init_image, strength = fields.controls["init_image"], fields.controls["strength"]
+
+
+def wire_picture_in_use(handlers: Handlers, top: PromptRow, shown: Results, fields: Fields) -> gr.State:
+    """The picture Generate starts from: an upload, its ✕, and "Use as picture" (the clicked result). Returns the
+    State that holds the clicked result's PNG (Vary reads it too)."""
+    init_image = fields.controls["init_image"]
     # The picture in use, everywhere it shows: the input, the mask editor (its background; strokes start afresh) and
     # the chip beside Generate.
     in_use = [init_image, fields.picture, top.chip, top.chip_image]
@@ -653,7 +743,7 @@ def wire_generate(
     shown.gallery.select(handlers.select, inputs=None, outputs=None, queue=False, api_visibility="private")
     # Vary and "Use as picture" first find the clicked result's PNG into a State, so a refusal (nothing clicked)
     # marks no input with an error badge or a spinner and changes none; what they start follows on success.
-    picked, vary_strength = gr.State(None), gr.State(None)
+    picked = gr.State(None)
     shown.use.click(
         handlers.keep_selected,
         inputs=None,
@@ -669,8 +759,17 @@ def wire_generate(
         api_name="use_picture",
         api_visibility="private",
     )
+    return picked
+
+
+def wire_vary(
+    handlers: Handlers, top: PromptRow, shown: Results, fields: Fields, picked: gr.State, page_generating: dict
+) -> list:
+    """Vary (subtle, strong): the clicked result's PNG into `picked` and a strength, then the page's generation from
+    them. Returns the generations."""
     # Vary is one-shot: its generation takes the PNG and strength from the States in place of the picture's inputs,
     # which keep what they held (the next Generate starts from the chip's picture, or from the prompt alone).
+    init_image, strength, vary_strength = fields.controls["init_image"], fields.controls["strength"], gr.State(None)
     vary_inputs = [
         picked if item is init_image else vary_strength if item is strength else item
         for item in fields.page_inputs(top.prompt)
@@ -688,10 +787,14 @@ def wire_generate(
                 show_progress="hidden",
             ).success(**{**page_generating, "inputs": vary_inputs, "api_name": f"page_{name}"})
         )
-    # The page's follow-up: the lossless PNGs of the images this session was just shown (written in the background;
-    # matched by file name, so no path a browser sends is ever opened).
-    for answered in (generated, painted, *varied):
-        answered.success(
+    return varied
+
+
+def wire_png_follow_up(handlers: Handlers, shown: Results, answered: list) -> None:
+    """The page's follow-up: the lossless PNGs of the images this session was just shown (written in the
+    background; matched by file name, so no path a browser sends is ever opened)."""
+    for event in answered:
+        event.success(
             fn=handlers.pngs,
             inputs=None,
             outputs=shown.pngs,
@@ -700,16 +803,10 @@ def wire_generate(
             concurrency_limit=4,
             concurrency_id="pngs",
         )
-    gr.on(
-        triggers=[row.change for row in fields.lora_rows],
-        fn=handlers.picked_loras,
-        inputs=list(fields.lora_rows),
-        outputs=fields.controls["loras"],
-        queue=False,
-        api_visibility="private",
-    )
-    # Not queued: it must run while this session's generation holds the queue.
-    top.stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+
+
+def wire_png_api(handlers: Handlers, shown: Results, inputs: list, answer: list, concurrency: int) -> None:
+    """The API's /generate_png: /generate's parameters and answer, the images as lossless PNGs."""
     shown.png_api.click(
         fn=handlers.endpoint("png", streams=False),  # no previews: a plain function, its PNGs fetched once
         inputs=inputs,
@@ -721,7 +818,6 @@ def wire_generate(
         concurrency_limit=concurrency,  # a group takes its events' lowest limit: give the same
         concurrency_id="generate",  # shares /generate's slots
     )
-    return [generated, painted, *varied]
 
 
 def wire_examples(

@@ -119,28 +119,7 @@ class UNet2DConditionModel(nn.Module):
         self.add_time_proj = Timesteps(config.addition_time_embed_dim, config.flip_sin_to_cos, config.freq_shift)
         self.add_embedding = TimestepEmbedding(time_embed_dim, dtype=self.dtype)
 
-        down_blocks, output_channel = [], channels[0]
-        for i, block_type in enumerate(config.down_block_types):
-            input_channel, output_channel = output_channel, channels[i]
-            common = dict(
-                in_channels=input_channel,
-                out_channels=output_channel,
-                num_layers=config.layers_per_block,
-                add_downsample=i < len(channels) - 1,
-                dtype=self.dtype,
-            )
-            if block_type == "CrossAttnDownBlock2D":
-                down_blocks.append(
-                    CrossAttnDownBlock2D(
-                        **common,
-                        num_attention_heads=heads[i],
-                        transformer_layers_per_block=depths[i],
-                        use_linear_projection=config.use_linear_projection,
-                    )
-                )
-            else:
-                down_blocks.append(DownBlock2D(**common))
-        self.down_blocks = down_blocks
+        self.down_blocks = _down_blocks(config, heads, depths, self.dtype)
         self.mid_block = UNetMidBlock2DCrossAttn(
             in_channels=channels[-1],
             num_attention_heads=heads[-1],
@@ -148,31 +127,7 @@ class UNet2DConditionModel(nn.Module):
             use_linear_projection=config.use_linear_projection,
             dtype=self.dtype,
         )
-
-        up_blocks, reversed_channels = [], list(reversed(channels))
-        output_channel = reversed_channels[0]
-        for i, block_type in enumerate(config.up_block_types):
-            previous, output_channel = output_channel, reversed_channels[i]
-            common = dict(
-                in_channels=reversed_channels[min(i + 1, len(channels) - 1)],
-                out_channels=output_channel,
-                prev_output_channel=previous,
-                num_layers=config.layers_per_block + 1,
-                add_upsample=i < len(channels) - 1,
-                dtype=self.dtype,
-            )
-            if block_type == "CrossAttnUpBlock2D":
-                up_blocks.append(
-                    CrossAttnUpBlock2D(
-                        **common,
-                        num_attention_heads=heads[::-1][i],
-                        transformer_layers_per_block=depths[::-1][i],
-                        use_linear_projection=config.use_linear_projection,
-                    )
-                )
-            else:
-                up_blocks.append(UpBlock2D(**common))
-        self.up_blocks = up_blocks
+        self.up_blocks = _up_blocks(config, heads, depths, self.dtype)
         self.conv_norm_out = layers.GroupNorm(num_groups=32, epsilon=1e-5)
         self.conv_out = layers.Conv(
             config.out_channels, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), dtype=self.dtype
@@ -245,3 +200,61 @@ class UNet2DConditionModel(nn.Module):
         }
         text = jnp.zeros((1, 1, config.cross_attention_dim), jnp.float32)
         return self.init(rng, sample, jnp.ones((1,), jnp.int32), text, added)["params"]
+
+
+def _down_blocks(config: UNetConfig, heads: tuple, depths: tuple, dtype) -> list:
+    """The UNet's down blocks: each halves the latents but the last; the cross-attention ones with their heads and
+    transformer depth (`heads`, `depths`: per block)."""
+    channels = config.block_out_channels
+    down_blocks, output_channel = [], channels[0]
+    for i, block_type in enumerate(config.down_block_types):
+        input_channel, output_channel = output_channel, channels[i]
+        common = dict(
+            in_channels=input_channel,
+            out_channels=output_channel,
+            num_layers=config.layers_per_block,
+            add_downsample=i < len(channels) - 1,
+            dtype=dtype,
+        )
+        if block_type == "CrossAttnDownBlock2D":
+            down_blocks.append(
+                CrossAttnDownBlock2D(
+                    **common,
+                    num_attention_heads=heads[i],
+                    transformer_layers_per_block=depths[i],
+                    use_linear_projection=config.use_linear_projection,
+                )
+            )
+        else:
+            down_blocks.append(DownBlock2D(**common))
+    return down_blocks
+
+
+def _up_blocks(config: UNetConfig, heads: tuple, depths: tuple, dtype) -> list:
+    """The UNet's up blocks, the down blocks mirrored: each takes its skips (one more layer than a down block) and
+    doubles the latents but the last."""
+    channels = config.block_out_channels
+    up_blocks, reversed_channels = [], list(reversed(channels))
+    output_channel = reversed_channels[0]
+    for i, block_type in enumerate(config.up_block_types):
+        previous, output_channel = output_channel, reversed_channels[i]
+        common = dict(
+            in_channels=reversed_channels[min(i + 1, len(channels) - 1)],
+            out_channels=output_channel,
+            prev_output_channel=previous,
+            num_layers=config.layers_per_block + 1,
+            add_upsample=i < len(channels) - 1,
+            dtype=dtype,
+        )
+        if block_type == "CrossAttnUpBlock2D":
+            up_blocks.append(
+                CrossAttnUpBlock2D(
+                    **common,
+                    num_attention_heads=heads[::-1][i],
+                    transformer_layers_per_block=depths[::-1][i],
+                    use_linear_projection=config.use_linear_projection,
+                )
+            )
+        else:
+            up_blocks.append(UpBlock2D(**common))
+    return up_blocks

@@ -88,6 +88,15 @@ KINDS = (
 )
 #: The base's UNet steps: with --cross-attention-cache their weights carry the request's cross-attention table.
 BASE_STEPS = ("step", "step_control", "step_full", "step_shallow")
+#: The kinds that read the text's ids or what encode made of them; the others read latents or pixels.
+TEXT_KINDS = ("encode", "cross_kv", "refiner_encode", "halve_text")
+#: The denoising steps: each takes a step's arguments (`ServedPrograms.abstract_args`), some with more.
+STEP_KINDS = (*BASE_STEPS, "refiner_step")
+#: How a program's arguments and results lie on the mesh: split over the batch, or whole on every device.
+BATCH, ONE = P(DATA_AXIS), P()
+#: A step's arguments: weights, latents, history, hidden, pooled, key_lengths, guidance, seeds, the plan rows (each
+#: image's: a merged call's requests may run different samplers), the step index, the picture, the blend sigmas.
+STEP_SPECS = (ONE, BATCH, BATCH, BATCH, BATCH, BATCH, BATCH, BATCH, BATCH, ONE, BATCH, BATCH)
 #: Which weights each kind reads (only these are its arguments).
 WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
@@ -185,26 +194,7 @@ def program_keys(
     keys += [ProgramKey("refiner_encode", cfg=cfg, windows=k) for k in texts] if refiner else []
     keys += [ProgramKey("halve_text", windows=k) for k in texts] if cfg and levers else []
     for height, width in sizes:
-        keys += [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
-        if levers:
-            keys += [
-                ProgramKey(kind, height, width, mode, k)
-                for k in texts
-                for mode in modes
-                for kind in ("step_full", "step_shallow")
-            ]
-            keys += [ProgramKey("halve_feature", height, width)] if cfg else []
-        else:
-            keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
-        keys += [
-            ProgramKey("step_control", height, width, mode, k, nets)
-            for nets in control_sets
-            for k in texts
-            for mode in modes
-        ]
-        keys += [ProgramKey("refiner_step", height, width, mode, k) for k in texts for mode in modes] if refiner else []
-        keys += [ProgramKey("preview", height, width)] if previews else []
-        keys.append(ProgramKey("decode", height, width))
+        keys += _size_keys(height, width, cfg, levers, modes, texts, control_sets, refiner, previews)
     targets = [target for target in dict.fromkeys(target for _, target in hires) if target not in sizes]
     if targets:  # the second pass at a size no request asks for: its image-to-image programs only
         keys += [
@@ -217,6 +207,42 @@ def program_keys(
         for source, target in hires
         for mode in LATENT_UPSCALERS
     ]
+    return keys
+
+
+def _size_keys(
+    height: int,
+    width: int,
+    cfg: bool,
+    levers: bool,
+    modes: tuple[bool, ...],
+    texts: tuple[int | None, ...],
+    control_sets: tuple[tuple[int, ...], ...],
+    refiner: bool,
+    previews: bool,
+) -> list[ProgramKey]:
+    """One offered size's programs, in the order a request runs them (`program_keys`): its picture's encode, the
+    start, the steps (per guidance mode in `modes` and text length in `texts`), the preview and the decode."""
+    keys = [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
+    if levers:
+        keys += [
+            ProgramKey(kind, height, width, mode, k)
+            for k in texts
+            for mode in modes
+            for kind in ("step_full", "step_shallow")
+        ]
+        keys += [ProgramKey("halve_feature", height, width)] if cfg else []
+    else:
+        keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
+    keys += [
+        ProgramKey("step_control", height, width, mode, k, nets)
+        for nets in control_sets
+        for k in texts
+        for mode in modes
+    ]
+    keys += [ProgramKey("refiner_step", height, width, mode, k) for k in texts for mode in modes] if refiner else []
+    keys += [ProgramKey("preview", height, width)] if previews else []
+    keys.append(ProgramKey("decode", height, width))
     return keys
 
 
@@ -301,101 +327,88 @@ class ServedPrograms:
 
     def jitted(self, key: ProgramKey):
         """jit(shard_map(body)) for `key`: each device runs its own images; weights are replicated."""
-        modules, batch, one = self.modules, P(DATA_AXIS), P()
         if key.kind == "merge":  # replicated in, replicated out: every device merges its own copy of the weights
             body = functools.partial(merge_donating, components=self.lora_layout.components)
             return jax.jit(
                 _named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True, out_shardings=replicated(self.mesh)
             )
-        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
-            body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=self.emphasis != "no-norm")
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one, one, one), (batch, batch, batch)
-        elif key.kind == "cross_kv":  # the text -> each cross-attention layer's keys and values
-            body = functools.partial(cross_kv_local, modules)
-            in_specs, out_specs = (one, batch), batch
-        elif key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
-            body = functools.partial(
-                refiner_encode_local,
-                modules,
-                cfg=key.cfg,
-                normalize=self.emphasis != "no-norm",
-                zero_empty_negative=self.refiner_zero_negative,
-            )
-            in_specs, out_specs = (one, batch, batch, batch, batch, batch, batch, one), (batch, batch, batch)
-        elif key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
-            body = functools.partial(encode_tiled_local if self.tiled(key) else vae_encode_local, modules)
-            in_specs, out_specs = (one, batch, batch), batch
-        elif key.kind == "start":
-            body = functools.partial(
-                _without_weights(start_local),
-                height=key.height,
-                width=key.width,
-                vae_scale_factor=modules.vae_scale_factor,
-            )
-            in_specs, out_specs = (one, batch, batch, batch, batch), (batch, batch)  # sigma, weight: each image's
-        elif key.kind in ("step", "step_full", "step_shallow"):
-            local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
-            body = functools.partial(local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            # the plan row and blend sigma: each image's (a merged call's requests may run different samplers)
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch)
-            in_specs += (batch,) if key.kind == "step_shallow" else ()  # the kept feature
-            out_specs = (batch, batch, batch) if key.kind == "step_full" else (batch, batch)
-        elif key.kind == "step_control":
-            body = functools.partial(
-                step_control_local, modules, cfg=key.cfg, prediction_type=self.prediction_type, nets=key.nets
-            )
-            in_specs = (
-                one,
-                batch,
-                batch,
-                batch,
-                batch,
-                batch,
-                batch,
-                batch,
-                batch,
-                one,
-                batch,
-                batch,
-                tuple(batch for _ in key.nets),
-                one,
-            )
-            out_specs = (batch, batch)
-        elif key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
-            body = functools.partial(refiner_step_local, modules, cfg=key.cfg, prediction_type=self.prediction_type)
-            in_specs = (one, batch, batch, batch, batch, batch, batch, batch, batch, one, batch, batch, one)
-            out_specs = (batch, batch)
-        elif key.kind == "halve_text":  # hidden, pooled, key_lengths -> their conditional halves
-            body = _without_weights(conditional_half_local)
-            in_specs, out_specs = (one, batch, batch, batch), (batch, batch, batch)
-        elif key.kind == "halve_feature":
-            body = _without_weights(conditional_half_local)
-            in_specs, out_specs = (one, batch), batch
-        elif key.kind == "preview":  # a step's history -> its D as uint8 RGB at latent size
-            body = _without_weights(_latest_to_rgb)
-            in_specs, out_specs = (one, batch), batch
-        elif key.kind == "upscale":  # latents at key.source -> at key's size (the hires fix's latent upscalers)
-            mode, antialias = LATENT_UPSCALERS[key.mode]
-            scale = modules.vae_scale_factor
-            body = _without_weights(
-                functools.partial(
-                    upscale_local, height=key.height // scale, width=key.width // scale, mode=mode, antialias=antialias
-                )
-            )
-            in_specs, out_specs = (one, batch), batch
-        elif key.kind == "decode":
-            body = functools.partial(decode_tiled_local if self.tiled(key) else decode_local, modules)
-            in_specs, out_specs = (one, batch), batch
+        if key.kind in TEXT_KINDS:
+            body, in_specs, out_specs = self._text_body(key)
+        elif key.kind in STEP_KINDS:
+            body, in_specs, out_specs = self._step_body(key)
         else:
-            raise ValueError(f"unknown program kind {key.kind!r}")
+            body, in_specs, out_specs = self._picture_body(key)
         if self.cross_attention_cache and key.kind in BASE_STEPS:  # the weights whole, the table split
-            in_specs = ({name: one for name in WEIGHTS[key.kind]} | {CROSS_KV: batch}, *in_specs[1:])
+            in_specs = ({name: ONE for name in WEIGHTS[key.kind]} | {CROSS_KV: BATCH}, *in_specs[1:])
         body = _named(attention_core.hooked(body, self.attention), f"sdxl_{key.kind}")  # JAX's logs name it
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         # A step reading the cross-attention table leaves the text and its to_k / to_v kernels unread. Kept as
         # arguments (the server holds them anyway): pruned, the TPU compiler made SDXL's step 5x its code (0.43 GiB
         # against 0.08 at 1024², v5e), for the same FLOPs and bytes (bench/HISTORY.md).
         return jax.jit(sharded, keep_unused=self.cross_attention_cache and key.kind in BASE_STEPS)
+
+    def _text_body(self, key: ProgramKey) -> tuple:
+        """(per-device body, argument specs, result specs) of a program that reads the text (TEXT_KINDS)."""
+        modules, normalize = self.modules, self.emphasis != "no-norm"
+        if key.kind == "encode":  # ids, negative ids, has_negative, windows, weights x2, embedding tables x2, clip skip
+            body = functools.partial(encode_local, modules, cfg=key.cfg, normalize=normalize)
+            return body, (ONE, BATCH, BATCH, BATCH, BATCH, BATCH, BATCH, ONE, ONE, ONE), (BATCH, BATCH, BATCH)
+        if key.kind == "cross_kv":  # the text -> each cross-attention layer's keys and values
+            return functools.partial(cross_kv_local, modules), (ONE, BATCH), BATCH
+        if key.kind == "refiner_encode":  # as encode, with encoder 2's embedding table only
+            body = functools.partial(
+                refiner_encode_local,
+                modules,
+                cfg=key.cfg,
+                normalize=normalize,
+                zero_empty_negative=self.refiner_zero_negative,
+            )
+            return body, (ONE, BATCH, BATCH, BATCH, BATCH, BATCH, BATCH, ONE), (BATCH, BATCH, BATCH)
+        # halve_text: hidden, pooled, key_lengths -> their conditional halves
+        return _without_weights(conditional_half_local), (ONE, BATCH, BATCH, BATCH), (BATCH, BATCH, BATCH)
+
+    def _step_body(self, key: ProgramKey) -> tuple:
+        """(per-device body, argument specs, result specs) of a denoising step (STEP_KINDS)."""
+        settings = {"cfg": key.cfg, "prediction_type": self.prediction_type}
+        if key.kind == "step_control":  # + each unit's map, the units' scales
+            body = functools.partial(step_control_local, self.modules, **settings, nets=key.nets)
+            return body, (*STEP_SPECS, tuple(BATCH for _ in key.nets), ONE), (BATCH, BATCH)
+        if key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
+            return functools.partial(refiner_step_local, self.modules, **settings), (*STEP_SPECS, ONE), (BATCH, BATCH)
+        local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
+        in_specs = (*STEP_SPECS, BATCH) if key.kind == "step_shallow" else STEP_SPECS  # + the kept feature
+        out_specs = (BATCH, BATCH, BATCH) if key.kind == "step_full" else (BATCH, BATCH)  # + the feature to keep
+        return functools.partial(local, self.modules, **settings), in_specs, out_specs
+
+    def _picture_body(self, key: ProgramKey) -> tuple:
+        """(per-device body, argument specs, result specs) of a program on the latents or the pixels."""
+        modules = self.modules
+        if key.kind == "encode_image":  # a request's picture -> its latents (the VAE posterior's mean)
+            body = functools.partial(encode_tiled_local if self.tiled(key) else vae_encode_local, modules)
+            return body, (ONE, BATCH, BATCH), BATCH
+        if key.kind == "start":  # sigma, weight: each image's
+            body = functools.partial(
+                _without_weights(start_local),
+                height=key.height,
+                width=key.width,
+                vae_scale_factor=modules.vae_scale_factor,
+            )
+            return body, (ONE, BATCH, BATCH, BATCH, BATCH), (BATCH, BATCH)
+        if key.kind == "halve_feature":
+            return _without_weights(conditional_half_local), (ONE, BATCH), BATCH
+        if key.kind == "preview":  # a step's history -> its D as uint8 RGB at latent size
+            return _without_weights(_latest_to_rgb), (ONE, BATCH), BATCH
+        if key.kind == "upscale":  # latents at key.source -> at key's size (the hires fix's latent upscalers)
+            mode, antialias = LATENT_UPSCALERS[key.mode]
+            scale = modules.vae_scale_factor
+            body = functools.partial(
+                upscale_local, height=key.height // scale, width=key.width // scale, mode=mode, antialias=antialias
+            )
+            return _without_weights(body), (ONE, BATCH), BATCH
+        if key.kind == "decode":
+            body = functools.partial(decode_tiled_local if self.tiled(key) else decode_local, modules)
+            return body, (ONE, BATCH), BATCH
+        raise ValueError(f"unknown program kind {key.kind!r}")
 
     def tiled(self, key: ProgramKey) -> bool:
         """Whether `key`'s VAE runs in tiles (device/vae_tiles.py): its image has more than `vae_tile_above` pixels."""
@@ -407,49 +420,74 @@ class ServedPrograms:
 
     def abstract_args(self, key: ProgramKey) -> tuple:
         """Shapes, dtypes and shardings of `key`'s arguments (no data): what `lower` compiles for."""
-        n, split, whole = self.batch, batch_sharded(self.mesh), replicated(self.mesh)
-
-        def spec(shape, dtype, sharding=split):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-        weights = self.weights(key, self._params)
         if key.kind == "merge":
-            kernels = get_leaves(self._params, self.lora_layout.leaves)  # previous and originals alike
-            factors = tuple(self.lora_layout.factor_shapes)
-            slots = self.lora_layout.slots
-            dtype = self.lora_layout.dtype  # the packed factors'
-            downs = tuple(tuple(spec(down, dtype, whole) for down, _ in factors) for _ in range(slots))
-            ups = tuple(tuple(spec(up, dtype, whole) for _, up in factors) for _ in range(slots))
-            return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole)
+            return self._merge_args()
+        weights = self.weights(key, self._params)
+        if key.kind in TEXT_KINDS:
+            return self._text_args(key, weights)
+        if key.kind in STEP_KINDS:
+            return self._step_args(key, weights)
+        return self._picture_args(key, weights)
+
+    def _spec(self, shape, dtype, whole: bool = False) -> jax.ShapeDtypeStruct:
+        """An abstract argument: split over the batch, or (`whole`) replicated."""
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated(self.mesh) if whole else batch_sharded(self.mesh))
+
+    def _merge_args(self) -> tuple:
+        """The LoRA merge's: the kernels it changes (previous and originals alike), each slot's factors (packed),
+        the slots' weights per component [slots, 3]."""
+        spec, layout = self._spec, self.lora_layout
+        kernels = get_leaves(self._params, layout.leaves)
+        factors, slots, dtype = tuple(layout.factor_shapes), layout.slots, layout.dtype  # the packed factors' dtype
+        downs = tuple(tuple(spec(down, dtype, whole=True) for down, _ in factors) for _ in range(slots))
+        ups = tuple(tuple(spec(up, dtype, whole=True) for _, up in factors) for _ in range(slots))
+        return kernels, kernels, downs, ups, spec((slots, len(LORA_COMPONENTS)), np.float32, whole=True)
+
+    def _text_args(self, key: ProgramKey, weights: dict) -> tuple:
+        """The arguments of a program that reads the text (TEXT_KINDS)."""
+        n, spec = self.batch, self._spec
         if key.kind == "encode":
             ids = spec((n, 2, self.max_tokens * key.text_windows), np.int32)  # [B, 2, K*77]
             emphasis = spec(ids.shape, np.float32)  # [B, 2, K*77]: each token's weight
             rows = extra_capacity(key.text_windows)  # E: the request's embedding table
-            tables = [spec((rows, width), np.float32, whole) for width in self.text_widths]  # [E, D1], [E, D2]
-            skip = spec((), np.int32, whole)  # the request's clip_skip: data, not a program
+            tables = [spec((rows, width), np.float32, whole=True) for width in self.text_widths]  # [E, D1], [E, D2]
+            skip = spec((), np.int32, whole=True)  # the request's clip_skip: data, not a program
             return weights, ids, ids, spec((n,), np.bool_), spec((n, 2), np.int32), emphasis, emphasis, *tables, skip
         if key.kind == "refiner_encode":  # encode's arguments, with encoder 2's embedding table only, no clip_skip
             text_args = self.abstract_args(ProgramKey("encode", cfg=key.cfg, windows=key.windows))
             return weights, *text_args[1:-3], text_args[-2]
         if key.kind == "halve_text":
             return weights, *self._split(self._encoded(True, key.windows))
-        if key.kind == "cross_kv":
-            return weights, self._split(self._encoded(key.cfg, key.windows)[0])  # hidden [cB, K*77, D]
+        return weights, self._split(self._encoded(key.cfg, key.windows)[0])  # cross_kv: hidden [cB, K*77, D]
+
+    def _latents(self, key: ProgramKey, size: tuple[int, int] | None = None) -> jax.ShapeDtypeStruct:
+        """Abstract latents [B, 4, h, w] at `key`'s size (or `size`)."""
+        height, width = size or (key.height, key.width)
         scale = self.modules.vae_scale_factor
-        latents = spec((n, LATENT_CHANNELS, key.height // scale, key.width // scale), np.float32)  # [B, 4, h, w]
+        return self._spec((self.batch, LATENT_CHANNELS, height // scale, width // scale), np.float32)
+
+    def _history(self, latents) -> jax.ShapeDtypeStruct:
+        """The samplers' abstract history [B, 4, 4, h, w] beside `latents`."""
+        return self._spec((self.batch, HISTORY, *latents.shape[1:]), np.float32)
+
+    def _picture_args(self, key: ProgramKey, weights: dict) -> tuple:
+        """The arguments of a program on the latents or the pixels."""
+        n, spec, latents = self.batch, self._spec, self._latents(key)
         if key.kind == "encode_image":
             return weights, spec((n, key.height, key.width, 3), np.uint8), spec((n, key.height, key.width), np.bool_)
         if key.kind == "start":
             return weights, spec((n,), np.uint32), spec((n,), np.float32), latents, spec((n,), np.float32)
-        history = spec((n, HISTORY, *latents.shape[1:]), np.float32)  # [B, 4, 4, h, w]
         if key.kind == "decode":
             return weights, latents
         if key.kind == "upscale":  # the latents at the size it upscales from
-            return weights, spec((n, LATENT_CHANNELS, key.source[0] // scale, key.source[1] // scale), np.float32)
+            return weights, self._latents(key, key.source)
         if key.kind == "preview":
-            return weights, history
-        if key.kind == "halve_feature":
-            return weights, self._split(self._feature(key.height, key.width, True))
+            return weights, self._history(latents)
+        return weights, self._split(self._feature(key.height, key.width, True))  # halve_feature
+
+    def _step_args(self, key: ProgramKey, weights: dict) -> tuple:
+        """A denoising step's arguments (STEP_SPECS), and what each kind takes beyond them."""
+        n, spec, latents = self.batch, self._spec, self._latents(key)
         text_kind = "refiner_encode" if key.kind == "refiner_step" else "encode"
         hidden, pooled, lengths = self._encoded(
             self.cfg if key.kind == "refiner_step" else key.cfg, key.windows, text_kind
@@ -459,14 +497,14 @@ class ServedPrograms:
         step_args = (
             weights,
             latents,
-            history,
+            self._history(latents),  # [B, 4, 4, h, w]
             spec(hidden.shape, hidden.dtype),  # [cB, K*77, D]
             spec(pooled.shape, pooled.dtype),  # [cB, P]
             spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
             spec((n, len(COEFFICIENTS)), np.float32),  # each image's plan row [B, 13]
-            spec((), np.int32, whole),  # step index
+            spec((), np.int32, whole=True),  # step index
             image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
             spec((n,), np.float32),  # each image's blend sigma [B]
         )
@@ -474,9 +512,9 @@ class ServedPrograms:
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
         if key.kind == "step_control":
             maps = tuple(spec((n, 3, key.height, key.width), np.float32) for _ in key.nets)  # [B, 3, H, W] each
-            return (*step_args, maps, spec((len(key.nets),), np.float32, whole))  # scales [n]
+            return (*step_args, maps, spec((len(key.nets),), np.float32, whole=True))  # scales [n]
         if key.kind == "refiner_step":
-            return (*step_args, spec((2,), np.float32, whole))  # aesthetic scores: negative, positive
+            return (*step_args, spec((2,), np.float32, whole=True))  # aesthetic scores: negative, positive
         return step_args
 
     def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):
