@@ -2,6 +2,10 @@
 way to run it: docs/run.md, every option: `python app.py --help` or docs/options.md). The order is the file's:
 options -> engine (load, compile, warm up: no visitor ever waits for a compile) -> page -> serve. The engine is
 `pipeline/` (no Gradio), the page is `web/` (no JAX); this file only wires them.
+
+Imported inside functions (heavy: Gradio and JAX): the `pipeline` and `web` modules each step needs are imported when
+that step starts, so a wrong option or path exits in a moment, before Gradio loads and before JAX starts, which must
+come after `use_cpu_cores()` sets the CPU device count.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ Bad input exits with status 2 and one line on stderr; a model that cannot be loa
 (single-file, missing/unmappable keys, wrong shapes, truncated): that is bad input, status 2, as in the app. The
 arguments and the files they name are checked before JAX is imported (`_check`, pipeline/startup.py): a mistake
 is said before JAX has taken its seconds to import.
+
+Imported inside functions (heavy: JAX): each command imports its part of the engine (`startup`, `cluster`, `host`,
+`precompile`, `checkpoint`, `service`) when it runs, after its arguments are checked and the CPU device count is set.
 """
 
 from __future__ import annotations

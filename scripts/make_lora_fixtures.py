@@ -118,7 +118,7 @@ def text_modules(encoder) -> list[str]:
     return [n for n, _ in encoder.named_modules() if n.endswith(TEXT)]
 
 
-# ---- names: kohya SGM (written independently of pipeline/lora_files.py), kohya diffusers, PEFT ---------------------
+# ---- names: kohya SGM (written independently of pipeline/checkpoint/lora.py), kohya diffusers, PEFT ------------------
 
 
 def sgm_name(module: str, layers_per_block: int, up_attention: list[bool]) -> str:

@@ -137,7 +137,7 @@ def app_ready(
         stop_process(process)
 
 
-#: The engine's line about its programs (host/executables.StartupPrograms.summary).
+#: The engine's line about its programs (host/compiling/executable_store.StartupPrograms.summary).
 PROGRAMS_LINE = re.compile(
     r"programs \((?P<programs>\d+)\): (?P<loaded>\d+) loaded from this host's executables in (?P<load_s>[0-9.]+) s; "
     r"(?P<traced>\d+) traced and lowered in (?P<trace_s>[0-9.]+) s; (?P<compiled>\d+) compiled and (?P<cached>\d+) "

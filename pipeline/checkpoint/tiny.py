@@ -12,6 +12,10 @@ with their fields, ``diffusion_flax_model.msgpack`` / ``flax_model.msgpack``, th
 (`device/nets/`), which are theirs. The tokenizers' vocabulary comes from a small byte-level BPE learned here from a
 built-in corpus (same alphabet and file format as CLIP's), so ordinary prompts tokenize to a realistic number of
 tokens and long prompts overflow the 77-token window, as they do with the real model.
+
+Imported inside functions (heavy: JAX): `jax`, `numpy`, `flax`, `networks` and `device` (the networks) are imported
+by the functions that build the weights; the folder's name and marker are read without JAX (service/info.py, which
+the page imports).
 """
 
 from __future__ import annotations

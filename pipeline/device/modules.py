@@ -16,7 +16,7 @@ class Modules:
     unet: Any  # nets/unet.UNet2DConditionModel (or its int8 form, device/quantize.py)
     vae: Any  # nets/vae.AutoencoderKL
     vae_scale_factor: int  # 8 for SDXL: pixels per latent
-    controlnets: tuple = ()  # the served ControlNets' architectures (device/controlnet.SDXLControlNet), one per kind
+    controlnets: tuple = ()  # the served ControlNets' architectures (nets/controlnet.SDXLControlNet), one per kind
     refiner_unet: Any = None  # the refiner's UNet (5 time ids; checkpoint/refiner_loading.py), None without --refiner
     refiner_text_encoder_2: Any = None  # the refiner's CLIP-G (nets/clip.CLIPTextModelWithProjection)
 

@@ -1,7 +1,7 @@
 """`python app.py` as a process: warm before it opens, clean exit on SIGTERM/SIGINT while serving, Ctrl-C at any
-moment of start-up (web/startup.StartupGuard), a busy port or an unreachable Hub found fast, nothing left in TMPDIR,
-and a restart that takes every served program from the compilation cache. Real processes, the real tiny checkpoint;
-nothing mocked."""
+moment of start-up (web/serving/startup_guard.StartupGuard), a busy port or an unreachable Hub found fast, nothing left
+in TMPDIR, and a restart that takes every served program from the compilation cache. Real processes, the real tiny
+checkpoint; nothing mocked."""
 
 from __future__ import annotations
 

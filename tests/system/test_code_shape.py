@@ -17,9 +17,6 @@ from conftest import REPO
 FUNCTION_LINES = 60
 #: The most lines of the Generator class: the engine's front door, its helpers beside it (warmup.py, merged_calls.py).
 GENERATOR_LINES = 300
-#: Functions still over the limit, each with why. An entry whose function is back within the limit fails the test
-#: too (take it off), so no exemption outlives its reason.
-WAITING = {"pipeline/config.py::engine_config": "split on its own branch (issue 65)"}
 
 
 def product_files() -> list[Path]:
@@ -58,11 +55,9 @@ def test_no_product_function_is_over_60_lines():
     long = [
         f"{name} (line {first}): {count} lines"
         for name, (first, count) in sorted(found.items())
-        if count > FUNCTION_LINES and name not in WAITING
+        if count > FUNCTION_LINES
     ]
     assert not long, f"over {FUNCTION_LINES} lines; split each into named steps (issue 65): " + "; ".join(long)
-    back = [name for name in WAITING if found.get(name, (0, 0))[1] <= FUNCTION_LINES]
-    assert not back, f"within {FUNCTION_LINES} lines now (or gone): take them off WAITING: {back}"
 
 
 def test_the_generator_class_is_at_most_300_lines():

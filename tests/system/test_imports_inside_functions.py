@@ -23,25 +23,6 @@ from conftest import REPO
 KINDS = ("heavy", "optional", "circle")
 #: The product code: what a user runs.
 PRODUCT = ("app.py", "pipeline", "web")
-#: Being split into smaller functions by another branch of issue 65: their imports get their reasons as they land.
-#: TODO(lead): remove this exemption after that merge.
-EXEMPT = {
-    "app.py",
-    "pipeline/__main__.py",
-    "pipeline/checkpoint/tiny.py",
-    "pipeline/config.py",
-    "pipeline/contract/request.py",
-    "pipeline/device/controlnet_step.py",
-    "pipeline/device/nets/unet.py",
-    "pipeline/generator.py",
-    "pipeline/host/compiling/programs.py",
-    "pipeline/host/loop.py",
-    "pipeline/options.py",
-    "pipeline/precompile.py",
-    "web/options.py",
-    "web/page/handlers.py",
-    "web/page/layout.py",
-}
 _REASON = re.compile(rf"#\s*({'|'.join(KINDS)}):\s*\S")
 _DOCSTRING_RULE = re.compile(rf"\b({'|'.join(KINDS)}):")
 
@@ -109,8 +90,6 @@ def test_every_import_inside_a_function_says_why():
     failures = []
     for path in product_files():
         name = path.relative_to(REPO).as_posix()
-        if name in EXEMPT:
-            continue
         failures += [f"{name}:{line}: {text}" for line, text in unexplained(path.read_text(encoding="utf-8"))]
     assert not failures, (
         "imports inside functions without a reason (move each to the module's top, or say why on its line: "
@@ -140,8 +119,3 @@ def test_the_reader_finds_imports_and_their_reasons():
         "        )  # heavy: 45 ms\n"
     )
     assert unexplained(source) == [(7, "import numpy"), (9, "from .checkpoint import lora")]
-
-
-def test_the_exemptions_name_files_that_exist():
-    """A renamed or removed file leaves the list: it shrinks, and never outlives its files."""
-    assert [name for name in sorted(EXEMPT) if not (REPO / name).is_file()] == []

@@ -1,6 +1,6 @@
-"""web/startup.StartupGuard, the app's Ctrl-C during start-up: the slow work runs in a worker thread (its result or
-its exception comes back), the handlers are the guard's only inside it, and a SIGINT that lands where Python would
-swallow the KeyboardInterrupt (a `__del__`) still ends start-up at once with one line. The whole app is stopped at
+"""web/serving/startup_guard.StartupGuard, the app's Ctrl-C during start-up: the slow work runs in a worker thread (its
+result or its exception comes back), the handlers are the guard's only inside it, and a SIGINT that lands where Python
+would swallow the KeyboardInterrupt (a `__del__`) still ends start-up at once with one line. The whole app is stopped at
 several moments of its start-up in tests/system/test_app_process.py."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 from ..gradio_internals import answers_delivered, event_index
 from ..history.tab import History
 from ..options import DEFAULT_QUEUE_SIZE
+from ..serving import server
 from ..serving.outbox import Outbox
 from ..serving.temp_files import RunFiles
 from ..serving.twin_routing import Twin
@@ -87,15 +88,13 @@ class Page:
 
     def launch(self, **settings) -> Page:
         """Start serving (settings: web/serving/server.launch's keywords; `middleware` joins the page's own)."""
-        from ..serving.server import launch
-
         middleware = [
             self.handlers.early_cancels.middleware(),
             self.handlers.twin_routing.middleware(),
             *self.history.middleware(),
             *settings.pop("middleware", ()),
         ]
-        launch(self.demo, middleware=middleware, **settings)
+        server.launch(self.demo, middleware=middleware, **settings)
         return self
 
     def close(self, grace_s: float = STOP_GRACE_S) -> None:

@@ -55,6 +55,7 @@ from ...device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, st
 from ...device.lora import COMPONENTS as LORA_COMPONENTS
 from ...device.lora import MergeLayout, get_leaves, merge_donating
 from ...device.modules import Modules
+from ...device.nets.controlnet import shape_params
 from ...device.preview import latents_to_rgb
 from ...device.refiner_step import refiner_encode_local, refiner_step_local
 from ...device.sharding import DATA_AXIS, batch_sharded, replicated
@@ -569,8 +570,6 @@ class ServedPrograms:
 
 def _abstract_controlnet(module, mesh):
     """A ControlNet architecture's weights as replicated shapes in its computation dtype."""
-    from ...device.nets.controlnet import shape_params
-
     return jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, module.dtype, sharding=replicated(mesh)), shape_params(module)
     )
