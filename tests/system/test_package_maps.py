@@ -173,3 +173,22 @@ def test_every_path_the_maps_name_is_there():
                 gone.append(f"{doc.relative_to(REPO).as_posix()}: {written}")
     assert checked > 100
     assert not gone, "named but not there: " + ", ".join(gone)
+
+
+#: Issue 65's sizes for the rooms a newcomer opens first: web/'s top level (page, engine clients, HTTP plumbing in
+#: their folders), bench/'s top level, and bench/README.md (how to run each part and what it prints; the journal is
+#: bench/HISTORY.md).
+WEB_TOP_MODULES, BENCH_TOP_ENTRIES, BENCH_README_LINES = 12, 15, 300
+
+
+def test_the_rooms_stay_small():
+    web_top = [p.name for p in (REPO / "web").glob("*.py") if p.name != "__init__.py"]
+    assert len(web_top) <= WEB_TOP_MODULES, f"web/ has {len(web_top)} top-level modules: {sorted(web_top)}"
+    bench_top = [
+        p.name
+        for p in (REPO / "bench").iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").is_file())
+    ]
+    assert len(bench_top) <= BENCH_TOP_ENTRIES, f"bench/ has {len(bench_top)} entries at its top: {sorted(bench_top)}"
+    lines = len(BENCH_README.read_text(encoding="utf-8").splitlines())
+    assert lines <= BENCH_README_LINES, f"bench/README.md is {lines} lines; the journal goes to bench/HISTORY.md"
