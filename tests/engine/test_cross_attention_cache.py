@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT
+from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
 
 from bench.cpu.program_times import ProgramTimer
 from pipeline.config import EngineConfig
@@ -57,9 +57,9 @@ def twins(lora_dir):
 
     Not warmed up: these settings serve 43 programs (two text lengths, a ControlNet, the hires fix's 128² programs and
     six latent upscalers), about 20 of which no case runs, a CPU minute and a half to compile. What the warm-up would
-    guarantee is checked per request instead (`served_programs_only`); the cached engine does the rest of a warm-up
-    here: the LoRA merge's buffers and one request (the encoders, its table and the plain step, and the host's small
-    programs a first request builds)."""
+    guarantee is checked per request instead (conftest's `served_programs_only`); the cached engine does the rest of
+    a warm-up here: the LoRA merge's buffers and one request (the encoders, its table and the plain step, and the
+    host's small programs a first request builds)."""
     from pipeline.generator import Generator
 
     devices = jax.devices()[:FEATURE_DEVICES]
@@ -72,20 +72,6 @@ def twins(lora_dir):
     return cached, plain
 
 
-def served_programs_only(generator, run):
-    """`run()`'s answer, having checked that every program it built is one the warm-up builds (`program_keys`) and
-    that nothing else compiled: a warmed-up server would have compiled nothing for it."""
-    keys = generator.program_keys()
-
-    def built() -> set:
-        return {key for key in keys if generator.programs.is_compiled(key)}
-
-    before, compiles = built(), generator.compile_count
-    answer = run()
-    assert generator.compile_count - compiles == len(built() - before), "a request compiled an unserved program"
-    return answer
-
-
 def _pixels(generator, prompt: str, fields: dict) -> np.ndarray:
     result = generator.generate(generator.request(prompt, negative_prompt="blurry", seed=11, **fields))
     return np.stack([np.asarray(image, np.int16) for image in result.images])
@@ -95,7 +81,8 @@ def _pixels(generator, prompt: str, fields: dict) -> np.ndarray:
 def test_same_pixels_as_projecting_at_every_step(twins, case):
     cached, plain = twins
     prompt, fields = CASES[case]
-    with_cache = served_programs_only(cached, lambda: _pixels(cached, prompt, fields))  # the table's programs too
+    with served_programs_only(cached):  # the table's programs too
+        with_cache = _pixels(cached, prompt, fields)
     without = _pixels(plain, prompt, fields)
     assert np.abs(with_cache - without).max() <= 1, case  # the same products: equal here, at most 1 level anywhere
     if case == "hires fix":  # the second pass ran, at twice the size
