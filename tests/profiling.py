@@ -1,15 +1,19 @@
-"""Where a test run's time goes: each test's seconds (setup, call, teardown) and the XLA compilations its process
-made meanwhile, written as JSON lines when `TEST_PROFILE=FOLDER` is set (one file per xdist worker). A fixture's
-engine build shows in the setup of the first test that asks for it. `python -m tests.profiling FOLDER` prints the
-totals per file, the dearest tests and the compile seconds (issue 68: profile before cutting).
+"""Where a test run's time goes: each test's seconds (setup, call, teardown), the CPU seconds its process and the
+subprocesses it waited for used meanwhile, and the XLA compilations its process made, written as JSON lines when
+`TEST_PROFILE=FOLDER` is set (one file per xdist worker). A fixture's engine build shows in the setup of the first test
+that asks for it. `python -m tests.profiling FOLDER` prints the totals per file, the dearest tests and the compile
+seconds (issue 68: profile before cutting).
 
 Compilations are counted in the test process only (a test's subprocesses compile on their own), from JAX's own
-monitoring events, as pipeline.host.compiling.compile_cache.CompileCounter counts them."""
+monitoring events, as pipeline.host.compiling.compile_cache.CompileCounter counts them. CPU seconds count the
+subprocesses too (once they have been waited for: a server a module fixture ends is counted in its last test): on a
+shared machine, where wall seconds follow the other users' load, they are the figure to compare before and after."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -39,6 +43,12 @@ class CompileSeconds:
                 self.seconds += duration
 
 
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that have ended and been waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 class TestProfile:
     """The pytest plugin: one JSON line per test and phase."""
 
@@ -50,7 +60,7 @@ class TestProfile:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         before = (self._compiles.count, self._compiles.seconds)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds()
         try:
             return (yield)
         finally:
@@ -58,6 +68,7 @@ class TestProfile:
                 "test": item.nodeid,
                 "file": item.nodeid.split("::")[0],
                 "seconds": round(time.perf_counter() - started, 3),
+                "cpu_seconds": round(cpu_seconds() - cpu, 3),
                 "compiles": self._compiles.count - before[0],
                 "compile_seconds": round(self._compiles.seconds - before[1], 3),
                 "pid": os.getpid(),
@@ -74,26 +85,29 @@ def pytest_configure(config) -> None:
 
 
 def summary(folder: Path, top: int = 40) -> str:
-    """Per-file totals (seconds, compiles, compile seconds), then the `top` dearest tests."""
+    """Per-file totals (seconds, CPU seconds, compiles, compile seconds), then the `top` dearest tests. (Profiles
+    written before CPU seconds were recorded show 0 there.)"""
     rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
-    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0, 0])
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0])
     for row in rows:
         total = files[row["file"]]
         total[0] += row["seconds"]
-        total[1] += row["compiles"]
-        total[2] += row["compile_seconds"]
-        total[3] += 1
+        total[1] += row.get("cpu_seconds", 0.0)
+        total[2] += row["compiles"]
+        total[3] += row["compile_seconds"]
+        total[4] += 1
     lines = [
         f"{len(rows)} tests, {sum(r['seconds'] for r in rows):.0f} worker-seconds, "
+        f"{sum(r.get('cpu_seconds', 0.0) for r in rows):.0f} CPU-s, "
         f"{sum(r['compiles'] for r in rows)} compiles, {sum(r['compile_seconds'] for r in rows):.0f} compile-s",
         "",
-        f"{'seconds':>8} {'compiles':>8} {'compile-s':>9} {'tests':>5}  file",
+        f"{'seconds':>8} {'cpu-s':>7} {'compiles':>8} {'compile-s':>9} {'tests':>5}  file",
     ]
-    for name, (seconds, compiles, compile_s, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
-        lines.append(f"{seconds:8.1f} {compiles:8d} {compile_s:9.1f} {count:5d}  {name}")
-    lines += ["", f"{'seconds':>8} {'compiles':>8}  test"]
+    for name, (seconds, cpu, compiles, compile_s, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{seconds:8.1f} {cpu:7.1f} {compiles:8d} {compile_s:9.1f} {count:5d}  {name}")
+    lines += ["", f"{'seconds':>8} {'cpu-s':>7} {'compiles':>8}  test"]
     for row in sorted(rows, key=lambda r: -r["seconds"])[:top]:
-        lines.append(f"{row['seconds']:8.1f} {row['compiles']:8d}  {row['test']}")
+        lines.append(f"{row['seconds']:8.1f} {row.get('cpu_seconds', 0.0):7.1f} {row['compiles']:8d}  {row['test']}")
     return "\n".join(lines)
 
 

@@ -49,7 +49,8 @@ def _image_plan(case):
 @pytest.fixture(scope="module")
 def inpaint_engine(tmp_path_factory):
     """tiny-pt with the 9-channel UNet of tests/fixtures/tiny-pt-inpaint (fp16 files), 2 devices, started with
-    --no-speed-levers (as a server that only inpaints might be): fewer programs to compile."""
+    --no-speed-levers (as a server that only inpaints might be) and one text window (the prompts here are short):
+    fewer programs to compile."""
     from pipeline.generator import Generator
 
     target = tmp_path_factory.mktemp("tiny-pt-inpaint")
@@ -67,6 +68,7 @@ def inpaint_engine(tmp_path_factory):
         variant="fp16",
         devices=jax.devices()[:FEATURE_DEVICES],
         speed_levers=False,
+        prompt_windows=1,
     )
     generator.warmup()
     return generator
@@ -259,11 +261,9 @@ def test_a_server_without_levers_compiles_the_plain_step_and_refuses_levers(inpa
     labels = [key.label for key in inpaint_engine.program_keys()]
     assert labels == [
         "encode cfg",
-        "encode cfg 3 windows",
         "encode_image 64x64",
         "start 64x64",
         "step 64x64 cfg",
-        "step 64x64 cfg 3 windows",
         "preview 64x64",
         "decode 64x64",
     ]

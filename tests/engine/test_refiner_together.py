@@ -7,13 +7,14 @@ previews):
 - `cfg_end` reaches the refiner's rows (after guidance ends they run its guidance-free step, which equals its CFG
   step at scale 1), and DeepCache leaves them whole (it caches the base's UNet only).
 
-Nothing compiles per request. The refiner's parity with diffusers is tests/engine/test_refiner.py's.
+Nothing but the engine's served programs compiles per request (it compiles them on first use: conftest's
+`served_programs_only`). The refiner's parity with diffusers is tests/engine/test_refiner.py's.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from conftest import TEST_SIZE
+from conftest import TEST_SIZE, served_programs_only
 
 from bench.cpu.program_times import ProgramTimer
 from web.page.png_info import parse_infotext
@@ -22,11 +23,9 @@ SMALL, BIG = f"{TEST_SIZE}x{TEST_SIZE}", f"{2 * TEST_SIZE}x{2 * TEST_SIZE}"
 
 
 def run(engine, **fields):
-    """(the result, the labels of the programs it ran) of one request, asserting it compiled nothing."""
-    before = engine.compile_count
-    with ProgramTimer(engine.programs) as timer:
+    """(the result, the labels of the programs it ran) of one request, asserting it compiled only served programs."""
+    with served_programs_only(engine), ProgramTimer(engine.programs) as timer:
         result = engine.generate(engine.request("a lighthouse", seed=4, steps=4, sampler="Euler", **fields))
-    assert engine.compile_count == before
     return result, timer.labels
 
 

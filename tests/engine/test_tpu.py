@@ -142,8 +142,10 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     --merge-requests`: N's programs and, in their own folder, the one-image calls' text-to-image programs. A merging
     server started with the directory loads every program and compiles nothing, and a lone request (a call of one
     image per device) gets the one-image engine's pixels bit for bit. A manifest from other versions is refused as a
-    whole. One prompt window and no previews: the subprocess compiles every program past the cache, so only the ones
-    a short prompt runs. (One round trip covers the plain and the merging start: a second precompile cost a minute.)"""
+    whole. One prompt window, no previews, no speed levers: the subprocess compiles every program past the cache, so
+    only the ones a plain short prompt runs (with the levers: 20 programs, 8 of them UNet steps, three times the
+    compile; a lone request's pixels are the same either way). (One round trip covers the plain and the merging
+    start: a second precompile cost a minute.)"""
     from pipeline.cluster.join_options import ClusterOptions
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator
@@ -169,6 +171,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
         "--prompt-windows",
         "1",
         "--no-previews",
+        "--no-speed-levers",
         "--images-per-device",
         "2",
         "--merge-requests",
@@ -186,6 +189,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
         compilation_cache=False,
         prompt_windows=1,
         previews=False,
+        speed_levers=False,
         per_device_batch=2,
         merge_requests=True,
     )
@@ -216,6 +220,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
         compilation_cache=False,
         prompt_windows=1,
         previews=False,
+        speed_levers=False,
         per_device_batch=2,
     )
     report = load_precompiled(other.programs, other.program_keys(), out)

@@ -27,8 +27,10 @@ from PIL import Image
 pytestmark = pytest.mark.slow  # three processes: two engines and a page
 
 TOKEN = "test-engine-token"
-#: The engines' settings: one small size, few programs (no levers, one prompt window), 2 devices each, and a
+#: The engines' settings: one small size, few programs (no levers, one prompt window, one ControlNet unit: the tests
+#: send one, and the two-unit step was the dearest of the 8 programs each start compiled), 2 devices each, and a
 #: ControlNet: `control_engine`'s configuration, so that engine is the embedded reference of a ControlNet request.
+#: (Processes of 2 devices compile their own: JAX's cache keys name the process's device count, this one's is 8.)
 ENGINE_FLAGS = [
     "--sizes",
     "64x64",
@@ -43,6 +45,8 @@ ENGINE_FLAGS = [
     "1",
     "--controlnet",
     str(CONTROLNETS[0]),
+    "--controlnet-units",
+    "1",
 ]
 #: Steps of a request long enough to act on mid-way (64², 2 devices: a few seconds).
 LONG_STEPS = 60
