@@ -260,6 +260,8 @@ def test_a_server_without_levers_compiles_the_plain_step_and_refuses_levers(inpa
     assert labels == [
         "encode cfg",
         "encode cfg 3 windows",
+        "cross_kv cfg",  # the text's cross-attention table (--cross-attention-cache: on CPU devices, the default)
+        "cross_kv cfg 3 windows",
         "encode_image 64x64",
         "start 64x64",
         "step 64x64 cfg",
