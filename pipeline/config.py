@@ -101,7 +101,9 @@ class EngineConfig:
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
     xla_options: tuple[tuple[str, str], ...] = ()  # static: XLA compiler options of every served program (NAME, VALUE)
     speed_levers: bool = True  # static: compile what the per-request speed levers run (host/compiling/programs.py)
-    cross_attention_cache: bool = False  # static: the text's cross-attention keys and values once per request
+    #: static: the text's cross-attention keys and values once per request; None = on for CPU devices, off on TPU/GPU
+    #: (resolved at load with the devices' platform, generator.for_platform)
+    cross_attention_cache: bool | None = None
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     text_cache: int = 4  # texts whose encoded outputs stay on the devices between requests; 0: none (text_cache.py)
@@ -344,7 +346,9 @@ def _static_settings(get) -> dict:
         "hires_scales": parse_hires_scales(get("hires_scales")),
         "dtype": get("dtype"),
         "speed_levers": not get("no_speed_levers"),
-        "cross_attention_cache": bool(get("cross_attention_cache")),
+        "cross_attention_cache": cross_attention_cache_of(
+            get("cross_attention_cache"), get("no_cross_attention_cache")
+        ),
         "merge_requests": bool(get("merge_requests")),
         "merge_full_calls": bool(get("merge_full_calls")),
         "previews": not get("no_previews"),
@@ -373,3 +377,11 @@ def xla_option_pairs(values) -> tuple[tuple[str, str], ...]:
         pairs.pop(name.strip(), None)
         pairs[name.strip()] = value.strip()
     return tuple(pairs.items())
+
+
+def cross_attention_cache_of(on: bool | None, off: bool | None) -> bool | None:
+    """`EngineConfig.cross_attention_cache` from --cross-attention-cache and --no-cross-attention-cache: True, False,
+    or None (neither given: the platform decides at load, generator.for_platform); both is one sentence."""
+    if on and off:
+        raise InvalidInput("--cross-attention-cache and --no-cross-attention-cache contradict each other: give one.")
+    return True if on else False if off else None

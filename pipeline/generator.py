@@ -113,7 +113,10 @@ def default_dtype(platform: str | None = None) -> str:
 
 
 def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
-    """`config` with what depends on the devices decided: the dtype and the attention core."""
+    """`config` with what depends on the devices decided: the dtype, the attention core and, unless set, the
+    cross-attention cache (on CPU devices: there a step program pays the text's keys and values again at every
+    call, where diffusers' single program computes them once; bench/HISTORY.md, "Where the engine's extra CPU
+    time went")."""
     dtype = config.dtype or default_dtype(platform)
     try:
         attention = attention_core.resolve(config.attention, platform, dtype)
@@ -126,7 +129,10 @@ def for_platform(config: EngineConfig, platform: str) -> EngineConfig:
             "--quantize int8 runs on TPU and CPU only: XLA's GPU backend cannot compile its int8 "
             "convolutions (cuDNN takes no int32 output)."
         )
-    return config.replace(dtype=dtype, attention=attention)
+    cache = config.cross_attention_cache
+    if cache is None:
+        cache = platform == "cpu" and config.quantize == "none" and attention != "diffusers"
+    return config.replace(dtype=dtype, attention=attention, cross_attention_cache=cache)
 
 
 def prepare(config: EngineConfig, devices: list | None = None) -> EngineConfig:

@@ -554,8 +554,18 @@ OPTIONS: tuple[Option, ...] = (
         "--cross-attention-cache",
         "project the text's keys and values for the UNet's cross-attention once per "
         "request instead of at every step (the same products and pixels; SDXL: 140 fewer products per step); "
-        "not with --quantize int8 or --attention diffusers",
+        "the default on CPU devices, off on TPU/GPU until timed there; not with --quantize int8 or --attention "
+        "diffusers",
         "SDXL_CROSS_ATTENTION_CACHE",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--no-cross-attention-cache",
+        "project the text's keys and values at every step, on CPU devices too (--cross-attention-cache's default "
+        "there)",
+        "SDXL_NO_CROSS_ATTENTION_CACHE",
         kind="switch",
         programs=frozenset({APP, CLI, PRECOMPILE}),
         recompiles=True,

@@ -382,7 +382,7 @@ def denoise(
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
-    unet = with_cross_kv(stage, stage.weights("step"), hidden, hidden.shape[0] > programs.batch)  # [cB, ...]
+    unet = stage.weights("step")  # with --cross-attention-cache, the first base row adds its text's table
     preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
     done = before  # steps whose result is ready, of all
@@ -477,6 +477,8 @@ def base_step(
         halve = stage.compile("halve_text", sized=False, windows=stage.text)
         hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
         unet = with_cross_kv(stage, unet, hidden, False)  # the conditional half's table replaces the CFG one
+    elif CROSS_KV not in unet:  # the first base row: its text's table, made here (an unguided one makes no CFG table)
+        unet = with_cross_kv(stage, unet, hidden, hidden.shape[0] > stage.programs.batch)
     if planned.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
     # This row's coefficients, float32 [B, 13], and index, int32 []: placed while the step before runs.

@@ -5,7 +5,7 @@ The same pixels as an engine that projects them every step, on each path a base 
 ending part way (the table is made again for the conditional half), DeepCache's shallow steps, a prompt read in two
 windows, a ControlNet (its own attention layers, named like the UNet's, keep projecting the text), a LoRA that
 changes `attn2.to_k` (the table comes from the merged kernels), the hires fix's second pass; no request compiles;
-the settings it refuses.
+the settings it refuses; on by default on CPU devices only.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def twins(lora_dir):
     )
     cached.loras.prepare()
     cached.generate(cached.request("warm-up"))
-    plain = Generator.from_pretrained(str(TINY_PT), devices=devices, lora_dir=str(lora_dir), **SETTINGS)
+    plain = Generator.from_pretrained(
+        str(TINY_PT), devices=devices, lora_dir=str(lora_dir), cross_attention_cache=False, **SETTINGS
+    )
     return cached, plain
 
 
@@ -161,11 +163,35 @@ def test_the_table_is_every_cross_attention_layer_of_the_unet(twins):
 def test_flag_environment_and_refusals(monkeypatch):
     from web.options import parse_args
 
-    assert not parse_args(["--model", "tiny"]).config.cross_attention_cache
-    assert parse_args(["--model", "tiny", "--cross-attention-cache"]).config.cross_attention_cache
+    assert parse_args(["--model", "tiny"]).config.cross_attention_cache is None  # the platform decides
+    assert parse_args(["--model", "tiny", "--cross-attention-cache"]).config.cross_attention_cache is True
+    assert parse_args(["--model", "tiny", "--no-cross-attention-cache"]).config.cross_attention_cache is False
+    with pytest.raises(SystemExit):  # both: the parser's one-line error
+        parse_args(["--model", "tiny", "--cross-attention-cache", "--no-cross-attention-cache"])
     monkeypatch.setenv("SDXL_CROSS_ATTENTION_CACHE", "1")
-    assert parse_args(["--model", "tiny"]).config.cross_attention_cache
+    assert parse_args(["--model", "tiny"]).config.cross_attention_cache is True
+    monkeypatch.delenv("SDXL_CROSS_ATTENTION_CACHE")
+    monkeypatch.setenv("SDXL_NO_CROSS_ATTENTION_CACHE", "1")
+    assert parse_args(["--model", "tiny"]).config.cross_attention_cache is False
     for other in ({"quantize": "int8"}, {"attention": "diffusers"}):
         with pytest.raises(InvalidInput, match="^--cross-attention-cache needs a float UNet") as refused:
             EngineConfig(model="tiny", cross_attention_cache=True, **other)
         assert "\n" not in str(refused.value)
+
+
+def test_on_by_default_on_cpu_devices_only():
+    """Unset, the cache is on where the devices are CPU cores (a step program there pays the text's keys and values
+    at every call, where diffusers' one program makes them once: bench/HISTORY.md) and off on TPU and GPU, where it
+    is not timed yet; never where it cannot run; a setting given is kept."""
+    from pipeline.generator import for_platform
+
+    unset = EngineConfig(model="tiny")
+    assert for_platform(unset, "cpu").cross_attention_cache is True
+    assert [for_platform(unset, platform).cross_attention_cache for platform in ("tpu", "gpu")] == [False, False]
+    assert for_platform(EngineConfig(model="tiny", quantize="int8"), "cpu").cross_attention_cache is False
+    assert (
+        for_platform(EngineConfig(model="tiny", attention="diffusers", prompt_windows=1), "cpu").cross_attention_cache
+        is False
+    )
+    assert for_platform(EngineConfig(model="tiny", cross_attention_cache=False), "cpu").cross_attention_cache is False
+    assert for_platform(EngineConfig(model="tiny", cross_attention_cache=True), "tpu").cross_attention_cache is True

@@ -261,6 +261,7 @@ def test_a_server_without_levers_compiles_the_plain_step_and_refuses_levers(inpa
     labels = [key.label for key in inpaint_engine.program_keys()]
     assert labels == [
         "encode cfg",
+        "cross_kv cfg",  # the text's cross-attention table (--cross-attention-cache: on CPU devices, the default)
         "encode_image 64x64",
         "start 64x64",
         "step 64x64 cfg",

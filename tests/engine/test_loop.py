@@ -65,10 +65,14 @@ def test_no_served_program_has_a_host_callback(engine, ui_engine):
         texts = [*steps, *[f"{step} 3 windows" for step in steps]] if windows else steps
         return ["encode_image {s}", "start {s}", *texts, "halve_feature {s}", "preview {s}", "decode {s}"]
 
-    texts = ["encode cfg", "encode cfg 3 windows", "halve_text", "halve_text 3 windows"]
+    # the texts' programs: the encoders, the cross-attention tables (--cross-attention-cache: on CPU devices, the
+    # default) with guidance and without, the conditional half
+    tables = ["cross_kv cfg", "cross_kv no-cfg"]
+    texts = ["encode cfg", "encode cfg 3 windows", *tables, *[f"{table} 3 windows" for table in tables]]
+    texts += ["halve_text", "halve_text 3 windows"]
     assert [key.label for key in engine.program_keys()] == texts + [label.format(s="64x64") for label in sized(True)]
     labels = [label.format(s=size) for size in ("64x64", "224x128") for label in sized(False)]
-    assert [key.label for key in ui_engine.program_keys()] == ["encode cfg", "halve_text"] + labels
+    assert [key.label for key in ui_engine.program_keys()] == ["encode cfg", *tables, "halve_text"] + labels
     lowered = {key.label: engine.programs.lower(key) for key in engine.program_keys()}
     lowered |= {
         key.label: ui_engine.programs.lower(key) for key in ui_engine.program_keys() if key.label not in lowered

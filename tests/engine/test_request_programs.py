@@ -1,6 +1,7 @@
 """Which compiled programs a request runs: a plain txt2img runs the plain programs only (one 77-token window, no
-preview, no picture), a long prompt the N-window ones, a watched request its previews, a text met in a recent request
-no text encoder (--text-cache); none of them compiles."""
+preview, no picture; and the text's cross-attention table, --cross-attention-cache's default on these CPU devices), a
+long prompt the N-window ones, a watched request its previews, a text met in a recent request neither the text encoder
+nor the table (--text-cache); none of them compiles."""
 
 import numpy as np
 from conftest import TEST_SIZE, TEST_STEPS, generate
@@ -24,13 +25,15 @@ def test_plain_request_runs_the_plain_txt2img_programs(engine, monkeypatch):
     monkeypatch.setattr(engine, "text_cache", TextCache())  # no text met before: each first request encodes
     before = engine.compile_count
     ran = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=2))
-    assert ran == ["encode cfg", f"start {size}", *[f"step_full {size} cfg"] * TEST_STEPS, f"decode {size}"]
+    steps = [f"step_full {size} cfg"] * TEST_STEPS
+    assert ran == ["encode cfg", f"start {size}", "cross_kv cfg", *steps, f"decode {size}"]
     again = programs_run(engine, lambda: generate(engine, "a lighthouse at dusk", negative_prompt="blurry", seed=3))
-    assert again == ran[1:]  # the same texts: their encoded outputs were kept
+    assert again == [f"start {size}", *steps, f"decode {size}"]  # the same texts: their outputs and table were kept
     long = programs_run(engine, lambda: generate(engine, LONG_PROMPT, seed=2))
     assert long == [
         "encode cfg 3 windows",
         f"start {size}",
+        "cross_kv cfg 3 windows",
         *[f"step_full {size} cfg 3 windows"] * TEST_STEPS,
         f"decode {size}",
     ]
@@ -45,7 +48,8 @@ def test_plain_request_runs_the_plain_txt2img_programs(engine, monkeypatch):
 
 def test_unguided_request_runs_the_guidance_free_steps(engine, monkeypatch):
     """guidance <= 1 asks for no guidance: on a CFG server the texts' conditional half is kept once, before the
-    first step, and every step runs the guidance-free program (half the UNet rows), not the CFG one."""
+    first step (with its own cross-attention table: the CFG text's is never made), and every step runs the
+    guidance-free program (half the UNet rows), not the CFG one."""
     size = f"{TEST_SIZE}x{TEST_SIZE}"
     monkeypatch.setattr(engine, "text_cache", TextCache(0))
     before = engine.compile_count
@@ -55,6 +59,7 @@ def test_unguided_request_runs_the_guidance_free_steps(engine, monkeypatch):
         "encode cfg",
         f"start {size}",
         "halve_text",
+        "cross_kv no-cfg",
         *[f"step_full {size} no-cfg"] * TEST_STEPS,
         f"decode {size}",
     ]

@@ -80,7 +80,8 @@ def test_results_json_has_every_part_with_sane_values(bench_out):
     assert positive(ref["engine"]["median"]) and positive(ref["reference"]["median"]) and positive(ref["ratio"])
     assert ref["ratio"] == pytest.approx(ref["engine"]["median"] / ref["reference"]["median"])
     size = f"{TEST_SIZE}x{TEST_SIZE}"  # a plain request's programs, each timed: the parts of the engine's call
-    assert list(ref["engine_programs"]) == ["encode cfg", f"start {size}", f"step_full {size} cfg", f"decode {size}"]
+    first = ["encode cfg", f"start {size}", "cross_kv cfg"]  # the text's table: --cross-attention-cache on CPU
+    assert list(ref["engine_programs"]) == [*first, f"step_full {size} cfg", f"decode {size}"]
     assert all(positive(seconds) for seconds in ref["engine_programs"].values())
     assert positive(ref["cpu_ratio"]) and positive(ref["new_text_cpu_ratio"]) and ref["pair_ratios"]["n"] == 1
     for side in ("engine_cpu_ms_by_thread", "reference_cpu_ms_by_thread"):  # where each side's CPU seconds ran

@@ -160,8 +160,8 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
     from pipeline.host.compiling.programs import program_keys
 
     programs = summary["programs"]
-    plain = program_keys([(128, 128)], cfg=True, levers=False, previews=False, windows=3)
-    assert programs["traced"] + programs["loaded"] + programs["precompiled"] == len(plain) == 7, programs
+    plain = program_keys([(128, 128)], cfg=True, levers=False, previews=False, windows=3, cross_kv=True)
+    assert programs["traced"] + programs["loaded"] + programs["precompiled"] == len(plain) == 9, programs
     assert "deprecated" not in done.stderr.lower() and "Warning" not in done.stderr
 
 
