@@ -55,15 +55,16 @@ class PlotOutcome:
     def grids(self) -> list[Image.Image]:
         """One grid per Z value (`xyz_grid.draw_grid`), titled with it when there is a Z axis; its `parameters` are
         its first finished cell's with the plot's axes added, as A1111 writes a grid's."""
-        plot = self.plot
-        per_grid = len(plot.x.values) * len(plot.y.values)
+        plot, cells = self.plot, self.cells
+        columns, rows = len(plot.x.values), len(plot.y.values)
+        per_grid = columns * rows
+        x_labels = [cell.labels[0] for cell in cells[:columns]]  # the cells' own: a Seed of -1 drawn
+        y_labels = [cells[row * columns].labels[1] for row in range(rows)]
         grids = []
-        for iz, z_label in enumerate(plot.z.labels):
+        for iz in range(len(plot.z.values)):
             results = self.results[iz * per_grid : (iz + 1) * per_grid]
             firsts = [result.images[0] if result is not None and result.images else None for result in results]
-            grid = draw_grid(
-                firsts, len(plot.x.values), len(plot.y.values), plot.x.labels, plot.y.labels, title=z_label
-            )
+            grid = draw_grid(firsts, columns, rows, x_labels, y_labels, title=cells[iz * per_grid].labels[2])
             texts = [result.parameters[0] for result in results if result is not None and result.parameters]
             if texts:
                 grid.info[PARAMETERS_KEY] = grid_parameters(texts[0], plot)
