@@ -141,3 +141,21 @@ def test_stop_ends_the_plot_and_the_cells_that_finished_stay(batched_engine):
     )
     (grid,) = outcome.grids
     assert (np.asarray(grid)[-64:, -64:] == 255).all()  # the last cell left white
+
+
+def test_the_cli_refuses_a_plot_past_its_cells_before_loading_and_names_its_grids(capsys, tmp_path):
+    from pipeline.__main__ import _grid_name, main
+
+    argv = ["generate", "--model", "tiny", "--prompt", "a cat", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--xyz-x", "Steps: 1-10", "--xyz-y", "Seed: 1-10", "--xyz-max-cells", "99"]) == 2
+    assert capsys.readouterr().err == (
+        "error: The X/Y/Z plot has 100 cells; this server makes at most 99 (--xyz-max-cells).\n"
+    )
+    assert main([*argv, "--xyz-x", "Steps: 2, 200"]) == 2
+    assert "The plot's cell Steps: 200 is refused" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert [_grid_name(title) for title in ("", "Steps: 4", "DPM++ 2M", "a cat/dog")] == [
+        "grid.png",
+        "grid-4.png",
+        "grid-DPM++_2M.png",
+        "grid-a_cat_dog.png",
+    ]
