@@ -161,6 +161,7 @@ def page_with_apis(args, engine, examples, prompt_filter, history):
         examples=examples,
         prompt_filter=prompt_filter,
         queue_size=args.queue_size,
+        xyz_max_cells=args.xyz_max_cells,
         progress=not args.no_progress,
         history=history,
         logins=bool(args.auth),

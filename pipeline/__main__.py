@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -33,8 +34,12 @@ if __name__ == "__main__":  # before the imports below: run before `pip install`
 from .config import EngineConfig, engine_config  # noqa: E402
 from .contract.errors import CheckpointError, InvalidInput, ModelLoadError  # noqa: E402
 from .contract.fields import FIELD, FIELDS, resolve_seed  # noqa: E402
+from .contract.image_files import save_png  # noqa: E402
 from .contract.image_inputs import GivenPath  # noqa: E402
+from .contract.parameters import model_name  # noqa: E402
 from .contract.request import LORA_TAG, Request, RequestRules, parse_request  # noqa: E402
+from .contract.xyz_plot import Cell, Plot  # noqa: E402
+from .contract.xyz_run import run_plot  # noqa: E402
 from .options import CLI, MAKE_TINY, PRECOMPILE, SERVE, Parser, add_options, check_env_choices, request_option  # noqa: E402
 from .platform import quiet_start, skip_absent_tpu, use_cpu_cores  # noqa: E402
 from .service.command_line import build_serve_parser  # noqa: E402
@@ -69,14 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
+def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request, list[Cell]]:
     """What the user typed and the files it names, checked before JAX is imported (a mistake costs a moment, not a
     load): the LoRA folder's, the page's and API's (`parse_request`), then the model's and the embeddings folder's
     (pipeline/startup.py)."""
     config = dataclasses.replace(engine_config(args), previews=False)  # nobody watches the CLI's images form
     # The request's own flags are what it asks for; the server's defaults are what it would get without them.
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
-    if scales := _hires_scales(args):  # the hires fix: the CLI compiles the second pass its request asks for
+    plot = _plot(args)
+    if scales := _hires_scales(args, plot):  # the hires fix: the CLI compiles the second passes its requests ask for
         config, unasked = (dataclasses.replace(c, hires_scales=scales) for c in (config, unasked))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
@@ -86,11 +92,23 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
         for name in asked:
             if why := screened.refused.get(name.strip()):
                 raise InvalidInput(f"LoRA '{name.strip()}' is not offered: {why}")
-    request = parse_request(**request_arguments(args), rules=rules)
+    given = request_arguments(args)
+    request = parse_request(**given, rules=rules)
+    cells = (
+        plot.cells(given, lambda fields: parse_request(**fields, rules=rules), model=model_name(config.model))
+        if plot is not None
+        else []
+    )
     check_model(config)  # a wrong --model is bad input too
     check_embeddings(config)
     check_out_folder(args.out, "--out")
-    return config, request
+    return config, request, cells
+
+
+def _plot(args: argparse.Namespace) -> Plot | None:
+    """--xyz-x/-y/-z as a plot (None without them), its size checked against --xyz-max-cells."""
+    axes = (args.xyz_x, args.xyz_y, args.xyz_z)
+    return Plot.of(*axes, most=args.xyz_max_cells) if any(axes) else None
 
 
 def check_out_folder(out: str, name: str) -> None:
@@ -116,17 +134,20 @@ def check_out_folder(out: str, name: str) -> None:
 _SAID_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
-def _hires_scales(args: argparse.Namespace) -> tuple[float, ...]:
-    """`--hires-scale X` (above 1) as the one hires scale the CLI's engine compiles; () without it (a value that is
-    not a number in range is parse_request's to refuse)."""
+def _hires_scales(args: argparse.Namespace, plot: Plot | None = None) -> tuple[float, ...]:
+    """`--hires-scale X` (above 1) and a plot's Hires upscale values as the hires scales the CLI's engine compiles;
+    () without them (a value that is not a number in range is parse_request's to refuse)."""
     try:
-        scale = float(getattr(args, "hires_scale", None) or 1)
+        asked = [float(getattr(args, "hires_scale", None) or 1)]
     except (TypeError, ValueError):
-        return ()
-    return (scale,) if 1 < scale <= FIELD["hires_scale"].high else ()
+        asked = []
+    for axis in plot.axes if plot is not None else ():
+        if axis.axis.label == "Hires upscale":
+            asked += axis.values
+    return tuple(sorted({scale for scale in asked if 1 < scale <= FIELD["hires_scale"].high}))
 
 
-def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:
+def _generate(args: argparse.Namespace, config: EngineConfig, request: Request, cells: list[Cell]) -> int:
     from .cluster.join_options import options_from_args
     from .host.compiling.compile_cache import CompileCounter
     from .startup import start
@@ -143,6 +164,8 @@ def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) 
     if not cluster.is_leader:
         return cluster.follow(generator, json_summary=args.json)
     try:
+        if cells:
+            return _plot_out(args, cluster.lead(generator), cells, began)
         result = cluster.lead(generator).generate(request)
     finally:
         cluster.stop()
@@ -174,6 +197,42 @@ def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) 
         f"call {t['call_total_s']:.2f} s"
     )
     return 0
+
+
+def _plot_out(args: argparse.Namespace, engine, cells: list[Cell], began: float) -> int:
+    """Run the plot's cells (contract/xyz_run.py) and write its grids (grid.png, or grid-<z>.png per Z value,
+    replacing any there) and each cell's images (cell-<x>-<y>-<z>-00000.png, ...) into --out."""
+    plot = _plot(args)
+    outcome = run_plot(engine, plot, cells)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_grid = len(plot.x.values) * len(plot.y.values)
+    titles = [cell.labels[2] for cell in outcome.cells[::per_grid]]  # each Z value's label ("" without a Z axis)
+    grids = [save_png(grid, out / _grid_name(title)) for grid, title in zip(outcome.grids, titles, strict=True)]
+    images = [
+        path
+        for cell, result in zip(outcome.cells, outcome.results, strict=True)
+        if result is not None
+        for path in result.save_pngs(out, "cell-" + "-".join(map(str, cell.position)))
+    ]
+    if args.json:
+        summary = {"grids": [str(p) for p in grids], "images": [str(p) for p in images], "cells": len(cells)}
+        print(json.dumps({**summary, "process_s": time.perf_counter() - began}, indent=2))
+        return 0
+    for path in (*grids, *images):
+        print(path)
+    print(f"X/Y/Z plot: {len(cells)} cells, {len(images)} images, in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
+#: What a grid's file name keeps of its Z value: letters, digits and . + - (the rest become _).
+_UNSAFE = re.compile(r"[^\w.+-]+")
+
+
+def _grid_name(title: str) -> str:
+    """grid.png, or grid-<z>.png for a Z value's grid ("Steps: 4" -> grid-4.png, "DPM++ 2M" -> grid-DPM++_2M.png)."""
+    value = title.rpartition(": ")[2] if title else ""
+    return f"grid-{_UNSAFE.sub('_', value)}.png" if value else "grid.png"
 
 
 def request_arguments(args: argparse.Namespace) -> dict:

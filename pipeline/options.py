@@ -37,6 +37,7 @@ from .contract.presets import PRESET_NAMES
 from .contract.request import MAX_LORAS
 from .contract.sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
 from .contract.sizes import default_sizes
+from .contract.xyz_plot import MAX_CELLS
 from .device.cores import ATTENTIONS
 
 #: The programs that take options: the app, `python -m pipeline generate` (the CLI), `... precompile`, the bench,
@@ -255,6 +256,27 @@ CONTROL_OPTIONS = (
 )
 
 #: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.
+#: The X/Y/Z plot (pipeline/contract/xyz_plot.py): the CLI's axes, and the most cells a plot may have (the app's too).
+XYZ_OPTIONS: tuple[Option, ...] = (
+    *(
+        Option(
+            f"--xyz-{letter}",
+            f"X/Y/Z plot: the {axis} axis, 'LABEL: values' as A1111 writes them ('Steps: 4,6', 'CFG Scale: 3-7 (+2)', "
+            "'Seed: 1-3 [3]'); writes grid.png (grid-<z>.png per Z value) and each cell's images",
+            metavar="'LABEL: VALUES'",
+            programs=frozenset({CLI}),
+        )
+        for letter, axis in (("x", "X (across)"), ("y", "Y (down)"), ("z", "Z (a grid per value)"))
+    ),
+    Option(
+        "--xyz-max-cells",
+        "the most cells an X/Y/Z plot may have; a larger plot is refused before anything runs",
+        "SDXL_XYZ_MAX_CELLS",
+        at_least_one,
+        MAX_CELLS,
+    ),
+)
+
 OPTIONS: tuple[Option, ...] = (
     # -- the model
     Option(
@@ -656,6 +678,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- one request (CLI only): the request fields' table (pipeline/contract/fields.py)
     *(request_option(row) for row in FIELDS if row.flag),
     *CONTROL_OPTIONS,
+    *XYZ_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),
     # -- precompile's own (the executables for a topology)

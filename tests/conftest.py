@@ -298,7 +298,12 @@ SHARED_ENGINE_GROUPS = {
         "engine/test_loop.py",
         "system/test_replicas.py",
     ),
-    "batched_engine": ("engine/test_generator.py", "web/test_throughput.py", "engine/test_request_merging.py"),
+    "batched_engine": (
+        "engine/test_generator.py",
+        "web/test_throughput.py",
+        "engine/test_request_merging.py",
+        "engine/test_xyz_plot.py",
+    ),
 }
 GROUP_OF = {f"tests/{path}": group for group, paths in SHARED_ENGINE_GROUPS.items() for path in paths}
 

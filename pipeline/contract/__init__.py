@@ -14,6 +14,9 @@
     parameters.py        the `parameters` text (A1111's infotext) and the status line: the one writer and reader
     image_files.py       images -> PNG and JPEG files carrying that text, and the text read back from a file
     engine.py            the `Engine` protocol: what the page reads of an engine, local or remote
+    xyz_plot.py          the X/Y/Z plot: A1111's axes, value ranges and script_args -> one checked request per cell
+    xyz_run.py           a plot's cells run on any engine (merged where they can share a call), Stop, its grids
+    xyz_grid.py          a plot's labelled grid image (PIL), A1111-like
 
 The engine's packages import from here; nothing here imports them, so web/ can use it without loading JAX.
 """

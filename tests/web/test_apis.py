@@ -515,3 +515,21 @@ def test_the_handlers_errors_map_to_statuses():
         refused = refusal({"error": lost}, title)
         assert (refused.status, refused.message) == (status, lost)
     assert refusal({}, None).message == "Generation failed on the server; please try again."
+
+
+def test_a1111_xyz_plot_script_answers_its_grid_then_each_cell_as_its_single_request(url, app, webui, feature_engine):
+    before = feature_engine.compile_count
+    plot = {"script_name": "X/Y/Z plot", "script_args": [4, "2, 3", [], "CFG Scale", "1, 4", [], 0, "", [], True]}
+    asked = {"prompt": "a lighthouse", "seed": 5, "width": TEST_SIZE, "height": TEST_SIZE, "batch_size": 1}
+    answer = requests.post(f"{url}/sdapi/v1/txt2img", json={**asked, **plot}, timeout=600).json()
+    grid, *cells = [Image.open(io.BytesIO(base64.b64decode(image))) for image in answer["images"]]
+    assert len(cells) == 4 and grid.width > 2 * TEST_SIZE and grid.height > 2 * TEST_SIZE
+    infotexts = json.loads(answer["info"])["infotexts"]
+    assert "Script: X/Y/Z plot, X Type: Steps, X Values: " in infotexts[0] and "Y Type: CFG Scale" in infotexts[0]
+    single = webui.txt2img(**{**asked, "steps": 3, "cfg_scale": 4}).image  # the last cell: Steps 3, CFG Scale 4
+    assert np.array_equal(pixels(cells[3]), pixels(single)) and "Steps: 3" in infotexts[4]
+    too_many = {**plot, "script_args": [4, "1-20", [], 6, "1-15", []]}
+    refused = requests.post(f"{url}/sdapi/v1/txt2img", json={**asked, **too_many}, timeout=60)
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == "The X/Y/Z plot has 300 cells; this server makes at most 64 (--xyz-max-cells)."
+    assert feature_engine.compile_count == before and leftovers(app) == []

@@ -28,6 +28,7 @@ from pipeline.contract.hires import LATENT_UPSCALERS, UPSCALERS
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.parameters import model_name, parse_infotext
 from pipeline.contract.request import RequestRules
+from pipeline.contract.xyz_plot import SCRIPT_NAME
 
 from ..page.png_info import parameters_text
 from .a1111_fields import NO_UPSCALER, A1111Request, a1111_request, sampler_choices, scheduler_items
@@ -94,7 +95,7 @@ STUBS: dict[str, tuple[str, Any]] = {
     "hypernetworks": ("GET", []),
     "face-restorers": ("GET", []),
     "realesrgan-models": ("GET", []),
-    "scripts": ("GET", {"txt2img": [], "img2img": []}),
+    "scripts": ("GET", {"txt2img": [SCRIPT_NAME], "img2img": [SCRIPT_NAME]}),
     "script-info": ("GET", []),
     "extensions": ("GET", []),
     "refresh-checkpoints": ("POST", None),
@@ -190,7 +191,10 @@ class A1111Api:
 
     async def txt2img(self, request: Request, caller: str):
         payload = await json_object(request)
-        return await self._generate(request, caller, payload, a1111_request(payload, self.rules, picture=False))
+        asked = a1111_request(payload, self.rules, picture=False)
+        if is_plot(payload):
+            return await self._plot(request, caller, payload, asked)
+        return await self._generate(request, caller, payload, asked)
 
     async def img2img(self, request: Request, caller: str):
         payload = await json_object(request)
@@ -202,7 +206,25 @@ class A1111Api:
         if payload.get("mask"):
             mask = decode_picture(payload["mask"], "mask")
             pictures["mask_image"] = inverted(mask) if payload.get("inpainting_mask_invert") else mask
+        if is_plot(payload):
+            return await self._plot(request, caller, payload, asked, pictures)
         return await self._generate(request, caller, payload, asked, pictures)
+
+    async def _plot(
+        self, request: Request, caller: str, payload: dict, asked: A1111Request, pictures: dict | None = None
+    ) -> JSONResponse:
+        """A1111's X/Y/Z plot script (`script_name`, `script_args` in 1.10's order): one queued plot, answered as
+        A1111 answers it: the grids first (each with the plot's axes in its `parameters`), then each cell's image."""
+        user = caller[len("user:") :] if caller.startswith("user:") else None
+        with self.files.hold(pictures or {}) as held:
+            given = {**asked.given, **held, "script_args": payload.get("script_args")}
+            outcome = await self.queued.run(request, given, caller=caller, username=user, image_format="xyz")
+        encoded = await asyncio.to_thread(lambda: [png_base64(path) for path in outcome.pngs])
+        infotexts = [read_parameters(path) for path in outcome.pngs]
+        stopped = outcome.status if outcome.stopped or "stopped" in outcome.status else None
+        info = self._info(payload, asked, outcome.seed, len(outcome.pngs), infotexts, stopped)
+        images = encoded if payload.get("send_images", True) is not False else []
+        return JSONResponse({"images": images, "parameters": echo_parameters(payload), "info": json.dumps(info)})
 
     async def _generate(
         self, request: Request, caller: str, payload: dict, asked: A1111Request, pictures: dict | None = None
@@ -400,6 +422,11 @@ class A1111Api:
         info = parse_infotext(text) if text else None
         parameters = {"Prompt": info.prompt, "Negative prompt": info.negative_prompt, **info.settings} if info else {}
         return JSONResponse({"info": text, "items": {"parameters": text} if text else {}, "parameters": parameters})
+
+
+def is_plot(payload: dict) -> bool:
+    """Whether a txt2img/img2img payload asks for A1111's X/Y/Z plot script (its `script_name`, any case)."""
+    return str(payload.get("script_name") or "").strip().lower() == SCRIPT_NAME
 
 
 def a1111_error(status: int, message: str, kind: str) -> JSONResponse:

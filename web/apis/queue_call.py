@@ -22,11 +22,13 @@ from typing import Any
 import gradio as gr
 
 from pipeline.contract.fields import FIELDS
+from pipeline.contract.xyz_plot import SCRIPT_ARGS
 
 from ..gradio_internals import EventQueue, event_index
 from ..page.handlers import api_defaults
 from ..page.layout import Page, generate_concurrency
 from ..page.texts import GENERATION_FAILED
+from ..page.xyz_panel import plot_endpoint
 
 logger = logging.getLogger("sdxl_jax.app")
 
@@ -88,13 +90,15 @@ class QueuedGenerate:
             inputs = [gr.JSON(visible=False, label=f"api {row.name}") for row in FIELDS]
             inputs += [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
             outputs = [gr.JSON(visible=False, label=f"api answer {i}") for i in range(3)]
-            for name, function in (("jpeg", handlers.endpoint()), ("png", handlers.endpoint("png"))):
+            axes = [gr.JSON(visible=False, label=f"api {name}") for name in SCRIPT_ARGS[:9]]
+            events = (("jpeg", handlers.endpoint(), []), ("png", handlers.endpoint("png"), []))
+            for name, function, more in (*events, ("xyz", plot_endpoint(handlers), axes)):
                 # No triggers (an empty list): reached only by `run`'s queue push. `triggers=None` would mean "on
                 # page load and on any input's change", and every visit would queue two empty requests.
                 dependency = gr.on(
                     triggers=[],
                     fn=function,
-                    inputs=inputs,
+                    inputs=inputs + more,
                     outputs=outputs,
                     preprocess=False,
                     postprocess=False,
@@ -110,12 +114,17 @@ class QueuedGenerate:
         """The handler's inputs in its order: the table's fields (given, else this server's defaults)."""
         defaults = api_defaults(self.page.handlers.rules)
         values = [given.get(row.name, defaults[row.name]) for row in FIELDS]
-        return [*values, bool(given.get("previews", False)), None]
+        axes = []  # an X/Y/Z plot's (`run`'s "xyz"): A1111's first nine script_args, None for those not given
+        if "script_args" in given:
+            given_axes = given["script_args"] if isinstance(given["script_args"], list) else []
+            axes = [*given_axes[:9], *[None] * (9 - len(given_axes[:9]))]
+        return [*values, bool(given.get("previews", False)), None, *axes]
 
     async def run(
         self, request, given: dict[str, Any], *, caller: str, username: str | None = None, image_format: str = "png"
     ) -> Outcome:
-        """Queue one generation and wait for its end. Raises `Refused` (busy, bad input, failure)."""
+        """Queue one generation (`image_format` "xyz": an X/Y/Z plot, `given["script_args"]` its axes) and wait
+        for its end. Raises `Refused` (busy, bad input, failure)."""
         queue = EventQueue(self.page.demo)
         session = f"api-{secrets.token_hex(12)}"
         arguments = self.arguments({**given, "previews": image_format != "png"})

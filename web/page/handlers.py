@@ -33,6 +33,7 @@ from pipeline.contract.image_inputs import open_image
 from pipeline.contract.parameters import status_size, status_steps
 from pipeline.contract.request import Request, RequestRules, parse_request
 from pipeline.contract.stopping import Stopped
+from pipeline.contract.xyz_plot import MAX_CELLS
 
 from ..gradio_internals import request_gone
 from ..serving.outbox import Outbox
@@ -73,8 +74,10 @@ class Handlers:
         prompt_filter: PromptFilter | None = None,
         progress: bool = True,
         on_finished: Callable[[Finished], None] | None = None,
+        xyz_max_cells: int = MAX_CELLS,
     ) -> None:
         self.engine = engine
+        self.xyz_max_cells = xyz_max_cells  # the most cells an X/Y/Z plot may have (--xyz-max-cells)
         self.rules = rules or engine.rules  # what a request may ask for (the page may offer its own styles)
         self.files = files
         self.outbox = outbox

@@ -22,6 +22,7 @@ from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN, Fie
 from pipeline.contract.parameters import model_name
 from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
+from pipeline.contract.xyz_plot import MAX_CELLS
 
 from ..gradio_internals import answers_delivered, event_index
 from ..history.tab import History
@@ -48,6 +49,7 @@ from .texts import (
     read_template,
     sampler_summary,
 )
+from .xyz_panel import plot_endpoint, xyz_section
 
 #: Gradio's own cache of served files (every image a user saw) lives in the app's temporary folder (removed at exit);
 #: while the app runs it is swept every 5 min and files older than 15 min are removed.
@@ -142,6 +144,7 @@ def build_page(
     progress: bool = True,
     history: History | None = None,
     logins: bool = False,
+    xyz_max_cells: int = MAX_CELLS,
 ) -> Page:
     """Build the page around a ready (loaded and warmed-up) engine. Launch it with `Page.launch`. `history`: where
     past generations go (web/history/tab.py; none by default). `logins`: the page is launched with `auth` (a Log out
@@ -160,6 +163,7 @@ def build_page(
         prompt_filter=prompt_filter,
         progress=progress,
         on_finished=history.keep,
+        xyz_max_cells=xyz_max_cells,
     )
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as demo:
         sections = page_sections(engine, rules, examples, history, logins)
@@ -168,6 +172,7 @@ def build_page(
         concurrency = generate_concurrency(engine)
         top, shown, fields = sections.top, sections.shown, sections.fields
         generated = wire_generate(handlers, rules, top, shown, fields, concurrency)
+        generated.append(wire_plot(handlers, sections.xyz, top, shown, fields, concurrency))
         wire_examples(handlers, rules, examples, sections.buttons, top, shown, fields, concurrency)
         wire_settings_image(shown, form)
         if sections.history_tab is not None:
@@ -186,6 +191,7 @@ class Sections:
     buttons: list  # the examples
     tabs: gr.Tabs  # Generate, and the history's when there is one
     history_tab: Any  # the history's parts (None without a history)
+    xyz: tuple  # the X/Y/Z plot's axes (A1111's script_args order) and its "Run plot"
 
 
 def page_sections(
@@ -211,10 +217,11 @@ def page_sections(
                 shown = results(engine.num_images)
                 with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
                     fields = advanced_settings(rules, engine)
+                xyz = xyz_section()
                 buttons = example_buttons(examples)
             history_tab = history.layout(history_state)  # None when the server keeps no history
         gr.Markdown(footer_text(engine.config, texts), elem_id="footer")
-    return Sections(top, shown, fields, buttons, tabs, history_tab)
+    return Sections(top, shown, fields, buttons, tabs, history_tab, xyz)
 
 
 def settings_form(sections: Sections, rules: RequestRules) -> Form:
@@ -668,6 +675,27 @@ def wire_generate(
     top.stop.click(handlers.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
     wire_png_api(handlers, shown, inputs, answer, concurrency)
     return [generated, painted, *varied]
+
+
+def wire_plot(handlers: Handlers, xyz: tuple, top: PromptRow, shown: Results, fields: Fields, concurrency: int):
+    """ "Run plot": the form's request with the plot's axes (web/page/xyz_panel.py), in the generate group; its
+    PNGs follow as a generation's do. Returns the event."""
+    axes, run = xyz
+    no_painting = gr.State(None)  # the mask editor's place in the API's parameters (a plot starts from no strokes)
+    plotted = run.click(
+        fn=plot_endpoint(handlers, labels=page_labels(top, fields)),
+        inputs=[*fields.page_inputs(top.prompt), no_painting, *axes],
+        outputs=[shown.gallery, fields.controls["seed"], shown.status],
+        preprocess=False,
+        concurrency_limit=concurrency,
+        concurrency_id="generate",
+        api_name="xyz_plot",
+        api_visibility="private",  # the page's: the APIs plot through A1111's script (web/apis/a1111.py)
+        show_progress="full",
+        show_progress_on=[shown.gallery],
+    )
+    wire_png_follow_up(handlers, shown, [plotted])
+    return plotted
 
 
 def wire_page_generate(top: PromptRow, shown: Results, fields: Fields, page_generating: dict) -> tuple:
