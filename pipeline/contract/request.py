@@ -368,18 +368,8 @@ def parse_request(
     _check_together(values, rules, picture=init_image is not None, control=bool(controlnets))
     values, negative, ignored = _without_cfg(given, values, negative, rules)
     chosen = _loras(text, loras, rules.loras) or rules.default_loras
-    strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     use = MaskUse.of(values, outpaint)
-    pictures = prepare_pictures(
-        init_image,
-        mask_image,
-        strength,
-        use=use,
-        height=height,
-        width=width,
-        steps=values["steps"],
-        offered=rules.sizes,
-    )
+    pictures = _pictures(init_image, mask_image, given, values, use, (height, width), rules)
     units = _controls(controlnets, rules, (height, width), values)
     return Request(
         prompt=text,
@@ -394,6 +384,17 @@ def parse_request(
         outpaint=use.outpaint.text,
         **_written_prompts(rules, style_name, text, negative, chosen),
         ignored=ignored,
+    )
+
+
+def _pictures(
+    image: object, mask: object, given: Mapping, values: Mapping, use: MaskUse, size: tuple, rules: RequestRules
+) -> ImageInputs | None:
+    """The request's picture and mask checked and prepared at `size` (for outpainting, its grown canvas)."""
+    strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
+    height, width = size
+    return prepare_pictures(
+        image, mask, strength, use=use, height=height, width=width, steps=values["steps"], offered=rules.sizes
     )
 
 

@@ -4,6 +4,7 @@
     handlers.py          what the page's events and the API's endpoints run: one request in, images and a status out
     form.py              the generation form as settings, and the form filled back from settings
     controlnet_panel.py  the ControlNet panel: picture, the preprocessor's map, weight and range
+    outpaint_panel.py    the Outpaint choice: directions, pixels, the grown canvas shown
     examples.py          the example prompts' buttons and their kept answers
     texts.py             what the page says: title, header, footer, the model's card, the status line's pieces
     size_labels.py       the page's names for the offered sizes ('1344×768 (16:9)')
