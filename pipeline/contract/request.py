@@ -212,11 +212,13 @@ class Request:
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
-        a picture's own with a picture (" · inpainted, strength 0.6"); not the hires fix's scale, which the line
-        says with the size (`parameters.status_size`)."""
+        a picture's own with a picture (" · inpainted, strength 0.6"; outpainting's " · outpainted left=16, ...");
+        not the hires fix's scale, which the line says with the size (`parameters.status_size`)."""
         started = (
             None
             if self.init_image is None
+            else f"outpainted {self.outpaint}"
+            if self.outpaint
             else PICTURE_STATUS["inpainting" if self.mask_image is not None else "image to image"]
         )
         return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))

@@ -17,6 +17,8 @@ from pipeline.contract.image_inputs import open_image, to_rgb
 from pipeline.contract.outpaint import Sides, check_room, grown, read_sides
 from pipeline.contract.request import RequestRules
 
+from .handlers import file_path
+
 #: The panel's choices: start from the picture as it is, or grow it.
 MODES = ("Image to image", "Outpaint")
 #: The directions, as the boxes name them.
@@ -73,10 +75,11 @@ def outpaint_panel(rules: RequestRules, picture: gr.Image, size: gr.Dropdown) ->
         )
     for component in (value, picture, size):
         component.change(
-            lambda path, text, chosen: canvas(path, text, chosen, rules),
+            lambda upload, text, chosen: canvas(file_path(upload), text, chosen, rules),
             inputs=[picture, value, size],
             outputs=shown,
             queue=False,
+            preprocess=False,  # the upload as sent: Gradio's own decoding of a non-picture is a long traceback
             api_visibility="private",
         )
     return value
