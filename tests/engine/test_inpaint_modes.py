@@ -158,3 +158,38 @@ def test_the_overlay_is_asked_for_and_plain_inpainting_stays_diffusers(feature_e
     np.testing.assert_array_equal(got[soft == 0], ARRAYS["fit_image"][soft == 0])
     np.testing.assert_array_equal(got[soft == 255], made[soft == 255])
     assert (made[soft == 0] != ARRAYS["fit_image"][soft == 0]).any()  # diffusers' own output: the VAE's round trip
+
+
+def test_the_cli_flags_make_the_same_request():
+    """`--outpaint "left=16 right=16"`, `--mask-blur`, `--inpaint-area`, `--only-masked-padding` and
+    `--inpaint-overlay` are the table's flags: the request the API's names make."""
+    from pipeline.__main__ import build_parser, request_arguments
+
+    rules = RequestRules(sizes=((64, 64),))
+    base = ["generate", "--model", "tiny", "--out", "unused", "--prompt", "a cabin", "--init-image", str(PICTURE)]
+    grown = parse_request(
+        **request_arguments(build_parser().parse_args([*base, "--outpaint", "left=16 right=16"])), rules=rules
+    )
+    assert (grown.outpaint, grown.mask_blur) == ("left=16 right=16", 4)
+    assert (
+        grown.picture().pixels.tobytes()
+        == parse_request("a cabin", init_image=PICTURE, outpaint="left=16 right=16", rules=rules)
+        .picture()
+        .pixels.tobytes()
+    )
+    flags = [
+        "--mask-image",
+        str(FIXTURES / "image-mask.png"),
+        "--inpaint-area",
+        "only_masked",
+        "--only-masked-padding",
+        "8",
+    ]
+    masked = parse_request(
+        **request_arguments(build_parser().parse_args([*base, *flags, "--mask-blur", "2"])), rules=rules
+    )
+    assert (masked.inpaint_area, masked.only_masked_padding, masked.mask_blur) == ("Only masked", 8, 2)
+    overlaid = parse_request(
+        **request_arguments(build_parser().parse_args([*base, "--inpaint-overlay", "on"])), rules=rules
+    )
+    assert overlaid.inpaint_overlay == "on"
