@@ -88,8 +88,9 @@ class GenerationResult:
         devices, on the host (the rest), to the first step's result."""
         output, request = run.output, run.request
         timings = {"total_s": total_s, "device_s": device_s, "host_s": total_s - device_s, "first_step_s": first_step_s}
+        returned = pixels[: output.returned] if output.paste is None else output.paste.apply(pixels[: output.returned])
         return cls(
-            images=image_io.to_pil(pixels[: output.returned], list(output.parameters)),
+            images=image_io.to_pil(returned, list(output.parameters)),
             seeds=list(output.seeds[: output.returned]),
             prompt=request.styled_prompt,
             negative_prompt=request.styled_negative_prompt,

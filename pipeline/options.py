@@ -208,7 +208,7 @@ def request_option(row: Field) -> Option:
         type=kind,
         default=None if later else row.default,
         default_text=_number_or_text(row.default) if later else "",
-        choices=() if open_choice else row.choices,
+        choices=() if open_choice else (*row.choices, *(alias for alias, _ in row.choice_aliases)),
         programs=cli,
     )
 

@@ -6,6 +6,10 @@
     controlnet_units.py  ControlNet units: checked, preprocessed, weighted per step
     hires.py             the hires fix's rules: upscalers by A1111's names, sizes, A1111's step rule
     image_inputs.py      the init image and the mask: checked, decoded (guarded), fitted
+    inpaint_modes.py     how a request uses its mask: whole picture, only masked, outpainting; and the overlay
+    outpaint.py          outpainting: the sides' pixels, the grown canvas, its soft mask
+    inpaint_crop.py      inpaint only masked: the mask's padded box at the size's ratio, cropped and scaled
+    overlay.py           the result pasted back over the picture through the blurred mask (A1111's overlay)
     styles.py            the style templates (assets/styles.json) and the examples
     sizes.py             the offered sizes
     sampler_names.py     A1111's sampler and schedule names <-> the engine's ids

@@ -205,6 +205,7 @@ class Field:
     high: float | None = None  # highest value (numbers)
     above: bool = False  # `low` itself excluded (0 < x)
     choices: tuple[str, ...] = ()  # a choice's values, as spelled for users
+    choice_aliases: tuple[tuple[str, str], ...] = ()  # other spellings of a choice's values: (alias, value)
     rule: str = ""  # the `RequestRules` attribute holding this server's default (steps, sampler, guidance)
     called: str = ""  # how refusals name it to the APIs and the CLI ("Steps", "cfg_end"); the page says its label
     low_note: str = ""  # said after the low bound in a refusal ("(off)")
@@ -215,7 +216,8 @@ class Field:
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner;
-    # "hires": with --hires-scales, written whenever hires_scale is on
+    # "hires": with --hires-scales, written whenever hires_scale is on; "mask": how a mask is used (inpaint_modes.py
+    # writes it, when the request pastes its picture back)
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
@@ -264,6 +266,9 @@ class Field:
             if isinstance(value, str):
                 for option in self.choices:
                     if value.strip().lower() == option.lower():
+                        return option
+                for alias, option in self.choice_aliases:
+                    if value.strip().lower() == alias:
                         return option
             raise self.refusal(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -655,6 +660,93 @@ FIELDS: tuple[Field, ...] = (
         flag="--hires-upscaler",
         api_type=str,
         control=Control("Upscaler", elem_id="hires-upscaler", group="hires"),
+    ),
+    Field(
+        "outpaint",
+        "text",
+        "outpainting: pixels to add on each side, e.g. 'left=128 right=128' (left, right, up, down): the size is the "
+        "grown canvas, the picture fitted into the rest and kept exactly",
+        "",
+        flag="--outpaint",
+        api_type=str,
+    ),
+    Field(
+        "mask_blur",
+        "int",
+        "with outpainting, inpaint only masked or the overlay: the mask's soft edge in pixels (A1111's Mask blur)",
+        4,
+        low=0,
+        high=64,
+        called="mask_blur",
+        label="Mask blur",
+        needs="mask",
+        flag="--mask-blur",
+        api_type=int,
+        control=Control(
+            "Mask blur",
+            "The soft edge, in pixels, where the redrawn part meets the kept picture",
+            elem_id="mask-blur",
+            group="mask",
+        ),
+    ),
+    Field(
+        "inpaint_area",
+        "choice",
+        "inpainting: the whole picture at the size, or only the masked area (its box plus only_masked_padding, "
+        "scaled to the size, inpainted there and pasted back)",
+        "Whole picture",
+        choices=("Whole picture", "Only masked"),
+        choice_aliases=(("whole", "Whole picture"), ("only_masked", "Only masked")),
+        called="inpaint_area",
+        label="Inpaint area",
+        needs="mask",
+        flag="--inpaint-area",
+        api_type=str,
+        control=Control(
+            "Inpaint area",
+            "Only masked: the masked area and some pixels around it redrawn at the whole size, then pasted back",
+            elem_id="inpaint-area",
+            group="mask",
+        ),
+    ),
+    Field(
+        "only_masked_padding",
+        "int",
+        "inpaint only masked: pixels around the masked area's box that are cropped with it (A1111's Only masked "
+        "padding)",
+        32,
+        low=0,
+        high=256,
+        called="only_masked_padding",
+        label="Masked area padding",
+        needs="mask",
+        flag="--only-masked-padding",
+        api_type=int,
+        control=Control(
+            "Only masked padding, pixels",
+            "Pixels around the masked area cropped with it",
+            elem_id="only-masked-padding",
+            group="mask",
+        ),
+    ),
+    Field(
+        "inpaint_overlay",
+        "choice",
+        "inpainting the whole picture: 'on' pastes the picture back outside the (blurred) mask, as A1111 does; "
+        "'off' returns diffusers' output",
+        "off",
+        choices=("off", "on"),
+        called="inpaint_overlay",
+        label="Inpaint overlay",
+        needs="mask",
+        flag="--inpaint-overlay",
+        api_type=str,
+        control=Control(
+            "Paste the picture back",
+            "On: the kept part comes back exactly, as A1111 does; off: diffusers' output",
+            elem_id="inpaint-overlay",
+            group="mask",
+        ),
     ),
 )
 #: The table by name.

@@ -54,6 +54,7 @@ NUMBER_KEYS = {
     "Variation seed strength": float,
     "Face restoration strength": float,
     "Mask blur": int,
+    "Masked area padding": int,
 }
 #: A1111's ControlNet entry keys -> a unit's fields (what reading a "ControlNet N" entry gives back).
 CONTROL_KEYS = {
@@ -142,15 +143,18 @@ def written_settings(
     lora_hashes: str = "",
     text: Mapping[str, str] | None = None,
     controlnets: Sequence[ControlUnit] = (),
+    mask: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """What a request set beyond A1111's basics, by `parameters` label, in the order A1111 writes them: the style
-    (a reader can undo the styled prompt), a picture's own fields, `Lora hashes`, what reading the prompts adds
-    (`text_settings`), the table's other fields away from their default, then the ControlNet units.
+    (a reader can undo the styled prompt), a picture's own fields and how its mask was used (`mask`:
+    `inpaint_modes.MaskUse.settings`), `Lora hashes`, what reading the prompts adds (`text_settings`), the table's
+    other fields away from their default, then the ControlNet units.
 
     `values`: the request's table fields by name (`Request.plain_values()`)."""
     return {
         **({"Style": style} if style != DEFAULT_STYLE else {}),
         **table_settings(values, picture=True, has_picture=has_picture),
+        **(mask or {}),
         **({"Lora hashes": lora_hashes} if lora_hashes else {}),
         **(text or {}),
         **table_settings(values, picture=False, has_picture=has_picture),
@@ -164,7 +168,7 @@ def table_settings(values: Mapping[str, object], *, picture: bool, has_picture: 
     written = {}
     hires = values.get("hires_scale", 1.0) != 1.0
     for row in PLAIN:
-        if not row.label or row.basic or (row.needs == "picture") != picture:
+        if not row.label or row.basic or row.needs == "mask" or (row.needs == "picture") != picture:
             continue
         value = values[row.name]
         if row.needs == "hires":  # A1111 writes its hires fix whole when on (its steps when set), nothing when off

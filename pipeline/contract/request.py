@@ -29,7 +29,9 @@ from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
-from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, steps_to_run
+from .inpaint_modes import MaskUse, arranged, prepare_pictures
+from .overlay import Paste
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
 from .sampler_names import check_steps, resolve, sampler_label
@@ -133,6 +135,7 @@ class Picture:
     repaint: np.ndarray | None  # bool [H, W]: True = repaint; None = the whole picture
     repaint_latents: np.ndarray | None  # float32 [1, H/8, W/8]: `repaint` at latent size; None likewise
     steps_run: int  # the last int(steps × strength) steps of the sampler's plan run
+    paste: Paste | None = None  # how the result goes back over the picture (inpaint_modes.py); None: as made
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,11 @@ class Request:
     hires_steps: int = FIELD["hires_steps"].default  # the second pass's steps (0 = `steps`)
     hires_denoise: float = FIELD["hires_denoise"].default  # A1111's Denoising strength of the second pass
     hires_upscaler: str = FIELD["hires_upscaler"].default  # A1111's name of the upscaler
+    outpaint: str = ""  # pixels added per side, "left=128 right=128" ("": none); the picture is then the canvas
+    mask_blur: int = FIELD["mask_blur"].default  # the overlay's soft edge (outpainting, only masked, the overlay)
+    inpaint_area: str = FIELD["inpaint_area"].default  # "Whole picture" or "Only masked"
+    only_masked_padding: int = FIELD["only_masked_padding"].default  # pixels around the masked box cropped with it
+    inpaint_overlay: str = FIELD["inpaint_overlay"].default  # "on": whole-picture inpainting pasted back (A1111's)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -204,14 +212,20 @@ class Request:
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
-        a picture's own with a picture (" · inpainted, strength 0.6"); not the hires fix's scale, which the line
-        says with the size (`parameters.status_size`)."""
+        a picture's own with a picture (" · inpainted, strength 0.6"; outpainting's " · outpainted left=16, ...");
+        not the hires fix's scale, which the line says with the size (`parameters.status_size`)."""
         started = (
             None
             if self.init_image is None
+            else f"outpainted {self.outpaint}"
+            if self.outpaint
             else PICTURE_STATUS["inpainting" if self.mask_image is not None else "image to image"]
         )
         return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
+
+    def mask_use(self) -> MaskUse:
+        """How the request uses its mask: outpainting, only masked, the overlay (inpaint_modes.py)."""
+        return MaskUse.of(self.plain_values(), self.outpaint)
 
     def hires_steps_run(self) -> int:
         """The steps the hires fix's second pass runs (A1111's rule: `hires_steps`, else `steps`); 0 when it is
@@ -231,8 +245,9 @@ class Request:
                 if self.mask_image is None
                 else np.asarray(Image.open(io.BytesIO(self.mask_image))) >= MASK_THRESHOLD
             )  # [H, W]
-            latents = None if repaint is None else latent_mask(repaint, vae_scale_factor)
-            decoded = Picture(pixels, repaint, latents, steps_to_run(self.steps, self.strength))
+            decoded = _arranged(
+                pixels, repaint, self.mask_use(), steps_to_run(self.steps, self.strength), vae_scale_factor
+            )
             object.__setattr__(self, "decoded", decoded)  # a cache beside the frozen fields (not compared, not sent)
         return self.decoded
 
@@ -268,6 +283,7 @@ def request_schema() -> dict:
         },
         "init_image": picture,
         "mask_image": picture,
+        "outpaint": {**text, "description": FIELD["outpaint"].help},
         "styled_prompt": text,
         "written_prompt": text,
         "styled_negative_prompt": text,
@@ -325,6 +341,7 @@ def parse_request(
     init_image: object = None,
     mask_image: object = None,
     controlnets: object = None,
+    outpaint: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
     **plain: object,
@@ -338,7 +355,8 @@ def parse_request(
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
     the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
-    preprocessor}` of the server's ControlNets (controlnet_units.py).
+    preprocessor}` of the server's ControlNets (controlnet_units.py). `outpaint`: pixels to add per side ("left=128
+    right=128"), the request's size being the grown canvas (outpaint.py).
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -352,8 +370,8 @@ def parse_request(
     _check_together(values, rules, picture=init_image is not None, control=bool(controlnets))
     values, negative, ignored = _without_cfg(given, values, negative, rules)
     chosen = _loras(text, loras, rules.loras) or rules.default_loras
-    strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
-    pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width, steps=values["steps"])
+    use = MaskUse.of(values, outpaint)
+    pictures = _pictures(init_image, mask_image, given, values, use, (height, width), rules)
     units = _controls(controlnets, rules, (height, width), values)
     return Request(
         prompt=text,
@@ -364,9 +382,21 @@ def parse_request(
         loras=chosen,
         controlnets=units,
         **values,
-        **_picture_fields(pictures),
+        **_picture_fields(pictures, use),
+        outpaint=use.outpaint.text,
         **_written_prompts(rules, style_name, text, negative, chosen),
         ignored=ignored,
+    )
+
+
+def _pictures(
+    image: object, mask: object, given: Mapping, values: Mapping, use: MaskUse, size: tuple, rules: RequestRules
+) -> ImageInputs | None:
+    """The request's picture and mask checked and prepared at `size` (for outpainting, its grown canvas)."""
+    strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
+    height, width = size
+    return prepare_pictures(
+        image, mask, strength, use=use, height=height, width=width, steps=values["steps"], offered=rules.sizes
     )
 
 
@@ -540,13 +570,23 @@ def _ignored(
     return tuple(ignored)
 
 
-def _picture_fields(pictures: ImageInputs | None) -> dict:
+def _picture_fields(pictures: ImageInputs | None, use: MaskUse) -> dict:
     """The Request's picture fields: its PNGs (what travels) and the decoded arrays (what this process reads)."""
     if pictures is None:
         return {}
     mask = None if pictures.repaint is None else _png(pictures.repaint * np.uint8(255))
-    decoded = Picture(pictures.pixels, pictures.repaint, pictures.repaint_latents, pictures.steps_run)
+    decoded = _arranged(pictures.pixels, pictures.repaint, use, pictures.steps_run)
     return {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength, "decoded": decoded}
+
+
+def _arranged(
+    pixels: np.ndarray, repaint: np.ndarray | None, use: MaskUse, steps_run: int, vae_scale_factor: int = 8
+) -> Picture:
+    """The picture the engine runs from the request's picture and mask (`inpaint_modes.arranged`: only masked's box
+    at the size), with the overlay that pastes its result back."""
+    inner, inner_repaint, paste = arranged(pixels, repaint, use)
+    latents = None if inner_repaint is None else latent_mask(inner_repaint, vae_scale_factor)
+    return Picture(inner, inner_repaint, latents, steps_run, paste)
 
 
 def _png(array: np.ndarray) -> bytes:

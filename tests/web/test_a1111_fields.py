@@ -181,3 +181,23 @@ def test_a_body_that_is_not_a_json_object_is_said_as_what_it_is(body, sentence):
         json_object(body)
     assert str(info.value) == sentence
     assert json_object(b'{"prompt": "a cat"}') == {"prompt": "a cat"}
+
+
+def test_a1111s_inpaint_area_and_mask_blur_map_onto_the_tables_fields():
+    """`inpaint_full_res` (true or 1: "Only masked"), its padding and `mask_blur` become the table's fields, when
+    sent; `inpainting_fill` has no counterpart and changes nothing."""
+    rules = RequestRules(sizes=((64, 64),))
+    asked = a1111_request(
+        {"prompt": "a", "inpaint_full_res": 1, "inpaint_full_res_padding": 16, "mask_blur": 8, "inpainting_fill": 0},
+        rules,
+        picture=True,
+    )
+    assert {key: asked.given[key] for key in ("inpaint_area", "only_masked_padding", "mask_blur")} == {
+        "inpaint_area": "Only masked",
+        "only_masked_padding": 16,
+        "mask_blur": 8,
+    }
+    assert "inpainting_fill" not in asked.given
+    whole = a1111_request({"prompt": "a", "inpaint_full_res": False}, rules, picture=True).given
+    assert whole["inpaint_area"] == "Whole picture" and "only_masked_padding" not in whole
+    assert "inpaint_area" not in a1111_request({"prompt": "a"}, rules, picture=True).given

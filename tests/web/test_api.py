@@ -177,9 +177,14 @@ def test_api_parameters_are_named_with_defaults(client):
         "hires_steps",
         "hires_denoise",
         "hires_upscaler",
+        "outpaint",
+        "mask_blur",
+        "inpaint_area",
+        "only_masked_padding",
+        "inpaint_overlay",
         "previews",
     ]
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 25
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 30
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

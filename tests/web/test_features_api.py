@@ -93,6 +93,29 @@ def test_picture_mask_and_strength_through_the_api(client, feature_engine):
     assert feature_engine.compile_count == before
 
 
+def test_outpaint_and_only_masked_through_the_api(client, feature_engine):
+    """Outpainting and inpaint only masked (issue 69) through gradio_client: the Python entry point's pixels, their
+    `parameters`, no compile; a canvas that leaves the picture no room is the request's one sentence."""
+    before = feature_engine.compile_count
+    common = {"prompt": PROMPT, "seed": 7, "randomize_seed": False, "steps": 4, "api_name": "/generate_png"}
+    grown, _, _ = client.predict(init_image=handle_file(PICTURE), outpaint="left=16 right=16", strength=1, **common)
+    assert "Mask blur: 4, Outpaint: left=16 right=16" in read_parameters(grown[0]["image"])
+    fields = {"seed": 7, "steps": 4, "init_image": PICTURE}
+    np.testing.assert_array_equal(
+        pixels_of(grown), in_python(feature_engine, outpaint="left=16 right=16", strength=1, **fields)
+    )
+    masked, _, _ = client.predict(
+        init_image=handle_file(PICTURE), mask_image=handle_file(MASK), inpaint_area="only_masked", **common
+    )
+    assert "Inpaint area: Only masked, Masked area padding: 32" in read_parameters(masked[0]["image"])
+    np.testing.assert_array_equal(
+        pixels_of(masked), in_python(feature_engine, mask_image=MASK, inpaint_area="Only masked", **fields)
+    )
+    with pytest.raises(AppError, match=r"Outpainting left=40 right=40 leaves no room for the picture in 64×64"):
+        client.predict(init_image=handle_file(PICTURE), outpaint="left=40 right=40", **common)
+    assert feature_engine.compile_count == before
+
+
 def test_speed_levers_through_the_api(client, feature_engine):
     before = feature_engine.compile_count
     gallery, _, status = client.predict(

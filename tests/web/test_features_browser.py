@@ -300,3 +300,22 @@ def test_generate_sends_the_mask_editor_only_once_something_is_painted(tab, tmp_
     assert "layer_0.png" not in plain_request and "composite.png" not in plain_request
     assert "layer_0.png" in painted_request and "photo.png" in plain_request  # the strokes; the picture as uploaded
     assert not tab.errors, tab.errors
+
+
+def test_outpaint_shows_the_grown_canvas_and_generates_it(tab, feature_engine):
+    """Issue 69: "Outpaint" beside image to image, a direction and the pixels: the grown canvas shows (the picture
+    fitted into 64×64 less the border, the border filled), Generate outpaints it, compiling nothing."""
+    before = feature_engine.compile_count
+    tab.locator("#prompt textarea").fill("a cabin in the snow")
+    open_advanced(tab)
+    open_section(tab, "picture-settings", "Start from a picture", "#init-image")
+    tab.locator("#init-image input[type=file]").set_input_files(str(PICTURE))
+    tab.locator("#init-image img").wait_for(timeout=TIMEOUT_MS)
+    tab.locator("#picture-mode").get_by_text("Outpaint").click()
+    tab.locator("#outpaint-directions").get_by_text("right").click()  # left alone: the default's right unticked
+    set_number(tab, "outpaint-pixels", 16)
+    tab.locator("#outpaint-canvas img").wait_for(timeout=TIMEOUT_MS)
+    tab.screenshot(path=str(ARTIFACTS / "features-outpaint.png"), full_page=True)
+    assert "outpainted left=16, strength 0.75" in (text := generate(tab)), text
+    assert feature_engine.compile_count == before
+    assert not [error for error in tab.errors if "background_image" not in error], tab.errors

@@ -254,6 +254,10 @@ def _values(page, updates) -> dict:
         "hires_steps",
         "hires_denoise",
         "hires_upscaler",
+        "mask_blur",
+        "inpaint_area",
+        "only_masked_padding",
+        "inpaint_overlay",
         "file",
     ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
@@ -291,6 +295,10 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
         **pickers,
         "schedule_type": "Automatic",
         "clip_skip": 0,
+        "mask_blur": 4,  # how a mask was used: absent, the defaults
+        "inpaint_area": "Whole picture",
+        "only_masked_padding": 32,
+        "inpaint_overlay": "off",
         "file": None,
     }
 

@@ -42,6 +42,8 @@ MAPPED = frozenset(
         "hr_scale",
         "hr_second_pass_steps",
         "hr_upscaler",
+        "inpaint_full_res",
+        "inpaint_full_res_padding",
     }
 )
 #: A1111's `hr_scale` when a payload enables the hires fix and names no scale (its API's default).
@@ -195,6 +197,19 @@ def a1111_hires(payload: dict, *, picture: bool) -> dict[str, Any]:
     return hires
 
 
+def a1111_inpaint_area(payload: dict) -> dict[str, Any]:
+    """A1111's img2img `inpaint_full_res` (its "Inpaint area": true or 1 is "Only masked") and
+    `inpaint_full_res_padding` (its "Only masked padding, pixels"), when a payload sends them; `mask_blur` is the
+    table's own name and passes as it is. `inpainting_fill` has no counterpart and is ignored: the masked area here
+    always starts from the picture's latents noised by the strength (A1111's "original"), as diffusers' does."""
+    area: dict[str, Any] = {}
+    if payload.get("inpaint_full_res") is not None:
+        area["inpaint_area"] = "Only masked" if payload["inpaint_full_res"] else "Whole picture"
+    if payload.get("inpaint_full_res_padding") is not None:
+        area["only_masked_padding"] = payload["inpaint_full_res_padding"]
+    return area
+
+
 def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111Request:
     """The page handler's fields for an A1111 txt2img/img2img payload (pictures excepted: the caller adds them)."""
     given: dict[str, Any] = {
@@ -223,6 +238,7 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
         given["style"] = style  # A1111's saved styles by name; this server's styles are its presets
     given.update(a1111_refiner(payload, rules))
     given.update(a1111_hires(payload, picture=picture))
+    given.update(a1111_inpaint_area(payload))
     for row in PLAIN:  # the table's own fields by their own names (cfg_end, deepcache, ...), beside A1111's
         if row.name not in given and row.name not in MAPPED and row.name in payload and row.name != "strength":
             given[row.name] = payload[row.name]

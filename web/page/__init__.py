@@ -5,6 +5,7 @@
     form.py              the generation form as settings, and the form filled back from settings
     controlnet_panel.py  the ControlNet panel: picture, the preprocessor's map, weight and range
     xyz_panel.py         the "X/Y/Z plot" section and its plot: the form's request with up to three axes, one event
+    outpaint_panel.py    the Outpaint choice: directions, pixels, the grown canvas shown
     examples.py          the example prompts' buttons and their kept answers
     texts.py             what the page says: title, header, footer, the model's card, the status line's pieces
     size_labels.py       the page's names for the offered sizes ('1344×768 (16:9)')

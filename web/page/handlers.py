@@ -158,6 +158,7 @@ class Handlers:
             init_image=image,
             mask_image=mask,
             controlnets=given["controlnets"],
+            outpaint=given["outpaint"],
             rules=self.rules,
             check_prompt=self.prompt_filter.check if self.prompt_filter else None,
             **{row.name: given[row.name] for row in PLAIN},

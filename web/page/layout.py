@@ -34,6 +34,7 @@ from ..serving.twin_routing import Twin
 from .controlnet_panel import control_panel
 from .form import Form, control
 from .handlers import Handlers
+from .outpaint_panel import outpaint_panel
 from .prompt_filter import PromptFilter
 from .size_labels import size_label
 from .texts import (
@@ -232,7 +233,7 @@ def settings_form(sections: Sections, rules: RequestRules) -> Form:
             **{
                 name: component
                 for name, component in sections.fields.controls.items()
-                if name not in ("loras", "init_image", "mask_image", "controlnets")
+                if name not in ("loras", "init_image", "mask_image", "controlnets", "outpaint")
             },
         },
         lora_rows=sections.fields.lora_rows,
@@ -411,7 +412,7 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     with gr.Row(equal_height=True, visible=rules.levers):
         controls.update(table_controls("levers", rules))
     lora_rows, controls["loras"] = lora_settings(rules)
-    picture_controls, picture = picture_settings(rules)
+    picture_controls, picture = picture_settings(rules, controls["aspect_ratio"])
     controls.update(picture_controls)
     controls["controlnets"] = control_panel(rules)
     controls.update(hires_panel(rules))
@@ -489,9 +490,10 @@ def lora_settings(rules: RequestRules) -> tuple[tuple, gr.JSON]:
     return lora_rows, loras
 
 
-def picture_settings(rules: RequestRules) -> tuple[dict[str, Any], gr.ImageMask]:
-    """The "Start from a picture" section: the picture, the mask editor over it and the table's picture fields; then
-    the API's hidden mask file. Returns the controls and the mask editor."""
+def picture_settings(rules: RequestRules, size: gr.Dropdown) -> tuple[dict[str, Any], gr.ImageMask]:
+    """The "Start from a picture" section: the picture, the mask editor over it, the table's picture fields, how the
+    mask is used, and the Outpaint choice (web/page/outpaint_panel.py, its canvas at the chosen `size`); then the API's
+    hidden mask file. Returns the controls and the mask editor."""
     controls: dict[str, Any] = {}
     with gr.Accordion("Start from a picture", open=False, elem_id="picture-settings"):
         with gr.Row(equal_height=True):
@@ -509,6 +511,9 @@ def picture_settings(rules: RequestRules) -> tuple[dict[str, Any], gr.ImageMask]
                 elem_id="mask-editor",
             )
         controls.update(table_controls("picture", rules))
+        with gr.Row(equal_height=True):
+            controls.update(table_controls("mask", rules))
+        controls["outpaint"] = outpaint_panel(rules, controls["init_image"], size)
     controls["mask_image"] = gr.Image(type="filepath", visible=False, label="mask_image")  # the API's mask file
     return controls, picture
 

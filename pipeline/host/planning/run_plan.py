@@ -34,6 +34,7 @@ import numpy as np
 from ...contract.controlnet_units import ControlUnit
 from ...contract.errors import InvalidInput
 from ...contract.image_inputs import latent_mask
+from ...contract.overlay import Paste
 from ...contract.parameters import describe, text_settings, written_settings
 from ...contract.request import Picture, Request, RequestRules
 from ...contract.sampler_names import sampler_label
@@ -136,6 +137,7 @@ class Output:
     parameters: tuple[str, ...]  # each returned image's `parameters` text (A1111's infotext)
     truncated: str  # "" or a sentence naming the words past the text encoders' windows
     refined: bool  # the refiner runs (`Refiner:` in the parameters)
+    paste: Paste | None = None  # how each image goes back over the request's picture (`contract/overlay.py`)
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,7 @@ def output_of(
         lora_hashes=lora_hashes,
         text=text,
         controlnets=request.controlnets,
+        mask=request.mask_use().settings(request.mask_image is not None),
     )
     if refined:  # A1111 writes the refiner's name before its switch
         settings = {"Refiner": context.refiner, **settings}
@@ -334,7 +337,8 @@ def output_of(
     )
     dropped = dropped_text(reader.tokenizers[0], prompt, context.windows) if conditioning.overflow else ""
     truncated = summarize_dropped(dropped, context.windows, style_tail(context.rules, request.style))  # fits a toast
-    return Output(seeds, returned, parameters, truncated, refined)
+    given = request.picture(context.vae_scale_factor)
+    return Output(seeds, returned, parameters, truncated, refined, None if given is None else given.paste)
 
 
 def spacing_written(plan: Plan, sampler: SamplerConfig) -> str | None:
