@@ -12,7 +12,17 @@ from contextlib import closing
 
 import httpx
 import pytest
-from conftest import ARTIFACTS, TIMEOUT_MS, needs_chromium, open_advanced, served, set_steps
+from conftest import (
+    ARTIFACTS,
+    GALLERY_LOADS,
+    LONG,
+    TIMEOUT_MS,
+    needs_chromium,
+    open_advanced,
+    open_section,
+    served,
+    set_steps,
+)
 from gradio_client import Client
 
 USERS = [("ann", "ann-secret"), ("bob", "bob-secret")]
@@ -149,17 +159,23 @@ def _open_history(page, count: int) -> None:
     )
 
 
+def _signed_in_tab(browser, url: str):
+    """A fresh browser context (closed by the caller: the module's browser stays) and its tab, signed in as ann."""
+    context = browser.new_context(viewport={"width": 1200, "height": 1000})
+    page = context.new_page()
+    page.goto(url, timeout=TIMEOUT_MS)
+    page.locator("input").first.fill(USERS[0][0])
+    page.locator("input[type=password]").fill(USERS[0][1])
+    page.locator("button").filter(has_text="Login").click()
+    page.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
+    return context, page
+
+
 @pytest.mark.browser
 @needs_chromium
 def test_history_tab_with_logins_use_and_delete(ui_engine, browser, tmp_path):
     with _history_page(ui_engine, tmp_path / "data") as served_page:
-        context = browser.new_context(viewport={"width": 1200, "height": 1000})  # the session's browser: closed
-        page = context.new_page()
-        page.goto(served_page.local_url, timeout=TIMEOUT_MS)
-        page.locator("input").first.fill(USERS[0][0])
-        page.locator("input[type=password]").fill(USERS[0][1])
-        page.locator("button").filter(has_text="Login").click()
-        page.locator("#prompt textarea").wait_for(timeout=TIMEOUT_MS)
+        context, page = _signed_in_tab(browser, served_page.local_url)
         open_advanced(page)
         _generate(page, "a kite over the dunes", 3)
         _generate(page, "a blue house", 2)
@@ -225,6 +241,78 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
             "() => document.querySelector('#prompt textarea').value === 'a kite over the dunes'", timeout=TIMEOUT_MS
         )
         other_context.close()
+        context.close()
+
+
+#: The gallery's captions, in order (a plot's: "grid 1 / 1", then each cell's values).
+CAPTIONS = "() => [...document.querySelectorAll('#gallery .caption-label')].map((caption) => caption.innerText)"
+#: The plot's progress over the gallery says its second cell runs (the first has finished).
+SECOND_CELL = "() => /cell 2 \\/ 2/.test(document.querySelector('#gallery').innerText)"
+#: The status line holds a plot's answer that differs from `before` (each answer rewrites it: its time, its seed).
+PLOT_ANSWERED = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && /X\\/Y\\/Z plot: /.test(text); }"""
+
+
+def _choose_axis(page, elem_id: str, label: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+
+
+def _run_plot(page, *, stop: bool = False) -> str:
+    """Press "Run plot" (`stop`: then Stop, once its second cell runs) and wait for its answer; the status line."""
+    before = page.locator("#status").inner_text()
+    page.locator("#xyz-run").click()
+    if stop:
+        page.wait_for_function(SECOND_CELL, timeout=TIMEOUT_MS)
+        page.locator("#stop").click()
+    page.wait_for_function(PLOT_ANSWERED, arg=before, timeout=TIMEOUT_MS)
+    return page.locator("#status").inner_text()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_an_xyz_plot_on_the_page_is_one_history_entry_and_a_stop_keeps_its_finished_cells(ui_engine, browser, tmp_path):
+    """The page's "X/Y/Z plot" section, opened: Steps 2, 3 across, CFG Scale 3, 5 down, "Run plot": the grid then
+    the four cells in the gallery (each caption its values), the status line, one history entry of all five images.
+    A bad value: one sentence, and the last plot's status line gone. Then a plot of Steps 2 and 100, stopped in its
+    second cell: the first cell's answer (the grid and that cell), said so, and kept too. (Stop at the Python level:
+    tests/engine/test_xyz_plot.py.)"""
+    with _history_page(ui_engine, tmp_path / "data") as served_page:
+        context, page = _signed_in_tab(browser, served_page.local_url)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        open_section(page, "xyz-plot", "X/Y/Z plot", "#xyz-x-values textarea")
+        assert page.locator("#xyz-x-type input").input_value() == "Steps"
+        page.locator("#prompt textarea").fill("a kite over the dunes")
+        page.locator("#xyz-x-values textarea").fill("2, 3")
+        _choose_axis(page, "xyz-y-type", "CFG Scale")
+        page.locator("#xyz-y-values textarea").fill("3, 5")
+        status = _run_plot(page)
+        assert status.startswith("X/Y/Z plot: 4 of 4 cells in ") and " · 64×64 · seed " in status, status
+        cells = [f"Steps: {steps}, CFG Scale: {cfg}" for cfg in (3, 5) for steps in (2, 3)]  # X fastest
+        assert page.evaluate(CAPTIONS) == ["grid 1 / 1", *cells]
+        assert page.evaluate(GALLERY_LOADS) == [[200, True]] * 5
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "xyz-plot.png"), full_page=True)
+        _open_history(page, 1)
+        (entry,) = served_page.history.store.list(USERS[0][0])
+        assert len(entry.images) == 5 and entry.settings["prompt"] == "a kite over the dunes"
+
+        page.get_by_role("tab", name="Generate").click()
+        page.locator("#xyz-x-values textarea").fill("2, two")
+        page.locator("#xyz-run").click()
+        page.locator(".toast-body").get_by_text("Steps takes numbers; got 'two'.").wait_for(timeout=TIMEOUT_MS)
+        assert page.locator("#status").inner_text().strip() == ""  # not the last plot's line, above the refusal
+        _choose_axis(page, "xyz-y-type", "Nothing")
+        page.locator("#xyz-x-values textarea").fill(f"2, {LONG}")
+        tries = 1
+        while "X/Y/Z plot: 1 of 2 cells" not in (status := _run_plot(page, stop=True)) and tries < 3:
+            tries += 1  # a loaded machine ran the second cell whole before Stop reached it: again
+        assert status.startswith("X/Y/Z plot: 1 of 2 cells in "), status
+        assert status.endswith(" · stopped: the cells that finished are shown"), status
+        assert page.evaluate(CAPTIONS) == ["grid 1 / 1", "Steps: 2"]
+        _open_history(page, 1 + tries)  # each plot one entry, a stopped one too
+        assert not errors, errors
         context.close()
 
 

@@ -39,7 +39,7 @@ def test_no_event_runs_on_page_load(unwarmed, tmp_path, history):
     }[history]()
     page = build_page(unwarmed, history=made, logins=history == "logins")
     try:
-        queued_events = attach_apis(page, ApiAccess(host="127.0.0.1"))  # the APIs on: their two hidden events
+        queued_events = attach_apis(page, ApiAccess(host="127.0.0.1"))  # the APIs on: their three hidden events
         assert queued_events.get("routes"), "the APIs were not attached"
         config = page.demo.get_config_file()
         groups = {fn_id: fn.concurrency_id for fn_id, fn in page.demo.fns.items()}  # not in the configuration
@@ -48,7 +48,7 @@ def test_no_event_runs_on_page_load(unwarmed, tmp_path, history):
     assert load_triggered(config) == [], [(d["id"], d.get("api_name"), d["targets"]) for d in load_triggered(config)]
     # The APIs' events are there, reachable only by the in-process queue push (web/apis/queue_call.py): no trigger.
     hidden = [dep for dep in config["dependencies"] if groups[dep["id"]] == "generate" and not dep["targets"]]
-    assert len(hidden) == 2 and all(dep["api_visibility"] == "private" for dep in hidden), hidden
+    assert len(hidden) == 3 and all(dep["api_visibility"] == "private" for dep in hidden), hidden  # JPEG, PNG, plot
     # Every event that generates (and so needs a prompt) starts only from something the visitor does: a click or
     # Enter, or the step after one (Vary's generation, an example's).
     for dep in config["dependencies"]:

@@ -24,6 +24,7 @@ from PIL import Image
 
 from pipeline.contract.image_files import read_parameters
 from pipeline.contract.sampler_names import SAMPLER_NAMES
+from pipeline.contract.xyz_plot import SCRIPT_ARGS
 from web.page.size_labels import size_label
 
 
@@ -83,6 +84,41 @@ def test_api_lists_steps_and_sampler_with_defaults(ui_client, ui_engine):
     params = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
     assert params["steps"]["parameter_default"] == ui_engine.config.steps
     assert params["sampler"]["parameter_default"] == "Euler"
+
+
+def test_an_xyz_plot_through_the_api_answers_its_grid_then_each_cell_and_compiles_nothing(ui_client, ui_engine):
+    """/xyz_plot (the page's "Run plot" for gradio_client): Steps across, CFG Scale down, 2 x 2: the grid, then the
+    four cells (X fastest), each with its own values in its parameters, the grid's with the plot's axes; nothing
+    compiles; a bad value is one sentence, naming the axis."""
+    before = ui_engine.compile_count
+    gallery, seed, status = ui_client.predict(
+        prompt="a lighthouse",
+        seed=4,
+        randomize_seed=False,
+        x_type="Steps",
+        x_values="2, 3",
+        y_type="CFG Scale",
+        y_values="3, 5",
+        api_name="/xyz_plot",
+    )
+    cells = [(steps, cfg) for cfg in (3, 5) for steps in (2, 3)]
+    assert [item["caption"] for item in gallery] == [
+        "grid 1 / 1",
+        *(f"Steps: {steps}, CFG Scale: {cfg}" for steps, cfg in cells),
+    ]
+    assert seed == 4 and status.startswith("X/Y/Z plot: 4 of 4 cells in ") and status.endswith("· seed 4"), status
+    with Image.open(gallery[0]["image"]) as grid:
+        assert grid.width > 2 * UI_SIZES[0][1] and grid.height > 2 * UI_SIZES[0][0]
+    assert "Script: X/Y/Z plot, X Type: Steps, X Values: " in parameters_of(gallery[0])
+    for item, (steps, cfg) in zip(gallery[1:], cells, strict=True):
+        assert f"Steps: {steps}, Sampler: Euler, CFG scale: {cfg}, Seed: 4," in parameters_of(item)
+    assert ui_engine.compile_count == before
+    with pytest.raises(AppError) as error:
+        ui_client.predict(prompt="a cat", x_type="Steps", x_values="2, two", api_name="/xyz_plot")
+    assert str(error.value) == "Steps takes numbers; got 'two'."
+    info = ui_client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/xyz_plot"]
+    names = [parameter["parameter_name"] for parameter in info["parameters"]]
+    assert names[-9:] == list(SCRIPT_ARGS[:9]) and "previews" not in names and "picture" not in names
 
 
 # ---- in the browser -----------------------------------------------------------------------------------------------

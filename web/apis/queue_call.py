@@ -88,7 +88,7 @@ class QueuedGenerate:
         concurrency = generate_concurrency(handlers.engine)  # the page's own limit (a group keeps its lowest)
         with page.demo:
             inputs = [gr.JSON(visible=False, label=f"api {row.name}") for row in FIELDS]
-            inputs += [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
+            page_own = [gr.JSON(visible=False, label="api previews"), gr.JSON(visible=False, label="api picture")]
             outputs = [gr.JSON(visible=False, label=f"api answer {i}") for i in range(3)]
             axes = [gr.JSON(visible=False, label=f"api {name}") for name in SCRIPT_ARGS[:9]]
             events = (("jpeg", handlers.endpoint(), []), ("png", handlers.endpoint("png"), []))
@@ -98,7 +98,7 @@ class QueuedGenerate:
                 dependency = gr.on(
                     triggers=[],
                     fn=function,
-                    inputs=inputs + more,
+                    inputs=[*inputs, *more, *page_own],  # a plot's axes before `previews` and `picture`
                     outputs=outputs,
                     preprocess=False,
                     postprocess=False,
@@ -118,7 +118,7 @@ class QueuedGenerate:
         if "script_args" in given:
             given_axes = given["script_args"] if isinstance(given["script_args"], list) else []
             axes = [*given_axes[:9], *[None] * (9 - len(given_axes[:9]))]
-        return [*values, bool(given.get("previews", False)), None, *axes]
+        return [*values, *axes, bool(given.get("previews", False)), None]
 
     async def run(
         self, request, given: dict[str, Any], *, caller: str, username: str | None = None, image_format: str = "png"

@@ -693,6 +693,10 @@ def api_signature(rules: RequestRules) -> inspect.Signature:
     )
 
 
+#: The API's request parameters as its docstrings list them (gradio_client's view_api, MCP's tools): one line per
+#: request field of the table.
+FIELD_DOC_LINES = [f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS]
+
 #: The API's docstring (gradio_client's view_api): the endpoint, then one line per request field of the table.
 API_DOC = "\n".join(
     [
@@ -704,7 +708,7 @@ API_DOC = "\n".join(
         "--no-previews. Stop, `job.cancel()` or a closed page end the request at the next denoising step.",
         "",
         "Parameters:",
-        *(f"    {row.name}: {row.help}" + (f" ({row.values_text})" if row.plain else "") for row in FIELDS),
+        *FIELD_DOC_LINES,
         "    previews: True = the pictures forming streamed before the answer (the client fetches every preview's "
         "files); default False: no preview program run, the answer alone (each file fetched once)",
     ]

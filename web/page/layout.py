@@ -683,21 +683,32 @@ def wire_generate(
 
 
 def wire_plot(handlers: Handlers, xyz: tuple, top: PromptRow, shown: Results, fields: Fields, concurrency: int):
-    """ "Run plot": the form's request with the plot's axes (web/page/xyz_panel.py), in the generate group; its
-    PNGs follow as a generation's do. Returns the event."""
+    """ "Run plot" and the API's /xyz_plot: the form's request with the plot's axes (web/page/xyz_panel.py), in the
+    generate group, as Generate and /generate are (the page's refusals name its labels; its PNGs follow as a
+    generation's do). Returns the page's event."""
     axes, run = xyz
-    no_painting = gr.State(None)  # the mask editor's place in the API's parameters (a plot starts from no strokes)
+    plotting = {
+        "inputs": [*fields.inputs(top.prompt)[:-1], *axes],  # the request fields (no `previews`), then the axes
+        "outputs": [shown.gallery, fields.controls["seed"], shown.status],
+        "preprocess": False,
+        "concurrency_limit": concurrency,
+        "concurrency_id": "generate",
+    }
+    # As Generate does: the last answer's status line goes at once, so a refused plot never sits under an old one.
+    run.click(fn=None, js="() => ''", outputs=[shown.status], api_visibility="private")
     plotted = run.click(
         fn=plot_endpoint(handlers, labels=page_labels(top, fields)),
-        inputs=[*fields.page_inputs(top.prompt), no_painting, *axes],
-        outputs=[shown.gallery, fields.controls["seed"], shown.status],
-        preprocess=False,
-        concurrency_limit=concurrency,
-        concurrency_id="generate",
-        api_name="xyz_plot",
-        api_visibility="private",  # the page's: the APIs plot through A1111's script (web/apis/a1111.py)
+        api_name="page_xyz_plot",
+        api_visibility="private",
         show_progress="full",
         show_progress_on=[shown.gallery],
+        **plotting,
+    )
+    shown.api_button.click(  # the hidden button /generate's events are on, which nothing clicks
+        fn=plot_endpoint(handlers, streams=False),
+        api_name="xyz_plot",
+        api_description="An X/Y/Z plot: the grids, then each cell's image; the first cell's seed; a status line.",
+        **plotting,
     )
     wire_png_follow_up(handlers, shown, [plotted])
     return plotted

@@ -24,7 +24,7 @@ from pipeline.contract.parameters import model_name, status_size
 from pipeline.contract.xyz_plot import AXES, SCRIPT_ARGS, Cell, Plot
 from pipeline.contract.xyz_run import PlotOutcome, run_plot
 
-from .handlers import EngineRun, Finished, Handlers, api_signature, invalid
+from .handlers import FIELD_DOC_LINES, EngineRun, Finished, Handlers, api_signature, invalid
 from .sessions import session_of
 from .texts import GENERATION_FAILED
 
@@ -32,6 +32,32 @@ logger = logging.getLogger("sdxl_jax.app")
 
 #: The page's axis choices: A1111's labels of the axes this server plots ("Nothing": the axis left out).
 AXIS_CHOICES = tuple(AXES)
+
+#: /xyz_plot's docstring (gradio_client's view_api, MCP's tool): the plot, then /generate's request fields and the axes.
+PLOT_DOC = "\n".join(
+    [
+        "An X/Y/Z plot (A1111's script): the request with up to three axes, each cell one ordinary request with its "
+        "values (nothing compiles).",
+        "",
+        "Returns the grids (one per Z value, labelled; X across, Y down) then each cell's first image (JPEG files "
+        "with `parameters` in EXIF UserComment, a grid's with the plot's axes added), the first cell's seed and a "
+        "status line. Stop or `job.cancel()` end it at the next step: the cells that finished are answered.",
+        "",
+        "Parameters:",
+        *FIELD_DOC_LINES,
+        *(
+            line
+            for letter, where in (("x", "across"), ("y", "down"), ("z", "one grid per value"))
+            for line in (
+                f"    {letter}_type: the {letter.upper()} axis ({where}): A1111's label "
+                f"({', '.join(AXIS_CHOICES[1:])}) or its index in A1111 1.10's txt2img list; Nothing leaves it out",
+                f"    {letter}_values: its values as A1111 writes them: '4, 6', ranges '1-5 (+2)' and '1-3 [3]'",
+                f"    {letter}_values_dropdown: its values as a list (A1111's dropdown), read when {letter}_values is "
+                "empty",
+            )
+        ),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -86,14 +112,18 @@ def xyz_section() -> tuple[list, gr.Button]:
     return inputs, run
 
 
-def plot_endpoint(handlers: Handlers, labels: Mapping[str, str] | None = None):
-    """The function of the page's "Run plot" and of the API's plot event: the API's request fields, `previews`,
-    `picture`, then the plot's axes as A1111's first nine script_args (type, values, dropdown per axis); yields
-    progress, then (gallery, seed, status)."""
+def plot_endpoint(handlers: Handlers, labels: Mapping[str, str] | None = None, *, streams: bool = True):
+    """The function of the page's "Run plot", gradio_client's /xyz_plot and A1111's plot event: the API's request
+    fields, the plot's axes as A1111's first nine script_args (type, values, dropdown per axis), then `previews` and
+    `picture`; yields progress, then (gallery, seed, status). `labels`: the page's (`Handlers.endpoint`).
+    `streams=False`: a plain function that returns the answer (gradio_client fetches a stream's last message's files
+    twice)."""
     base = list(api_signature(handlers.rules).parameters.values())
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     axes = [inspect.Parameter(name, keyword, default=None) for name in SCRIPT_ARGS[:9]]
-    signature = inspect.Signature([*base[:-2], *axes, *base[-2:]])  # Gradio's request and progress last
+    # The axes after the request fields, then `previews`, `picture` (left at their defaults but by A1111's queue
+    # call: a plot streams no previews, starts from no strokes), Gradio's request and progress.
+    signature = inspect.Signature([*base[:-4], *axes, *base[-4:]])
     model = model_name(handlers.engine.config.model)
 
     def run_xyz_plot(*args, **kwargs) -> Iterator[tuple]:
@@ -108,9 +138,14 @@ def plot_endpoint(handlers: Handlers, labels: Mapping[str, str] | None = None):
         user = getattr(request, "username", None)
         yield from _run(handlers, plot, cells, session_of(request), given["progress"], user)
 
-    run_xyz_plot.__signature__ = signature
-    run_xyz_plot.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
-    return run_xyz_plot
+    def xyz_plot_answer(*args, **kwargs) -> tuple:
+        return list(run_xyz_plot(*args, **kwargs))[-1]
+
+    function = run_xyz_plot if streams else xyz_plot_answer
+    function.__signature__ = signature
+    function.__annotations__ = {name: parameter.annotation for name, parameter in signature.parameters.items()}
+    function.__doc__ = PLOT_DOC
+    return function
 
 
 def _run(handlers: Handlers, plot: Plot, cells: list[Cell], session: str, progress, user: str | None):
