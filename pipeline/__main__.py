@@ -78,6 +78,8 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request]:
     unasked = engine_config(argparse.Namespace(**{**vars(args), "guidance_scale": None}))
     if scales := _hires_scales(args):  # the hires fix: the CLI compiles the second pass its request asks for
         config, unasked = (dataclasses.replace(c, hires_scales=scales) for c in (config, unasked))
+    if extras := _unet_extras(args):  # FreeU, PAG: the CLI compiles the steps its request asks for
+        config, unasked = (dataclasses.replace(c, **extras) for c in (config, unasked))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
         screened = screen_loras(config)
@@ -124,6 +126,17 @@ def _hires_scales(args: argparse.Namespace) -> tuple[float, ...]:
     except (TypeError, ValueError):
         return ()
     return (scale,) if 1 < scale <= FIELD["hires_scale"].high else ()
+
+
+def _unet_extras(args: argparse.Namespace) -> dict[str, bool]:
+    """The engine settings that compile what `--freeu` and `--pag-scale` ask for (their values are parse_request's
+    to check)."""
+    extras = {"freeu_programs": bool(str(getattr(args, "freeu", "") or "").strip())}
+    try:
+        extras["pag"] = float(getattr(args, "pag_scale", None) or 0) > 0
+    except (TypeError, ValueError):
+        extras["pag"] = False
+    return {name: True for name, on in extras.items() if on}
 
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
 from .compiling.programs import ProgramKey, ServedPrograms, windows_key
+from .planning.extras_plan import UNetExtras
 from .planning.sampler_plan import COEFFICIENTS, Plan
 from .planning.speed_plan import SpeedPlan, speed_plan
 
@@ -117,6 +118,7 @@ class HiresInputs:
     keep: jax.Array  # bool [B, H, W]: all True (the upscaled picture's latents)
     resize: Callable[[jax.Array], jax.Array] | None  # a pixel upscaler: uint8 [B, h, w, 3] -> [B, H, W, 3]
     refiner: RefinerInputs | None = None  # the refiner's stage in the second pass (A1111's "second pass" default)
+    extras: UNetExtras | None = None  # FreeU and PAG on the second pass's rows (None: neither)
 
 
 def ignore_preview(done: int, total: int, pixels) -> None:
@@ -162,9 +164,10 @@ class Stage:
         cfg: bool | None = None,
         windows: int | None = None,
         nets: tuple[int, ...] | None = None,
+        extras: tuple[str, ...] = (),
     ):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets))
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, extras=extras))
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -193,6 +196,7 @@ def run(
     refiner: RefinerInputs | None = None,
     hires: HiresInputs | None = None,
     kept: dict | None = None,
+    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
     `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
@@ -210,6 +214,7 @@ def run(
     passes' steps as one request's; with the refiner and the hires fix, the refiner's rows are the second pass's
     (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
+    `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
     stage = Stage(programs, params, *size, text_windows, put, split, timings, kept)
@@ -221,7 +226,7 @@ def run(
     watchers = watchers or Watchers()
     total = len(speed.schedule) + (len(hires.speed.schedule) if hires is not None else 0)
     refining = (refiner, refiner_text) if refiner is not None else None
-    latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining)
+    latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining, extras)
     if hires is not None:
         stage, latents = second_pass(
             stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text
@@ -241,6 +246,7 @@ def first_pass(
     picture: PictureInputs | None = None,
     control: ControlInputs | None = None,
     refiner: tuple[RefinerInputs, tuple] | None = None,
+    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """The request's start latents, denoised through the plan's rows: the final latents [B, 4, h, w] (`total`: the
     request's steps in all, with a second pass's).
@@ -252,11 +258,23 @@ def first_pass(
     runs `step`. `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`,
     the others (no ControlNet, or outside every unit's window) the plain step. `refiner`: its inputs and its own
     text (encoded with the prompt's): rows from its `switch_row` on run the refiner's step, whole and with the row's
-    guidance mode.
+    guidance mode. `extras`: FreeU and PAG, whose whole-UNet steps run their programs (`ProgramKey.extras`).
     """
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     return denoise(
-        stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control, refiner, total=total
+        stage,
+        inputs,
+        plan,
+        speed,
+        text,
+        latents,
+        image,
+        blank.history,
+        watchers,
+        control,
+        refiner,
+        total=total,
+        extras=extras,
     )
 
 
@@ -301,6 +319,7 @@ def second_pass(
         refiner=refiner,
         before=before,
         total=total,
+        extras=hires.extras,
     )
     return big, latents
 
@@ -374,10 +393,12 @@ def denoise(
     *,
     before: int = 0,
     total: int | None = None,
+    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
     carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text.
-    `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one)."""
+    `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one).
+    `extras`: FreeU's and PAG's numbers per row (None: neither)."""
     programs = stage.programs
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
@@ -406,6 +427,7 @@ def denoise(
                 feature,
                 unet,
                 kinds,
+                extras,
             )
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
@@ -468,6 +490,7 @@ def base_step(
     feature,
     unet,
     kinds,
+    extras: UNetExtras | None = None,
 ):
     """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
     DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
@@ -500,7 +523,10 @@ def base_step(
         blend_sigma,
     )
     scales = control.scales[index] if control is not None else None  # float32 [units]
-    if planned.full and scales is not None and scales.any():
+    if extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache and ControlNets were refused)
+        program = stage.compile("step", cfg=planned.cfg, windows=stage.text, extras=extras.kinds)
+        latents, history = program(*args, stage.per_image(extras.rows[index], (extras.rows.shape[1],)))
+    elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
         latents, history = program(weights, *args[1:], control.maps, put(scales))

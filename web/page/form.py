@@ -103,14 +103,14 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
             row.needs == "picture" and hires and row.label == "Denoising strength"
         ):
             value = None  # the hires fix off (its fields at their defaults), or the strength was the hires fix's
-        if isinstance(value, str) and row.kind != "choice":
+        if isinstance(value, str) and not row.textual:
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
                 value = float(value)
-        if value is None or isinstance(value, bool) or (isinstance(value, str) and row.kind != "choice"):
+        if value is None or isinstance(value, bool) or (isinstance(value, str) != row.textual):
             if not row.basic and row.needs != "picture":
                 settings[row.name] = row.default
             continue
-        settings[row.name] = value if row.kind == "choice" else row.from_label(value)  # A1111's numbering off
+        settings[row.name] = value if row.textual else row.from_label(value)  # A1111's numbering off
     return settings, list(values.notes)
 
 
@@ -248,11 +248,13 @@ def lowest(row: Field) -> float | None:
     return row.low + (row.control.step if row.above and row.control else 0)
 
 
-def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
+def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown | gr.Textbox:
     """A plain field's control as the table says: a slider over its bounds (its typed numbers checked by
-    assets/page.js: class "bounded"), or a dropdown of its choices."""
+    assets/page.js: class "bounded"), a dropdown of its choices, or a text box of its factors."""
     shown = row.control
     info = shown.info.format(low=lowest(row), high=row.high) or None
+    if row.kind == "factors":
+        return gr.Textbox(value=value, label=shown.label, info=info, elem_id=shown.elem_id, max_lines=1, **layout)
     if row.kind == "choice":
         return gr.Dropdown(
             choices=list(row.choices),
@@ -282,6 +284,8 @@ def _text(value: object):
 
 def _fill_plain(row: Field, value: object, notes: list[str]):
     """The update of a plain field's control from a setting: skipped (with a note) when the page cannot show it."""
+    if row.kind == "factors":
+        return gr.update(value=value) if isinstance(value, str) else gr.skip()
     if row.kind == "choice":
         if isinstance(value, str) and value not in row.choices:
             notes.append(f"The {row.called} {value!r} is not offered here, so the {row.called} was left as it is.")

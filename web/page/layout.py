@@ -562,6 +562,7 @@ def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str,
             (rules.cfg or row.without_cfg is None)
             and (row.needs != "refiner" or bool(getattr(rules, "refiner", "")))
             and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))
+            and (row.needs not in ("pag", "freeu") or bool(getattr(rules, row.needs, False)))
         )
         if row.name == "hires_scale":
             controls[row.name] = hires_scale_control(row, scales, visible=visible)
