@@ -135,9 +135,7 @@ def unet_step(
     inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static
     if inpainting_unet:  # [b, 9, h, w]: diffusers' order
         model_input = jnp.concatenate([model_input, image["repaint"], image["masked"]], axis=1)
-    copies = (2 if cfg else 1) + (perturbed is not None)  # uncond, cond, perturbed: the rows each image has
-    if copies > 1:
-        model_input = jnp.concatenate([model_input] * copies)  # [2b, c, h, w] (PAG: [(c + 1)b, c, h, w])
+    model_input = unet_rows(model_input, cfg, perturbed is not None)  # [cb, c, h, w] (PAG: [(c + 1)b, c, h, w])
     ids = time_ids(hidden.shape[0], height, width, hidden.dtype) if time_ids_rows is None else time_ids_rows
     added = {"text_embeds": pooled, "time_ids": ids}
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
@@ -145,10 +143,7 @@ def unet_step(
         # float32 timesteps, as PyTorch feeds them
         noise, *extra = unet_call(model_input, unet_timesteps(coefficients, model_input.shape[0]), added)
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
-    if perturbed is None:
-        noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
-    else:
-        noise = pag.guide(noise.astype(jnp.float32), guidance, sampler_update.per_image(perturbed), cfg)
+    noise = guided(noise.astype(jnp.float32), guidance, cfg, perturbed)  # [b, 4, h, w]
     # Only stochastic samplers use it (Euler a, DPM++ 2M SDE, LCM: d != 0); drawing it always keeps one program.
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
@@ -162,6 +157,19 @@ def unet_step(
         blend_sigma = sampler_update.per_image(blend_sigma)
         updated = (1 - repaint) * (image["latents"] + blend_sigma * image["noise"]) + repaint * updated
     return (updated, history, *extra)
+
+
+def unet_rows(model_input, cfg: bool, perturbed: bool):
+    """Each image's UNet rows: uncond and cond with CFG, + PAG's perturbed copy (`perturbed`)."""
+    copies = (2 if cfg else 1) + perturbed
+    return jnp.concatenate([model_input] * copies) if copies > 1 else model_input
+
+
+def guided(noise, guidance, cfg: bool, perturbed):
+    """The UNet rows' guided noise [b, ...]: classifier-free guidance, or PAG's with its step scale `perturbed` [b]."""
+    if perturbed is None:
+        return sampler_update.guide(noise, guidance, cfg)
+    return pag.guide(noise, guidance, sampler_update.per_image(perturbed), cfg)
 
 
 def unet_timesteps(coefficients, rows: int):

@@ -45,12 +45,9 @@ def step_extras_local(
     prediction_type: str,
     extra: tuple[str, ...],
 ):
-    """`denoise.step_local` with FreeU and/or PAG (`extra`, static): + extras float32 [b, 5] -> (latents', history').
-
-    With PAG the text's rows (hidden, pooled, key lengths and the cross-attention table) gain the conditional rows'
-    perturbed copy, as diffusers' PAG pipeline prepares its embeddings; FreeU's factors go to every UNet row."""
-    rows = latents.shape[0]  # b: images on this device
-    pag = "pag" in extra
+    """`denoise.step_local` with FreeU and/or PAG (`extra`, static), + extras [b, 5]: with PAG the text's rows (and
+    the cross-attention table) gain the conditional rows' perturbed copy, as diffusers' PAG pipeline prepares them."""
+    rows, pag = latents.shape[0], "pag" in extra  # b: images on this device
     if pag:
         hidden, pooled, key_lengths = with_perturbed_rows((hidden, pooled, key_lengths), rows)
         if table_of(params) is not None:

@@ -140,6 +140,7 @@ class Stage:
     timings: dict | None
     #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
     kept: dict | None = None
+    extras: UNetExtras | None = None  # this pass's FreeU and PAG per row (host/planning/extras_plan.py); None: neither
 
     def once(self, name: str, make: Callable[[], Any]):
         """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
@@ -217,7 +218,7 @@ def run(
     `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept)
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -226,7 +227,7 @@ def run(
     watchers = watchers or Watchers()
     total = len(speed.schedule) + (len(hires.speed.schedule) if hires is not None else 0)
     refining = (refiner, refiner_text) if refiner is not None else None
-    latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining, extras)
+    latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining)
     if hires is not None:
         stage, latents = second_pass(
             stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text
@@ -246,7 +247,6 @@ def first_pass(
     picture: PictureInputs | None = None,
     control: ControlInputs | None = None,
     refiner: tuple[RefinerInputs, tuple] | None = None,
-    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """The request's start latents, denoised through the plan's rows: the final latents [B, 4, h, w] (`total`: the
     request's steps in all, with a second pass's).
@@ -258,23 +258,11 @@ def first_pass(
     runs `step`. `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`,
     the others (no ControlNet, or outside every unit's window) the plain step. `refiner`: its inputs and its own
     text (encoded with the prompt's): rows from its `switch_row` on run the refiner's step, whole and with the row's
-    guidance mode. `extras`: FreeU and PAG, whose whole-UNet steps run their programs (`ProgramKey.extras`).
+    guidance mode. `stage.extras`: FreeU and PAG, whose whole-UNet steps run their programs (`ProgramKey.extras`).
     """
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     return denoise(
-        stage,
-        inputs,
-        plan,
-        speed,
-        text,
-        latents,
-        image,
-        blank.history,
-        watchers,
-        control,
-        refiner,
-        total=total,
-        extras=extras,
+        stage, inputs, plan, speed, text, latents, image, blank.history, watchers, control, refiner, total=total
     )
 
 
@@ -293,7 +281,7 @@ def second_pass(
     decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
     `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
     height, width = hires.size
-    big = dataclasses.replace(stage, height=height, width=width)
+    big = dataclasses.replace(stage, height=height, width=width, extras=hires.extras)
     if hires.latent:
         key = ProgramKey("upscale", height, width, source=(stage.height, stage.width), mode=hires.upscaler)
         x0 = stage.programs.compile(key)({}, latents)
@@ -319,7 +307,6 @@ def second_pass(
         refiner=refiner,
         before=before,
         total=total,
-        extras=hires.extras,
     )
     return big, latents
 
@@ -393,12 +380,10 @@ def denoise(
     *,
     before: int = 0,
     total: int | None = None,
-    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
     carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text.
-    `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one).
-    `extras`: FreeU's and PAG's numbers per row (None: neither)."""
+    `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one)."""
     programs = stage.programs
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
@@ -427,7 +412,6 @@ def denoise(
                 feature,
                 unet,
                 kinds,
-                extras,
             )
         shown = None
         if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
@@ -490,7 +474,6 @@ def base_step(
     feature,
     unet,
     kinds,
-    extras: UNetExtras | None = None,
 ):
     """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
     DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
@@ -523,9 +506,8 @@ def base_step(
         blend_sigma,
     )
     scales = control.scales[index] if control is not None else None  # float32 [units]
-    if extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache and ControlNets were refused)
-        program = stage.compile("step", cfg=planned.cfg, windows=stage.text, extras=extras.kinds)
-        latents, history = program(*args, stage.per_image(extras.rows[index], (extras.rows.shape[1],)))
+    if stage.extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache, ControlNets refused)
+        latents, history = extras_step(stage, planned, args)
     elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
@@ -538,6 +520,13 @@ def base_step(
     else:
         latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
     return latents, history, hidden, pooled, key_lengths, feature, unet
+
+
+def extras_step(stage: Stage, planned, args: tuple):
+    """One row on the base's whole UNet with FreeU and/or PAG (`ProgramKey.extras`): (latents', history')."""
+    extras = stage.extras
+    program = stage.compile("step", cfg=planned.cfg, windows=stage.text, extras=extras.kinds)
+    return program(*args, stage.per_image(extras.rows[planned.index], (extras.rows.shape[1],)))
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:

@@ -254,6 +254,9 @@ def _values(page, updates) -> dict:
         "hires_steps",
         "hires_denoise",
         "hires_upscaler",
+        "pag_scale",
+        "pag_adaptive_scale",
+        "freeu",
         "file",
     ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
