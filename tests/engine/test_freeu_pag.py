@@ -1,12 +1,15 @@
 """FreeU and perturbed-attention guidance (issue 67, parts 2-3): diffusers' Fourier filter, the per-row plan, the
-one-sentence refusals, Forge's alwayson scripts, and the engine's pictures with them (no request compiles)."""
+one-sentence refusals, Forge's alwayson scripts, and the engine's pictures against diffusers' PyTorch pipelines
+(tests/fixtures/freeu-pag-expected.*, scripts/make_freeu_pag_fixtures.py; no request compiles)."""
 
 from __future__ import annotations
+
+import json
 
 import jax
 import numpy as np
 import pytest
-from conftest import TEST_SIZE, served_programs_only
+from conftest import FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
 
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.parameters import parse_infotext
@@ -17,6 +20,10 @@ from pipeline.host.planning.sampler_plan import COEFFICIENTS
 from web.apis.a1111_fields import a1111_request
 
 OFFERED = RequestRules(sizes=((64, 64),), pag=True, freeu=True)
+#: diffusers' pictures with FreeU and PAG (scripts/make_freeu_pag_fixtures.py), from the engine's noise.
+MANIFEST = json.loads((FIXTURES / "freeu-pag-expected.json").read_text())
+ARRAYS = np.load(FIXTURES / "freeu-pag-expected.npz")
+CASES = {case["name"]: case for case in MANIFEST["cases"]}
 
 
 def diffusers_fourier_filter(x: np.ndarray, threshold: int, scale: float) -> np.ndarray:
@@ -36,7 +43,7 @@ def test_fourier_filter_is_diffusers(shape):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     scales = np.asarray([0.2, 0.9][: shape[0]], np.float32)
-    got = np.asarray(fourier_filter(np.transpose(x, (0, 2, 3, 1)), scales)).transpose(0, 3, 1, 2)
+    got = np.asarray(jax.jit(fourier_filter)(np.transpose(x, (0, 2, 3, 1)), scales)).transpose(0, 3, 1, 2)
     for row, scale in enumerate(scales):
         expected = diffusers_fourier_filter(x[row : row + 1], 1, float(scale))
         np.testing.assert_allclose(got[row : row + 1], expected, atol=2e-6)
@@ -111,13 +118,13 @@ def test_forge_clients_alwayson_scripts_set_freeu_and_pag():
 
 
 @pytest.fixture(scope="module")
-def extras_engine(tiny_dir):
-    """The tiny checkpoint on one device with --pag and --freeu-programs, no levers, one window, no previews: it
-    compiles, on first use, only the programs its tests run."""
+def extras_engine():
+    """tiny-pt (the references' checkpoint) on one device with --pag and --freeu-programs, no levers, one window, no
+    previews: it compiles, on first use, only the programs its tests run (the plain step, FreeU's, PAG's)."""
     from pipeline.generator import Generator
 
     return Generator.from_pretrained(
-        str(tiny_dir),
+        str(TINY_PT),
         devices=jax.devices()[:1],
         height=TEST_SIZE,
         width=TEST_SIZE,
@@ -131,22 +138,43 @@ def extras_engine(tiny_dir):
     )
 
 
-def test_engine_freeu_and_pag_pictures(extras_engine):
-    """One program with both (the costliest combination; each alone is the same hooks): FreeU at 1,1,1,1 with PAG
-    whose adaptive scale is 0 on every step is today's picture within 1 level (the FFT's round trip; the perturbed
-    rows change neither the unconditional nor the conditional ones); SDXL's FreeU with PAG at 3 changes it; the
-    `parameters` text says both; nothing unserved compiles."""
-    generator = extras_engine
+def _fields(case: dict) -> dict:
+    """The request fields of a reference case (scripts/make_freeu_pag_fixtures.py)."""
+    fields = {
+        "negative_prompt": case["negative_prompt"] or "",
+        "guidance_scale": case["guidance_scale"],
+        "seed": case["seed"],
+        "steps": case["steps"],
+        "sampler": "Euler",
+    }
+    if case["freeu"]:
+        fields["freeu"] = ",".join(f"{MANIFEST['freeu'][name]:g}" for name in ("b1", "b2", "s1", "s2"))
+    if case["pag_scale"]:
+        fields.update(pag_scale=case["pag_scale"], pag_adaptive_scale=case["pag_adaptive_scale"])
+    return fields
 
-    def image(**fields):
-        result = generator.generate(generator.request("a lighthouse", seed=3, guidance_scale=5, **fields))
-        return np.asarray(result.images[0]).astype(np.int16), result.parameters[0]
 
-    with served_programs_only(generator):
-        plain, _ = image()
-        neutral, _ = image(freeu="1,1,1,1", pag_scale=0.5, pag_adaptive_scale=1)  # 0.5 − (1000 − t) < 0 at every t
-        both, text = image(freeu="1.3,1.4,0.9,0.2", pag_scale=3)
-    assert np.abs(neutral - plain).max() <= 1
-    assert np.mean(both != plain) > 0.5
-    settings = parse_infotext(text).settings
-    assert (settings["FreeU"], settings["PAG scale"]) == ("1.3,1.4,0.9,0.2", "3")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_engine_pictures_equal_diffusers(extras_engine, name):
+    """The engine within 2 levels of diffusers' PyTorch pipelines: `enable_freeu` on the base, the SDXL PAG pipeline
+    on the middle block with CFG and without (the latter with the adaptive scale, through the guided program at
+    guidance 1, as a server without levers runs it); with both off, today's picture within 1 level. Each feature
+    changes the picture far beyond that; the `parameters` text names it; nothing unserved compiles."""
+    case = CASES[name]
+    np.testing.assert_array_equal(ARRAYS[f"{name}/noise"], _engine_noise(case["seed"]))
+    with served_programs_only(extras_engine):
+        result = extras_engine.generate(extras_engine.request(case["prompt"], **_fields(case)))
+    got = np.asarray(result.images[0]).astype(np.int16)
+    expected = np.round(ARRAYS[name][0] * 255)
+    assert np.abs(got - expected).max() <= (1 if name == "plain" else 2), name
+    plain = np.round(ARRAYS["plain"][0] * 255)
+    assert name == "plain" or np.abs(got - plain).max() > 4, name  # the feature acted
+    settings = parse_infotext(result.parameters[0]).settings
+    assert settings.get("FreeU") == _fields(case).get("freeu")
+    assert settings.get("PAG scale") == (f"{case['pag_scale']:g}" if case["pag_scale"] else None)
+
+
+def _engine_noise(seed: int) -> np.ndarray:
+    from pipeline.device.denoise import initial_latents
+
+    return np.asarray(initial_latents(np.array([seed], np.uint32), TEST_SIZE, TEST_SIZE, 8))
