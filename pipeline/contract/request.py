@@ -473,6 +473,11 @@ def asks_for_levers(request: Request) -> bool:
     return any(getattr(request, row.name) != row.default for row in PLAIN if row.lever)
 
 
+#: What a request may add to its UNet with the server's programs (--freeu-programs, --pag): the fields' `needs`, the
+#: `RequestRules` flags, the programs' `ProgramKey.extras`, in that order.
+UNET_EXTRAS = ("freeu", "pag")
+
+
 def asks_for_extras(values: Mapping[str, object]) -> tuple[str, ...]:
     """What a request adds to its UNet: "freeu" (`freeu` set) and/or "pag" (`pag_scale` above 0), in the programs'
     order (`ProgramKey.extras`)."""

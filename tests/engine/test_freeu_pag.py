@@ -178,3 +178,23 @@ def _engine_noise(seed: int) -> np.ndarray:
     from pipeline.device.denoise import initial_latents
 
     return np.asarray(initial_latents(np.array([seed], np.uint32), TEST_SIZE, TEST_SIZE, 8))
+
+
+def test_png_info_fills_pag_and_freeu_only_where_they_are_offered():
+    """An image's PAG and FreeU go to the form on a server with their programs; elsewhere they stay as they are (the
+    controls are hidden, Generate would refuse them), with one sentence each."""
+    from web.page.form import Form
+
+    def form(*extras):
+        shown = {name: object() for name in ("pag_scale", "pag_adaptive_scale", "freeu")}
+        return Form(controls=shown, lora_rows=(), styles=(), sizes=(), loras=(), extras=extras)
+
+    settings = {"pag_scale": 3.0, "pag_adaptive_scale": 0.0, "freeu": "1.3,1.4,0.9,0.2"}
+    updates, notes = form("freeu", "pag").fill(settings)
+    assert [update["value"] for update in updates] == [3.0, 0.0, "1.3,1.4,0.9,0.2"] and not notes
+    updates, notes = form().fill(settings)
+    assert not any("value" in update for update in updates)
+    assert notes == [
+        "This server does not offer PAG, so PAG scale 3 was left out.",
+        "This server does not offer FreeU, so FreeU 1.3,1.4,0.9,0.2 was left out.",
+    ]

@@ -20,7 +20,7 @@ import gradio as gr
 from pipeline.contract.engine import EngineResult
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, FIELDS, PLAIN, Field
-from pipeline.contract.request import LORA_TAG, Request
+from pipeline.contract.request import LORA_TAG, UNET_EXTRAS, Request
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.contract.styles import load_styles, unapply_style
 
@@ -125,6 +125,7 @@ class Form:
     loras: tuple[str, ...]  # the server's LoRA names
     refiner: str = ""  # the server's refiner ("": none, so the refiner's fields stay at their defaults)
     hires_scales: tuple[float, ...] = ()  # the server's hires scales (none: the hires fix's fields stay as they are)
+    extras: tuple[str, ...] = ()  # "pag", "freeu": what the server compiled (--pag, --freeu-programs); else as they are
 
     @property
     def filled(self) -> list[str]:
@@ -143,7 +144,9 @@ class Form:
         updates = {
             row.name: _fill_plain(row, settings.get(row.name), notes)
             for row in PLAIN
-            if (row.needs != "refiner" or self.refiner) and (row.needs != "hires" or self.hires_scales)
+            if (row.needs != "refiner" or self.refiner)
+            and (row.needs != "hires" or self.hires_scales)
+            and (row.needs not in UNET_EXTRAS or row.needs in self.extras)
         }
         for row in PLAIN:  # likewise the hires fix without hires scales
             if row.needs == "hires" and not self.hires_scales:
@@ -163,6 +166,12 @@ class Form:
                 updates[row.name] = gr.skip()
                 if row.name == "refiner_switch" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no refiner, so {row.label} {settings[row.name]:g} was left out.")
+        for row in PLAIN:  # PAG and FreeU without their programs: Generate would refuse them too
+            if row.needs in UNET_EXTRAS and row.needs not in self.extras:
+                updates[row.name] = gr.skip()
+                if row.status and (value := settings.get(row.name)) not in (None, row.default):
+                    shown = value if row.textual else f"{value:g}"
+                    notes.append(f"This server does not offer {row.status}, so {row.label} {shown} was left out.")
         updates.update(
             prompt=_text(settings.get("prompt")),
             negative_prompt=_text(settings.get("negative_prompt")),
