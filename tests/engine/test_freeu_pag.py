@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jax
 import numpy as np
 import pytest
-from conftest import FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
+from conftest import FIXTURES, TEST_SIZE, TINY_PT, served, served_programs_only
+from gradio_client import Client
 
+from pipeline.contract import image_files
 from pipeline.contract.errors import InvalidInput
+from pipeline.contract.fields import FIELD
 from pipeline.contract.parameters import parse_infotext
 from pipeline.contract.request import RequestRules, parse_request
 from pipeline.device.freeu import fourier_filter
@@ -172,6 +176,30 @@ def test_engine_pictures_equal_diffusers(extras_engine, name):
     settings = parse_infotext(result.parameters[0]).settings
     assert settings.get("FreeU") == _fields(case).get("freeu")
     assert settings.get("PAG scale") == (f"{case['pag_scale']:g}" if case["pag_scale"] else None)
+
+
+def test_the_page_offers_them_and_its_api_reaches_the_engine(extras_engine, tmp_path):
+    """The page around the engine shows PAG's and FreeU's controls (what /config serves: visible, as the server
+    compiled their programs); a gradio_client call with each runs only served programs (those the pictures above
+    ran), its PNG's `parameters` name it, and PNG Info fills the form back with it."""
+    with served(extras_engine) as page:
+        config = httpx.get(page.local_url.rstrip("/") + "/config").json()
+        shown = {c["props"].get("elem_id"): c["props"].get("visible") for c in config["components"]}
+        assert [shown.get(name) for name in ("pag-scale", "pag-adaptive-scale", "freeu")] == [True] * 3
+        client = Client(page.local_url, verbose=False, download_files=str(tmp_path))
+        for (name, value), label, written in (
+            (("pag_scale", 3.0), "PAG scale", "3"),
+            (("freeu", "1.3,1.4,0.9,0.2"), "FreeU", "1.3,1.4,0.9,0.2"),
+        ):
+            with served_programs_only(extras_engine):
+                gallery, _, status = client.predict(
+                    "a lighthouse", seed=7, randomize_seed=False, steps=2, api_name="/generate_png", **{name: value}
+                )
+            picture = gallery[0]["image"]
+            assert parse_infotext(image_files.read_parameters(picture)).settings[label] == written
+            assert f"{FIELD[name].status} {written}" in status, status
+            filled = dict(zip(page.form.fields, page.form.from_image(picture), strict=False))
+            assert filled[page.form.controls[name]]["value"] == value
 
 
 def _engine_noise(seed: int) -> np.ndarray:
