@@ -9,7 +9,7 @@ diffusers (`StableDiffusionXLPAGPipeline`, `pag_applied_layers=["mid"]`; `pipeli
   identity, so their output is `to_out(to_v(x))`;
 - the guidance (`_apply_perturbed_attention_guidance`): u + g·(c − u) + s·(c − p) with CFG, c + s·(c − p) without,
   where s at timestep t is max(pag_scale − pag_adaptive_scale·(1000 − t), 0) (`_get_pag_scale`; the host computes it
-  per step, `host/planning/pag_plan.py`).
+  per step, `host/planning/extras_plan.py`).
 
 The middle block's transformer layers are steered by a flax method interceptor around their `__call__`: a layer's
 self-attention is the one sub-module the identity replaces, and the engine's attention hook, which answers every

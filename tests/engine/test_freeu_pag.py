@@ -163,7 +163,7 @@ def test_engine_pictures_equal_diffusers(extras_engine, name):
     """The engine within 2 levels of diffusers' PyTorch pipelines: `enable_freeu` on the base, the SDXL PAG pipeline
     on the middle block with CFG and without (the latter with the adaptive scale, through the guided program at
     guidance 1, as a server without levers runs it); with both off, today's picture within 1 level. Each feature
-    changes the picture far beyond that; the `parameters` text names it; nothing unserved compiles."""
+    changes the picture beyond that; the `parameters` text names it; nothing unserved compiles."""
     case = CASES[name]
     np.testing.assert_array_equal(ARRAYS[f"{name}/noise"], _engine_noise(case["seed"]))
     with served_programs_only(extras_engine):
@@ -176,6 +176,12 @@ def test_engine_pictures_equal_diffusers(extras_engine, name):
     settings = parse_infotext(result.parameters[0]).settings
     assert settings.get("FreeU") == _fields(case).get("freeu")
     assert settings.get("PAG scale") == (f"{case['pag_scale']:g}" if case["pag_scale"] else None)
+
+
+def _engine_noise(seed: int) -> np.ndarray:
+    from pipeline.device.denoise import initial_latents
+
+    return np.asarray(initial_latents(np.array([seed], np.uint32), TEST_SIZE, TEST_SIZE, 8))
 
 
 def test_the_page_offers_them_and_its_api_reaches_the_engine(extras_engine, tmp_path):
@@ -200,12 +206,6 @@ def test_the_page_offers_them_and_its_api_reaches_the_engine(extras_engine, tmp_
             assert f"{FIELD[name].status} {written}" in status, status
             filled = dict(zip(page.form.fields, page.form.from_image(picture), strict=False))
             assert filled[page.form.controls[name]]["value"] == value
-
-
-def _engine_noise(seed: int) -> np.ndarray:
-    from pipeline.device.denoise import initial_latents
-
-    return np.asarray(initial_latents(np.array([seed], np.uint32), TEST_SIZE, TEST_SIZE, 8))
 
 
 def test_png_info_fills_pag_and_freeu_only_where_they_are_offered():
