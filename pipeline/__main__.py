@@ -84,6 +84,8 @@ def _check(args: argparse.Namespace) -> tuple[EngineConfig, Request, list[Cell]]
     plot = _plot(args)
     if scales := _hires_scales(args, plot):  # the hires fix: the CLI compiles the second passes its requests ask for
         config, unasked = (dataclasses.replace(c, hires_scales=scales) for c in (config, unasked))
+    if extras := _unet_extras(args):  # FreeU, PAG: the CLI compiles the steps its request asks for
+        config, unasked = (dataclasses.replace(c, **extras) for c in (config, unasked))
     rules = RequestRules.of(unasked)
     if config.lora_dir:  # the LoRAs a load would offer, from their headers: a missing folder or name fails now
         screened = screen_loras(config)
@@ -145,6 +147,17 @@ def _hires_scales(args: argparse.Namespace, plot: Plot | None = None) -> tuple[f
         if axis.axis.label == "Hires upscale":
             asked += axis.values
     return tuple(sorted({scale for scale in asked if 1 < scale <= FIELD["hires_scale"].high}))
+
+
+def _unet_extras(args: argparse.Namespace) -> dict[str, bool]:
+    """The engine settings that compile what `--freeu` and `--pag-scale` ask for (their values are parse_request's
+    to check)."""
+    extras = {"freeu_programs": bool(str(getattr(args, "freeu", "") or "").strip())}
+    try:
+        extras["pag"] = float(getattr(args, "pag_scale", None) or 0) > 0
+    except (TypeError, ValueError):
+        extras["pag"] = False
+    return {name: True for name, on in extras.items() if on}
 
 
 def _generate(args: argparse.Namespace, config: EngineConfig, request: Request, cells: list[Cell]) -> int:

@@ -105,6 +105,8 @@ class EngineConfig:
     #: (resolved at load with the devices' platform, generator.for_platform)
     cross_attention_cache: bool | None = None
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
+    pag: bool = False  # static: compile the perturbed-attention guidance steps (per-request pag_scale)
+    freeu_programs: bool = False  # static: compile the FreeU steps (per-request freeu)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
     text_cache: int = 4  # texts whose encoded outputs stay on the devices between requests; 0: none (text_cache.py)
     compilation_cache: bool = True  # use JAX's persistent compilation cache (restarts reuse compiled code)
@@ -171,6 +173,12 @@ class EngineConfig:
                 "--cross-attention-cache needs a float UNet and an attention core other than diffusers "
                 "(not --quantize int8, not --attention diffusers)."
             )
+
+    @property
+    def unet_extras(self) -> tuple[str, ...]:
+        """What the served whole-UNet steps may add ("freeu", "pag"; `ProgramKey.extras`), as --freeu-programs and
+        --pag say."""
+        return (("freeu",) if self.freeu_programs else ()) + (("pag",) if self.pag else ())
 
     @property
     def offered_sizes(self) -> tuple[tuple[int, int], ...]:
@@ -352,6 +360,8 @@ def _static_settings(get) -> dict:
         "merge_requests": bool(get("merge_requests")),
         "merge_full_calls": bool(get("merge_full_calls")),
         "previews": not get("no_previews"),
+        "pag": bool(get("pag")),
+        "freeu_programs": bool(get("freeu_programs")),
         "xla_options": xla_option_pairs(get("xla_option")),
         "compilation_cache": not get("no_compilation_cache"),
         "executable_cache": not get("no_executable_cache"),

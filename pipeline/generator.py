@@ -283,6 +283,7 @@ def served_program_keys(
         refiner=refiner,
         hires=hires_pairs(config, multiple),
         cross_kv=config.cross_attention_cache,
+        extras=config.unet_extras,
     )
 
 
@@ -588,6 +589,7 @@ class Generator:
                 watchers=watchers if self.config.previews else dataclasses.replace(watchers, on_preview=None),
                 hires=hires,
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
+                extras=first.extras,
             )
             return pixels, time.perf_counter() - on_device
 

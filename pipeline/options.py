@@ -593,6 +593,24 @@ OPTIONS: tuple[Option, ...] = (
         recompiles=True,
     ),
     Option(
+        "--pag",
+        "compile the perturbed-attention guidance steps, so requests may set pag_scale (a third UNet batch per "
+        "step when they do; requests at 0 run the other programs)",
+        "SDXL_PAG",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
+        "--freeu-programs",
+        "compile the FreeU steps, so requests may set freeu (its factors are data: every value runs them; requests "
+        "without run the other programs)",
+        "SDXL_FREEU_PROGRAMS",
+        kind="switch",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+    ),
+    Option(
         "--no-previews",
         "no live previews on the page (the picture forming, every 2 steps, from SDXL's "
         "latent-to-RGB projection: one small program per size)",

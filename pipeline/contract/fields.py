@@ -198,7 +198,7 @@ class Field:
     """
 
     name: str  # the API parameter, `parse_request`'s keyword, the `Request` attribute, the settings key
-    kind: str  # int, float, choice | text, style, seed, flag, size, loras, file
+    kind: str  # int, float, choice, factors (comma-separated numbers, "" = off) | text, style, seed, flag, size, ...
     help: str  # one line: the API's docstring, the CLI's --help
     default: Any = None  # when a request leaves it out (`rule` names the server's own default instead)
     low: float | None = None  # lowest value (numbers)
@@ -217,22 +217,30 @@ class Field:
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner;
     # "hires": with --hires-scales, written whenever hires_scale is on; "mask": how a mask is used (inpaint_modes.py
-    # writes it, when the request pastes its picture back)
+    # writes it, when the request pastes its picture back); "pag", "freeu": with --pag, --freeu-programs
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
     api_type: Any = None  # the API parameter's annotation
     control: Control | None = None  # how the page shows a plain field (None: not by the table); page only
+    count: int = 0  # factors: how many numbers ("b1,b2,s1,s2": 4), each within low..high
 
     @property
     def plain(self) -> bool:
-        return self.kind in ("int", "float", "choice")
+        return self.kind in ("int", "float", "choice", "factors")
+
+    @property
+    def textual(self) -> bool:
+        """Its value is text (a choice, or factors as "1.3,1.4,0.9,0.2"), not a number."""
+        return self.kind in ("choice", "factors")
 
     @property
     def values_text(self) -> str:
         """The values it takes, for --help and the README: "1..100", "0 < x <= 1", "Euler, Euler a"."""
         if self.kind == "choice":
             return ", ".join(self.choices)
+        if self.kind == "factors":
+            return f"empty (off) or {self.count} numbers {_number(self.low)}..{_number(self.high)}, comma-separated"
         if self.above:
             return f"{_number(self.low)} < x <= {_number(self.high)}"
         return f"{_number(self.low)}..{_number(self.high)}"
@@ -249,6 +257,15 @@ class Field:
                 choices=", ".join(self.choices),
             )
         low, high = f"{_number(self.low)}{self.low_note}", f"{_number(self.high)}{self.high_note}"
+        if self.kind == "factors":
+            return InvalidInput.naming(
+                f"{{{self.name}}} must be empty (off) or {self.count} numbers from {{low}} to {{high}} separated by "
+                "commas; got {value}.",
+                named,
+                low=low,
+                high=high,
+                value=echo(value),
+            )
         if self.kind == "int" or self.kind == "seed":
             allowed = f"a whole number from {low} to {high}"
         elif self.above:
@@ -271,6 +288,8 @@ class Field:
                     if value.strip().lower() == alias:
                         return option
             raise self.refusal(value)
+        if self.kind == "factors":
+            return self._factors(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise self.refusal(value)
         try:
@@ -281,6 +300,29 @@ class Field:
         if not math.isfinite(number) or not inside or (self.kind == "int" and not number.is_integer()):
             raise self.refusal(value)
         return int(number) if self.kind == "int" else number
+
+    def _factors(self, value: object) -> str:
+        """`count` numbers in the bounds, as "1.3, 1.4, 0.9, 0.2" or a list: written "1.3,1.4,0.9,0.2" ("": off)."""
+        if isinstance(value, str):
+            if not value.strip():
+                return ""
+            parts: Sequence[object] = value.split(",")
+        elif isinstance(value, Sequence) and value:
+            parts = value
+        else:
+            raise self.refusal(value)
+        numbers_given = []
+        for part in parts:
+            try:
+                number = float(part.strip() if isinstance(part, str) else part)
+            except (TypeError, ValueError, OverflowError):
+                raise self.refusal(value) from None
+            if isinstance(part, bool) or not math.isfinite(number) or not self.low <= number <= self.high:
+                raise self.refusal(value)
+            numbers_given.append(number)
+        if len(numbers_given) != self.count:
+            raise self.refusal(value)
+        return ",".join(_number(number) for number in numbers_given)
 
     def to_label(self, value: Any) -> Any:
         """`value` as the `parameters` text (and A1111's API) numbers it."""
@@ -295,6 +337,8 @@ class Field:
         """This field's value in JSON schema terms."""
         if self.kind == "choice":
             return {"enum": list(self.choices), "description": self.help}
+        if self.kind == "factors":
+            return {"type": "string", "description": f"{self.help}: {self.values_text}"}
         number = {"type": "integer" if self.kind == "int" else "number", "description": self.help}
         number["exclusiveMinimum" if self.above else "minimum"] = self.low
         return {**number, "maximum": self.high}
@@ -746,6 +790,70 @@ FIELDS: tuple[Field, ...] = (
             "On: the kept part comes back exactly, as A1111 does; off: diffusers' output",
             elem_id="inpaint-overlay",
             group="mask",
+        ),
+    ),
+    Field(
+        "pag_scale",
+        "float",
+        "perturbed-attention guidance on the UNet's middle block, with the server's --pag (0 = off; one more UNet "
+        "batch per step)",
+        0.0,
+        low=0.0,
+        high=10.0,
+        called="pag_scale",
+        low_note=" (off)",
+        label="PAG scale",
+        status="PAG",
+        needs="pag",
+        flag="--pag-scale",
+        api_type=float,
+        control=Control(
+            "PAG scale",
+            "Perturbed-attention guidance: structure and detail, at one more UNet batch per step (0 = off)",
+            step=0.1,
+            elem_id="pag-scale",
+            group="guidance",
+        ),
+    ),
+    Field(
+        "pag_adaptive_scale",
+        "float",
+        "PAG's scale lowered by this × (1000 − timestep), not below 0 (diffusers' pag_adaptive_scale; 0 = constant)",
+        0.0,
+        low=0.0,
+        high=1.0,
+        called="pag_adaptive_scale",
+        label="PAG adaptive",
+        needs="pag",
+        flag="--pag-adaptive-scale",
+        api_type=float,
+        control=Control(
+            "PAG adaptive scale",
+            "0 = the same PAG scale on every step; above, less of it on the early (noisier) steps",
+            step=0.001,
+            elem_id="pag-adaptive-scale",
+            group="guidance",
+        ),
+    ),
+    Field(
+        "freeu",
+        "factors",
+        "FreeU with the server's --freeu-programs: b1,b2,s1,s2 (SDXL's suggested 1.3,1.4,0.9,0.2; empty = off)",
+        "",
+        low=0.0,
+        high=10.0,
+        called="freeu",
+        label="FreeU",
+        status="FreeU",
+        needs="freeu",
+        flag="--freeu",
+        api_type=str,
+        count=4,
+        control=Control(
+            "FreeU (b1,b2,s1,s2)",
+            "Backbone and skip scales of the first two up blocks, e.g. SDXL's 1.3,1.4,0.9,0.2 (empty = off)",
+            elem_id="freeu",
+            group="guidance",
         ),
     ),
 )

@@ -255,7 +255,7 @@ def status_parts(values: Mapping[str, object], started: str | None, *, hires: bo
             if started:
                 parts.append(f"{started}, {row.status} {value:g}")
         elif value != row.default:
-            parts.append(f"{row.status} {value}" if row.kind == "choice" else f"{row.status} {value:g}")
+            parts.append(f"{row.status} {value}" if row.textual else f"{row.status} {value:g}")
     return parts
 
 

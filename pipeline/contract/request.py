@@ -82,6 +82,8 @@ class RequestRules:
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
+    pag: bool = False  # perturbed-attention guidance is offered (--pag: its step programs compiled)
+    freeu: bool = False  # FreeU is offered (--freeu-programs: its step programs compiled)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
     @classmethod
@@ -118,6 +120,8 @@ class RequestRules:
             refiner=refiner_name(config.refiner) if config.refiner else "",
             hires_scales=tuple(getattr(config, "hires_scales", ())),
             hires_upscalers=(*UPSCALERS, *upscalers),
+            pag=bool(getattr(config, "pag", False)),
+            freeu=bool(getattr(config, "freeu_programs", False)),
         )
 
 
@@ -174,6 +178,9 @@ class Request:
     inpaint_area: str = FIELD["inpaint_area"].default  # "Whole picture" or "Only masked"
     only_masked_padding: int = FIELD["only_masked_padding"].default  # pixels around the masked box cropped with it
     inpaint_overlay: str = FIELD["inpaint_overlay"].default  # "on": whole-picture inpainting pasted back (A1111's)
+    pag_scale: float = FIELD["pag_scale"].default  # perturbed-attention guidance's scale (0 = off)
+    pag_adaptive_scale: float = FIELD["pag_adaptive_scale"].default  # its scale lowered by this × (1000 − t)
+    freeu: str = FIELD["freeu"].default  # FreeU's "b1,b2,s1,s2" ("" = off)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -419,6 +426,7 @@ def _check_together(values: Mapping[str, object], rules: RequestRules, *, pictur
     """The fields that depend on one another or on the server: the speed levers, the refiner, the hires fix (text
     to image only), the sampler (with the steps and a picture)."""
     _check_levers(values, rules)
+    _check_unet_extras(values, rules, control)
     _check_refiner(values, rules)
     _check_hires(values, rules, picture or control)
     _check_sampler(values, picture)
@@ -493,6 +501,33 @@ def asks_for_levers(request: Request) -> bool:
     """Whether `request` sets a speed lever (cfg_end, deepcache) away from its default: only then does it run the
     levers' programs (shallow steps; a guidance-free step after `cfg_end`)."""
     return any(getattr(request, row.name) != row.default for row in PLAIN if row.lever)
+
+
+#: What a request may add to its UNet with the server's programs (--freeu-programs, --pag): the fields' `needs`, the
+#: `RequestRules` flags, the programs' `ProgramKey.extras`, in that order.
+UNET_EXTRAS = ("freeu", "pag")
+
+
+def asks_for_extras(values: Mapping[str, object]) -> tuple[str, ...]:
+    """What a request adds to its UNet: "freeu" (`freeu` set) and/or "pag" (`pag_scale` above 0), in the programs'
+    order (`ProgramKey.extras`)."""
+    return (("freeu",) if values.get("freeu") else ()) + (("pag",) if values.get("pag_scale") else ())
+
+
+def _check_unet_extras(values: Mapping[str, object], rules: RequestRules, control: bool) -> None:
+    """FreeU and PAG need the server's programs (--freeu-programs, --pag); they run on the whole UNet's step, so not
+    with DeepCache's shallow steps nor ControlNets' steps."""
+    extras = asks_for_extras(values)
+    if "freeu" in extras and not rules.freeu:
+        raise _naming(
+            "This server does not offer FreeU (start it with --freeu-programs): leave {freeu} empty.", "freeu"
+        )
+    if "pag" in extras and not rules.pag:
+        raise _naming("This server does not offer PAG (start it with --pag): {pag_scale} must stay 0.", "pag_scale")
+    if extras and values.get("deepcache", 1) != 1:
+        raise _naming("DeepCache does not combine with FreeU or PAG: set {deepcache} to 1.", "deepcache")
+    if extras and control:
+        raise _naming("FreeU and PAG do not combine with ControlNet here: drop the {controlnets}.", "controlnets")
 
 
 def _check_refiner(values: Mapping[str, object], rules: RequestRules) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import attention, sampler_update
+from . import attention, pag, sampler_update
 from .cross_kv import table_of
 from .modules import Modules
 from .text import WINDOW
@@ -115,6 +115,7 @@ def unet_step(
     cfg: bool,
     prediction_type: str,
     time_ids_rows=None,
+    perturbed=None,
 ):
     """`step_local` around any UNet call: `unet_call(sample, timesteps, added_cond_kwargs)` -> (noise, *extra);
     returns (latents', history', *extra). DeepCache's whole and shallow UNet calls (`device/deepcache.py`) go
@@ -125,6 +126,8 @@ def unet_step(
     4-channel UNet's step is followed by the blend (1 - m)·(x0 + blend_sigma·n) + m·x', which with m = 1 (no mask,
     and txt2img) is x' exactly; a 9-channel inpainting UNet reads [x, m, masked] instead and is not blended.
     `time_ids_rows` [cb, n]: the UNet's time ids when they are not the base's size conditioning (the refiner's).
+    `perturbed` float32 [b]: this step's PAG scale per image (`device/pag.py`): the UNet's rows gain the perturbed
+    branch's b (the text's rows come with it), and its guidance is PAG's; None: no perturbed branch.
     """
     height, width = (size * modules.vae_scale_factor for size in latents.shape[2:])
     sigma = sampler_update.column(coefficients, 1)  # [] or [b, 1, 1, 1]
@@ -132,8 +135,7 @@ def unet_step(
     inpainting_unet = modules.unet.in_channels == INPAINT_CHANNELS  # static
     if inpainting_unet:  # [b, 9, h, w]: diffusers' order
         model_input = jnp.concatenate([model_input, image["repaint"], image["masked"]], axis=1)
-    if cfg:
-        model_input = jnp.concatenate([model_input, model_input])  # [2b, c, h, w]
+    model_input = unet_rows(model_input, cfg, perturbed is not None)  # [cb, c, h, w] (PAG: [(c + 1)b, c, h, w])
     ids = time_ids(hidden.shape[0], height, width, hidden.dtype) if time_ids_rows is None else time_ids_rows
     added = {"text_embeds": pooled, "time_ids": ids}
     one_window = hidden.shape[1] <= WINDOW  # static: with one window every key is the text's
@@ -141,7 +143,7 @@ def unet_step(
         # float32 timesteps, as PyTorch feeds them
         noise, *extra = unet_call(model_input, unet_timesteps(coefficients, model_input.shape[0]), added)
     guidance = guidance.astype(jnp.float32)[:, None, None, None]  # [b, 1, 1, 1]
-    noise = sampler_update.guide(noise.astype(jnp.float32), guidance, cfg)  # [b, 4, h, w]
+    noise = guided(noise.astype(jnp.float32), guidance, cfg, perturbed)  # [b, 4, h, w]
     # Only stochastic samplers use it (Euler a, DPM++ 2M SDE, LCM: d != 0); drawing it always keeps one program.
     keys = sampler_update.ancestral_keys(seeds)  # [b]
     fresh = sampler_update.ancestral_noise(keys, index, latents.shape[1:])  # [b, 4, h, w]
@@ -155,6 +157,19 @@ def unet_step(
         blend_sigma = sampler_update.per_image(blend_sigma)
         updated = (1 - repaint) * (image["latents"] + blend_sigma * image["noise"]) + repaint * updated
     return (updated, history, *extra)
+
+
+def unet_rows(model_input, cfg: bool, perturbed: bool):
+    """Each image's UNet rows: uncond and cond with CFG, + PAG's perturbed copy (`perturbed`)."""
+    copies = (2 if cfg else 1) + perturbed
+    return jnp.concatenate([model_input] * copies) if copies > 1 else model_input
+
+
+def guided(noise, guidance, cfg: bool, perturbed):
+    """The UNet rows' guided noise [b, ...]: classifier-free guidance, or PAG's with its step scale `perturbed` [b]."""
+    if perturbed is None:
+        return sampler_update.guide(noise, guidance, cfg)
+    return pag.guide(noise, guidance, sampler_update.per_image(perturbed), cfg)
 
 
 def unet_timesteps(coefficients, rows: int):

@@ -26,6 +26,7 @@ import numpy as np
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
 from .compiling.programs import ProgramKey, ServedPrograms, windows_key
+from .planning.extras_plan import UNetExtras
 from .planning.sampler_plan import COEFFICIENTS, Plan
 from .planning.speed_plan import SpeedPlan, speed_plan
 
@@ -117,6 +118,7 @@ class HiresInputs:
     keep: jax.Array  # bool [B, H, W]: all True (the upscaled picture's latents)
     resize: Callable[[jax.Array], jax.Array] | None  # a pixel upscaler: uint8 [B, h, w, 3] -> [B, H, W, 3]
     refiner: RefinerInputs | None = None  # the refiner's stage in the second pass (A1111's "second pass" default)
+    extras: UNetExtras | None = None  # FreeU and PAG on the second pass's rows (None: neither)
 
 
 def ignore_preview(done: int, total: int, pixels) -> None:
@@ -138,6 +140,7 @@ class Stage:
     timings: dict | None
     #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
     kept: dict | None = None
+    extras: UNetExtras | None = None  # this pass's FreeU and PAG per row (host/planning/extras_plan.py); None: neither
 
     def once(self, name: str, make: Callable[[], Any]):
         """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
@@ -162,9 +165,10 @@ class Stage:
         cfg: bool | None = None,
         windows: int | None = None,
         nets: tuple[int, ...] | None = None,
+        extras: tuple[str, ...] = (),
     ):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets))
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, extras=extras))
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -193,6 +197,7 @@ def run(
     refiner: RefinerInputs | None = None,
     hires: HiresInputs | None = None,
     kept: dict | None = None,
+    extras: UNetExtras | None = None,
 ) -> jax.Array:
     """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
     `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
@@ -210,9 +215,10 @@ def run(
     passes' steps as one request's; with the refiner and the hires fix, the refiner's rows are the second pass's
     (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
+    `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept)
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -252,7 +258,7 @@ def first_pass(
     runs `step`. `control`: the request's ControlNets; a whole-UNet step where any of them acts runs `step_control`,
     the others (no ControlNet, or outside every unit's window) the plain step. `refiner`: its inputs and its own
     text (encoded with the prompt's): rows from its `switch_row` on run the refiner's step, whole and with the row's
-    guidance mode.
+    guidance mode. `stage.extras`: FreeU and PAG, whose whole-UNet steps run their programs (`ProgramKey.extras`).
     """
     latents, image = start_latents(stage, inputs, plan, blank, picture)
     return denoise(
@@ -275,7 +281,7 @@ def second_pass(
     decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
     `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
     height, width = hires.size
-    big = dataclasses.replace(stage, height=height, width=width)
+    big = dataclasses.replace(stage, height=height, width=width, extras=hires.extras)
     if hires.latent:
         key = ProgramKey("upscale", height, width, source=(stage.height, stage.width), mode=hires.upscaler)
         x0 = stage.programs.compile(key)({}, latents)
@@ -500,7 +506,9 @@ def base_step(
         blend_sigma,
     )
     scales = control.scales[index] if control is not None else None  # float32 [units]
-    if planned.full and scales is not None and scales.any():
+    if stage.extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache, ControlNets refused)
+        latents, history = extras_step(stage, planned, args)
+    elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
         latents, history = program(weights, *args[1:], control.maps, put(scales))
@@ -512,6 +520,13 @@ def base_step(
     else:
         latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
     return latents, history, hidden, pooled, key_lengths, feature, unet
+
+
+def extras_step(stage: Stage, planned, args: tuple):
+    """One row on the base's whole UNet with FreeU and/or PAG (`ProgramKey.extras`): (latents', history')."""
+    extras = stage.extras
+    program = stage.compile("step", cfg=planned.cfg, windows=stage.text, extras=extras.kinds)
+    return program(*args, stage.per_image(extras.rows[planned.index], (extras.rows.shape[1],)))
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:

@@ -134,6 +134,7 @@ class Placement:
             keep=keep,
             resize=resize,
             refiner=refiner,
+            extras=second.extras,
         )
 
     def resize(

@@ -182,9 +182,12 @@ def test_api_parameters_are_named_with_defaults(client):
         "inpaint_area",
         "only_masked_padding",
         "inpaint_overlay",
+        "pag_scale",
+        "pag_adaptive_scale",
+        "freeu",
         "previews",
     ]
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 30
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 33
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

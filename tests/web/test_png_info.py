@@ -258,6 +258,9 @@ def _values(page, updates) -> dict:
         "inpaint_area",
         "only_masked_padding",
         "inpaint_overlay",
+        "pag_scale",
+        "pag_adaptive_scale",
+        "freeu",
         "file",
     ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}

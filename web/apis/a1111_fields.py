@@ -17,6 +17,8 @@ from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, PLAIN, check_style, echo
 from pipeline.contract.request import RequestRules
 
+from .forge_scripts import forge_scripts
+
 #: Images one A1111 request may ask for (batch_size × n_iter); A1111's UI allows 8 × 100, clients ask for a few.
 MAX_IMAGES = 64
 #: A1111's fields this module maps itself (the others that share a name with the table pass through as they are).
@@ -254,4 +256,8 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
         control = scripts["controlnet"]
         given["controlnets"] = from_a1111(control.get("args") if isinstance(control, dict) else control)
         ignored = tuple(name for name in ignored if name != "controlnet")
+    if isinstance(scripts, dict):  # Forge's FreeU and PAG, when its clients send them
+        forge, used = forge_scripts(scripts)
+        given.update({name: value for name, value in forge.items() if name not in given})
+        ignored = tuple(name for name in ignored if name not in used)
     return A1111Request(given, count, ignored)

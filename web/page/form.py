@@ -20,7 +20,7 @@ import gradio as gr
 from pipeline.contract.engine import EngineResult
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, FIELDS, PLAIN, Field
-from pipeline.contract.request import LORA_TAG, Request
+from pipeline.contract.request import LORA_TAG, UNET_EXTRAS, Request
 from pipeline.contract.sampler_names import SAMPLER_NAMES
 from pipeline.contract.styles import load_styles, unapply_style
 
@@ -103,14 +103,14 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
             row.needs == "picture" and hires and row.label == "Denoising strength"
         ):
             value = None  # the hires fix off (its fields at their defaults), or the strength was the hires fix's
-        if isinstance(value, str) and row.kind != "choice":
+        if isinstance(value, str) and not row.textual:
             with contextlib.suppress(ValueError):  # not a number: the field stays as it is
                 value = float(value)
-        if value is None or isinstance(value, bool) or (isinstance(value, str) and row.kind != "choice"):
+        if value is None or isinstance(value, bool) or (isinstance(value, str) != row.textual):
             if not row.basic and row.needs != "picture":
                 settings[row.name] = row.default
             continue
-        settings[row.name] = value if row.kind == "choice" else row.from_label(value)  # A1111's numbering off
+        settings[row.name] = value if row.textual else row.from_label(value)  # A1111's numbering off
     return settings, list(values.notes)
 
 
@@ -125,6 +125,7 @@ class Form:
     loras: tuple[str, ...]  # the server's LoRA names
     refiner: str = ""  # the server's refiner ("": none, so the refiner's fields stay at their defaults)
     hires_scales: tuple[float, ...] = ()  # the server's hires scales (none: the hires fix's fields stay as they are)
+    extras: tuple[str, ...] = ()  # "pag", "freeu": what the server compiled (--pag, --freeu-programs); else as they are
 
     @property
     def filled(self) -> list[str]:
@@ -143,7 +144,9 @@ class Form:
         updates = {
             row.name: _fill_plain(row, settings.get(row.name), notes)
             for row in PLAIN
-            if (row.needs != "refiner" or self.refiner) and (row.needs != "hires" or self.hires_scales)
+            if (row.needs != "refiner" or self.refiner)
+            and (row.needs != "hires" or self.hires_scales)
+            and (row.needs not in UNET_EXTRAS or row.needs in self.extras)
         }
         for row in PLAIN:  # likewise the hires fix without hires scales
             if row.needs == "hires" and not self.hires_scales:
@@ -163,6 +166,12 @@ class Form:
                 updates[row.name] = gr.skip()
                 if row.name == "refiner_switch" and settings.get(row.name) not in (None, row.default):
                     notes.append(f"This server has no refiner, so {row.label} {settings[row.name]:g} was left out.")
+        for row in PLAIN:  # PAG and FreeU without their programs: Generate would refuse them too
+            if row.needs in UNET_EXTRAS and row.needs not in self.extras:
+                updates[row.name] = gr.skip()
+                if row.status and (value := settings.get(row.name)) not in (None, row.default):
+                    shown = value if row.textual else f"{value:g}"
+                    notes.append(f"This server does not offer {row.status}, so {row.label} {shown} was left out.")
         updates.update(
             prompt=_text(settings.get("prompt")),
             negative_prompt=_text(settings.get("negative_prompt")),
@@ -248,11 +257,13 @@ def lowest(row: Field) -> float | None:
     return row.low + (row.control.step if row.above and row.control else 0)
 
 
-def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown:
+def control(row: Field, value: object, **layout) -> gr.Slider | gr.Dropdown | gr.Textbox:
     """A plain field's control as the table says: a slider over its bounds (its typed numbers checked by
-    assets/page.js: class "bounded"), or a dropdown of its choices."""
+    assets/page.js: class "bounded"), a dropdown of its choices, or a text box of its factors."""
     shown = row.control
     info = shown.info.format(low=lowest(row), high=row.high) or None
+    if row.kind == "factors":
+        return gr.Textbox(value=value, label=shown.label, info=info, elem_id=shown.elem_id, max_lines=1, **layout)
     if row.kind == "choice":
         return gr.Dropdown(
             choices=list(row.choices),
@@ -282,6 +293,8 @@ def _text(value: object):
 
 def _fill_plain(row: Field, value: object, notes: list[str]):
     """The update of a plain field's control from a setting: skipped (with a note) when the page cannot show it."""
+    if row.kind == "factors":
+        return gr.update(value=value) if isinstance(value, str) else gr.skip()
     if row.kind == "choice":
         if isinstance(value, str) and value not in row.choices:
             notes.append(f"The {row.called} {value!r} is not offered here, so the {row.called} was left as it is.")

@@ -20,7 +20,7 @@ import gradio as gr
 from pipeline.contract.engine import REQUESTS_AT_ONCE, Engine, EngineSettings
 from pipeline.contract.fields import FIELD, FIELDS, MAX_PROMPT_CHARS, PLAIN, Field
 from pipeline.contract.parameters import model_name
-from pipeline.contract.request import MAX_LORAS, RequestRules, offered_row
+from pipeline.contract.request import MAX_LORAS, UNET_EXTRAS, RequestRules, offered_row
 from pipeline.contract.styles import DEFAULT_STYLE, load_examples
 from pipeline.contract.xyz_plot import MAX_CELLS
 
@@ -242,6 +242,7 @@ def settings_form(sections: Sections, rules: RequestRules) -> Form:
         loras=tuple(rules.loras),
         refiner=getattr(rules, "refiner", ""),
         hires_scales=tuple(getattr(rules, "hires_scales", ())),
+        extras=tuple(name for name in UNET_EXTRAS if getattr(rules, name, False)),
     )
 
 
@@ -574,6 +575,7 @@ def table_controls(group: str, rules: RequestRules, only: str = "") -> dict[str,
             (rules.cfg or row.without_cfg is None)
             and (row.needs != "refiner" or bool(getattr(rules, "refiner", "")))
             and (row.needs != "hires" or row.name == "hires_scale" or bool(scales))
+            and (row.needs not in UNET_EXTRAS or bool(getattr(rules, row.needs, False)))
         )
         if row.name == "hires_scale":
             controls[row.name] = hires_scale_control(row, scales, visible=visible)

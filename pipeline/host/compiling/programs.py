@@ -15,6 +15,8 @@ replicated, batch split:
                          blend_sigma [B]
                                                                   -> latents', history' (its first array: D)
                          (with --cross-attention-cache the base's steps take {"unet", "cross_kv": the table} as weights)
+    step[size, cfg, K, extras]   the step with FreeU and/or PAG (--freeu-programs, --pag): + extras [B, 5], each
+                         image's FreeU factors and this step's PAG scale (device/extras_step.py)
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
@@ -39,6 +41,7 @@ weights and a TPU topology's mesh.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import jax
@@ -52,6 +55,7 @@ from ...device.controlnet_step import step_control_local
 from ...device.cross_kv import CROSS_KV, cross_kv_local
 from ...device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ...device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
+from ...device.extras_step import EXTRAS, step_extras_local
 from ...device.lora import COMPONENTS as LORA_COMPONENTS
 from ...device.lora import MergeLayout, get_leaves, merge_donating
 from ...device.modules import Modules
@@ -131,6 +135,7 @@ class ProgramKey:
     nets: tuple[int, ...] | None = None  # static: each ControlNet unit's architecture (step_control)
     source: tuple[int, int] | None = None  # static: the (height, width) an upscale starts from
     mode: str | None = None  # static: the upscale's A1111 latent upscaler (contract/hires.LATENT_UPSCALERS)
+    extras: tuple[str, ...] = ()  # static: what the step adds to the UNet, "freeu" and/or "pag" (device/extras_step.py)
 
     @property
     def label(self) -> str:
@@ -148,6 +153,7 @@ class ProgramKey:
             parts.append(f"from {self.source[1]}x{self.source[0]}")
         if self.mode is not None:
             parts.append(self.mode.replace("Latent", "latent").replace(" (", "-").replace(")", "").replace(" ", "-"))
+        parts += self.extras
         return " ".join(parts)
 
     @property
@@ -172,6 +178,7 @@ def program_keys(
     refiner: bool = False,
     hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (),
     cross_kv: bool = False,
+    extras: tuple[str, ...] = (),
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -185,7 +192,8 @@ def program_keys(
     cross-attention keys and values are projected once per request (per mode and text). `hires`: the hires fix's
     (offered size, hires size) pairs: each hires size's image-to-image programs (as an offered size's, without the
     ControlNets' steps; with the refiner's, which runs in the second pass as A1111's) and each pair's latent
-    upscales, one per A1111 latent upscaler.
+    upscales, one per A1111 latent upscaler. `extras`: "freeu" and/or "pag" are offered (--freeu-programs, --pag):
+    each combination's whole-UNet step, per mode and text, at each size (a request without them runs the others).
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -195,12 +203,14 @@ def program_keys(
     keys += [ProgramKey("refiner_encode", cfg=cfg, windows=k) for k in texts] if refiner else []
     keys += [ProgramKey("halve_text", windows=k) for k in texts] if cfg and levers else []
     for height, width in sizes:
-        keys += _size_keys(height, width, cfg, levers, modes, texts, control_sets, refiner, previews)
+        keys += _size_keys(height, width, cfg, levers, modes, texts, control_sets, refiner, previews, extras)
     targets = [target for target in dict.fromkeys(target for _, target in hires) if target not in sizes]
     if targets:  # the second pass at a size no request asks for: its image-to-image programs only
         keys += [
             key
-            for key in program_keys(targets, cfg, levers, previews=previews, windows=windows, refiner=refiner)
+            for key in program_keys(
+                targets, cfg, levers, previews=previews, windows=windows, refiner=refiner, extras=extras
+            )
             if key.height is not None
         ]
     keys += [
@@ -221,9 +231,11 @@ def _size_keys(
     control_sets: tuple[tuple[int, ...], ...],
     refiner: bool,
     previews: bool,
+    extras: tuple[str, ...] = (),
 ) -> list[ProgramKey]:
     """One offered size's programs, in the order a request runs them (`program_keys`): its picture's encode, the
-    start, the steps (per guidance mode in `modes` and text length in `texts`), the preview and the decode."""
+    start, the steps (per guidance mode in `modes` and text length in `texts`; with `extras`, each combination's
+    step), the preview and the decode."""
     keys = [ProgramKey("encode_image", height, width), ProgramKey("start", height, width)]
     if levers:
         keys += [
@@ -236,6 +248,12 @@ def _size_keys(
     else:
         keys += [ProgramKey("step", height, width, cfg, k) for k in texts]
     keys += [
+        ProgramKey("step", height, width, mode, k, extras=combination)
+        for combination in extras_combinations(extras)
+        for k in texts
+        for mode in modes
+    ]
+    keys += [
         ProgramKey("step_control", height, width, mode, k, nets)
         for nets in control_sets
         for k in texts
@@ -245,6 +263,11 @@ def _size_keys(
     keys += [ProgramKey("preview", height, width)] if previews else []
     keys.append(ProgramKey("decode", height, width))
     return keys
+
+
+def extras_combinations(extras: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Each combination of the offered `extras` a request may turn on ("freeu", "pag", both), in the table's order."""
+    return [combination for size in (1, 2) for combination in itertools.combinations(extras, size)]
 
 
 class ServedPrograms:
@@ -376,6 +399,9 @@ class ServedPrograms:
             return body, (*STEP_SPECS, tuple(BATCH for _ in key.nets), ONE), (BATCH, BATCH)
         if key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
             return functools.partial(refiner_step_local, self.modules, **settings), (*STEP_SPECS, ONE), (BATCH, BATCH)
+        if key.extras:  # + each image's FreeU factors and this step's PAG scale [B, 5]
+            body = functools.partial(step_extras_local, self.modules, **settings, extra=key.extras)
+            return body, (*STEP_SPECS, BATCH), (BATCH, BATCH)
         local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
         in_specs = (*STEP_SPECS, BATCH) if key.kind == "step_shallow" else STEP_SPECS  # + the kept feature
         out_specs = (BATCH, BATCH, BATCH) if key.kind == "step_full" else (BATCH, BATCH)  # + the feature to keep
@@ -516,6 +542,8 @@ class ServedPrograms:
             return (*step_args, maps, spec((len(key.nets),), np.float32, whole=True))  # scales [n]
         if key.kind == "refiner_step":
             return (*step_args, spec((2,), np.float32, whole=True))  # aesthetic scores: negative, positive
+        if key.extras:
+            return (*step_args, spec((n, len(EXTRAS)), np.float32))  # FreeU's factors, the step's PAG scale [B, 5]
         return step_args
 
     def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):

@@ -7,7 +7,8 @@ The plan is diffusers' `__call__` in data, in the order the run meets it:
 
 1. **first pass** (`FirstPass`): the size, the sampler's rows (`sampler_plan.py`; with a picture the rows that run,
    `image_plan.py`; with the refiner the base's rows to the switch and then the refiner's, `refiner_plan.py`),
-   guidance on or off, and per step guided or not, whole UNet or shallow (`speed_plan.py`);
+   guidance on or off, and per step guided or not, whole UNet or shallow (`speed_plan.py`), FreeU's and PAG's
+   numbers per row (`extras_plan.py`);
 2. **conditioning** (`Conditioning`): both texts as token ids and emphasis weights with the embeddings they name
    (`tokens.py`), the text cache's key, clip skip, the LoRA set and the ControlNet units;
 3. **second pass** (`SecondPass`): the hires fix's size, upscaler and rows (`hires_plan.py`), the refiner's share;
@@ -41,6 +42,7 @@ from ...contract.sampler_names import sampler_label
 from ...contract.styles import PLACEHOLDER
 from ..text_cache import text_key
 from .emphasis import has_emphasis
+from .extras_plan import UNetExtras, extras_plan
 from .hires_plan import HiresPlan, hires_plan
 from .image_plan import image_plan
 from .refiner_plan import refiner_plan
@@ -103,6 +105,7 @@ class FirstPass:
     guided: bool  # guidance > 1, or the server compiled no guidance-free programs
     picture: PictureRows | None  # image to image / inpainting: the picture's rows (None: text to image)
     refiner_row: int  # the first row the refiner runs (`plan.rows`: none)
+    extras: UNetExtras | None = None  # FreeU's factors and PAG's scale per row (`extras_plan.py`; None: neither)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class SecondPass:
 
     hires: HiresPlan  # size, upscaler, rows; `refiner_row`: the refiner's first row (None: none)
     speed: SpeedPlan
+    extras: UNetExtras | None = None  # FreeU and PAG on the second pass's rows (None: neither)
 
 
 @dataclass(frozen=True)
@@ -162,8 +166,12 @@ def plan_run(request: Request, context: RunContext) -> RunPlan:
     first = first_pass(request, context)
     second = second_pass(request, context)
     mergeable = (
-        context.merging and second is None and first.refiner_row == first.plan.rows and not request.controlnets
-    )  # text or picture to image on the base alone
+        context.merging
+        and second is None
+        and first.refiner_row == first.plan.rows
+        and not request.controlnets
+        and first.extras is None
+    )  # text or picture to image on the base alone, its plain steps
     count = context.num_images if mergeable else context.images_per_call
     seeds = tuple((request.seed + i) % SEED_MODULUS for i in range(count))
     conditioning = conditioning_of(request, context, seeds)
@@ -195,7 +203,7 @@ def first_pass(request: Request, context: RunContext) -> FirstPass:
         plan, refiner_row = stages.plan, stages.switch_row
     guided = is_guided(request, context)
     speed = cached_speed_plan(plan.rows, request.cfg_end, request.deepcache, cfg=context.sampler.cfg, guided=guided)
-    return FirstPass(request.size, plan, speed, guided, picture, refiner_row)
+    return FirstPass(request.size, plan, speed, guided, picture, refiner_row, extras_plan(request, plan))
 
 
 def is_guided(request: Request, context: RunContext) -> bool:
@@ -281,7 +289,7 @@ def second_pass(request: Request, context: RunContext) -> SecondPass | None:
     speed = cached_speed_plan(
         hires.plan.rows, request.cfg_end, request.deepcache, cfg=context.sampler.cfg, guided=is_guided(request, context)
     )
-    return SecondPass(hires, speed)
+    return SecondPass(hires, speed, extras_plan(request, hires.plan))
 
 
 def output_of(
