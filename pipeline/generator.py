@@ -282,6 +282,7 @@ def served_program_keys(
         refiner=refiner,
         hires=hires_pairs(config, multiple),
         cross_kv=config.cross_attention_cache,
+        region_parts=config.region_parts,
     )
 
 
@@ -463,6 +464,7 @@ class Generator:
             dtype=config.dtype,
             refiner=self.rules.refiner,
             lora_hashes=self.loras.hashes if self.loras is not None else None,
+            unet_levels=len(self.programs.modules.unet.config.block_out_channels),
         )
 
     @classmethod
@@ -587,6 +589,7 @@ class Generator:
                 watchers=watchers if self.config.previews else dataclasses.replace(watchers, on_preview=None),
                 hires=hires,
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
+                regions=placement.regions(run.regions),
             )
             return pixels, time.perf_counter() - on_device
 

@@ -215,7 +215,7 @@ class Field:
     status: str = ""  # how the status line and the history name it away from its default (a picture's: with one)
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner;
-    # "hires": with --hires-scales, written whenever hires_scale is on
+    # "hires": with --hires-scales, written whenever hires_scale is on; "regions": written with regions only
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
@@ -655,6 +655,43 @@ FIELDS: tuple[Field, ...] = (
         flag="--hires-upscaler",
         api_type=str,
         control=Control("Upscaler", elem_id="hires-upscaler", group="hires"),
+    ),
+    Field(
+        "regions",
+        "regions",
+        "regional prompts (Regional Prompter's Attention mode): each part of the prompt split on BREAK drawn in its "
+        "region: 'columns 1,1', 'rows 1,2', 'columns 1,1;1,2,1' ('' = off; or region_mask)",
+        "",
+        flag="--regions",
+        api_type=str,
+    ),
+    Field(
+        "region_mask",
+        "file",
+        "regional prompts from a painted mask at the request's size: one colour per region on black, in the order "
+        "the colours first appear row by row",
+        flag="--region-mask",
+        api_type=dict,
+    ),
+    Field(
+        "region_base",
+        "float",
+        "regional prompts: the first part is the base, drawn everywhere at this share (0 = no base)",
+        0.0,
+        low=0.0,
+        high=1.0,
+        called="region_base",
+        label="RP Base Ratio",
+        needs="regions",
+        flag="--region-base",
+        api_type=float,
+        control=Control(
+            "Base ratio",
+            "0 = every part is a region; r > 0: the first part is the base, r of it everywhere",
+            step=0.05,
+            elem_id="region-base",
+            group="regions",
+        ),
     ),
 )
 #: The table by name.

@@ -29,9 +29,10 @@ from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
-from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, prepare_image_inputs, steps_to_run
+from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, open_image, prepare_image_inputs, steps_to_run
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
+from .regions import RegionLayout, check_parts, mask_layout, parse_divide, parse_mask
 from .sampler_names import check_steps, resolve, sampler_label
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
@@ -79,6 +80,7 @@ class RequestRules:
     controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
+    region_parts: tuple[int, ...] = ()  # the regional prompts' part counts compiled beyond one (--region-parts)
     hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
     styles: Mapping[str, Style] = field(default_factory=load_styles)  # the style templates offered
 
@@ -115,6 +117,7 @@ class RequestRules:
             controlnet_units=getattr(config, "controlnet_units", MAX_CONTROLNETS),
             refiner=refiner_name(config.refiner) if config.refiner else "",
             hires_scales=tuple(getattr(config, "hires_scales", ())),
+            region_parts=tuple(getattr(config, "region_parts", ())),
             hires_upscalers=(*UPSCALERS, *upscalers),
         )
 
@@ -166,6 +169,9 @@ class Request:
     hires_steps: int = FIELD["hires_steps"].default  # the second pass's steps (0 = `steps`)
     hires_denoise: float = FIELD["hires_denoise"].default  # A1111's Denoising strength of the second pass
     hires_upscaler: str = FIELD["hires_upscaler"].default  # A1111's name of the upscaler
+    regions: str = ""  # Regional Prompter's divide syntax ("" = none, or the mask's regions: contract/regions.py)
+    region_mask: bytes | None = None  # PNG of the painted regions at `size`, one colour each (None: none)
+    region_base: float = FIELD["region_base"].default  # the base's share with regions (0: every part a region)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -175,7 +181,7 @@ class Request:
     def to_dict(self) -> dict:
         """Plain JSON-able data (what the leader publishes to the followers): pictures as base64 PNG."""
         data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.compare}
-        for name in ("init_image", "mask_image"):
+        for name in ("init_image", "mask_image", "region_mask"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
         units = [unit.to_dict() for unit in self.controlnets]
         return {
@@ -194,7 +200,7 @@ class Request:
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         values["ignored"] = tuple(values.get("ignored", ()))
         values["controlnets"] = tuple(ControlUnit.from_dict(unit) for unit in values.get("controlnets", ()))
-        for name in ("init_image", "mask_image"):
+        for name in ("init_image", "mask_image", "region_mask"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
 
@@ -212,6 +218,12 @@ class Request:
             else PICTURE_STATUS["inpainting" if self.mask_image is not None else "image to image"]
         )
         return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
+
+    def region_layout(self) -> RegionLayout | None:
+        """Where the prompt's parts act (None: no regional prompt): the divide syntax's boxes or the mask's labels."""
+        if self.region_mask is not None:
+            return mask_layout(self.region_mask)
+        return parse_divide(self.regions) if self.regions else None
 
     def hires_steps_run(self) -> int:
         """The steps the hires fix's second pass runs (A1111's rule: `hires_steps`, else `steps`); 0 when it is
@@ -268,6 +280,8 @@ def request_schema() -> dict:
         },
         "init_image": picture,
         "mask_image": picture,
+        "regions": {**text, "description": FIELD["regions"].help},
+        "region_mask": picture,
         "styled_prompt": text,
         "written_prompt": text,
         "styled_negative_prompt": text,
@@ -325,6 +339,8 @@ def parse_request(
     init_image: object = None,
     mask_image: object = None,
     controlnets: object = None,
+    regions: object = "",
+    region_mask: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
     **plain: object,
@@ -355,7 +371,8 @@ def parse_request(
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width, steps=values["steps"])
     units = _controls(controlnets, rules, (height, width), values)
-    return Request(
+    region_fields = _regions(regions, region_mask, (height, width), values, rules, units)
+    request = Request(
         prompt=text,
         negative_prompt=negative,
         style=style_name,
@@ -366,8 +383,12 @@ def parse_request(
         **values,
         **_picture_fields(pictures),
         **_written_prompts(rules, style_name, text, negative, chosen),
+        **region_fields,
         ignored=ignored,
     )
+    if region_fields:
+        check_parts(request.region_layout(), request.region_base, request.styled_prompt, rules.region_parts)
+    return request
 
 
 def _prompts(
@@ -418,6 +439,39 @@ def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], v
             "controlnets",
         )
     return units
+
+
+def _regions(
+    regions: object,
+    region_mask: object,
+    size: tuple[int, int],
+    values: Mapping[str, object],
+    rules: RequestRules,
+    units: tuple,
+) -> dict:
+    """The Request's regional fields (none when neither `regions` nor `region_mask` is given): the divide syntax
+    checked, or the painted mask at the request's size as a PNG; what does not combine with them refused."""
+    text = clean_text(regions or "", field="regions")
+    if not text and region_mask in (None, ""):
+        return {}
+    if text and region_mask not in (None, ""):
+        raise _naming("Give {regions} or {region_mask}, not both.", "regions", "region_mask")
+    if text:
+        parse_divide(text)
+        fields = {"regions": text}
+    else:
+        layout = parse_mask(open_image(region_mask, what="region mask"), *size)
+        fields = {"regions": "", "region_mask": _png((layout.labels + 1).astype(np.uint8))}
+    if values.get("deepcache", 1) != 1 or units or values["hires_scale"] != 1 or values["refiner_switch"] < 1:
+        raise _naming(
+            "Regional prompts run the whole base UNet at one size: leave {deepcache}, {hires_scale} and "
+            "{refiner_switch} at 1 and drop the {controlnets}.",
+            "deepcache",
+            "hires_scale",
+            "refiner_switch",
+            "controlnets",
+        )
+    return fields
 
 
 def _written_prompts(rules: RequestRules, style_name: str, text: str, negative: str, chosen: tuple) -> dict[str, str]:

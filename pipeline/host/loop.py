@@ -96,6 +96,14 @@ class ControlInputs:
 
 
 @dataclass(frozen=True)
+class RegionInputs:
+    """A regional prompt's blend (host/planning/region_plan.py) on the devices: its steps blend its parts by it."""
+
+    parts: int  # static: P, the prompt's parts (`ProgramKey.parts`)
+    weights: tuple  # float32 [P, cells] per attention grid (replicated)
+
+
+@dataclass(frozen=True)
 class RefinerInputs:
     """One request's refiner stage (host/planning/refiner_plan.py): where it takes over and its aesthetic scores."""
 
@@ -138,6 +146,7 @@ class Stage:
     timings: dict | None
     #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
     kept: dict | None = None
+    regions: RegionInputs | None = None  # a regional prompt's blend: its base steps run the regional step
 
     def once(self, name: str, make: Callable[[], Any]):
         """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
@@ -162,9 +171,10 @@ class Stage:
         cfg: bool | None = None,
         windows: int | None = None,
         nets: tuple[int, ...] | None = None,
+        parts: int | None = None,
     ):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets))
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, parts=parts))
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -193,6 +203,7 @@ def run(
     refiner: RefinerInputs | None = None,
     hires: HiresInputs | None = None,
     kept: dict | None = None,
+    regions: RegionInputs | None = None,
 ) -> jax.Array:
     """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
     `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
@@ -210,9 +221,10 @@ def run(
     passes' steps as one request's; with the refiner and the hires fix, the refiner's rows are the second pass's
     (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
+    `regions`: a regional prompt's blend (its text is one window per part; every base step blends them).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept)
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, regions)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -500,7 +512,10 @@ def base_step(
         blend_sigma,
     )
     scales = control.scales[index] if control is not None else None  # float32 [units]
-    if planned.full and scales is not None and scales.any():
+    if stage.regions is not None:  # a regional prompt: the whole UNet, every cross-attention blending its parts
+        program = stage.compile("step", cfg=planned.cfg, windows=stage.text, parts=stage.regions.parts)
+        latents, history = program(*args, stage.regions.weights)
+    elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
         latents, history = program(weights, *args[1:], control.maps, put(scales))
