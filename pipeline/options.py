@@ -535,7 +535,7 @@ OPTIONS: tuple[Option, ...] = (
         "e.g. 2-4 or 2,3 (one part runs the plain programs; none = only those); each count compiles its steps",
         "SDXL_REGION_PARTS",
         metavar="COUNTS",
-        default_text=",".join(map(str, config_default("region_parts"))),
+        default_text=",".join(map(str, config_default("region_parts"))) or "none",
         programs=ENGINE,
         recompiles=True,
     ),

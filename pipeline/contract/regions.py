@@ -176,13 +176,6 @@ def check_parts(layout: RegionLayout, base: float, prompt: str, offered: tuple[i
     """The parts a regional request runs (its regions, and the base with `base` > 0), checked against the prompt's
     BREAKs and the part counts the server compiled (`offered`, --region-parts; one part runs the plain programs)."""
     parts = layout.count + (1 if base > 0 else 0)
-    written = prompt_parts(prompt)
-    if written != parts:
-        with_base = " and the base (region_base > 0)" if base > 0 else ""
-        raise InvalidInput(
-            f"The prompt has {written} part{'s' if written != 1 else ''} split on BREAK, but {layout.count} "
-            f"region{'s' if layout.count != 1 else ''}{with_base} need {parts}."
-        )
     if parts > 1 and parts not in offered:
         if not offered:
             raise InvalidInput(
@@ -191,5 +184,12 @@ def check_parts(layout: RegionLayout, base: float, prompt: str, offered: tuple[i
         served = ", ".join(map(str, (1, *offered)))
         raise InvalidInput(
             f"This server's regional prompts have {served} parts (--region-parts); this one has {parts}."
+        )
+    written = prompt_parts(prompt)
+    if written != parts:
+        with_base = " and the base (region_base > 0)" if base > 0 else ""
+        raise InvalidInput(
+            f"The prompt has {written} part{'s' if written != 1 else ''} split on BREAK, but {layout.count} "
+            f"region{'s' if layout.count != 1 else ''}{with_base} need {parts}."
         )
     return parts
