@@ -6,6 +6,7 @@
     controlnet_units.py  ControlNet units: checked, preprocessed, weighted per step
     hires.py             the hires fix's rules: upscalers by A1111's names, sizes, A1111's step rule
     image_inputs.py      the init image and the mask: checked, decoded (guarded), fitted
+    regions.py           regional prompts: the divide syntax or a painted mask, the parts split on BREAK
     styles.py            the style templates (assets/styles.json) and the examples
     sizes.py             the offered sizes
     sampler_names.py     A1111's sampler and schedule names <-> the engine's ids

@@ -353,8 +353,7 @@ def parse_request(
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
-    the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
-    preprocessor}` of the server's ControlNets (controlnet_units.py).
+    the size. `controlnets`: up to 2 units (controlnet_units.py). `regions` / `region_mask`: contract/regions.py.
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -371,8 +370,9 @@ def parse_request(
     strength = FIELD["strength"].default if given.get("strength") is None else given["strength"]
     pictures = prepare_image_inputs(init_image, mask_image, strength, height=height, width=width, steps=values["steps"])
     units = _controls(controlnets, rules, (height, width), values)
-    region_fields = _regions(regions, region_mask, (height, width), values, rules, units)
-    request = Request(
+    written = _written_prompts(rules, style_name, text, negative, chosen)
+    region_fields = _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
+    return Request(
         prompt=text,
         negative_prompt=negative,
         style=style_name,
@@ -382,13 +382,10 @@ def parse_request(
         controlnets=units,
         **values,
         **_picture_fields(pictures),
-        **_written_prompts(rules, style_name, text, negative, chosen),
+        **written,
         **region_fields,
         ignored=ignored,
     )
-    if region_fields:
-        check_parts(request.region_layout(), request.region_base, request.styled_prompt, rules.region_parts)
-    return request
 
 
 def _prompts(
@@ -448,16 +445,18 @@ def _regions(
     values: Mapping[str, object],
     rules: RequestRules,
     units: tuple,
+    styled_prompt: str,
 ) -> dict:
     """The Request's regional fields (none when neither `regions` nor `region_mask` is given): the divide syntax
-    checked, or the painted mask at the request's size as a PNG; what does not combine with them refused."""
+    checked, or the painted mask at the request's size as a PNG; the parts counted (`check_parts`); what does not
+    combine with them refused."""
     text = clean_text(regions or "", field="regions")
     if not text and region_mask in (None, ""):
         return {}
     if text and region_mask not in (None, ""):
         raise _naming("Give {regions} or {region_mask}, not both.", "regions", "region_mask")
     if text:
-        parse_divide(text)
+        layout = parse_divide(text)
         fields = {"regions": text}
     else:
         layout = parse_mask(open_image(region_mask, what="region mask"), *size)
@@ -471,6 +470,7 @@ def _regions(
             "refiner_switch",
             "controlnets",
         )
+    check_parts(layout, values["region_base"], styled_prompt, rules.region_parts)
     return fields
 
 

@@ -177,9 +177,12 @@ def test_api_parameters_are_named_with_defaults(client):
         "hires_steps",
         "hires_denoise",
         "hires_upscaler",
+        "regions",
+        "region_mask",
+        "region_base",
         "previews",
     ]
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 25
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 28
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

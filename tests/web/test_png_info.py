@@ -254,6 +254,8 @@ def _values(page, updates) -> dict:
         "hires_steps",
         "hires_denoise",
         "hires_upscaler",
+        "regions",
+        "region_base",
         "file",
     ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
