@@ -147,3 +147,38 @@ def test_the_blend_of_identical_parts_is_plain_attention():
     assert np.abs(np.asarray(blended) - np.asarray(plain)).max() < 1e-5
     one = regional_attention(q, k, v, 8**-0.5, jnp.ones((1, 16)))
     assert np.abs(np.asarray(one) - np.asarray(plain)).max() < 1e-6
+
+
+def test_the_cli_flags_and_the_written_parameters_read_back(region_engine, tmp_path):
+    from pipeline.__main__ import build_parser, request_arguments
+    from pipeline.config import engine_config
+    from web.page.form import image_settings
+    from web.page.png_info import read_form_values
+
+    painted = np.zeros((TEST_SIZE, TEST_SIZE, 3), np.uint8)
+    painted[:, TEST_SIZE // 2 :] = (0, 255, 0)
+    Image.fromarray(painted).save(tmp_path / "regions.png")
+    common = ["generate", "--model", str(TINY_PT), "--height", "64", "--width", "64", "--out", str(tmp_path)]
+    args = build_parser().parse_args(
+        [
+            *common,
+            "--prompt",
+            "a sky BREAK a field",
+            "--region-mask",
+            str(tmp_path / "regions.png"),
+            "--region-base",
+            "0.4",
+        ]
+    )
+    config = engine_config(args)
+    assert config.region_parts == ()  # none compiled unless asked: each count is a UNet step per size and mode
+    with pytest.raises(InvalidInput, match="compiles no regional prompts of several parts"):
+        parse_request(**request_arguments(args), rules=RequestRules.of(config))
+    served = engine_config(build_parser().parse_args([*common, "--prompt", "x", "--region-parts", "2-3"]))
+    request = parse_request(**request_arguments(args), rules=RequestRules.of(served))
+    assert served.region_parts == (2, 3) and request.region_layout().count == 1 and request.region_base == 0.4
+    case = CASES["columns_1_2_base0.3"]
+    result = region_engine.generate(_request(region_engine, case))
+    path = result.save_pngs(tmp_path / "pngs")[0]
+    settings, _ = image_settings(read_form_values(str(path)))
+    assert settings["regions"] == "columns 1,2" and settings["region_base"] == 0.3

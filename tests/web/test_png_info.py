@@ -293,6 +293,8 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
         **pickers,
         "schedule_type": "Automatic",
         "clip_skip": 0,
+        "regions": "",  # no regions written: none
+        "region_base": 0.0,
         "file": None,
     }
 

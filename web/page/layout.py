@@ -543,7 +543,10 @@ def region_panel(rules: RequestRules) -> dict[str, Any]:
         )
         with gr.Row(equal_height=True):
             controls["regions"] = gr.Textbox(
-                label="Regions", placeholder="columns 1,1 · rows 1,2 · columns 1,1;1,2,1", elem_id="regions"
+                value="",  # an initial value makes the API parameter optional
+                label="Regions",
+                placeholder="columns 1,1 · rows 1,2 · columns 1,1;1,2,1",
+                elem_id="regions",
             )
             controls["region_mask"] = gr.Image(
                 label="Or paint the regions (one colour each, on black)",
