@@ -259,7 +259,9 @@ def request_arguments(args: argparse.Namespace) -> dict:
             resolve_seed(given["seed"])  # the request's own check, with the CLI's way to a random seed added
         except InvalidInput as exc:
             raise InvalidInput(f"{str(exc).removesuffix('.')} (pass --seed random for a random seed).") from None
-    pictures = {name: GivenPath(given[name]) for name in ("init_image", "mask_image") if given[name] is not None}
+    pictures = {
+        name: GivenPath(given[name]) for name in ("init_image", "mask_image", "region_mask") if given[name] is not None
+    }
     loras = [_lora(text) for text in given["loras"]]
     return {
         **given,

@@ -25,6 +25,7 @@ from .contract.hires import MAX_SCALE, hires_size
 from .contract.hires import parse_scales as parse_hires_scales
 from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
 from .contract.presets import Preset, get_preset, lora_of
+from .contract.regions import parse_part_counts
 from .contract.sizes import MAX_SIDE, default_sizes, parse_sizes
 from .device.cores import ATTENTIONS
 
@@ -98,6 +99,9 @@ class EngineConfig:
     merge_full_calls: bool = False  # static: with merging, every call makes N images per device (`merge_call_sizes`)
     attention: str = "auto"  # static: the UNet's attention core (device/attention.py); "auto" is resolved at load
     prompt_windows: int = 3  # static: 77-token windows a prompt is read in (A1111's chunks: 3 = 225 tokens)
+    #: static: regional prompts' part counts compiled beyond one (contract/regions.py); none by default: 2-4 add 6
+    #: UNet steps per size and their text programs: 46 s on the 87 s warm-up of the tiny checkpoint at 64², 2 CPU cores
+    region_parts: tuple[int, ...] = ()
     quantize: str = "none"  # static: "int8" = the UNet's Dense and Conv layers int8 x int8 (device/quantize.py)
     xla_options: tuple[tuple[str, str], ...] = ()  # static: XLA compiler options of every served program (NAME, VALUE)
     speed_levers: bool = True  # static: compile what the per-request speed levers run (host/compiling/programs.py)
@@ -122,6 +126,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple((int(h), int(w)) for h, w in self.sizes))
         object.__setattr__(self, "hires_scales", tuple(float(scale) for scale in self.hires_scales))
+        object.__setattr__(self, "region_parts", tuple(int(count) for count in self.region_parts))
         object.__setattr__(self, "xla_options", tuple((str(name), str(value)) for name, value in self.xla_options))
         for name, _ in self.xla_options:
             if not XLA_OPTION_NAME.fullmatch(name):
@@ -352,6 +357,7 @@ def _static_settings(get) -> dict:
         "controlnets": controlnet_specs(get("controlnet")),
         "refiner": get("refiner") or None,
         "hires_scales": parse_hires_scales(get("hires_scales")),
+        **({"region_parts": parse_part_counts(parts)} if (parts := get("region_parts")) is not None else {}),
         "dtype": get("dtype"),
         "speed_levers": not get("no_speed_levers"),
         "cross_attention_cache": cross_attention_cache_of(

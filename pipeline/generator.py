@@ -284,6 +284,7 @@ def served_program_keys(
         hires=hires_pairs(config, multiple),
         cross_kv=config.cross_attention_cache,
         extras=config.unet_extras,
+        region_parts=config.region_parts,
     )
 
 
@@ -465,6 +466,7 @@ class Generator:
             dtype=config.dtype,
             refiner=self.rules.refiner,
             lora_hashes=self.loras.hashes if self.loras is not None else None,
+            unet_levels=len(self.programs.modules.unet.config.block_out_channels),
         )
 
     @classmethod
@@ -590,6 +592,7 @@ class Generator:
                 hires=hires,
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
                 extras=first.extras,
+                regions=placement.regions(run.regions),
             )
             return pixels, time.perf_counter() - on_device
 

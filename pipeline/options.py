@@ -552,6 +552,16 @@ OPTIONS: tuple[Option, ...] = (
         env_list=True,
     ),
     Option(
+        "--region-parts",
+        "the part counts of regional prompts (a request's regions, prompt parts split on BREAK) compiled at start-up, "
+        "e.g. 2-4 or 2,3 (one part runs the plain programs; none = only those); each count compiles its steps",
+        "SDXL_REGION_PARTS",
+        metavar="COUNTS",
+        default_text=",".join(map(str, config_default("region_parts"))) or "none",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
         "--prompt-windows",
         "77-token windows a prompt is read in, as A1111 and ComfyUI read long prompts (each "
         "75 tokens of the prompt); 1 = CLIP's 77 tokens, the rest cut",

@@ -10,6 +10,7 @@
     outpaint.py          outpainting: the sides' pixels, the grown canvas, its soft mask
     inpaint_crop.py      inpaint only masked: the mask's padded box at the size's ratio, cropped and scaled
     overlay.py           the result pasted back over the picture through the blurred mask (A1111's overlay)
+    regions.py           regional prompts: the divide syntax or a painted mask, the parts split on BREAK
     styles.py            the style templates (assets/styles.json) and the examples
     sizes.py             the offered sizes
     sampler_names.py     A1111's sampler and schedule names <-> the engine's ids

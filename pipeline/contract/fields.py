@@ -217,7 +217,8 @@ class Field:
     without_cfg: Any = None  # its value when the server runs the guidance-free program (None: it keeps its own)
     needs: str = ""  # "picture": it counts with a picture only (checked with the picture); "refiner": with --refiner;
     # "hires": with --hires-scales, written whenever hires_scale is on; "mask": how a mask is used (inpaint_modes.py
-    # writes it, when the request pastes its picture back); "pag", "freeu": with --pag, --freeu-programs
+    # writes it, when the request pastes its picture back); "pag", "freeu": with --pag, --freeu-programs;
+    # "regions": written with regions only
     lever: bool = False  # a speed lever: its programs are compiled only with the levers (--no-speed-levers: off)
     flag: str = ""  # the CLI flag of `python -m pipeline generate` ("" = none, or an engine option sets it)
     aliases: tuple[str, ...] = ()  # older spellings of the flag, still taken
@@ -854,6 +855,43 @@ FIELDS: tuple[Field, ...] = (
             "Backbone and skip scales of the first two up blocks, e.g. SDXL's 1.3,1.4,0.9,0.2 (empty = off)",
             elem_id="freeu",
             group="guidance",
+        ),
+    ),
+    Field(
+        "regions",
+        "regions",
+        "regional prompts (Regional Prompter's Attention mode): each part of the prompt split on BREAK drawn in its "
+        "region: 'columns 1,1', 'rows 1,2', 'columns 1,1;1,2,1' ('' = off; or region_mask)",
+        "",
+        flag="--regions",
+        api_type=str,
+    ),
+    Field(
+        "region_mask",
+        "file",
+        "regional prompts from a painted mask at the request's size: one colour per region on black, in the order "
+        "the colours first appear row by row",
+        flag="--region-mask",
+        api_type=dict,
+    ),
+    Field(
+        "region_base",
+        "float",
+        "regional prompts: the first part is the base, drawn everywhere at this share (0 = no base)",
+        0.0,
+        low=0.0,
+        high=1.0,
+        called="region_base",
+        label="RP Base Ratio",
+        needs="regions",
+        flag="--region-base",
+        api_type=float,
+        control=Control(
+            "Base ratio",
+            "0 = every part is a region; r > 0: the first part is the base, r of it everywhere",
+            step=0.05,
+            elem_id="region-base",
+            group="regions",
         ),
     ),
 )

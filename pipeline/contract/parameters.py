@@ -144,11 +144,13 @@ def written_settings(
     text: Mapping[str, str] | None = None,
     controlnets: Sequence[ControlUnit] = (),
     mask: Mapping[str, object] | None = None,
+    regions: tuple[str, str] | None = None,
 ) -> dict[str, object]:
     """What a request set beyond A1111's basics, by `parameters` label, in the order A1111 writes them: the style
     (a reader can undo the styled prompt), a picture's own fields and how its mask was used (`mask`:
     `inpaint_modes.MaskUse.settings`), `Lora hashes`, what reading the prompts adds (`text_settings`), the table's
-    other fields away from their default, then the ControlNet units.
+    other fields away from their default, the ControlNet units, then the regional prompts (`regions`: the divide
+    mode and ratios, `region_settings`).
 
     `values`: the request's table fields by name (`Request.plain_values()`)."""
     return {
@@ -159,7 +161,14 @@ def written_settings(
         **(text or {}),
         **table_settings(values, picture=False, has_picture=has_picture),
         **control_settings(controlnets),
+        **(region_settings(*regions, values.get("region_base", 0.0)) if regions else {}),
     }
+
+
+def region_settings(mode: str, ratios: str, base: float) -> dict[str, object]:
+    """Regional Prompter's keys, as its infotext writes them: on, the divide mode (Columns, Rows, Mask), the
+    ratios and the base ratio."""
+    return {"RP Active": True, "RP Divide mode": mode, "RP Ratios": ratios or "-", "RP Base Ratio": base}
 
 
 def table_settings(values: Mapping[str, object], *, picture: bool, has_picture: bool) -> dict[str, object]:
@@ -168,7 +177,7 @@ def table_settings(values: Mapping[str, object], *, picture: bool, has_picture: 
     written = {}
     hires = values.get("hires_scale", 1.0) != 1.0
     for row in PLAIN:
-        if not row.label or row.basic or row.needs == "mask" or (row.needs == "picture") != picture:
+        if not row.label or row.basic or row.needs in ("mask", "regions") or (row.needs == "picture") != picture:
             continue
         value = values[row.name]
         if row.needs == "hires":  # A1111 writes its hires fix whole when on (its steps when set), nothing when off

@@ -29,11 +29,12 @@ from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
-from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, steps_to_run
+from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, open_image, steps_to_run
 from .inpaint_modes import MaskUse, arranged, prepare_pictures
 from .overlay import Paste
 from .parameters import PICTURE_STATUS, status_parts
 from .presets import lora_of
+from .regions import RegionLayout, check_parts, mask_layout, parse_divide, parse_mask
 from .sampler_names import check_steps, resolve, sampler_label
 from .styles import DEFAULT_STYLE, Style, apply_style, load_styles
 
@@ -81,6 +82,7 @@ class RequestRules:
     controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
+    region_parts: tuple[int, ...] = ()  # the regional prompts' part counts compiled beyond one (--region-parts)
     hires_upscalers: tuple[str, ...] = UPSCALERS  # the hires fix's upscalers by A1111's names (an engine adds its own)
     pag: bool = False  # perturbed-attention guidance is offered (--pag: its step programs compiled)
     freeu: bool = False  # FreeU is offered (--freeu-programs: its step programs compiled)
@@ -119,6 +121,7 @@ class RequestRules:
             controlnet_units=getattr(config, "controlnet_units", MAX_CONTROLNETS),
             refiner=refiner_name(config.refiner) if config.refiner else "",
             hires_scales=tuple(getattr(config, "hires_scales", ())),
+            region_parts=tuple(getattr(config, "region_parts", ())),
             hires_upscalers=(*UPSCALERS, *upscalers),
             pag=bool(getattr(config, "pag", False)),
             freeu=bool(getattr(config, "freeu_programs", False)),
@@ -181,6 +184,9 @@ class Request:
     pag_scale: float = FIELD["pag_scale"].default  # perturbed-attention guidance's scale (0 = off)
     pag_adaptive_scale: float = FIELD["pag_adaptive_scale"].default  # its scale lowered by this × (1000 − t)
     freeu: str = FIELD["freeu"].default  # FreeU's "b1,b2,s1,s2" ("" = off)
+    regions: str = ""  # Regional Prompter's divide syntax ("" = none, or the mask's regions: contract/regions.py)
+    region_mask: bytes | None = None  # PNG of the painted regions at `size`, one colour each (None: none)
+    region_base: float = FIELD["region_base"].default  # the base's share with regions (0: every part a region)
     styled_prompt: str = ""  # what the text encoders read: the prompt in the style's template, LoRA tags removed
     written_prompt: str = ""  # what the images' parameters say: the styled prompt with every LoRA's tag, as A1111
     styled_negative_prompt: str = ""  # the style's negative words joined with the user's
@@ -190,7 +196,7 @@ class Request:
     def to_dict(self) -> dict:
         """Plain JSON-able data (what the leader publishes to the followers): pictures as base64 PNG."""
         data = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.compare}
-        for name in ("init_image", "mask_image"):
+        for name in ("init_image", "mask_image", "region_mask"):
             data[name] = None if data[name] is None else base64.b64encode(data[name]).decode("ascii")
         units = [unit.to_dict() for unit in self.controlnets]
         return {
@@ -209,7 +215,7 @@ class Request:
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         values["ignored"] = tuple(values.get("ignored", ()))
         values["controlnets"] = tuple(ControlUnit.from_dict(unit) for unit in values.get("controlnets", ()))
-        for name in ("init_image", "mask_image"):
+        for name in ("init_image", "mask_image", "region_mask"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
 
@@ -233,6 +239,12 @@ class Request:
     def mask_use(self) -> MaskUse:
         """How the request uses its mask: outpainting, only masked, the overlay (inpaint_modes.py)."""
         return MaskUse.of(self.plain_values(), self.outpaint)
+
+    def region_layout(self) -> RegionLayout | None:
+        """Where the prompt's parts act (None: no regional prompt): the divide syntax's boxes or the mask's labels."""
+        if self.region_mask is not None:
+            return mask_layout(self.region_mask)
+        return parse_divide(self.regions) if self.regions else None
 
     def hires_steps_run(self) -> int:
         """The steps the hires fix's second pass runs (A1111's rule: `hires_steps`, else `steps`); 0 when it is
@@ -291,6 +303,8 @@ def request_schema() -> dict:
         "init_image": picture,
         "mask_image": picture,
         "outpaint": {**text, "description": FIELD["outpaint"].help},
+        "regions": {**text, "description": FIELD["regions"].help},
+        "region_mask": picture,
         "styled_prompt": text,
         "written_prompt": text,
         "styled_negative_prompt": text,
@@ -349,6 +363,8 @@ def parse_request(
     mask_image: object = None,
     controlnets: object = None,
     outpaint: object = None,
+    regions: object = "",
+    region_mask: object = None,
     rules: RequestRules | None = None,
     check_prompt: Callable[[str], None] | None = None,
     **plain: object,
@@ -363,7 +379,8 @@ def parse_request(
     `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
     the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
     preprocessor}` of the server's ControlNets (controlnet_units.py). `outpaint`: pixels to add per side ("left=128
-    right=128"), the request's size being the grown canvas (outpaint.py).
+    right=128"), the request's size being the grown canvas (outpaint.py). `regions` / `region_mask`:
+    contract/regions.py.
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -380,6 +397,8 @@ def parse_request(
     use = MaskUse.of(values, outpaint)
     pictures = _pictures(init_image, mask_image, given, values, use, (height, width), rules)
     units = _controls(controlnets, rules, (height, width), values)
+    written = _written_prompts(rules, style_name, text, negative, chosen)
+    region_fields = _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -391,7 +410,8 @@ def parse_request(
         **values,
         **_picture_fields(pictures, use),
         outpaint=use.outpaint.text,
-        **_written_prompts(rules, style_name, text, negative, chosen),
+        **written,
+        **region_fields,
         ignored=ignored,
     )
 
@@ -456,6 +476,48 @@ def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], v
             "controlnets",
         )
     return units
+
+
+def _regions(
+    regions: object,
+    region_mask: object,
+    size: tuple[int, int],
+    values: Mapping[str, object],
+    rules: RequestRules,
+    units: tuple,
+    styled_prompt: str,
+) -> dict:
+    """The Request's regional fields (none when neither `regions` nor `region_mask` is given): the divide syntax
+    checked, or the painted mask at the request's size as a PNG; the parts counted (`check_parts`); what does not
+    combine with them refused."""
+    text = clean_text(regions or "", field="regions")
+    if not text and region_mask in (None, ""):
+        return {}
+    if text and region_mask not in (None, ""):
+        raise _naming("Give {regions} or {region_mask}, not both.", "regions", "region_mask")
+    if text:
+        layout = parse_divide(text)
+        fields = {"regions": text}
+    else:
+        layout = parse_mask(open_image(region_mask, what="region mask"), *size)
+        fields = {"regions": "", "region_mask": _png((layout.labels + 1).astype(np.uint8))}
+    if values.get("deepcache", 1) != 1 or units or values["hires_scale"] != 1 or values["refiner_switch"] < 1:
+        raise _naming(
+            "Regional prompts run the whole base UNet at one size: leave {deepcache}, {hires_scale} and "
+            "{refiner_switch} at 1 and drop the {controlnets}.",
+            "deepcache",
+            "hires_scale",
+            "refiner_switch",
+            "controlnets",
+        )
+    if values.get("pag_scale", 0) or str(values.get("freeu", "") or "").strip():
+        raise _naming(
+            "Regional prompts do not combine with FreeU or PAG: leave {freeu} empty and {pag_scale} at 0.",
+            "freeu",
+            "pag_scale",
+        )
+    check_parts(layout, values["region_base"], styled_prompt, rules.region_parts)
+    return fields
 
 
 def _written_prompts(rules: RequestRules, style_name: str, text: str, negative: str, chosen: tuple) -> dict[str, str]:

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from .cores import ATTENTIONS
 from .nets.attention import Attention
+from .regions import active_weights, regional_attention
 
 logger = logging.getLogger(__name__)
 
@@ -255,8 +256,9 @@ def text_keys_values(table: dict | None):
 
 def _attention_call(module, kind: str, interpret: bool, hidden_states, context=None):
     """The attention module's `__call__` with another core, using its own projection layers (same parameters)."""
-    lengths = _context_lengths.get() if context is not None else None  # only cross-attention reads the text
-    table = _text_keys_values.get() if context is not None else None
+    cross = context is not None  # only cross-attention reads the text
+    lengths = _context_lengths.get() if cross else None
+    table = _text_keys_values.get() if cross else None
     projected = table.get("/".join(module.path)) if table is not None else None  # the key text_keys_values made
     context = hidden_states if context is None else context
     batch = hidden_states.shape[0]
@@ -270,7 +272,10 @@ def _attention_call(module, kind: str, interpret: bool, hidden_states, context=N
         k, v = split(module.key(context)), split(module.value(context))
     else:  # this request's keys and values of the text, projected once (`device/cross_kv.py`)
         k, v = (split(x) for x in projected)
-    if lengths is None:
+    blend = active_weights(q.shape[1]) if cross else None
+    if blend is not None:  # a regional prompt: each part of the text attended to alone, blended per cell
+        out = regional_attention(q, k, v, head_dim**-0.5, blend)
+    elif lengths is None:
         out = attend(q, k, v, head_dim**-0.5, kind, interpret=interpret)  # [B, Lq, N, H]
     else:  # a few hundred keys: XLA's core, with the empty windows masked
         out = jax.nn.dot_product_attention(

@@ -97,6 +97,14 @@ class ControlInputs:
 
 
 @dataclass(frozen=True)
+class RegionInputs:
+    """A regional prompt's blend (host/planning/region_plan.py) on the devices: its steps blend its parts by it."""
+
+    parts: int  # static: P, the prompt's parts (`ProgramKey.parts`)
+    weights: tuple  # float32 [P, cells] per attention grid (replicated)
+
+
+@dataclass(frozen=True)
 class RefinerInputs:
     """One request's refiner stage (host/planning/refiner_plan.py): where it takes over and its aesthetic scores."""
 
@@ -141,6 +149,7 @@ class Stage:
     #: The text programs' outputs for this request's text, kept across requests (host/text_cache.py); None: not kept
     kept: dict | None = None
     extras: UNetExtras | None = None  # this pass's FreeU and PAG per row (host/planning/extras_plan.py); None: neither
+    regions: RegionInputs | None = None  # a regional prompt's blend: its base steps run the regional step
 
     def once(self, name: str, make: Callable[[], Any]):
         """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
@@ -166,9 +175,10 @@ class Stage:
         windows: int | None = None,
         nets: tuple[int, ...] | None = None,
         extras: tuple[str, ...] = (),
+        parts: int | None = None,
     ):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, extras=extras))
+        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, extras=extras, parts=parts))
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -198,6 +208,7 @@ def run(
     hires: HiresInputs | None = None,
     kept: dict | None = None,
     extras: UNetExtras | None = None,
+    regions: RegionInputs | None = None,
 ) -> jax.Array:
     """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
     `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
@@ -216,9 +227,10 @@ def run(
     (`hires.refiner`; A1111's default), and `refiner` is None. `kept`: what the text programs made for this
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
+    `regions`: a regional prompt's blend (its text is one window per part; every base step blends them).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras)
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras, regions)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -508,6 +520,9 @@ def base_step(
     scales = control.scales[index] if control is not None else None  # float32 [units]
     if stage.extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache, ControlNets refused)
         latents, history = extras_step(stage, planned, args)
+    elif stage.regions is not None:  # a regional prompt: the whole UNet, every cross-attention blending its parts
+        program = stage.compile("step", cfg=planned.cfg, windows=stage.text, parts=stage.regions.parts)
+        latents, history = program(*args, stage.regions.weights)
     elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}

@@ -17,8 +17,9 @@ from ..contract.hires import LATENT_UPSCALERS, PIXEL_UPSCALERS
 from ..device.denoise import LATENT_CHANNELS
 from ..device.sharding import batch_sharded, global_batch, replicated, to_host
 from .compiling.programs import ProgramKey, ServedPrograms
-from .loop import Blank, HiresInputs, PictureInputs, RefinerInputs, RequestInputs
+from .loop import Blank, HiresInputs, PictureInputs, RefinerInputs, RegionInputs, RequestInputs
 from .planning.hires_plan import hires_seeds
+from .planning.region_plan import RegionPlan
 from .planning.run_plan import Conditioning, PictureRows, SecondPass
 from .planning.sampler_plan import HISTORY
 from .planning.tokens import ExtraRows, extra_capacity
@@ -100,6 +101,12 @@ class Placement:
         if switch_row >= rows:
             return None
         return RefinerInputs(switch_row=switch_row, aesthetic=self.put(np.asarray(aesthetic, np.float32)))
+
+    def regions(self, planned: RegionPlan | None) -> RegionInputs | None:
+        """A regional prompt's blend weights on every device (None: no regions)."""
+        if planned is None:
+            return None
+        return RegionInputs(planned.parts, self.put_all(planned.weights))
 
     def hires(
         self,

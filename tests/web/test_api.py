@@ -185,9 +185,12 @@ def test_api_parameters_are_named_with_defaults(client):
         "pag_scale",
         "pag_adaptive_scale",
         "freeu",
+        "regions",
+        "region_mask",
+        "region_base",
         "previews",
     ]
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 33
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 36
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

@@ -261,6 +261,8 @@ def _values(page, updates) -> dict:
         "pag_scale",
         "pag_adaptive_scale",
         "freeu",
+        "regions",
+        "region_base",
         "file",
     ]
     return {label: update["value"] for label, update in zip(labels, updates, strict=True) if "value" in update}
@@ -302,6 +304,8 @@ def test_this_apps_png_fills_every_field_it_names(png_info_page, tmp_path):
         "inpaint_area": "Whole picture",
         "only_masked_padding": 32,
         "inpaint_overlay": "off",
+        "regions": "",  # no regions written: none
+        "region_base": 0.0,
         "file": None,
     }
 

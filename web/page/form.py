@@ -37,6 +37,7 @@ OWN_KEYS = (
     "height",
     "loras",  # [[name, text-encoder weight, UNET weight], ...]: every LoRA applied (tags and picker)
     "picture",  # "image to image", "inpainting" or None: what the request started from (the picture is not kept)
+    "regions",  # Regional Prompter's divide syntax ("": none, or a painted mask, which is not kept)
 )
 #: Every settings key: a history entry has these; an image's, some of them.
 SETTINGS_KEYS = (*OWN_KEYS, *(row.name for row in PLAIN))
@@ -62,6 +63,7 @@ def request_settings(request: Request, result: EngineResult) -> dict:
         "height": int(height),
         "loras": [[name, float(te), float(unet)] for name, te, unet in request.loras],
         "picture": picture,
+        "regions": request.regions,
         **plain,
         "sampler": str(result.sampler),
     }
@@ -94,6 +96,9 @@ def image_settings(values: FormValues) -> tuple[dict, list[str]]:
     template = load_styles().get(style_name) if isinstance(style_name, str) else None
     if template is not None and (typed := unapply_style(template, values.prompt, values.negative_prompt)):
         settings.update(prompt=typed[0], negative_prompt=typed[1], style=style_name)
+    mode, ratios = values.extra.get("RP Divide mode"), values.extra.get("RP Ratios")  # Regional Prompter's
+    regional = values.extra.get("RP Active") in (True, "True") and mode in ("Columns", "Rows")
+    settings["regions"] = f"{mode.lower()} {ratios}" if regional and isinstance(ratios, str) else ""
     hires = "Hires upscale" in values.extra  # A1111's txt2img hires fix: its Denoising strength is the second pass's
     for row in PLAIN:
         if not row.label:
@@ -182,6 +187,7 @@ class Form:
         updates["seed"] = _fill_plain(replace(seed, kind="int"), settings.get("seed"), notes)
         updates["randomize_seed"] = gr.update(value=False) if "value" in updates["seed"] else gr.skip()  # to be used
         updates["loras"] = self._lora_rows(settings, notes)
+        updates["regions"] = _text(settings.get("regions"))
         return [item for name in self.filled for item in (updates[name] if name == "loras" else [updates[name]])], notes
 
     def _style(self, settings: Mapping[str, Any], notes: list[str]):

@@ -159,6 +159,8 @@ class Handlers:
             mask_image=mask,
             controlnets=given["controlnets"],
             outpaint=given["outpaint"],
+            regions=given["regions"],
+            region_mask=file_path(given["region_mask"]),
             rules=self.rules,
             check_prompt=self.prompt_filter.check if self.prompt_filter else None,
             **{row.name: given[row.name] for row in PLAIN},

@@ -233,7 +233,7 @@ def settings_form(sections: Sections, rules: RequestRules) -> Form:
             **{
                 name: component
                 for name, component in sections.fields.controls.items()
-                if name not in ("loras", "init_image", "mask_image", "controlnets", "outpaint")
+                if name not in ("loras", "init_image", "mask_image", "controlnets", "outpaint", "region_mask")
             },
         },
         lora_rows=sections.fields.lora_rows,
@@ -417,6 +417,7 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     controls.update(picture_controls)
     controls["controlnets"] = control_panel(rules)
     controls.update(hires_panel(rules))
+    controls.update(region_panel(rules))
     # `previews`: the pictures forming streamed (a preview program run every 2 steps, and every preview's files
     # fetched by gradio_client). The API's default is none; the page's Generate asks for them.
     previews = gr.Checkbox(value=False, visible=False, label="previews")
@@ -540,6 +541,34 @@ def hires_panel(rules: RequestRules) -> dict[str, Any]:
         )
         with gr.Row(equal_height=True):
             return table_controls("hires", rules)
+
+
+def region_panel(rules: RequestRules) -> dict[str, Any]:
+    """Regional prompts in a "Regions" section: Regional Prompter's divide syntax, or a painted mask (one colour per
+    region), and the base ratio; the prompt's parts are split on BREAK."""
+    counts = ", ".join(map(str, (1, *getattr(rules, "region_parts", ()))))
+    controls: dict[str, Any] = {}
+    with gr.Accordion("Regions", open=False, elem_id="region-settings"):
+        gr.Markdown(
+            f"Each part of the prompt (split on BREAK) drawn in its region; this server draws {counts} parts. "
+            "With a base ratio above 0 the first part is the base, drawn everywhere.",
+            elem_id="region-note",
+        )
+        with gr.Row(equal_height=True):
+            controls["regions"] = gr.Textbox(
+                value="",  # an initial value makes the API parameter optional
+                label="Regions",
+                placeholder="columns 1,1 · rows 1,2 · columns 1,1;1,2,1",
+                elem_id="regions",
+            )
+            controls["region_mask"] = gr.Image(
+                label="Or paint the regions (one colour each, on black)",
+                type="filepath",
+                sources=["upload", "clipboard"],
+                elem_id="region-mask",
+            )
+            controls.update(table_controls("regions", rules))
+    return controls
 
 
 def hires_scale_control(row: Field, scales: Sequence[float], **layout) -> gr.Radio:

@@ -17,6 +17,8 @@ replicated, batch split:
                          (with --cross-attention-cache the base's steps take {"unet", "cross_kv": the table} as weights)
     step[size, cfg, K, extras]   the step with FreeU and/or PAG (--freeu-programs, --pag): + extras [B, 5], each
                          image's FreeU factors and this step's PAG scale (device/extras_step.py)
+    step[size, cfg, P, parts P]   a regional prompt's step: + the blend weights ([P, cells] per attention grid,
+                         replicated); its text is P windows, one per part (device/regions.py, --region-parts)
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
@@ -62,12 +64,14 @@ from ...device.modules import Modules
 from ...device.nets.controlnet import shape_params
 from ...device.preview import latents_to_rgb
 from ...device.refiner_step import refiner_encode_local, refiner_step_local
+from ...device.region_step import regional_step_local
 from ...device.sharding import DATA_AXIS, batch_sharded, replicated
 from ...device.text import encode_local
 from ...device.upscale import upscale_local
 from ...device.vae import decode_local
 from ...device.vae import encode_local as vae_encode_local
 from ...device.vae_tiles import decode_tiled_local, encode_tiled_local
+from ..planning.region_plan import attention_grids
 from ..planning.sampler_plan import COEFFICIENTS, HISTORY
 from ..planning.tokens import extra_capacity
 from .compiler_options import compiler_options
@@ -136,6 +140,7 @@ class ProgramKey:
     source: tuple[int, int] | None = None  # static: the (height, width) an upscale starts from
     mode: str | None = None  # static: the upscale's A1111 latent upscaler (contract/hires.LATENT_UPSCALERS)
     extras: tuple[str, ...] = ()  # static: what the step adds to the UNet, "freeu" and/or "pag" (device/extras_step.py)
+    parts: int | None = None  # static: a regional prompt's parts, blended in every cross-attention (step)
 
     @property
     def label(self) -> str:
@@ -154,6 +159,8 @@ class ProgramKey:
         if self.mode is not None:
             parts.append(self.mode.replace("Latent", "latent").replace(" (", "-").replace(")", "").replace(" ", "-"))
         parts += self.extras
+        if self.parts is not None:
+            parts.append(f"{self.parts} regions")
         return " ".join(parts)
 
     @property
@@ -179,6 +186,7 @@ def program_keys(
     hires: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (),
     cross_kv: bool = False,
     extras: tuple[str, ...] = (),
+    region_parts: tuple[int, ...] = (),
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -194,6 +202,8 @@ def program_keys(
     ControlNets' steps; with the refiner's, which runs in the second pass as A1111's) and each pair's latent
     upscales, one per A1111 latent upscaler. `extras`: "freeu" and/or "pag" are offered (--freeu-programs, --pag):
     each combination's whole-UNet step, per mode and text, at each size (a request without them runs the others).
+    upscales, one per A1111 latent upscaler. `region_parts`: the part counts P of regional prompts: per size and
+    guidance mode a step blending P parts, and the programs reading a text of P windows (`regional_keys`).
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -218,6 +228,28 @@ def program_keys(
         for source, target in hires
         for mode in LATENT_UPSCALERS
     ]
+    return keys + regional_keys(sizes, cfg, levers, texts, region_parts, cross_kv)
+
+
+def regional_keys(
+    sizes: list[tuple[int, int]],
+    cfg: bool,
+    levers: bool,
+    texts: tuple[int | None, ...],
+    region_parts: tuple[int, ...],
+    cross_kv: bool,
+) -> list[ProgramKey]:
+    """Regional prompts' programs, per part count P: the text of P windows (encode, its cross-attention table and
+    halve_text where the served texts lack that length) and per size and guidance mode the step blending P parts
+    (the whole UNet: regions take no DeepCache)."""
+    modes = (cfg, False) if cfg and levers else (cfg,)
+    keys = []
+    for parts in region_parts:
+        if parts not in texts:
+            keys += [ProgramKey("encode", cfg=cfg, windows=parts)]
+            keys += [ProgramKey("cross_kv", cfg=mode, windows=parts) for mode in modes] if cross_kv else []
+            keys += [ProgramKey("halve_text", windows=parts)] if cfg and levers else []
+        keys += [ProgramKey("step", h, w, mode, parts, parts=parts) for h, w in sizes for mode in modes]
     return keys
 
 
@@ -364,7 +396,9 @@ class ServedPrograms:
             body, in_specs, out_specs = self._picture_body(key)
         if self.cross_attention_cache and key.kind in BASE_STEPS:  # the weights whole, the table split
             in_specs = ({name: ONE for name in WEIGHTS[key.kind]} | {CROSS_KV: BATCH}, *in_specs[1:])
-        body = _named(attention_core.hooked(body, self.attention), f"sdxl_{key.kind}")  # JAX's logs name it
+        # A regional step needs the hook's cross-attention (no hook with `diffusers`: XLA's core is the reference's)
+        kind = "xla" if key.parts is not None and self.attention == "diffusers" else self.attention
+        body = _named(attention_core.hooked(body, kind), f"sdxl_{key.kind}")  # JAX's logs name it
         sharded = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         # A step reading the cross-attention table leaves the text and its to_k / to_v kernels unread. Kept as
         # arguments (the server holds them anyway): pruned, the TPU compiler made SDXL's step 5x its code (0.43 GiB
@@ -402,6 +436,8 @@ class ServedPrograms:
         if key.extras:  # + each image's FreeU factors and this step's PAG scale [B, 5]
             body = functools.partial(step_extras_local, self.modules, **settings, extra=key.extras)
             return body, (*STEP_SPECS, BATCH), (BATCH, BATCH)
+        if key.parts is not None:  # + the blend weights, a tuple of [P, cells] (replicated)
+            return functools.partial(regional_step_local, self.modules, **settings), (*STEP_SPECS, ONE), (BATCH, BATCH)
         local = {"step": step_local, "step_full": step_full_local, "step_shallow": step_shallow_local}[key.kind]
         in_specs = (*STEP_SPECS, BATCH) if key.kind == "step_shallow" else STEP_SPECS  # + the kept feature
         out_specs = (BATCH, BATCH, BATCH) if key.kind == "step_full" else (BATCH, BATCH)  # + the feature to keep
@@ -544,6 +580,9 @@ class ServedPrograms:
             return (*step_args, spec((2,), np.float32, whole=True))  # aesthetic scores: negative, positive
         if key.extras:
             return (*step_args, spec((n, len(EXTRAS)), np.float32))  # FreeU's factors, the step's PAG scale [B, 5]
+        if key.parts is not None:  # the blend weights: [P, cells] per attention grid (host/planning/region_plan.py)
+            grids = attention_grids(*latents.shape[2:], len(self.modules.unet.config.block_out_channels))
+            return (*step_args, tuple(spec((key.parts, h * w), np.float32, whole=True) for h, w in grids))
         return step_args
 
     def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):

@@ -46,6 +46,7 @@ from .extras_plan import UNetExtras, extras_plan
 from .hires_plan import HiresPlan, hires_plan
 from .image_plan import image_plan
 from .refiner_plan import refiner_plan
+from .region_plan import RegionPlan, check_part_lengths, region_plan
 from .sampler_plan import Plan, SamplerConfig
 from .speed_plan import SpeedPlan, speed_plan
 from .tokens import ExtraRows, PromptReader, dropped_text, summarize_dropped
@@ -83,6 +84,7 @@ class RunContext:
     dtype: str
     refiner: str = ""  # the --refiner's name ("" none)
     lora_hashes: Callable[[tuple], str] | None = None  # A1111's `Lora hashes` of a LoRA set (None: no LoRAs)
+    unet_levels: int = 3  # the UNet's resolutions (its down blocks): the grids regional prompts blend at
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ class RunPlan:
     second: SecondPass | None
     output: Output
     merge_key: tuple | None  # what a merged call's requests share (None: the request runs alone)
+    regions: RegionPlan | None = None  # regional prompts of several parts: their blend per attention grid
 
     @property
     def steps(self) -> int:
@@ -165,19 +168,34 @@ def plan_run(request: Request, context: RunContext) -> RunPlan:
     """The whole run of a checked `request` on an engine with `context`."""
     first = first_pass(request, context)
     second = second_pass(request, context)
+    regions = regions_of(request, context)
     mergeable = (
         context.merging
         and second is None
         and first.refiner_row == first.plan.rows
         and not request.controlnets
         and first.extras is None
+        and regions is None
     )  # text or picture to image on the base alone, its plain steps
     count = context.num_images if mergeable else context.images_per_call
     seeds = tuple((request.seed + i) % SEED_MODULUS for i in range(count))
-    conditioning = conditioning_of(request, context, seeds)
+    conditioning = conditioning_of(request, context, seeds, regions.parts if regions is not None else None)
     output = output_of(request, context, first, second, conditioning, seeds)
     key = merge_key(request, first, conditioning) if mergeable else None
-    return RunPlan(request, first, conditioning, second, output, key)
+    return RunPlan(request, first, conditioning, second, output, key, regions)
+
+
+def regions_of(request: Request, context: RunContext) -> RegionPlan | None:
+    """Regional prompts' blend weights per attention grid (`region_plan.py`), each part checked to fit its window;
+    None without regions or with one part (the plain programs)."""
+    layout = request.region_layout()
+    scale = context.vae_scale_factor
+    plan = region_plan(
+        layout, request.region_base, (request.size[0] // scale, request.size[1] // scale), context.unet_levels
+    )
+    if plan is not None:
+        check_part_lengths(context.prompts, request.styled_prompt, request.styled_negative_prompt)
+    return plan
 
 
 def first_pass(request: Request, context: RunContext) -> FirstPass:
@@ -220,14 +238,20 @@ def picture_rows(given: Picture, weight: float, vae_scale_factor: int) -> Pictur
     return PictureRows(arrays, weight)
 
 
-def conditioning_of(request: Request, context: RunContext, seeds: tuple[int, ...]) -> Conditioning:
+def conditioning_of(
+    request: Request, context: RunContext, seeds: tuple[int, ...], parts: int | None = None
+) -> Conditioning:
     """Both texts as token rows, one per image of the call, in `RequestInputs`' order (ids and weights of both texts,
-    has_negative, the windows they fill, guidance, seeds), and what else conditions the UNet."""
-    n, windows = len(seeds), context.windows
+    has_negative, the windows they fill, guidance, seeds), and what else conditions the UNet. `parts`: a regional
+    prompt's, one window each (split on BREAK), and the negative prompt's one window repeated for every part."""
+    n, windows = len(seeds), parts or context.windows
     extra = ExtraRows()  # the embeddings both texts name, each once
     text = context.prompts.read(request.styled_prompt, windows, extra)  # ids, weights [2, N*77], windows it fills
-    negative = context.prompts.read(request.styled_negative_prompt, windows, extra)
-    k = text_windows(max(text.windows, negative.windows), windows)
+    negative = context.prompts.read(request.styled_negative_prompt, 1 if parts else windows, extra)
+    if parts:
+        tiled = (np.tile(negative.ids, (1, parts)), np.tile(negative.weights, (1, parts)))
+        negative = dataclasses.replace(negative, ids=tiled[0], weights=tiled[1], windows=parts)
+    k = parts or text_windows(max(text.windows, negative.windows), windows)
     read = context.prompts.tokenizers[0].model_max_length * k  # K*77 (CLIP reads 77)
     ids = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.ids, negative.ids)]  # [B, 2, K*77]
     weights = [np.broadcast_to(row[:, :read], (n, 2, read)) for row in (text.weights, negative.weights)]
@@ -320,6 +344,7 @@ def output_of(
         text=text,
         controlnets=request.controlnets,
         mask=request.mask_use().settings(request.mask_image is not None),
+        regions=_divide_mode(request),
     )
     if refined:  # A1111 writes the refiner's name before its switch
         settings = {"Refiner": context.refiner, **settings}
@@ -347,6 +372,12 @@ def output_of(
     truncated = summarize_dropped(dropped, context.windows, style_tail(context.rules, request.style))  # fits a toast
     given = request.picture(context.vae_scale_factor)
     return Output(seeds, returned, parameters, truncated, refined, None if given is None else given.paste)
+
+
+def _divide_mode(request: Request) -> tuple[str, str] | None:
+    """Regional Prompter's divide mode and ratios, for `parameters` (None: no regions)."""
+    layout = request.region_layout()
+    return (layout.mode, layout.ratios) if layout is not None else None
 
 
 def spacing_written(plan: Plan, sampler: SamplerConfig) -> str | None:
