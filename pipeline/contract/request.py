@@ -376,11 +376,8 @@ def parse_request(
     `check_prompt` is a server's own policy on the user's prompt (a word filter): it sees the cleaned prompt only,
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
-    `init_image` (and `mask_image`, white = repaint): a file path, bytes or a PIL image (image_inputs.py), fitted to
-    the size; `strength` only counts with a picture. `controlnets`: up to 2 `{name, image, weight, start, end,
-    preprocessor}` of the server's ControlNets (controlnet_units.py). `outpaint`: pixels to add per side ("left=128
-    right=128"), the request's size being the grown canvas (outpaint.py). `regions` / `region_mask`:
-    contract/regions.py.
+    `init_image` (and `mask_image`, white = repaint): a path, bytes or PIL image fitted to the size (image_inputs.py).
+    `controlnets`: controlnet_units.py; `outpaint` ("left=128 right=128"): outpaint.py; `regions`: regions.py.
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -398,7 +395,7 @@ def parse_request(
     pictures = _pictures(init_image, mask_image, given, values, use, (height, width), rules)
     units = _controls(controlnets, rules, (height, width), values)
     written = _written_prompts(rules, style_name, text, negative, chosen)
-    region_fields = _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
+    written |= _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -408,10 +405,8 @@ def parse_request(
         loras=chosen,
         controlnets=units,
         **values,
-        **_picture_fields(pictures, use),
-        outpaint=use.outpaint.text,
-        **written,
-        **region_fields,
+        **_picture_fields(pictures, use),  # and the outpainting's sides
+        **written,  # the prompts as read and written, and the regional fields
         ignored=ignored,
     )
 
@@ -668,12 +663,14 @@ def _ignored(
 
 
 def _picture_fields(pictures: ImageInputs | None, use: MaskUse) -> dict:
-    """The Request's picture fields: its PNGs (what travels) and the decoded arrays (what this process reads)."""
+    """The Request's picture fields: its PNGs (what travels), the decoded arrays (what this process reads) and the
+    outpainting's sides."""
     if pictures is None:
-        return {}
+        return {"outpaint": use.outpaint.text}
     mask = None if pictures.repaint is None else _png(pictures.repaint * np.uint8(255))
     decoded = _arranged(pictures.pixels, pictures.repaint, use, pictures.steps_run)
-    return {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength, "decoded": decoded}
+    fields = {"init_image": _png(pictures.pixels), "mask_image": mask, "strength": pictures.strength}
+    return {**fields, "decoded": decoded, "outpaint": use.outpaint.text}
 
 
 def _arranged(

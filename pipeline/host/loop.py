@@ -490,13 +490,7 @@ def base_step(
     """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
     DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
     put = stage.put
-    hidden, pooled, key_lengths = text
-    if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
-        halve = stage.compile("halve_text", sized=False, windows=stage.text)
-        hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
-        unet = with_cross_kv(stage, unet, hidden, False)  # the conditional half's table replaces the CFG one
-    elif CROSS_KV not in unet:  # the first base row: its text's table, made here (an unguided one makes no CFG table)
-        unet = with_cross_kv(stage, unet, hidden, hidden.shape[0] > stage.programs.batch)
+    (hidden, pooled, key_lengths), unet = row_text(stage, planned, text, unet)
     if planned.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
     # This row's coefficients, float32 [B, 13], and index, int32 []: placed while the step before runs.
@@ -521,8 +515,7 @@ def base_step(
     if stage.extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache, ControlNets refused)
         latents, history = extras_step(stage, planned, args)
     elif stage.regions is not None:  # a regional prompt: the whole UNet, every cross-attention blending its parts
-        program = stage.compile("step", cfg=planned.cfg, windows=stage.text, parts=stage.regions.parts)
-        latents, history = program(*args, stage.regions.weights)
+        latents, history = region_step(stage, planned, args)
     elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
@@ -535,6 +528,25 @@ def base_step(
     else:
         latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
     return latents, history, hidden, pooled, key_lengths, feature, unet
+
+
+def row_text(stage: Stage, planned, text: tuple, unet) -> tuple[tuple, Any]:
+    """The text a base row reads ((hidden, pooled, key_lengths)) and the weights with its cross-attention table: the
+    conditional half once guidance has ended, the request's own table made at its first row."""
+    hidden, pooled, key_lengths = text
+    if planned.drop_uncond:  # guidance has ended: the steps after it read the conditional half
+        halve = stage.compile("halve_text", sized=False, windows=stage.text)
+        hidden, pooled, key_lengths = halve({}, hidden, pooled, key_lengths)
+        unet = with_cross_kv(stage, unet, hidden, False)  # the conditional half's table replaces the CFG one
+    elif CROSS_KV not in unet:  # the first base row: its text's table, made here (an unguided one makes no CFG table)
+        unet = with_cross_kv(stage, unet, hidden, hidden.shape[0] > stage.programs.batch)
+    return (hidden, pooled, key_lengths), unet
+
+
+def region_step(stage: Stage, planned, args: tuple):
+    """One row on the base's whole UNet blending a regional prompt's parts (`ProgramKey.parts`): latents', history'."""
+    program = stage.compile("step", cfg=planned.cfg, windows=stage.text, parts=stage.regions.parts)
+    return program(*args, stage.regions.weights)
 
 
 def extras_step(stage: Stage, planned, args: tuple):
