@@ -275,7 +275,7 @@ def test_cli_takes_an_upscaler_dir_model(tmp_path):
         "--out",
         str(tmp_path),
     ]
-    config, request = _check(build_parser().parse_args(argv))
+    config, request, _ = _check(build_parser().parse_args(argv))
     assert config.upscaler_dir == str(tmp_path) and request.hires_upscaler == "4x-Tiny"
     with pytest.raises(InvalidInput, match=r"Unknown hires upscaler '4x-other'; .*Nearest, 4x-Tiny\.$"):
         _check(build_parser().parse_args([*argv[:-3], "4x-other", *argv[-2:]]))

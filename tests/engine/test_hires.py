@@ -341,7 +341,7 @@ def test_a1111_fields_cli_flags_and_page_follow_the_table(tmp_path):
         "--out",
         str(tmp_path),
     ]
-    config, request = _check(build_parser().parse_args(argv))
+    config, request, _ = _check(build_parser().parse_args(argv))
     assert config.hires_scales == (2.0,)  # the CLI compiles the scale its request asks for
     assert (request.hires_scale, request.hires_steps, request.hires_denoise, request.hires_upscaler) == (
         2.0,

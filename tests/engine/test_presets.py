@@ -123,7 +123,9 @@ def test_a_guidance_free_preset_on_the_cli_names_the_guidance_it_ignores(tiny_di
 
     flags = ["--preset", "turbo", "--model", str(tiny_dir), "--guidance-scale", "7", "--negative-prompt", "blurry"]
     args = build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", *flags])
-    _, request = _check(args)
+    _, request, _ = _check(args)
     assert {FIELD[name].flag for name in request.ignored} == {"--guidance-scale", "--negative-prompt"}
-    _, plain = _check(build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", "--model", str(tiny_dir)]))
+    _, plain, _ = _check(
+        build_parser().parse_args(["generate", "--prompt", "p", "--out", "o", "--model", str(tiny_dir)])
+    )
     assert plain.ignored == ()
