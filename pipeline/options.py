@@ -605,7 +605,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--pag",
         "compile the perturbed-attention guidance steps, so requests may set pag_scale (a third UNet batch per "
-        "step when they do; requests at 0 run the other programs)",
+        "step when they do; requests at 0 run the other programs). Only the base's whole-UNet step is compiled with "
+        "it: not with DeepCache, ControlNets or regional prompts (refused), and the refiner's steps run without it",
         "SDXL_PAG",
         kind="switch",
         programs=frozenset({APP, CLI, PRECOMPILE}),
@@ -614,7 +615,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--freeu-programs",
         "compile the FreeU steps, so requests may set freeu (its factors are data: every value runs them; requests "
-        "without run the other programs)",
+        "without run the other programs). Only the base's whole-UNet step is compiled with it: not with DeepCache, "
+        "ControlNets or regional prompts (refused), and the refiner's steps run without it",
         "SDXL_FREEU_PROGRAMS",
         kind="switch",
         programs=frozenset({APP, CLI, PRECOMPILE}),

@@ -11,6 +11,8 @@ its seed (`device/denoise.initial_latents`, passed as `latents=`), as scripts/ma
 - `pag_cfg`, `pag_no_cfg`: `StableDiffusionXLPAGPipeline` with `pag_applied_layers=["mid"]`, PAG scale 3, at
   guidance 5 (uncond, cond, perturbed) and 1 (cond, perturbed), the latter with `pag_adaptive_scale=0.001` (the
   scale lowered on the early steps, as the host's plan does);
+- `freeu_pag`: the PAG pipeline of `pag_cfg` after the same `enable_freeu`: both at once (the engine's
+  ProgramKey.extras ("freeu", "pag") step);
 - `plain`: the base pipeline alone, the request with both off.
 Every case is the same prompt and seed, so each shows what its feature changes.
 Writes tests/fixtures/freeu-pag-expected.npz (images float32 [1, 64, 64, 3] in [0, 1], and each case's noise) and
@@ -41,6 +43,7 @@ CASES = [
     ("freeu", "base", "blurry", 5.0, 4, 0.0, 0.0, True, 7),
     ("pag_cfg", "pag", "blurry", 5.0, 4, 3.0, 0.0, False, 7),
     ("pag_no_cfg", "pag", None, 1.0, 4, 3.0, 0.001, False, 7),
+    ("freeu_pag", "pag", "blurry", 5.0, 4, 3.0, 0.0, True, 7),
 ]
 
 

@@ -8,6 +8,7 @@
     python -m bench tpu --startup                                 # precompiled vs cold start-up (tiny, this CPU)
     python -m bench tpu --only "step_full 1024x1024 cfg" --attention splash --quantize int8    # the int8 UNet
     python -m bench tpu --only "encode cfg" --prompt-windows 1                # CLIP's single 77-token window
+    python -m bench tpu --kinds step,step_pag,step_freeu --cfg on --attention splash --sizes 1024x1024  # PAG, FreeU
 
 Needs libtpu (`pip install "jax[tpu]==0.10.2"`, in requirements-dev.txt). `--topology` is any name libtpu knows
 (v5e:2x2 = v5e-4, v5e:2x4, v6e:2x2, the multi-host v5e:4x4...); the batch is one image per chip (x
@@ -22,7 +23,10 @@ size compiled.
 
 Every kind a server runs can be compiled: `step` (a server with --no-speed-levers), `step_full` and `step_shallow`
 (DeepCache's whole and shallow UNet; with levers on, the default, every whole-UNet step is a `step_full`),
-`halve_text` and `halve_feature` (where guidance ends), `preview`, `encode`, `start`, `decode`, `merge`. Rows carry
+`halve_text` and `halve_feature` (where guidance ends), `preview`, `encode`, `start`, `decode`, `merge`, and the
+whole-UNet step with FreeU and/or perturbed-attention guidance, `step_freeu`, `step_pag`, `step_freeu_pag` (a server
+with --freeu-programs / --pag; not compiled unless --kinds names them; with CFG PAG's batch is 3 rows per image:
+uncond, cond, perturbed; their rows carry `extras` and stay out of the predicted requests). Rows carry
 `prompt_windows` (the programs that read the prompt: --prompt-windows, 3 by default as the server's) and `quantize`
 (the UNet's programs: --quantize int8 as `pipeline/device/quantize.py` serves it). The predicted requests follow
 the host loop's speed plan (host/planning/speed_plan.py): exact 25 steps, cfg_end 0.5, DeepCache 3, both, Lightning-4,
@@ -69,11 +73,20 @@ KINDS = (
     "preview",
     "step_control",
     "cross_kv",
+    "step_freeu",
+    "step_pag",
+    "step_freeu_pag",
 )
+#: The bench's names for the whole-UNet step with FreeU and/or PAG (ProgramKey("step", extras=...),
+#: device/extras_step.py): a server compiles them only with --freeu-programs / --pag, so the default --kinds leaves
+#: them out.
+EXTRAS_KINDS = {"step_freeu": ("freeu",), "step_pag": ("pag",), "step_freeu_pag": ("freeu", "pag")}
+#: The kinds compiled when --kinds is not given: every program a server without --freeu-programs and --pag runs.
+DEFAULT_KINDS = tuple(kind for kind in KINDS if kind not in EXTRAS_KINDS)
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
-UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")
+UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")  # a row's "kind": FreeU/PAG steps are "step"
 #: Images of up to this many pixels go through the VAE whole (EngineConfig.vae_tile_above's default: 1024²).
 VAE_WHOLE_UP_TO = 1024 * 1024
 #: The kinds that read the prompt's hidden states, so depend on --prompt-windows.
@@ -116,7 +129,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add("--cfg", default="on,off", help="classifier-free guidance: on, off or on,off (default on,off)")
     add("--attention", default="xla,splash", help="cores for the step program (default xla,splash)")
-    add("--kinds", default=",".join(KINDS), help=f"program kinds (default {','.join(KINDS)})")
+    add(
+        "--kinds",
+        default=",".join(DEFAULT_KINDS),
+        help=f"program kinds: {','.join(KINDS)} (default all but the FreeU/PAG steps)",
+    )
     add("--only", default=None, help='exact program labels, comma-separated, e.g. "step 1024x1024 cfg,encode cfg"')
     add("--per-device-batch", type=int, default=1, help="images per chip (default 1)")
     add("--prompt-windows", type=int, default=3, help="77-token windows per prompt (default 3, the server's)")
@@ -388,6 +405,13 @@ def jobs(args, sizes) -> list[tuple]:
                 order += [
                     (ProgramKey(kind, height, width, cfg, text, nets), a) for cfg in args.cfgs for a in args.attentions
                 ]
+        order += [
+            (ProgramKey("step", height, width, cfg, text, extras=extras), a)
+            for kind, extras in EXTRAS_KINDS.items()
+            if kind in args.kind_list
+            for cfg in args.cfgs
+            for a in args.attentions
+        ]
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
                 order.append((ProgramKey(kind, height, width), None))
@@ -406,7 +430,8 @@ def jobs(args, sizes) -> list[tuple]:
     if args.only_labels is not None:  # those, in the order given ("encode cfg" names it at --prompt-windows' count)
 
         def named(key) -> str:
-            return key.label if key.label in args.only_labels else ProgramKey(*astuple(key)[:4]).label
+            short = ProgramKey(*astuple(key)[:4], extras=key.extras)  # "step 1024x1024 cfg pag" names it too
+            return key.label if key.label in args.only_labels else short.label
 
         order = [(key, a) for key, a in order if named(key) in args.only_labels]
         order.sort(key=lambda job: args.only_labels.index(named(job[0])))
@@ -512,6 +537,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and (kind not in UNET_KINDS or row.get("quantize", "none") == quantize)
             and (kind not in TEXT_KINDS or row.get("prompt_windows", 1) == windows)
             and not row.get("cross_attention_cache")  # the plain steps' requests (the lever's rows stand apart)
+            and not row.get("extras")  # nor FreeU's and PAG's steps
         ]
         return found[-1] if found else None  # the newest
 
@@ -801,6 +827,8 @@ def main(argv: list[str]) -> int:
         row["model"] = args.model
         row["prompt_windows"] = args.prompt_windows if key.kind in TEXT_KINDS else None
         row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
+        if key.extras:
+            row["extras"] = list(key.extras)  # a FreeU/PAG step: the label names it; the predictions leave it out
         if args.cross_attention_cache and key.kind in UNET_KINDS:
             row["cross_attention_cache"] = True  # its rows beside the plain step's, not in place of them
         if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:

@@ -797,7 +797,8 @@ FIELDS: tuple[Field, ...] = (
         "pag_scale",
         "float",
         "perturbed-attention guidance on the UNet's middle block, with the server's --pag (0 = off; one more UNet "
-        "batch per step)",
+        "batch per step); not with deepcache, ControlNets or regions, and the refiner's steps run without it (no "
+        "programs compiled for those)",
         0.0,
         low=0.0,
         high=10.0,
@@ -810,7 +811,8 @@ FIELDS: tuple[Field, ...] = (
         api_type=float,
         control=Control(
             "PAG scale",
-            "Perturbed-attention guidance: structure and detail, at one more UNet batch per step (0 = off)",
+            "Perturbed-attention guidance: structure and detail, at one more UNet batch per step (0 = off). Not with "
+            "DeepCache, ControlNet or regions; the refiner's steps run without it",
             step=0.1,
             elem_id="pag-scale",
             group="guidance",
@@ -839,7 +841,9 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "freeu",
         "factors",
-        "FreeU with the server's --freeu-programs: b1,b2,s1,s2 (SDXL's suggested 1.3,1.4,0.9,0.2; empty = off)",
+        "FreeU with the server's --freeu-programs: b1,b2,s1,s2 (SDXL's suggested 1.3,1.4,0.9,0.2; empty = off); not "
+        "with deepcache, ControlNets or regions, and the refiner's steps run without it (no programs compiled for "
+        "those)",
         "",
         low=0.0,
         high=10.0,
@@ -852,7 +856,8 @@ FIELDS: tuple[Field, ...] = (
         count=4,
         control=Control(
             "FreeU (b1,b2,s1,s2)",
-            "Backbone and skip scales of the first two up blocks, e.g. SDXL's 1.3,1.4,0.9,0.2 (empty = off)",
+            "Backbone and skip scales of the first two up blocks, e.g. SDXL's 1.3,1.4,0.9,0.2 (empty = off). Not "
+            "with DeepCache, ControlNet or regions; the refiner's steps run without it",
             elem_id="freeu",
             group="guidance",
         ),

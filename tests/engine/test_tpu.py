@@ -291,3 +291,30 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     assert len(table.abstract_args(step)[0]["cross_kv"]) == 17  # one (keys, values) pair per transformer layer
     assert made.flops > 0 and costs["table"].flops < costs["plain"].flops
     assert costs["table"].bytes_accessed < costs["plain"].bytes_accessed
+
+
+def test_bench_tpu_names_freeu_and_pag_steps_and_keeps_them_out_of_the_requests():
+    """`python -m bench tpu --kinds step_pag,step_freeu`: the whole-UNet step with PAG / FreeU (ProgramKey.extras, as
+    a server with --pag / --freeu-programs compiles it), selected by `--only` apart from the plain step, left out of
+    the default kinds; a row with `extras` never stands in for the plain step in the predicted requests."""
+    from bench.tpu.programs import DEFAULT_KINDS, jobs, parse_args, predictions
+    from pipeline.host.compiling.programs import ProgramKey
+
+    args = parse_args(["--kinds", "step,step_pag,step_freeu", "--cfg", "on", "--attention", "splash"])
+    keys = [key for key, _ in jobs(args, [(1024, 1024)])]
+    assert keys == [ProgramKey("step", 1024, 1024, True, 3, extras=extras) for extras in ((), ("freeu",), ("pag",))]
+    assert keys[2].label == "step 1024x1024 cfg 3 windows pag"
+    only = parse_args(
+        ["--kinds", "step,step_pag", "--cfg", "on", "--attention", "splash", "--only", "step 1024x1024 cfg pag"]
+    )
+    assert [key for key, _ in jobs(only, [(1024, 1024)])] == [keys[2]]
+    assert "step_pag" not in DEFAULT_KINDS and "step" in DEFAULT_KINDS
+
+    def row(kind, roofline, **more):
+        common = {"topology": TOPOLOGY, "size": "1024x1024", "attention": "splash", "quantize": "none", "cfg": None}
+        return {**common, "kind": kind, "roofline_s": roofline, "prompt_windows": 3, "images": 4, "chips": 4, **more}
+
+    rows = [row("encode", 0.001, cfg=True, size=None), row("start", 0.001), row("decode", 0.001)]
+    rows += [row("step", 0.1, cfg=True), row("step", 0.2, cfg=True, extras=["pag"])]
+    (exact,) = [p for p in predictions(rows, TOPOLOGY) if p["request"] == "SDXL base, 25 steps, CFG (exact)"]
+    assert exact["predicted_s"] == pytest.approx(0.003 + 25 * 0.1)
