@@ -4,8 +4,9 @@
 sdxl-1.0` ship this layout, and so does xinsir's `controlnet-union-sdxl-1.0` (ProMax), told by its config
 (`ControlNetUnionModel`, `num_control_type`). The config builds `device/nets/controlnet.SDXLControlNet` (or
 `controlnet_union.SDXLControlNetUnion`); `convert.load_converted` reads each tensor with diffusers' own PyTorch ->
-Flax renames and checks it against the module's traced shapes, so every weight is accounted for: a tensor with no place, or a parameter no tensor fills, is an error naming it. A ControlNet
-for another model (SD 1.5: no `text_time` add-embedding, 768-wide text) is refused in one sentence.
+Flax renames and checks it against the module's traced shapes, so every weight is accounted for: a tensor with no
+place, or a parameter no tensor fills, is an error naming it. A ControlNet for another model (SD 1.5: no `text_time`
+add-embedding, 768-wide text) is refused in one sentence.
 """
 
 from __future__ import annotations

@@ -28,6 +28,26 @@ from .image_inputs import fit, open_image, to_rgb
 MAX_CONTROLNETS = 2
 PREPROCESSORS = ("none", "canny")
 CANNY_LOW, CANNY_HIGH = 100, 200  # A1111's and diffusers' docs' defaults
+#: A ControlNet Union's (xinsir's ProMax) control types -> its task index (xinsir's model card, diffusers' docs).
+CONTROL_TYPES = {
+    "openpose": 0,
+    "depth": 1,
+    "hed": 2,
+    "pidi": 2,
+    "scribble": 2,
+    "ted": 2,
+    "softedge": 2,
+    "canny": 3,
+    "lineart": 3,
+    "anime_lineart": 3,
+    "mlsd": 3,
+    "normal": 4,
+    "segment": 5,
+    "tile": 6,
+    "repaint": 7,
+}
+#: sd-webui-controlnet's `control_type` names (its UI's filter) that differ from the above.
+A1111_CONTROL_TYPES = {"normalmap": "normal", "segmentation": "segment", "inpaint": "repaint", "softedge": "softedge"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,7 @@ class ControlUnit:
     module: str = "none"  # the preprocessor that made the map from the given picture
     low: int = CANNY_LOW  # canny's thresholds (module "canny")
     high: int = CANNY_HIGH
+    control_type: str = ""  # a union ControlNet's condition type (CONTROL_TYPES); "" for a plain ControlNet
 
     def to_dict(self) -> dict:
         return {**asdict(self), "image": base64.b64encode(self.image).decode("ascii")}
@@ -91,8 +112,29 @@ def image_source(value: object) -> object:
     return value
 
 
-def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) -> ControlUnit:
-    """One `{name, image, weight, start, end, preprocessor, low, high}` checked into a ControlUnit."""
+def control_type_of(item: Mapping, name: str, module: str, unions: tuple[str, ...]) -> str:
+    """A unit's `control_type`: required of a union ControlNet (canny's map says canny by itself), refused for a
+    plain one; A1111's names ("Canny", "NormalMap", "SoftEdge") taken in any case."""
+    given = str(item.get("control_type") or "").strip().lower().replace(" ", "_")
+    given = A1111_CONTROL_TYPES.get(given, given)
+    if name not in unions:
+        if given and given != "all":
+            raise InvalidInput(f"ControlNet {name} is not a union model: it takes no control_type ({echo(given)}).")
+        return ""
+    given = given if given and given != "all" else (module if module in CONTROL_TYPES else "")
+    choices = ", ".join(CONTROL_TYPES)
+    if not given:
+        raise InvalidInput(f"ControlNet {name} is a union model: give each unit a control_type, one of: {choices}.")
+    if given not in CONTROL_TYPES:
+        raise InvalidInput(f"Unknown control type {echo(given)}; choose one of: {choices}.")
+    return given
+
+
+def parse_unit(
+    item: object, offered: tuple[str, ...], height: int, width: int, unions: tuple[str, ...] = ()
+) -> ControlUnit:
+    """One `{name, image, weight, start, end, preprocessor, low, high, control_type}` checked into a ControlUnit
+    (`unions`: the offered ControlNets that are union models)."""
     if not isinstance(item, Mapping):
         raise InvalidInput(f"Each item of controlnets must be an object with name and image; got {echo(item)}.")
     name = item.get("name") or (offered[0] if len(offered) == 1 else None)
@@ -111,6 +153,7 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
     end = _number(item, "end", 1.0, 0.0, 1.0, "end")
     if start >= end:
         raise InvalidInput(f"ControlNet start ({start:g}) must be below its end ({end:g}).")
+    control_type = control_type_of(item, name, module, unions)
     low = int(_number(item, "low", CANNY_LOW, 1, 255, "low threshold"))
     high = int(_number(item, "high", CANNY_HIGH, 1, 255, "high threshold"))
     picture = fit(
@@ -119,14 +162,19 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
     control_map = preprocess(np.asarray(picture), module, low, high)
     buffer = io.BytesIO()
     Image.fromarray(control_map).save(buffer, format="PNG", compress_level=1)
-    return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high)
+    return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high, control_type)
 
 
 def parse_controls(
-    value: object, offered: tuple[str, ...], height: int, width: int, most: int = MAX_CONTROLNETS
+    value: object,
+    offered: tuple[str, ...],
+    height: int,
+    width: int,
+    most: int = MAX_CONTROLNETS,
+    unions: tuple[str, ...] = (),
 ) -> tuple[ControlUnit, ...]:
     """The request's `controlnets` (None or a list of up to `most` units: the server's --controlnet-units), each
-    checked."""
+    checked; units naming one union ControlNet run as one forward with several conditions."""
     if value is None or value == []:
         return ()
     if isinstance(value, Mapping):
@@ -137,7 +185,7 @@ def parse_controls(
         raise InvalidInput(
             f"At most {most} ControlNet{'s' if most > 1 else ''} per request on this server; got {len(value)}."
         )
-    return tuple(parse_unit(item, offered, height, width) for item in value)
+    return tuple(parse_unit(item, offered, height, width, unions) for item in value)
 
 
 def sent_maps(value: object) -> tuple[object, tuple[str | None, ...]]:
@@ -186,7 +234,8 @@ def from_a1111(args: object) -> list[dict]:
     """sd-webui-controlnet's `alwayson_scripts.controlnet.args` -> `controlnets` units (for an A1111-shaped API).
 
     Each arg: `image` (base64, or {"image": base64} as older clients send), `module`, `model` (its " [hash]" suffix
-    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `enabled`
+    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `control_type` (a
+    union model's: "Canny", "Tile", ...), `enabled`
     (False: skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
     if not isinstance(args, (list, tuple)):
         raise InvalidInput("alwayson_scripts.controlnet.args must be a list of ControlNet units.")
@@ -205,6 +254,7 @@ def from_a1111(args: object) -> list[dict]:
             "start": arg.get("guidance_start"),
             "end": arg.get("guidance_end"),
             "preprocessor": arg.get("module"),
+            "control_type": arg.get("control_type"),
         }
         if str(arg.get("module", "")).lower() == "canny":
             unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))

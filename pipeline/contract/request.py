@@ -80,6 +80,7 @@ class RequestRules:
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
+    union_controlnets: tuple[str, ...] = ()  # those of `controlnets` that are union models (a control_type per unit)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     region_parts: tuple[int, ...] = ()  # the regional prompts' part counts compiled beyond one (--region-parts)
@@ -463,7 +464,9 @@ def _without_cfg(
 def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], values: Mapping[str, object]) -> tuple:
     """The request's ControlNet units (controlnet_units.py), fitted to `size`; none with DeepCache, whose shallow
     steps skip the blocks the residuals go to."""
-    units = parse_controls(controlnets, rules.controlnets, *size, most=rules.controlnet_units)
+    units = parse_controls(
+        controlnets, rules.controlnets, *size, most=rules.controlnet_units, unions=rules.union_controlnets
+    )
     if units and values.get("deepcache", 1) != 1:
         raise _naming(
             "DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",

@@ -15,7 +15,8 @@ import pytest
 from conftest import FIXTURES
 
 from pipeline.checkpoint.controlnet_loading import load_controlnet
-from pipeline.device.nets.controlnet_union import CONTROL_TYPES, SDXLControlNetUnion
+from pipeline.contract.controlnet_units import CONTROL_TYPES
+from pipeline.device.nets.controlnet_union import SDXLControlNetUnion
 
 ARRAYS = np.load(FIXTURES / "controlnet-union-expected.npz")
 SLOTS = 3  # more slots than conditions: the unused ones must change nothing

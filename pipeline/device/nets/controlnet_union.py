@@ -31,25 +31,6 @@ from .controlnet import TIME_IDS, SDXLControlNet
 from .embeddings import TimestepEmbedding, Timesteps, sdxl_conditioning
 from .unet_blocks import run_down_blocks
 
-#: ProMax's control types, in the order of its task embedding (xinsir's model card; diffusers' docs).
-CONTROL_TYPES = {
-    "openpose": 0,
-    "depth": 1,
-    "hed": 2,
-    "pidi": 2,
-    "scribble": 2,
-    "ted": 2,
-    "softedge": 2,
-    "canny": 3,
-    "lineart": 3,
-    "anime_lineart": 3,
-    "mlsd": 3,
-    "normal": 4,
-    "segment": 5,
-    "tile": 6,
-    "repaint": 7,
-}
-
 
 class BatchAttention(nn.Module):
     """PyTorch's `nn.MultiheadAttention` (packed `in_proj_weight`/`in_proj_bias`, `out_proj`) over axis 0."""
