@@ -253,6 +253,14 @@ CONTROL_OPTIONS = (
         metavar="NAME",
         programs=frozenset({CLI}),
     ),
+    Option(
+        "--control-type",
+        "a union ControlNet's (ProMax) condition type: openpose, depth, softedge, scribble, canny, lineart, mlsd, "
+        "normal, segment, tile, repaint, ...",
+        kind="append",
+        metavar="TYPE",
+        programs=frozenset({CLI}),
+    ),
 )
 
 #: The engine's options (and the CLI's request and the multi-host flags). Order is the order of --help.

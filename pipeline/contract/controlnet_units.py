@@ -46,8 +46,15 @@ CONTROL_TYPES = {
     "tile": 6,
     "repaint": 7,
 }
-#: sd-webui-controlnet's `control_type` names (its UI's filter) that differ from the above.
-A1111_CONTROL_TYPES = {"normalmap": "normal", "segmentation": "segment", "inpaint": "repaint", "softedge": "softedge"}
+#: sd-webui-controlnet's `union_control_type` names (lower case, "_" for " ") that differ from the above.
+A1111_CONTROL_TYPES = {
+    "soft_edge": "softedge",
+    "hard_edge": "canny",
+    "normal_map": "normal",
+    "segmentation": "segment",
+    "inpaint": "repaint",
+    "unknown": "",
+}
 
 
 @dataclass(frozen=True)
@@ -114,14 +121,14 @@ def image_source(value: object) -> object:
 
 def control_type_of(item: Mapping, name: str, module: str, unions: tuple[str, ...]) -> str:
     """A unit's `control_type`: required of a union ControlNet (canny's map says canny by itself), refused for a
-    plain one; A1111's names ("Canny", "NormalMap", "SoftEdge") taken in any case."""
+    plain one; sd-webui-controlnet's names ("Hard Edge", "Normal Map", "Tile") taken in any case."""
     given = str(item.get("control_type") or "").strip().lower().replace(" ", "_")
     given = A1111_CONTROL_TYPES.get(given, given)
     if name not in unions:
-        if given and given != "all":
+        if given:
             raise InvalidInput(f"ControlNet {name} is not a union model: it takes no control_type ({echo(given)}).")
         return ""
-    given = given if given and given != "all" else (module if module in CONTROL_TYPES else "")
+    given = given or (module if module in CONTROL_TYPES else "")
     choices = ", ".join(CONTROL_TYPES)
     if not given:
         raise InvalidInput(f"ControlNet {name} is a union model: give each unit a control_type, one of: {choices}.")
@@ -234,8 +241,8 @@ def from_a1111(args: object) -> list[dict]:
     """sd-webui-controlnet's `alwayson_scripts.controlnet.args` -> `controlnets` units (for an A1111-shaped API).
 
     Each arg: `image` (base64, or {"image": base64} as older clients send), `module`, `model` (its " [hash]" suffix
-    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `control_type` (a
-    union model's: "Canny", "Tile", ...), `enabled`
+    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `union_control_type`
+    (a union model's: "Hard Edge", "Tile", ...; or `control_type`), `enabled`
     (False: skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
     if not isinstance(args, (list, tuple)):
         raise InvalidInput("alwayson_scripts.controlnet.args must be a list of ControlNet units.")
@@ -254,7 +261,7 @@ def from_a1111(args: object) -> list[dict]:
             "start": arg.get("guidance_start"),
             "end": arg.get("guidance_end"),
             "preprocessor": arg.get("module"),
-            "control_type": arg.get("control_type"),
+            "control_type": arg.get("union_control_type") or arg.get("control_type"),
         }
         if str(arg.get("module", "")).lower() == "canny":
             unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))

@@ -102,10 +102,32 @@ def test_control_type_refusals(tmp_path):
     )
     assert "is a union model: give each unit a control_type" in refusal({"name": "union", "image": picture})
     (unit,) = parse_controls(
-        [{"name": "union", "image": picture, "control_type": "NormalMap"}], offered, 64, 64, unions=unions
+        [{"name": "union", "image": picture, "control_type": "Normal Map"}], offered, 64, 64, unions=unions
     )
     assert unit.control_type == "normal"  # sd-webui-controlnet's name
     (unit,) = parse_controls(
         [{"name": "union", "image": picture, "preprocessor": "canny"}], offered, 64, 64, unions=unions
     )
     assert unit.control_type == "canny"  # canny's map says its type
+
+
+def test_cli_a1111_and_parameters_carry_the_type():
+    from argparse import Namespace
+
+    from pipeline.__main__ import control_units
+    from pipeline.contract.controlnet_units import from_a1111
+    from pipeline.contract.parameters import control_entry, read_control_entry
+
+    args = Namespace(control_image=["a.png", "b.png"], control_type=["canny", "tile"], control=["u", "u"])
+    assert [unit["control_type"] for unit in control_units(args)] == ["canny", "tile"]
+    sent = [{"image": "eA==", "model": "union [abc]", "union_control_type": "Hard Edge"}, {"image": "eA=="}]
+    assert [unit.get("control_type") for unit in from_a1111(sent)] == ["Hard Edge", None]
+    (unit,) = parse_controls(
+        [{"name": "union", "image": FIXTURES / "controlnet-map-a.png", "control_type": "Hard Edge"}],
+        ("union",),
+        TEST_SIZE,
+        TEST_SIZE,
+        unions=("union",),
+    )
+    _, text = control_entry(unit, 0)
+    assert text.endswith("Union Control Type: canny") and read_control_entry(text)["control_type"] == "canny"
