@@ -248,7 +248,7 @@ CONTROL_OPTIONS = (
     ),
     Option(
         "--control-preprocessor",
-        "none (the image is the map) or canny (edges of the picture)",
+        "none (the image is the map), canny (edges of the picture) or tile (a blurred copy, A1111's tile_resample)",
         kind="append",
         metavar="NAME",
         programs=frozenset({CLI}),

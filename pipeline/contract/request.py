@@ -25,7 +25,15 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from .controlnet_units import CONTROL_TYPES, MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
+from .controlnet_units import (
+    CONTROL_TYPES,
+    MAX_CONTROLNETS,
+    PREPROCESSORS,
+    TILE_MAX_RATE,
+    TILE_RATE,
+    ControlUnit,
+    parse_controls,
+)
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
@@ -345,6 +353,7 @@ def _controlnets_schema(text: dict, picture: dict) -> dict:
                 "module": {"enum": list(PREPROCESSORS)},
                 "low": {"type": "integer"},
                 "high": {"type": "integer"},
+                "rate": {"type": "number", "minimum": TILE_RATE, "maximum": TILE_MAX_RATE},
                 "control_type": {"enum": ["", *CONTROL_TYPES]},  # a union ControlNet's; "" for a plain one
             },
         },

@@ -131,3 +131,29 @@ def test_cli_a1111_and_parameters_carry_the_type():
     )
     _, text = control_entry(unit, 0)
     assert text.endswith("Union Control Type: canny") and read_control_entry(text)["control_type"] == "canny"
+
+
+def test_tile_preprocessor_is_a1111s_tile_resample():
+    import cv2
+
+    from pipeline.contract.controlnet_units import from_a1111, preprocess
+    from pipeline.contract.parameters import control_entry, read_control_entry
+
+    picture = np.asarray(Image.open(FIXTURES / "image-input.png").convert("RGB").resize((64, 48)))
+    small = cv2.resize(picture, (32, 24), interpolation=cv2.INTER_AREA)
+    expected = cv2.resize(small, (64, 48), interpolation=cv2.INTER_CUBIC)
+    np.testing.assert_array_equal(preprocess(picture, "tile", rate=2.0), expected)
+    np.testing.assert_array_equal(preprocess(picture, "tile", rate=1.0), picture)  # A1111: below 1.1, as it is
+    (sent,) = from_a1111([{"image": "eA==", "module": "tile_resample", "threshold_a": 4.0}])
+    assert (sent["preprocessor"], sent["rate"]) == ("tile", 4.0)
+    (unit,) = parse_controls(
+        [{"name": "union", "image": FIXTURES / "image-input.png", "preprocessor": "tile", "rate": 4}],
+        ("union",),
+        TEST_SIZE,
+        TEST_SIZE,
+        unions=("union",),
+    )
+    assert unit.control_type == "tile" and unit.rate == 4.0  # tile's map says its type
+    assert read_control_entry(control_entry(unit, 0)[1])["rate"] == 4.0
+    with pytest.raises(InvalidInput, match="tile down-sampling rate must be a number between 1 and 8"):
+        parse_controls([{"name": "union", "image": FIXTURES / "image-input.png", "rate": 9}], ("union",), 64, 64)
