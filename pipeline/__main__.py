@@ -281,6 +281,7 @@ def control_units(args: argparse.Namespace) -> list[dict]:
         "start": "control_start",
         "end": "control_end",
         "preprocessor": "control_preprocessor",
+        "control_type": "control_type",
     }
     units = []
     for i, image in enumerate(getattr(args, "control_image", None) or []):

@@ -374,6 +374,7 @@ def request_rules(
         loras=tuple(lora.name for lora in loras),
         embeddings=embeddings,
         controlnets=controlnets.names,
+        union_controlnets=controlnets.unions,
         refiner=refiner.name if refiner is not None else "",
         hires_upscalers=(*UPSCALERS, *upscalers),
     )

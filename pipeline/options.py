@@ -248,9 +248,17 @@ CONTROL_OPTIONS = (
     ),
     Option(
         "--control-preprocessor",
-        "none (the image is the map) or canny (edges of the picture)",
+        "none (the image is the map), canny (edges of the picture) or tile (a blurred copy, A1111's tile_resample)",
         kind="append",
         metavar="NAME",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--control-type",
+        "a union ControlNet's (ProMax) condition type: openpose, depth, softedge, scribble, canny, lineart, mlsd, "
+        "normal, segment, tile, repaint, ...",
+        kind="append",
+        metavar="TYPE",
         programs=frozenset({CLI}),
     ),
 )

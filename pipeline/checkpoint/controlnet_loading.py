@@ -1,10 +1,12 @@
 """SDXL ControlNets in diffusers' layout (`config.json` + safetensors, fp16 variants) -> Flax parameters, no torch.
 
 `diffusers/controlnet-*-sdxl-1.0(-mid|-small)`, `xinsir/controlnet-*-sdxl-1.0` and `thibaud/controlnet-openpose-
-sdxl-1.0` ship this layout. The config builds `device/nets/controlnet.SDXLControlNet`; `convert.load_converted` reads
-each tensor with diffusers' own PyTorch -> Flax renames and checks it against the module's traced shapes, so every
-weight is accounted for: a tensor with no place, or a parameter no tensor fills, is an error naming it. A ControlNet
-for another model (SD 1.5: no `text_time` add-embedding, 768-wide text) is refused in one sentence.
+sdxl-1.0` ship this layout, and so does xinsir's `controlnet-union-sdxl-1.0` (ProMax), told by its config
+(`ControlNetUnionModel`, `num_control_type`). The config builds `device/nets/controlnet.SDXLControlNet` (or
+`controlnet_union.SDXLControlNetUnion`); `convert.load_converted` reads each tensor with diffusers' own PyTorch ->
+Flax renames and checks it against the module's traced shapes, so every weight is accounted for: a tensor with no
+place, or a parameter no tensor fills, is an error naming it. A ControlNet for another model (SD 1.5: no `text_time`
+add-embedding, 768-wide text) is refused in one sentence.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flax.traverse_util import flatten_dict
 
 from ..contract.errors import CheckpointError
 from ..device.nets.controlnet import SDXLControlNet
+from ..device.nets.controlnet_union import SDXLControlNetUnion
 from . import convert
 from .hub import folder_or_snapshot
 
@@ -93,7 +96,10 @@ def controlnet_module(config: dict, dtype: str):
     if config.get("norm_eps", 1e-5) != 1e-5:
         raise CheckpointError(f"its norm_eps {config['norm_eps']} is not SDXL's 1e-5")
     order = config.get("controlnet_conditioning_channel_order", "rgb")
-    return SDXLControlNet(
+    if is_union(config) and order != "rgb":
+        raise CheckpointError(f"it is a union ControlNet with channel order {order!r} (diffusers runs rgb only)")
+    cls, extra = (SDXLControlNetUnion, _union_fields(config)) if is_union(config) else (SDXLControlNet, {})
+    return cls(
         in_channels=config.get("in_channels", 4),
         conditioning_channels=config.get("conditioning_channels", 3),
         down_block_types=tuple(config["down_block_types"]),
@@ -110,7 +116,25 @@ def controlnet_module(config: dict, dtype: str):
         conditioning_embedding_out_channels=tuple(config.get("conditioning_embedding_out_channels") or _EMBEDDING),
         bgr=order == "bgr",
         dtype=getattr(jnp, dtype),
+        **extra,
     )
+
+
+def is_union(config: dict) -> bool:
+    """A ControlNet Union (xinsir's ProMax): diffusers names its class, xinsir's config has `num_control_type`."""
+    return config.get("_class_name") == "ControlNetUnionModel" or "num_control_type" in config
+
+
+def _union_fields(config: dict) -> dict:
+    """The union parts' sizes (diffusers' `ControlNetUnionModel` defaults where the config leaves one out)."""
+    defaults = {
+        "num_control_type": 6,
+        "num_trans_channel": 320,
+        "num_trans_head": 8,
+        "num_trans_layer": 1,
+        "num_proj_channel": 320,
+    }
+    return {key: config.get(key, value) for key, value in defaults.items()}
 
 
 def _tuple(value):

@@ -7,7 +7,9 @@ nothing runs twice. Weight and window become one number per step and ControlNet 
 
 Canny is OpenCV's `cv2.Canny` (opencv-python-headless): the map SDXL's canny ControlNets were trained on and what
 A1111's ControlNet extension and diffusers' docs compute (scikit-image's `feature.canny` smooths first and thresholds
-differently, so its maps differ from the ones the models expect).
+differently, so its maps differ from the ones the models expect). Tile is A1111's `tile_resample`: the picture shrunk
+by a rate and brought back to size, a blurred copy. The other union types' preprocessors (openpose, depth, hed, ...)
+need models no offline package provides: their maps are given as pictures (`none`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,36 @@ from .image_inputs import fit, open_image, to_rgb
 
 #: ControlNets one request may use at once (each one is a ControlNet call per step).
 MAX_CONTROLNETS = 2
-PREPROCESSORS = ("none", "canny")
+PREPROCESSORS = ("none", "canny", "tile")
 CANNY_LOW, CANNY_HIGH = 100, 200  # A1111's and diffusers' docs' defaults
+TILE_RATE, TILE_MAX_RATE = 1.0, 8.0  # A1111's tile_resample "Down Sampling Rate": its default and its slider's end
+#: A ControlNet Union's (xinsir's ProMax) control types -> its task index (xinsir's model card, diffusers' docs).
+CONTROL_TYPES = {
+    "openpose": 0,
+    "depth": 1,
+    "hed": 2,
+    "pidi": 2,
+    "scribble": 2,
+    "ted": 2,
+    "softedge": 2,
+    "canny": 3,
+    "lineart": 3,
+    "anime_lineart": 3,
+    "mlsd": 3,
+    "normal": 4,
+    "segment": 5,
+    "tile": 6,
+    "repaint": 7,
+}
+#: sd-webui-controlnet's `union_control_type` names (lower case, "_" for " ") that differ from the above.
+A1111_CONTROL_TYPES = {
+    "soft_edge": "softedge",
+    "hard_edge": "canny",
+    "normal_map": "normal",
+    "segmentation": "segment",
+    "inpaint": "repaint",
+    "unknown": "",
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +72,8 @@ class ControlUnit:
     module: str = "none"  # the preprocessor that made the map from the given picture
     low: int = CANNY_LOW  # canny's thresholds (module "canny")
     high: int = CANNY_HIGH
+    control_type: str = ""  # a union ControlNet's condition type (CONTROL_TYPES); "" for a plain ControlNet
+    rate: float = TILE_RATE  # tile's down-sampling rate (module "tile")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "image": base64.b64encode(self.image).decode("ascii")}
@@ -63,8 +95,24 @@ def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
     return np.repeat(edges[:, :, None], 3, axis=2)
 
 
-def preprocess(pixels: np.ndarray, module: str, low: int = CANNY_LOW, high: int = CANNY_HIGH) -> np.ndarray:
+def tile(pixels: np.ndarray, rate: float) -> np.ndarray:
+    """A1111's `tile_resample`: the picture shrunk by `rate` (OpenCV's area filter), then brought back to its size
+    (bicubic, as the extension resizes a map and xinsir's tile example does): a blurred copy for a tile ControlNet."""
+    import cv2
+
+    height, width = pixels.shape[:2]
+    if rate < 1.1:  # A1111 returns the picture as it is below 1.1
+        return pixels
+    small = cv2.resize(pixels, (max(1, int(width / rate)), max(1, int(height / rate))), interpolation=cv2.INTER_AREA)
+    return cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC)
+
+
+def preprocess(
+    pixels: np.ndarray, module: str, low: int = CANNY_LOW, high: int = CANNY_HIGH, rate: float = TILE_RATE
+) -> np.ndarray:
     """The control map a preprocessor makes of a picture (uint8 [H, W, 3]); "none": the picture is the map."""
+    if module == "tile":
+        return tile(pixels, rate)
     return canny(pixels, low, high) if module == "canny" else pixels
 
 
@@ -91,8 +139,29 @@ def image_source(value: object) -> object:
     return value
 
 
-def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) -> ControlUnit:
-    """One `{name, image, weight, start, end, preprocessor, low, high}` checked into a ControlUnit."""
+def control_type_of(item: Mapping, name: str, module: str, unions: tuple[str, ...]) -> str:
+    """A unit's `control_type`: required of a union ControlNet (canny's map says canny by itself), refused for a
+    plain one; sd-webui-controlnet's names ("Hard Edge", "Normal Map", "Tile") taken in any case."""
+    given = str(item.get("control_type") or "").strip().lower().replace(" ", "_")
+    given = A1111_CONTROL_TYPES.get(given, given)
+    if name not in unions:
+        if given:
+            raise InvalidInput(f"ControlNet {name} is not a union model: it takes no control_type ({echo(given)}).")
+        return ""
+    given = given or (module if module in CONTROL_TYPES else "")
+    choices = ", ".join(CONTROL_TYPES)
+    if not given:
+        raise InvalidInput(f"ControlNet {name} is a union model: give each unit a control_type, one of: {choices}.")
+    if given not in CONTROL_TYPES:
+        raise InvalidInput(f"Unknown control type {echo(given)}; choose one of: {choices}.")
+    return given
+
+
+def parse_unit(
+    item: object, offered: tuple[str, ...], height: int, width: int, unions: tuple[str, ...] = ()
+) -> ControlUnit:
+    """One `{name, image, weight, start, end, preprocessor, low, high, rate, control_type}` checked into a ControlUnit
+    (`unions`: the offered ControlNets that are union models)."""
     if not isinstance(item, Mapping):
         raise InvalidInput(f"Each item of controlnets must be an object with name and image; got {echo(item)}.")
     name = item.get("name") or (offered[0] if len(offered) == 1 else None)
@@ -111,22 +180,29 @@ def parse_unit(item: object, offered: tuple[str, ...], height: int, width: int) 
     end = _number(item, "end", 1.0, 0.0, 1.0, "end")
     if start >= end:
         raise InvalidInput(f"ControlNet start ({start:g}) must be below its end ({end:g}).")
+    control_type = control_type_of(item, name, module, unions)
     low = int(_number(item, "low", CANNY_LOW, 1, 255, "low threshold"))
     high = int(_number(item, "high", CANNY_HIGH, 1, 255, "high threshold"))
+    rate = _number(item, "rate", TILE_RATE, TILE_RATE, TILE_MAX_RATE, "tile down-sampling rate")
     picture = fit(
         to_rgb(open_image(image_source(item["image"]), what="control image"), what="control image"), height, width
     )
-    control_map = preprocess(np.asarray(picture), module, low, high)
+    control_map = preprocess(np.asarray(picture), module, low, high, rate)
     buffer = io.BytesIO()
     Image.fromarray(control_map).save(buffer, format="PNG", compress_level=1)
-    return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high)
+    return ControlUnit(name, buffer.getvalue(), weight, start, end, module, low, high, control_type, rate)
 
 
 def parse_controls(
-    value: object, offered: tuple[str, ...], height: int, width: int, most: int = MAX_CONTROLNETS
+    value: object,
+    offered: tuple[str, ...],
+    height: int,
+    width: int,
+    most: int = MAX_CONTROLNETS,
+    unions: tuple[str, ...] = (),
 ) -> tuple[ControlUnit, ...]:
     """The request's `controlnets` (None or a list of up to `most` units: the server's --controlnet-units), each
-    checked."""
+    checked; units naming one union ControlNet run as one forward with several conditions."""
     if value is None or value == []:
         return ()
     if isinstance(value, Mapping):
@@ -137,7 +213,7 @@ def parse_controls(
         raise InvalidInput(
             f"At most {most} ControlNet{'s' if most > 1 else ''} per request on this server; got {len(value)}."
         )
-    return tuple(parse_unit(item, offered, height, width) for item in value)
+    return tuple(parse_unit(item, offered, height, width, unions) for item in value)
 
 
 def sent_maps(value: object) -> tuple[object, tuple[str | None, ...]]:
@@ -186,8 +262,9 @@ def from_a1111(args: object) -> list[dict]:
     """sd-webui-controlnet's `alwayson_scripts.controlnet.args` -> `controlnets` units (for an A1111-shaped API).
 
     Each arg: `image` (base64, or {"image": base64} as older clients send), `module`, `model` (its " [hash]" suffix
-    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's), `enabled`
-    (False: skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
+    dropped), `weight`, `guidance_start`, `guidance_end`, `threshold_a`/`threshold_b` (canny's; `tile_resample`'s
+    rate), `union_control_type` (a union model's: "Hard Edge", "Tile", ...; or `control_type`), `enabled` (False:
+    skipped). What the engine cannot run (another module, a third unit) is refused by `parse_controls`."""
     if not isinstance(args, (list, tuple)):
         raise InvalidInput("alwayson_scripts.controlnet.args must be a list of ControlNet units.")
     units = []
@@ -205,8 +282,12 @@ def from_a1111(args: object) -> list[dict]:
             "start": arg.get("guidance_start"),
             "end": arg.get("guidance_end"),
             "preprocessor": arg.get("module"),
+            "control_type": arg.get("union_control_type") or arg.get("control_type"),
         }
         if str(arg.get("module", "")).lower() == "canny":
             unit.update(low=arg.get("threshold_a"), high=arg.get("threshold_b"))
+        if str(arg.get("module", "")).lower() in ("tile_resample", "tile"):  # its threshold_a: the rate (-1: default)
+            rate = arg.get("threshold_a")
+            unit.update(preprocessor="tile", rate=rate if isinstance(rate, (int, float)) and rate >= 1 else None)
         units.append({key: value for key, value in unit.items() if value is not None})
     return units

@@ -65,6 +65,7 @@ CONTROL_KEYS = {
     "Guidance End": "end",
     "Threshold A": "low",
     "Threshold B": "high",
+    "Union Control Type": "control_type",  # sd-webui-controlnet's key for a union model's type
 }
 
 # One pair of the settings line: `Key: value` or `Key: "quoted, value"`, then a comma or the end. Anything else up to
@@ -216,6 +217,10 @@ def control_entry(unit: ControlUnit, index: int) -> tuple[str, str]:
     )
     if unit.module == "canny":
         text += f", Threshold A: {unit.low}, Threshold B: {unit.high}"
+    if unit.module == "tile":  # A1111's tile_resample writes its rate as its Threshold A
+        text += f", Threshold A: {unit.rate:g}"
+    if unit.control_type:
+        text += f", Union Control Type: {unit.control_type}"
     return f"ControlNet {index}", text  # describe() quotes it, as A1111 does a value with commas
 
 
@@ -323,7 +328,8 @@ def typed(key: str, value: str):
 
 def read_control_entry(text: str) -> dict[str, object]:
     """An entry `control_entry` made (or A1111's extension: its extra keys are skipped) -> {name, module, weight,
-    start, end[, low, high]}; numbers as numbers. What PNG Info shows of a ControlNet (the map is not in the text)."""
+    start, end[, low, high, rate, control_type]}; numbers as numbers. What PNG Info shows of a ControlNet (the map is
+    not in the text)."""
     values: dict[str, object] = {}
     for part in str(text).split(","):
         key, sep, value = part.partition(":")
@@ -332,9 +338,11 @@ def read_control_entry(text: str) -> dict[str, object]:
             continue
         value = value.strip()
         try:
-            values[field_name] = float(value) if field_name not in ("module", "name") else value
+            values[field_name] = float(value) if field_name not in ("module", "name", "control_type") else value
         except ValueError:
             continue
+    if values.get("module") == "tile" and "low" in values:  # tile's Threshold A is its rate
+        values["rate"] = values.pop("low")
     return values
 
 

@@ -25,7 +25,15 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from .controlnet_units import MAX_CONTROLNETS, PREPROCESSORS, ControlUnit, parse_controls
+from .controlnet_units import (
+    CONTROL_TYPES,
+    MAX_CONTROLNETS,
+    PREPROCESSORS,
+    TILE_MAX_RATE,
+    TILE_RATE,
+    ControlUnit,
+    parse_controls,
+)
 from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
@@ -80,6 +88,7 @@ class RequestRules:
     embeddings: tuple[str, ...] = ()  # the textual-inversion embeddings offered, by name (--embeddings-dir)
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
+    union_controlnets: tuple[str, ...] = ()  # those of `controlnets` that are union models (a control_type per unit)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     region_parts: tuple[int, ...] = ()  # the regional prompts' part counts compiled beyond one (--region-parts)
@@ -344,6 +353,8 @@ def _controlnets_schema(text: dict, picture: dict) -> dict:
                 "module": {"enum": list(PREPROCESSORS)},
                 "low": {"type": "integer"},
                 "high": {"type": "integer"},
+                "rate": {"type": "number", "minimum": TILE_RATE, "maximum": TILE_MAX_RATE},
+                "control_type": {"enum": ["", *CONTROL_TYPES]},  # a union ControlNet's; "" for a plain one
             },
         },
     }
@@ -463,7 +474,9 @@ def _without_cfg(
 def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], values: Mapping[str, object]) -> tuple:
     """The request's ControlNet units (controlnet_units.py), fitted to `size`; none with DeepCache, whose shallow
     steps skip the blocks the residuals go to."""
-    units = parse_controls(controlnets, rules.controlnets, *size, most=rules.controlnet_units)
+    units = parse_controls(
+        controlnets, rules.controlnets, *size, most=rules.controlnet_units, unions=rules.union_controlnets
+    )
     if units and values.get("deepcache", 1) != 1:
         raise _naming(
             "DeepCache does not combine with ControlNet: set {deepcache} to 1 or drop the {controlnets}.",

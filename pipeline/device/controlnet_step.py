@@ -4,7 +4,9 @@ The same step as `denoise.step_local` (guidance, sampler update, the picture's b
 the request's ControlNets (`device/nets/controlnet.py`) on the same input, text and time embedding, as diffusers'
 `StableDiffusionXLControlNetPipeline` calls them (no guess mode: both CFG halves see the control map). The scales
 (weight x window) are traced numbers, so one program serves every weight and window; a ControlNet whose scale is 0
-on a step is skipped there (`lax.cond`), which is exact: its residuals would be multiplied by 0.
+on a step is skipped there (`lax.cond`), which is exact: its residuals would be multiplied by 0. The units of one
+union ControlNet (`nets/controlnet_union.py`) are one call with their maps as its conditions, their control types
+traced, as diffusers' `StableDiffusionXLControlNetUnionPipeline` runs them.
 """
 
 from __future__ import annotations
@@ -16,36 +18,87 @@ from . import attention
 from .cross_kv import table_of
 from .denoise import unet_step
 from .modules import Modules
+from .nets.controlnet_union import SDXLControlNetUnion
 
 
-def control_residuals(controlnets, trees, scales, sample, timesteps, hidden, added, controls):
+def is_union(module) -> bool:
+    """A ControlNet Union (`nets/controlnet_union.py`): its units are one forward with several conditions."""
+    return isinstance(module, SDXLControlNetUnion)
+
+
+def call_groups(controlnets) -> list[tuple[int, ...]]:
+    """The units' indices per ControlNet call: each plain unit alone; a union's units (adjacent: sorted by
+    architecture, one per union model) together."""
+    groups: list[tuple[int, ...]] = []
+    for i, module in enumerate(controlnets):
+        if groups and is_union(module) and controlnets[groups[-1][0]] is module:
+            groups[-1] += (i,)
+        else:
+            groups.append((i,))
+    return groups
+
+
+def control_residuals(controlnets, trees, scales, sample, timesteps, hidden, added, controls, types=None):
     """Sum of each ControlNet's residuals x its scale (diffusers' MultiControlNetModel adds them in order).
 
-    controlnets: static modules; trees: their weights; scales float32 [n]; controls: [cb, 3, H, W] in [0, 1] each.
+    controlnets: static modules; trees: their weights; scales float32 [n]; controls: [cb, 3, H, W] in [0, 1] each;
+    types int32 [n] (a union unit's control type). A union's units are one call (`union_residuals`).
     Returns (down residuals, each [cb, h_i, w_i, C_i]; mid residual [cb, h', w', C']) in the UNet's NHWC layout.
     """
     total = None
-    for i, (module, tree, control) in enumerate(zip(controlnets, trees, controls, strict=True)):
-        scale = scales[i]
-
-        def scaled(module=module, tree=tree, control=control, scale=scale):
-            latents = sample[:, : module.in_channels]  # an inpainting UNet's input begins with the latents
-            down, mid = module.apply(
-                {"params": tree},
-                latents,
-                timesteps,
-                hidden,
-                added["text_embeds"],
-                added["time_ids"],
-                control.astype(sample.dtype),
-            )
-            return tuple(r * scale.astype(r.dtype) for r in down), mid * scale.astype(mid.dtype)
-
-        shapes = jax.eval_shape(scaled)
+    for group in call_groups(controlnets):
+        i, module, tree = group[0], controlnets[group[0]], trees[group[0]]
+        if is_union(module):
+            call = union_call(module, tree, group, scales, types, sample, timesteps, hidden, added, controls)
+            acts = jnp.any(scales[jnp.asarray(group)] != 0)
+        else:
+            scale = scales[i]
+            call = plain_call(module, tree, scale, sample, timesteps, hidden, added, controls[i])
+            acts = scale != 0
+        shapes = jax.eval_shape(call)
         zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        residuals = jax.lax.cond(scale != 0, scaled, lambda zeros=zeros: zeros)
+        residuals = jax.lax.cond(acts, call, lambda zeros=zeros: zeros)
         total = residuals if total is None else jax.tree_util.tree_map(jnp.add, total, residuals)
     return total
+
+
+def plain_call(module, tree, scale, sample, timesteps, hidden, added, control):
+    """One plain ControlNet's residuals x its scale, as a function of nothing (for `lax.cond`)."""
+
+    def scaled():
+        latents = sample[:, : module.in_channels]  # an inpainting UNet's input begins with the latents
+        down, mid = module.apply(
+            {"params": tree},
+            latents,
+            timesteps,
+            hidden,
+            added["text_embeds"],
+            added["time_ids"],
+            control.astype(sample.dtype),
+        )
+        return tuple(r * scale.astype(r.dtype) for r in down), mid * scale.astype(mid.dtype)
+
+    return scaled
+
+
+def union_call(module, tree, group, scales, types, sample, timesteps, hidden, added, controls):
+    """A union ControlNet's residuals with the `group` units' maps as its conditions (the module scales them)."""
+
+    def scaled():
+        index = jnp.asarray(group)
+        return module.apply(
+            {"params": tree},
+            sample[:, : module.in_channels],
+            timesteps,
+            hidden,
+            added["text_embeds"],
+            added["time_ids"],
+            jnp.stack([controls[i] for i in group]).astype(sample.dtype),  # [k, cb, 3, H, W]
+            types[index],
+            scales[index],
+        )
+
+    return scaled
 
 
 def step_control_local(
@@ -64,6 +117,7 @@ def step_control_local(
     blend_sigma,
     controls,
     scales,
+    types=None,
     *,
     cfg: bool,
     prediction_type: str,
@@ -71,11 +125,12 @@ def step_control_local(
 ):
     """`denoise.step_local` with ControlNets: params {"unet", "controlnets": one tree per unit}, controls one
     float32 [b, 3, H, W] map per unit (the images on this device), scales float32 [n] (this step's weight x window
-    per unit), `nets` (static) the architecture (`modules.controlnets` index) of each unit."""
+    per unit), types int32 [n] (the union units' control types; only where a union is among them), `nets` (static)
+    the architecture (`modules.controlnets` index) of each unit."""
     controlnets = tuple(modules.controlnets[i] for i in nets)
     maps = tuple(jnp.concatenate([c, c]) if cfg else c for c in controls)  # [cb, 3, H, W]: both halves see it
     return unet_step(
-        controlled_unet(modules, params, controlnets, scales, hidden, maps),
+        controlled_unet(modules, params, controlnets, scales, hidden, maps, types),
         modules,
         latents,
         previous,
@@ -93,14 +148,14 @@ def step_control_local(
     )
 
 
-def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps):
+def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps, types=None):
     """The UNet call of a step with ControlNets (`unet_step`'s `call`): the units' scaled residuals
     (`control_residuals`), made from the same input, text and time embedding, added to the UNet's skips and middle
     block. `maps`: each unit's [cb, 3, H, W], both guidance halves'."""
 
     def call(sample, timesteps, added):
         down, mid = control_residuals(
-            controlnets, params["controlnets"], scales, sample, timesteps, hidden, added, maps
+            controlnets, params["controlnets"], scales, sample, timesteps, hidden, added, maps, types
         )
         with attention.text_keys_values(table_of(params)):  # the UNet's layers only: the ControlNets project their own
             return (

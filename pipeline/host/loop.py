@@ -94,6 +94,7 @@ class ControlInputs:
     trees: tuple  # each unit's ControlNet weights (replicated)
     nets: tuple[int, ...]  # static: each unit's architecture (`ProgramKey.nets`)
     scales: np.ndarray  # float32 [plan rows, units]: weight x window per step (0: that unit is off there)
+    types: np.ndarray | None = None  # int32 [units]: a union unit's control type (-1: plain); None without a union
 
 
 @dataclass(frozen=True)
@@ -519,7 +520,8 @@ def base_step(
     elif planned.full and scales is not None and scales.any():
         program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
-        latents, history = program(weights, *args[1:], control.maps, put(scales))
+        types = () if control.types is None else (put(control.types),)  # a union's program only
+        latents, history = program(weights, *args[1:], control.maps, put(scales), *types)
     elif planned.full and kinds[0] == "step_full":
         program = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)
         latents, history, feature = program(*args)

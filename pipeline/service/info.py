@@ -29,6 +29,7 @@ MUST_AGREE = (
     "default_loras",
     "embeddings",
     "controlnets",
+    "union_controlnets",
     "refiner",
     "hires_scales",
     "hires_upscalers",
@@ -66,6 +67,7 @@ def engine_info(generator, processes: int = 1) -> dict:
         "default_loras": [list(lora) for lora in rules.default_loras],
         "embeddings": list(rules.embeddings),
         "controlnets": list(rules.controlnets),
+        "union_controlnets": list(rules.union_controlnets),  # those that are union models (a control_type per unit)
         "refiner": rules.refiner or None,  # the --refiner's name (requests' refiner_switch), None without one
         "hires_scales": list(rules.hires_scales),  # the hires fix's scales (requests' hires_scale), [] without one
         "hires_upscalers": list(rules.hires_upscalers),  # its upscalers by name (requests' hires_upscaler)

@@ -1,6 +1,7 @@
 """ControlNet through the page: the API's `controlnets` (base64 images, never a server path) gives the engine's pixels
 and compiles nothing; in the browser, a picture uploaded to the ControlNet panel shows its canny map before anything
-is generated, and Generate then runs the control (screenshot: artifacts/browser/controlnet.png).
+is generated, and Generate then runs the control (screenshot: artifacts/browser/controlnet.png); a union ControlNet's
+control type is offered and sent only while a union model is chosen.
 """
 
 from __future__ import annotations
@@ -86,3 +87,20 @@ def test_the_panel_shows_the_map_before_generating(page, browser):
         "document.querySelector('#status') && /ControlNet|seed/.test(document.body.innerText)", timeout=TIMEOUT_MS
     )
     tab.close()
+
+
+def test_the_page_panel_sends_the_type_for_a_union_only():
+    import gradio as gr
+
+    from pipeline.contract.request import RequestRules
+    from web.page.controlnet_panel import control_panel, control_update
+
+    picture = np.asarray(Image.open(PICTURE).convert("RGB"))
+    _, (unit,) = control_update(picture, "u", "none", 100, 200, 1.0, 0.0, 1.0, "tile", unions=("u",))
+    assert unit["control_type"] == "tile"
+    _, (unit,) = control_update(picture, "plain", "none", 100, 200, 1.0, 0.0, 1.0, "tile", unions=("u",))
+    assert "control_type" not in unit
+    with gr.Blocks() as blocks:
+        control_panel(RequestRules(controlnets=("u", "plain"), union_controlnets=("u",)))
+    (dropdown,) = [c for c in blocks.blocks.values() if getattr(c, "elem_id", None) == "control-type"]
+    assert dropdown.visible and "tile" in [choice[0] for choice in dropdown.choices]

@@ -123,6 +123,7 @@ class RemoteEngines:
             default_loras=tuple(tuple(lora) for lora in info.get("default_loras", ())),
             embeddings=tuple(info.get("embeddings", ())),
             controlnets=tuple(info.get("controlnets", ())),
+            union_controlnets=tuple(info.get("union_controlnets", ())),
             refiner=info.get("refiner") or "",
             hires_scales=tuple(info.get("hires_scales") or ()),
             hires_upscalers=tuple(info.get("hires_upscalers") or UPSCALERS),  # an older engine: the built-in ones

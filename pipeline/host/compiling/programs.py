@@ -20,6 +20,7 @@ replicated, batch split:
     step[size, cfg, P, parts P]   a regional prompt's step: + the blend weights ([P, cells] per attention grid,
                          replicated); its text is P windows, one per part (device/regions.py, --region-parts)
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
+                                       (+ types int32 [n] where a union ControlNet is among the nets)
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
@@ -53,7 +54,7 @@ from jax.sharding import PartitionSpec as P
 
 from ...contract.hires import LATENT_UPSCALERS
 from ...device import attention as attention_core
-from ...device.controlnet_step import step_control_local
+from ...device.controlnet_step import is_union, step_control_local
 from ...device.cross_kv import CROSS_KV, cross_kv_local
 from ...device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ...device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
@@ -428,9 +429,10 @@ class ServedPrograms:
     def _step_body(self, key: ProgramKey) -> tuple:
         """(per-device body, argument specs, result specs) of a denoising step (STEP_KINDS)."""
         settings = {"cfg": key.cfg, "prediction_type": self.prediction_type}
-        if key.kind == "step_control":  # + each unit's map, the units' scales
+        if key.kind == "step_control":  # + each unit's map, the units' scales (+ their types, with a union)
             body = functools.partial(step_control_local, self.modules, **settings, nets=key.nets)
-            return body, (*STEP_SPECS, tuple(BATCH for _ in key.nets), ONE), (BATCH, BATCH)
+            types = (ONE,) if self._union(key) else ()
+            return body, (*STEP_SPECS, tuple(BATCH for _ in key.nets), ONE, *types), (BATCH, BATCH)
         if key.kind == "refiner_step":  # the step's arguments + the aesthetic scores [2] (replicated)
             return functools.partial(refiner_step_local, self.modules, **settings), (*STEP_SPECS, ONE), (BATCH, BATCH)
         if key.extras:  # + each image's FreeU factors and this step's PAG scale [B, 5]
@@ -575,7 +577,8 @@ class ServedPrograms:
             return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
         if key.kind == "step_control":
             maps = tuple(spec((n, 3, key.height, key.width), np.float32) for _ in key.nets)  # [B, 3, H, W] each
-            return (*step_args, maps, spec((len(key.nets),), np.float32, whole=True))  # scales [n]
+            types = (spec((len(key.nets),), np.int32, whole=True),) if self._union(key) else ()  # a union's [n]
+            return (*step_args, maps, spec((len(key.nets),), np.float32, whole=True), *types)  # scales [n]
         if key.kind == "refiner_step":
             return (*step_args, spec((2,), np.float32, whole=True))  # aesthetic scores: negative, positive
         if key.extras:
@@ -599,6 +602,10 @@ class ServedPrograms:
             key = ProgramKey("cross_kv", cfg=cfg, windows=windows)
             self._table_shapes[cfg, windows] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
         return self._table_shapes[cfg, windows]
+
+    def _union(self, key: ProgramKey) -> bool:
+        """A step_control program with a union ControlNet among its units (it reads their types too)."""
+        return any(is_union(self.modules.controlnets[i]) for i in key.nets or ())
 
     def _feature(self, height: int, width: int, cfg: bool):
         """Shape of DeepCache's feature a whole-UNet step keeps: [cB, h, w, C]. Kept: finding it traces the whole

@@ -2,8 +2,10 @@
 
 `ServedControlNets` holds the ControlNets a server loaded (`--controlnet`) that fit its UNet, grouped by architecture:
 the step program is compiled per combination of architectures (`sets`: one unit, two units), and each unit's weights
-are an argument, so ControlNets of one architecture (canny, depth, ... of the same size) share programs. A request's
-units become `loop.ControlInputs`: maps on the devices, weights, and the per-step scales (weight x window).
+are an argument, so ControlNets of one architecture (canny, depth, ... of the same size) share programs. A union
+ControlNet (ProMax) is an architecture of its own, per model: the units naming it are one forward with as many
+conditions (the combination's count of it), their types traced. A request's units become `loop.ControlInputs`: maps
+on the devices, weights, the per-step scales (weight x window) and the union units' types.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...contract.controlnet_units import MAX_CONTROLNETS, ControlUnit, step_scales
+from ...contract.controlnet_units import CONTROL_TYPES, MAX_CONTROLNETS, ControlUnit, step_scales
+from ...device.nets.controlnet_union import SDXLControlNetUnion
 from ...device.sharding import global_batch, replicate_tree
 from ..loop import ControlInputs
 
@@ -30,6 +33,7 @@ class ServedControlNets:
     arch_of: dict = field(default_factory=dict)  # name -> index into archs
     trees: dict = field(default_factory=dict)  # name -> weights, replicated on the mesh
     sets: tuple[tuple[int, ...], ...] = ()  # static: the architecture combinations with a step program
+    unions: tuple[str, ...] = ()  # the names of the union ControlNets (a control_type per unit)
 
     @classmethod
     def of(cls, nets: list, loaded, mesh=None, units: int = MAX_CONTROLNETS) -> ServedControlNets:
@@ -43,7 +47,8 @@ class ServedControlNets:
             if why:
                 logger.error("ControlNet %r does not fit this model (%s); the server starts without it.", net.name, why)
                 continue
-            key = repr(net.module)
+            union = isinstance(net.module, SDXLControlNetUnion)
+            key = repr(net.module) + (f" {net.name}" if union else "")  # a union's units share one model's forward
             if key not in keys:
                 keys.append(key)
                 archs.append(net.module)
@@ -53,7 +58,8 @@ class ServedControlNets:
         sets = tuple(
             combo for size in range(1, units + 1) for combo in itertools.combinations_with_replacement(indices, size)
         )
-        return cls(tuple(arch_of), tuple(archs), arch_of, trees, sets)
+        unions = tuple(name for name in arch_of if isinstance(archs[arch_of[name]], SDXLControlNetUnion))
+        return cls(tuple(arch_of), tuple(archs), arch_of, trees, sets, unions)
 
 
 def mismatch(module, unet: dict) -> str:
@@ -90,4 +96,7 @@ def control_inputs(
         trees=tuple(served.trees[unit.name] for unit in units),
         nets=tuple(served.arch_of[unit.name] for unit in units),
         scales=step_scales(units, steps),
+        types=np.asarray([CONTROL_TYPES.get(unit.control_type, -1) for unit in units], np.int32)
+        if any(unit.control_type for unit in units)
+        else None,
     )
