@@ -98,7 +98,7 @@ def canny(pixels: np.ndarray, low: int, high: int) -> np.ndarray:
 def tile(pixels: np.ndarray, rate: float) -> np.ndarray:
     """A1111's `tile_resample`: the picture shrunk by `rate` (OpenCV's area filter), then brought back to its size
     (bicubic, as the extension resizes a map and xinsir's tile example does): a blurred copy for a tile ControlNet."""
-    import cv2
+    import cv2  # optional: tile only; the engine's packages alone (pipeline/installed.py) lack it
 
     height, width = pixels.shape[:2]
     if rate < 1.1:  # A1111 returns the picture as it is below 1.1
