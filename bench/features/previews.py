@@ -156,6 +156,13 @@ def smooth_latents(rng: np.random.Generator, batch: int, side: int) -> np.ndarra
     return (fields + rng.normal(0, 0.1, fields.shape).astype(np.float32)).astype(np.float32)
 
 
+def _plain_step(program: dict) -> bool:
+    """A served default step's row: one prompt window, no FreeU/PAG extras, no cross-attention cache lever."""
+    return (
+        program.get("prompt_windows", 1) == 1 and not program.get("extras") and not program.get("cross_attention_cache")
+    )
+
+
 def v5e_steps(path: Path = TPU_RESULTS) -> tuple[dict[str, float], str]:
     """The 1024² step rooflines (ms) of bench/results/tpu.json, and a sentence naming them; ({}, why) without."""
     try:
@@ -165,12 +172,12 @@ def v5e_steps(path: Path = TPU_RESULTS) -> tuple[dict[str, float], str]:
     steps = {}
     for label, size, attention, cfg in V5E_STEPS:
         for program in programs:
-            if (program.get("kind"), program.get("size"), program.get("attention"), program.get("cfg")) == (
-                "step",
-                size,
-                attention,
-                cfg,
-            ) and program.get("roofline_s"):
+            if (
+                (program.get("kind"), program.get("size"), program.get("attention"), program.get("cfg"))
+                == ("step", size, attention, cfg)
+                and program.get("roofline_s")
+                and _plain_step(program)
+            ):
                 steps[label] = program["roofline_s"] * 1000
                 break
     topology = programs[0].get("topology", "a v5e") if programs else "a v5e"
