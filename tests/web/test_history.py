@@ -152,11 +152,20 @@ def _generate(page, prompt: str, steps: int) -> None:
     )
 
 
+#: The browser's stored history (encrypted by the server's key), or "".
+STORED = "(localStorage.getItem('sdxl-jax-history') || '')"
+
+
 def _open_history(page, count: int) -> None:
     page.get_by_role("tab", name="History").click()
-    page.wait_for_function(
-        f"() => document.querySelectorAll('#history-gallery img').length === {count}", timeout=TIMEOUT_MS
-    )
+    try:
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#history-gallery img').length === {count}", timeout=TIMEOUT_MS
+        )
+    except Exception:  # say what the tab shows instead of only that the wait timed out
+        shown = page.evaluate("() => document.querySelectorAll('#history-gallery img').length")
+        summary = page.locator("#history-summary").inner_text()
+        raise AssertionError(f"the History tab shows {shown} images, not {count}; its summary: {summary!r}") from None
 
 
 def _signed_in_tab(browser, url: str):
@@ -217,11 +226,13 @@ def test_history_without_logins_stays_in_the_browser(ui_engine, browser, tmp_pat
         page.goto(served_page.local_url, timeout=TIMEOUT_MS)
         open_advanced(page)
         _generate(page, "a kite over the dunes", 3)
+        page.wait_for_function(f"() => ({STORED}).length > 1000", timeout=TIMEOUT_MS)
+        first = page.evaluate(f"() => {STORED}")
         _generate(page, "a blue house", 2)
-        page.wait_for_function(
-            "() => (localStorage.getItem('sdxl-jax-history') || '').length > 1000", timeout=TIMEOUT_MS
-        )
-        stored = page.evaluate("() => localStorage.getItem('sdxl-jax-history')")
+        # The second request's follow-up stores it after its answer: wait for the stored list to change, not only
+        # for it to exist (the first entry alone fills it; the tab opened before the second was stored shows 1).
+        page.wait_for_function(f"(first) => {STORED} !== first", arg=first, timeout=TIMEOUT_MS)
+        stored = page.evaluate(f"() => {STORED}")
         # Encrypted with the server's key. The whole prompt, spaces and all: a 4-letter word alone turns up in a long
         # base64 ciphertext by chance (CI, 2026-12-06: "kite" inside the blob), a text with spaces never does.
         assert "a kite over the dunes" not in stored
