@@ -270,7 +270,22 @@ def request_arguments(args: argparse.Namespace) -> dict:
         "randomize_seed": randomize,
         "loras": loras,
         "controlnets": control_units(args),
+        "ip_images": image_prompt_units(args),
     }
+
+
+def image_prompt_units(args: argparse.Namespace) -> list[dict]:
+    """--ip-image FILE (repeated) with the i-th --ip-image-adapter, --ip-scale, --ip-start, --ip-end of each."""
+    settings = {"adapter": "ip_image_adapter", "scale": "ip_scale", "start": "ip_start", "end": "ip_end"}
+    prompts = []
+    for i, image in enumerate(getattr(args, "ip_image", None) or []):
+        prompt = {"image": GivenPath(image)}  # the CLI's user names their own file
+        for key, dest in settings.items():
+            values = getattr(args, dest, None) or []
+            if i < len(values):
+                prompt[key] = values[i] if key == "adapter" else _number(values[i], dest)
+        prompts.append(prompt)
+    return prompts
 
 
 def control_units(args: argparse.Namespace) -> list[dict]:

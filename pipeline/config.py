@@ -23,6 +23,7 @@ from .contract.errors import InvalidInput
 from .contract.fields import FIELD
 from .contract.hires import MAX_SCALE, hires_size
 from .contract.hires import parse_scales as parse_hires_scales
+from .contract.image_prompts import MAX_IP_SLOTS
 from .contract.parameters import EMPHASIS_MODES  # noqa: F401  (re-exported: the options table's choices)
 from .contract.presets import Preset, get_preset, lora_of
 from .contract.regions import parse_part_counts
@@ -85,6 +86,8 @@ class EngineConfig:
     )
     controlnets: tuple[str, ...] = ()  # static: SDXL ControlNets (PATH, REPO or NAME=PATH); their step programs
     controlnet_units: int = MAX_CONTROLNETS  # static: ControlNets a request may use at once (each count compiles)
+    ip_adapters: tuple[str, ...] = ()  # static: IP-Adapter files ([NAME=]PATH or REPO:FILE): image prompts' programs
+    ip_slots: int = 2  # static: image prompts one request may give (each slot's tokens are compiled in)
     refiner: str | None = None  # static: SDXL's refiner (PATH or REPO): its encode and step programs (refiner_switch)
     height: int = SDXL_SHAPE[0]  # static: the default size's height in pixels, a multiple of 32
     width: int = SDXL_SHAPE[1]  # static: the default size's width in pixels, a multiple of 32
@@ -147,6 +150,8 @@ class EngineConfig:
             or not 0 <= self.text_cache <= MAX_TEXT_CACHE
         ):
             raise InvalidInput(f"Text cache must be 0 to {MAX_TEXT_CACHE} texts; got {self.text_cache!r}.")
+        if not 1 <= self.ip_slots <= MAX_IP_SLOTS or isinstance(self.ip_slots, bool):
+            raise InvalidInput(f"Image prompt slots must be 1 to {MAX_IP_SLOTS}; got {self.ip_slots!r}.")
         if not 1 <= self.controlnet_units <= MAX_CONTROLNETS or isinstance(self.controlnet_units, bool):
             raise InvalidInput(f"ControlNet units must be 1 to {MAX_CONTROLNETS}; got {self.controlnet_units!r}.")
         if self.prompt_windows > MAX_PROMPT_WINDOWS:
@@ -274,6 +279,7 @@ GIVEN_OR_DEFAULT = (
     "text_cache",
     "vae_tile_above",
     "controlnet_units",
+    "ip_slots",
 )
 #: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
 #: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.
@@ -355,6 +361,7 @@ def _static_settings(get) -> dict:
         "embeddings_dir": get("embeddings_dir"),
         "upscaler_dir": get("upscaler_dir"),
         "controlnets": controlnet_specs(get("controlnet")),
+        "ip_adapters": controlnet_specs(get("ip_adapter")),
         "refiner": get("refiner") or None,
         "hires_scales": parse_hires_scales(get("hires_scales")),
         **({"region_parts": parse_part_counts(parts)} if (parts := get("region_parts")) is not None else {}),

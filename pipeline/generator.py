@@ -27,6 +27,7 @@ from PIL import Image
 
 from .checkpoint.controlnet_loading import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
+from .checkpoint.ip_adapter_loading import IPAdapterWeights, load_ip_adapters
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.refiner_loading import RefinerWeights, load_refiner
@@ -54,6 +55,7 @@ from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.placement import Placement
 from .host.planning.controlnet_plan import ServedControlNets, control_inputs
+from .host.planning.image_prompt_plan import ImagePromptPlan, ServedAdapters
 from .host.planning.run_plan import RunContext, RunPlan, plan_run
 from .host.planning.sampler_plan import SamplerConfig
 from .host.planning.tokens import PromptReader
@@ -63,6 +65,9 @@ from .merged_calls import merged_run, ticket_of
 from .warmup import warm_up
 
 logger = logging.getLogger(__name__)
+
+#: Image prompts' tables kept on the devices between requests (`Generator._image_prompt`).
+IMAGE_PROMPT_TABLES = 4
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,7 @@ def build_programs(
     controlnets: tuple = (),
     refiner: RefinerWeights | None = None,
     images_per_device: int | None = None,
+    ip_adapters: tuple = (),
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
@@ -239,6 +245,8 @@ def build_programs(
     modules = dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets))
     if refiner is not None:
         modules = dataclasses.replace(modules, refiner_unet=refiner.unet, refiner_text_encoder_2=refiner.text_encoder_2)
+    if ip_adapters:
+        modules = dataclasses.replace(modules, **image_prompt_modules(ip_adapters, config.dtype))
     return ServedPrograms(
         modules,
         params,
@@ -256,7 +264,27 @@ def build_programs(
         vae_tile_above=config.vae_tile_above,
         xla_options=config.xla_options,
         cross_attention_cache=config.cross_attention_cache,
+        ip_slots=config.ip_slots if ip_adapters else 0,
     )
+
+
+def image_prompt_modules(adapters: tuple[IPAdapterWeights, ...], dtype: str) -> dict:
+    """The image prompt's modules (`Modules` fields): the adapters' shared image encoder, each one's projection."""
+    import jax.numpy as jnp
+
+    from .device.nets.image_projection import image_projection
+
+    compute = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    projections = tuple(image_projection(adapter.projection, compute) for adapter in adapters)
+    return {"image_encoder": adapters[0].encoder.module, "image_projections": projections}
+
+
+def with_ip_adapters(params: dict, adapters: tuple[IPAdapterWeights, ...]) -> dict:
+    """The weights the programs take, with the image encoder's and each adapter's (projection, to_k_ip/to_v_ip)."""
+    if not adapters:
+        return params
+    trees = tuple(adapter.params for adapter in adapters)
+    return {**params, "image_encoder": adapters[0].encoder.params, "ip_adapters": trees}
 
 
 def served_program_keys(
@@ -267,6 +295,7 @@ def served_program_keys(
     lora: bool = False,
     control_sets: tuple[tuple[int, ...], ...] = (),
     refiner: bool = False,
+    image_tokens: int | None = None,
 ) -> list[ProgramKey]:
     """Every program a server with `config` serves (`program_keys`): the offered sizes and their hires sizes
     (`multiple`: `latent_multiple`), the levers, previews, text windows and cross-attention cache as `config` says;
@@ -285,6 +314,7 @@ def served_program_keys(
         cross_kv=config.cross_attention_cache,
         extras=config.unet_extras,
         region_parts=config.region_parts,
+        image_tokens=image_tokens,
     )
 
 
@@ -321,11 +351,14 @@ def checked_multiple(modules: Modules, sizes: list[tuple[int, int]]) -> int:
     return multiple
 
 
-def place_weights(loaded: LoadedModel, config: EngineConfig, refiner: RefinerWeights | None, mesh) -> tuple[dict, dict]:
-    """The weights the programs take (`served_params`, with the refiner's), on every device once, and the load's
-    phases in seconds."""
+def place_weights(
+    loaded: LoadedModel, config: EngineConfig, refiner: RefinerWeights | None, mesh, ip_adapters: tuple = ()
+) -> tuple[dict, dict]:
+    """The weights the programs take (`served_params`, with the refiner's and the IP-Adapters'), on every device
+    once, and the load's phases in seconds."""
     started = time.perf_counter()
     served = with_refiner(served_params(loaded, config), refiner)  # --quantize int8: the UNet's int8 kernels
+    served = with_ip_adapters(served, ip_adapters)
     params = jax.block_until_ready(replicate_tree(served, mesh))
     return params, {"load_s": loaded.load_s, "cast_s": loaded.cast_s, "replicate_s": time.perf_counter() - started}
 
@@ -396,6 +429,7 @@ class Generator:
         devices: list | None = None,
         controlnets: list | None = None,
         refiner: RefinerWeights | None = None,
+        ip_adapters: list | None = None,
     ):
         if config.merge_requests and jax.process_count() > 1:
             raise InvalidInput(
@@ -418,9 +452,18 @@ class Generator:
         )
         self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh, config.controlnet_units)
         self.upscalers = read_upscalers(config)  # ESRGAN models by name, each on its tiles (`host/upscale_tiles.py`)
-        self._params, self.load_timings = place_weights(loaded, config, refiner, self.mesh)
+        self.ip_adapters = tuple(ip_adapters or ())
+        self._params, self.load_timings = place_weights(loaded, config, refiner, self.mesh, self.ip_adapters)
         self.programs = build_programs(
-            loaded, config, self._params, self.mesh, self.sampler, layout, self.controlnets.archs, refiner
+            loaded,
+            config,
+            self._params,
+            self.mesh,
+            self.sampler,
+            layout,
+            self.controlnets.archs,
+            refiner,
+            ip_adapters=self.ip_adapters,
         )
         self.placement = Placement(self.mesh, self.programs.text_widths)
         self.call_programs = {
@@ -437,6 +480,10 @@ class Generator:
         self.rules = request_rules(
             config, self.sampler, files, tuple(self.prompts.embeddings), self.controlnets, refiner, self.upscalers
         )
+        names = tuple(adapter.name for adapter in self.ip_adapters)
+        self.rules = dataclasses.replace(self.rules, ip_adapters=names, ip_slots=config.ip_slots)
+        #: image prompts' tables by their pictures' and adapters' hash, newest last (a few: each is small)
+        self._image_prompt_tables: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.context = self._run_context()
         self._device_lock = threading.Lock()  # one call on the devices at a time
         self.merger = CallMerger(config.merge_call_sizes, self.run_group) if config.merge_requests else None
@@ -468,6 +515,19 @@ class Generator:
             refiner=self.rules.refiner,
             lora_hashes=self.loras.hashes if self.loras is not None else None,
             unet_levels=len(self.programs.modules.unet.config.block_out_channels),
+            adapters=self._served_adapters(),
+        )
+
+    def _served_adapters(self) -> ServedAdapters | None:
+        """What planning an image prompt reads of the served IP-Adapters (None: none served)."""
+        if not self.ip_adapters:
+            return None
+        return ServedAdapters(
+            names=tuple(adapter.name for adapter in self.ip_adapters),
+            tokens=tuple(adapter.projection.tokens for adapter in self.ip_adapters),
+            slots=self.config.ip_slots,
+            image_size=self.programs.modules.image_encoder.config.image_size,
+            modules=tuple(adapter.a1111_module for adapter in self.ip_adapters),
         )
 
     @classmethod
@@ -480,7 +540,8 @@ class Generator:
         config = prepare(config, devices)
         SamplerConfig().with_overrides(**config.sampler_overrides())  # bad sampler settings fail before loading
         loaded, controlnets, refiner = load_checkpoints(config)
-        return cls(loaded, config, devices, controlnets, refiner)
+        adapters = load_ip_adapters(config.ip_adapters, loaded.networks.unet.config, config.dtype)
+        return cls(loaded, config, devices, controlnets, refiner, adapters)
 
     @classmethod
     def from_pretrained(cls, model: str = SDXL_BASE, *, devices: list | None = None, **settings) -> Generator:
@@ -498,7 +559,13 @@ class Generator:
         """Every program this generator serves: encode, then start/step/decode per offered size."""
         lora, control_sets, refined = self.loras is not None, self.controlnets.sets, self.refiner is not None
         return served_program_keys(
-            self.config, self.sampler.cfg, self.latent_multiple, lora=lora, control_sets=control_sets, refiner=refined
+            self.config,
+            self.sampler.cfg,
+            self.latent_multiple,
+            lora=lora,
+            control_sets=control_sets,
+            refiner=refined,
+            image_tokens=self.programs.image_tokens,
         )
 
     def merged_program_keys(self) -> list[ProgramKey]:
@@ -594,8 +661,30 @@ class Generator:
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
                 extras=first.extras,
                 regions=placement.regions(run.regions),
+                image_prompt=self._image_prompt(run.image_prompt),
             )
             return pixels, time.perf_counter() - on_device
+
+    def _image_prompt(self, plan: ImagePromptPlan | None):
+        """A pass of N plan rows -> the image prompt its steps read, on every device (None without one): the table
+        of `plan`'s pictures, made by the `image_prompt` program once and kept for a few requests, and the pass's
+        slot windows."""
+        if plan is None:
+            return None
+        put = self.placement.put
+        table = self._image_prompt_tables.pop(plan.key, None)
+        if table is None:
+            program = self.programs.compile(ProgramKey("image_prompt"))
+            weights = self.programs.weights(ProgramKey("image_prompt"), self._params)
+            table = program(weights, put(plan.pixels), put(plan.slots))
+        self._image_prompt_tables[plan.key] = table
+        while len(self._image_prompt_tables) > IMAGE_PROMPT_TABLES:
+            self._image_prompt_tables.popitem(last=False)
+
+        def for_pass(steps: int) -> dict:
+            return {**table, **{name: put(array) for name, array in plan.window(steps).items()}}
+
+        return for_pass
 
     def run_group(self, tickets: list[Ticket]) -> None:
         """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets

@@ -33,6 +33,7 @@ from .config import (
 from .contract.controlnet_units import MAX_CONTROLNETS
 from .contract.errors import InvalidInput
 from .contract.fields import FIELD, FIELDS, Field
+from .contract.image_prompts import MAX_IP_SLOTS
 from .contract.presets import PRESET_NAMES
 from .contract.request import MAX_LORAS
 from .contract.sampler_names import PREDICTION_TYPES, SAMPLER_NAMES, SPACINGS, sampler_id, sampler_label
@@ -195,6 +196,14 @@ def request_option(row: Field) -> Option:
             metavar="FILE",
             programs=cli,
         )
+    if row.kind == "image_prompts":  # one per image prompt; --ip-scale, --ip-start, ... apply to the same one
+        return Option(
+            row.flag,
+            "a picture to prompt with through an --ip-adapter (repeat for another, up to --ip-slots)",
+            kind="append",
+            metavar="FILE",
+            programs=cli,
+        )
     if row.kind == "seed":
         return Option(row.flag, f"{row.help}; or 'random'", default=str(row.default), programs=cli)
     if not row.plain:  # text
@@ -260,6 +269,34 @@ CONTROL_OPTIONS = (
         kind="append",
         metavar="TYPE",
         programs=frozenset({CLI}),
+    ),
+)
+
+#: The CLI's image prompt settings, the i-th of each going with the i-th --ip-image.
+IMAGE_PROMPT_OPTIONS = (
+    Option(
+        "--ip-image-adapter",
+        "which --ip-adapter the image prompt is for (by name; needed when several are loaded)",
+        kind="append",
+        metavar="NAME",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--ip-scale",
+        "the image prompt's scale, 0..2 (default 0.6)",
+        kind="append",
+        metavar="S",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--ip-start",
+        "fraction of the steps where the image prompt starts acting, 0..1",
+        kind="append",
+        metavar="F",
+        programs=frozenset({CLI}),
+    ),
+    Option(
+        "--ip-end", "fraction of the steps where it stops, 0..1", kind="append", metavar="F", programs=frozenset({CLI})
     ),
 )
 
@@ -366,6 +403,29 @@ OPTIONS: tuple[Option, ...] = (
         programs=frozenset({APP, CLI, PRECOMPILE}),
         recompiles=True,
         env_list=True,
+    ),
+    Option(
+        "--ip-adapter",
+        "an IP-Adapter for image prompts, as h94/IP-Adapter publishes them (.safetensors or .bin, its image_encoder/ "
+        "folder beside it): PATH, REPO:FILE (e.g. h94/IP-Adapter:sdxl_models/ip-adapter_sdxl.safetensors) or "
+        "NAME=PATH (repeat; named by its file); requests give up to --ip-slots images (`ip_images`)",
+        "SDXL_IP_ADAPTER",
+        kind="append",
+        metavar="PATH_OR_REPO",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
+        env_list=True,
+    ),
+    Option(
+        "--ip-slots",
+        "image prompts one request may give with --ip-adapter (Fooocus has 4, diffusers any): each is compiled "
+        "into the image prompt's programs, an empty one costs a masked token block",
+        "SDXL_IP_SLOTS",
+        _bounded_int(1, MAX_IP_SLOTS),
+        config_default("ip_slots"),
+        metavar="N",
+        programs=frozenset({APP, CLI, PRECOMPILE}),
+        recompiles=True,
     ),
     Option(
         "--controlnet-units",
@@ -716,6 +776,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- one request (CLI only): the request fields' table (pipeline/contract/fields.py)
     *(request_option(row) for row in FIELDS if row.flag),
     *CONTROL_OPTIONS,
+    *IMAGE_PROMPT_OPTIONS,
     *XYZ_OPTIONS,
     Option("--out", "directory for the PNG files", required=True, programs=frozenset({CLI})),
     Option("--json", "print a JSON summary instead of text", kind="switch", programs=frozenset({CLI})),

@@ -543,6 +543,14 @@ FIELDS: tuple[Field, ...] = (
         api_type=list,
     ),
     Field(
+        "ip_images",
+        "image_prompts",
+        "image prompts (IP-Adapter): up to the server's --ip-slots {image, adapter, scale 0..2, start, end} of its "
+        "--ip-adapter files",
+        flag="--ip-image",
+        api_type=list,
+    ),
+    Field(
         "refiner_switch",
         "float",
         "with the server's --refiner: the part of the steps the base runs before its "

@@ -146,12 +146,14 @@ def written_settings(
     controlnets: Sequence[ControlUnit] = (),
     mask: Mapping[str, object] | None = None,
     regions: tuple[str, str] | None = None,
+    image_prompts: Sequence[tuple[str, str, float, float, float]] = (),
 ) -> dict[str, object]:
     """What a request set beyond A1111's basics, by `parameters` label, in the order A1111 writes them: the style
     (a reader can undo the styled prompt), a picture's own fields and how its mask was used (`mask`:
     `inpaint_modes.MaskUse.settings`), `Lora hashes`, what reading the prompts adds (`text_settings`), the table's
-    other fields away from their default, the ControlNet units, then the regional prompts (`regions`: the divide
-    mode and ratios, `region_settings`).
+    other fields away from their default, the ControlNet units and the image prompts after them (`image_prompts`:
+    (module, adapter, scale, start, end) each, written as sd-webui-controlnet writes an IP-Adapter unit), then the
+    regional prompts (`regions`: the divide mode and ratios, `region_settings`).
 
     `values`: the request's table fields by name (`Request.plain_values()`)."""
     return {
@@ -162,6 +164,7 @@ def written_settings(
         **(text or {}),
         **table_settings(values, picture=False, has_picture=has_picture),
         **control_settings(controlnets),
+        **image_prompt_settings(image_prompts, first=len(controlnets)),
         **(region_settings(*regions, values.get("region_base", 0.0)) if regions else {}),
     }
 
@@ -227,6 +230,16 @@ def control_entry(unit: ControlUnit, index: int) -> tuple[str, str]:
 def control_settings(units: Sequence[ControlUnit]) -> dict[str, str]:
     """A1111's ControlNet extension's `parameters` entries: {"ControlNet 0": "Module: canny, Model: ..."}."""
     return dict(control_entry(unit, i) for i, unit in enumerate(units))
+
+
+def image_prompt_settings(prompts: Sequence[tuple[str, str, float, float, float]], first: int = 0) -> dict[str, str]:
+    """Image prompts as sd-webui-controlnet writes its IP-Adapter units: {"ControlNet 1": "Module:
+    ip-adapter_clip_sdxl, Model: ip-adapter_sdxl, Weight: 0.6, ..."}, numbered after the ControlNets (`first`)."""
+    return {
+        f"ControlNet {first + i}": f"Module: {module}, Model: {adapter}, Weight: {scale:g}, Guidance Start: "
+        f"{start:g}, Guidance End: {end:g}"
+        for i, (module, adapter, scale, start, end) in enumerate(prompts)
+    }
 
 
 def _setting(value: object) -> str:

@@ -38,6 +38,8 @@ from .errors import InvalidInput
 from .fields import FIELD, PLAIN, Field, check_shape, check_size, check_style, clean_text, echo, resolve_seed
 from .hires import UPSCALERS, second_pass_steps
 from .image_inputs import MASK_THRESHOLD, ImageInputs, latent_mask, open_image, steps_to_run
+from .image_prompts import MAX_IP_SLOTS, ImagePrompt, parse_image_prompts
+from .image_prompts import MAX_SCALE as MAX_IP_SCALE
 from .inpaint_modes import MaskUse, arranged, prepare_pictures
 from .overlay import Paste
 from .parameters import PICTURE_STATUS, status_parts
@@ -69,6 +71,7 @@ class ServerSettings(Protocol):
     cfg: bool
     speed_levers: bool
     controlnets: tuple[str, ...]
+    ip_adapters: tuple[str, ...]
     refiner: str | None
     hires_scales: tuple[float, ...]
 
@@ -89,6 +92,8 @@ class RequestRules:
     controlnets: tuple[str, ...] = ()  # the ControlNets offered, by name (--controlnet)
     controlnet_units: int = MAX_CONTROLNETS  # the most ControlNets a request uses at once (--controlnet-units)
     union_controlnets: tuple[str, ...] = ()  # those of `controlnets` that are union models (a control_type per unit)
+    ip_adapters: tuple[str, ...] = ()  # the IP-Adapters offered, by name (--ip-adapter)
+    ip_slots: int = 2  # the most image prompts a request gives (--ip-slots)
     refiner: str = ""  # the refiner's name ("": none; --refiner), which `refiner_switch` below 1 runs
     hires_scales: tuple[float, ...] = ()  # the hires fix's scales (--hires-scales; none: the hires fix is off)
     region_parts: tuple[int, ...] = ()  # the regional prompts' part counts compiled beyond one (--region-parts)
@@ -128,6 +133,8 @@ class RequestRules:
             default_loras=default,
             controlnets=tuple(_controlnet_name(spec) for spec in config.controlnets),
             controlnet_units=getattr(config, "controlnet_units", MAX_CONTROLNETS),
+            ip_adapters=tuple(adapter_name(spec) for spec in getattr(config, "ip_adapters", ())),
+            ip_slots=getattr(config, "ip_slots", 2),
             refiner=refiner_name(config.refiner) if config.refiner else "",
             hires_scales=tuple(getattr(config, "hires_scales", ())),
             region_parts=tuple(getattr(config, "region_parts", ())),
@@ -135,6 +142,14 @@ class RequestRules:
             pag=bool(getattr(config, "pag", False)),
             freeu=bool(getattr(config, "freeu_programs", False)),
         )
+
+
+def adapter_name(spec: str) -> str:
+    """The name an --ip-adapter is offered under: NAME of NAME=..., else its file's stem (ip-adapter_sdxl)."""
+    name, equals, source = spec.partition("=")
+    if equals:
+        return name.strip()
+    return pathlib.PurePosixPath(spec.strip().replace("\\", "/").rsplit(":", 1)[-1]).stem
 
 
 def refiner_name(source: str) -> str:
@@ -178,6 +193,7 @@ class Request:
     schedule_type: str = FIELD["schedule_type"].default  # A1111's schedule type ("Automatic": the checkpoint's)
     clip_skip: int = FIELD["clip_skip"].default  # the text encoders' layers before the penultimate (0: SDXL's own)
     controlnets: tuple[ControlUnit, ...] = ()  # up to 2 ControlNet units, maps final (controlnet_units.py)
+    ip_images: tuple[ImagePrompt, ...] = ()  # image prompts, up to the server's --ip-slots (image_prompts.py)
     refiner_switch: float = FIELD["refiner_switch"].default  # the refiner continues after this part (1 = none)
     aesthetic_score: float = FIELD["aesthetic_score"].default  # the refiner's 5th time id for the prompt
     negative_aesthetic_score: float = FIELD["negative_aesthetic_score"].default  # ... for the negative prompt
@@ -214,6 +230,7 @@ class Request:
             "loras": [list(lora) for lora in self.loras],
             "ignored": list(self.ignored),
             "controlnets": units,
+            "ip_images": [prompt.to_dict() for prompt in self.ip_images],
         }
 
     @classmethod
@@ -224,6 +241,7 @@ class Request:
         values["loras"] = tuple(tuple(lora) for lora in values.get("loras", ()))
         values["ignored"] = tuple(values.get("ignored", ()))
         values["controlnets"] = tuple(ControlUnit.from_dict(unit) for unit in values.get("controlnets", ()))
+        values["ip_images"] = tuple(ImagePrompt.from_dict(prompt) for prompt in values.get("ip_images", ()))
         for name in ("init_image", "mask_image", "region_mask"):
             values[name] = None if values.get(name) is None else base64.b64decode(values[name])
         return cls(**values)
@@ -319,6 +337,22 @@ def request_schema() -> dict:
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
         "controlnets": _controlnets_schema(text, picture),
+        "ip_images": {
+            "type": "array",
+            "maxItems": MAX_IP_SLOTS,
+            "description": FIELD["ip_images"].help,
+            "items": {
+                "type": "object",
+                "required": ["adapter", "image"],
+                "properties": {
+                    "adapter": text,
+                    "image": picture,
+                    "scale": {"type": "number", "minimum": 0, "maximum": MAX_IP_SCALE},
+                    "start": {"type": "number"},
+                    "end": {"type": "number"},
+                },
+            },
+        },
     }
     for row in PLAIN:
         properties[row.name] = row.schema()
@@ -373,6 +407,7 @@ def parse_request(
     init_image: object = None,
     mask_image: object = None,
     controlnets: object = None,
+    ip_images: object = None,
     outpaint: object = None,
     regions: object = "",
     region_mask: object = None,
@@ -388,7 +423,8 @@ def parse_request(
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a path, bytes or PIL image fitted to the size (image_inputs.py).
-    `controlnets`: controlnet_units.py; `outpaint` ("left=128 right=128"): outpaint.py; `regions`: regions.py.
+    `controlnets`: controlnet_units.py; `outpaint` ("left=128 right=128"): outpaint.py; `regions`: regions.py;
+    `ip_images` (image prompts): image_prompts.py.
     """
     rules = rules or RequestRules()
     unknown = set(plain) - {row.name for row in PLAIN}
@@ -407,6 +443,7 @@ def parse_request(
     units = _controls(controlnets, rules, (height, width), values)
     written = _written_prompts(rules, style_name, text, negative, chosen)
     written |= _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
+    prompts = _image_prompts(ip_images, rules, values, bool(written.get("regions") or written.get("region_mask")))
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -415,6 +452,7 @@ def parse_request(
         size=(height, width),
         loras=chosen,
         controlnets=units,
+        ip_images=prompts,
         **values,
         **_picture_fields(pictures, use),  # and the outpainting's sides
         **written,  # the prompts as read and written, and the regional fields
@@ -484,6 +522,17 @@ def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], v
             "controlnets",
         )
     return units
+
+
+def _image_prompts(ip_images: object, rules: RequestRules, values: Mapping[str, object], regional: bool) -> tuple:
+    """The request's image prompts (image_prompts.py); not with PAG (its perturbed rows would need their own image
+    tokens) nor regional prompts (each part would)."""
+    prompts = parse_image_prompts(ip_images, rules.ip_adapters, rules.ip_slots)
+    if prompts and values.get("pag_scale", 0):
+        raise _naming("Image prompts do not combine with PAG here: set {pag_scale} to 0.", "pag_scale")
+    if prompts and regional:
+        raise _naming("Image prompts do not combine with regional prompts here: leave {regions} empty.", "regions")
+    return prompts
 
 
 def _regions(

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from .cores import ATTENTIONS
 from .nets.attention import Attention
+from .nets.ip_attention import image_prompt_term
 from .regions import active_weights, regional_attention
 
 logger = logging.getLogger(__name__)
@@ -281,6 +282,8 @@ def _attention_call(module, kind: str, interpret: bool, hidden_states, context=N
         out = jax.nn.dot_product_attention(
             q, k, v, scale=head_dim**-0.5, key_value_seq_lengths=lengths, implementation="xla"
         )
+    image = image_prompt_term(module, q) if cross else None  # an image prompt's term (IP-Adapter), if any
+    out = out if image is None else out + image
     return module.proj_attn(out.reshape(batch, -1, heads * head_dim))  # [B, Lq, D]
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import attention
-from .cross_kv import table_of
 from .denoise import unet_step
+from .image_prompt import unet_layers
 from .modules import Modules
 from .nets.controlnet_union import SDXLControlNetUnion
 
@@ -130,7 +129,7 @@ def step_control_local(
     controlnets = tuple(modules.controlnets[i] for i in nets)
     maps = tuple(jnp.concatenate([c, c]) if cfg else c for c in controls)  # [cb, 3, H, W]: both halves see it
     return unet_step(
-        controlled_unet(modules, params, controlnets, scales, hidden, maps, types),
+        controlled_unet(modules, params, controlnets, scales, hidden, maps, types, index=index, cfg=cfg),
         modules,
         latents,
         previous,
@@ -148,7 +147,7 @@ def step_control_local(
     )
 
 
-def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps, types=None):
+def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps, types=None, *, index, cfg: bool):
     """The UNet call of a step with ControlNets (`unet_step`'s `call`): the units' scaled residuals
     (`control_residuals`), made from the same input, text and time embedding, added to the UNet's skips and middle
     block. `maps`: each unit's [cb, 3, H, W], both guidance halves'."""
@@ -157,7 +156,7 @@ def controlled_unet(modules: Modules, params, controlnets, scales, hidden, maps,
         down, mid = control_residuals(
             controlnets, params["controlnets"], scales, sample, timesteps, hidden, added, maps, types
         )
-        with attention.text_keys_values(table_of(params)):  # the UNet's layers only: the ControlNets project their own
+        with unet_layers(params, index, cfg):  # the UNet's layers only: the ControlNets project their own
             return (
                 modules.unet.apply(
                     {"params": params["unet"]},

@@ -42,9 +42,8 @@ from dataclasses import dataclass
 import flax.linen as nn
 import jax.numpy as jnp
 
-from . import attention
-from .cross_kv import table_of
 from .denoise import unet_step
+from .image_prompt import unet_layers
 
 
 @dataclass(frozen=True)
@@ -201,7 +200,7 @@ def step_full_local(
     """`denoise.step_local` that also keeps DeepCache's feature: (latents', history', feature [cb, h, w, C])."""
 
     def call(sample, timesteps, added):
-        with attention.text_keys_values(table_of(params)):
+        with unet_layers(params, index, cfg):
             return unet_full(modules.unet, params["unet"], sample, timesteps, hidden, added)
 
     return unet_step(
@@ -245,7 +244,7 @@ def step_shallow_local(
     """`denoise.step_local` on a cached step: the last whole step's `feature` [cb, h, w, C] -> (latents', history')."""
 
     def call(sample, timesteps, added):
-        with attention.text_keys_values(table_of(params)):
+        with unet_layers(params, index, cfg):
             return (unet_shallow(modules.unet, params["unet"], sample, timesteps, hidden, added, feature),)
 
     return unet_step(

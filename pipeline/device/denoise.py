@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from . import attention, pag, sampler_update
-from .cross_kv import table_of
+from .image_prompt import unet_layers
 from .modules import Modules
 from .text import WINDOW
 
@@ -71,7 +71,7 @@ def step_local(
     """
 
     def plain(sample, timesteps, added):
-        with attention.text_keys_values(table_of(params)):
+        with unet_layers(params, index, cfg):
             return (
                 modules.unet.apply(
                     {"params": params["unet"]}, sample, timesteps, encoder_hidden_states=hidden, added_cond_kwargs=added

@@ -12,10 +12,10 @@ import contextlib
 
 import jax.numpy as jnp
 
-from . import attention
 from .cross_kv import CROSS_KV, table_of
 from .denoise import unet_step
 from .freeu import FACTORS, freeu
+from .image_prompt import unet_layers
 from .modules import Modules
 from .pag import perturbed_attention, with_perturbed_rows
 
@@ -56,7 +56,7 @@ def step_extras_local(
     def call(sample, timesteps, added):
         copies = sample.shape[0] // rows  # FreeU's factors go to every row of an image: uncond, cond, perturbed
         with contextlib.ExitStack() as hooks:
-            hooks.enter_context(attention.text_keys_values(table_of(params)))
+            hooks.enter_context(unet_layers(params, index, cfg))
             if "freeu" in extra:
                 hooks.enter_context(freeu(jnp.tile(extras[:, :FACTORS], (copies, 1))))
             if pag:

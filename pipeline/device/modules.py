@@ -19,6 +19,8 @@ class Modules:
     controlnets: tuple = ()  # the served ControlNets' architectures (nets/controlnet.SDXLControlNet), one per kind
     refiner_unet: Any = None  # the refiner's UNet (5 time ids; checkpoint/refiner_loading.py), None without --refiner
     refiner_text_encoder_2: Any = None  # the refiner's CLIP-G (nets/clip.CLIPTextModelWithProjection)
+    image_encoder: Any = None  # an image prompt's CLIP vision encoder (nets/clip_vision.py), None without --ip-adapter
+    image_projections: tuple = ()  # each --ip-adapter's projection (nets/image_projection.py), in the flags' order
 
     @classmethod
     def of(cls, networks) -> Modules:

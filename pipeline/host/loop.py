@@ -25,7 +25,8 @@ import numpy as np
 
 from ..contract.stopping import Stopped
 from ..device.cross_kv import CROSS_KV
-from .compiling.programs import ProgramKey, ServedPrograms, windows_key
+from ..device.image_prompt import IMAGE_PROMPT
+from .compiling.programs import BASE_STEPS, ProgramKey, ServedPrograms, windows_key
 from .planning.extras_plan import UNetExtras
 from .planning.sampler_plan import COEFFICIENTS, Plan
 from .planning.speed_plan import SpeedPlan, speed_plan
@@ -151,6 +152,7 @@ class Stage:
     kept: dict | None = None
     extras: UNetExtras | None = None  # this pass's FreeU and PAG per row (host/planning/extras_plan.py); None: neither
     regions: RegionInputs | None = None  # a regional prompt's blend: its base steps run the regional step
+    image_prompt: dict | None = None  # this pass's image prompt on the devices (device/image_prompt.py); None: none
 
     def once(self, name: str, make: Callable[[], Any]):
         """`make()`, or what it returned for the same text in a recent request (`kept`): a text program runs once
@@ -179,7 +181,9 @@ class Stage:
         parts: int | None = None,
     ):
         size = (self.height, self.width) if sized else (None, None)
-        return self.programs.compile(ProgramKey(kind, *size, cfg, windows, nets, extras=extras, parts=parts))
+        tokens = self.programs.image_tokens if self.image_prompt is not None and kind in BASE_STEPS else None
+        key = ProgramKey(kind, *size, cfg, windows, nets, extras=extras, parts=parts, image_tokens=tokens)
+        return self.programs.compile(key)
 
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
@@ -210,6 +214,7 @@ def run(
     kept: dict | None = None,
     extras: UNetExtras | None = None,
     regions: RegionInputs | None = None,
+    image_prompt: Callable[[int], dict] | None = None,
 ) -> jax.Array:
     """Encode, the first pass (`first_pass`: the start latents, then the plan's rows: `plan.rows` UNet calls,
     `plan.steps` steps, two per step for Heun), the hires fix's second pass (`hires`, `second_pass`), decode: uint8
@@ -229,9 +234,12 @@ def run(
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
     `regions`: a regional prompt's blend (its text is one window per part; every base step blends them).
+    `image_prompt`: a pass of N plan rows -> the image prompt its base steps read (its table made once, each pass's
+    windows its own; None: no image prompt).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras, regions)
+    first_prompt = image_prompt(plan.steps) if image_prompt is not None else None
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras, regions, first_prompt)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -242,8 +250,17 @@ def run(
     refining = (refiner, refiner_text) if refiner is not None else None
     latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining)
     if hires is not None:
+        second_prompt = image_prompt(hires.plan.steps) if image_prompt is not None else None
         stage, latents = second_pass(
-            stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text
+            dataclasses.replace(stage, image_prompt=second_prompt),
+            inputs,
+            text,
+            latents,
+            hires,
+            watchers,
+            len(speed.schedule),
+            total,
+            refiner_text,
         )
     return stage.compile("decode")(stage.weights("decode"), latents)
 
@@ -402,6 +419,8 @@ def denoise(
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
     unet = stage.weights("step")  # with --cross-attention-cache, the first base row adds its text's table
+    if stage.image_prompt is not None:  # the request's image prompt: its table, and this pass's slots and windows
+        unet = {**unet, IMAGE_PROMPT: stage.image_prompt}
     preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
     done = before  # steps whose result is ready, of all

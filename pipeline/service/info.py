@@ -30,6 +30,8 @@ MUST_AGREE = (
     "embeddings",
     "controlnets",
     "union_controlnets",
+    "ip_adapters",
+    "ip_slots",
     "refiner",
     "hires_scales",
     "hires_upscalers",
@@ -68,6 +70,8 @@ def engine_info(generator, processes: int = 1) -> dict:
         "embeddings": list(rules.embeddings),
         "controlnets": list(rules.controlnets),
         "union_controlnets": list(rules.union_controlnets),  # those that are union models (a control_type per unit)
+        "ip_adapters": list(rules.ip_adapters),  # the IP-Adapters an image prompt may name
+        "ip_slots": rules.ip_slots,
         "refiner": rules.refiner or None,  # the --refiner's name (requests' refiner_switch), None without one
         "hires_scales": list(rules.hires_scales),  # the hires fix's scales (requests' hires_scale), [] without one
         "hires_upscalers": list(rules.hires_upscalers),  # its upscalers by name (requests' hires_upscaler)

@@ -169,6 +169,7 @@ def test_api_parameters_are_named_with_defaults(client):
         "strength",
         "schedule_type",
         "controlnets",
+        "ip_images",
         "refiner_switch",
         "aesthetic_score",
         "negative_aesthetic_score",
@@ -190,7 +191,7 @@ def test_api_parameters_are_named_with_defaults(client):
         "region_base",
         "previews",
     ]
-    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 36
+    assert [p["parameter_has_default"] for p in params] == [False] + [True] * 37
 
 
 def test_page_shows_device_line_and_allows_embedding(page, generator):

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.contract.controlnet_units import from_a1111
 from pipeline.contract.errors import InvalidInput
 from pipeline.contract.fields import FIELD, PLAIN, check_style, echo
+from pipeline.contract.image_prompts import split_ip_units
 from pipeline.contract.request import RequestRules
 
 from .forge_scripts import forge_scripts
@@ -252,9 +253,12 @@ def a1111_request(payload: dict, rules: RequestRules, *, picture: bool) -> A1111
         raise InvalidInput(f"batch_size × n_iter asks for {count} images; the limit is {MAX_IMAGES}.")
     scripts = payload.get("alwayson_scripts") or {}
     ignored = tuple(sorted(str(name) for name in scripts)) if isinstance(scripts, dict) else ()
-    if "controlnet" in ignored and rules.controlnets:  # sd-webui-controlnet's units, when served
+    if "controlnet" in ignored and (rules.controlnets or rules.ip_adapters):  # sd-webui-controlnet's units, served
         control = scripts["controlnet"]
-        given["controlnets"] = from_a1111(control.get("args") if isinstance(control, dict) else control)
+        # its IP-Adapter units (module ip-adapter_clip_sdxl...) are image prompts, the others ControlNets
+        ip_units, units = split_ip_units(control.get("args") if isinstance(control, dict) else control)
+        given["controlnets"] = from_a1111(units) if units else None
+        given["ip_images"] = ip_units or None
         ignored = tuple(name for name in ignored if name != "controlnet")
     if isinstance(scripts, dict):  # Forge's FreeU and PAG, when its clients send them
         forge, used = forge_scripts(scripts)

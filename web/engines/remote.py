@@ -124,6 +124,8 @@ class RemoteEngines:
             embeddings=tuple(info.get("embeddings", ())),
             controlnets=tuple(info.get("controlnets", ())),
             union_controlnets=tuple(info.get("union_controlnets", ())),
+            ip_adapters=tuple(info.get("ip_adapters", ())),  # an older engine: none
+            ip_slots=info.get("ip_slots", 2),
             refiner=info.get("refiner") or "",
             hires_scales=tuple(info.get("hires_scales") or ()),
             hires_upscalers=tuple(info.get("hires_upscalers") or UPSCALERS),  # an older engine: the built-in ones

@@ -158,6 +158,7 @@ class Handlers:
             init_image=image,
             mask_image=mask,
             controlnets=given["controlnets"],
+            ip_images=given["ip_images"],
             outpaint=given["outpaint"],
             regions=given["regions"],
             region_mask=file_path(given["region_mask"]),

@@ -34,6 +34,7 @@ from ..serving.twin_routing import Twin
 from .controlnet_panel import control_panel
 from .form import Form, control
 from .handlers import Handlers
+from .image_prompt_panel import image_prompt_panel
 from .outpaint_panel import outpaint_panel
 from .prompt_filter import PromptFilter
 from .size_labels import size_label
@@ -233,7 +234,8 @@ def settings_form(sections: Sections, rules: RequestRules) -> Form:
             **{
                 name: component
                 for name, component in sections.fields.controls.items()
-                if name not in ("loras", "init_image", "mask_image", "controlnets", "outpaint", "region_mask")
+                if name
+                not in ("loras", "init_image", "mask_image", "controlnets", "ip_images", "outpaint", "region_mask")
             },
         },
         lora_rows=sections.fields.lora_rows,
@@ -415,6 +417,7 @@ def advanced_settings(rules: RequestRules, engine: Engine) -> Fields:
     lora_rows, controls["loras"] = lora_settings(rules)
     picture_controls, picture = picture_settings(rules, controls["aspect_ratio"])
     controls.update(picture_controls)
+    controls["ip_images"] = image_prompt_panel(rules)
     controls["controlnets"] = control_panel(rules)
     controls.update(hires_panel(rules))
     controls.update(region_panel(rules))

@@ -13,10 +13,12 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from . import layers
+from .ip_attention import image_prompt_term
 
 
 class Attention(nn.Module):
-    """Self-attention (`context` None) or cross-attention to the text: [B, Lq, D] -> [B, Lq, D]."""
+    """Self-attention (`context` None) or cross-attention to the text (and to an image prompt's tokens, within
+    `ip_attention.image_tokens`): [B, Lq, D] -> [B, Lq, D]."""
 
     query_dim: int
     heads: int
@@ -41,4 +43,6 @@ class Attention(nn.Module):
         scores = jnp.einsum("b t n h, b f n h -> b n f t", k, q) * self.dim_head**-0.5  # [B, N, Lq, Lk]
         probs = nn.softmax(scores, axis=-1)
         out = jnp.einsum("b n f t, b t n h -> b f n h", probs, v)  # [B, Lq, N, H]
+        image = image_prompt_term(self, q) if context is not hidden_states else None  # IP-Adapter's, if any
+        out = out if image is None else out + image
         return self.proj_attn(jnp.reshape(out, (batch, -1, self.heads * self.dim_head)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import flax.linen as nn
@@ -42,6 +42,7 @@ class CLIPTextConfig:
     layer_norm_eps: float = 1e-5
     eos_token_id: int = 2
     projection_dim: int = 768
+    causal: ClassVar[bool] = True  # a text encoder's token attends to those before it (the image encoder's to all)
 
     @classmethod
     def from_dict(cls, config: dict) -> CLIPTextConfig:
@@ -84,9 +85,10 @@ class CLIPTextEmbeddings(nn.Module):
 
 
 class CLIPAttention(nn.Module):
-    """Causal multi-head self-attention: [B, L, D] -> [B, L, D] (weights from flax's own helper, in `dtype`)."""
+    """Multi-head self-attention, causal where the config is a text encoder's: [B, L, D] -> [B, L, D] (weights from
+    flax's own helper, in `dtype`)."""
 
-    config: CLIPTextConfig
+    config: Any  # CLIPTextConfig, or nets/clip_vision.CLIPVisionConfig (the same layer fields)
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
@@ -101,20 +103,22 @@ class CLIPAttention(nn.Module):
             return x.reshape(x.shape[:2] + (heads, width // heads))
 
         query, key, value = (split(p(hidden_states)) for p in (self.q_proj, self.k_proj, self.v_proj))
-        length = hidden_states.shape[1]
-        causal = nn.make_causal_mask(jnp.ones((1, length), dtype="i4"))  # [1, 1, L, L]
-        bias = jax.lax.select(
-            causal > 0,
-            jnp.full(causal.shape, 0.0).astype(self.dtype),
-            jnp.full(causal.shape, jnp.finfo(self.dtype).min).astype(self.dtype),
-        )
+        bias = None
+        if self.config.causal:
+            length = hidden_states.shape[1]
+            causal = nn.make_causal_mask(jnp.ones((1, length), dtype="i4"))  # [1, 1, L, L]
+            bias = jax.lax.select(
+                causal > 0,
+                jnp.full(causal.shape, 0.0).astype(self.dtype),
+                jnp.full(causal.shape, jnp.finfo(self.dtype).min).astype(self.dtype),
+            )
         weights = dot_product_attention_weights(query, key, bias=bias, dtype=self.dtype)  # [B, N, L, L]
         out = jnp.einsum("...hqk,...khd->...qhd", weights, value)  # [B, L, N, H]
         return self.out_proj(out.reshape(out.shape[:2] + (width,)))
 
 
 class CLIPMLP(nn.Module):
-    config: CLIPTextConfig
+    config: Any  # a text or vision config
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
@@ -128,7 +132,7 @@ class CLIPMLP(nn.Module):
 class CLIPEncoderLayer(nn.Module):
     """Pre-norm attention and MLP, each with a residual: [B, L, D] -> [B, L, D]."""
 
-    config: CLIPTextConfig
+    config: Any  # a text or vision config
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
@@ -145,7 +149,7 @@ class CLIPEncoderLayer(nn.Module):
 class CLIPLayers(nn.Module):
     """The layers, named "0", "1", ... (transformers' `encoder/layers/<i>`); returns every hidden state."""
 
-    config: CLIPTextConfig
+    config: Any  # a text or vision config
     dtype: Any = jnp.float32
 
     def setup(self) -> None:
@@ -164,7 +168,7 @@ class CLIPLayers(nn.Module):
 class CLIPEncoder(nn.Module):
     """Only a level of nesting: transformers' tree is `encoder/layers/<i>`."""
 
-    config: CLIPTextConfig
+    config: Any  # a text or vision config
     dtype: Any = jnp.float32
 
     def setup(self) -> None:

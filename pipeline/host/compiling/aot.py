@@ -140,8 +140,13 @@ def fingerprint(programs: ServedPrograms, key: ProgramKey) -> str:
     if key.nets is not None:  # each unit's ControlNet architecture (its fields; shapes alone miss a few)
         digest.update(repr([programs.modules.controlnets[i] for i in key.nets]).encode())
     for name in WEIGHTS[key.kind] or ("text_encoder", "text_encoder_2", "unet", "vae"):  # none: shapes from all
+        if name == "ip_adapters":  # the adapters' projections (their weights' shapes follow below)
+            digest.update(repr([p.config for p in programs.modules.image_projections]).encode())
+            continue
         module = getattr(programs.modules, name)
         digest.update(f"{_config_text(module)} {getattr(module, 'dtype', None)}".encode())  # computation dtype
+    if key.image_tokens:  # a step reading an image prompt: its slots' adapters ([A, S]) shape its arguments
+        digest.update(repr(len(programs.modules.image_projections)).encode())
     digest.update(repr(programs.modules.vae_scale_factor).encode())
     if key.kind == "merge":  # its arguments are the LoRAs' kernels and slots, not a component's weights
         digest.update(

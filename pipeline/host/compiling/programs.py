@@ -8,6 +8,9 @@ replicated, batch split:
                                                   -> hidden [cB, K*77, D], pooled [cB, P], key_lengths [cB]
     cross_kv[cfg, K]     hidden [cB, K*77, D] -> {layer path: (keys, values) [cB, K*77, C]}: the UNet's cross-attention
                          projections of the text, once per request (--cross-attention-cache; device/cross_kv.py)
+    image_prompt         pixels [S, 3, s, s], slots [A, S] -> {"keys", "values": {layer path: [2, T, C]}}: an image
+                         prompt's tokens through every cross-attention's to_k_ip / to_v_ip (--ip-adapter;
+                         device/image_prompt.py), replicated
     encode_image[size]   pixels uint8 [B, H, W, 3], keep [B, H, W]        -> x0 [B, 4, h, w] (a request's picture)
     start[size]          seeds [B], init_sigma [B], x0 [B, 4, h, w], weight [B] -> latents, noise [B, 4, h, w]
     step[size, cfg, K]   latents, history [B, 4, 4, h, w], hidden, pooled, key_lengths, guidance [B], seeds [B],
@@ -22,6 +25,9 @@ replicated, batch split:
     step_control[size, cfg, K, nets]   the step with the request's ControlNets: + maps [B, 3, H, W] each, scales [n]
                                        (+ types int32 [n] where a union ControlNet is among the nets)
     step_full, step_shallow[size, cfg]   the step with DeepCache's feature kept, or used (per-request levers)
+    (any base step)[..., T image tokens]   the step reading an image prompt: its weights carry the request's
+                         image_prompt table, slot scales and windows (device/image_prompt.py; a request without runs
+                         the step without)
     halve_text, halve_feature[size]      a CFG batch's conditional half, when guidance ends (per-request levers)
     preview[size]        a step's history (its D) [B, 4, 4, h, w]         -> uint8 [B, h, w, 3] (live previews)
     refiner_encode[cfg, K]   the encode's arguments (encoder 2's ids read) -> the refiner's hidden, pooled, key_lengths
@@ -43,6 +49,7 @@ weights and a TPU topology's mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -59,6 +66,7 @@ from ...device.cross_kv import CROSS_KV, cross_kv_local
 from ...device.deepcache import conditional_half_local, step_full_local, step_shallow_local
 from ...device.denoise import INPAINT_CHANNELS, LATENT_CHANNELS, start_local, step_local
 from ...device.extras_step import EXTRAS, step_extras_local
+from ...device.image_prompt import IMAGE_PROMPT, image_prompt_local
 from ...device.lora import COMPONENTS as LORA_COMPONENTS
 from ...device.lora import MergeLayout, get_leaves, merge_donating
 from ...device.modules import Modules
@@ -82,6 +90,7 @@ KINDS = (
     "merge",
     "encode",
     "cross_kv",
+    "image_prompt",
     "refiner_encode",
     "encode_image",
     "start",
@@ -112,6 +121,7 @@ WEIGHTS = {
     "merge": (),  # the LoRA merge takes the kernels it changes as arguments (host/lora_sets.py)
     "encode": ("text_encoder", "text_encoder_2"),
     "cross_kv": ("unet",),
+    "image_prompt": ("image_encoder", "ip_adapters"),
     "encode_image": ("vae",),
     "start": (),
     "step": ("unet",),
@@ -142,6 +152,7 @@ class ProgramKey:
     mode: str | None = None  # static: the upscale's A1111 latent upscaler (contract/hires.LATENT_UPSCALERS)
     extras: tuple[str, ...] = ()  # static: what the step adds to the UNet, "freeu" and/or "pag" (device/extras_step.py)
     parts: int | None = None  # static: a regional prompt's parts, blended in every cross-attention (step)
+    image_tokens: int | None = None  # static: an image prompt's tokens T the base step reads (None: no image prompt)
 
     @property
     def label(self) -> str:
@@ -162,6 +173,8 @@ class ProgramKey:
         parts += self.extras
         if self.parts is not None:
             parts.append(f"{self.parts} regions")
+        if self.image_tokens is not None:
+            parts.append(f"{self.image_tokens} image tokens")
         return " ".join(parts)
 
     @property
@@ -188,6 +201,7 @@ def program_keys(
     cross_kv: bool = False,
     extras: tuple[str, ...] = (),
     region_parts: tuple[int, ...] = (),
+    image_tokens: int | None = None,
 ) -> list[ProgramKey]:
     """Every program a server offering `sizes` ((height, width) pairs) runs, encode first.
 
@@ -205,6 +219,8 @@ def program_keys(
     each combination's whole-UNet step, per mode and text, at each size (a request without them runs the others).
     upscales, one per A1111 latent upscaler. `region_parts`: the part counts P of regional prompts: per size and
     guidance mode a step blending P parts, and the programs reading a text of P windows (`regional_keys`).
+    `image_tokens` T: an image prompt is offered (--ip-adapter): its `image_prompt` program, and beside each base step
+    (but PAG's and the regional ones) its twin reading T image tokens.
     """
     modes = (cfg, False) if cfg and levers else (cfg,)
     texts = (None, windows) if windows > 1 else (None,)  # ProgramKey.windows of each text length served
@@ -229,7 +245,21 @@ def program_keys(
         for source, target in hires
         for mode in LATENT_UPSCALERS
     ]
-    return keys + regional_keys(sizes, cfg, levers, texts, region_parts, cross_kv)
+    keys += regional_keys(sizes, cfg, levers, texts, region_parts, cross_kv)
+    return keys + image_prompt_keys(keys, image_tokens)
+
+
+def image_prompt_keys(keys: list[ProgramKey], image_tokens: int | None) -> list[ProgramKey]:
+    """With an image prompt of `image_tokens` T offered: its `image_prompt` program and each base step of `keys`
+    reading T tokens (PAG's and the regional steps take none: refused together)."""
+    if image_tokens is None:
+        return []
+    twins = [
+        dataclasses.replace(key, image_tokens=image_tokens)
+        for key in keys
+        if key.kind in BASE_STEPS and key.parts is None and "pag" not in key.extras
+    ]
+    return [ProgramKey("image_prompt"), *twins]
 
 
 def regional_keys(
@@ -329,6 +359,7 @@ class ServedPrograms:
         vae_tile_above: int | None = None,
         xla_options: tuple[tuple[str, str], ...] = (),
         cross_attention_cache: bool = False,
+        ip_slots: int = 0,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -349,6 +380,7 @@ class ServedPrograms:
             xla_options
         )  # static: XLA compiler options of every program (host/compiling/compiler_options)
         self.cross_attention_cache = cross_attention_cache  # static: the base's steps read the text's keys and values
+        self.ip_slots = ip_slots if modules.image_projections else 0  # static: image prompts per request (S)
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -389,14 +421,19 @@ class ServedPrograms:
             return jax.jit(
                 _named(body, "sdxl_merge"), donate_argnums=(0,), keep_unused=True, out_shardings=replicated(self.mesh)
             )
-        if key.kind in TEXT_KINDS:
+        if key.kind == "image_prompt":  # whole on every device: each step's UNet reads all of it
+            body, in_specs, out_specs = functools.partial(image_prompt_local, self.modules), (ONE, ONE, ONE), ONE
+        elif key.kind in TEXT_KINDS:
             body, in_specs, out_specs = self._text_body(key)
         elif key.kind in STEP_KINDS:
             body, in_specs, out_specs = self._step_body(key)
         else:
             body, in_specs, out_specs = self._picture_body(key)
-        if self.cross_attention_cache and key.kind in BASE_STEPS:  # the weights whole, the table split
-            in_specs = ({name: ONE for name in WEIGHTS[key.kind]} | {CROSS_KV: BATCH}, *in_specs[1:])
+        if key.kind in BASE_STEPS and (self.cross_attention_cache or key.image_tokens):  # weights whole, table split
+            weights = {name: ONE for name in WEIGHTS[key.kind]} | (
+                {CROSS_KV: BATCH} if self.cross_attention_cache else {}
+            )
+            in_specs = (weights | ({IMAGE_PROMPT: ONE} if key.image_tokens else {}), *in_specs[1:])
         # A regional step needs the hook's cross-attention (no hook with `diffusers`: XLA's core is the reference's)
         kind = "xla" if key.parts is not None and self.attention == "diffusers" else self.attention
         body = _named(attention_core.hooked(body, kind), f"sdxl_{key.kind}")  # JAX's logs name it
@@ -488,6 +525,10 @@ class ServedPrograms:
         if key.kind == "merge":
             return self._merge_args()
         weights = self.weights(key, self._params)
+        if key.kind == "image_prompt":  # each slot's pixels, each slot's adapter (one-hot)
+            spec, size = self._spec, self.modules.image_encoder.config.image_size
+            slots = len(self.modules.image_projections), self.ip_slots
+            return weights, spec((self.ip_slots, 3, size, size), np.float32, whole=True), spec(slots, np.float32, True)
         if key.kind in TEXT_KINDS:
             return self._text_args(key, weights)
         if key.kind in STEP_KINDS:
@@ -559,6 +600,8 @@ class ServedPrograms:
         )
         if self.cross_attention_cache and key.kind in BASE_STEPS:
             weights = {**weights, CROSS_KV: self._split(self._cross_kv(key.cfg, key.windows))}
+        if key.image_tokens:
+            weights = {**weights, IMAGE_PROMPT: self._image_prompt()}
         step_args = (
             weights,
             latents,
@@ -602,6 +645,31 @@ class ServedPrograms:
             key = ProgramKey("cross_kv", cfg=cfg, windows=windows)
             self._table_shapes[cfg, windows] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
         return self._table_shapes[cfg, windows]
+
+    @property
+    def image_tokens(self) -> int | None:
+        """T, the image tokens of a request's image prompts: S slots x the most tokens an adapter gives (None: no
+        image prompt is served)."""
+        if not self.ip_slots:
+            return None
+        return self.ip_slots * max(projection.config.tokens for projection in self.modules.image_projections)
+
+    def _image_prompt(self) -> dict:
+        """A step's image prompt (replicated): the table `image_prompt` makes, and per slot its scale, window and
+        adapter (one-hot [A, S]), per token whether it is real [T] (device/image_prompt.step_weights)."""
+        if "image_prompt" not in self._table_shapes:
+            key = ProgramKey("image_prompt")
+            self._table_shapes["image_prompt"] = jax.eval_shape(self.jitted(key), *self.abstract_args(key))
+        spec, slots = functools.partial(self._spec, whole=True), self.ip_slots
+        whole = jax.tree_util.tree_map(lambda x: spec(x.shape, x.dtype), self._table_shapes["image_prompt"])
+        return {
+            **whole,
+            "scale": spec((slots,), np.float32),
+            "first": spec((slots,), np.int32),
+            "stop": spec((slots,), np.int32),
+            "slots": spec((len(self.modules.image_projections), slots), np.float32),
+            "tokens": spec((self.image_tokens,), np.float32),
+        }
 
     def _union(self, key: ProgramKey) -> bool:
         """A step_control program with a union ControlNet among its units (it reads their types too)."""

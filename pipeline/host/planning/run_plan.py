@@ -45,6 +45,7 @@ from .emphasis import has_emphasis
 from .extras_plan import UNetExtras, extras_plan
 from .hires_plan import HiresPlan, hires_plan
 from .image_plan import image_plan
+from .image_prompt_plan import ImagePromptPlan, ServedAdapters, image_prompt_plan
 from .refiner_plan import refiner_plan
 from .region_plan import RegionPlan, check_part_lengths, region_plan
 from .sampler_plan import Plan, SamplerConfig
@@ -85,6 +86,7 @@ class RunContext:
     refiner: str = ""  # the --refiner's name ("" none)
     lora_hashes: Callable[[tuple], str] | None = None  # A1111's `Lora hashes` of a LoRA set (None: no LoRAs)
     unet_levels: int = 3  # the UNet's resolutions (its down blocks): the grids regional prompts blend at
+    adapters: ServedAdapters | None = None  # the IP-Adapters served (None: no image prompts)
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class RunPlan:
     output: Output
     merge_key: tuple | None  # what a merged call's requests share (None: the request runs alone)
     regions: RegionPlan | None = None  # regional prompts of several parts: their blend per attention grid
+    image_prompt: ImagePromptPlan | None = None  # image prompts (IP-Adapter): their pixels, slots and scales
 
     @property
     def steps(self) -> int:
@@ -176,13 +179,15 @@ def plan_run(request: Request, context: RunContext) -> RunPlan:
         and not request.controlnets
         and first.extras is None
         and regions is None
+        and not request.ip_images
     )  # text or picture to image on the base alone, its plain steps
     count = context.num_images if mergeable else context.images_per_call
     seeds = tuple((request.seed + i) % SEED_MODULUS for i in range(count))
     conditioning = conditioning_of(request, context, seeds, regions.parts if regions is not None else None)
     output = output_of(request, context, first, second, conditioning, seeds)
     key = merge_key(request, first, conditioning) if mergeable else None
-    return RunPlan(request, first, conditioning, second, output, key, regions)
+    image_prompt = image_prompt_plan(request.ip_images, context.adapters) if context.adapters else None
+    return RunPlan(request, first, conditioning, second, output, key, regions, image_prompt)
 
 
 def regions_of(request: Request, context: RunContext) -> RegionPlan | None:
@@ -343,6 +348,7 @@ def output_of(
         lora_hashes=lora_hashes,
         text=text,
         controlnets=request.controlnets,
+        image_prompts=_image_prompt_units(request, context),
         mask=request.mask_use().settings(request.mask_image is not None),
         regions=_divide_mode(request),
     )
@@ -391,6 +397,14 @@ def style_tail(rules: RequestRules, style: str) -> str:
     """The words a style's template puts after the prompt ("" for none): what a long styled prompt loses first."""
     template = rules.styles.get(style)
     return template.prompt.partition(PLACEHOLDER)[2] if template is not None else ""
+
+
+def _image_prompt_units(request: Request, context: RunContext) -> tuple:
+    """(module, adapter, scale, start, end) of each image prompt, as its `parameters` entry writes it."""
+    if not request.ip_images or context.adapters is None:
+        return ()
+    modules = dict(zip(context.adapters.names, context.adapters.modules, strict=True))
+    return tuple((modules[p.adapter], p.adapter, p.scale, p.start, p.end) for p in request.ip_images)
 
 
 def merge_key(request: Request, first: FirstPass, conditioning: Conditioning) -> tuple:
