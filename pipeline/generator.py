@@ -27,7 +27,7 @@ from PIL import Image
 
 from .checkpoint.controlnet_loading import load_controlnets
 from .checkpoint.embeddings import EmbeddingDirectory, load_embeddings_dir
-from .checkpoint.ip_adapter_loading import IPAdapterWeights, load_ip_adapters
+from .checkpoint.ip_adapter_loading import load_ip_adapters
 from .checkpoint.loading import LoadedModel, load_model
 from .checkpoint.lora import LoraFile, load_lora_dir, lora_targets
 from .checkpoint.refiner_loading import RefinerWeights, load_refiner
@@ -50,12 +50,12 @@ from .host.compiling.compile_cache import CompileCounter, configure_compilation_
 from .host.compiling.compiler_options import check as check_compiler_options
 from .host.compiling.executable_store import StartupPrograms
 from .host.compiling.programs import ProgramKey, ServedPrograms, program_keys
+from .host.image_prompt_tables import ImagePromptTables
 from .host.loop import Gate, Listener, PreviewListener, RequestInputs, StopCheck
 from .host.lora_sets import LoraSets
 from .host.merging import CallMerger, GroupWatchers, Ticket
 from .host.placement import Placement
 from .host.planning.controlnet_plan import ServedControlNets, control_inputs
-from .host.planning.image_prompt_plan import ImagePromptPlan, ServedAdapters
 from .host.planning.run_plan import RunContext, RunPlan, plan_run
 from .host.planning.sampler_plan import SamplerConfig
 from .host.planning.tokens import PromptReader
@@ -65,9 +65,6 @@ from .merged_calls import merged_run, ticket_of
 from .warmup import warm_up
 
 logger = logging.getLogger(__name__)
-
-#: Image prompts' tables kept on the devices between requests (`Generator._image_prompt`).
-IMAGE_PROMPT_TABLES = 4
 
 
 @dataclass(frozen=True)
@@ -234,8 +231,8 @@ def build_programs(
     layout: MergeLayout | None = None,
     controlnets: tuple = (),
     refiner: RefinerWeights | None = None,
+    ip_adapters: ImagePromptTables | None = None,
     images_per_device: int | None = None,
-    ip_adapters: tuple = (),
 ) -> ServedPrograms:
     """The programs a server with `config` runs, on `mesh`, for `params` (placed weights, or their shapes: a TPU
     topology's precompile reads shapes only) and the LoRAs' merge `layout`. The generator and `precompile` both
@@ -245,8 +242,8 @@ def build_programs(
     modules = dataclasses.replace(served_modules(loaded, config), controlnets=tuple(controlnets))
     if refiner is not None:
         modules = dataclasses.replace(modules, refiner_unet=refiner.unet, refiner_text_encoder_2=refiner.text_encoder_2)
-    if ip_adapters:
-        modules = dataclasses.replace(modules, **image_prompt_modules(ip_adapters, config.dtype))
+    if ip_adapters is not None:
+        modules = dataclasses.replace(modules, **ip_adapters.modules(config.dtype))
     return ServedPrograms(
         modules,
         params,
@@ -264,27 +261,8 @@ def build_programs(
         vae_tile_above=config.vae_tile_above,
         xla_options=config.xla_options,
         cross_attention_cache=config.cross_attention_cache,
-        ip_slots=config.ip_slots if ip_adapters else 0,
+        ip_slots=config.ip_slots if ip_adapters is not None and ip_adapters.adapters else 0,
     )
-
-
-def image_prompt_modules(adapters: tuple[IPAdapterWeights, ...], dtype: str) -> dict:
-    """The image prompt's modules (`Modules` fields): the adapters' shared image encoder, each one's projection."""
-    import jax.numpy as jnp
-
-    from .device.nets.image_projection import image_projection
-
-    compute = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-    projections = tuple(image_projection(adapter.projection, compute) for adapter in adapters)
-    return {"image_encoder": adapters[0].encoder.module, "image_projections": projections}
-
-
-def with_ip_adapters(params: dict, adapters: tuple[IPAdapterWeights, ...]) -> dict:
-    """The weights the programs take, with the image encoder's and each adapter's (projection, to_k_ip/to_v_ip)."""
-    if not adapters:
-        return params
-    trees = tuple(adapter.params for adapter in adapters)
-    return {**params, "image_encoder": adapters[0].encoder.params, "ip_adapters": trees}
 
 
 def served_program_keys(
@@ -352,13 +330,13 @@ def checked_multiple(modules: Modules, sizes: list[tuple[int, int]]) -> int:
 
 
 def place_weights(
-    loaded: LoadedModel, config: EngineConfig, refiner: RefinerWeights | None, mesh, ip_adapters: tuple = ()
+    loaded: LoadedModel, config: EngineConfig, refiner: RefinerWeights | None, mesh, ip_adapters=None
 ) -> tuple[dict, dict]:
     """The weights the programs take (`served_params`, with the refiner's and the IP-Adapters'), on every device
     once, and the load's phases in seconds."""
     started = time.perf_counter()
     served = with_refiner(served_params(loaded, config), refiner)  # --quantize int8: the UNet's int8 kernels
-    served = with_ip_adapters(served, ip_adapters)
+    served = ip_adapters.with_weights(served) if ip_adapters is not None else served
     params = jax.block_until_ready(replicate_tree(served, mesh))
     return params, {"load_s": loaded.load_s, "cast_s": loaded.cast_s, "replicate_s": time.perf_counter() - started}
 
@@ -413,6 +391,40 @@ def request_rules(
     )
 
 
+def check_processes(config: EngineConfig) -> None:
+    """What several JAX processes cannot serve, refused in one sentence."""
+    if config.merge_requests and jax.process_count() > 1:
+        raise InvalidInput(
+            "--merge-requests runs on one process: several processes would each have to merge "
+            "the same requests in the same calls."
+        )
+
+
+def run_context(engine: Generator) -> RunContext:
+    """What planning a request reads of this engine (`host/planning/run_plan.py`)."""
+    config = engine.config
+    return RunContext(
+        sampler=engine.sampler,
+        levers=config.speed_levers,
+        vae_scale_factor=engine.programs.modules.vae_scale_factor,
+        inpainting_unet=engine.programs.inpainting_unet,
+        prompts=engine.prompts,
+        windows=config.prompt_windows,
+        images_per_call=engine.images_per_call,
+        num_images=engine.num_images,
+        merging=config.merge_requests,
+        hires_sizes=engine.hires_sizes,
+        rules=engine.rules,
+        model=config.model,
+        unet=config.unet,
+        dtype=config.dtype,
+        refiner=engine.rules.refiner,
+        lora_hashes=engine.loras.hashes if engine.loras is not None else None,
+        unet_levels=len(engine.programs.modules.unet.config.block_out_channels),
+        adapters=engine.image_prompts.served(),
+    )
+
+
 class Generator:
     """SDXL on every device of a 1-D mesh: compiled programs, one image per device (x per-device batch).
 
@@ -431,11 +443,7 @@ class Generator:
         refiner: RefinerWeights | None = None,
         ip_adapters: list | None = None,
     ):
-        if config.merge_requests and jax.process_count() > 1:
-            raise InvalidInput(
-                "--merge-requests runs on one process: several processes would each have to merge "
-                "the same requests in the same calls."
-            )
+        check_processes(config)
         self.config, self.source, self.refiner = config, loaded.source, refiner  # config: for the devices' platform
         self.mesh = data_mesh(devices)
         self.device_count, self.device_kind = self.mesh.devices.size, self.mesh.devices.flat[0].device_kind
@@ -452,18 +460,11 @@ class Generator:
         )
         self.controlnets = ServedControlNets.of(controlnets or [], loaded, self.mesh, config.controlnet_units)
         self.upscalers = read_upscalers(config)  # ESRGAN models by name, each on its tiles (`host/upscale_tiles.py`)
-        self.ip_adapters = tuple(ip_adapters or ())
-        self._params, self.load_timings = place_weights(loaded, config, refiner, self.mesh, self.ip_adapters)
+        self.image_prompts = ImagePromptTables(tuple(ip_adapters or ()), config.ip_slots)
+        self._params, self.load_timings = place_weights(loaded, config, refiner, self.mesh, self.image_prompts)
+        archs, adapters = self.controlnets.archs, self.image_prompts
         self.programs = build_programs(
-            loaded,
-            config,
-            self._params,
-            self.mesh,
-            self.sampler,
-            layout,
-            self.controlnets.archs,
-            refiner,
-            ip_adapters=self.ip_adapters,
+            loaded, config, self._params, self.mesh, self.sampler, layout, archs, refiner, adapters
         )
         self.placement = Placement(self.mesh, self.programs.text_widths)
         self.call_programs = {
@@ -480,11 +481,8 @@ class Generator:
         self.rules = request_rules(
             config, self.sampler, files, tuple(self.prompts.embeddings), self.controlnets, refiner, self.upscalers
         )
-        names = tuple(adapter.name for adapter in self.ip_adapters)
-        self.rules = dataclasses.replace(self.rules, ip_adapters=names, ip_slots=config.ip_slots)
-        #: image prompts' tables by their pictures' and adapters' hash, newest last (a few: each is small)
-        self._image_prompt_tables: collections.OrderedDict[str, dict] = collections.OrderedDict()
-        self.context = self._run_context()
+        self.image_prompts.bind(self.programs, self._params, self.placement.put)
+        self.context = run_context(self)
         self._device_lock = threading.Lock()  # one call on the devices at a time
         self.merger = CallMerger(config.merge_call_sizes, self.run_group) if config.merge_requests else None
         self.requests_at_once = 2 * config.per_device_batch if config.merge_requests else 1  # a call's N and the next's
@@ -493,42 +491,6 @@ class Generator:
         self.recent_runs: collections.deque[dict] = collections.deque(maxlen=32)
         self._compiles_at_start = CompileCounter.compiles()
         self.startup_programs: StartupPrograms | None = None  # how `warmup` got each program
-
-    def _run_context(self) -> RunContext:
-        """What planning a request reads of this engine (`host/planning/run_plan.py`)."""
-        config = self.config
-        return RunContext(
-            sampler=self.sampler,
-            levers=config.speed_levers,
-            vae_scale_factor=self.programs.modules.vae_scale_factor,
-            inpainting_unet=self.programs.inpainting_unet,
-            prompts=self.prompts,
-            windows=config.prompt_windows,
-            images_per_call=self.images_per_call,
-            num_images=self.num_images,
-            merging=config.merge_requests,
-            hires_sizes=self.hires_sizes,
-            rules=self.rules,
-            model=config.model,
-            unet=config.unet,
-            dtype=config.dtype,
-            refiner=self.rules.refiner,
-            lora_hashes=self.loras.hashes if self.loras is not None else None,
-            unet_levels=len(self.programs.modules.unet.config.block_out_channels),
-            adapters=self._served_adapters(),
-        )
-
-    def _served_adapters(self) -> ServedAdapters | None:
-        """What planning an image prompt reads of the served IP-Adapters (None: none served)."""
-        if not self.ip_adapters:
-            return None
-        return ServedAdapters(
-            names=tuple(adapter.name for adapter in self.ip_adapters),
-            tokens=tuple(adapter.projection.tokens for adapter in self.ip_adapters),
-            slots=self.config.ip_slots,
-            image_size=self.programs.modules.image_encoder.config.image_size,
-            modules=tuple(adapter.a1111_module for adapter in self.ip_adapters),
-        )
 
     @classmethod
     def load(cls, config: EngineConfig, devices: list | None = None) -> Generator:
@@ -661,30 +623,9 @@ class Generator:
                 refiner=placement.refiner(first.refiner_row, first.plan.rows, conditioning.aesthetic),
                 extras=first.extras,
                 regions=placement.regions(run.regions),
-                image_prompt=self._image_prompt(run.image_prompt),
+                image_prompt=self.image_prompts.for_run(run.image_prompt),
             )
             return pixels, time.perf_counter() - on_device
-
-    def _image_prompt(self, plan: ImagePromptPlan | None):
-        """A pass of N plan rows -> the image prompt its steps read, on every device (None without one): the table
-        of `plan`'s pictures, made by the `image_prompt` program once and kept for a few requests, and the pass's
-        slot windows."""
-        if plan is None:
-            return None
-        put = self.placement.put
-        table = self._image_prompt_tables.pop(plan.key, None)
-        if table is None:
-            program = self.programs.compile(ProgramKey("image_prompt"))
-            weights = self.programs.weights(ProgramKey("image_prompt"), self._params)
-            table = program(weights, put(plan.pixels), put(plan.slots))
-        self._image_prompt_tables[plan.key] = table
-        while len(self._image_prompt_tables) > IMAGE_PROMPT_TABLES:
-            self._image_prompt_tables.popitem(last=False)
-
-        def for_pass(steps: int) -> dict:
-            return {**table, **{name: put(array) for name, array in plan.window(steps).items()}}
-
-        return for_pass
 
     def run_group(self, tickets: list[Ticket]) -> None:
         """One merged call (the merger's worker) on the programs of the smallest call size that holds the tickets

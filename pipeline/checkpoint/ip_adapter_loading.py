@@ -23,13 +23,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import unflatten_dict
+from safetensors.numpy import load_file
 
 from ..contract.errors import CheckpointError, InvalidInput, ModelLoadError
+from ..device.nets.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
+from ..device.nets.image_projection import ImageProjectionConfig
 from . import convert
 from .controlnet_loading import split_spec
 from .hub import folder_or_snapshot, hub_file
+from .upscaler_loading import read_pth
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +108,6 @@ def split_adapter_spec(spec: str) -> tuple[str, str, str | None]:
 def read_adapter_file(path: Path) -> dict[str, dict[str, np.ndarray]]:
     """{"image_proj": {name: array}, "ip_adapter": {name: array}} from a `.safetensors` or a torch `.bin`."""
     if path.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-
         try:
             flat = load_file(str(path))
         except Exception as error:
@@ -118,8 +121,6 @@ def read_adapter_file(path: Path) -> dict[str, dict[str, np.ndarray]]:
         return state
     if path.suffix != ".bin":
         raise CheckpointError(f"it is a {path.suffix or 'suffixless'} file; IP-Adapters come as .safetensors or .bin")
-    from .upscaler_loading import read_pth
-
     try:
         state = read_pth(path)
     except InvalidInput as exc:
@@ -131,8 +132,6 @@ def read_adapter_file(path: Path) -> dict[str, dict[str, np.ndarray]]:
 
 def projection_config(image_proj: dict[str, np.ndarray], cross_attention_dim: int):
     """The projection's config from its tensors' names and shapes; CheckpointError for kinds not served."""
-    from ..device.nets.image_projection import ImageProjectionConfig
-
     if "latents" in image_proj:  # h94's Resampler (Plus, Plus Face)
         latents = image_proj["latents"]  # [1, queries, width]
         width = latents.shape[2]
@@ -208,8 +207,6 @@ def _layer_tree(ip_adapter: dict[str, np.ndarray], paths: list[str], cross_atten
 
 def load_image_encoder(directory: Path, dtype: str, *, use_cache: bool = True) -> ImageEncoderWeights:
     """The `CLIPVisionModelWithProjection` in `directory` (config.json + safetensors), converted without torch."""
-    from ..device.nets.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
-
     try:
         config = json.loads((directory / "config.json").read_text())
         module = CLIPVisionModelWithProjection(CLIPVisionConfig.from_dict(config), dtype=_jnp_dtype(dtype))
@@ -231,8 +228,6 @@ def load_image_encoder(directory: Path, dtype: str, *, use_cache: bool = True) -
 
 
 def _jnp_dtype(dtype: str):
-    import jax.numpy as jnp
-
     return jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
 
 

@@ -4,6 +4,7 @@
     fields.py            the table of request fields: types, defaults, bounds, checks, A1111 labels
     request.py           Request, RequestRules, parse_request: every field checked once where it enters
     controlnet_units.py  ControlNet units: checked, preprocessed, weighted per step
+    image_prompts.py     image prompts (IP-Adapter): checked, CLIP's preprocessing, each one's window in steps
     hires.py             the hires fix's rules: upscalers by A1111's names, sizes, A1111's step rule
     image_inputs.py      the init image and the mask: checked, decoded (guarded), fitted
     inpaint_modes.py     how a request uses its mask: whole picture, only masked, outpainting; and the overlay

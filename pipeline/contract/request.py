@@ -337,22 +337,7 @@ def request_schema() -> dict:
         "styled_negative_prompt": text,
         "ignored": {"type": "array", "items": text},
         "controlnets": _controlnets_schema(text, picture),
-        "ip_images": {
-            "type": "array",
-            "maxItems": MAX_IP_SLOTS,
-            "description": FIELD["ip_images"].help,
-            "items": {
-                "type": "object",
-                "required": ["adapter", "image"],
-                "properties": {
-                    "adapter": text,
-                    "image": picture,
-                    "scale": {"type": "number", "minimum": 0, "maximum": MAX_IP_SCALE},
-                    "start": {"type": "number"},
-                    "end": {"type": "number"},
-                },
-            },
-        },
+        "ip_images": _ip_images_schema(text, picture),
     }
     for row in PLAIN:
         properties[row.name] = row.schema()
@@ -365,6 +350,26 @@ def request_schema() -> dict:
         "properties": {name: properties[name] for name in names},
         "required": ["prompt"],
         "additionalProperties": False,
+    }
+
+
+def _ip_images_schema(text: dict, picture: dict) -> dict:
+    """The schema of the request's `ip_images`: up to MAX_IP_SLOTS image prompts (image_prompts.py)."""
+    return {
+        "type": "array",
+        "maxItems": MAX_IP_SLOTS,
+        "description": FIELD["ip_images"].help,
+        "items": {
+            "type": "object",
+            "required": ["adapter", "image"],
+            "properties": {
+                "adapter": text,
+                "image": picture,
+                "scale": {"type": "number", "minimum": 0, "maximum": MAX_IP_SCALE},
+                "start": {"type": "number"},
+                "end": {"type": "number"},
+            },
+        },
     }
 
 
@@ -423,13 +428,10 @@ def parse_request(
     never the style's template or the negative prompt, and raises InvalidInput to refuse. LoRAs come from A1111's
     tags in the prompt and from `loras`, a list of [name, weight] or [name, text-encoder weight, UNet weight].
     `init_image` (and `mask_image`, white = repaint): a path, bytes or PIL image fitted to the size (image_inputs.py).
-    `controlnets`: controlnet_units.py; `outpaint` ("left=128 right=128"): outpaint.py; `regions`: regions.py;
-    `ip_images` (image prompts): image_prompts.py.
+    `controlnets`: controlnet_units.py; `ip_images`: image_prompts.py; `outpaint`: outpaint.py; `regions`: regions.py.
     """
     rules = rules or RequestRules()
-    unknown = set(plain) - {row.name for row in PLAIN}
-    if unknown:
-        raise TypeError(f"parse_request() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    _check_names(plain)
     text, negative, style_name = _prompts(prompt, negative_prompt, style, rules, check_prompt)
     given = {**plain, "guidance_scale": guidance_scale}
     values = _plain_values(given, rules)
@@ -443,7 +445,6 @@ def parse_request(
     units = _controls(controlnets, rules, (height, width), values)
     written = _written_prompts(rules, style_name, text, negative, chosen)
     written |= _regions(regions, region_mask, (height, width), values, rules, units, written["styled_prompt"])
-    prompts = _image_prompts(ip_images, rules, values, bool(written.get("regions") or written.get("region_mask")))
     return Request(
         prompt=text,
         negative_prompt=negative,
@@ -452,7 +453,7 @@ def parse_request(
         size=(height, width),
         loras=chosen,
         controlnets=units,
-        ip_images=prompts,
+        ip_images=_image_prompts(ip_images, rules, values, bool(written.get("regions") or written.get("region_mask"))),
         **values,
         **_picture_fields(pictures, use),  # and the outpainting's sides
         **written,  # the prompts as read and written, and the regional fields
@@ -522,6 +523,13 @@ def _controls(controlnets: object, rules: RequestRules, size: tuple[int, int], v
             "controlnets",
         )
     return units
+
+
+def _check_names(plain: Mapping[str, object]) -> None:
+    """Only the table's plain fields come as keywords (a typo is the caller's bug: TypeError, as Python's own)."""
+    unknown = set(plain) - {row.name for row in PLAIN}
+    if unknown:
+        raise TypeError(f"parse_request() got an unexpected keyword argument {sorted(unknown)[0]!r}")
 
 
 def _image_prompts(ip_images: object, rules: RequestRules, values: Mapping[str, object], regional: bool) -> tuple:

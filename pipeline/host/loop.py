@@ -188,6 +188,12 @@ class Stage:
     def weights(self, kind: str) -> dict:
         return self.programs.weights(ProgramKey(kind), self.params)
 
+    def base_weights(self) -> dict:
+        """The base steps' weights: the UNet's, with the request's image prompt (its table, this pass's slots and
+        windows) where it has one."""
+        unet = self.weights("step")
+        return unet if self.image_prompt is None else {**unet, IMAGE_PROMPT: self.image_prompt}
+
     def mark(self, name: str) -> None:
         if self.timings is not None:
             self.timings[name] = time.perf_counter()
@@ -234,12 +240,11 @@ def run(
     request's text in a recent request (host/text_cache.py: they run only for what it lacks, and fill it).
     `extras`: the first pass's FreeU and PAG (`host/planning/extras_plan.py`; `hires.extras`, the second's).
     `regions`: a regional prompt's blend (its text is one window per part; every base step blends them).
-    `image_prompt`: a pass of N plan rows -> the image prompt its base steps read (its table made once, each pass's
-    windows its own; None: no image prompt).
+    `image_prompt`: a pass of N plan rows -> the image prompt its base steps read (None: none; `second_pass`).
     """
     text_windows = windows_key(inputs.prompt_ids.shape[-1] // programs.max_tokens)
-    first_prompt = image_prompt(plan.steps) if image_prompt is not None else None
-    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras, regions, first_prompt)
+    first = image_prompt(plan.steps) if image_prompt is not None else None  # the first pass's
+    stage = Stage(programs, params, *size, text_windows, put, split, timings, kept, extras, regions, first)
     stage.mark("started_at")
     text = encode_text(stage, inputs, cfg)
     refined = refiner is not None or (hires is not None and hires.refiner is not None)
@@ -250,17 +255,8 @@ def run(
     refining = (refiner, refiner_text) if refiner is not None else None
     latents = first_pass(stage, inputs, plan, speed, text, blank, watchers, total, picture, control, refining)
     if hires is not None:
-        second_prompt = image_prompt(hires.plan.steps) if image_prompt is not None else None
         stage, latents = second_pass(
-            dataclasses.replace(stage, image_prompt=second_prompt),
-            inputs,
-            text,
-            latents,
-            hires,
-            watchers,
-            len(speed.schedule),
-            total,
-            refiner_text,
+            stage, inputs, text, latents, hires, watchers, len(speed.schedule), total, refiner_text, image_prompt
         )
     return stage.compile("decode")(stage.weights("decode"), latents)
 
@@ -306,12 +302,15 @@ def second_pass(
     before: int,
     total: int,
     refiner_text: tuple | None = None,
+    image_prompt: Callable[[int], dict] | None = None,
 ) -> tuple[Stage, jax.Array]:
     """The hires fix after the first pass's `before` steps: its latents upscaled to `hires.size` (in latent space, or
     decoded, resized and encoded), fresh noise at the first row's sigma, the rows of `hires.plan` (from
-    `hires.refiner.switch_row` on the refiner's, on `refiner_text`): (the hires size's stage, its final latents)."""
+    `hires.refiner.switch_row` on the refiner's, on `refiner_text`; `image_prompt`'s windows over its own rows): (the
+    hires size's stage, its final latents)."""
     height, width = hires.size
-    big = dataclasses.replace(stage, height=height, width=width, extras=hires.extras)
+    prompt = image_prompt(hires.plan.steps) if image_prompt is not None else None
+    big = dataclasses.replace(stage, height=height, width=width, extras=hires.extras, image_prompt=prompt)
     if hires.latent:
         key = ProgramKey("upscale", height, width, source=(stage.height, stage.width), mode=hires.upscaler)
         x0 = stage.programs.compile(key)({}, latents)
@@ -418,9 +417,7 @@ def denoise(
     hidden, pooled, key_lengths = text
     kinds = ("step_full", "step_shallow") if programs.levers else ("step", "step")
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
-    unet = stage.weights("step")  # with --cross-attention-cache, the first base row adds its text's table
-    if stage.image_prompt is not None:  # the request's image prompt: its table, and this pass's slots and windows
-        unet = {**unet, IMAGE_PROMPT: stage.image_prompt}
+    unet = stage.base_weights()  # with --cross-attention-cache, the first base row adds its text's table
     preview = stage.compile("preview") if watchers.on_preview is not None else None
     pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
     done = before  # steps whose result is ready, of all

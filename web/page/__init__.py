@@ -4,6 +4,7 @@
     handlers.py          what the page's events and the API's endpoints run: one request in, images and a status out
     form.py              the generation form as settings, and the form filled back from settings
     controlnet_panel.py  the ControlNet panel: picture, the preprocessor's map, weight and range
+    image_prompt_panel.py  the "Image prompt" section: a picture, adapter, weight and range per slot
     xyz_panel.py         the "X/Y/Z plot" section and its plot: the form's request with up to three axes, one event
     outpaint_panel.py    the Outpaint choice: directions, pixels, the grown canvas shown
     examples.py          the example prompts' buttons and their kept answers

@@ -370,15 +370,11 @@ class ServedPrograms:
         self.prompt_windows = prompt_windows  # static: the most 77-token windows a prompt is read in (N)
         self.levers = levers  # static: the programs of per-request cfg_end and deepcache are served (program_keys)
         self.lora_layout = lora_layout  # static: the LoRA merge's kernels, slots and rank (None: no LoRAs)
-        self.emphasis = (
-            emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; host/planning/emphasis.py)
-        )
+        self.emphasis = emphasis  # static: A1111's emphasis mode ("no-norm" skips the rescale; planning/emphasis.py)
         self.cfg = cfg  # static: the server guides (the refiner's text is encoded with its unconditional half)
         self.refiner_zero_negative = refiner_zero_negative  # static: the refiner zeroes an empty negative prompt
         self.vae_tile_above = vae_tile_above  # static: images of more pixels are decoded and encoded in tiles
-        self.xla_options = tuple(
-            xla_options
-        )  # static: XLA compiler options of every program (host/compiling/compiler_options)
+        self.xla_options = tuple(xla_options)  # static: XLA compiler options of every program (compiler_options.py)
         self.cross_attention_cache = cross_attention_cache  # static: the base's steps read the text's keys and values
         self.ip_slots = ip_slots if modules.image_projections else 0  # static: image prompts per request (S)
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
