@@ -5,6 +5,7 @@ ip-adapter-expected.*, scripts/make_ip_adapter_fixtures.py; no request compiles)
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -13,7 +14,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
+from conftest import FIXTURES, TEST_SIZE, TINY_PT, needs_chromium, served_programs_only
 from PIL import Image
 from safetensors.numpy import load_file, save_file
 
@@ -316,3 +317,50 @@ def test_the_command_line_gives_each_image_its_settings():
     assert [os.fspath(unit["image"]) for unit in units] == ["a.png", "b.png"]
     assert units[0] == {**units[0], "scale": 0.8, "start": 0.25, "adapter": "plus"}
     assert units[1]["scale"] == 1.2 and "start" not in units[1] and "adapter" not in units[1]
+
+
+#: The status line holds an answer other than `before` (each answer rewrites it: its time, its seed).
+NEW_ANSWER = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && / images? in /.test(text); }"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_page_in_a_browser_sends_the_image_prompt(ip_engine, browser):
+    """Chromium: open "Image prompt", upload a picture into its first slot, choose the adapter, set the weight,
+    Generate: the request the page sends carries it (`ip_images`: the adapter, the weight, the picture) and the
+    answer comes back, running only served programs."""
+    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served
+
+    with served(ip_engine) as app_page, served_programs_only(ip_engine):
+        tab = browser.new_page(viewport={"width": 1280, "height": 1100})
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
+        tab.locator("#prompt textarea").fill("a lighthouse on a cliff at dusk")
+        open_advanced(tab)
+        open_section(tab, "image-prompt-settings", "Image prompt", "#ip-image-0")
+        tab.locator("#ip-image-0 input[type=file]").set_input_files(str(PICTURES["a"]))
+        tab.locator("#ip-image-0 img").wait_for(timeout=TIMEOUT_MS)
+        tab.locator("#ip-adapter-0 input").click()
+        tab.get_by_role("option", name="ip-adapter-plus_tiny", exact=True).click()
+        box = tab.locator("#ip-scale-0 input[type=number]")
+        box.fill("0.8")
+        box.press("Enter")
+        box.press("Tab")  # the number box hands its value to the slider when it loses focus
+        status = tab.locator("#status").inner_text()
+        with tab.expect_request(
+            lambda r: "/queue/join" in r.url and "ip-adapter-plus_tiny" in (r.post_data or "")
+        ) as sent:
+            tab.locator("#generate").click()
+        tab.wait_for_function(NEW_ANSWER, arg=status, timeout=TIMEOUT_MS)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "image-prompt.png"), full_page=True)
+        body = json.loads(sent.value.post_data)
+        (prompt,) = next(
+            value for value in body["data"] if isinstance(value, list) and value and "adapter" in str(value)
+        )
+        assert prompt["adapter"] == "ip-adapter-plus_tiny" and prompt["scale"] == 0.8 and prompt["start"] == 0
+        assert Image.open(io.BytesIO(base64.b64decode(prompt["image"]))).size == Image.open(PICTURES["a"]).size
+        assert "seed" in tab.locator("#status").inner_text() and not errors, errors
+        tab.close()
