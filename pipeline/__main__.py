@@ -277,15 +277,7 @@ def request_arguments(args: argparse.Namespace) -> dict:
 def image_prompt_units(args: argparse.Namespace) -> list[dict]:
     """--ip-image FILE (repeated) with the i-th --ip-image-adapter, --ip-scale, --ip-start, --ip-end of each."""
     settings = {"adapter": "ip_image_adapter", "scale": "ip_scale", "start": "ip_start", "end": "ip_end"}
-    prompts = []
-    for i, image in enumerate(getattr(args, "ip_image", None) or []):
-        prompt = {"image": GivenPath(image)}  # the CLI's user names their own file
-        for key, dest in settings.items():
-            values = getattr(args, dest, None) or []
-            if i < len(values):
-                prompt[key] = values[i] if key == "adapter" else _number(values[i], dest)
-        prompts.append(prompt)
-    return prompts
+    return _per_image(args, "ip_image", settings, numbers=("scale", "start", "end"))
 
 
 def control_units(args: argparse.Namespace) -> list[dict]:
@@ -298,15 +290,21 @@ def control_units(args: argparse.Namespace) -> list[dict]:
         "preprocessor": "control_preprocessor",
         "control_type": "control_type",
     }
-    units = []
-    for i, image in enumerate(getattr(args, "control_image", None) or []):
-        unit = {"image": GivenPath(image)}  # the CLI's user names their own file
+    return _per_image(args, "control_image", settings, numbers=("weight", "start", "end"))
+
+
+def _per_image(args: argparse.Namespace, images: str, settings: dict[str, str], numbers: tuple[str, ...]) -> list:
+    """Each `images` FILE flag's item: the file and the i-th value of each `settings` flag (key -> its dest), the
+    `numbers` among them read as numbers."""
+    items = []
+    for i, image in enumerate(getattr(args, images, None) or []):
+        item = {"image": GivenPath(image)}  # the CLI's user names their own file
         for key, dest in settings.items():
             values = getattr(args, dest, None) or []
             if i < len(values):
-                unit[key] = _number(values[i], dest) if key in ("weight", "start", "end") else values[i]
-        units.append(unit)
-    return units
+                item[key] = _number(values[i], dest) if key in numbers else values[i]
+        items.append(item)
+    return items
 
 
 def _number(text: str, dest: str) -> float:

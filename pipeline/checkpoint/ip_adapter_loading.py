@@ -29,11 +29,13 @@ from flax.traverse_util import unflatten_dict
 from safetensors.numpy import load_file
 
 from ..contract.errors import CheckpointError, InvalidInput, ModelLoadError
+from ..contract.request import adapter_name
 from ..device.nets.clip_vision import CLIPVisionConfig, CLIPVisionModelWithProjection
 from ..device.nets.image_projection import ImageProjectionConfig
 from . import convert
 from .controlnet_loading import split_spec
 from .hub import folder_or_snapshot, hub_file
+from .loading import cast_params
 from .upscaler_loading import read_pth
 
 logger = logging.getLogger(__name__)
@@ -95,14 +97,13 @@ def cross_attention_paths(unet_config) -> list[str]:
 
 
 def split_adapter_spec(spec: str) -> tuple[str, str, str | None]:
-    """`[NAME=]PATH_OR_REPO[:FILE]` -> (name, source, the file in the repo or None); the name defaults to the
-    file's stem."""
-    name, source = split_spec(spec)
+    """`[NAME=]PATH_OR_REPO[:FILE]` -> (name, source, the file in the repo or None); the name is the one requests
+    use (`contract/request.adapter_name`: NAME, else the file's stem)."""
+    _, source = split_spec(spec)
     repo, sep, file = source.partition(":")
     if sep and not Path(source).exists() and "/" in repo and file:
-        file_name = Path(file).stem
-        return (name if "=" in spec else file_name), repo, file
-    return (name if "=" in spec else Path(source).stem), source, None
+        return adapter_name(spec), repo, file
+    return adapter_name(spec), source, None
 
 
 def read_adapter_file(path: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -209,14 +210,14 @@ def load_image_encoder(directory: Path, dtype: str, *, use_cache: bool = True) -
     """The `CLIPVisionModelWithProjection` in `directory` (config.json + safetensors), converted without torch."""
     try:
         config = json.loads((directory / "config.json").read_text())
-        module = CLIPVisionModelWithProjection(CLIPVisionConfig.from_dict(config), dtype=_jnp_dtype(dtype))
+        module = CLIPVisionModelWithProjection(CLIPVisionConfig.from_dict(config), dtype=getattr(jnp, dtype))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"its image encoder's config.json cannot be read ({exc.__class__.__name__})") from None
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError("its image encoder folder has no .safetensors weights (only safetensors are read)")
     converted = convert.load_converted(
-        files[:1] if len(files) == 1 else [f for f in files if "fp16" not in f.name] or files[:1],
+        ([f for f in files if "fp16" not in f.name] or files)[:1],  # the full-precision file where there are two
         module.init_weights,
         component="image_encoder",
         dtype=dtype,
@@ -225,10 +226,6 @@ def load_image_encoder(directory: Path, dtype: str, *, use_cache: bool = True) -
         use_cache=use_cache,
     )
     return ImageEncoderWeights(module, converted.params, str(directory))
-
-
-def _jnp_dtype(dtype: str):
-    return jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
 
 
 def _adapter_file(source: str, file: str | None) -> Path:
@@ -278,11 +275,9 @@ def load_ip_adapter(spec: str, unet_config, dtype: str, *, encoders: dict | None
         _check_encoder(projection, encoder.module.config)
     except CheckpointError as exc:
         raise CheckpointError(f"IP-Adapter {name!r} was not loaded: {str(exc).rstrip('.')}.") from None
-    cast = convert._NUMPY_DTYPES[dtype]
-    params = {
-        "image_proj": _cast(_projection_tree(state["image_proj"], projection.kind), cast),
-        "layers": _cast(layers, cast),
-    }
+    params = cast_params(
+        {"image_proj": _projection_tree(state["image_proj"], projection.kind), "layers": layers}, dtype
+    )
     return IPAdapterWeights(name, projection, params, encoder, source)
 
 
@@ -294,12 +289,6 @@ def _check_encoder(projection, encoder_config) -> None:
         needs = names.get(projection.embed_dim, f"a {projection.embed_dim}-wide")
         has = names.get(wanted, f"a {wanted}-wide")
         raise CheckpointError(f"it needs {needs} image embeddings and the encoder beside it gives {has}")
-
-
-def _cast(tree, dtype):
-    if isinstance(tree, dict):
-        return {key: _cast(value, dtype) for key, value in tree.items()}
-    return np.ascontiguousarray(tree, dtype=dtype)
 
 
 def load_ip_adapters(specs, unet_config, dtype: str) -> list[IPAdapterWeights]:

@@ -116,26 +116,32 @@ def preprocess(
     return canny(pixels, low, high) if module == "canny" else pixels
 
 
-def _number(item: Mapping, key: str, default: float, low: float, high: float, called: str) -> float:
+def number_field(item: Mapping, key: str, default: float, low: float, high: float, name: str) -> float:
+    """`item[key]` (None or absent: `default`), a number in [low, high]; else InvalidInput naming it as `name`."""
     value = item.get(key, default)
     value = default if value is None else value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
-        raise InvalidInput(f"ControlNet {called} must be a number between {low:g} and {high:g}; got {echo(value)}.")
+        raise InvalidInput(f"{name} must be a number between {low:g} and {high:g}; got {echo(value)}.")
     return float(value)
 
 
-def image_source(value: object) -> object:
+def _number(item: Mapping, key: str, default: float, low: float, high: float, called: str) -> float:
+    return number_field(item, key, default, low, high, f"ControlNet {called}")
+
+
+def image_source(value: object, what: str = "A ControlNet image") -> object:
     """A unit's image as `open_image` takes it. Text is base64 (a `data:` URL or bare, as A1111's API sends
     images), never a path: a request must not read the server's files. Python callers may pass a `pathlib.Path`,
-    bytes, a PIL image or an array."""
+    bytes, a PIL image or an array. `what` names the image in the sentence that refuses it."""
+    refusal = f"{what} must be a picture's bytes in base64 (or a data: URL)."
     if isinstance(value, str):
         text = value.split(",", 1)[1] if value.startswith("data:") else value
         try:
             return base64.b64decode(text, validate=True)
         except ValueError:
-            raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).") from None
+            raise InvalidInput(refusal) from None
     if isinstance(value, Mapping):
-        raise InvalidInput("A ControlNet image must be a picture's bytes in base64 (or a data: URL).")
+        raise InvalidInput(refusal)
     return value
 
 
@@ -252,10 +258,14 @@ def step_scales(units: tuple[ControlUnit, ...], steps: int) -> np.ndarray:
     `controlnet_keep`: step i of n acts unless i/n < start or (i+1)/n > end). float32 [steps, len(units)]."""
     scales = np.zeros((steps, len(units)), np.float32)
     for column, unit in enumerate(units):
-        for i in range(steps):
-            if not (i / steps < unit.start or (i + 1) / steps > unit.end):
-                scales[i, column] = unit.weight
+        scales[acting_steps(unit.start, unit.end, steps), column] = unit.weight
     return scales
+
+
+def acting_steps(start: float, end: float, steps: int) -> np.ndarray:
+    """Which of `steps` a window [start, end] acts on: step i unless i/n < start or (i+1)/n > end (diffusers'
+    `controlnet_keep`). bool [steps]."""
+    return np.array([not (i / steps < start or (i + 1) / steps > end) for i in range(steps)], bool)
 
 
 def from_a1111(args: object) -> list[dict]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image
 
-from .controlnet_units import step_scales
+from .controlnet_units import acting_steps, image_source, number_field
 from .errors import InvalidInput
 from .fields import echo
 from .image_inputs import open_image, to_rgb
@@ -69,29 +69,6 @@ def clip_pixels(picture: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(normalised.transpose(2, 0, 1), np.float32)
 
 
-def _number(item: Mapping, key: str, default: float, low: float, high: float) -> float:
-    value = item.get(key, default)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
-        raise InvalidInput(f"An image prompt's {key} must be a number between {low:g} and {high:g}; got {echo(value)}.")
-    return float(value)
-
-
-def image_source(value: object) -> object:
-    """A slot's image as `open_image` takes it: text is base64 (a `data:` URL or bare), never a path."""
-    if isinstance(value, str):
-        text = value.split(",", 1)[1] if value.startswith("data:") else value
-        try:
-            return base64.b64decode(text, validate=True)
-        except ValueError:
-            raise InvalidInput(
-                "An image prompt's image must be a picture's bytes in base64 (or a data: URL)."
-            ) from None
-    if isinstance(value, Mapping):
-        raise InvalidInput("An image prompt's image must be a picture's bytes in base64 (or a data: URL).")
-    return value
-
-
 def parse_image_prompt(item: object, offered: tuple[str, ...]) -> ImagePrompt:
     """One `{image, adapter, scale, start, end}` checked into an ImagePrompt (the adapter may be left out when the
     server has one)."""
@@ -104,12 +81,13 @@ def parse_image_prompt(item: object, offered: tuple[str, ...]) -> ImagePrompt:
         raise InvalidInput(f"Unknown IP-Adapter {echo(adapter)}; choose one of: {', '.join(offered)}.")
     if item.get("image") is None:
         raise InvalidInput("An image prompt needs an image.")
-    scale = _number(item, "scale", DEFAULT_SCALE, 0.0, MAX_SCALE)
-    start = _number(item, "start", 0.0, 0.0, 1.0)
-    end = _number(item, "end", 1.0, 0.0, 1.0)
+    scale = number_field(item, "scale", DEFAULT_SCALE, 0.0, MAX_SCALE, "An image prompt's scale")
+    start = number_field(item, "start", 0.0, 0.0, 1.0, "An image prompt's start")
+    end = number_field(item, "end", 1.0, 0.0, 1.0, "An image prompt's end")
     if start >= end:
         raise InvalidInput(f"An image prompt's start ({start:g}) must be below its end ({end:g}).")
-    picture = to_rgb(open_image(image_source(item["image"]), what="image prompt"), what="image prompt")
+    source = image_source(item["image"], "An image prompt's image")
+    picture = to_rgb(open_image(source, what="image prompt"), what="image prompt")
     picture.thumbnail((KEPT_SIDE, KEPT_SIDE), Image.Resampling.LANCZOS)
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG", compress_level=1)
@@ -163,18 +141,7 @@ def split_ip_units(args: object) -> tuple[list[dict], object]:
 def windows(prompts: tuple[ImagePrompt, ...], steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Each slot's first step and the step after its last, int32 [S] each: the steps where a ControlNet unit of the
     same start and end would act (`controlnet_units.step_scales`; a window with none: first = stop = 0)."""
-    acting = step_scales(tuple(_as_unit(prompt) for prompt in prompts), steps) > 0  # [steps, S]
-    first = np.array([np.argmax(column) if column.any() else 0 for column in acting.T], np.int32)
-    stop = np.array([len(column) - np.argmax(column[::-1]) if column.any() else 0 for column in acting.T], np.int32)
+    acting = [acting_steps(prompt.start, prompt.end, steps) for prompt in prompts]  # bool [steps] each
+    first = np.array([np.argmax(column) if column.any() else 0 for column in acting], np.int32)
+    stop = np.array([len(column) - np.argmax(column[::-1]) if column.any() else 0 for column in acting], np.int32)
     return first, stop
-
-
-@dataclass(frozen=True)
-class _Window:
-    weight: float
-    start: float
-    end: float
-
-
-def _as_unit(prompt: ImagePrompt) -> _Window:
-    return _Window(1.0, prompt.start, prompt.end)

@@ -41,8 +41,7 @@ class ImagePromptTables:
         without adapters)."""
         if not self.adapters:
             return {}
-        compute = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-        projections = tuple(image_projection(adapter.projection, compute) for adapter in self.adapters)
+        projections = tuple(image_projection(adapter.projection, getattr(jnp, dtype)) for adapter in self.adapters)
         return {"image_encoder": self.adapters[0].encoder.module, "image_projections": projections}
 
     def with_weights(self, params: dict) -> dict:

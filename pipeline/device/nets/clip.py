@@ -47,11 +47,17 @@ class CLIPTextConfig:
     @classmethod
     def from_dict(cls, config: dict) -> CLIPTextConfig:
         """From a config.json's fields (others, such as `architectures`, are not read)."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        made = cls(**{key: value for key, value in config.items() if key in names})
-        if made.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {made.hidden_act!r}: SDXL's encoders use one of {', '.join(ACTIVATIONS)}")
-        return made
+        return config_from(cls, config)
+
+
+def config_from(cls, config: dict):
+    """A CLIP config dataclass `cls` from a config.json's fields it names (the others are not read); its activation
+    checked."""
+    names = {field.name for field in dataclasses.fields(cls)}
+    made = cls(**{key: value for key, value in config.items() if key in names})
+    if made.hidden_act not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {made.hidden_act!r}: SDXL's encoders use one of {', '.join(ACTIVATIONS)}")
+    return made
 
 
 @flax.struct.dataclass

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from . import layers
-from .clip import ACTIVATIONS, CLIPEncoder
+from .clip import CLIPEncoder, config_from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +43,7 @@ class CLIPVisionConfig:
     def from_dict(cls, config: dict) -> CLIPVisionConfig:
         """From a config.json's fields: a `CLIPVisionModelWithProjection` config, or a whole CLIP config's
         `vision_config` (others, such as `architectures`, are not read)."""
-        config = config.get("vision_config", config)
-        names = {field.name for field in dataclasses.fields(cls)}
-        made = cls(**{key: value for key, value in config.items() if key in names})
-        if made.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {made.hidden_act!r}: CLIP's encoders use one of {', '.join(ACTIVATIONS)}")
+        made = config_from(cls, config.get("vision_config", config))
         if made.image_size % made.patch_size:
             raise ValueError(f"image_size {made.image_size} is not a multiple of patch_size {made.patch_size}")
         return made
