@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from .checkpoint.controlnet_loading import load_controlnets
+from .checkpoint.ip_adapter_loading import load_ip_adapters
 from .checkpoint.loading import load_model
 from .checkpoint.refiner_loading import load_refiner
 from .config import EngineConfig
@@ -31,6 +32,7 @@ from .generator import (
 )
 from .host.compiling.aot import call_size_directory, save_precompiled, topology_devices
 from .host.compiling.compile_cache import configure_compilation_cache
+from .host.image_prompt_tables import ImagePromptTables
 from .host.planning.controlnet_plan import ServedControlNets
 from .host.planning.sampler_plan import SamplerConfig
 
@@ -53,13 +55,25 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     refiner = (
         load_refiner(config.refiner, loaded, dtype=config.dtype, variant=config.variant) if config.refiner else None
     )
-    programs_params = with_refiner(served_params(loaded, config), refiner)
+    adapters = ImagePromptTables(
+        tuple(load_ip_adapters(config.ip_adapters, loaded.networks.unet.config, config.dtype)), config.ip_slots
+    )
+    programs_params = adapters.with_weights(with_refiner(served_params(loaded, config), refiner))
+    mesh = data_mesh(devices)
     programs = build_programs(
-        loaded, config, programs_params, data_mesh(devices), sampler, layout, controlnets.archs, refiner
+        loaded, config, programs_params, mesh, sampler, layout, controlnets.archs, refiner, adapters
     )
     multiple = latent_multiple(Modules.of(loaded.networks))
     lora, control_sets, refined = layout is not None, controlnets.sets, refiner is not None
-    keys = served_program_keys(config, sampler.cfg, multiple, lora=lora, control_sets=control_sets, refiner=refined)
+    keys = served_program_keys(
+        config,
+        sampler.cfg,
+        multiple,
+        lora=lora,
+        control_sets=control_sets,
+        refiner=refined,
+        image_tokens=programs.image_tokens,  # --ip-adapter: the image_prompt program and each base step's twin
+    )
     progress(
         f"precompiling {len(keys)} programs for {topology} ({len(devices)} x {devices[0].device_kind}), "
         f"{config.dtype}, {config.attention} attention, {programs.batch} images per call"
@@ -67,9 +81,7 @@ def precompile(config: EngineConfig, *, topology: str, out: str | Path, progress
     settings = manifest_settings(config, sampler)
     manifest = save_precompiled(programs, keys, out, topology=topology, settings=settings, progress=progress)
     for n in config.merge_call_sizes[:-1]:  # --merge-requests: the smaller calls' text-to-image programs
-        smaller = build_programs(
-            loaded, config, programs_params, data_mesh(devices), sampler, layout, images_per_device=n
-        )
+        smaller = build_programs(loaded, config, programs_params, mesh, sampler, layout, images_per_device=n)
         calls = merged_program_keys(config, sampler.cfg)
         progress(f"precompiling {len(calls)} programs of the merged calls of {n} image(s) per device")
         save_precompiled(

@@ -17,10 +17,13 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, TEST_SIZE, TEST_STEPS, generate
+from conftest import FIXTURES, REPO, TEST_SIZE, TEST_STEPS, generate
 from reference import reference_attention
 
 TOPOLOGY = "v5e:2x2"
+#: The IP-Adapter fixture (scripts/make_ip_adapter_fixtures.py, for tiny-pt's UNet: the tiny checkpoint's architecture).
+IP_ADAPTER = FIXTURES / "ip-adapter" / "ip-adapter_tiny.safetensors"
+IP_PICTURE = FIXTURES / "ip-adapter-image-a.png"
 #: (height, width) where the tiny UNet's first attention level has 10 x 12 = 120 tokens: splash, padded to 128.
 SPLASH_SIZE = (160, 192)
 
@@ -139,13 +142,14 @@ def test_splash_pads_lengths_off_128_exactly(length):
 
 def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_path):
     """`precompile --topology cpu` (in a subprocess, like a build step) with `--images-per-device 2
-    --merge-requests`: N's programs and, in their own folder, the one-image calls' text-to-image programs. A merging
-    server started with the directory loads every program and compiles nothing, and a lone request (a call of one
-    image per device) gets the one-image engine's pixels bit for bit. A manifest from other versions is refused as a
-    whole. One prompt window, no previews, no speed levers: the subprocess compiles every program past the cache, so
-    only the ones a plain short prompt runs (with the levers: 20 programs, 8 of them UNet steps, three times the
-    compile; a lone request's pixels are the same either way). (One round trip covers the plain and the merging
-    start: a second precompile cost a minute.)"""
+    --merge-requests --ip-adapter`: N's programs (with the image prompt's program and its step twin) and, in their
+    own folder, the one-image calls' text-to-image programs. A merging server started with the directory loads every
+    program and compiles nothing, a lone request (a call of one image per device) gets the one-image engine's pixels
+    bit for bit, and a request with an image prompt compiles nothing either. A manifest from other versions is
+    refused as a whole. One prompt window, no previews, no speed levers: the subprocess compiles every program past
+    the cache, so only the ones a plain short prompt runs (with the levers: 20 programs, 8 of them UNet steps, three
+    times the compile; a lone request's pixels are the same either way). (One round trip covers the plain and the
+    merging start: a second precompile cost a minute.)"""
     from pipeline.cluster.join_options import ClusterOptions
     from pipeline.config import EngineConfig
     from pipeline.generator import Generator
@@ -175,6 +179,8 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
         "--images-per-device",
         "2",
         "--merge-requests",
+        "--ip-adapter",
+        str(IP_ADAPTER),
         "--out",
         str(out),
     ]
@@ -192,6 +198,7 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
         speed_levers=False,
         per_device_batch=2,
         merge_requests=True,
+        ip_adapters=(str(IP_ADAPTER),),
     )
     started = start(config, ClusterOptions(), precompiled=str(out))
     generator = started.engine
@@ -207,6 +214,14 @@ def test_precompiled_round_trip_starts_without_compiling(engine, tiny_dir, tmp_p
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["device_count"] == engine.device_count and manifest["versions"]["jax"]
     assert {p["label"] for p in manifest["programs"]} == {key.label for key in generator.program_keys()}
+    assert any(key.kind == "image_prompt" for key in generator.program_keys())
+    prompted = generate(
+        generator,
+        "a lighthouse at dusk",
+        seed=11,
+        ip_images=[{"adapter": "ip-adapter_tiny", "image": IP_PICTURE.read_bytes()}],
+    )
+    assert generator.compile_count == 0 and len(prompted.images) == generator.num_images
 
     # A manifest from other versions is refused as a whole, with the reason, and nothing is installed.
     manifest["versions"]["jaxlib"] = "0.0.1"
