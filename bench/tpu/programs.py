@@ -76,13 +76,19 @@ KINDS = (
     "step_freeu",
     "step_pag",
     "step_freeu_pag",
+    "step_regions2",
+    "step_regions4",
 )
 #: The bench's names for the whole-UNet step with FreeU and/or PAG (ProgramKey("step", extras=...),
 #: device/extras_step.py): a server compiles them only with --freeu-programs / --pag, so the default --kinds leaves
 #: them out.
 EXTRAS_KINDS = {"step_freeu": ("freeu",), "step_pag": ("pag",), "step_freeu_pag": ("freeu", "pag")}
-#: The kinds compiled when --kinds is not given: every program a server without --freeu-programs and --pag runs.
-DEFAULT_KINDS = tuple(kind for kind in KINDS if kind not in EXTRAS_KINDS)
+#: The bench's names for a regional prompt's step blending P parts (ProgramKey("step", windows=P, parts=P),
+#: device/regions.py): a server compiles them only for its --region-parts.
+REGION_KINDS = {"step_regions2": 2, "step_regions4": 4}
+#: The kinds compiled when --kinds is not given: every program a server without --freeu-programs, --pag and
+#: --region-parts runs.
+DEFAULT_KINDS = tuple(kind for kind in KINDS if kind not in EXTRAS_KINDS and kind not in REGION_KINDS)
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
@@ -132,7 +138,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add(
         "--kinds",
         default=",".join(DEFAULT_KINDS),
-        help=f"program kinds: {','.join(KINDS)} (default all but the FreeU/PAG steps)",
+        help=f"program kinds: {','.join(KINDS)} (default all but the FreeU/PAG and regional steps)",
     )
     add("--only", default=None, help='exact program labels, comma-separated, e.g. "step 1024x1024 cfg,encode cfg"')
     add("--per-device-batch", type=int, default=1, help="images per chip (default 1)")
@@ -412,6 +418,13 @@ def jobs(args, sizes) -> list[tuple]:
             for cfg in args.cfgs
             for a in args.attentions
         ]
+        order += [
+            (ProgramKey("step", height, width, cfg, parts, parts=parts), a)
+            for kind, parts in REGION_KINDS.items()
+            if kind in args.kind_list
+            for cfg in args.cfgs
+            for a in args.attentions
+        ]
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
                 order.append((ProgramKey(kind, height, width), None))
@@ -538,6 +551,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and (kind not in TEXT_KINDS or row.get("prompt_windows", 1) == windows)
             and not row.get("cross_attention_cache")  # the plain steps' requests (the lever's rows stand apart)
             and not row.get("extras")  # nor FreeU's and PAG's steps
+            and not row.get("regions")  # nor a regional prompt's
         ]
         return found[-1] if found else None  # the newest
 
@@ -546,7 +560,10 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
         {
             (row["attention"], row.get("quantize", "none"), row.get("prompt_windows", 1))
             for row in rows
-            if row["kind"] in UNET_KINDS and row["topology"] == topology and row["size"] == size
+            if row["kind"] in UNET_KINDS
+            and row["topology"] == topology
+            and row["size"] == size
+            and not row.get("regions")  # a regional step's P windows are not a variant of the plain requests
         }
     )
     for name, steps, cfg, cfg_end, deepcache in (*REQUESTS, MLPERF_REQUEST):
@@ -829,6 +846,8 @@ def main(argv: list[str]) -> int:
         row["quantize"] = args.quantize if key.kind in UNET_KINDS else None
         if key.extras:
             row["extras"] = list(key.extras)  # a FreeU/PAG step: the label names it; the predictions leave it out
+        if key.parts is not None:  # a regional step: its text is P windows, one per part; the predictions leave it out
+            row["regions"], row["prompt_windows"] = key.parts, key.windows
         if args.cross_attention_cache and key.kind in UNET_KINDS:
             row["cross_attention_cache"] = True  # its rows beside the plain step's, not in place of them
         if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:

@@ -283,6 +283,9 @@ def status_parts(values: Mapping[str, object], started: str | None, *, hires: bo
                 parts.append(f"{started}, {row.status} {value:g}")
         elif value != row.default:
             parts.append(f"{row.status} {value}" if row.textual else f"{row.status} {value:g}")
+    if regions := values.get("regions"):  # a regional prompt's divide syntax (a painted mask is not kept as text)
+        base = values.get("region_base") or 0.0
+        parts.append(f"regions {regions}" + (f", base {base:g}" if base else ""))
     return parts
 
 

@@ -252,7 +252,8 @@ class Request:
 
     def status_text(self) -> str:
         """What the status line adds for the table's fields: those away from their default (" · CFG end 0.5"), and
-        a picture's own with a picture (" · inpainted, strength 0.6"; outpainting's " · outpainted left=16, ...");
+        a picture's own with a picture (" · inpainted, strength 0.6"; outpainting's " · outpainted left=16, ..."), a
+        regional prompt's divide (" · regions columns 1,2, base 0.3");
         not the hires fix's scale, which the line says with the size (`parameters.status_size`)."""
         started = (
             None
@@ -261,7 +262,8 @@ class Request:
             if self.outpaint
             else PICTURE_STATUS["inpainting" if self.mask_image is not None else "image to image"]
         )
-        return "".join(f" · {part}" for part in status_parts(self.plain_values(), started, hires=False))
+        values = {**self.plain_values(), "regions": self.regions}
+        return "".join(f" · {part}" for part in status_parts(values, started, hires=False))
 
     def mask_use(self) -> MaskUse:
         """How the request uses its mask: outpainting, only masked, the overlay (inpaint_modes.py)."""

@@ -15,7 +15,7 @@ from pipeline.contract.errors import InvalidInput
 from pipeline.contract.regions import parse_divide, parse_mask, parse_part_counts
 from pipeline.contract.request import RequestRules, parse_request
 from pipeline.host.planning.region_plan import attention_grids, blend_weights
-from tests.conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
+from tests.conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT, needs_chromium, served_programs_only
 
 MANIFEST = json.loads((FIXTURES / "region-expected.json").read_text())
 ARRAYS = np.load(FIXTURES / "region-expected.npz")
@@ -182,3 +182,38 @@ def test_the_cli_flags_and_the_written_parameters_read_back(region_engine, tmp_p
     path = result.save_pngs(tmp_path / "pngs")[0]
     settings, _ = image_settings(read_form_values(str(path)))
     assert settings["regions"] == "columns 1,2" and settings["region_base"] == 0.3
+
+
+#: The status line holds a new answer (it differs from `before`: each answer rewrites it).
+NEW_ANSWER = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && / images in /.test(text); }"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_page_draws_two_regions_compiling_nothing(region_engine, browser):
+    """Issue 69, in Chromium: the Regions section's divide syntax and base ratio, a prompt of two parts split on
+    BREAK, Generate: the engine runs the regional step of 2 parts (compiled by the parity test above: the page adds
+    no program) and the status line names the regions (and a history entry would: one renderer, `status_parts`)."""
+    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served
+
+    case = CASES["columns_1_1"]
+    with served(region_engine) as app_page, served_programs_only(region_engine):
+        tab = browser.new_page(viewport={"width": 1280, "height": 1100})
+        errors = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
+        tab.locator("#prompt textarea").fill(case["prompt"])
+        open_advanced(tab)
+        open_section(tab, "region-settings", "Regions", "#regions textarea")
+        tab.locator("#regions textarea").fill("columns 1,1")
+        before = tab.locator("#status").inner_text()
+        tab.locator("#generate").click()
+        tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+        status = tab.locator("#status").inner_text()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "regions.png"), full_page=True)
+        tab.close()
+    print(status)
+    assert "· regions columns 1,1" in status, status
+    assert not errors, errors

@@ -310,10 +310,11 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     assert costs["table"].bytes_accessed < costs["plain"].bytes_accessed
 
 
-def test_bench_tpu_names_freeu_and_pag_steps_and_keeps_them_out_of_the_requests():
-    """`python -m bench tpu --kinds step_pag,step_freeu`: the whole-UNet step with PAG / FreeU (ProgramKey.extras, as
-    a server with --pag / --freeu-programs compiles it), selected by `--only` apart from the plain step, left out of
-    the default kinds; a row with `extras` never stands in for the plain step in the predicted requests."""
+def test_bench_tpu_names_freeu_pag_and_regional_steps_and_keeps_them_out_of_the_requests():
+    """`python -m bench tpu --kinds step_pag,step_freeu,step_regions2`: the whole-UNet step with PAG / FreeU
+    (ProgramKey.extras, as a server with --pag / --freeu-programs compiles it) or blending 2 / 4 regional parts (a P
+    window text, as --region-parts compiles it), selected by `--only` apart from the plain step, left out of the
+    default kinds; a row with `extras` or `regions` never stands in for the plain step in the predicted requests."""
     from bench.tpu.programs import DEFAULT_KINDS, jobs, parse_args, predictions
     from pipeline.host.compiling.programs import ProgramKey
 
@@ -326,6 +327,11 @@ def test_bench_tpu_names_freeu_and_pag_steps_and_keeps_them_out_of_the_requests(
     )
     assert [key for key, _ in jobs(only, [(1024, 1024)])] == [keys[2]]
     assert "step_pag" not in DEFAULT_KINDS and "step" in DEFAULT_KINDS
+    regional = parse_args(["--kinds", "step_regions2,step_regions4", "--cfg", "on", "--attention", "splash"])
+    assert [key for key, _ in jobs(regional, [(1024, 1024)])] == [
+        ProgramKey("step", 1024, 1024, True, parts, parts=parts) for parts in (2, 4)
+    ]
+    assert "step_regions2" not in DEFAULT_KINDS and "step_regions4" not in DEFAULT_KINDS
 
     def row(kind, roofline, **more):
         common = {"topology": TOPOLOGY, "size": "1024x1024", "attention": "splash", "quantize": "none", "cfg": None}
@@ -333,5 +339,6 @@ def test_bench_tpu_names_freeu_and_pag_steps_and_keeps_them_out_of_the_requests(
 
     rows = [row("encode", 0.001, cfg=True, size=None), row("start", 0.001), row("decode", 0.001)]
     rows += [row("step", 0.1, cfg=True), row("step", 0.2, cfg=True, extras=["pag"])]
+    rows += [row("step", 0.3, cfg=True, regions=2, prompt_windows=2)]
     (exact,) = [p for p in predictions(rows, TOPOLOGY) if p["request"] == "SDXL base, 25 steps, CFG (exact)"]
     assert exact["predicted_s"] == pytest.approx(0.003 + 25 * 0.1)
