@@ -10,7 +10,7 @@ import httpx
 import jax
 import numpy as np
 import pytest
-from conftest import FIXTURES, TEST_SIZE, TINY_PT, served, served_programs_only
+from conftest import FIXTURES, TEST_SIZE, TINY_PT, needs_chromium, served, served_programs_only
 from gradio_client import Client
 
 from pipeline.contract import image_files
@@ -230,3 +230,42 @@ def test_png_info_fills_pag_and_freeu_only_where_they_are_offered():
         "This server does not offer PAG, so PAG scale 3 was left out.",
         "This server does not offer FreeU, so FreeU 1.3,1.4,0.9,0.2 was left out.",
     ]
+
+
+#: The status line holds a new answer (it differs from `before`: each answer rewrites it).
+NEW_ANSWER = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && / images? in /.test(text); }"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_pages_pag_and_freeu_controls_reach_the_engine(extras_engine, browser):
+    """Issue 67, in Chromium: the PAG scale slider, then the FreeU factors box, each with Generate: the status line
+    names the one the engine ran (the programs the pictures above compiled: the page adds none)."""
+    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, set_slider
+
+    def generate(tab) -> str:
+        before = tab.locator("#status").inner_text()
+        tab.locator("#generate").click()
+        tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+        return tab.locator("#status").inner_text()
+
+    with served(extras_engine) as app_page, served_programs_only(extras_engine):
+        tab = browser.new_page(viewport={"width": 1280, "height": 1100})
+        errors = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
+        tab.locator("#prompt textarea").fill("a lighthouse")
+        open_advanced(tab)
+        set_slider(tab, "pag-scale", 3)
+        with_pag = generate(tab)
+        set_slider(tab, "pag-scale", 0)
+        tab.locator("#freeu").locator("textarea, input").first.fill("1.3,1.4,0.9,0.2")
+        with_freeu = generate(tab)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "pag-freeu.png"), full_page=True)
+        tab.close()
+    pag, freeu = FIELD["pag_scale"].status, FIELD["freeu"].status
+    assert f"· {pag} 3" in with_pag and freeu not in with_pag, with_pag
+    assert f"· {freeu} 1.3,1.4,0.9,0.2" in with_freeu and pag not in with_freeu, with_freeu
+    assert not errors, errors
