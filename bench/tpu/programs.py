@@ -51,12 +51,15 @@ cache) and with `--precompiled`, each a fresh process; writes startup.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import os
 import time
 from dataclasses import astuple
 from pathlib import Path
+
+from .image_prompt import ADAPTERS, SHAPES, abstract_tables
 
 SDXL = "sdxl"
 TINY = "tiny"
@@ -78,6 +81,8 @@ KINDS = (
     "step_freeu_pag",
     "step_regions2",
     "step_regions4",
+    "image_prompt",
+    "step_image",
 )
 #: The bench's names for the whole-UNet step with FreeU and/or PAG (ProgramKey("step", extras=...),
 #: device/extras_step.py): a server compiles them only with --freeu-programs / --pag, so the default --kinds leaves
@@ -86,9 +91,15 @@ EXTRAS_KINDS = {"step_freeu": ("freeu",), "step_pag": ("pag",), "step_freeu_pag"
 #: The bench's names for a regional prompt's step blending P parts (ProgramKey("step", windows=P, parts=P),
 #: device/regions.py): a server compiles them only for its --region-parts.
 REGION_KINDS = {"step_regions2": 2, "step_regions4": 4}
+#: An image prompt's programs (--ip-adapter plain|plus, one slot, abstract weights: bench/tpu/image_prompt.py): the
+#: `image_prompt` program (the image encoder, the projection, every layer's image keys and values) and the whole-UNet
+#: step reading its tokens (ProgramKey.image_tokens: 4 plain, 16 Plus).
+IMAGE_PROMPT_KINDS = ("image_prompt", "step_image")
 #: The kinds compiled when --kinds is not given: every program a server without --freeu-programs, --pag and
 #: --region-parts runs.
-DEFAULT_KINDS = tuple(kind for kind in KINDS if kind not in EXTRAS_KINDS and kind not in REGION_KINDS)
+DEFAULT_KINDS = tuple(
+    kind for kind in KINDS if kind not in EXTRAS_KINDS and kind not in REGION_KINDS and kind not in IMAGE_PROMPT_KINDS
+)
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "controlnet_canny_sdxl_config.json"
 #: The kinds that run the UNet, so depend on --quantize.
@@ -116,6 +127,11 @@ REQUESTS = (
 MLPERF_REQUEST = ("MLPerf SDXL, 20 steps, CFG", 20, True, 1.0, 1)
 #: Google's MLPerf Inference v4.1 SDXL entry on TPU v5e x 4 (JAX, bf16, no quantization): images/s per chip.
 MLPERF_V5E_IMAGES_PER_S_PER_CHIP = 0.438
+
+
+def image_prompt_tokens(adapter: str) -> int:
+    """The image tokens T a step reads with one image prompt of `adapter`'s kind: 4 (plain) or 16 (Plus)."""
+    return SHAPES[adapter][1]["tokens"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -163,6 +179,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the UNet's steps read the text's keys and values from the cross_kv program's table (the server's "
         "--cross-attention-cache); cross_kv is compiled only with it",
     )
+    add(
+        "--ip-adapter",
+        choices=ADAPTERS,
+        default=None,
+        help="image_prompt and step_image kinds: an IP-Adapter's shapes, plain (ip-adapter_sdxl, ViT-bigG, 4 tokens) "
+        "or plus (ip-adapter-plus_sdxl_vit-h, ViT-H, 16 tokens), one image prompt slot (SDXL only)",
+    )
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
@@ -181,6 +204,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if set(args.kind_list) - set(KINDS):
         parser.error(f"--kinds takes some of {', '.join(KINDS)}")
     args.only_labels = [label.strip() for label in args.only.split(",")] if args.only else None
+    if set(IMAGE_PROMPT_KINDS) & set(args.kind_list) and (args.ip_adapter is None or args.model != SDXL):
+        parser.error("--kinds image_prompt,step_image need --ip-adapter plain|plus and --model sdxl")
     return args
 
 
@@ -285,10 +310,12 @@ def served_programs(
     quantize: str = "none",
     vae_tile_above: int = VAE_WHOLE_UP_TO,
     cross_attention_cache: bool = False,
+    ip_adapter: str | None = None,
 ):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
-    `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only."""
+    `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only; `ip_adapter`
+    (SDXL only): one IP-Adapter of that kind served with one image prompt slot (bench/tpu/image_prompt.py)."""
     from ..engine import EngineConfig, ServedPrograms, build_programs, controlnet_module, sampler_of
 
     if model == TINY:
@@ -308,10 +335,16 @@ def served_programs(
         net = controlnet_module(loaded.networks.unet_config, dtype)  # ControlNetModel.from_unet's shape
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
     modules, params = sdxl_model(dtype, quantize)
+    slots = 0
+    if ip_adapter is not None:
+        tables = abstract_tables(ip_adapter, params["unet"], modules.unet.config, dtype)
+        modules = dataclasses.replace(modules, **tables.modules(dtype))
+        params, slots = tables.with_weights(params), tables.slots
     return ServedPrograms(
         modules,
         params,
         mesh,
+        ip_slots=slots,
         per_device_batch=per_device_batch,
         attention=attention,
         lora_layout=layout,
@@ -425,6 +458,13 @@ def jobs(args, sizes) -> list[tuple]:
             for cfg in args.cfgs
             for a in args.attentions
         ]
+        if "step_image" in args.kind_list:
+            tokens = image_prompt_tokens(args.ip_adapter)
+            order += [
+                (ProgramKey("step", height, width, cfg, text, image_tokens=tokens), a)
+                for cfg in args.cfgs
+                for a in args.attentions
+            ]
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
                 order.append((ProgramKey(kind, height, width), None))
@@ -438,6 +478,8 @@ def jobs(args, sizes) -> list[tuple]:
             order += [(ProgramKey("cross_kv", cfg=cfg, windows=text), None) for cfg in args.cfgs]
         if index == 0 and "halve_text" in args.kind_list:
             order.append((ProgramKey("halve_text", windows=text), None))
+        if index == 0 and "image_prompt" in args.kind_list:
+            order.append((ProgramKey("image_prompt"), None))
     if "merge" in args.kind_list:  # one merge program: it depends on the layout, not on the size
         order.append((ProgramKey("merge"), None))
     if args.only_labels is not None:  # those, in the order given ("encode cfg" names it at --prompt-windows' count)
@@ -552,6 +594,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and not row.get("cross_attention_cache")  # the plain steps' requests (the lever's rows stand apart)
             and not row.get("extras")  # nor FreeU's and PAG's steps
             and not row.get("regions")  # nor a regional prompt's
+            and not row.get("image_tokens")  # nor an image prompt's
         ]
         return found[-1] if found else None  # the newest
 
@@ -564,6 +607,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and row["topology"] == topology
             and row["size"] == size
             and not row.get("regions")  # a regional step's P windows are not a variant of the plain requests
+            and not row.get("image_tokens")  # nor an image prompt's step
         }
     )
     for name, steps, cfg, cfg_end, deepcache in (*REQUESTS, MLPERF_REQUEST):
@@ -839,6 +883,7 @@ def main(argv: list[str]) -> int:
                 args.quantize,
                 args.vae_tile_above,
                 args.cross_attention_cache,
+                args.ip_adapter,
             )
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
@@ -848,6 +893,10 @@ def main(argv: list[str]) -> int:
             row["extras"] = list(key.extras)  # a FreeU/PAG step: the label names it; the predictions leave it out
         if key.parts is not None:  # a regional step: its text is P windows, one per part; the predictions leave it out
             row["regions"], row["prompt_windows"] = key.parts, key.windows
+        prompted = key.kind == "image_prompt" or key.image_tokens is not None
+        row["ip_adapter"] = args.ip_adapter if prompted else None  # which adapter's shapes (the predictions skip it)
+        if key.image_tokens is not None:
+            row["image_tokens"] = key.image_tokens
         if args.cross_attention_cache and key.kind in UNET_KINDS:
             row["cross_attention_cache"] = True  # its rows beside the plain step's, not in place of them
         if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:
@@ -863,6 +912,7 @@ def main(argv: list[str]) -> int:
             "prompt_windows",
             "quantize",
             "cross_attention_cache",
+            "ip_adapter",
         )
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]

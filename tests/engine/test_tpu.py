@@ -310,11 +310,13 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     assert costs["table"].bytes_accessed < costs["plain"].bytes_accessed
 
 
-def test_bench_tpu_names_freeu_pag_and_regional_steps_and_keeps_them_out_of_the_requests():
+def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_out_of_the_requests():
     """`python -m bench tpu --kinds step_pag,step_freeu,step_regions2`: the whole-UNet step with PAG / FreeU
     (ProgramKey.extras, as a server with --pag / --freeu-programs compiles it) or blending 2 / 4 regional parts (a P
     window text, as --region-parts compiles it), selected by `--only` apart from the plain step, left out of the
-    default kinds; a row with `extras` or `regions` never stands in for the plain step in the predicted requests."""
+    default kinds; a row with `extras` or `regions` never stands in for the plain step in the predicted requests.
+    `--ip-adapter plain|plus --kinds image_prompt,step_image`: the image prompt's program and the step reading 4 or
+    16 image tokens, refused without the adapter; its rows stay out of the predictions too."""
     from bench.tpu.programs import DEFAULT_KINDS, jobs, parse_args, predictions
     from pipeline.host.compiling.programs import ProgramKey
 
@@ -332,6 +334,16 @@ def test_bench_tpu_names_freeu_pag_and_regional_steps_and_keeps_them_out_of_the_
         ProgramKey("step", 1024, 1024, True, parts, parts=parts) for parts in (2, 4)
     ]
     assert "step_regions2" not in DEFAULT_KINDS and "step_regions4" not in DEFAULT_KINDS
+    for adapter, tokens in (("plain", 4), ("plus", 16)):
+        prompted = parse_args(["--kinds", "image_prompt,step_image", "--ip-adapter", adapter, "--cfg", "on"])
+        assert [key for key, _ in jobs(prompted, [(1024, 1024)])] == [
+            ProgramKey("step", 1024, 1024, True, 3, image_tokens=tokens),
+            ProgramKey("step", 1024, 1024, True, 3, image_tokens=tokens),  # xla, splash
+            ProgramKey("image_prompt"),
+        ]
+    with pytest.raises(SystemExit):
+        parse_args(["--kinds", "step_image"])  # no --ip-adapter: argparse's one line, exit 2
+    assert "image_prompt" not in DEFAULT_KINDS and "step_image" not in DEFAULT_KINDS
 
     def row(kind, roofline, **more):
         common = {"topology": TOPOLOGY, "size": "1024x1024", "attention": "splash", "quantize": "none", "cfg": None}
@@ -339,6 +351,32 @@ def test_bench_tpu_names_freeu_pag_and_regional_steps_and_keeps_them_out_of_the_
 
     rows = [row("encode", 0.001, cfg=True, size=None), row("start", 0.001), row("decode", 0.001)]
     rows += [row("step", 0.1, cfg=True), row("step", 0.2, cfg=True, extras=["pag"])]
-    rows += [row("step", 0.3, cfg=True, regions=2, prompt_windows=2)]
+    rows += [row("step", 0.3, cfg=True, regions=2, prompt_windows=2), row("step", 0.4, cfg=True, image_tokens=4)]
     (exact,) = [p for p in predictions(rows, TOPOLOGY) if p["request"] == "SDXL base, 25 steps, CFG (exact)"]
     assert exact["predicted_s"] == pytest.approx(0.003 + 25 * 0.1)
+
+
+def test_bench_tpus_abstract_adapters_have_sdxls_shapes():
+    """bench/tpu/image_prompt.py's abstract IP-Adapters at SDXL's shapes, as h94's files load: ViT-bigG (1664 wide,
+    48 layers) with the plain projection's 4 tokens, ViT-H (1280, 32) with the Resampler's 16; one to_k_ip /
+    to_v_ip pair per attn2 of SDXL's UNet (70), each as wide as that layer's to_k."""
+    from bench.tpu.image_prompt import abstract_tables
+    from bench.tpu.programs import sdxl_model
+
+    modules, params = sdxl_model("bfloat16")
+    for kind, (width, depth, tokens) in {"plain": (1664, 48, 4), "plus": (1280, 32, 16)}.items():
+        tables = abstract_tables(kind, params["unet"], modules.unet.config, "bfloat16")
+        (adapter,) = tables.adapters
+        config = adapter.encoder.module.config
+        assert (config.hidden_size, config.num_hidden_layers, adapter.projection.tokens) == (width, depth, tokens)
+        layers = adapter.params["layers"]
+        assert len(layers) == 70 and tables.slots == 1
+        assert {leaf.dtype.name for leaf in jax.tree_util.tree_leaves(tables.with_weights({})["ip_adapters"])} == {
+            "bfloat16"
+        }
+        mid = layers["mid_block/attentions_0/transformer_blocks_0/attn2"]["to_k_ip"]
+        assert (
+            mid.shape
+            == params["unet"]["mid_block"]["attentions_0"]["transformer_blocks_0"]["attn2"]["to_k"]["kernel"].shape
+            == (2048, 1280)
+        )
