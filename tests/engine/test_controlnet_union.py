@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT, served_programs_only
+from conftest import FEATURE_DEVICES, FIXTURES, TEST_SIZE, TINY_PT, needs_chromium, served_programs_only
 from PIL import Image
 
 from pipeline.contract.controlnet_units import parse_controls
@@ -157,3 +157,49 @@ def test_tile_preprocessor_is_a1111s_tile_resample():
     assert read_control_entry(control_entry(unit, 0)[1])["rate"] == 4.0
     with pytest.raises(InvalidInput, match="tile down-sampling rate must be a number between 1 and 8"):
         parse_controls([{"name": "union", "image": FIXTURES / "image-input.png", "rate": 9}], ("union",), 64, 64)
+
+
+#: The status line holds a new answer (it differs from `before`: each answer rewrites it).
+NEW_ANSWER = """(before) => { const text = document.querySelector('#status').innerText;
+    return text !== before && / images? in /.test(text); }"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_page_sends_the_union_control_type_it_shows(union_engine, browser):
+    """Issue 67, in Chromium: the ControlNet section offers the union's Control type (its only model is one), a map
+    and the type "tile" chosen, Generate: the request the page sends carries the unit with that type, and the engine
+    runs it on the union step the pictures above compiled (the type is data)."""
+    import json
+
+    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served
+
+    with served(union_engine) as app_page, served_programs_only(union_engine):
+        tab = browser.new_page(viewport={"width": 1280, "height": 1600})
+        errors, joins = [], []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on("request", lambda r: "/queue/join" in r.url and joins.append(r.post_data or ""))
+        tab.goto(app_page.local_url, timeout=TIMEOUT_MS)
+        tab.locator("#prompt textarea").fill(CASES["canny"]["prompt"])
+        open_advanced(tab)
+        open_section(tab, "controlnet-settings", "ControlNet", "#control-image")
+        tab.locator("#control-image input[type=file]").set_input_files(str(FIXTURES / "controlnet-map-a.png"))
+        tab.locator("#control-map img").wait_for(state="visible", timeout=TIMEOUT_MS)
+        tab.locator("#control-type input").click()
+        tab.get_by_role("option", name="tile", exact=True).click()
+        before = tab.locator("#status").inner_text()
+        tab.locator("#generate").click()
+        tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "controlnet-union.png"), full_page=True)
+        tab.close()
+    units = [
+        unit
+        for body in joins
+        for value in json.loads(body).get("data", [])
+        if isinstance(value, list)
+        for unit in value
+        if isinstance(unit, dict) and "control_type" in unit
+    ]
+    assert [unit["control_type"] for unit in units] == ["tile"], joins
+    assert not errors, errors
