@@ -102,6 +102,16 @@ DEFAULT_KINDS = tuple(
 )
 #: The full-size SDXL ControlNet (diffusers/controlnet-canny-sdxl-1.0's config): the step_control kind's, one unit.
 CONTROLNET_CONFIG = Path(__file__).resolve().parents[2] / "assets" / "controlnet_canny_sdxl_config.json"
+#: `--controlnet union`: xinsir's controlnet-union-sdxl-1.0 ProMax, the same network plus its union parts (8 control
+#: types, diffusers' `ControlNetUnionModel` sizes for the rest).
+UNION_FIELDS = {
+    "_class_name": "ControlNetUnionModel",
+    "num_control_type": 8,
+    "num_trans_channel": 320,
+    "num_trans_head": 8,
+    "num_trans_layer": 1,
+    "num_proj_channel": 320,
+}
 #: The kinds that run the UNet, so depend on --quantize.
 UNET_KINDS = ("step", "step_full", "step_shallow", "step_control")  # a row's "kind": FreeU/PAG steps are "step"
 #: Images of up to this many pixels go through the VAE whole (EngineConfig.vae_tile_above's default: 1024²).
@@ -186,6 +196,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="image_prompt and step_image kinds: an IP-Adapter's shapes, plain (ip-adapter_sdxl, ViT-bigG, 4 tokens) "
         "or plus (ip-adapter-plus_sdxl_vit-h, ViT-H, 16 tokens), one image prompt slot (SDXL only)",
     )
+    add(
+        "--controlnet",
+        choices=("canny", "union"),
+        default="canny",
+        help="step_control kind's network: canny (controlnet-canny-sdxl-1.0) or union (xinsir's ProMax)",
+    )
     add("--out", default="bench-results", help="directory of tpu.json (default bench-results/)")
     add("--fresh", action="store_true", help="replace tpu.json instead of merging into it")
     add("--startup", action="store_true", help="only: precompiled vs cold start-up, tiny, this host's CPU devices")
@@ -210,7 +226,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 @functools.cache
-def sdxl_model(dtype, quantize: str = "none"):
+def sdxl_model(dtype, quantize: str = "none", controlnet: str = "canny"):
     """SDXL base 1.0's modules from its configs (bench/accelerator/flops.py), abstract weights in `dtype`; nothing
     downloaded. `quantize` "int8": the UNet as `--quantize int8` serves it (pipeline/device/quantize.py), int8
     kernels."""
@@ -233,19 +249,22 @@ def sdxl_model(dtype, quantize: str = "none"):
 
         params["unet"] = _abstract_int8_unet_params(unet, dtype)
         unet = quantized_unet(unet)
-    modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8, controlnets=(sdxl_controlnet(dtype),))
+    nets = (sdxl_controlnet(dtype, controlnet),)
+    modules = Modules(texts[0], texts[1], unet, vae, vae_scale_factor=8, controlnets=nets)
     return modules, params
 
 
-def sdxl_controlnet(dtype):
-    """The full-size SDXL ControlNet module (random weights: only its shapes are compiled)."""
+def sdxl_controlnet(dtype, kind: str = "canny"):
+    """The full-size SDXL ControlNet module, canny's or the union's (random weights: only its shapes are
+    compiled)."""
     import json
 
     import jax.numpy as jnp
 
     from ..engine import controlnet_module
 
-    return controlnet_module(json.loads(CONTROLNET_CONFIG.read_text()), jnp.dtype(dtype).name)
+    config = json.loads(CONTROLNET_CONFIG.read_text())
+    return controlnet_module({**config, **UNION_FIELDS} if kind == "union" else config, jnp.dtype(dtype).name)
 
 
 @functools.cache
@@ -311,11 +330,13 @@ def served_programs(
     vae_tile_above: int = VAE_WHOLE_UP_TO,
     cross_attention_cache: bool = False,
     ip_adapter: str | None = None,
+    controlnet: str = "canny",
 ):
     """The served programs on `mesh`: the tiny checkpoint's built by the generator's own `build_programs` (its
     sampler config, prediction type and tokenizer length), SDXL's from its configs with abstract weights.
     `layout`: the LoRA merge's `MergeLayout` (`merge_layout`), needed by ProgramKey("merge") only; `ip_adapter`
-    (SDXL only): one IP-Adapter of that kind served with one image prompt slot (bench/tpu/image_prompt.py)."""
+    (SDXL only): one IP-Adapter of that kind served with one image prompt slot (bench/tpu/image_prompt.py);
+    `controlnet` (SDXL only): the step_control kind's network, canny's or the union's."""
     from ..engine import EngineConfig, ServedPrograms, build_programs, controlnet_module, sampler_of
 
     if model == TINY:
@@ -334,7 +355,7 @@ def served_programs(
             params = {**params, "unet": _abstract_int8_unet_params(loaded.networks.unet, dtype)}
         net = controlnet_module(loaded.networks.unet_config, dtype)  # ControlNetModel.from_unet's shape
         return build_programs(loaded, config, params, mesh, sampler_of(loaded, config), layout, (net,))
-    modules, params = sdxl_model(dtype, quantize)
+    modules, params = sdxl_model(dtype, quantize, controlnet)
     slots = 0
     if ip_adapter is not None:
         tables = abstract_tables(ip_adapter, params["unet"], modules.unet.config, dtype)
@@ -595,6 +616,7 @@ def predictions(rows: list[dict], topology: str, size: str = "1024x1024") -> lis
             and not row.get("extras")  # nor FreeU's and PAG's steps
             and not row.get("regions")  # nor a regional prompt's
             and not row.get("image_tokens")  # nor an image prompt's
+            and not row.get("controlnet")  # nor the union's ControlNet step (the request names canny's)
         ]
         return found[-1] if found else None  # the newest
 
@@ -884,6 +906,7 @@ def main(argv: list[str]) -> int:
                 args.vae_tile_above,
                 args.cross_attention_cache,
                 args.ip_adapter,
+                args.controlnet,
             )
         row = compile_one(programs[core], key, attention, args.topology, progress)
         row["model"] = args.model
@@ -897,6 +920,7 @@ def main(argv: list[str]) -> int:
         row["ip_adapter"] = args.ip_adapter if prompted else None  # which adapter's shapes (the predictions skip it)
         if key.image_tokens is not None:
             row["image_tokens"] = key.image_tokens
+        row["controlnet"] = args.controlnet if key.kind == "step_control" and args.controlnet != "canny" else None
         if args.cross_attention_cache and key.kind in UNET_KINDS:
             row["cross_attention_cache"] = True  # its rows beside the plain step's, not in place of them
         if key.kind in ("decode", "encode_image") and args.vae_tile_above != VAE_WHOLE_UP_TO:
@@ -913,6 +937,7 @@ def main(argv: list[str]) -> int:
             "quantize",
             "cross_attention_cache",
             "ip_adapter",
+            "controlnet",
         )
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]

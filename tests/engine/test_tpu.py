@@ -344,6 +344,10 @@ def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_o
     with pytest.raises(SystemExit):
         parse_args(["--kinds", "step_image"])  # no --ip-adapter: argparse's one line, exit 2
     assert "image_prompt" not in DEFAULT_KINDS and "step_image" not in DEFAULT_KINDS
+    from bench.tpu.programs import sdxl_controlnet
+
+    assert type(sdxl_controlnet("bfloat16", "union")).__name__ == "SDXLControlNetUnion"  # --controlnet union
+    assert type(sdxl_controlnet("bfloat16")).__name__ == "SDXLControlNet"
 
     def row(kind, roofline, **more):
         common = {"topology": TOPOLOGY, "size": "1024x1024", "attention": "splash", "quantize": "none", "cfg": None}
@@ -352,6 +356,7 @@ def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_o
     rows = [row("encode", 0.001, cfg=True, size=None), row("start", 0.001), row("decode", 0.001)]
     rows += [row("step", 0.1, cfg=True), row("step", 0.2, cfg=True, extras=["pag"])]
     rows += [row("step", 0.3, cfg=True, regions=2, prompt_windows=2), row("step", 0.4, cfg=True, image_tokens=4)]
+    rows += [row("step_control", 0.5, cfg=True, controlnet="union")]  # never the canny ControlNet request's step
     (exact,) = [p for p in predictions(rows, TOPOLOGY) if p["request"] == "SDXL base, 25 steps, CFG (exact)"]
     assert exact["predicted_s"] == pytest.approx(0.003 + 25 * 0.1)
 
