@@ -191,10 +191,12 @@ NEW_ANSWER = """(before) => { const text = document.querySelector('#status').inn
 
 @pytest.mark.browser
 @needs_chromium
-def test_the_page_draws_two_regions_compiling_nothing(region_engine, browser):
-    """Issue 69, in Chromium: the Regions section's divide syntax and base ratio, a prompt of two parts split on
-    BREAK, Generate: the engine runs the regional step of 2 parts (compiled by the parity test above: the page adds
-    no program) and the status line names the regions (and a history entry would: one renderer, `status_parts`)."""
+def test_the_page_draws_two_regions_compiling_nothing(region_engine, browser, tmp_path):
+    """Issue 69, in Chromium: the Regions section's divide syntax, a prompt of two parts split on BREAK, Generate:
+    the engine runs the regional step of 2 parts (compiled by the parity test above: the page adds no program) and
+    the status line names the regions (and a history entry would: one renderer, `status_parts`). Then the syntax
+    cleared and regions painted instead (a picture of two colours uploaded as the mask): the page sends the mask
+    with the request, which runs on the same programs."""
     from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served
 
     case = CASES["columns_1_1"]
@@ -211,9 +213,22 @@ def test_the_page_draws_two_regions_compiling_nothing(region_engine, browser):
         tab.locator("#generate").click()
         tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
         status = tab.locator("#status").inner_text()
+        painted = np.zeros((TEST_SIZE, TEST_SIZE, 3), np.uint8)
+        painted[:, : TEST_SIZE // 2] = (255, 0, 0)
+        painted[:, TEST_SIZE // 2 :] = (0, 255, 0)
+        Image.fromarray(painted).save(tmp_path / "painted-regions.png")
+        tab.locator("#regions textarea").fill("")
+        tab.locator("#region-mask input[type=file]").set_input_files(str(tmp_path / "painted-regions.png"))
+        tab.locator("#region-mask img").wait_for(timeout=TIMEOUT_MS)
+        joins: list[str] = []
+        tab.on("request", lambda r: "/queue/join" in r.url and joins.append(r.post_data or ""))
+        before = tab.locator("#status").inner_text()
+        tab.locator("#generate").click()
+        tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+        from_mask = tab.locator("#status").inner_text()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(ARTIFACTS / "regions.png"), full_page=True)
         tab.close()
-    print(status)
     assert "· regions columns 1,1" in status, status
+    assert "painted-regions.png" in joins[0] and " images in " in from_mask, (joins, from_mask)
     assert not errors, errors
