@@ -939,7 +939,7 @@ def main(argv: list[str]) -> int:
             "ip_adapter",
             "controlnet",
         )
-        rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
+        rows = [r for r in rows if any(r.get(k) != row.get(k) for k in same)] + [row]
         mine = [r for r in rows if r.get("model") == args.model]
         results = {
             "machine": machine_info(),
