@@ -141,8 +141,9 @@ def test_every_flag_the_readme_names_is_taken():
     parsers = [bench_parser(), *build_parser()._subparsers._group_actions[0].choices.values()]
     for parser in parsers:
         taken.update(parser._option_string_actions)
-    for script in (REPO / "bench").rglob("*.py"):  # the bench's own scripts (bench.features.prompts's --repeats)
-        taken.update(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text(encoding="utf-8")))
+    for script in (REPO / "bench").rglob("*.py"):  # the bench's own scripts (bench.features.prompts's --repeats;
+        # bench tpu's parser names `add = parser.add_argument`)
+        taken.update(re.findall(r"\badd(?:_argument)?\(\s*\"(--[\w-]+)\"", script.read_text(encoding="utf-8")))
     taken.add("--api-auth")  # AUTOMATIC1111's own flag, named as A1111's (docs/apis.md)
     named = _prose_flags()
     assert {"--mask-image", "--init-image", "--lora-dir", "--data-dir"} <= named
