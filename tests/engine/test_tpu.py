@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import FIXTURES, REPO, TEST_SIZE, TEST_STEPS, generate
@@ -362,26 +363,24 @@ def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_o
 
 
 def test_bench_tpus_abstract_adapters_have_sdxls_shapes():
-    """bench/tpu/image_prompt.py's abstract IP-Adapters at SDXL's shapes, as h94's files load: ViT-bigG (1664 wide,
-    48 layers) with the plain projection's 4 tokens, ViT-H (1280, 32) with the Resampler's 16; one to_k_ip /
-    to_v_ip pair per attn2 of SDXL's UNet (70), each as wide as that layer's to_k."""
-    from bench.tpu.image_prompt import abstract_tables
-    from bench.tpu.programs import sdxl_model
+    """bench/tpu/image_prompt.py's abstract IP-Adapters at SDXL's shapes, as h94's files load: ViT-H (1280 wide, 32
+    layers) with the Resampler's 16 tokens traced here (ViT-bigG's 48 layers cost twice as long to trace: its
+    figures, 1664 wide with the plain projection's 4 tokens, are checked as data); one to_k_ip / to_v_ip pair per
+    attn2 of SDXL's UNet (70), each as wide as that layer's to_k, in the weights' dtype."""
+    from bench.accelerator.flops import sdxl_networks
+    from bench.tpu.image_prompt import SHAPES, abstract_tables
 
-    modules, params = sdxl_model("bfloat16")
-    for kind, (width, depth, tokens) in {"plain": (1664, 48, 4), "plus": (1280, 32, 16)}.items():
-        tables = abstract_tables(kind, params["unet"], modules.unet.config, "bfloat16")
-        (adapter,) = tables.adapters
-        config = adapter.encoder.module.config
-        assert (config.hidden_size, config.num_hidden_layers, adapter.projection.tokens) == (width, depth, tokens)
-        layers = adapter.params["layers"]
-        assert len(layers) == 70 and tables.slots == 1
-        assert {leaf.dtype.name for leaf in jax.tree_util.tree_leaves(tables.with_weights({})["ip_adapters"])} == {
-            "bfloat16"
-        }
-        mid = layers["mid_block/attentions_0/transformer_blocks_0/attn2"]["to_k_ip"]
-        assert (
-            mid.shape
-            == params["unet"]["mid_block"]["attentions_0"]["transformer_blocks_0"]["attn2"]["to_k"]["kernel"].shape
-            == (2048, 1280)
-        )
+    unet = sdxl_networks(jnp.bfloat16)["unet"]
+    unet_params = jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0))
+    bigg, plain = SHAPES["plain"]
+    assert (bigg["hidden_size"], bigg["num_hidden_layers"], plain["tokens"]) == (1664, 48, 4)
+    tables = abstract_tables("plus", unet_params, unet.config, "bfloat16")
+    (adapter,) = tables.adapters
+    config = adapter.encoder.module.config
+    assert (config.hidden_size, config.num_hidden_layers, adapter.projection.tokens) == (1280, 32, 16)
+    layers = adapter.params["layers"]
+    assert len(layers) == 70 and tables.slots == 1
+    dtypes = {leaf.dtype.name for leaf in jax.tree_util.tree_leaves(tables.with_weights({})["ip_adapters"])}
+    assert dtypes == {"bfloat16"}
+    mid = unet_params["mid_block"]["attentions_0"]["transformer_blocks_0"]["attn2"]["to_k"]["kernel"]
+    assert layers["mid_block/attentions_0/transformer_blocks_0/attn2"]["to_k_ip"].shape == mid.shape == (2048, 1280)
