@@ -37,6 +37,9 @@ _HOME = {
     "LCM_MAX_STEPS": ("pipeline.contract.sampler_names", "LCM_MAX_STEPS"),
     "second_pass_steps": ("pipeline.contract.hires", "second_pass_steps"),
     "describe": ("pipeline.contract.parameters", "describe"),
+    "parse_request": ("pipeline.contract.request", "parse_request"),
+    "Plot": ("pipeline.contract.xyz_plot", "Plot"),
+    "run_plot": ("pipeline.contract.xyz_run", "run_plot"),
     "image_files": ("pipeline.contract.image_files", None),
     # Checkpoints: the loader, and the ControlNet and upscaler files a part builds or loads on its own.
     "LoadedModel": ("pipeline.checkpoint.loading", "LoadedModel"),
