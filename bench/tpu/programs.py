@@ -465,27 +465,19 @@ def jobs(args, sizes) -> list[tuple]:
                 order += [
                     (ProgramKey(kind, height, width, cfg, text, nets), a) for cfg in args.cfgs for a in args.attentions
                 ]
-        order += [
-            (ProgramKey("step", height, width, cfg, text, extras=extras), a)
-            for kind, extras in EXTRAS_KINDS.items()
-            if kind in args.kind_list
-            for cfg in args.cfgs
-            for a in args.attentions
+        # The whole-UNet step's variants a server compiles only when asked: FreeU/PAG, regions, image tokens.
+        variants = [
+            {"windows": text, "extras": extras} for kind, extras in EXTRAS_KINDS.items() if kind in args.kind_list
         ]
-        order += [
-            (ProgramKey("step", height, width, cfg, parts, parts=parts), a)
-            for kind, parts in REGION_KINDS.items()
-            if kind in args.kind_list
-            for cfg in args.cfgs
-            for a in args.attentions
-        ]
+        variants += [{"windows": p, "parts": p} for kind, p in REGION_KINDS.items() if kind in args.kind_list]
         if "step_image" in args.kind_list:
-            tokens = image_prompt_tokens(args.ip_adapter)
-            order += [
-                (ProgramKey("step", height, width, cfg, text, image_tokens=tokens), a)
-                for cfg in args.cfgs
-                for a in args.attentions
-            ]
+            variants.append({"windows": text, "image_tokens": image_prompt_tokens(args.ip_adapter)})
+        order += [
+            (ProgramKey("step", height, width, cfg, **variant), a)
+            for variant in variants
+            for cfg in args.cfgs
+            for a in args.attentions
+        ]
         for kind in ("halve_feature", "preview"):
             if kind in args.kind_list:
                 order.append((ProgramKey(kind, height, width), None))
