@@ -134,10 +134,16 @@ NEW_ANSWER = """(before) => { const text = document.querySelector('#status').inn
 
 
 def generate(tab, press: str = "#generate") -> str:
-    """Press Generate (or a Vary button) and wait for its answer: the status line."""
+    """Press Generate (or a Vary button) and wait for its answer: the status line. No answer: the failure names the
+    page's toasts and status line (a refusal shows as a toast and leaves the status line empty)."""
     before = tab.locator("#status").inner_text()
     tab.locator(press).click()
-    tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+    try:
+        tab.wait_for_function(NEW_ANSWER, arg=before, timeout=TIMEOUT_MS)
+    except playwright_api.TimeoutError:
+        toasts = tab.locator(".toast-body").all_inner_texts()
+        tab.screenshot(path=str(ARTIFACTS / "features-no-answer.png"), full_page=True)
+        pytest.fail(f"no answer to {press}: toasts {toasts}, status {tab.locator('#status').inner_text()!r}")
     return tab.locator("#status").inner_text()
 
 
