@@ -5,7 +5,8 @@ request on this machine, as multiples of a plain request (issues 67 and 69).
     python -m bench.features.composition --devices 1 --repeats 30
 
 One engine serves them all (no speed levers, one prompt window, no previews). Each case runs once untimed (its
-programs compile then), then every case once per round, `--repeats` rounds, interleaved; the medians are printed.
+programs compile then), then every case once per round, `--repeats` rounds, interleaved (bench.common's
+`interleaved_seconds`); the medians are printed.
 Then a 4×4 plot (Steps 2-5 × CFG Scale 3-9) against its 16 cells sent one by one, with the compilations counted while
 timing (must be 0). At 64² a request's fixed cost is most of its time: the figures say what each feature adds to the
 launches, not what it costs at SDXL's size (bench tpu's rooflines do).
@@ -14,13 +15,14 @@ launches, not what it costs at SDXL's size (bench tpu's rooflines do).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import time
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from ..common import configure_platform, interleaved_seconds, timed
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 PROMPT = "a red fox in the snow"
@@ -54,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+    configure_platform(args.devices)
     import jax  # heavy: after XLA_FLAGS is set (the CPU device count is read when JAX starts)
 
-    from ..engine import CompileCounter, Generator, Plot, parse_request, run_plot  # heavy: imports JAX
+    from ..engine import Generator, Plot, parse_request, run_plot  # heavy: imports JAX
 
     engine = Generator.from_pretrained(
         str(FIXTURES / "tiny-pt"),
@@ -75,19 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         freeu_programs=True,
         region_parts=(2, 4),
     )
-    tile = Path(os.environ.get("TMPDIR", "/tmp")) / "composition-tile.png"
-    Image.fromarray(np.load(FIXTURES / "image-expected.npz")["fit_image"]).save(tile)
-    requests = {}
-    for name, (prompt, fields) in cases(tile).items():
-        requests[name] = engine.request(prompt, seed=3, guidance_scale=fields.pop("guidance_scale", 5.0), **fields)
-        engine.generate(requests[name])  # untimed: compiles its programs
-    compiles = CompileCounter.compiles()
-    seconds: dict[str, list[float]] = {name: [] for name in requests}
-    for _ in range(args.repeats):
-        for name, request in requests.items():
-            started = time.perf_counter()
-            engine.generate(request)
-            seconds[name].append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory(prefix="composition-") as folder:
+        tile = Path(folder) / "tile.png"
+        Image.fromarray(np.load(FIXTURES / "image-expected.npz")["fit_image"]).save(tile)
+        requests = {
+            name: engine.request(prompt, seed=3, guidance_scale=fields.pop("guidance_scale", 5.0), **fields)
+            for name, (prompt, fields) in cases(tile).items()
+        }
+        seconds, compiles = interleaved_seconds(engine, requests, args.repeats)  # each once untimed, then rounds
     plain = statistics.median(seconds["plain"])
     print(f"tiny-pt, 64², 4 steps, {args.devices} × {jax.devices()[0].platform}; medians of {args.repeats}:")
     for name, values in seconds.items():
@@ -96,15 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     cells = plot.cells({"prompt": PROMPT, "seed": 3}, lambda f: parse_request(**f, rules=engine.rules), model="tiny")
     for cell in cells:
         engine.generate(cell.request)  # untimed
-    started = time.perf_counter()
-    run_plot(engine, plot, cells)
-    plot_s, started = time.perf_counter() - started, time.perf_counter()
-    for cell in cells:
-        engine.generate(cell.request)
-    single_s = time.perf_counter() - started
+    before = engine.compile_count
+    plot_s, _ = timed(lambda: run_plot(engine, plot, cells))
+    single_s, _ = timed(lambda: [engine.generate(cell.request) for cell in cells])
     print(f"  4×4 plot {plot_s:.2f} s, its 16 cells one by one {single_s:.2f} s ({plot_s / single_s:.2f}×)")
-    print(f"compiles while timing: {CompileCounter.compiles() - compiles}")
-    tile.unlink()
+    print(f"compiles while timing: {compiles + engine.compile_count - before}")
 
 
 if __name__ == "__main__":
