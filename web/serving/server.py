@@ -16,11 +16,21 @@ import time
 from collections.abc import Sequence
 
 import gradio as gr
+import httpx
 
 from ..options import DEFAULT_HOST, DEFAULT_PORT
 from ..page.texts import CSS_PATH, PAGE_JS, TITLE
 
 logger = logging.getLogger("sdxl_jax.app")
+
+#: How long the page may take to answer its first request once it listens: Gradio's own check gives each try 3 s and
+#: gives up at the first that times out, which a loaded 2-core machine passed (CI, 2026-12-07: "When localhost is not
+#: accessible, a shareable link must be created"), so the page checks itself, patiently.
+REACHABLE_WITHIN_S = 120.0
+
+
+class PageUnreachable(ConnectionError):
+    """The page listens but never answers on its own URL (serve_until_signal says so in one line, exit 2)."""
 
 
 def theme() -> gr.themes.Base:
@@ -58,8 +68,28 @@ def launch(
         css_paths=[CSS_PATH],
         js=PAGE_JS.read_text(encoding="utf-8"),
         ssr_mode=False,
+        _frontend=False,  # Gradio's 3-second reachability check: wait_until_reachable instead
     )
+    if not share:
+        wait_until_reachable(demo.local_url)
     return demo
+
+
+def wait_until_reachable(url: str, within_s: float = REACHABLE_WITHIN_S) -> None:
+    """Return once `url` answers (any HTTP status: a login's 401 or a redirect is an answer); raise, saying so, when it
+    never does within `within_s` (a proxy that keeps localhost away; share=True is the way around it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            httpx.head(url, timeout=max(1.0, min(10.0, deadline - time.monotonic())), verify=False)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() >= deadline:
+                raise PageUnreachable(
+                    f"The page at {url} did not answer within {within_s:.0f} s: localhost is not reachable here "
+                    "(a proxy?); --share serves it through a public link instead."
+                ) from None
+            time.sleep(0.5)
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -97,7 +127,7 @@ def serve_until_signal(
     signal.signal(signal.SIGINT, request_stop)
     try:
         page.launch(host=host, port=port, share=share, prevent_thread_lock=True, quiet=True, auth=auth, **extra)
-    except OSError as exc:  # the port was taken while the model loaded
+    except OSError as exc:  # the port was taken while the model loaded, or the page never answered (PageUnreachable)
         print(f"app.py: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         return 2
     if auth:
