@@ -14,6 +14,7 @@ from pipeline.contract.fields import FIELD
 from web.history.tab import caption, history_gallery
 from web.page.form import control
 from web.page.texts import CSS_PATH, PAGE_JS
+from web.serving.server import wait_until_reachable
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
@@ -35,7 +36,9 @@ def sliders():
         quiet=True,
         ssr_mode=False,
         js=PAGE_JS.read_text(encoding="utf-8"),
-    )  # as web/serving/server.py launches the page
+        _frontend=False,
+    )  # as web/serving/server.py launches the page, and checks it answers
+    wait_until_reachable(blocks.local_url)
     try:
         yield blocks
     finally:
@@ -92,8 +95,14 @@ def history(tmp_path_factory):
         with gr.Blocks() as blocks:
             history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
         blocks.launch(
-            server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False, css_paths=[CSS_PATH]
+            server_port=free_port(),
+            prevent_thread_lock=True,
+            quiet=True,
+            ssr_mode=False,
+            css_paths=[CSS_PATH],
+            _frontend=False,
         )
+        wait_until_reachable(blocks.local_url)
         try:
             yield blocks
         finally:
