@@ -13,8 +13,7 @@ from PIL import Image
 from pipeline.contract.fields import FIELD
 from web.history.tab import caption, history_gallery
 from web.page.form import control
-from web.page.texts import CSS_PATH, PAGE_JS
-from web.serving.server import wait_until_reachable
+from web.serving.server import launch
 
 pytestmark = [pytest.mark.browser, needs_chromium]
 
@@ -30,15 +29,7 @@ def sliders():
         guidance = control(FIELD["guidance_scale"], GUIDANCE_DEFAULT)
         sent = gr.Textbox(elem_id="sent", interactive=True)  # also where the tests move the focus to
         gr.Button("Send", elem_id="send").click(lambda s, g: f"{s:g} {g:g}", [steps, guidance], sent)
-    blocks.launch(
-        server_port=free_port(),
-        prevent_thread_lock=True,
-        quiet=True,
-        ssr_mode=False,
-        js=PAGE_JS.read_text(encoding="utf-8"),
-        _frontend=False,
-    )  # as web/serving/server.py launches the page, and checks it answers
-    wait_until_reachable(blocks.local_url)
+    launch(blocks, port=free_port(), prevent_thread_lock=True, quiet=True)  # as the page is launched: its script too
     try:
         yield blocks
     finally:
@@ -94,15 +85,7 @@ def history(tmp_path_factory):
         patch.setenv("GRADIO_TEMP_DIR", str(tmp_path_factory.mktemp("gradio")))
         with gr.Blocks() as blocks:
             history_gallery([(str(thumbnail), caption(settings)) for settings in HISTORY])
-        blocks.launch(
-            server_port=free_port(),
-            prevent_thread_lock=True,
-            quiet=True,
-            ssr_mode=False,
-            css_paths=[CSS_PATH],
-            _frontend=False,
-        )
-        wait_until_reachable(blocks.local_url)
+        launch(blocks, port=free_port(), prevent_thread_lock=True, quiet=True)  # its stylesheet too
         try:
             yield blocks
         finally:
