@@ -1,8 +1,8 @@
 """Where a test run's time goes: each test's seconds (setup, call, teardown), the CPU seconds its process and the
 subprocesses it waited for used meanwhile, and the XLA compilations its process made, written as JSON lines when
 `TEST_PROFILE=FOLDER` is set (one file per xdist worker). A fixture's engine build shows in the setup of the first test
-that asks for it. `python -m tests.profiling FOLDER` prints the totals per file, the dearest tests and the compile
-seconds (issue 68: profile before cutting).
+that asks for it. `python -m tests.profiling FOLDER` prints the totals per file, the dearest tests, the compile
+seconds and which programs compiled in which files (issue 68: profile before cutting).
 
 Compilations are counted in the test process only (a test's subprocesses compile on their own), from JAX's own
 monitoring events, as pipeline.host.compiling.compile_cache.CompileCounter counts them. CPU seconds count the
@@ -26,21 +26,53 @@ ENV = "TEST_PROFILE"
 
 
 class CompileSeconds:
-    """XLA compilations of this process and their seconds (JAX records a duration event per backend compile)."""
+    """XLA compilations of this process and their seconds (JAX records a duration event per backend compile), and
+    per program name those that compiled (not read from JAX's persistent cache): which programs a test pays for.
+
+    JAX's backend compile event wraps the persistent cache's lookup, so a program read from the cache counts here too
+    (`count`, `seconds`, as before); the cache's own hit event comes first, on the same thread, and marks it."""
+
+    HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
     def __init__(self) -> None:
         import jax
         from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
-        self._event, self._lock = BACKEND_COMPILE_EVENT, threading.Lock()
-        self.count, self.seconds = 0, 0.0
+        self._event, self._lock, self._thread = BACKEND_COMPILE_EVENT, threading.Lock(), threading.local()
+        self.count, self.seconds, self.hits = 0, 0.0, 0
+        self.compiled: dict[str, list] = defaultdict(lambda: [0, 0.0])  # program name -> [compiles, seconds]
+        jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
-    def _on_duration(self, event: str, duration: float, **_: object) -> None:
-        if event == self._event:
-            with self._lock:
-                self.count += 1
-                self.seconds += duration
+    def _on_event(self, event: str, **_: object) -> None:
+        if event == self.HIT_EVENT:
+            self._thread.hit = True
+
+    def _on_duration(self, event: str, duration: float, fun_name: str = "?", **_: object) -> None:
+        if event != self._event:
+            return
+        hit, self._thread.hit = getattr(self._thread, "hit", False), False
+        with self._lock:
+            self.count += 1
+            self.seconds += duration
+            if hit:
+                self.hits += 1
+            else:
+                self.compiled[fun_name][0] += 1
+                self.compiled[fun_name][1] += duration
+
+    def since(self, before: dict[str, tuple[int, float]]) -> dict[str, list]:
+        """The programs compiled since `before` (a `snapshot`): name -> [compiles, seconds]."""
+        with self._lock:
+            grown = {
+                name: [count - before.get(name, (0, 0.0))[0], round(seconds - before.get(name, (0, 0.0))[1], 3)]
+                for name, (count, seconds) in self.compiled.items()
+            }
+        return {name: row for name, row in grown.items() if row[0]}
+
+    def snapshot(self) -> dict[str, tuple[int, float]]:
+        with self._lock:
+            return {name: (count, seconds) for name, (count, seconds) in self.compiled.items()}
 
 
 def cpu_seconds() -> float:
@@ -59,7 +91,8 @@ class TestProfile:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        before = (self._compiles.count, self._compiles.seconds)
+        before = (self._compiles.count, self._compiles.seconds, self._compiles.hits)
+        programs = self._compiles.snapshot()
         started, cpu = time.perf_counter(), cpu_seconds()
         try:
             return (yield)
@@ -71,6 +104,8 @@ class TestProfile:
                 "cpu_seconds": round(cpu_seconds() - cpu, 3),
                 "compiles": self._compiles.count - before[0],
                 "compile_seconds": round(self._compiles.seconds - before[1], 3),
+                "cache_hits": self._compiles.hits - before[2],
+                "programs": self._compiles.since(programs),  # compiled, not from the cache: name -> [n, seconds]
                 "pid": os.getpid(),
             }
             self._out.write(json.dumps(line) + "\n")
@@ -108,7 +143,28 @@ def summary(folder: Path, top: int = 40) -> str:
     lines += ["", f"{'seconds':>8} {'cpu-s':>7} {'compiles':>8}  test"]
     for row in sorted(rows, key=lambda r: -r["seconds"])[:top]:
         lines.append(f"{row['seconds']:8.1f} {row.get('cpu_seconds', 0.0):7.1f} {row['compiles']:8d}  {row['test']}")
-    return "\n".join(lines)
+    return "\n".join(lines + programs_compiled(rows, top))
+
+
+def programs_compiled(rows: list[dict], top: int) -> list[str]:
+    """The `top` programs by compile seconds (compiled, not read from the cache), each with how often and in which
+    files: a UNet-sized program compiled in many files is an engine family per file, the cost issue 68 points at.
+    (Profiles written before programs were recorded give none.)"""
+    programs: dict[str, list] = defaultdict(lambda: [0, 0.0, defaultdict(int)])
+    for row in rows:
+        for name, (count, seconds) in row.get("programs", {}).items():
+            programs[name][0] += count
+            programs[name][1] += seconds
+            programs[name][2][row["file"].removeprefix("tests/")] += count
+    if not programs:
+        return []
+    hits = sum(row.get("cache_hits", 0) for row in rows)
+    lines = ["", f"programs compiled (not from the cache; {hits} read from it), the dearest first:"]
+    lines.append(f"{'compiles':>8} {'compile-s':>9}  program: files (compiles)")
+    for name, (count, seconds, files) in sorted(programs.items(), key=lambda kv: -kv[1][1])[:top]:
+        where = ", ".join(f"{file} ({n})" for file, n in sorted(files.items(), key=lambda kv: -kv[1]))
+        lines.append(f"{count:8d} {seconds:9.1f}  {name}: {where}")
+    return lines
 
 
 if __name__ == "__main__":
