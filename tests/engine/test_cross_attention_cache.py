@@ -2,7 +2,7 @@
 by the UNet's own `to_k` / `to_v` (pipeline/device/cross_kv.py) instead of at every step.
 
 The same pixels as an engine that projects them every step, on each path a base step takes: a plain request, guidance
-ending part way (the table is made again for the conditional half), DeepCache's shallow steps, a prompt read in two
+ending part way (the table is made again for the conditional half), DeepCache's shallow steps, a prompt read in three
 windows, a ControlNet (its own attention layers, named like the UNet's, keep projecting the text), a LoRA that
 changes `attn2.to_k` (the table comes from the merged kernels), the hires fix's second pass; no request compiles;
 the settings it refuses; on by default on CPU devices only.
@@ -23,13 +23,15 @@ from pipeline.device import attention
 from pipeline.host.compiling.programs import ProgramKey, program_keys
 from pipeline.host.text_cache import TextCache
 
-#: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), two text windows.
+#: Both engines' settings: a ControlNet, the LoRA fixtures, the speed levers (the default), three text windows (the
+#: default). Beside the ControlNet and the hires scale, these are `feature_engine`'s, so the cached engine's other
+#: programs are that engine's, and JAX's cache compiles them once for both (two windows made programs of their own).
 SETTINGS = dict(
     height=TEST_SIZE,
     width=TEST_SIZE,
     steps=3,
     dtype="float32",
-    prompt_windows=2,
+    embeddings_dir=str(FIXTURES / "embeddings"),
     previews=False,
     controlnets=(str(CONTROLNETS[0]),),
     controlnet_units=1,
@@ -41,7 +43,7 @@ CASES = {
     "plain": ("a red fox in the snow", {}),
     "guidance ends": ("a red fox in the snow", {"cfg_end": 0.25, "guidance_scale": 9.0, "steps": 4}),
     "deepcache": ("a red fox in the snow", {"deepcache": 2}),
-    "two windows": (" ".join(["a red fox in the snow, watercolor"] * 12), {}),  # over 75 tokens
+    "long prompt": (" ".join(["a red fox in the snow, watercolor"] * 12), {}),  # over 75 tokens: 3 windows
     "controlnet": ("a red fox in the snow", {"controlnets": [UNIT]}),
     "lora": ("a red fox in the snow <lora:kohya_sgm:0.8>", {}),
     "hires fix": (
@@ -117,9 +119,9 @@ def test_the_warm_up_compiles_a_table_per_guidance_mode_and_text_length(twins):
     tables = [key for key in cached.program_keys() if key.kind == "cross_kv"]
     assert sorted(key.label for key in tables) == [
         "cross_kv cfg",
-        "cross_kv cfg 2 windows",
+        "cross_kv cfg 3 windows",
         "cross_kv no-cfg",
-        "cross_kv no-cfg 2 windows",
+        "cross_kv no-cfg 3 windows",
     ]
     assert not [key for key in plain.program_keys() if key.kind == "cross_kv"]
     assert cached.programs.cross_attention_cache and not plain.programs.cross_attention_cache
