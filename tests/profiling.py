@@ -30,26 +30,27 @@ class CompileSeconds:
     per program name those that compiled (not read from JAX's persistent cache): which programs a test pays for.
 
     JAX's backend compile event wraps the persistent cache's lookup, so a program read from the cache counts here too
-    (`count`, `seconds`, as before); the cache's own hit event comes first, on the same thread, and marks it."""
-
-    HIT_EVENT = "/jax/compilation_cache/cache_hits"
+    (`count`, `seconds`, as before); the cache's own hit event (CompileCounter's) comes first, on the same thread, and
+    marks it."""
 
     def __init__(self) -> None:
         import jax
-        from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
-        self._event, self._lock, self._thread = BACKEND_COMPILE_EVENT, threading.Lock(), threading.local()
+        from pipeline.host.compiling.compile_cache import BACKEND_COMPILE_EVENT, CACHE_HITS_EVENT
+
+        self._compile_event, self._hit_event = BACKEND_COMPILE_EVENT, CACHE_HITS_EVENT
+        self._lock, self._thread = threading.Lock(), threading.local()
         self.count, self.seconds, self.hits = 0, 0.0, 0
-        self.compiled: dict[str, list] = defaultdict(lambda: [0, 0.0])  # program name -> [compiles, seconds]
+        self._compiled: dict[str, list] = defaultdict(lambda: [0, 0.0])  # program name -> [compiles, seconds]
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
     def _on_event(self, event: str, **_: object) -> None:
-        if event == self.HIT_EVENT:
+        if event == self._hit_event:
             self._thread.hit = True
 
     def _on_duration(self, event: str, duration: float, fun_name: str = "?", **_: object) -> None:
-        if event != self._event:
+        if event != self._compile_event:
             return
         hit, self._thread.hit = getattr(self._thread, "hit", False), False
         with self._lock:
@@ -58,21 +59,14 @@ class CompileSeconds:
             if hit:
                 self.hits += 1
             else:
-                self.compiled[fun_name][0] += 1
-                self.compiled[fun_name][1] += duration
+                self._compiled[fun_name][0] += 1
+                self._compiled[fun_name][1] += duration
 
-    def since(self, before: dict[str, tuple[int, float]]) -> dict[str, list]:
-        """The programs compiled since `before` (a `snapshot`): name -> [compiles, seconds]."""
+    def take(self) -> dict[str, list]:
+        """The programs compiled since the last `take`: name -> [compiles, seconds]."""
         with self._lock:
-            grown = {
-                name: [count - before.get(name, (0, 0.0))[0], round(seconds - before.get(name, (0, 0.0))[1], 3)]
-                for name, (count, seconds) in self.compiled.items()
-            }
-        return {name: row for name, row in grown.items() if row[0]}
-
-    def snapshot(self) -> dict[str, tuple[int, float]]:
-        with self._lock:
-            return {name: (count, seconds) for name, (count, seconds) in self.compiled.items()}
+            taken, self._compiled = self._compiled, defaultdict(lambda: [0, 0.0])
+        return {name: [count, round(seconds, 3)] for name, (count, seconds) in taken.items()}
 
 
 def cpu_seconds() -> float:
@@ -92,7 +86,7 @@ class TestProfile:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         before = (self._compiles.count, self._compiles.seconds, self._compiles.hits)
-        programs = self._compiles.snapshot()
+        self._compiles.take()  # what compiled between tests (a worker's start) is no test's
         started, cpu = time.perf_counter(), cpu_seconds()
         try:
             return (yield)
@@ -105,7 +99,7 @@ class TestProfile:
                 "compiles": self._compiles.count - before[0],
                 "compile_seconds": round(self._compiles.seconds - before[1], 3),
                 "cache_hits": self._compiles.hits - before[2],
-                "programs": self._compiles.since(programs),  # compiled, not from the cache: name -> [n, seconds]
+                "programs": self._compiles.take(),  # compiled, not from the cache: name -> [n, seconds]
                 "pid": os.getpid(),
             }
             self._out.write(json.dumps(line) + "\n")

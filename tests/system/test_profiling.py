@@ -22,10 +22,10 @@ seen = CompileSeconds()
 def doubled_sine(x):
     return jnp.sin(x) * 2
 jax.jit(doubled_sine)(np.ones(3, np.float32)).block_until_ready()
-first = seen.snapshot()
+first = seen.take()
 jax.clear_caches()
 jax.jit(doubled_sine)(np.ones(3, np.float32)).block_until_ready()
-print(json.dumps({"count": seen.count, "hits": seen.hits, "first": first, "since": seen.since(first)}))
+print(json.dumps({"count": seen.count, "hits": seen.hits, "first": first, "since": seen.take()}))
 """
 
 
