@@ -330,7 +330,7 @@ def test_the_page_in_a_browser_sends_the_image_prompt(ip_engine, browser):
     """Chromium: open "Image prompt", upload a picture into its first slot, choose the adapter, set the weight,
     Generate: the request the page sends carries it (`ip_images`: the adapter, the weight, the picture) and the
     answer comes back, running only served programs."""
-    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served
+    from conftest import ARTIFACTS, TIMEOUT_MS, open_advanced, open_section, served, set_sliders
 
     with served(ip_engine) as app_page, served_programs_only(ip_engine):
         tab = browser.new_page(viewport={"width": 1280, "height": 1100})
@@ -344,10 +344,7 @@ def test_the_page_in_a_browser_sends_the_image_prompt(ip_engine, browser):
         tab.locator("#ip-image-0 img").wait_for(timeout=TIMEOUT_MS)
         tab.locator("#ip-adapter-0 input").click()
         tab.get_by_role("option", name="ip-adapter-plus_tiny", exact=True).click()
-        box = tab.locator("#ip-scale-0 input[type=number]")
-        box.fill("0.8")
-        box.press("Enter")
-        box.press("Tab")  # the number box hands its value to the slider when it loses focus
+        set_sliders(tab, {"ip-scale-0": 0.8})  # waits until the slider holds it (a click right after could send 0.6)
         status = tab.locator("#status").inner_text()
         with tab.expect_request(
             lambda r: "/queue/join" in r.url and "ip-adapter-plus_tiny" in (r.post_data or "")
