@@ -59,14 +59,27 @@ def tpu_programs():
     configure_compilation_cache(cached)
 
 
-@needs_libtpu
-def test_served_programs_compile_for_tpu_v5e(tpu_programs):
+#: The plain step with `xla` (64x64, CFG, the served three windows): compiled for v5e once, read by two tests.
+XLA_STEP = ("step", TEST_SIZE, TEST_SIZE, True)
+
+
+@pytest.fixture(scope="module")
+def xla_step_row(tpu_programs):
+    """`compile_one`'s row of the plain `xla` step on v5e:2x2 (about 8 s of TPU compile): the served programs' test
+    checks it, the cross-attention cache's test compares its own step against it."""
     from bench.tpu.programs import compile_one
     from pipeline.host.compiling.programs import ProgramKey
 
-    rows = []
+    return compile_one(tpu_programs["xla"], ProgramKey(*XLA_STEP), "xla", TOPOLOGY, progress=lambda _: None)
+
+
+@needs_libtpu
+def test_served_programs_compile_for_tpu_v5e(tpu_programs, xla_step_row):
+    from bench.tpu.programs import compile_one
+    from pipeline.host.compiling.programs import ProgramKey
+
+    rows = [xla_step_row]
     for core, key in (
-        ("xla", ProgramKey("step", TEST_SIZE, TEST_SIZE, True)),
         # The UNet's step with a ControlNet, splash: the plain splash step is this program less the ControlNet
         # (test_splash_kernel_is_in_the_tpu_program lowers that one), so one TPU compile covers both.
         ("splash", ProgramKey("step_control", *SPLASH_SIZE, False, None, (0,))),
@@ -278,12 +291,13 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
 
 
 @needs_libtpu
-def test_cross_attention_cache_programs_compile_for_tpu_v5e():
-    """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, 64x64, CFG): the table's program and the step that
-    reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text itself
-    (SDXL's figures: bench/HISTORY.md). With `xla`: the table replaces the cross-attention's projections, which no
-    kernel choice touches (cross-attention is XLA's core whatever the kind), and splash's Mosaic compile, half this
-    test's time at 192x160, is checked by test_served_programs_compile_for_tpu_v5e."""
+def test_cross_attention_cache_programs_compile_for_tpu_v5e(xla_step_row):
+    """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, 64x64, CFG, three windows): the table's program and the
+    step that reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text
+    itself (`xla_step_row`, the served programs' test's; SDXL's figures: bench/HISTORY.md). With `xla`: the table
+    replaces the cross-attention's projections, which no kernel choice touches (cross-attention is XLA's core
+    whatever the kind), and splash's Mosaic compile, half this test's time at 192x160, is checked by
+    test_served_programs_compile_for_tpu_v5e."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from bench.tpu.cost import compiled_cost
     from bench.tpu.programs import served_programs
@@ -293,22 +307,18 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e():
     from pipeline.host.compiling.programs import ProgramKey
 
     mesh = data_mesh(topology_devices(TOPOLOGY))
-    step = ProgramKey("step", TEST_SIZE, TEST_SIZE, True)
+    step = ProgramKey(*XLA_STEP)
     cached = jax.config.jax_enable_compilation_cache
     configure_compilation_cache(False)
     try:
-        plain = served_programs("tiny", "bfloat16", mesh, "xla", prompt_windows=1)
-        table = served_programs("tiny", "bfloat16", mesh, "xla", prompt_windows=1, cross_attention_cache=True)
-        costs = {
-            name: compiled_cost(programs.lower(step).compile())
-            for name, programs in (("plain", plain), ("table", table))
-        }
+        table = served_programs("tiny", "bfloat16", mesh, "xla", cross_attention_cache=True)
+        cost = compiled_cost(table.lower(step).compile())
         made = compiled_cost(table.lower(ProgramKey("cross_kv", cfg=True)).compile())
     finally:
         configure_compilation_cache(cached)
     assert len(table.abstract_args(step)[0]["cross_kv"]) == 17  # one (keys, values) pair per transformer layer
-    assert made.flops > 0 and costs["table"].flops < costs["plain"].flops
-    assert costs["table"].bytes_accessed < costs["plain"].bytes_accessed
+    assert made.flops > 0 and cost.flops < xla_step_row["flops"]
+    assert cost.bytes_accessed < xla_step_row["bytes_accessed"]
 
 
 def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_out_of_the_requests():
