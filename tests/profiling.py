@@ -25,6 +25,11 @@ import pytest
 ENV = "TEST_PROFILE"
 
 
+def program_tallies() -> dict[str, list]:
+    """An empty tally of compiles: program name -> [compiles, seconds]."""
+    return defaultdict(lambda: [0, 0.0])
+
+
 class CompileSeconds:
     """XLA compilations of this process and their seconds (JAX records a duration event per backend compile), and
     per program name those that compiled (not read from JAX's persistent cache): which programs a test pays for.
@@ -41,7 +46,7 @@ class CompileSeconds:
         self._compile_event, self._hit_event = BACKEND_COMPILE_EVENT, CACHE_HITS_EVENT
         self._lock, self._thread = threading.Lock(), threading.local()
         self.count, self.seconds, self.hits = 0, 0.0, 0
-        self._compiled: dict[str, list] = defaultdict(lambda: [0, 0.0])  # program name -> [compiles, seconds]
+        self._compiled = program_tallies()
         jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
@@ -65,7 +70,7 @@ class CompileSeconds:
     def take(self) -> dict[str, list]:
         """The programs compiled since the last `take`: name -> [compiles, seconds]."""
         with self._lock:
-            taken, self._compiled = self._compiled, defaultdict(lambda: [0, 0.0])
+            taken, self._compiled = self._compiled, program_tallies()
         return {name: [count, round(seconds, 3)] for name, (count, seconds) in taken.items()}
 
 

@@ -40,11 +40,25 @@ def test_a_program_read_from_the_cache_is_a_hit_not_a_compile(tmp_path):
 
 def test_the_summary_lists_each_program_by_compile_seconds_with_its_files(tmp_path):
     rows = [
-        {"test": "tests/a.py::one", "file": "tests/a.py", "seconds": 9.0, "compiles": 3, "compile_seconds": 7.0,
-         "cache_hits": 1, "programs": {"jit(step)": [1, 5.0], "jit(decode)": [1, 1.5]}},
-        {"test": "tests/b.py::two", "file": "tests/b.py", "seconds": 4.0, "compiles": 2, "compile_seconds": 4.5,
-         "cache_hits": 0, "programs": {"jit(step)": [2, 4.5]}},
-    ]  # fmt: skip
+        {
+            "test": "tests/a.py::one",
+            "file": "tests/a.py",
+            "seconds": 9.0,
+            "compiles": 3,
+            "compile_seconds": 7.0,
+            "cache_hits": 1,
+            "programs": {"jit(step)": [1, 5.0], "jit(decode)": [1, 1.5]},
+        },
+        {
+            "test": "tests/b.py::two",
+            "file": "tests/b.py",
+            "seconds": 4.0,
+            "compiles": 2,
+            "compile_seconds": 4.5,
+            "cache_hits": 0,
+            "programs": {"jit(step)": [2, 4.5]},
+        },
+    ]
     (tmp_path / "gw0.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     text = summary(tmp_path).split("programs compiled")[1].splitlines()
     assert "(not from the cache; 1 read from it)" in text[0]
