@@ -112,6 +112,9 @@ class EngineConfig:
     #: (resolved at load with the devices' platform, generator.for_platform)
     cross_attention_cache: bool | None = None
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
+    #: static: the most denoising steps one step-program call runs (device/step_block.py): fewer calls cost less;
+    #: Stop, progress and previews come between calls
+    steps_per_call: int = 4
     pag: bool = False  # static: compile the perturbed-attention guidance steps (per-request pag_scale)
     freeu_programs: bool = False  # static: compile the FreeU steps (per-request freeu)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)
@@ -136,7 +139,8 @@ class EngineConfig:
                 raise InvalidInput(f"An XLA option's name looks like xla_gpu_enable_triton_gemm; got {name!r}.")
         if any(not 1 < scale <= MAX_SCALE for scale in self.hires_scales):
             raise InvalidInput(f"Each hires scale must be above 1 and at most {MAX_SCALE:g}; got {self.hires_scales}.")
-        for name in ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache", "vae_tile_above"):
+        positive = ("height", "width", "steps", "per_device_batch", "prompt_windows", "lora_cache", "vae_tile_above")
+        for name in (*positive, "steps_per_call"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 label = name.replace("_", " ").capitalize()
@@ -280,6 +284,7 @@ GIVEN_OR_DEFAULT = (
     "vae_tile_above",
     "controlnet_units",
     "ip_slots",
+    "steps_per_call",
 )
 #: Settings whose option is named otherwise, by the option's argparse name: the option says what users ask for
 #: (`--images-per-device`), the field keeps its name, which the bench and precompiled manifests' settings use.

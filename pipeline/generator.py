@@ -262,6 +262,7 @@ def build_programs(
         xla_options=config.xla_options,
         cross_attention_cache=config.cross_attention_cache,
         ip_slots=config.ip_slots if ip_adapters is not None and ip_adapters.adapters else 0,
+        rows_per_call=config.steps_per_call,
     )
 
 
@@ -652,7 +653,12 @@ class Generator:
                     {"steps": merged.first.plan.steps, "requests": len(tickets), "images_per_device": slots},
                     {},
                     picture=picture,
-                    watchers=loop.Watchers(group.on_preview if previews else None, group.on_step, None, group.gate),
+                    watchers=loop.Watchers(
+                        group.on_preview if previews else None,
+                        group.on_step if group.stepwise else None,  # nobody follows: several steps a call
+                        None,
+                        group.gate,
+                    ),
                 )
             except Stopped:  # every request in the call stopped (each already answered)
                 return

@@ -641,6 +641,18 @@ OPTIONS: tuple[Option, ...] = (
         recompiles=True,
     ),
     Option(
+        "--steps-per-call",
+        "the most denoising steps one call of a step program runs for a request nobody follows step by step (no "
+        "progress, previews or Stop: API and CLI calls, the bench); each call hands the devices the UNet's weights "
+        "anew (about 5 ms of CPU a call on 8 CPU devices)",
+        "SDXL_STEPS_PER_CALL",
+        _bounded_int(1, int(FIELD["steps"].high)),
+        config_default("steps_per_call"),
+        metavar="N",
+        programs=ENGINE,
+        recompiles=True,
+    ),
+    Option(
         "--no-speed-levers",
         "do not compile the programs of per-request "
         f"{' and '.join(row.name for row in FIELDS if row.lever)} (a shorter start-up; requests then run every step "

@@ -373,6 +373,7 @@ def served_programs(
         levers=True,
         vae_tile_above=vae_tile_above,
         cross_attention_cache=cross_attention_cache,
+        rows_per_call=EngineConfig.steps_per_call,  # the served default
     )
 
 

@@ -39,7 +39,7 @@ import jax
 from ..contract.request import Request
 from ..contract.stopping import Stopped
 from ..device.sharding import coordinator_client
-from ..host.loop import ignore_preview
+from ..host.loop import ignore_preview, ignore_step
 from .faults import Deadline, fatal
 from .join_options import ClusterOptions
 
@@ -198,6 +198,7 @@ class Cluster:
                     Request.from_dict(request["request"]),
                     gate=lambda step, _wants, n=number: self.follow_decision(n, step),
                     on_preview=ignore_preview if request.get("previews") else None,  # the leader's programs
+                    on_step=ignore_step if request.get("stepwise") else None,  # the leader's calls
                 )
             except Stopped as stopped:  # the leader stopped it at this same step
                 print(
@@ -250,7 +251,13 @@ class LeadingGenerator:
         cluster = self._cluster
         with self._lock:
             number = cluster.publish(
-                {"command": "generate", "request": request.to_dict(), "previews": on_preview is not None}
+                {
+                    "command": "generate",
+                    "request": request.to_dict(),
+                    "previews": on_preview is not None,
+                    # the followers make the same calls: a step per call when somebody follows the steps here
+                    "stepwise": on_step is not None or should_stop is not None or on_preview is not None,
+                }
             )
             with Deadline(
                 cluster.options.timeout_s,

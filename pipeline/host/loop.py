@@ -1,14 +1,16 @@
-"""The denoising loop on the host: one request's plan (steps, sampler, stop), dispatched a step ahead.
+"""The denoising loop on the host: one request's plan (steps, sampler, stop), dispatched a call ahead.
 
     plan = sampler_config.plan(steps, "DPM++ 2M", "Karras")      # host numpy: one coefficient row per UNet call
     pixels = run(programs, params, inputs, plan, size=(h, w), on_step=..., should_stop=...)
 
-Each step is one call of the compiled step program (`programs.py`). JAX dispatches asynchronously, so the host
-queues step k + 1 before it waits for step k: the devices never wait for Python between steps, and at most two
-steps are in flight. Between steps the host reports progress (the step whose result is ready) and asks whether to
-stop, so Stop frees the devices within about one step, and no program needs a host callback (every one of them
-can live in the persistent compilation cache). On several processes every process must make the same calls:
-`gate` turns each process's wish to stop into one decision they all follow (see cluster/protocol.py).
+Each call of a compiled step program (`programs.py`) runs one step when somebody follows the steps (progress,
+previews, Stop), else up to `rows_per_call` consecutive steps of one program (device/step_block.py: each call
+costs the hand-over of the UNet's weights). JAX dispatches asynchronously, so the host queues call k + 1 before it
+waits for call k: the devices never wait for Python between calls, and at most two are in flight. Between calls the
+host reports progress (the steps whose result is ready) and asks whether to stop, so Stop frees the devices within
+about one step, and no program needs a host callback (every one of them can live in the persistent compilation
+cache). On several processes every process must make the same calls: `gate` turns each process's wish to stop into
+one decision they all follow (see cluster/protocol.py).
 """
 
 from __future__ import annotations
@@ -131,6 +133,11 @@ class HiresInputs:
     extras: UNetExtras | None = None  # FreeU and PAG on the second pass's rows (None: neither)
 
 
+def ignore_step(done: int, total: int) -> None:
+    """The progress listener of a process that reports nobody's progress but makes the calls of a request someone
+    follows step by step (a follower, when the leader's request has a listener: every process makes the same calls)."""
+
+
 def ignore_preview(done: int, total: int, pixels) -> None:
     """The listener of a process that shows nobody its previews but runs their program (a follower, when the
     leader's request has a listener: every process makes the same calls)."""
@@ -169,6 +176,26 @@ class Stage:
         own."""
         rows = np.broadcast_to(np.asarray(values, np.float32), (self.programs.batch, *shape))
         return self.split(rows)
+
+    def per_row(self, rows: list, shape: tuple[int, ...] = ()) -> jax.Array:
+        """float32 values of each image for a call's rows (each as `per_image` takes it), [B, R, *shape] split over
+        the batch: R is the programs' `rows_per_call`, the rows after the call's last repeat it (never read)."""
+        batch = self.programs.batch
+        stacked = [np.broadcast_to(np.asarray(row, np.float32), (batch, *shape)) for row in rows]
+        return self.split(np.stack(self.padded(stacked), axis=1))
+
+    def padded(self, rows: list) -> list:
+        """A call's rows, the last repeated up to the programs' `rows_per_call`."""
+        return [*rows, *[rows[-1]] * (self.programs.rows_per_call - len(rows))]
+
+    def row_block(self, plan: Plan, rows: tuple) -> tuple[jax.Array, jax.Array]:
+        """A call's plan rows, float32 [B, R, 13] (each image's), and the first one's index, int32 [] (replicated)."""
+        coefficients = self.per_row([plan.coefficients[planned.index] for planned in rows], ROW)
+        return coefficients, self.put(np.asarray(rows[0].index, np.int32))
+
+    def count(self, rows: tuple) -> jax.Array:
+        """How many rows a call runs, int32 [] (replicated)."""
+        return self.put(np.asarray(len(rows), np.int32))
 
     def compile(
         self,
@@ -389,6 +416,13 @@ class Watchers:
     should_stop: StopCheck | None = None
     gate: Gate | None = None
 
+    @property
+    def stepwise(self) -> bool:
+        """Somebody follows the steps (progress, previews or Stop): each call runs one step, so each is reported
+        and Stop comes at the next one. Otherwise (an API or command-line call nobody watches, the bench) a call runs
+        up to `ServedPrograms.rows_per_call` steps (device/step_block.py): fewer calls, less work, the same pixels."""
+        return self.on_step is not None or self.should_stop is not None or self.on_preview is not None
+
     def stop_now(self, position: int) -> bool:
         wants_stop = bool(self.should_stop and self.should_stop())
         return self.gate(position, wants_stop) if self.gate is not None else wants_stop
@@ -419,20 +453,29 @@ def denoise(
     feature = None  # DeepCache's feature, kept by the last whole-UNet step (with levers)
     unet = stage.base_weights()  # with --cross-attention-cache, the first base row adds its text's table
     preview = stage.compile("preview") if watchers.on_preview is not None else None
-    pending: list[tuple[jax.Array, jax.Array | None]] = []  # dispatched steps' latents (and preview), oldest first
+    pending: list[tuple] = []  # dispatched calls' latents, preview and rows, oldest first
     done = before  # steps whose result is ready, of all
     total = before + len(speed.schedule) if total is None else total
-    for position, planned in enumerate(speed.schedule, start=before):
+
+    def program_of(planned) -> tuple:
+        """What runs a row: rows of one program, with no host work between them, may share a call."""
+        if refiner is not None and planned.index >= refiner[0].switch_row:
+            return ("refiner", planned.cfg)
+        controlled = control is not None and planned.full and bool(control.scales[planned.index].any())
+        return ("base", planned.full, planned.cfg, controlled)
+
+    most = 1 if watchers.stepwise else programs.rows_per_call
+    for position, rows in step_calls(speed.schedule, before, most, program_of):
         if watchers.stop_now(position):
             _stop(stage, pending, position, total)
-        if refiner is not None and planned.index >= refiner[0].switch_row:  # the refiner's rows: its whole UNet each
-            latents, history = refine_step(stage, inputs, plan, planned, refiner, latents, history, image)
+        if program_of(rows[0])[0] == "refiner":  # the refiner's rows: its whole UNet each
+            latents, history = refine_step(stage, inputs, plan, rows, refiner, latents, history, image)
         else:
             latents, history, hidden, pooled, key_lengths, feature, unet = base_step(
                 stage,
                 inputs,
                 plan,
-                planned,
+                rows,
                 control,
                 (hidden, pooled, key_lengths),
                 latents,
@@ -442,18 +485,39 @@ def denoise(
                 unet,
                 kinds,
             )
+        last = position + len(rows) - 1  # previews are stepwise: one row per call
         shown = None
-        if preview is not None and (position + 1) % PREVIEW_EVERY == 0 and position + 1 < total:
+        if preview is not None and (last + 1) % PREVIEW_EVERY == 0 and last + 1 < total:
             shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D
             shown.copy_to_host_async()
-        pending.append((latents, shown))
+        pending.append((latents, shown, len(rows)))
         if position == 0:
             stage.mark("first_dispatch_at")
-        if len(pending) > 1:  # this step is queued behind the one we now wait for
+        if len(pending) > 1:  # this call is queued behind the one we now wait for
             done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
     while pending:
         done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
     return latents
+
+
+def step_calls(schedule, before: int, most: int, program_of: Callable) -> list[tuple[int, tuple]]:
+    """The schedule's rows as step calls, (the first row's position, its rows): consecutive rows of one program
+    (`program_of`) share a call, at most `most` of them; a row that needs host work first (the text's or the
+    feature's conditional half) starts one."""
+    calls: list[tuple[int, tuple]] = []
+    for position, planned in enumerate(schedule, start=before):
+        if calls:
+            start, rows = calls[-1]
+            joins = (
+                len(rows) < most
+                and program_of(rows[-1]) == program_of(planned)
+                and not (planned.drop_uncond or planned.halve_feature)
+            )
+            if joins:
+                calls[-1] = (start, (*rows, planned))
+                continue
+        calls.append((position, (planned,)))
+    return calls
 
 
 def with_cross_kv(stage: Stage, unet: dict, hidden, cfg: bool) -> dict:
@@ -468,11 +532,10 @@ def with_cross_kv(stage: Stage, unet: dict, hidden, cfg: bool) -> dict:
     return {**unet, CROSS_KV: stage.once(f"cross_kv {'cfg' if cfg else 'no-cfg'}", make)}
 
 
-def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refiner: tuple, latents, history, image):
-    """One row on the refiner's UNet and text (`refiner_step`): (latents', history')."""
+def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, rows: tuple, refiner: tuple, latents, history, image):
+    """Rows on the refiner's UNet and text (`refiner_step`), one call: (latents', history')."""
     given, (hidden, pooled, key_lengths) = refiner
-    put, index = stage.put, planned.index
-    program = stage.compile("refiner_step", cfg=planned.cfg, windows=stage.text)
+    program = stage.compile("refiner_step", cfg=rows[0].cfg, windows=stage.text)
     return program(
         stage.weights("refiner_step"),
         latents,
@@ -482,11 +545,11 @@ def refine_step(stage: Stage, inputs: RequestInputs, plan: Plan, planned, refine
         key_lengths,
         inputs.guidance,
         inputs.seeds,
-        stage.per_image(plan.coefficients[index], ROW),
-        put(np.asarray(index, np.int32)),
+        *stage.row_block(plan, rows),
         image,
-        stage.per_image(plan.sigmas[index + 1]),
+        stage.per_row([plan.sigmas[planned.index + 1] for planned in rows]),
         given.aesthetic,
+        stage.count(rows),
     )
 
 
@@ -494,7 +557,7 @@ def base_step(
     stage: Stage,
     inputs: RequestInputs,
     plan: Plan,
-    planned,
+    rows: tuple,
     control,
     text: tuple,
     latents,
@@ -504,16 +567,17 @@ def base_step(
     unet,
     kinds,
 ):
-    """One row on the base's UNet: (latents', history', the text it read next (hidden, pooled, key_lengths),
-    DeepCache's feature, the weights the next row reads: `unet`, or with the conditional half's table)."""
-    put = stage.put
-    (hidden, pooled, key_lengths), unet = row_text(stage, planned, text, unet)
-    if planned.halve_feature:  # a shallow step without guidance after a whole step with it
+    """Rows of one program on the base's UNet, one call: (latents', history', the text they read next (hidden,
+    pooled, key_lengths), DeepCache's feature, the weights the next rows read: `unet`, or with the conditional
+    half's table)."""
+    put, first = stage.put, rows[0]
+    (hidden, pooled, key_lengths), unet = row_text(stage, first, text, unet)
+    if first.halve_feature:  # a shallow step without guidance after a whole step with it
         feature = stage.compile("halve_feature")({}, feature)
-    # This row's coefficients, float32 [B, 13], and index, int32 []: placed while the step before runs.
-    index = planned.index
-    row, at = stage.per_image(plan.coefficients[index], ROW), put(np.asarray(index, np.int32))
-    blend_sigma = stage.per_image(plan.sigmas[index + 1])  # [B]: the picture outside the mask, re-noised to the next
+    # The rows' coefficients, float32 [B, R, 13], and the first one's index, int32 []: placed while a call runs.
+    block, at = stage.row_block(plan, rows)
+    # [B, R]: the picture outside the mask, re-noised to each row's next sigma
+    blend_sigma = stage.per_row([plan.sigmas[planned.index + 1] for planned in rows])
     args = (
         unet,
         latents,
@@ -523,28 +587,29 @@ def base_step(
         key_lengths,
         inputs.guidance,
         inputs.seeds,
-        row,
+        block,
         at,
         image,
         blend_sigma,
     )
-    scales = control.scales[index] if control is not None else None  # float32 [units]
+    count = stage.count(rows)
+    scales = [control.scales[planned.index] for planned in rows] if control is not None else None  # [units] each
     if stage.extras is not None:  # FreeU and/or PAG: the whole UNet with them (DeepCache, ControlNets refused)
-        latents, history = extras_step(stage, planned, args)
+        latents, history = extras_step(stage, rows, args, count)
     elif stage.regions is not None:  # a regional prompt: the whole UNet, every cross-attention blending its parts
-        latents, history = region_step(stage, planned, args)
-    elif planned.full and scales is not None and scales.any():
-        program = stage.compile("step_control", cfg=planned.cfg, windows=stage.text, nets=control.nets)
+        latents, history = region_step(stage, first, args, count)
+    elif first.full and scales is not None and scales[0].any():
+        program = stage.compile("step_control", cfg=first.cfg, windows=stage.text, nets=control.nets)
         weights = {**unet, "controlnets": control.trees}
         types = () if control.types is None else (put(control.types),)  # a union's program only
-        latents, history = program(weights, *args[1:], control.maps, put(scales), *types)
-    elif planned.full and kinds[0] == "step_full":
-        program = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)
-        latents, history, feature = program(*args)
-    elif planned.full:
-        latents, history = stage.compile(kinds[0], cfg=planned.cfg, windows=stage.text)(*args)
+        latents, history = program(weights, *args[1:], control.maps, put(stage.padded(scales)), *types, count)
+    elif first.full and kinds[0] == "step_full":
+        program = stage.compile(kinds[0], cfg=first.cfg, windows=stage.text)
+        latents, history, feature = program(*args, count)
+    elif first.full:
+        latents, history = stage.compile(kinds[0], cfg=first.cfg, windows=stage.text)(*args, count)
     else:
-        latents, history = stage.compile(kinds[1], cfg=planned.cfg, windows=stage.text)(*args, feature)
+        latents, history = stage.compile(kinds[1], cfg=first.cfg, windows=stage.text)(*args, feature, count)
     return latents, history, hidden, pooled, key_lengths, feature, unet
 
 
@@ -561,17 +626,18 @@ def row_text(stage: Stage, planned, text: tuple, unet) -> tuple[tuple, Any]:
     return (hidden, pooled, key_lengths), unet
 
 
-def region_step(stage: Stage, planned, args: tuple):
-    """One row on the base's whole UNet blending a regional prompt's parts (`ProgramKey.parts`): latents', history'."""
+def region_step(stage: Stage, planned, args: tuple, count):
+    """Rows on the base's whole UNet blending a regional prompt's parts (`ProgramKey.parts`): latents', history'."""
     program = stage.compile("step", cfg=planned.cfg, windows=stage.text, parts=stage.regions.parts)
-    return program(*args, stage.regions.weights)
+    return program(*args, stage.regions.weights, count)
 
 
-def extras_step(stage: Stage, planned, args: tuple):
-    """One row on the base's whole UNet with FreeU and/or PAG (`ProgramKey.extras`): (latents', history')."""
+def extras_step(stage: Stage, rows: tuple, args: tuple, count):
+    """Rows on the base's whole UNet with FreeU and/or PAG (`ProgramKey.extras`): (latents', history')."""
     extras = stage.extras
-    program = stage.compile("step", cfg=planned.cfg, windows=stage.text, extras=extras.kinds)
-    return program(*args, stage.per_image(extras.rows[planned.index], (extras.rows.shape[1],)))
+    program = stage.compile("step", cfg=rows[0].cfg, windows=stage.text, extras=extras.kinds)
+    factors = stage.per_row([extras.rows[planned.index] for planned in rows], (extras.rows.shape[1],))  # [B, R, 5]
+    return program(*args, factors, count)
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:
@@ -583,10 +649,11 @@ def _stop(stage: Stage, pending: list, position: int, total: int) -> None:
     raise Stopped(position, total)
 
 
-def _ready(latents: jax.Array, shown, done: int, total: int, watchers: Watchers, timings: dict | None) -> int:
+def _ready(latents: jax.Array, shown, rows: int, done: int, total: int, watchers: Watchers, timings) -> int:
+    """Wait for a call's `rows` steps, then report them (and its preview)."""
     latents.block_until_ready()
-    done += 1
-    if timings is not None and done == 1:
+    done += rows
+    if timings is not None and done == rows:  # the request's first call
         timings["first_step_at"] = now = time.perf_counter()
         timings["first_step_s"] = now - timings["started_at"]
     try:  # a listener must never break the loop

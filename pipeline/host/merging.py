@@ -100,6 +100,14 @@ class GroupWatchers:
         """Whether any request in the call watches its picture form (else no preview program runs)."""
         return any(ticket.on_preview is not None for ticket in self.tickets)
 
+    @property
+    def stepwise(self) -> bool:
+        """Whether any request in the call follows its steps (progress, previews, Stop): one step per call then."""
+        return any(
+            ticket.on_step is not None or ticket.should_stop is not None or ticket.on_preview is not None
+            for ticket in self.tickets
+        )
+
     def gate(self, position: int, _wants_stop: bool) -> bool:
         """Before step `position`: each request that asks to stop ends now; True (stop the call) when none is left."""
         for ticket in self._live():

@@ -1,5 +1,6 @@
-"""The host loop (pipeline/host/loop.py) through the generator: one progress report per step, in order, per call;
-every offered size served by its own compiled programs, none with a host callback, a bad size refused."""
+"""The host loop (pipeline/host/loop.py) through the generator: one progress report per step, in order, per call (a
+request nobody follows runs several steps a call); every offered size served by its own compiled programs, none with
+a host callback, a bad size refused."""
 
 from __future__ import annotations
 
@@ -83,3 +84,34 @@ def test_no_served_program_has_a_host_callback(engine, ui_engine):
         assert "callback" not in text and "host_callback" not in text, label
     # Progress is the page's (build_page(progress=...)), not the engine's: no engine setting can add a callback.
     assert "progress" not in {field.name for field in dataclasses.fields(EngineConfig)}
+
+
+def test_a_request_nobody_follows_runs_several_steps_a_call_with_the_same_pixels(engine, monkeypatch):
+    """Without progress, previews or Stop a call runs up to `steps_per_call` (4) consecutive steps of one program
+    (device/step_block.py), with them one step a call; the pixels are the same bit for bit, and nothing compiles. 6
+    plain steps are 2 calls (4 + 2); with guidance ending halfway (`cfg_end`, the text's conditional half made
+    between) 3 + 3; with DeepCache every other step the whole and the shallow UNet alternate: a call each."""
+    from pipeline.host.compiling.programs import STEP_KINDS
+
+    calls: list[tuple[str, int]] = []
+    compile_program = engine.programs.compile
+
+    def counting(key):
+        program = compile_program(key)
+        if key.kind not in STEP_KINDS:
+            return program
+        return lambda *args: calls.append((key.kind, int(args[-1]))) or program(*args)
+
+    monkeypatch.setattr(engine.programs, "compile", counting)
+    before = engine.compile_count
+    for levers, expected in (({}, [4, 2]), ({"cfg_end": 0.5}, [3, 3]), ({"deepcache": 2}, [1] * 6)):
+        request = engine.request("a lighthouse at dusk", seed=7, steps=6, **levers)
+        calls.clear()
+        alone = engine.generate(request)
+        assert [count for _, count in calls] == expected, (levers, calls)
+        calls.clear()
+        followed = engine.generate(request, on_step=lambda done, total: None)
+        assert [count for _, count in calls] == [1] * 6, (levers, calls)
+        for a, b in zip(alone.images, followed.images, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert engine.compile_count == before

@@ -23,9 +23,11 @@ SMALL, BIG = f"{TEST_SIZE}x{TEST_SIZE}", f"{2 * TEST_SIZE}x{2 * TEST_SIZE}"
 
 
 def run(engine, **fields):
-    """(the result, the labels of the programs it ran) of one request, asserting it compiled only served programs."""
+    """(the result, the labels of the programs it ran) of one request, asserting it compiled only served programs.
+    Followed step by step (a progress listener), so each step is a call and the labels say which program each ran."""
     with served_programs_only(engine), ProgramTimer(engine.programs) as timer:
-        result = engine.generate(engine.request("a lighthouse", seed=4, steps=4, sampler="Euler", **fields))
+        request = engine.request("a lighthouse", seed=4, steps=4, sampler="Euler", **fields)
+        result = engine.generate(request, on_step=lambda done, total: None)
     return result, timer.labels
 
 

@@ -293,7 +293,7 @@ def test_int8_step_compiles_for_tpu_v5e_with_int8_weights():
 @needs_libtpu
 def test_cross_attention_cache_programs_compile_for_tpu_v5e(xla_step_row):
     """`--cross-attention-cache` on v5e:2x2 (tiny checkpoint, 64x64, CFG, three windows): the table's program and the
-    step that reads it compile, and that step does fewer FLOPs and moves fewer bytes than the one projecting the text
+    step that reads it compile, and that step does fewer FLOPs than the one projecting the text
     itself (`xla_step_row`, the served programs' test's; SDXL's figures: bench/HISTORY.md). With `xla`: the table
     replaces the cross-attention's projections, which no kernel choice touches (cross-attention is XLA's core
     whatever the kind), and splash's Mosaic compile, half this test's time at 192x160, is checked by
@@ -318,7 +318,9 @@ def test_cross_attention_cache_programs_compile_for_tpu_v5e(xla_step_row):
         configure_compilation_cache(cached)
     assert len(table.abstract_args(step)[0]["cross_kv"]) == 17  # one (keys, values) pair per transformer layer
     assert made.flops > 0 and cost.flops < xla_step_row["flops"]
-    assert cost.bytes_accessed < xla_step_row["bytes_accessed"]
+    # Bytes about even: in the rows' loop (device/step_block.py) the table is read at every row, the projecting
+    # step's text products hoisted; one row a program, the table moved 1.1 % fewer, four 1.7 % more (2026-12-07).
+    assert cost.bytes_accessed < 1.05 * xla_step_row["bytes_accessed"]
 
 
 def test_bench_tpu_names_extras_regional_and_image_prompt_steps_and_keeps_them_out_of_the_requests():

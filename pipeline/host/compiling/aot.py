@@ -35,7 +35,7 @@ from jax.experimental import topologies
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
 from .cache_reads import serialize_with_bytes
-from .programs import KINDS, WEIGHTS, ProgramKey, ServedPrograms
+from .programs import KINDS, STEP_KINDS, WEIGHTS, ProgramKey, ServedPrograms
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ PROGRAM_SOURCES = (
     "device/quantize.py",
     "device/controlnet_step.py",
     "device/refiner_step.py",
+    "device/step_block.py",
     "device/nets/*.py",
 )
 
@@ -119,6 +120,7 @@ NOT_SHAPING: dict[str, frozenset[str]] = {
     "cfg": frozenset(KINDS) - {"refiner_step"},  # the server's guidance: the refiner's text rows only
     "refiner_zero_negative": frozenset(KINDS) - {"refiner_encode"},
     "vae_tile_above": frozenset(KINDS) - {"decode", "encode_image"},  # the VAE's programs only (whole or tiled)
+    "rows_per_call": frozenset(KINDS) - set(STEP_KINDS),  # the steps' rows per call
 }
 
 

@@ -75,6 +75,7 @@ from ...device.preview import latents_to_rgb
 from ...device.refiner_step import refiner_encode_local, refiner_step_local
 from ...device.region_step import regional_step_local
 from ...device.sharding import DATA_AXIS, batch_sharded, replicated
+from ...device.step_block import ROW_ARGUMENTS, over_rows
 from ...device.text import encode_local
 from ...device.upscale import upscale_local
 from ...device.vae import decode_local
@@ -360,6 +361,7 @@ class ServedPrograms:
         xla_options: tuple[tuple[str, str], ...] = (),
         cross_attention_cache: bool = False,
         ip_slots: int = 0,
+        rows_per_call: int = 1,
     ):
         self.modules = modules
         self.mesh = mesh
@@ -377,6 +379,7 @@ class ServedPrograms:
         self.xla_options = tuple(xla_options)  # static: XLA compiler options of every program (compiler_options.py)
         self.cross_attention_cache = cross_attention_cache  # static: the base's steps read the text's keys and values
         self.ip_slots = ip_slots if modules.image_projections else 0  # static: image prompts per request (S)
+        self.rows_per_call = rows_per_call  # static: the most plan rows one step call runs (R; device/step_block.py)
         #: (D1, D2): the text encoders' widths, the rows of a request's embedding tables
         self.text_widths = tuple(
             int(params[name]["text_model"]["embeddings"]["token_embedding"]["embedding"].shape[1])
@@ -460,7 +463,18 @@ class ServedPrograms:
         return _without_weights(conditional_half_local), (ONE, BATCH, BATCH, BATCH), (BATCH, BATCH, BATCH)
 
     def _step_body(self, key: ProgramKey) -> tuple:
-        """(per-device body, argument specs, result specs) of a denoising step (STEP_KINDS)."""
+        """(per-device body, argument specs, result specs) of a denoising step (STEP_KINDS): up to
+        `rows_per_call` plan rows (device/step_block.py), how many in its last argument (int32 [], replicated)."""
+        body, in_specs, out_specs = self._one_row_body(key)
+        per_row = dict(ROW_ARGUMENTS)
+        if key.kind == "step_control":  # + the units' scales, [R, n]
+            per_row[len(STEP_SPECS) + 1] = 0
+        elif key.extras:  # + each image's FreeU factors and PAG scale, [B, R, 5]
+            per_row[len(STEP_SPECS)] = 1
+        return over_rows(body, self.rows_per_call, per_row), (*in_specs, ONE), out_specs
+
+    def _one_row_body(self, key: ProgramKey) -> tuple:
+        """(per-device body, argument specs, result specs) of one row of a denoising step."""
         settings = {"cfg": key.cfg, "prediction_type": self.prediction_type}
         if key.kind == "step_control":  # + each unit's map, the units' scales (+ their types, with a union)
             body = functools.partial(step_control_local, self.modules, **settings, nets=key.nets)
@@ -589,7 +603,7 @@ class ServedPrograms:
 
     def _step_args(self, key: ProgramKey, weights: dict) -> tuple:
         """A denoising step's arguments (STEP_SPECS), and what each kind takes beyond them."""
-        n, spec, latents = self.batch, self._spec, self._latents(key)
+        n, rows, spec, latents = self.batch, self.rows_per_call, self._spec, self._latents(key)
         text_kind = "refiner_encode" if key.kind == "refiner_step" else "encode"
         hidden, pooled, lengths = self._encoded(
             self.cfg if key.kind == "refiner_step" else key.cfg, key.windows, text_kind
@@ -607,25 +621,27 @@ class ServedPrograms:
             spec(lengths.shape, lengths.dtype),  # [cB]
             spec((n,), np.float32),  # guidance [B]
             spec((n,), np.uint32),  # seeds [B]
-            spec((n, len(COEFFICIENTS)), np.float32),  # each image's plan row [B, 13]
-            spec((), np.int32, whole=True),  # step index
+            spec((n, rows, len(COEFFICIENTS)), np.float32),  # each image's plan rows [B, R, 13]
+            spec((), np.int32, whole=True),  # the first row's index
             image_inputs(latents, spec((n, 1, *latents.shape[2:]), np.float32)),  # the picture (denoise.unet_step)
-            spec((n,), np.float32),  # each image's blend sigma [B]
+            spec((n, rows), np.float32),  # each image's blend sigma per row [B, R]
         )
+        count = spec((), np.int32, whole=True)  # the rows this call runs, 1 to R
         if key.kind == "step_shallow":
-            return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)))  # [cB, h, w, C]
+            return (*step_args, self._split(self._feature(key.height, key.width, key.cfg)), count)  # [cB, h, w, C]
         if key.kind == "step_control":
             maps = tuple(spec((n, 3, key.height, key.width), np.float32) for _ in key.nets)  # [B, 3, H, W] each
             types = (spec((len(key.nets),), np.int32, whole=True),) if self._union(key) else ()  # a union's [n]
-            return (*step_args, maps, spec((len(key.nets),), np.float32, whole=True), *types)  # scales [n]
+            scales = spec((rows, len(key.nets)), np.float32, whole=True)  # [R, n]
+            return (*step_args, maps, scales, *types, count)
         if key.kind == "refiner_step":
-            return (*step_args, spec((2,), np.float32, whole=True))  # aesthetic scores: negative, positive
-        if key.extras:
-            return (*step_args, spec((n, len(EXTRAS)), np.float32))  # FreeU's factors, the step's PAG scale [B, 5]
+            return (*step_args, spec((2,), np.float32, whole=True), count)  # aesthetic scores: negative, positive
+        if key.extras:  # FreeU's factors, the row's PAG scale [B, R, 5]
+            return (*step_args, spec((n, rows, len(EXTRAS)), np.float32), count)
         if key.parts is not None:  # the blend weights: [P, cells] per attention grid (host/planning/region_plan.py)
             grids = attention_grids(*latents.shape[2:], len(self.modules.unet.config.block_out_channels))
-            return (*step_args, tuple(spec((key.parts, h * w), np.float32, whole=True) for h, w in grids))
-        return step_args
+            return (*step_args, tuple(spec((key.parts, h * w), np.float32, whole=True) for h, w in grids), count)
+        return (*step_args, count)
 
     def _encoded(self, cfg: bool, windows: int | None, kind: str = "encode"):
         """Shapes of what encode[cfg, K] (or refiner_encode) returns: hidden [cB, K*77, D], pooled [cB, P],
