@@ -98,7 +98,17 @@ ENGINE_PARTS = {
 
 #: The bench's own defaults for the engine's options it takes (pipeline/options.py marks them BENCH): the tiny
 #: checkpoint at a size and step count a laptop CPU runs in minutes, split into 8 devices like a TPU v5e-8.
-ENGINE_DEFAULTS = {"model": "tiny", "height": 128, "width": 128, "steps": 4, "dtype": "float32", "cpu_devices": 8}
+#: The bench's engine: the tiny checkpoint at 128², 4 steps, on 8 CPU devices; its calls are nobody's to follow step by
+#: step, so each runs its steps in one call as diffusers' pipeline does (`--steps-per-call`, device/step_block.py)
+ENGINE_DEFAULTS = {
+    "model": "tiny",
+    "height": 128,
+    "width": 128,
+    "steps": 4,
+    "dtype": "float32",
+    "cpu_devices": 8,
+    "steps_per_call": 4,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

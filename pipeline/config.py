@@ -112,9 +112,10 @@ class EngineConfig:
     #: (resolved at load with the devices' platform, generator.for_platform)
     cross_attention_cache: bool | None = None
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
-    #: static: the most denoising steps one step-program call runs (device/step_block.py): fewer calls cost less;
-    #: Stop, progress and previews come between calls
-    steps_per_call: int = 4
+    #: static: the most denoising steps one step-program call runs for a request nobody follows step by step
+    #: (device/step_block.py): fewer calls, less CPU per call on CPU devices; above 1 XLA:CPU compiles each step
+    #: program about 45 % longer (a loop), so 1 unless asked (throughput servers, the bench)
+    steps_per_call: int = 1
     pag: bool = False  # static: compile the perturbed-attention guidance steps (per-request pag_scale)
     freeu_programs: bool = False  # static: compile the FreeU steps (per-request freeu)
     lora_cache: int = 8  # LoRAs whose packed factors stay on the devices between requests (host/lora_sets.py)

@@ -373,7 +373,8 @@ def engine(tiny_dir):
 BATCHED_DEVICES = 2
 IMAGES_PER_DEVICE = 2
 #: Its settings beyond the model, as `Generator.from_pretrained` takes them (a CLI run with the same flags reuses its
-#: compiled programs): one prompt window, no previews, no speed levers, the fewest programs to compile.
+#: compiled programs): one prompt window, no previews, no speed levers, the fewest programs to compile; a call
+#: nobody follows runs up to 4 steps (a throughput server's calls: device/step_block.py).
 BATCHED_SETTINGS = dict(
     height=TEST_SIZE,
     width=TEST_SIZE,
@@ -383,6 +384,7 @@ BATCHED_SETTINGS = dict(
     prompt_windows=1,
     previews=False,
     speed_levers=False,
+    steps_per_call=4,
 )
 
 

@@ -16,6 +16,7 @@ one decision they all follow (see cluster/protocol.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -457,13 +458,7 @@ def denoise(
     done = before  # steps whose result is ready, of all
     total = before + len(speed.schedule) if total is None else total
 
-    def program_of(planned) -> tuple:
-        """What runs a row: rows of one program, with no host work between them, may share a call."""
-        if refiner is not None and planned.index >= refiner[0].switch_row:
-            return ("refiner", planned.cfg)
-        controlled = control is not None and planned.full and bool(control.scales[planned.index].any())
-        return ("base", planned.full, planned.cfg, controlled)
-
+    program_of = functools.partial(row_program, refiner=refiner, control=control)
     most = 1 if watchers.stepwise else programs.rows_per_call
     for position, rows in step_calls(speed.schedule, before, most, program_of):
         if watchers.stop_now(position):
@@ -485,11 +480,7 @@ def denoise(
                 unet,
                 kinds,
             )
-        last = position + len(rows) - 1  # previews are stepwise: one row per call
-        shown = None
-        if preview is not None and (last + 1) % PREVIEW_EVERY == 0 and last + 1 < total:
-            shown = preview({}, history)  # [B, h, w, 3] uint8 of this step's D
-            shown.copy_to_host_async()
+        shown = _preview(preview, history, position + len(rows), total)  # previews are stepwise: a row a call
         pending.append((latents, shown, len(rows)))
         if position == 0:
             stage.mark("first_dispatch_at")
@@ -498,6 +489,14 @@ def denoise(
     while pending:
         done = _ready(*pending.pop(0), done, total, watchers, stage.timings)
     return latents
+
+
+def row_program(planned, refiner: tuple | None, control: ControlInputs | None) -> tuple:
+    """What runs a row: consecutive rows of one program, with no host work between them, may share a call."""
+    if refiner is not None and planned.index >= refiner[0].switch_row:
+        return ("refiner", planned.cfg)
+    controlled = control is not None and planned.full and bool(control.scales[planned.index].any())
+    return ("base", planned.full, planned.cfg, controlled)
 
 
 def step_calls(schedule, before: int, most: int, program_of: Callable) -> list[tuple[int, tuple]]:
@@ -638,6 +637,16 @@ def extras_step(stage: Stage, rows: tuple, args: tuple, count):
     program = stage.compile("step", cfg=rows[0].cfg, windows=stage.text, extras=extras.kinds)
     factors = stage.per_row([extras.rows[planned.index] for planned in rows], (extras.rows.shape[1],))  # [B, R, 5]
     return program(*args, factors, count)
+
+
+def _preview(preview, history, done: int, total: int):
+    """The picture after `done` steps ([B, h, w, 3] uint8 of the step's D), every PREVIEW_EVERY-th but the last (its
+    picture is the answer), copied to the host while the devices go on; None: no preview then."""
+    if preview is None or done % PREVIEW_EVERY or done >= total:
+        return None
+    shown = preview({}, history)
+    shown.copy_to_host_async()
+    return shown
 
 
 def _stop(stage: Stage, pending: list, position: int, total: int) -> None:

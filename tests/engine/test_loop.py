@@ -86,32 +86,67 @@ def test_no_served_program_has_a_host_callback(engine, ui_engine):
     assert "progress" not in {field.name for field in dataclasses.fields(EngineConfig)}
 
 
-def test_a_request_nobody_follows_runs_several_steps_a_call_with_the_same_pixels(engine, monkeypatch):
-    """Without progress, previews or Stop a call runs up to `steps_per_call` (4) consecutive steps of one program
-    (device/step_block.py), with them one step a call; the pixels are the same bit for bit, and nothing compiles. 6
-    plain steps are 2 calls (4 + 2); with guidance ending halfway (`cfg_end`, the text's conditional half made
-    between) 3 + 3; with DeepCache every other step the whole and the shallow UNet alternate: a call each."""
+def test_a_request_nobody_follows_runs_several_steps_a_call_with_the_same_pixels(batched_engine, monkeypatch):
+    """Without progress, previews or Stop a call runs up to `steps_per_call` (4 on `batched_engine`) consecutive steps
+    of one program (device/step_block.py), with them one step a call; the pixels are the same bit for bit, and nothing
+    compiles: 6 steps are calls of 4 and 2, guided or not."""
     from pipeline.host.compiling.programs import STEP_KINDS
 
-    calls: list[tuple[str, int]] = []
+    engine, calls = batched_engine, []
     compile_program = engine.programs.compile
 
     def counting(key):
         program = compile_program(key)
         if key.kind not in STEP_KINDS:
             return program
-        return lambda *args: calls.append((key.kind, int(args[-1]))) or program(*args)
+        return lambda *args: calls.append(int(args[-1])) or program(*args)  # its last argument: the rows it runs
 
     monkeypatch.setattr(engine.programs, "compile", counting)
     before = engine.compile_count
-    for levers, expected in (({}, [4, 2]), ({"cfg_end": 0.5}, [3, 3]), ({"deepcache": 2}, [1] * 6)):
-        request = engine.request("a lighthouse at dusk", seed=7, steps=6, **levers)
+    for guidance in (5.0, 1.0):
+        request = engine.request("a lighthouse at dusk", seed=7, steps=6, guidance_scale=guidance)
         calls.clear()
         alone = engine.generate(request)
-        assert [count for _, count in calls] == expected, (levers, calls)
+        assert calls == [4, 2]
         calls.clear()
         followed = engine.generate(request, on_step=lambda done, total: None)
-        assert [count for _, count in calls] == [1] * 6, (levers, calls)
+        assert calls == [1] * 6
         for a, b in zip(alone.images, followed.images, strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert engine.compile_count == before
+
+
+def test_step_calls_join_consecutive_rows_of_one_program_up_to_the_most():
+    """The loop's grouping (host/loop.step_calls): rows join while their program is the same, up to the most; a row
+    that needs host work first (the text's conditional half once guidance ends, or the feature's) starts a call."""
+    from pipeline.host.loop import step_calls
+    from pipeline.host.planning.speed_plan import PlannedStep
+
+    def row(index, cfg=True, full=True, drop=False, halve=False):
+        return PlannedStep(index=index, cfg=cfg, full=full, drop_uncond=drop, halve_feature=halve)
+
+    def program_of(planned):
+        return (planned.full, planned.cfg)
+
+    schedule = (
+        row(0),
+        row(1),
+        row(2, full=False),
+        row(3, full=False),
+        row(4),
+        row(5, cfg=False, drop=True),
+        row(6, cfg=False),
+    )
+    calls = step_calls(schedule, 0, 4, program_of)
+    assert [(start, [r.index for r in rows]) for start, rows in calls] == [
+        (0, [0, 1]),
+        (2, [2, 3]),
+        (4, [4]),
+        (5, [5, 6]),
+    ]
+    plain = tuple(row(i) for i in range(10))
+    assert [len(rows) for _, rows in step_calls(plain, 3, 4, program_of)] == [4, 4, 2]
+    assert [start for start, _ in step_calls(plain, 3, 4, program_of)] == [3, 7, 11]  # positions after `before`
+    assert [len(rows) for _, rows in step_calls(plain, 0, 1, program_of)] == [1] * 10
+    halved = (row(0), row(1, full=False, halve=True), row(2, full=False))
+    assert [len(rows) for _, rows in step_calls(halved, 0, 4, program_of)] == [1, 2]

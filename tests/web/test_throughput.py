@@ -155,6 +155,8 @@ def test_the_cli_writes_n_times_devices_files(tiny_dir, tmp_path, batched_engine
         "--prompt-windows",
         "1",
         "--no-speed-levers",
+        "--steps-per-call",
+        "4",
         "--prompt",
         "a tiny robot",
         "--seed",
