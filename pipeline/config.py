@@ -113,8 +113,8 @@ class EngineConfig:
     cross_attention_cache: bool | None = None
     previews: bool = True  # static: compile the live previews' program (a step's picture at latent size)
     #: static: the most denoising steps one step-program call runs for a request nobody follows step by step
-    #: (device/step_block.py): fewer calls, less CPU per call on CPU devices; above 1 XLA:CPU compiles each step
-    #: program about 45 % longer (a loop), so 1 unless asked (throughput servers, the bench)
+    #: (device/step_block.py): fewer calls, less CPU per call on CPU devices; above 1 XLA:CPU takes about 1.45 times
+    #: as long to compile each step program (a loop), so 1 unless asked (throughput servers, the bench)
     steps_per_call: int = 1
     pag: bool = False  # static: compile the perturbed-attention guidance steps (per-request pag_scale)
     freeu_programs: bool = False  # static: compile the FreeU steps (per-request freeu)

@@ -644,8 +644,8 @@ OPTIONS: tuple[Option, ...] = (
         "--steps-per-call",
         "the most denoising steps one call of a step program runs for a request nobody follows step by step (no "
         "progress, previews or Stop: API and CLI calls, merged calls, the bench); each call hands the devices the "
-        "UNet's weights anew (about 5 ms of CPU a call on 8 CPU devices), but above 1 each step program compiles "
-        "about 45 % longer on XLA:CPU",
+        "UNet's weights anew (about 5 ms of CPU a call on 8 CPU devices), but above 1 each step program takes about "
+        "1.45 times as long to compile on XLA:CPU",
         "SDXL_STEPS_PER_CALL",
         _bounded_int(1, int(FIELD["steps"].high)),
         config_default("steps_per_call"),
