@@ -39,7 +39,7 @@ import jax
 from ..contract.request import Request
 from ..contract.stopping import Stopped
 from ..device.sharding import coordinator_client
-from ..host.loop import ignore_preview, ignore_step
+from ..host.loop import follows_steps, ignore_preview, ignore_step
 from .faults import Deadline, fatal
 from .join_options import ClusterOptions
 
@@ -256,7 +256,7 @@ class LeadingGenerator:
                     "request": request.to_dict(),
                     "previews": on_preview is not None,
                     # the followers make the same calls: a step per call when somebody follows the steps here
-                    "stepwise": on_step is not None or should_stop is not None or on_preview is not None,
+                    "stepwise": follows_steps(on_step, should_stop, on_preview),
                 }
             )
             with Deadline(

@@ -134,6 +134,13 @@ class HiresInputs:
     extras: UNetExtras | None = None  # FreeU and PAG on the second pass's rows (None: neither)
 
 
+def follows_steps(on_step, should_stop, on_preview) -> bool:
+    """Whether a request with these listeners is followed step by step (progress, previews or Stop): then each call
+    runs one step, so each is reported and Stop comes at the next one; else a call runs up to
+    `ServedPrograms.rows_per_call` steps (device/step_block.py): fewer calls, less work, the same pixels."""
+    return on_step is not None or should_stop is not None or on_preview is not None
+
+
 def ignore_step(done: int, total: int) -> None:
     """The progress listener of a process that reports nobody's progress but makes the calls of a request someone
     follows step by step (a follower, when the leader's request has a listener: every process makes the same calls)."""
@@ -419,10 +426,8 @@ class Watchers:
 
     @property
     def stepwise(self) -> bool:
-        """Somebody follows the steps (progress, previews or Stop): each call runs one step, so each is reported
-        and Stop comes at the next one. Otherwise (an API or command-line call nobody watches, the bench) a call runs
-        up to `ServedPrograms.rows_per_call` steps (device/step_block.py): fewer calls, less work, the same pixels."""
-        return self.on_step is not None or self.should_stop is not None or self.on_preview is not None
+        """Somebody follows the steps (`follows_steps`): one step a call."""
+        return follows_steps(self.on_step, self.should_stop, self.on_preview)
 
     def stop_now(self, position: int) -> bool:
         wants_stop = bool(self.should_stop and self.should_stop())
@@ -445,7 +450,7 @@ def denoise(
     before: int = 0,
     total: int | None = None,
 ) -> jax.Array:
-    """Every row of the plan, a row ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
+    """Every row of the plan, a call ahead: the final latents [B, 4, h, w]. `history` [B, 4, 4, h, w]: the samplers'
     carried history (zeros at the start: the first row's weights on it are 0). `refiner`: its inputs and text.
     `before`, `total`: the request's steps before these and in all (the hires fix's two passes count as one)."""
     programs = stage.programs

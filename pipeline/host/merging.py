@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..contract.stopping import Stopped
+from .loop import follows_steps
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,7 @@ class GroupWatchers:
     @property
     def stepwise(self) -> bool:
         """Whether any request in the call follows its steps (progress, previews, Stop): one step per call then."""
-        return any(
-            ticket.on_step is not None or ticket.should_stop is not None or ticket.on_preview is not None
-            for ticket in self.tickets
-        )
+        return any(follows_steps(ticket.on_step, ticket.should_stop, ticket.on_preview) for ticket in self.tickets)
 
     def gate(self, position: int, _wants_stop: bool) -> bool:
         """Before step `position`: each request that asks to stop ends now; True (stop the call) when none is left."""
