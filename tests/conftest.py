@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+#: How the tests' XLA compiles for the CPU: LLVM's first optimisation level, without its expensive passes. The same
+#: programs compile in about 80 % of the CPU seconds and run about as fast at the tests' sizes, their pixels within one
+#: 8-bit level of the default's (bench/HISTORY.md, "How long the tests take"). Compiling is most of the suite's cost;
+#: the product, the bench and the speed guard compile with XLA's defaults.
+TEST_COMPILE_FLAGS = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are shared between the tests of a run (and reruns) through JAX's persistent cache.
 os.environ.setdefault(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, TEST_SIZE, TEST_STEPS, free_port, generate, run_cli, run_python
+from conftest import FIXTURES, TEST_COMPILE_FLAGS, TEST_SIZE, TEST_STEPS, free_port, generate, run_cli, run_python
 from PIL import Image
 
 PT_FIXTURE = FIXTURES / "tiny-pt"
@@ -333,7 +333,7 @@ def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp
         "--out",
         str(tmp_path),
         "--json",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {TEST_COMPILE_FLAGS}"},
     )
     assert done.returncode == 0, done.stderr
     assert "warning: no classifier-free guidance" in done.stderr

@@ -22,7 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CONTROLNETS, FEATURE_DEVICES, FIXTURES, REPO, TEST_SIZE, TEST_STEPS, TINY_PT, free_port, generate
+from conftest import (
+    CONTROLNETS,
+    FEATURE_DEVICES,
+    FIXTURES,
+    REPO,
+    TEST_COMPILE_FLAGS,
+    TEST_SIZE,
+    TEST_STEPS,
+    TINY_PT,
+    free_port,
+    generate,
+)
 from gradio_client import Client, handle_file
 from PIL import Image
 
@@ -33,7 +44,7 @@ HEARTBEAT_S = 5  # --heartbeat-timeout of the fault tests
 def process_env(devices: int = 4) -> dict:
     """4 devices per process (conftest gives this one 8); the same compilation cache, so programs compile once."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {TEST_COMPILE_FLAGS}"
     return env
 
 
