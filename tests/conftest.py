@@ -16,6 +16,18 @@ from typing import NamedTuple
 #: the product, the bench and the speed guard compile with XLA's defaults.
 TEST_COMPILE_FLAGS = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_COMPILE_FLAGS}")
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a test's subprocess: this run's, with `devices` CPU devices, or with no device count (None: the
+    app and the CLI then make one device per core, as on a user's machine). Its programs compile as this process's
+    do, so they share the run's compilation cache and their pixels compare with an in-process engine's."""
+    kept = [flag for flag in os.environ["XLA_FLAGS"].split() if not flag.startswith("--xla_force_host_platform_")]
+    if devices is not None:
+        kept.insert(0, f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(kept)
+
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are shared between the tests of a run (and reruns) through JAX's persistent cache.
 os.environ.setdefault(

@@ -235,9 +235,9 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
     so the script's folder goes at once (it was left in TMPDIR).
 
     A host whose outputs are committed (`HERE`, written by the same command: `--here
-    tests/fixtures/networks-here/host-<signature>-float32.npz float32`, the signature of
-    pipeline.host.compiling.compile_cache.host_cpu_signature) reads them instead: the script took a minute and a half of
-    a 2-core CI run."""
+    tests/fixtures/networks-here/host-<signature><flags>-float32.npz float32`, the signature of
+    pipeline.host.compiling.compile_cache.host_cpu_signature, `<flags>` the `_compile_flags_tag`: the script runs with
+    this process's XLA_FLAGS) reads them instead: the script took a minute and a half of a 2-core CI run."""
     import subprocess
     import tempfile
 
@@ -245,7 +245,7 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
     from pipeline.host.compiling.compile_cache import host_cpu_signature
     from tests.conftest import REPO
 
-    committed = HERE / f"host-{host_cpu_signature()}-{dtype_name}.npz"
+    committed = HERE / f"host-{host_cpu_signature()}{_compile_flags_tag()}-{dtype_name}.npz"
     if committed.exists():
         with np.load(committed) as here:
             return dict(here)
@@ -256,6 +256,16 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
         assert done.returncode == 0, done.stderr[-3000:]
         with np.load(out) as here:
             return dict(here)
+
+
+def _compile_flags_tag() -> str:
+    """ "" under XLA's default compile flags, else "-" and a hash of those XLA_FLAGS set (the device count aside): the
+    tests' own (tests/conftest.TEST_COMPILE_FLAGS, LLVM's lighter optimisation) give other last bits."""
+    import hashlib
+    import os
+
+    flags = sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_"))
+    return "-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8] if flags else ""
 
 
 def _here(case: str, dtype_name: str, expected: dict) -> dict[str, np.ndarray]:

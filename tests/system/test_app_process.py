@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from conftest import REPO, TEST_SIZE, TEST_STEPS, UI_SIZES, free_port, run_python
+from conftest import REPO, TEST_SIZE, TEST_STEPS, UI_SIZES, free_port, run_python, xla_flags
 
 SECRET = "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0123"
 STOPPED = "app.py: stopped during start-up"
@@ -204,7 +204,7 @@ def test_ctrl_c_during_start_up_is_one_line_at_once(tmp_path, moment):
     temporary folder left in TMPDIR."""
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # use_cpu_cores says its line
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}  # no device count: use_cpu_cores says its line
     env.update(TMPDIR=str(temp), PYTHONUNBUFFERED="1")
     command = [
         sys.executable,

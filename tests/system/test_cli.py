@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, TEST_COMPILE_FLAGS, TEST_SIZE, TEST_STEPS, free_port, generate, run_cli, run_python
+from conftest import FIXTURES, TEST_SIZE, TEST_STEPS, free_port, generate, run_cli, run_python, xla_flags
 from PIL import Image
 
 PT_FIXTURE = FIXTURES / "tiny-pt"
@@ -138,7 +138,7 @@ def test_cli_tiny_uses_the_small_defaults_a_style_and_every_core(tiny_dir, tmp_p
         "--out",
         str(out),
         "--json",
-        drop=("XLA_FLAGS",),
+        env={"XLA_FLAGS": xla_flags()},  # no device count: one device per core
     )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -211,7 +211,7 @@ def test_the_python_example_is_quiet_and_makes_one_image_per_core(tiny_dir):
         f"gen = Generator.from_pretrained({str(tiny_dir)!r}, height=64, width=64, steps=2)\n"
         "print(gen.num_images)"
     )
-    done = run_python("-c", code, drop=("JAX_PLATFORMS", "XLA_FLAGS"))
+    done = run_python("-c", code, env={"XLA_FLAGS": xla_flags()}, drop=("JAX_PLATFORMS",))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(os.cpu_count())
     assert "tpu" not in done.stderr.lower(), done.stderr
@@ -333,7 +333,7 @@ def test_cli_preset_turbo_ancestral_same_images_on_4_and_8_devices(tiny_dir, tmp
         "--out",
         str(tmp_path),
         "--json",
-        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {TEST_COMPILE_FLAGS}"},
+        env={"XLA_FLAGS": xla_flags(4)},
     )
     assert done.returncode == 0, done.stderr
     assert "warning: no classifier-free guidance" in done.stderr

@@ -27,12 +27,12 @@ from conftest import (
     FEATURE_DEVICES,
     FIXTURES,
     REPO,
-    TEST_COMPILE_FLAGS,
     TEST_SIZE,
     TEST_STEPS,
     TINY_PT,
     free_port,
     generate,
+    xla_flags,
 )
 from gradio_client import Client, handle_file
 from PIL import Image
@@ -44,7 +44,7 @@ HEARTBEAT_S = 5  # --heartbeat-timeout of the fault tests
 def process_env(devices: int = 4) -> dict:
     """4 devices per process (conftest gives this one 8); the same compilation cache, so programs compile once."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {TEST_COMPILE_FLAGS}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     return env
 
 
@@ -195,11 +195,12 @@ def follower_summary(proc: Proc) -> dict:
 def assert_same_pixels(got: np.ndarray, want: np.ndarray) -> None:
     """Same images, up to XLA:CPU's own rounding: a process with 4 virtual devices and one with 8 compile slightly
     different CPU code (one process with 4 devices differs from one with 8 exactly as 2 x 4 does: one channel of one
-    pixel by one level in 8 x 64 x 64 x 3 here, while 2 x 4 and 1 x 4 agree bit for bit). On TPU/GPU every chip
-    runs the same code whatever the host count."""
+    pixel by one level in 8 x 64 x 64 x 3 here, while 2 x 4 and 1 x 4 agree bit for bit; with the tests' lighter
+    LLVM optimisation, conftest.TEST_COMPILE_FLAGS, 7 values of 4 x 64 x 64 x 3). On TPU/GPU every chip runs the same
+    code whatever the host count."""
     assert got.shape == want.shape and got.dtype == want.dtype == np.uint8
     difference = np.abs(got.astype(np.int16) - want.astype(np.int16))
-    assert difference.max() <= 1 and np.count_nonzero(difference) <= want.size // 10_000, np.count_nonzero(difference)
+    assert difference.max() <= 1 and np.count_nonzero(difference) <= want.size // 4_000, np.count_nonzero(difference)
 
 
 @pytest.mark.long  # the LoRA + picture + levers and ControlNet two-process tests check the same, with more

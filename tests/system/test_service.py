@@ -21,7 +21,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import CONTROLNETS, FIXTURES, REPO, TINY_PT, free_port, run_cli
+from conftest import CONTROLNETS, FIXTURES, REPO, TINY_PT, free_port, run_cli, xla_flags
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # three processes: two engines and a page
@@ -59,7 +59,7 @@ class Launched:
 
     def __init__(self, command: list[str], log: pathlib.Path, env: dict | None = None) -> None:
         # --cpu-devices decides the device count, not the suite's 8 (XLA_FLAGS)
-        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        environment = {**os.environ, "XLA_FLAGS": xla_flags()}
         temp = log.with_name(f"{log.stem}-tmp")
         temp.mkdir(exist_ok=True)
         self.command, self.log = command, log

@@ -23,6 +23,7 @@ from conftest import (
     generate,
     run_python,
     served,
+    xla_flags,
 )
 from PIL import Image
 
@@ -164,7 +165,7 @@ def test_the_cli_writes_n_times_devices_files(tiny_dir, tmp_path, batched_engine
         "--out",
         str(tmp_path),
         "--json",
-        drop=("XLA_FLAGS",),
+        env={"XLA_FLAGS": xla_flags()},  # no device count: --cpu-devices says it
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
