@@ -197,8 +197,7 @@ def assert_same_pixels(got: np.ndarray, want: np.ndarray) -> None:
     different CPU code (one process with 4 devices differs from one with 8 exactly as 2 x 4 does: one channel of one
     pixel by one level in 8 x 64 x 64 x 3 here, while 2 x 4 and 1 x 4 agree bit for bit; with the tests' lighter
     LLVM optimisation, conftest.TEST_COMPILE_FLAGS, 7 values of 4 x 64 x 64 x 3: one in 2,000 is allowed). On TPU/GPU
-    every chip runs the same
-    code whatever the host count."""
+    every chip runs the same code whatever the host count."""
     assert got.shape == want.shape and got.dtype == want.dtype == np.uint8
     difference = np.abs(got.astype(np.int16) - want.astype(np.int16))
     assert difference.max() <= 1 and np.count_nonzero(difference) <= want.size // 2_000, np.count_nonzero(difference)
