@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, xla_flags
 from tests.random_params import random_params, tree_shapes
 
 MANIFEST = json.loads((FIXTURES / "networks-expected.json").read_text())
@@ -259,12 +259,11 @@ def _old_classes_here(dtype_name: str) -> dict[str, np.ndarray]:
 
 
 def _compile_flags_tag() -> str:
-    """ "" under XLA's default compile flags, else "-" and a hash of those XLA_FLAGS set (the device count aside): the
-    tests' own (tests/conftest.TEST_COMPILE_FLAGS, LLVM's lighter optimisation) give other last bits."""
+    """ "" under XLA's default compile flags, else "-" and a hash of those XLA_FLAGS set (the device count aside,
+    conftest.xla_flags): the tests' own (conftest.TEST_COMPILE_FLAGS, LLVM's lighter optimisation) give other bits."""
     import hashlib
-    import os
 
-    flags = sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_"))
+    flags = sorted(xla_flags().split())
     return "-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8] if flags else ""
 
 
