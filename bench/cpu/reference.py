@@ -129,17 +129,24 @@ class ReferenceWorker:
         self.process: subprocess.Popen | None = None
         self.devices = 0
         self.load_s = 0.0
+        self.started = 0.0  # perf_counter() at its launch
+        self.answered = 0.0  # perf_counter() when its last answer came
         self.packages: dict[str, str] = {}
 
-    def __enter__(self) -> ReferenceWorker:
+    def start(self) -> ReferenceWorker:
+        """Launch the worker and send its load request without waiting for the answer (`__enter__` waits): the
+        speed guard starts it before its engine compiles, so the two loads share the wall."""
         from ..reference_venv import ReferenceVenvError, reference_python
 
+        if self.process is not None:
+            return self
         try:
             python = self.python or reference_python()
         except ReferenceVenvError as exc:
             raise ReferenceWorkerError(f"no reference venv: {exc}") from None
+        self.started = time.perf_counter()
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # its last line explains a worker that died
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (close() closes it) its last line explains a death
         self.process = subprocess.Popen(
             [str(python), str(self.script)],
             stdin=subprocess.PIPE,
@@ -149,10 +156,16 @@ class ReferenceWorker:
             env=env,
             cwd=self.script.parent,
         )
-        self._answers: queue.Queue[str | None] = queue.Queue()
+        self._answers: queue.Queue[tuple[str | None, float]] = queue.Queue()  # each line, when it came
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        self._send({"load": self.spec})
+        return self
+
+    def __enter__(self) -> ReferenceWorker:
+        """The worker, started (`start`) if it was not, once it has loaded diffusers' pipeline."""
+        self.start()
         try:
-            ready = self._ask({"load": self.spec}, "load diffusers' pipeline")
+            ready = self._answer("load diffusers' pipeline")
         except BaseException:
             self.close(kill=True)
             raise
@@ -191,16 +204,23 @@ class ReferenceWorker:
 
     def _read(self, stream) -> None:
         for line in stream:
-            self._answers.put(line)
-        self._answers.put(None)  # the worker closed its stdout: it has exited or is exiting
+            self._answers.put((line, time.perf_counter()))
+        self._answers.put((None, time.perf_counter()))  # the worker closed its stdout: it has exited or is exiting
 
     def _ask(self, message: dict, what: str) -> dict:
+        self._send(message)
+        return self._answer(what)
+
+    def _send(self, message: dict) -> None:
         try:
             self.process.stdin.write(json.dumps(message) + "\n")
             self.process.stdin.flush()
-            line = self._answers.get(timeout=self.timeout_s)
         except OSError:
-            line = None  # the worker is gone: its pipe broke
+            pass  # the worker is gone: its pipe broke (the answer's wait says why)
+
+    def _answer(self, what: str) -> dict:
+        try:
+            line, self.answered = self._answers.get(timeout=self.timeout_s)
         except queue.Empty:
             raise ReferenceWorkerError(f"the {self.name} did not {what} within {self.timeout_s:.0f} s") from None
         if line is None:
@@ -223,11 +243,17 @@ class ReferenceWorker:
 
 
 def engine_vs_reference(
-    generator, runs: int, say: Progress = progress, reference: dict | None = None, python: Path | None = None
+    generator,
+    runs: int,
+    say: Progress = progress,
+    reference: dict | None = None,
+    python: Path | None = None,
+    worker: ReferenceWorker | None = None,
 ) -> EngineVsReference:
     """Time `runs` interleaved calls of each (engine, reference, engine, ...) after one warm call of each.
     `reference`: the worker's load request (`sdxl_reference`) when not the checkpoint the generator loaded;
-    `python`: the reference's python (default: the reference venv's)."""
+    `python`: the reference's python (default: the reference venv's); `worker`: one already started (`start`) with
+    its load request, instead of starting one now."""
     config = generator.config
     kwargs = {
         "prompt": PROMPT,
@@ -237,10 +263,11 @@ def engine_vs_reference(
         "height": config.height,
         "width": config.width,
     }
-    say("starting diffusers' pipeline in the reference venv ...")
-    started = time.perf_counter()
-    with ReferenceWorker(reference or load_reference(config.model, config.dtype), python) as worker:
-        load_s = time.perf_counter() - started
+    if worker is None:
+        say("starting diffusers' pipeline in the reference venv ...")
+        worker = ReferenceWorker(reference or load_reference(config.model, config.dtype), python).start()
+    with worker:
+        load_s = worker.answered - worker.started  # launch to loaded, however long ago it was started
         say(f"reference loaded in {load_s:.1f} s; first reference call (pmap compile) ...")
         first = worker.call(seed=0, **kwargs)
         if first["images"] != generator.num_images:

@@ -160,6 +160,29 @@ def test_worker_failure_is_one_sentence_and_the_worker_ends(monkeypatch, tmp_pat
     assert worker.process is None  # killed, not left sleeping
 
 
+def test_a_worker_started_early_loads_while_its_caller_works(tmp_path):
+    """`start` launches the worker and sends its load request without waiting (the speed guard's engine compiles
+    meanwhile); entering waits for that one answer (the load is sent once) and counts the load's seconds from the
+    launch to the answer, not to the entering."""
+    import time
+
+    answered, asked = tmp_path / "answered", tmp_path / "asked"
+    quick = tmp_path / "quick"
+    quick.write_text(
+        '#!/bin/sh\nread line\necho \'{"devices": 1, "load_s": 0.1, "packages": {}}\'\n'
+        f"touch {answered}\ncat > {asked}\n"
+    )
+    quick.chmod(0o755)
+    worker = ReferenceWorker({"mode": "checkpoint"}, python=quick).start()
+    while not answered.exists():
+        time.sleep(0.01)
+    time.sleep(0.5)  # the caller's own work
+    entered = time.perf_counter()
+    with worker:
+        assert worker.devices == 1 and worker.started < worker.answered < entered
+    assert worker.process is None and asked.read_text() == ""  # it exited on its closed stdin, asked nothing more
+
+
 def test_thread_cpu_seconds_tells_the_calling_thread_from_the_others():
     """The reference part's split of a call's CPU seconds (bench/cpu/reference_worker.thread_cpu_seconds): work in the
     calling thread counts as "main", work in another live thread as "other"."""
